@@ -1,0 +1,380 @@
+/* The op engine: what every collective shares. Numbering and deadline, receiving the next
+ * message of this op (from the stash, or the socket while watching the control thread's abort
+ * pipe), sends with zero-copy release tracking, and the failure path that names the op, the
+ * progress and the peer waited for, then breaks the communicator. */
+#include "comm_int.h"
+
+#include <sched.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#define STASH_MIN_CAP ((size_t)256 << 20)
+
+static void release_region(void *data, void *hint)
+{
+    (void)data;
+    atomic_fetch_sub_explicit((_Atomic int64_t *)hint, 1, memory_order_release);
+}
+
+static size_t op_bytes(const coll_op_t *op)
+{
+    return op->count * fl_dtype_size(op->dtype);
+}
+
+int coll_fail(coll_op_t *op, int code, const char *fmt, ...)
+{
+    char cause[768];
+    char size[32];
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(cause, sizeof cause, fmt, ap);
+    va_end(ap);
+    fl_fmt_bytes(op_bytes(op), size, sizeof size);
+    const fl_comm_t *c = op->c;
+    if (op->phase != 0)
+        return fl_fail(code, "rank %d (%s): %s #%llu (%zu x %s, %s) in %s step %u: %s", c->rank,
+                       c->host, fl_coll_kind_name(op->kind), (unsigned long long)op->seq,
+                       op->count, fl_dtype_name(op->dtype), size, fl_coll_phase_name(op->phase),
+                       op->step, cause);
+    return fl_fail(code, "rank %d (%s): %s #%llu (%zu x %s, %s): %s", c->rank, c->host,
+                   fl_coll_kind_name(op->kind), (unsigned long long)op->seq, op->count,
+                   fl_dtype_name(op->dtype), size, cause);
+}
+
+/* Reads one failure event from the control thread and fails the op with it. */
+static int take_event(coll_op_t *op)
+{
+    fl_tp_msg_t ev;
+    int rc = fl_tp_recv(op->c->ev_rx, &ev, fl_deadline_in(0));
+    if (rc != FL_OK)
+        return coll_fail(op, FL_EPEER, "aborted by the control thread (event unreadable)");
+    int code = ev.hdr.type == FL_MSG_ERROR && ev.hdr.u.error.code < 0 ? ev.hdr.u.error.code
+                                                                      : FL_EPEER;
+    char waiting[FL_HOST_MAX + 32] = "";
+    if (op->waiting_on >= 0) {
+        char name[FL_HOST_MAX + 32];
+        snprintf(waiting, sizeof waiting, " (waiting for %s)",
+                 fl_comm_peer_name(op->c, op->waiting_on, name, sizeof name));
+    }
+    rc = coll_fail(op, code, "%s%s", ev.hdr.u.error.text, waiting);
+    fl_tp_msg_close(&ev);
+    return rc;
+}
+
+int coll_begin(fl_comm_t *c, coll_op_t *op, fl_coll_kind_t kind, size_t count,
+               fl_dtype_t dtype, fl_op_t rop, int root)
+{
+    memset(op, 0, sizeof *op);
+    op->c = c;
+    op->kind = kind;
+    op->count = count;
+    op->dtype = dtype;
+    op->op = rop;
+    op->root = root;
+    op->waiting_on = -1;
+    if (c->broken_rc != FL_OK)
+        return fl_fail(FL_ECLOSED, "rank %d (%s): communicator broken by an earlier failure: %s",
+                       c->rank, c->host, c->broken_text);
+    op->seq = ++c->seq;
+    op->deadline = fl_deadline_in(c->timeout_ms);
+    atomic_store(&c->cur_coll, (uint32_t)kind);
+    atomic_store(&c->cur_seq, op->seq);
+    atomic_store(&c->cur_step, 0);
+    atomic_store(&c->cur_waiting, -1);
+
+    /* A peer may have died while no collective was running. */
+    bool ready = false;
+    fl_tp_sock_t *ev = c->ev_rx;
+    if (fl_tp_poll(&ev, 1, 0, &ready) > 0 && ready)
+        return coll_end(op, take_event(op));
+    return FL_OK;
+}
+
+static void wait_released(fl_comm_t *c, int64_t deadline)
+{
+    for (int r = 0; r <= c->size; r++) {
+        while (atomic_load_explicit(&c->inflight[r], memory_order_acquire) > 0) {
+            if (fl_deadline_left_ms(deadline) == 0) {
+                FL_ERROR(c->ctx, "%lld zero-copy sends from region %d still held by ZeroMQ",
+                         (long long)atomic_load(&c->inflight[r]), r);
+                return;
+            }
+            usleep(50);
+        }
+    }
+}
+
+int coll_end(coll_op_t *op, int rc)
+{
+    fl_comm_t *c = op->c;
+    if (rc == FL_OK) {
+        /* The caller may reuse its buffers as soon as we return. */
+        wait_released(c, op->deadline);
+        for (int r = 0; r <= c->size; r++) {
+            if (atomic_load(&c->inflight[r]) > 0) {
+                rc = coll_fail(op, FL_ETIMEDOUT, "sends to peers not completed by the deadline");
+                break;
+            }
+        }
+    }
+    if (rc != FL_OK) {
+        /* Drop whatever is still queued to peers (linger 0), so ZeroMQ lets go of the
+         * caller's memory, and make every later call fail fast. */
+        for (int p = 0; p < c->size; p++) {
+            if (c->data_out[p] != NULL) {
+                fl_tp_sock_set_linger(c->data_out[p], 0);
+                fl_tp_sock_destroy(&c->data_out[p]);
+            }
+        }
+        wait_released(c, fl_deadline_in(2000));
+        if (c->broken_rc == FL_OK) {
+            c->broken_rc = rc;
+            snprintf(c->broken_text, sizeof c->broken_text, "%s", fl_last_error());
+        }
+    } else {
+        c->ops++;
+    }
+    atomic_store(&c->cur_coll, 0);
+    atomic_store(&c->cur_waiting, -1);
+    return rc;
+}
+
+static void stash_push(fl_comm_t *c, stash_ent_t *e)
+{
+    e->next = NULL;
+    stash_ent_t **p = &c->stash;
+    while (*p != NULL)
+        p = &(*p)->next;
+    *p = e;
+}
+
+static bool stash_take(fl_comm_t *c, uint64_t seq, fl_tp_msg_t *m)
+{
+    for (stash_ent_t **p = &c->stash; *p != NULL; p = &(*p)->next) {
+        if ((*p)->msg.hdr.seq == seq) {
+            stash_ent_t *e = *p;
+            *p = e->next;
+            *m = e->msg;
+            for (size_t i = 0; i < m->nframes; i++)
+                c->stash_bytes -= fl_tp_msg_size(m, i);
+            free(e);
+            return true;
+        }
+    }
+    return false;
+}
+
+/* Checks a message of this op's sequence number against the op: a peer in another collective,
+ * or with another count, type or operator, is a programming error on some rank, reported as
+ * such rather than as corrupt data. */
+static int match_op(coll_op_t *op, fl_tp_msg_t *m)
+{
+    char who[FL_HOST_MAX + 32];
+    fl_comm_peer_name(op->c, m->hdr.sender, who, sizeof who);
+    if (op->kind == FL_COLL_BARRIER) {
+        if (m->hdr.type != FL_MSG_BARRIER)
+            return coll_fail(op, FL_EPROTO, "%s is in %s #%llu, not in a barrier", who,
+                             fl_coll_kind_name((int)m->hdr.u.chunk.coll),
+                             (unsigned long long)m->hdr.seq);
+        return FL_OK;
+    }
+    if (m->hdr.type != FL_MSG_CHUNK)
+        return coll_fail(op, FL_EPROTO, "%s is in a barrier #%llu, not in %s", who,
+                         (unsigned long long)m->hdr.seq, fl_coll_kind_name(op->kind));
+    const fl_msg_chunk_t *ck = &m->hdr.u.chunk;
+    if (ck->coll != (uint32_t)op->kind)
+        return coll_fail(op, FL_EPROTO, "%s is in %s #%llu, not in %s: collectives called in a "
+                                        "different order on different ranks",
+                         who, fl_coll_kind_name((int)ck->coll), (unsigned long long)m->hdr.seq,
+                         fl_coll_kind_name(op->kind));
+    if (ck->total != op->count)
+        return coll_fail(op, FL_EPROTO, "%s called %s with %llu elements, this rank with %zu",
+                         who, fl_coll_kind_name(op->kind), (unsigned long long)ck->total,
+                         op->count);
+    uint32_t want_op = op->kind == FL_COLL_BROADCAST ? (uint32_t)op->root : (uint32_t)op->op;
+    if (ck->op != want_op)
+        return coll_fail(op, FL_EPROTO, "%s called %s with %s %u, this rank with %u", who,
+                         fl_coll_kind_name(op->kind),
+                         op->kind == FL_COLL_BROADCAST ? "root" : "operator", ck->op, want_op);
+    return FL_OK;
+}
+
+static int classify(coll_op_t *op, fl_tp_msg_t *m, bool *keep)
+{
+    fl_comm_t *c = op->c;
+    *keep = false;
+    if ((m->hdr.type != FL_MSG_CHUNK && m->hdr.type != FL_MSG_BARRIER) || m->hdr.sender < 0 ||
+        m->hdr.sender >= c->size || m->hdr.sender == c->rank) {
+        fl_ctx_count(c->ctx, FL_STAT_UNEXPECTED, 1);
+        FL_WARN(c->ctx, "dropped a %s message claiming sender %d on the data socket",
+                fl_msg_type_name(m->hdr.type), m->hdr.sender);
+        fl_tp_msg_close(m);
+        return FL_OK;
+    }
+    if (m->hdr.seq < op->seq) {
+        fl_ctx_count(c->ctx, FL_STAT_UNEXPECTED, 1);
+        FL_WARN(c->ctx, "dropped a stale message of collective #%llu from rank %d during #%llu",
+                (unsigned long long)m->hdr.seq, m->hdr.sender, (unsigned long long)op->seq);
+        fl_tp_msg_close(m);
+        return FL_OK;
+    }
+    if (m->hdr.seq > op->seq) {
+        size_t bytes = 0;
+        for (size_t i = 0; i < m->nframes; i++)
+            bytes += fl_tp_msg_size(m, i);
+        size_t cap = 2 * op_bytes(op) > STASH_MIN_CAP ? 2 * op_bytes(op) : STASH_MIN_CAP;
+        if (c->stash_bytes + bytes > cap) {
+            fl_tp_msg_close(m);
+            return coll_fail(op, FL_EPROTO, "rank %d sent over %zu bytes for later collectives",
+                             m->hdr.sender, cap);
+        }
+        stash_ent_t *e = malloc(sizeof *e);
+        if (e == NULL) {
+            fl_tp_msg_close(m);
+            return coll_fail(op, FL_ENOMEM, "out of memory stashing an early message");
+        }
+        e->msg = *m;
+        c->stash_bytes += bytes;
+        stash_push(c, e);
+        return FL_OK;
+    }
+    int rc = match_op(op, m);
+    if (rc != FL_OK) {
+        fl_tp_msg_close(m);
+        return rc;
+    }
+    *keep = true;
+    return FL_OK;
+}
+
+int coll_recv(coll_op_t *op, fl_tp_msg_t *m)
+{
+    fl_comm_t *c = op->c;
+    atomic_store_explicit(&c->cur_step, op->step, memory_order_relaxed);
+    atomic_store_explicit(&c->cur_waiting, op->waiting_on, memory_order_relaxed);
+    if (stash_take(c, op->seq, m)) {
+        int rc = match_op(op, m);
+        if (rc != FL_OK)
+            fl_tp_msg_close(m);
+        return rc;
+    }
+    fl_tp_sock_t *socks[2] = {c->data_in, c->ev_rx};
+    for (;;) {
+        bool ready[2] = {false, false};
+        int left = fl_deadline_left_ms(op->deadline);
+        int n = fl_tp_poll(socks, 2, left, ready);
+        if (n < 0)
+            return coll_fail(op, n, "%s", fl_last_error());
+        if (ready[1])
+            return take_event(op);
+        if (ready[0]) {
+            int rc = fl_tp_recv(c->data_in, m, fl_deadline_in(0));
+            if (rc == FL_EPROTO || rc == FL_ETIMEDOUT)
+                continue; /* refused and counted by the transport, or a spurious wake-up */
+            if (rc != FL_OK)
+                return coll_fail(op, rc, "%s", fl_last_error());
+            bool keep;
+            if ((rc = classify(op, m, &keep)) != FL_OK)
+                return rc;
+            if (keep) {
+                for (size_t i = 0; i < m->nframes; i++)
+                    c->bytes_recv += fl_tp_msg_size(m, i);
+                return FL_OK;
+            }
+            continue;
+        }
+        if (left == 0) {
+            char who[FL_HOST_MAX + 32] = "any peer";
+            if (op->waiting_on >= 0)
+                fl_comm_peer_name(c, op->waiting_on, who, sizeof who);
+            return coll_fail(op, FL_ETIMEDOUT, "no data from %s within %d ms (%zu of %zu "
+                                               "messages received)",
+                             who, c->timeout_ms, op->msgs_got, op->msgs_expected);
+        }
+    }
+}
+
+int coll_send(coll_op_t *op, int peer, const fl_msg_chunk_t *ck, const void *data, size_t bytes,
+              fl_dtype_t wire, int region)
+{
+    fl_comm_t *c = op->c;
+    fl_tp_sock_t *s;
+    int rc = fl_comm_peer_sock(c, peer, &s);
+    if (rc != FL_OK)
+        return coll_fail(op, rc, "%s", fl_last_error());
+    fl_msg_hdr_t h;
+    fl_msg_hdr_init(&h, FL_MSG_CHUNK, c->rank);
+    h.seq = op->seq;
+    h.u.chunk = *ck;
+    h.u.chunk.coll = (uint32_t)op->kind;
+    h.u.chunk.total = op->count;
+    h.u.chunk.op = op->kind == FL_COLL_BROADCAST ? (uint32_t)op->root : (uint32_t)op->op;
+    h.frames[0].dtype = (uint32_t)wire;
+    h.frames[0].codec = FL_CODEC_RAW;
+    fl_buf_t b = {(void *)data, bytes, NULL, NULL};
+    if (region >= 0) {
+        atomic_fetch_add_explicit(&c->inflight[region], 1, memory_order_relaxed);
+        b.hint = &c->inflight[region];
+        b.release = release_region;
+    }
+    rc = fl_tp_send(s, NULL, &h, &b, 1, op->deadline);
+    if (rc != FL_OK) {
+        char who[FL_HOST_MAX + 32];
+        return coll_fail(op, rc, "send to %s: %s", fl_comm_peer_name(c, peer, who, sizeof who),
+                         fl_last_error());
+    }
+    c->bytes_sent += bytes;
+    return FL_OK;
+}
+
+int coll_send_empty(coll_op_t *op, int peer, fl_msg_type_t type, const fl_msg_barrier_t *b)
+{
+    fl_comm_t *c = op->c;
+    fl_tp_sock_t *s;
+    int rc = fl_comm_peer_sock(c, peer, &s);
+    if (rc != FL_OK)
+        return coll_fail(op, rc, "%s", fl_last_error());
+    fl_msg_hdr_t h;
+    fl_msg_hdr_init(&h, type, c->rank);
+    h.seq = op->seq;
+    if (type == FL_MSG_BARRIER && b != NULL)
+        h.u.barrier = *b;
+    rc = fl_tp_send(s, NULL, &h, NULL, 0, op->deadline);
+    if (rc != FL_OK) {
+        char who[FL_HOST_MAX + 32];
+        return coll_fail(op, rc, "send to %s: %s", fl_comm_peer_name(c, peer, who, sizeof who),
+                         fl_last_error());
+    }
+    return FL_OK;
+}
+
+int coll_wait_region(coll_op_t *op, int region)
+{
+    _Atomic int64_t *cnt = &op->c->inflight[region];
+    unsigned spins = 0;
+    while (atomic_load_explicit(cnt, memory_order_acquire) > 0) {
+        if (fl_deadline_left_ms(op->deadline) == 0)
+            return coll_fail(op, FL_ETIMEDOUT, "earlier sends from chunk %d never completed",
+                             region);
+        if (++spins < 64)
+            sched_yield();
+        else
+            usleep(20);
+    }
+    return FL_OK;
+}
+
+int coll_check_payload(coll_op_t *op, fl_tp_msg_t *m, fl_dtype_t wire, size_t count)
+{
+    if (m->nframes != 1 || m->hdr.frames[0].dtype != (uint32_t)wire ||
+        m->hdr.frames[0].codec != FL_CODEC_RAW ||
+        fl_tp_msg_size(m, 0) != count * fl_dtype_size(wire))
+        return coll_fail(op, FL_EPROTO, "rank %d sent %zu frame(s) of %zu bytes (%s), expected "
+                                        "one raw frame of %zu x %s",
+                         m->hdr.sender, m->nframes, m->nframes ? fl_tp_msg_size(m, 0) : 0,
+                         fl_dtype_name((fl_dtype_t)m->hdr.frames[0].dtype), count,
+                         fl_dtype_name(wire));
+    return FL_OK;
+}

@@ -1,0 +1,136 @@
+/* The public collectives: argument checks, the degenerate cases (one rank, no elements), the
+ * choice of algorithm, and the op's begin/end around it. */
+#include "comm_int.h"
+
+#include <string.h>
+
+static int check(fl_comm_t *c, const char *what, const void *a, const void *b, size_t count,
+                 fl_dtype_t dtype)
+{
+    if (c == NULL)
+        return fl_fail(FL_EINVAL, "%s: communicator is NULL", what);
+    size_t esz = fl_dtype_size(dtype);
+    if (esz == 0)
+        return fl_fail(FL_EINVAL, "rank %d: %s: unknown dtype %d", c->rank, what, (int)dtype);
+    if (count > SIZE_MAX / 8)
+        return fl_fail(FL_EINVAL, "rank %d: %s: count %zu is too large", c->rank, what, count);
+    if (count > 0 && (a == NULL || b == NULL))
+        return fl_fail(FL_EINVAL, "rank %d: %s: NULL buffer for %zu elements", c->rank, what,
+                       count);
+    return FL_OK;
+}
+
+static int check_op(fl_comm_t *c, const char *what, fl_dtype_t dtype, fl_op_t op)
+{
+    if (!fl_op_supports(op, dtype))
+        return fl_fail(FL_EINVAL, "rank %d: %s: operator %s (%d) is not defined on %s", c->rank,
+                       what, fl_op_name(op), (int)op, fl_dtype_name(dtype));
+    return FL_OK;
+}
+
+int fl_allreduce(fl_comm_t *c, const void *sendbuf, void *recvbuf, size_t count,
+                 fl_dtype_t dtype, fl_op_t op)
+{
+    int rc = check(c, "allreduce", sendbuf, recvbuf, count, dtype);
+    if (rc == FL_OK)
+        rc = check_op(c, "allreduce", dtype, op);
+    if (rc != FL_OK)
+        return rc;
+    coll_op_t o;
+    if ((rc = coll_begin(c, &o, FL_COLL_ALLREDUCE, count, dtype, op, 0)) != FL_OK)
+        return rc;
+    size_t bytes = count * fl_dtype_size(dtype);
+    if (count == 0)
+        return coll_end(&o, FL_OK);
+    if (c->size == 1) {
+        if (sendbuf != recvbuf)
+            memmove(recvbuf, sendbuf, bytes);
+        return coll_end(&o, FL_OK);
+    }
+    fl_algo_t algo = c->algo;
+    if (algo == FL_ALGO_AUTO)
+        algo = bytes <= c->small_bytes ? FL_ALGO_RD : FL_ALGO_RING;
+    c->last_algo = algo;
+    if (algo == FL_ALGO_RD)
+        rc = fl_rd_allreduce(&o, sendbuf, recvbuf);
+    else
+        rc = fl_ring_allreduce(&o, sendbuf, recvbuf);
+    return coll_end(&o, rc);
+}
+
+int fl_reduce_scatter(fl_comm_t *c, const void *sendbuf, void *recvbuf, size_t count,
+                      fl_dtype_t dtype, fl_op_t op)
+{
+    int rc = check(c, "reduce-scatter", sendbuf, sendbuf, count, dtype);
+    if (rc == FL_OK)
+        rc = check_op(c, "reduce-scatter", dtype, op);
+    if (rc != FL_OK)
+        return rc;
+    size_t mine = fl_shard_count(count, c->size, c->rank);
+    if (mine > 0 && recvbuf == NULL)
+        return fl_fail(FL_EINVAL, "rank %d: reduce-scatter: NULL recvbuf for %zu elements",
+                       c->rank, mine);
+    coll_op_t o;
+    if ((rc = coll_begin(c, &o, FL_COLL_REDUCE_SCATTER, count, dtype, op, 0)) != FL_OK)
+        return rc;
+    if (count == 0)
+        return coll_end(&o, FL_OK);
+    if (c->size == 1) {
+        if (sendbuf != recvbuf)
+            memmove(recvbuf, sendbuf, count * fl_dtype_size(dtype));
+        return coll_end(&o, FL_OK);
+    }
+    return coll_end(&o, fl_ring_reduce_scatter(&o, sendbuf, recvbuf));
+}
+
+int fl_allgather(fl_comm_t *c, const void *sendbuf, void *recvbuf, size_t count,
+                 fl_dtype_t dtype)
+{
+    int rc = check(c, "all-gather", recvbuf, recvbuf, count, dtype);
+    if (rc != FL_OK)
+        return rc;
+    size_t mine = fl_shard_count(count, c->size, c->rank);
+    if (mine > 0 && sendbuf == NULL)
+        return fl_fail(FL_EINVAL, "rank %d: all-gather: NULL sendbuf for %zu elements", c->rank,
+                       mine);
+    coll_op_t o;
+    if ((rc = coll_begin(c, &o, FL_COLL_ALLGATHER, count, dtype, FL_SUM, 0)) != FL_OK)
+        return rc;
+    if (count == 0)
+        return coll_end(&o, FL_OK);
+    if (c->size == 1) {
+        if (sendbuf != recvbuf)
+            memmove(recvbuf, sendbuf, count * fl_dtype_size(dtype));
+        return coll_end(&o, FL_OK);
+    }
+    return coll_end(&o, fl_ring_allgather(&o, sendbuf, recvbuf));
+}
+
+int fl_broadcast(fl_comm_t *c, void *buf, size_t count, fl_dtype_t dtype, int root)
+{
+    int rc = check(c, "broadcast", buf, buf, count, dtype);
+    if (rc != FL_OK)
+        return rc;
+    if (root < 0 || root >= c->size)
+        return fl_fail(FL_EINVAL, "rank %d: broadcast: root %d out of range 0..%d", c->rank,
+                       root, c->size - 1);
+    coll_op_t o;
+    if ((rc = coll_begin(c, &o, FL_COLL_BROADCAST, count, dtype, FL_SUM, root)) != FL_OK)
+        return rc;
+    if (count == 0 || c->size == 1)
+        return coll_end(&o, FL_OK);
+    return coll_end(&o, fl_bcast(&o, buf));
+}
+
+int fl_barrier(fl_comm_t *c)
+{
+    if (c == NULL)
+        return fl_fail(FL_EINVAL, "barrier: communicator is NULL");
+    coll_op_t o;
+    int rc = coll_begin(c, &o, FL_COLL_BARRIER, 0, FL_UINT8, FL_SUM, 0);
+    if (rc != FL_OK)
+        return rc;
+    if (c->size == 1)
+        return coll_end(&o, FL_OK);
+    return coll_end(&o, fl_dissem_barrier(&o));
+}

@@ -1,0 +1,326 @@
+/* The communicator: options, creation (context, data sockets, rendezvous, control thread),
+ * destruction (leave cleanly, flush queued sends within the deadline), peer sockets created on
+ * first use, scratch memory and counters. The collectives themselves live in collectives.c. */
+#include "comm_int.h"
+
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#define DEFAULT_TIMEOUT_MS 300000
+#define DEFAULT_RENDEZVOUS_MS 300000
+#define DATA_HWM (1 << 20)
+
+void fl_comm_opts_init(fl_comm_opts_t *o)
+{
+    memset(o, 0, sizeof *o);
+    o->rank = -1;
+    o->world_size = -1;
+    o->job_id = "flodl";
+    o->timeout_ms = DEFAULT_TIMEOUT_MS;
+    o->rendezvous_timeout_ms = DEFAULT_RENDEZVOUS_MS;
+    o->stripes = 1;
+    o->segment_bytes = (size_t)1 << 20;
+    o->small_bytes = (size_t)64 << 10;
+    o->algo = FL_ALGO_AUTO;
+    o->log_level = FL_LOG_WARN;
+}
+
+static int check_opts(const fl_comm_opts_t *o)
+{
+    fl_tp_endpoint_t ep;
+    if (o->world_size < 1 || o->world_size > FL_MSG_MAX_PEERS)
+        return fl_fail(FL_EINVAL, "comm: world_size %d out of range 1..%d", o->world_size,
+                       FL_MSG_MAX_PEERS);
+    if (o->rank < 0 || o->rank >= o->world_size)
+        return fl_fail(FL_EINVAL, "comm: rank %d out of range 0..%d (world size %d)", o->rank,
+                       o->world_size - 1, o->world_size);
+    if (o->coordinator == NULL)
+        return fl_fail(FL_EINVAL, "comm: rank %d: no coordinator endpoint given", o->rank);
+    if (fl_tp_endpoint_parse(o->coordinator, &ep) != FL_OK)
+        return fl_fail_ctx(FL_EINVAL, "comm: rank %d: coordinator", o->rank);
+    if (o->job_id == NULL || o->job_id[0] == '\0' || strlen(o->job_id) >= FL_JOB_MAX)
+        return fl_fail(FL_EINVAL, "comm: job_id must be 1..%d bytes", FL_JOB_MAX - 1);
+    if (o->host != NULL && (o->host[0] == '\0' || strlen(o->host) >= FL_HOST_MAX))
+        return fl_fail(FL_EINVAL, "comm: host must be 1..%d bytes", FL_HOST_MAX - 1);
+    if (o->bind != NULL && fl_tp_endpoint_parse(o->bind, &ep) != FL_OK)
+        return fl_fail_ctx(FL_EINVAL, "comm: rank %d: bind", o->rank);
+    if (o->timeout_ms < 1 || o->rendezvous_timeout_ms < 1)
+        return fl_fail(FL_EINVAL, "comm: timeout_ms and rendezvous_timeout_ms must be positive");
+    if (o->stripes < 1 || o->stripes > FL_MSG_MAX_STRIPES)
+        return fl_fail(FL_EINVAL, "comm: stripes %d out of range 1..%d", o->stripes,
+                       FL_MSG_MAX_STRIPES);
+    if (o->segment_bytes < 4096 || o->segment_bytes > ((size_t)64 << 20))
+        return fl_fail(FL_EINVAL, "comm: segment_bytes %zu out of range 4 KiB..64 MiB",
+                       o->segment_bytes);
+    if (o->small_bytes > ((size_t)64 << 20))
+        return fl_fail(FL_EINVAL, "comm: small_bytes %zu over 64 MiB", o->small_bytes);
+    if (o->algo != FL_ALGO_AUTO && o->algo != FL_ALGO_RING && o->algo != FL_ALGO_RD)
+        return fl_fail(FL_EINVAL, "comm: algo %d is not AUTO, RING or RD", (int)o->algo);
+    if (o->log_level < FL_LOG_DEBUG || o->log_level > FL_LOG_OFF)
+        return fl_fail(FL_EINVAL, "comm: log_level %d out of range", (int)o->log_level);
+    return FL_OK;
+}
+
+static void data_opts(fl_tp_opts_t *t)
+{
+    fl_tp_opts_init(t);
+    /* Queues are bounded by the collectives themselves (a peer runs at most one op ahead);
+     * the high-water mark only has to be out of their way. */
+    t->sndhwm = DATA_HWM;
+    t->rcvhwm = DATA_HWM;
+}
+
+/* Binds the data socket on `stripes` endpoints and records what peers should dial. */
+static int bind_data(fl_comm_t *c, const char *bind, int stripes)
+{
+    fl_tp_opts_t t;
+    data_opts(&t);
+    int rc = fl_tp_sock_create(c->ctx, FL_TP_PULL, &t, "data", &c->data_in);
+    if (rc != FL_OK)
+        return rc;
+    char base[FL_ENDPOINT_MAX + FL_HOST_MAX];
+    if (bind != NULL)
+        snprintf(base, sizeof base, "%s", bind);
+    else if (fl_tp_is_ip_literal(c->host) && strchr(c->host, ':') == NULL)
+        snprintf(base, sizeof base, "tcp://%s:0", c->host);
+    else
+        snprintf(base, sizeof base, "tcp://*:0");
+    fl_tp_endpoint_t ep;
+    if ((rc = fl_tp_endpoint_parse(base, &ep)) != FL_OK)
+        return rc;
+    for (int k = 0; k < stripes; k++) {
+        char want[sizeof base + 16];
+        char bound[FL_ENDPOINT_MAX];
+        if (ep.scheme == FL_TP_TCP && ep.port != 0 && k > 0)
+            snprintf(want, sizeof want, "tcp://%s:%d", ep.host, ep.port + k);
+        else if (ep.scheme != FL_TP_TCP && k > 0)
+            snprintf(want, sizeof want, "%s.%d", base, k);
+        else
+            snprintf(want, sizeof want, "%s", base);
+        if ((rc = fl_tp_sock_bind(c->data_in, want, bound, sizeof bound)) != FL_OK)
+            return fl_fail_ctx(rc, "rank %d: data endpoint", c->rank);
+        if ((rc = fl_tp_endpoint_advertise(bound, c->host, c->endpoints[k],
+                                           sizeof c->endpoints[k])) != FL_OK)
+            return rc;
+    }
+    c->nendpoints = stripes;
+    return FL_OK;
+}
+
+static int make_pipe(fl_comm_t *c, const char *name, fl_tp_sock_t **rx, fl_tp_sock_t **tx)
+{
+    fl_tp_opts_t t;
+    fl_tp_opts_init(&t);
+    t.linger_ms = 0;
+    char ep[64];
+    snprintf(ep, sizeof ep, "inproc://flodl-%s", name);
+    int rc = fl_tp_sock_create(c->ctx, FL_TP_PAIR, &t, name, rx);
+    if (rc == FL_OK)
+        rc = fl_tp_sock_bind(*rx, ep, NULL, 0);
+    if (rc == FL_OK)
+        rc = fl_tp_sock_create(c->ctx, FL_TP_PAIR, &t, name, tx);
+    if (rc == FL_OK)
+        rc = fl_tp_sock_connect(*tx, ep);
+    return rc;
+}
+
+int fl_comm_init(const fl_comm_opts_t *o, fl_comm_t **out)
+{
+    *out = NULL;
+    int rc = check_opts(o);
+    if (rc != FL_OK)
+        return rc;
+    fl_comm_t *c = calloc(1, sizeof *c);
+    if (c == NULL)
+        return fl_fail(FL_ENOMEM, "comm: out of memory");
+    c->rank = o->rank;
+    c->size = o->world_size;
+    snprintf(c->job_id, sizeof c->job_id, "%s", o->job_id);
+    snprintf(c->coordinator, sizeof c->coordinator, "%s", o->coordinator);
+    c->timeout_ms = o->timeout_ms;
+    c->stripes = o->stripes;
+    c->segment_bytes = o->segment_bytes;
+    c->small_bytes = o->small_bytes;
+    c->algo = o->algo;
+    c->last_algo = FL_ALGO_AUTO;
+
+    fl_ctx_opts_t co;
+    fl_ctx_opts_init(&co);
+    co.log_level = o->log_level;
+    char name[FL_HOST_MAX + 32];
+    snprintf(name, sizeof name, "rank %d", o->rank);
+    co.log_name = name;
+    if ((rc = fl_ctx_create(&co, &c->ctx)) != FL_OK)
+        goto fail;
+
+    if (o->host != NULL)
+        snprintf(c->host, sizeof c->host, "%s", o->host);
+    else if ((rc = fl_tp_local_addr_towards(o->coordinator, c->host, sizeof c->host)) != FL_OK)
+        goto fail;
+
+    c->data_out = calloc((size_t)c->size, sizeof *c->data_out);
+    c->inflight = calloc((size_t)c->size + 1, sizeof *c->inflight);
+    if (c->data_out == NULL || c->inflight == NULL) {
+        rc = fl_fail(FL_ENOMEM, "comm: out of memory for %d peers", c->size);
+        goto fail;
+    }
+    if ((rc = bind_data(c, o->bind, o->stripes)) != FL_OK ||
+        (rc = make_pipe(c, "events", &c->ev_rx, &c->ev_tx)) != FL_OK ||
+        (rc = make_pipe(c, "commands", &c->cmd_rx, &c->cmd_tx)) != FL_OK)
+        goto fail;
+    if ((rc = fl_comm_rendezvous(c, o->rendezvous_timeout_ms)) != FL_OK)
+        goto fail;
+
+    fl_tp_sock_set_stamp(c->coord, c->job_id, c->generation, c->rank);
+    fl_tp_sock_set_expect(c->coord, c->job_id, c->generation);
+    fl_tp_sock_set_expect(c->data_in, c->job_id, c->generation);
+    snprintf(name, sizeof name, "rank %d %s", c->rank, c->host);
+    fl_ctx_set_log_name(c->ctx, name);
+    if ((rc = fl_comm_ctrl_start(c)) != FL_OK)
+        goto fail;
+    /* Open the ring's link now so the first collective does not pay for the TCP handshake. */
+    if (c->size > 1) {
+        fl_tp_sock_t *s;
+        fl_comm_peer_sock(c, fl_ring_mod((long)c->rank + 1, c->size), &s);
+    }
+    FL_INFO(c->ctx, "joined job '%s' as rank %d of %d, data at %s", c->job_id, c->rank, c->size,
+            c->endpoints[0]);
+    *out = c;
+    return FL_OK;
+
+fail:
+    {
+        /* Keep the detail: destroy logs nothing into it, but be explicit. */
+        char detail[1024];
+        snprintf(detail, sizeof detail, "%s", fl_last_error());
+        fl_comm_destroy(&c);
+        fl_fail(rc, "%s", detail);
+    }
+    return rc;
+}
+
+void fl_comm_destroy(fl_comm_t **pc)
+{
+    if (pc == NULL || *pc == NULL)
+        return;
+    fl_comm_t *c = *pc;
+    if (c->ctrl_started)
+        fl_comm_ctrl_stop(c);
+    int linger = c->broken_rc != FL_OK ? 0 : (c->timeout_ms < 10000 ? c->timeout_ms : 10000);
+    if (c->data_out != NULL) {
+        for (int p = 0; p < c->size; p++) {
+            if (c->data_out[p] != NULL) {
+                fl_tp_sock_set_linger(c->data_out[p], linger);
+                fl_tp_sock_destroy(&c->data_out[p]);
+            }
+        }
+    }
+    if (c->data_in != NULL)
+        fl_tp_sock_set_linger(c->data_in, 0);
+    fl_tp_sock_destroy(&c->data_in);
+    fl_tp_sock_destroy(&c->coord);
+    fl_tp_sock_destroy(&c->ev_rx);
+    fl_tp_sock_destroy(&c->ev_tx);
+    fl_tp_sock_destroy(&c->cmd_rx);
+    fl_tp_sock_destroy(&c->cmd_tx);
+    while (c->stash != NULL) {
+        stash_ent_t *e = c->stash;
+        c->stash = e->next;
+        fl_tp_msg_close(&e->msg);
+        free(e);
+    }
+    fl_ctx_destroy(&c->ctx);
+    free(c->peers);
+    free(c->data_out);
+    free((void *)c->inflight);
+    free(c->scratch);
+    free(c);
+    *pc = NULL;
+}
+
+int fl_comm_rank(const fl_comm_t *c)
+{
+    return c->rank;
+}
+
+int fl_comm_size(const fl_comm_t *c)
+{
+    return c->size;
+}
+
+const char *fl_comm_peer_host(const fl_comm_t *c, int rank)
+{
+    if (c->peers == NULL || rank < 0 || rank >= c->size)
+        return NULL;
+    return c->peers[rank].host;
+}
+
+const char *fl_comm_peer_name(const fl_comm_t *c, int rank, char *buf, size_t cap)
+{
+    const char *host = fl_comm_peer_host(c, rank);
+    if (host != NULL)
+        snprintf(buf, cap, "rank %d (%s)", rank, host);
+    else
+        snprintf(buf, cap, "rank %d", rank);
+    return buf;
+}
+
+int fl_comm_peer_sock(fl_comm_t *c, int peer, fl_tp_sock_t **out)
+{
+    if (c->data_out[peer] != NULL) {
+        *out = c->data_out[peer];
+        return FL_OK;
+    }
+    fl_tp_opts_t t;
+    data_opts(&t);
+    char name[32];
+    snprintf(name, sizeof name, "data to rank %d", peer);
+    fl_tp_sock_t *s;
+    int rc = fl_tp_sock_create(c->ctx, FL_TP_PUSH, &t, name, &s);
+    if (rc != FL_OK)
+        return rc;
+    const fl_msg_peer_t *p = &c->peers[peer];
+    for (uint32_t k = 0; k < p->nendpoints; k++) {
+        if ((rc = fl_tp_sock_connect(s, p->endpoints[k])) != FL_OK) {
+            fl_tp_sock_destroy(&s);
+            return fl_fail_ctx(rc, "rank %d: connect to rank %d (%s)", c->rank, peer, p->host);
+        }
+    }
+    fl_tp_sock_set_stamp(s, c->job_id, c->generation, c->rank);
+    c->data_out[peer] = s;
+    *out = s;
+    return FL_OK;
+}
+
+int fl_comm_scratch(fl_comm_t *c, size_t bytes, void **out)
+{
+    if (bytes > c->scratch_cap) {
+        void *p = NULL;
+        if (posix_memalign(&p, 64, bytes ? bytes : 64) != 0)
+            return fl_fail(FL_ENOMEM, "rank %d: no memory for %zu bytes of scratch", c->rank,
+                           bytes);
+        free(c->scratch);
+        c->scratch = p;
+        c->scratch_cap = bytes;
+    }
+    *out = c->scratch;
+    return FL_OK;
+}
+
+void fl_comm_get_stats(const fl_comm_t *c, fl_comm_stats_t *out)
+{
+    memset(out, 0, sizeof *out);
+    out->ops = c->ops;
+    out->bytes_sent = c->bytes_sent;
+    out->bytes_recv = c->bytes_recv;
+    out->bad_msgs = fl_ctx_stat(c->ctx, FL_STAT_BAD_HEADER) +
+                    fl_ctx_stat(c->ctx, FL_STAT_BAD_MAGIC) +
+                    fl_ctx_stat(c->ctx, FL_STAT_BAD_VERSION) +
+                    fl_ctx_stat(c->ctx, FL_STAT_BAD_JOB) +
+                    fl_ctx_stat(c->ctx, FL_STAT_BAD_FRAMES) +
+                    fl_ctx_stat(c->ctx, FL_STAT_OVERSIZED) +
+                    fl_ctx_stat(c->ctx, FL_STAT_UNEXPECTED);
+    out->last_algo = c->last_algo;
+}

@@ -1,0 +1,171 @@
+/* Private to collective/: the communicator's layout and the op engine that every algorithm
+ * uses (receive with stash, deadline and abort; sends with zero-copy tracking). */
+#ifndef FL_COMM_INT_H
+#define FL_COMM_INT_H
+
+#include <pthread.h>
+#include <stdatomic.h>
+
+#include "fl_coll.h"
+#include "fl_msg.h"
+#include "fl_tp.h"
+
+/* A message that arrived for a later collective than the one running. */
+typedef struct stash_ent {
+    struct stash_ent *next;
+    fl_tp_msg_t msg;
+} stash_ent_t;
+
+struct fl_comm {
+    fl_ctx_t *ctx;
+    int rank;
+    int size;
+    char job_id[FL_JOB_MAX];
+    char coordinator[FL_ENDPOINT_MAX];
+    char host[FL_HOST_MAX];
+    int timeout_ms;
+    int stripes;
+    size_t segment_bytes;
+    size_t small_bytes;
+    fl_algo_t algo;
+
+    /* From the coordinator's welcome. */
+    uint64_t generation;
+    fl_msg_peer_t *peers; /* size entries, by rank */
+    int hb_ms;
+    int hb_timeout_ms;
+
+    /* Data plane, used only by the calling thread. */
+    fl_tp_sock_t *data_in;   /* PULL, bound to this rank's endpoints */
+    fl_tp_sock_t **data_out; /* PUSH per peer, connected on first use */
+    char endpoints[FL_MSG_MAX_STRIPES][FL_ENDPOINT_MAX];
+    int nendpoints;
+    stash_ent_t *stash;
+    size_t stash_bytes;
+
+    /* Control thread: owns the coordinator socket once started. */
+    pthread_t ctrl;
+    bool ctrl_started;
+    fl_tp_sock_t *coord;    /* DEALER to the coordinator */
+    fl_tp_sock_t *ev_tx;    /* control thread -> caller: failures (inproc PAIR) */
+    fl_tp_sock_t *ev_rx;
+    fl_tp_sock_t *cmd_tx;   /* caller -> control thread: stop (inproc PAIR) */
+    fl_tp_sock_t *cmd_rx;
+
+    /* What the caller is doing, for the heartbeats the control thread sends. */
+    _Atomic uint32_t cur_coll;
+    _Atomic uint64_t cur_seq;
+    _Atomic uint32_t cur_step;
+    _Atomic int32_t cur_waiting;
+
+    /* Sequence of collectives; every rank numbers them the same. */
+    uint64_t seq;
+
+    /* Set once a collective failed: every later call returns FL_ECLOSED with this text. */
+    int broken_rc;
+    char broken_text[1024];
+
+    /* Zero-copy sends not yet released by ZeroMQ, per region (ring chunk; index size is
+     * "anything else"). The release hook runs in ZeroMQ's I/O thread. */
+    _Atomic int64_t *inflight;
+
+    /* Working memory for accumulation in a wider type, reused across calls. */
+    void *scratch;
+    size_t scratch_cap;
+
+    /* Counters. */
+    uint64_t ops;
+    uint64_t bytes_sent;
+    uint64_t bytes_recv;
+    fl_algo_t last_algo;
+};
+
+/* ---- communicator internals (comm.c, comm_ctrl.c) ---- */
+
+/* Registers with the coordinator and waits for the peer table (comm_rendezvous.c). */
+int fl_comm_rendezvous(fl_comm_t *c, int timeout_ms);
+
+/* The tuning string every rank must share ("seg=1048576,small=65536,algo=0"). */
+void fl_comm_tuning(const fl_comm_t *c, char *out, size_t cap);
+
+/* Starts the control thread (heartbeats, coordinator events). */
+int fl_comm_ctrl_start(fl_comm_t *c);
+
+/* Asks the control thread to leave the job cleanly and joins it. */
+void fl_comm_ctrl_stop(fl_comm_t *c);
+
+/* "rank 3 (host-a)": a peer's name for error texts. */
+const char *fl_comm_peer_name(const fl_comm_t *c, int rank, char *buf, size_t cap);
+
+/* The PUSH socket to peer, created and connected on first use. FL_OK or FL_EIO/FL_ENOMEM. */
+int fl_comm_peer_sock(fl_comm_t *c, int peer, fl_tp_sock_t **out);
+
+/* Grows the scratch area to at least bytes. FL_OK or FL_ENOMEM. */
+int fl_comm_scratch(fl_comm_t *c, size_t bytes, void **out);
+
+/* ---- op engine (coll_op.c) ---- */
+
+typedef struct coll_op {
+    fl_comm_t *c;
+    fl_coll_kind_t kind;
+    uint64_t seq;
+    size_t count;
+    fl_dtype_t dtype;
+    fl_op_t op;
+    int root;
+    int64_t deadline;
+    int waiting_on; /* peer whose data is awaited, for error texts and heartbeats */
+    uint32_t phase;
+    uint32_t step;
+    size_t msgs_got;
+    size_t msgs_expected;
+} coll_op_t;
+
+/* Starts a collective: refuses on a broken communicator, numbers it, arms the deadline. */
+int coll_begin(fl_comm_t *c, coll_op_t *op, fl_coll_kind_t kind, size_t count,
+               fl_dtype_t dtype, fl_op_t rop, int root);
+
+/* Ends a collective with rc: waits for this op's zero-copy sends to be released; on failure
+ * prefixes the detail with the op and breaks the communicator. Returns rc. */
+int coll_end(coll_op_t *op, int rc);
+
+/* Fails the op with a detail naming rank, host, op and progress. Returns code. */
+int coll_fail(coll_op_t *op, int code, const char *fmt, ...) FL_PRINTF(3, 4);
+
+/* Next message of this op (CHUNK or BARRIER, right collective, count, dtype and operator,
+ * from a valid peer), from the stash or the socket. Messages of later ops are stashed; bad
+ * ones are counted and dropped. Waits until the op deadline; returns early on an abort event
+ * from the control thread. The caller closes the message. */
+int coll_recv(coll_op_t *op, fl_tp_msg_t *m);
+
+/* Sends a chunk header with one payload frame to peer. region >= 0: zero-copy, tracked in
+ * inflight[region] (the memory must stay untouched until coll_wait_region(region)); region
+ * < 0: copied. */
+int coll_send(coll_op_t *op, int peer, const fl_msg_chunk_t *ck, const void *data, size_t bytes,
+              fl_dtype_t wire, int region);
+
+/* Sends a payload-less message (barrier rounds). */
+int coll_send_empty(coll_op_t *op, int peer, fl_msg_type_t type, const fl_msg_barrier_t *b);
+
+/* Waits until every zero-copy send from region was released. */
+int coll_wait_region(coll_op_t *op, int region);
+
+/* Checks that a chunk message carries exactly count elements of the wire dtype. */
+int coll_check_payload(coll_op_t *op, fl_tp_msg_t *m, fl_dtype_t wire, size_t count);
+
+/* ---- algorithms ---- */
+
+/* Ring reduce-scatter then all-gather. */
+int fl_ring_allreduce(coll_op_t *op, const void *sendbuf, void *recvbuf);
+/* Ring reduce-scatter: recvbuf gets this rank's shard. */
+int fl_ring_reduce_scatter(coll_op_t *op, const void *sendbuf, void *recvbuf);
+/* Ring all-gather of shards. */
+int fl_ring_allgather(coll_op_t *op, const void *sendbuf, void *recvbuf);
+/* Recursive doubling allreduce (any N; extra ranks fold in and out). */
+int fl_rd_allreduce(coll_op_t *op, const void *sendbuf, void *recvbuf);
+/* Binomial tree for small buffers, pipelined chain for large ones. */
+int fl_bcast(coll_op_t *op, void *buf);
+/* Dissemination barrier. */
+int fl_dissem_barrier(coll_op_t *op);
+
+#endif

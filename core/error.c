@@ -1,0 +1,64 @@
+/* Error codes and the per-thread detail text. fl_fail() sets the text where a failure happens;
+ * callers pass the code up unchanged, optionally adding context with fl_fail_ctx(). */
+#include "fl_core.h"
+
+#include <stdio.h>
+#include <string.h>
+
+#define DETAIL_MAX 1024
+
+static _Thread_local char detail[DETAIL_MAX];
+
+const char *fl_strerror(int code)
+{
+    switch (code) {
+    case FL_OK: return "success";
+    case FL_EINVAL: return "invalid argument";
+    case FL_ENOMEM: return "out of memory";
+    case FL_EIO: return "input/output error";
+    case FL_ETIMEDOUT: return "timed out";
+    case FL_EPEER: return "peer failed";
+    case FL_EPROTO: return "protocol error";
+    case FL_EGPU: return "GPU error";
+    case FL_ECLOSED: return "closed";
+    case FL_ENONFINITE: return "non-finite value";
+    default: return "unknown error";
+    }
+}
+
+const char *fl_last_error(void)
+{
+    return detail;
+}
+
+void fl_error_clear(void)
+{
+    detail[0] = '\0';
+}
+
+int fl_fail(int code, const char *fmt, ...)
+{
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(detail, sizeof detail, fmt, ap);
+    va_end(ap);
+    return code;
+}
+
+int fl_fail_ctx(int code, const char *fmt, ...)
+{
+    char old[DETAIL_MAX];
+    char prefix[DETAIL_MAX / 2];
+    va_list ap;
+
+    memcpy(old, detail, sizeof old);
+    va_start(ap, fmt);
+    vsnprintf(prefix, sizeof prefix, fmt, ap);
+    va_end(ap);
+    /* Truncation of an over-long detail is acceptable; the start names the operation. */
+    const char *cause = old[0] != '\0' ? old : fl_strerror(code);
+    size_t n = strlen(prefix);
+    memcpy(detail, prefix, n);
+    snprintf(detail + n, sizeof detail - n, ": %s", cause);
+    return code;
+}

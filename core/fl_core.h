@@ -1,0 +1,202 @@
+/* core: the shared vocabulary of flodl components. Error detail text, logging with a rank
+ * prefix, the monotonic clock and deadlines, the context (ZeroMQ context, limits, counters),
+ * dtype conversions, launcher-environment resolution and flag parsing for the binaries.
+ * It knows nothing of messages, sockets or collectives. */
+#ifndef FL_CORE_H
+#define FL_CORE_H
+
+#include <stdarg.h>
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#include <flodl/flodl.h>
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+#if defined(__GNUC__)
+#define FL_PRINTF(a, b) __attribute__((format(printf, a, b)))
+#else
+#define FL_PRINTF(a, b)
+#endif
+
+/* ---- errors (error.c) ---- */
+
+/* Sets the calling thread's detail text and returns code unchanged. */
+int fl_fail(int code, const char *fmt, ...) FL_PRINTF(2, 3);
+
+/* Prefixes the calling thread's current detail text ("allreduce #3: " + old) and returns code.
+ * Used by callers that add context to a failure they pass up. */
+int fl_fail_ctx(int code, const char *fmt, ...) FL_PRINTF(2, 3);
+
+/* Clears the calling thread's detail text. */
+void fl_error_clear(void);
+
+/* ---- clock (clock.c) ---- */
+
+/* Monotonic time. */
+int64_t fl_now_ns(void);
+int64_t fl_now_ms(void);
+
+/* Absolute monotonic deadline timeout_ms from now; timeout_ms < 0 means none (INT64_MAX). */
+int64_t fl_deadline_in(int timeout_ms);
+
+/* Milliseconds left until deadline, clamped to [0, INT32_MAX]. */
+int fl_deadline_left_ms(int64_t deadline_ms);
+
+/* ---- context and logging (ctx.c, log.c) ---- */
+
+/* Counters kept per context. Transport and components add to them; tests and metrics read. */
+typedef enum fl_stat {
+    FL_STAT_MSGS_SENT,
+    FL_STAT_MSGS_RECV,
+    FL_STAT_BYTES_SENT,
+    FL_STAT_BYTES_RECV,
+    FL_STAT_BAD_HEADER,   /* garbage or truncated header frame */
+    FL_STAT_BAD_MAGIC,    /* wrong magic number */
+    FL_STAT_BAD_VERSION,  /* other protocol version */
+    FL_STAT_BAD_JOB,      /* other job id or generation */
+    FL_STAT_BAD_FRAMES,   /* frames differ from what the header declares */
+    FL_STAT_OVERSIZED,    /* over the size limit */
+    FL_STAT_UNEXPECTED,   /* well-formed but out of place (wrong sender, step, duplicate) */
+    FL_STAT_ERRORS_SENT,  /* error replies sent to peers */
+    FL_STAT_COUNT
+} fl_stat_t;
+
+typedef struct fl_ctx fl_ctx_t;
+
+typedef struct fl_ctx_opts {
+    fl_log_level_t log_level; /* default FL_LOG_WARN */
+    const char *log_name;     /* prefix of every log line, e.g. "ps" or "rank 3"; default "flodl" */
+    int io_threads;           /* ZeroMQ I/O threads (default 1) */
+    size_t max_msg_bytes;     /* largest accepted payload frame (default 256 MiB) */
+    size_t max_frames;        /* most payload frames per message (default 16) */
+} fl_ctx_opts_t;
+
+void fl_ctx_opts_init(fl_ctx_opts_t *opts);
+
+/* Creates a context with its own ZeroMQ context. FL_OK, FL_EINVAL, FL_ENOMEM, FL_EIO. */
+int fl_ctx_create(const fl_ctx_opts_t *opts, fl_ctx_t **out);
+
+/* Terminates the ZeroMQ context (all sockets must be closed) and frees. NULL-safe. */
+void fl_ctx_destroy(fl_ctx_t **ctx);
+
+/* The ZeroMQ context (void * so that core's header does not need zmq.h). */
+void *fl_ctx_zmq(const fl_ctx_t *ctx);
+
+size_t fl_ctx_max_msg_bytes(const fl_ctx_t *ctx);
+size_t fl_ctx_max_frames(const fl_ctx_t *ctx);
+
+/* Replaces the log prefix ("rank 3 host-a"); thread-safe with respect to logging. */
+void fl_ctx_set_log_name(fl_ctx_t *ctx, const char *name);
+void fl_ctx_set_log_level(fl_ctx_t *ctx, fl_log_level_t level);
+fl_log_level_t fl_ctx_log_level(const fl_ctx_t *ctx);
+
+/* Counters: thread-safe (atomic). */
+void fl_ctx_count(fl_ctx_t *ctx, fl_stat_t stat, uint64_t n);
+uint64_t fl_ctx_stat(const fl_ctx_t *ctx, fl_stat_t stat);
+const char *fl_stat_name(fl_stat_t stat);
+
+/* Writes one line "[prefix] LEVEL: message" to stderr when level >= the context's level.
+ * ctx may be NULL (prefix "flodl", level WARN). Thread-safe: one write per line. */
+void fl_log(const fl_ctx_t *ctx, fl_log_level_t level, const char *fmt, ...) FL_PRINTF(3, 4);
+void fl_vlog(const fl_ctx_t *ctx, fl_log_level_t level, const char *fmt, va_list ap);
+
+#define FL_DEBUG(ctx, ...) fl_log((ctx), FL_LOG_DEBUG, __VA_ARGS__)
+#define FL_INFO(ctx, ...) fl_log((ctx), FL_LOG_INFO, __VA_ARGS__)
+#define FL_WARN(ctx, ...) fl_log((ctx), FL_LOG_WARN, __VA_ARGS__)
+#define FL_ERROR(ctx, ...) fl_log((ctx), FL_LOG_ERROR, __VA_ARGS__)
+
+/* Parses "debug|info|warn|error|off" (case-insensitive). FL_OK or FL_EINVAL. */
+int fl_log_level_parse(const char *s, fl_log_level_t *out);
+const char *fl_log_level_name(fl_log_level_t level);
+
+/* ---- element types (dtype.c) ---- */
+
+/* IEEE binary16 and bfloat16 conversions, round to nearest even, NaN preserved. */
+uint16_t fl_f32_to_f16(float f);
+float fl_f16_to_f32(uint16_t h);
+uint16_t fl_f32_to_bf16(float f);
+float fl_bf16_to_f32(uint16_t h);
+
+/* Parses "float32|f32|float16|f16|half|bfloat16|bf16|float64|f64|int32|int64|uint8". */
+int fl_dtype_parse(const char *s, fl_dtype_t *out);
+bool fl_dtype_is_valid(int dtype);
+
+/* ---- buffers (buf.c) ---- */
+
+/* A payload and the hook that releases it. release may be NULL for borrowed memory that the
+ * receiver must copy before the call returns. */
+typedef struct fl_buf {
+    void *data;
+    size_t len;
+    void *hint;
+    void (*release)(void *data, void *hint); /* called once, by whoever holds it last */
+} fl_buf_t;
+
+/* Calls the release hook (if any) and clears the buffer. NULL-safe. */
+void fl_buf_release(fl_buf_t *buf);
+
+/* ---- GPUs (gpu.c without CUDA, gpu_cuda.cu with it) ---- */
+
+/* True when this build has CUDA and at least one device is usable. Never fails. */
+bool fl_gpu_available(void);
+
+/* Number of usable CUDA devices (0 without CUDA). */
+int fl_gpu_count(void);
+
+/* One line describing the devices or why there are none ("CUDA not built in", the CUDA error
+ * text, "2 x NVIDIA H100 80GB HBM3"). */
+void fl_gpu_describe(char *out, size_t cap);
+
+/* ---- hosts (host.c) ---- */
+
+/* This machine's host name into out (always terminated). */
+void fl_hostname(char *out, size_t cap);
+
+/* ---- launcher environment (launch_env.c) ---- */
+
+/* Looks up one variable; returns NULL when unset. The binaries pass a wrapper of getenv, tests a
+ * table: core itself never reads the environment. */
+typedef const char *(*fl_env_get_fn)(const char *name, void *ud);
+
+#define FL_ENDPOINT_MAX 256
+#define FL_HOST_MAX 256
+#define FL_JOB_MAX 64
+
+typedef struct fl_launch_info {
+    int rank;                          /* -1 when no variable sets it */
+    int world_size;                    /* -1 when no variable sets it */
+    char coordinator[FL_ENDPOINT_MAX]; /* "" when unset */
+    char host[FL_HOST_MAX];            /* "" when unset */
+    char job_id[FL_JOB_MAX];           /* "" when unset */
+    int log_level;                     /* -1 when unset, else an fl_log_level_t */
+    const char *rank_var;              /* the variable the rank came from, or NULL */
+    const char *world_var;             /* the variable the world size came from, or NULL */
+} fl_launch_info_t;
+
+/* Resolves rank, world size and coordinator from the variables launchers set, first match
+ * wins: FLODL_RANK, RANK (torchrun), OMPI_COMM_WORLD_RANK (Open MPI), JOB_COMPLETION_INDEX
+ * (Kubernetes Indexed Job); FLODL_WORLD_SIZE, WORLD_SIZE, OMPI_COMM_WORLD_SIZE;
+ * FLODL_COORDINATOR, else tcp://MASTER_ADDR:MASTER_PORT (port 29500 when unset). Also
+ * FLODL_HOST, FLODL_JOB_ID, FLODL_LOG. Returns FL_OK or FL_EINVAL naming the variable. */
+int fl_launch_from_env(fl_env_get_fn get, void *ud, fl_launch_info_t *out);
+
+/* ---- flag values for the binaries (cli.c) ---- */
+
+/* Parses a decimal integer in [lo, hi]; FL_EINVAL with "FLAG: ..." detail otherwise. */
+int fl_cli_long(const char *flag, const char *val, long lo, long hi, long *out);
+
+/* Parses a byte size with optional K/M/G suffix (powers of 1024): "4K", "64M", "1073741824". */
+int fl_cli_size(const char *flag, const char *val, size_t lo, size_t hi, size_t *out);
+
+/* Formats a byte count for tables: "4 KiB", "64 MiB", "1000 B". */
+void fl_fmt_bytes(size_t bytes, char *out, size_t cap);
+
+#ifdef __cplusplus
+}
+#endif
+
+#endif

@@ -1,0 +1,121 @@
+/* flodl communicator: rendezvous through the coordinator (flodl-ps or an embedded fl_coord), and
+ * collectives over ZeroMQ on TCP (or ipc://, inproc://) between the ranks of one job.
+ * All ranks must call the same collectives in the same order with matching counts and types,
+ * as with MPI or NCCL. A failed collective (dead peer, deadline, bad data) breaks the
+ * communicator: later calls return FL_ECLOSED with the original cause, and the caller destroys it. */
+#ifndef FLODL_COMM_H
+#define FLODL_COMM_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include <flodl/flodl.h>
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+typedef struct fl_comm fl_comm_t;
+
+/* Which allreduce algorithm runs. AUTO picks recursive doubling up to small_bytes, else the ring. */
+typedef enum fl_algo {
+    FL_ALGO_AUTO = 0,
+    FL_ALGO_RING = 1, /* bandwidth-optimal: each rank sends 2(N-1)/N of the buffer */
+    FL_ALGO_RD = 2,   /* latency-optimal recursive doubling: log2(N) rounds of the whole buffer */
+} fl_algo_t;
+
+typedef struct fl_comm_opts {
+    int rank;                  /* this rank, 0 <= rank < world_size (required) */
+    int world_size;            /* number of ranks in the job (required) */
+    const char *coordinator;   /* coordinator endpoint "tcp://host:port" (required) */
+    const char *job_id;        /* must match the coordinator's; default "flodl" */
+    const char *host;          /* address peers reach this rank at; NULL: the local address of
+                                  the route to the coordinator */
+    const char *bind;          /* data endpoint; NULL: "tcp://<host>:0" (ephemeral port). Also
+                                  "ipc:///path" or "inproc://name" (same process only) */
+    int timeout_ms;            /* deadline of one collective call (default 120000) */
+    int rendezvous_timeout_ms; /* deadline of the rendezvous in fl_comm_init (default 120000) */
+    int stripes;               /* TCP connections per peer pair, 1..8 (default 1) */
+    size_t segment_bytes;      /* pipelining unit of the ring (default 1 MiB) */
+    size_t small_bytes;        /* AUTO uses recursive doubling up to this size (default 64 KiB) */
+    fl_algo_t algo;            /* force an algorithm (default FL_ALGO_AUTO) */
+    fl_log_level_t log_level;  /* default FL_LOG_WARN */
+} fl_comm_opts_t;
+
+/* Fills every field with its default; rank, world_size and coordinator stay unset (-1/NULL). */
+void fl_comm_opts_init(fl_comm_opts_t *opts);
+
+/* Fills rank, world size, coordinator, host and log level from the environment a launcher sets:
+ * FLODL_RANK / FLODL_WORLD_SIZE / FLODL_COORDINATOR / FLODL_HOST / FLODL_JOB_ID / FLODL_LOG;
+ * torchrun's RANK / WORLD_SIZE / MASTER_ADDR / MASTER_PORT; Open MPI's OMPI_COMM_WORLD_RANK /
+ * OMPI_COMM_WORLD_SIZE; Kubernetes' JOB_COMPLETION_INDEX. Fields the environment does not set
+ * are left as they are. Strings point into the environment and live as long as it does.
+ * Returns FL_OK, or FL_EINVAL naming the variable that does not parse. Not thread-safe with
+ * setenv. */
+int fl_comm_opts_from_env(fl_comm_opts_t *opts);
+
+/* Registers with the coordinator, waits for all world_size ranks (until rendezvous_timeout_ms),
+ * and connects to the peers. Returns FL_OK and *out, or FL_EINVAL (bad option, or refused by the
+ * coordinator: duplicate rank, world size / version / job mismatch), FL_ETIMEDOUT (rendezvous
+ * did not complete; the detail lists the missing ranks when the coordinator told us), FL_EIO. */
+int fl_comm_init(const fl_comm_opts_t *opts, fl_comm_t **out);
+
+/* Leaves the job and frees everything. Waits (bounded by timeout_ms) for this rank's queued
+ * sends to leave. NULL-safe; sets *comm to NULL. */
+void fl_comm_destroy(fl_comm_t **comm);
+
+int fl_comm_rank(const fl_comm_t *comm);
+int fl_comm_size(const fl_comm_t *comm);
+
+/* The host a peer registered with; owned by the communicator. NULL for a bad rank. */
+const char *fl_comm_peer_host(const fl_comm_t *comm, int rank);
+
+/* Shard layout used by reduce-scatter and all-gather: count elements split into nshards
+ * contiguous ranges, the first (count % nshards) shards one element longer. */
+size_t fl_shard_offset(size_t count, int nshards, int index);
+size_t fl_shard_count(size_t count, int nshards, int index);
+
+/* Every rank ends with op applied elementwise over all ranks' sendbuf, in recvbuf.
+ * sendbuf == recvbuf is allowed (in place). Every rank gets the same bytes. The buffers are
+ * borrowed until the call returns. float16/bfloat16: float32 partial sums travel during the
+ * reduction, rounded once to the dtype at the end. Returns FL_OK, FL_EINVAL (bad dtype/op),
+ * FL_EPEER (a peer died: the detail names rank, host and the operation), FL_ETIMEDOUT (no data
+ * from the named peer within timeout_ms), FL_EPROTO (a peer sent data that does not match),
+ * FL_ECLOSED (communicator broken earlier). One thread at a time per communicator. */
+int fl_allreduce(fl_comm_t *comm, const void *sendbuf, void *recvbuf, size_t count,
+                 fl_dtype_t dtype, fl_op_t op);
+
+/* sendbuf holds count elements on every rank; recvbuf receives this rank's shard of the
+ * reduction: fl_shard_count(count, N, rank) elements starting at fl_shard_offset(...).
+ * Errors as fl_allreduce. */
+int fl_reduce_scatter(fl_comm_t *comm, const void *sendbuf, void *recvbuf, size_t count,
+                      fl_dtype_t dtype, fl_op_t op);
+
+/* Each rank contributes its shard (fl_shard_count(count, N, rank) elements at sendbuf) and every
+ * rank receives all count elements in recvbuf, shard i at fl_shard_offset(count, N, i).
+ * sendbuf may point at its own shard inside recvbuf. Errors as fl_allreduce. */
+int fl_allgather(fl_comm_t *comm, const void *sendbuf, void *recvbuf, size_t count,
+                 fl_dtype_t dtype);
+
+/* Copies root's buf to every rank's buf. Errors as fl_allreduce. */
+int fl_broadcast(fl_comm_t *comm, void *buf, size_t count, fl_dtype_t dtype, int root);
+
+/* Returns once every rank has entered the barrier. Errors as fl_allreduce. */
+int fl_barrier(fl_comm_t *comm);
+
+typedef struct fl_comm_stats {
+    uint64_t ops;        /* collectives completed */
+    uint64_t bytes_sent; /* payload bytes this rank sent */
+    uint64_t bytes_recv; /* payload bytes this rank received */
+    uint64_t bad_msgs;   /* messages refused (malformed, wrong job, out of place) */
+    fl_algo_t last_algo; /* algorithm of the last allreduce */
+} fl_comm_stats_t;
+
+/* Counters since fl_comm_init. */
+void fl_comm_get_stats(const fl_comm_t *comm, fl_comm_stats_t *out);
+
+#ifdef __cplusplus
+}
+#endif
+
+#endif

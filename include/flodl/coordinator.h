@@ -1,0 +1,52 @@
+/* flodl coordinator: rendezvous, peer table, barrier and heartbeats of one job. flodl-ps runs it;
+ * a program may embed it instead (one rank hosts it, as torchrun's store does). */
+#ifndef FLODL_COORDINATOR_H
+#define FLODL_COORDINATOR_H
+
+#include <flodl/flodl.h>
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+typedef struct fl_coord fl_coord_t;
+
+typedef struct fl_coord_opts {
+    const char *bind;          /* endpoint to bind, e.g. "tcp://0.0.0.0:29500" (required) */
+    int world_size;            /* ranks expected (required, >= 1) */
+    const char *job_id;        /* ranks with another job id are refused; default "flodl" */
+    int heartbeat_ms;          /* heartbeat period both ways (default timeout / 5) */
+    int heartbeat_timeout_ms;  /* a rank silent this long is declared dead (default 5000) */
+    int rendezvous_timeout_ms; /* all ranks must register within this (default 300000) */
+    fl_log_level_t log_level;  /* default FL_LOG_INFO */
+} fl_coord_opts_t;
+
+/* Defaults for every field; bind NULL and world_size 0 must be set by the caller. */
+void fl_coord_opts_init(fl_coord_opts_t *opts);
+
+/* Validates opts and binds. Returns FL_OK and *out, FL_EINVAL naming the field, FL_EIO when the
+ * endpoint cannot be bound. */
+int fl_coord_create(const fl_coord_opts_t *opts, fl_coord_t **out);
+
+/* The endpoint actually bound (port chosen when bind asked for port 0). Owned by coord. */
+const char *fl_coord_endpoint(const fl_coord_t *coord);
+
+/* Starts the coordinator's thread. FL_OK or FL_EIO. */
+int fl_coord_start(fl_coord_t *coord);
+
+/* Waits until the job ends or timeout_ms passes (-1: no limit). Returns FL_OK when every rank
+ * left cleanly, FL_EPEER when a rank died or the rendezvous failed (detail says which),
+ * FL_ETIMEDOUT when the job is still running. */
+int fl_coord_wait(fl_coord_t *coord, int timeout_ms);
+
+/* Stops the thread (joins it). Safe to call twice. */
+void fl_coord_stop(fl_coord_t *coord);
+
+/* Frees the coordinator; only after fl_coord_stop. NULL-safe; sets *coord to NULL. */
+void fl_coord_destroy(fl_coord_t **coord);
+
+#ifdef __cplusplus
+}
+#endif
+
+#endif

@@ -1,0 +1,235 @@
+/* Decoding: bytes -> protobuf-c -> validated fl_msg_hdr_t. Everything that can be checked
+ * without knowing the receiver's state is checked here, so no caller ever sees a header with
+ * an unterminated string, an unknown type, a missing body or an impossible frame list. */
+#include "fl_msg.h"
+#include "msg_int.h"
+
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+static int bad(fl_msg_fault_t *fault, fl_msg_fault_t why, const char *fmt, ...) FL_PRINTF(3, 4);
+
+static int bad(fl_msg_fault_t *fault, fl_msg_fault_t why, const char *fmt, ...)
+{
+    char text[256];
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(text, sizeof text, fmt, ap);
+    va_end(ap);
+    *fault = why;
+    return fl_fail(FL_EPROTO, text);
+}
+
+/* Copies a protobuf string into a fixed field; a string that does not fit is refused, not
+ * truncated, because identifiers (hosts, endpoints, job ids) must survive intact. */
+static int copy_id(char *dst, size_t cap, const char *src, const char *what,
+                   fl_msg_fault_t *fault)
+{
+    size_t n = strlen(src);
+    if (n >= cap)
+        return bad(fault, FL_FAULT_HEADER, "header: %s of %zu bytes is too long", what, n);
+    memcpy(dst, src, n + 1);
+    return FL_OK;
+}
+
+/* Free text (error and shutdown messages) is truncated instead. */
+static void copy_text(char *dst, size_t cap, const char *src)
+{
+    snprintf(dst, cap, src);
+}
+
+static int copy_eps(char (*dst)[FL_ENDPOINT_MAX], uint32_t *n, char **src, size_t nsrc,
+                    fl_msg_fault_t *fault)
+{
+    if (nsrc > FL_MSG_MAX_STRIPES)
+        return bad(fault, FL_FAULT_HEADER, "header: %s list of %zu entries is too long",
+                   "endpoint", nsrc);
+    for (size_t i = 0; i < nsrc; i++) {
+        int rc = copy_id(dst[i], FL_ENDPOINT_MAX, src[i], "endpoint", fault);
+        if (rc != FL_OK)
+            return rc;
+    }
+    *n = (uint32_t)nsrc;
+    return FL_OK;
+}
+
+static int decode_welcome(const Flodl__Welcome *w, fl_msg_hdr_t *out, fl_msg_fault_t *fault)
+{
+    if (w->n_peers > FL_MSG_MAX_PEERS)
+        return bad(fault, FL_FAULT_HEADER, "header: %s table of %zu entries is too long",
+                   "peer", w->n_peers);
+    if (fl_msg_welcome_alloc(out, (uint32_t)w->n_peers) != FL_OK)
+        return FL_ENOMEM;
+    for (size_t i = 0; i < w->n_peers; i++) {
+        const Flodl__Peer *p = w->peers[i];
+        fl_msg_peer_t *q = &out->u.welcome.peers[i];
+        int rc;
+        q->rank = p->rank;
+        q->pid = p->pid;
+        if ((rc = copy_id(q->host, sizeof q->host, p->host, "peer host", fault)) != FL_OK ||
+            (rc = copy_eps(q->endpoints, &q->nendpoints, p->endpoints, p->n_endpoints,
+                           fault)) != FL_OK)
+            return rc;
+    }
+    out->u.welcome.heartbeat_ms = w->heartbeat_ms;
+    out->u.welcome.heartbeat_timeout_ms = w->heartbeat_timeout_ms;
+    return FL_OK;
+}
+
+static int decode_body(const Flodl__Header *h, fl_msg_hdr_t *out, fl_msg_fault_t *fault)
+{
+    int rc = FL_OK;
+    const void *body;
+    switch (h->type) {
+    case FLODL__MSG_TYPE__MSG_REGISTER: body = h->reg; break;
+    case FLODL__MSG_TYPE__MSG_WELCOME: body = h->welcome; break;
+    case FLODL__MSG_TYPE__MSG_BARRIER: body = h->barrier; break;
+    case FLODL__MSG_TYPE__MSG_HEARTBEAT: body = h->heartbeat; break;
+    case FLODL__MSG_TYPE__MSG_ERROR: body = h->error; break;
+    case FLODL__MSG_TYPE__MSG_SHUTDOWN: body = h->shutdown; break;
+    case FLODL__MSG_TYPE__MSG_CHUNK: body = h->chunk; break;
+    default:
+        return bad(fault, FL_FAULT_HEADER, "header: unknown message type %llu",
+                   (unsigned long long)h->type);
+    }
+    if (body == NULL)
+        return bad(fault, FL_FAULT_HEADER, "header: %s message without its body (type %llu)",
+                   fl_msg_type_name((int)h->type), (unsigned long long)h->type);
+    int nbodies = (h->reg != NULL) + (h->welcome != NULL) + (h->barrier != NULL) +
+                  (h->heartbeat != NULL) + (h->error != NULL) + (h->shutdown != NULL) +
+                  (h->chunk != NULL);
+    if (nbodies != 1)
+        return bad(fault, FL_FAULT_HEADER, "header: %s message with %llu bodies",
+                   fl_msg_type_name((int)h->type), (unsigned long long)nbodies);
+
+    switch (h->type) {
+    case FLODL__MSG_TYPE__MSG_REGISTER:
+        out->u.reg.rank = h->reg->rank;
+        out->u.reg.world_size = h->reg->world_size;
+        out->u.reg.pid = h->reg->pid;
+        out->u.reg.model_signature = h->reg->model_signature;
+        if ((rc = copy_id(out->u.reg.host, sizeof out->u.reg.host, h->reg->host, "host",
+                          fault)) != FL_OK ||
+            (rc = copy_id(out->u.reg.tuning, sizeof out->u.reg.tuning, h->reg->tuning, "tuning",
+                          fault)) != FL_OK)
+            return rc;
+        return copy_eps(out->u.reg.endpoints, &out->u.reg.nendpoints, h->reg->endpoints,
+                        h->reg->n_endpoints, fault);
+    case FLODL__MSG_TYPE__MSG_WELCOME:
+        return decode_welcome(h->welcome, out, fault);
+    case FLODL__MSG_TYPE__MSG_BARRIER:
+        out->u.barrier.id = h->barrier->id;
+        out->u.barrier.round = h->barrier->round;
+        return FL_OK;
+    case FLODL__MSG_TYPE__MSG_HEARTBEAT:
+        out->u.heartbeat.op = h->heartbeat->op;
+        out->u.heartbeat.op_seq = h->heartbeat->op_seq;
+        out->u.heartbeat.op_step = h->heartbeat->op_step;
+        out->u.heartbeat.waiting_on = h->heartbeat->waiting_on;
+        out->u.heartbeat.registered = h->heartbeat->registered;
+        copy_text(out->u.heartbeat.missing, sizeof out->u.heartbeat.missing,
+                  h->heartbeat->missing);
+        return FL_OK;
+    case FLODL__MSG_TYPE__MSG_ERROR:
+        out->u.error.code = h->error->code;
+        out->u.error.about_rank = h->error->about_rank;
+        copy_text(out->u.error.host, sizeof out->u.error.host, h->error->host);
+        copy_text(out->u.error.text, sizeof out->u.error.text, h->error->text);
+        return FL_OK;
+    case FLODL__MSG_TYPE__MSG_SHUTDOWN:
+        out->u.shutdown.code = h->shutdown->code;
+        copy_text(out->u.shutdown.text, sizeof out->u.shutdown.text, h->shutdown->text);
+        return FL_OK;
+    case FLODL__MSG_TYPE__MSG_CHUNK:
+        out->u.chunk.coll = h->chunk->coll;
+        out->u.chunk.phase = h->chunk->phase;
+        out->u.chunk.step = h->chunk->step;
+        out->u.chunk.seg = h->chunk->seg;
+        out->u.chunk.offset = h->chunk->offset;
+        out->u.chunk.count = h->chunk->count;
+        out->u.chunk.op = h->chunk->op;
+        out->u.chunk.total = h->chunk->total;
+        return FL_OK;
+    default:
+        return FL_OK;
+    }
+}
+
+static int decode_frames(const Flodl__Header *h, fl_msg_hdr_t *out, fl_msg_fault_t *fault)
+{
+    if (h->n_frames > FL_MSG_MAX_FRAMES)
+        return bad(fault, FL_FAULT_FRAMES, "header: declares %llu frames, at most 16",
+                   (unsigned long long)h->n_frames);
+    for (size_t i = 0; i < h->n_frames; i++) {
+        const Flodl__FrameDesc *f = h->frames[i];
+        if (f->dtype != 0 && !fl_dtype_is_valid((int)f->dtype))
+            return bad(fault, FL_FAULT_FRAMES, "header: frame with unknown dtype %llu",
+                       (unsigned long long)f->dtype);
+        if (f->codec != FLODL__CODEC__CODEC_RAW && f->codec != FLODL__CODEC__CODEC_LZ4)
+            return bad(fault, FL_FAULT_FRAMES, "header: frame with unknown codec %llu",
+                       (unsigned long long)f->codec);
+        if (f->codec == FLODL__CODEC__CODEC_RAW && f->raw_bytes != f->bytes)
+            return bad(fault, FL_FAULT_FRAMES,
+                       "header: raw frame declares %llu decoded bytes unlike its size",
+                       (unsigned long long)f->raw_bytes);
+        if (f->dtype != 0 && f->raw_bytes % fl_dtype_size((fl_dtype_t)f->dtype) != 0)
+            return bad(fault, FL_FAULT_FRAMES,
+                       "header: %s frame of %llu bytes is not a whole number of elements",
+                       fl_dtype_name((fl_dtype_t)f->dtype), (unsigned long long)f->raw_bytes);
+        out->frames[i].bytes = f->bytes;
+        out->frames[i].dtype = (uint32_t)f->dtype;
+        out->frames[i].codec = (uint32_t)f->codec;
+        out->frames[i].raw_bytes = f->raw_bytes;
+    }
+    out->nframes = (uint32_t)h->n_frames;
+    return FL_OK;
+}
+
+int fl_msg_decode(const void *data, size_t len, fl_msg_hdr_t *out, fl_msg_fault_t *fault)
+{
+    memset(out, 0, sizeof *out);
+    *fault = FL_FAULT_NONE;
+
+    Flodl__Header *h = flodl__header__unpack(NULL, len, data);
+    if (h == NULL)
+        return bad(fault, FL_FAULT_HEADER, "header: %llu bytes do not parse as a header",
+                   (unsigned long long)len);
+    int rc = FL_OK;
+    if (h->magic != FL_MSG_MAGIC) {
+        rc = bad(fault, FL_FAULT_MAGIC, "header: bad magic 0x%08llx",
+                 (unsigned long long)h->magic);
+        goto out;
+    }
+    /* Fill what a refusal needs before any further check can fail. */
+    out->version = h->version;
+    out->type = (fl_msg_type_t)h->type;
+    out->sender = h->sender;
+    out->generation = h->generation;
+    out->seq = h->seq;
+    out->step = h->step;
+    snprintf(out->job_id, sizeof out->job_id, h->job_id);
+    if (h->version != FL_MSG_VERSION) {
+        rc = bad(fault, FL_FAULT_VERSION, "header: protocol version %llu, expected 1",
+                 (unsigned long long)h->version);
+        goto out;
+    }
+    if (strlen(h->job_id) >= FL_JOB_MAX) {
+        rc = bad(fault, FL_FAULT_HEADER, "header: job id of %llu bytes is too long",
+                 (unsigned long long)strlen(h->job_id));
+        goto out;
+    }
+    if ((rc = decode_frames(h, out, fault)) != FL_OK)
+        goto out;
+    rc = decode_body(h, out, fault);
+out:
+    if (rc != FL_OK && rc != FL_EPROTO && *fault == FL_FAULT_NONE)
+        *fault = FL_FAULT_HEADER;
+    if (rc != FL_OK && out->type == FL_MSG_WELCOME) {
+        free(out->u.welcome.peers);
+        out->u.welcome.peers = NULL;
+        out->u.welcome.npeers = 0;
+    }
+    flodl__header__free_unpacked(h, NULL);
+    return rc;
+}

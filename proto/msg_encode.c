@@ -1,0 +1,211 @@
+/* Encoding: fl_msg_hdr_t -> protobuf-c structs -> bytes in memory the caller hands out.
+ * Bounds are checked here too, so a sender fails loudly instead of emitting a header that
+ * every receiver would refuse. */
+#include "fl_msg.h"
+#include "msg_int.h"
+
+#include <stdlib.h>
+#include <string.h>
+
+static int check_str(const char *what, const char *s, size_t cap)
+{
+    if (strnlen(s, cap) >= cap)
+        return fl_fail(FL_EINVAL, "encode: %s is not terminated within %zu bytes", what, cap);
+    return FL_OK;
+}
+
+static int fill_endpoints(char **dst, const char (*src)[FL_ENDPOINT_MAX], uint32_t n)
+{
+    if (n > FL_MSG_MAX_STRIPES)
+        return fl_fail(FL_EINVAL, "encode: %u endpoints, at most %d", n, FL_MSG_MAX_STRIPES);
+    for (uint32_t i = 0; i < n; i++) {
+        int rc = check_str("endpoint", src[i], FL_ENDPOINT_MAX);
+        if (rc != FL_OK)
+            return rc;
+        dst[i] = (char *)src[i];
+    }
+    return FL_OK;
+}
+
+/* Everything the protobuf-c view of one header points at, so encode needs one allocation at
+ * most (the welcome peer table). */
+typedef struct pb_view {
+    Flodl__Header h;
+    Flodl__FrameDesc frame_store[FL_MSG_MAX_FRAMES];
+    Flodl__FrameDesc *frames[FL_MSG_MAX_FRAMES];
+    Flodl__Register reg;
+    char *reg_eps[FL_MSG_MAX_STRIPES];
+    Flodl__Welcome welcome;
+    Flodl__Peer *peer_store;
+    Flodl__Peer **peers;
+    char **peer_eps;
+    Flodl__Barrier barrier;
+    Flodl__Heartbeat heartbeat;
+    Flodl__Error error;
+    Flodl__Shutdown shutdown;
+    Flodl__Chunk chunk;
+} pb_view_t;
+
+static int build_welcome(pb_view_t *v, const fl_msg_welcome_t *w)
+{
+    int rc;
+    flodl__welcome__init(&v->welcome);
+    if (w->npeers > FL_MSG_MAX_PEERS)
+        return fl_fail(FL_EINVAL, "encode: %u peers, at most %d", w->npeers, FL_MSG_MAX_PEERS);
+    if (w->npeers > 0) {
+        v->peer_store = calloc(w->npeers, sizeof *v->peer_store);
+        v->peers = calloc(w->npeers, sizeof *v->peers);
+        v->peer_eps = calloc((size_t)w->npeers * FL_MSG_MAX_STRIPES, sizeof *v->peer_eps);
+        if (v->peer_store == NULL || v->peers == NULL || v->peer_eps == NULL)
+            return fl_fail(FL_ENOMEM, "encode: out of memory for %u peers", w->npeers);
+    }
+    for (uint32_t i = 0; i < w->npeers; i++) {
+        const fl_msg_peer_t *p = &w->peers[i];
+        Flodl__Peer *q = &v->peer_store[i];
+        flodl__peer__init(q);
+        q->rank = p->rank;
+        if ((rc = check_str("peer host", p->host, FL_HOST_MAX)) != FL_OK)
+            return rc;
+        q->host = (char *)p->host;
+        char **eps = &v->peer_eps[(size_t)i * FL_MSG_MAX_STRIPES];
+        if ((rc = fill_endpoints(eps, p->endpoints, p->nendpoints)) != FL_OK)
+            return rc;
+        q->n_endpoints = p->nendpoints;
+        q->endpoints = eps;
+        q->pid = p->pid;
+        v->peers[i] = q;
+    }
+    v->welcome.n_peers = w->npeers;
+    v->welcome.peers = v->peers;
+    v->welcome.heartbeat_ms = w->heartbeat_ms;
+    v->welcome.heartbeat_timeout_ms = w->heartbeat_timeout_ms;
+    v->h.welcome = &v->welcome;
+    return FL_OK;
+}
+
+static int build_body(pb_view_t *v, const fl_msg_hdr_t *m)
+{
+    int rc;
+    switch (m->type) {
+    case FL_MSG_REGISTER:
+        flodl__register__init(&v->reg);
+        v->reg.rank = m->u.reg.rank;
+        v->reg.world_size = m->u.reg.world_size;
+        if ((rc = check_str("host", m->u.reg.host, FL_HOST_MAX)) != FL_OK)
+            return rc;
+        v->reg.host = (char *)m->u.reg.host;
+        if ((rc = fill_endpoints(v->reg_eps, m->u.reg.endpoints, m->u.reg.nendpoints)) != FL_OK)
+            return rc;
+        v->reg.n_endpoints = m->u.reg.nendpoints;
+        v->reg.endpoints = v->reg_eps;
+        v->reg.pid = m->u.reg.pid;
+        v->reg.model_signature = m->u.reg.model_signature;
+        if ((rc = check_str("tuning", m->u.reg.tuning, FL_MSG_TUNING_MAX)) != FL_OK)
+            return rc;
+        v->reg.tuning = (char *)m->u.reg.tuning;
+        v->h.reg = &v->reg;
+        return FL_OK;
+    case FL_MSG_WELCOME:
+        return build_welcome(v, &m->u.welcome);
+    case FL_MSG_BARRIER:
+        flodl__barrier__init(&v->barrier);
+        v->barrier.id = m->u.barrier.id;
+        v->barrier.round = m->u.barrier.round;
+        v->h.barrier = &v->barrier;
+        return FL_OK;
+    case FL_MSG_HEARTBEAT:
+        flodl__heartbeat__init(&v->heartbeat);
+        v->heartbeat.op = m->u.heartbeat.op;
+        v->heartbeat.op_seq = m->u.heartbeat.op_seq;
+        v->heartbeat.op_step = m->u.heartbeat.op_step;
+        v->heartbeat.waiting_on = m->u.heartbeat.waiting_on;
+        v->heartbeat.registered = m->u.heartbeat.registered;
+        if ((rc = check_str("missing", m->u.heartbeat.missing, FL_MSG_MISSING_MAX)) != FL_OK)
+            return rc;
+        v->heartbeat.missing = (char *)m->u.heartbeat.missing;
+        v->h.heartbeat = &v->heartbeat;
+        return FL_OK;
+    case FL_MSG_ERROR:
+        flodl__error__init(&v->error);
+        v->error.code = m->u.error.code;
+        v->error.about_rank = m->u.error.about_rank;
+        if ((rc = check_str("error host", m->u.error.host, FL_HOST_MAX)) != FL_OK ||
+            (rc = check_str("error text", m->u.error.text, FL_MSG_TEXT_MAX)) != FL_OK)
+            return rc;
+        v->error.host = (char *)m->u.error.host;
+        v->error.text = (char *)m->u.error.text;
+        v->h.error = &v->error;
+        return FL_OK;
+    case FL_MSG_SHUTDOWN:
+        flodl__shutdown__init(&v->shutdown);
+        v->shutdown.code = m->u.shutdown.code;
+        if ((rc = check_str("shutdown text", m->u.shutdown.text, FL_MSG_TEXT_MAX)) != FL_OK)
+            return rc;
+        v->shutdown.text = (char *)m->u.shutdown.text;
+        v->h.shutdown = &v->shutdown;
+        return FL_OK;
+    case FL_MSG_CHUNK:
+        flodl__chunk__init(&v->chunk);
+        v->chunk.coll = m->u.chunk.coll;
+        v->chunk.phase = m->u.chunk.phase;
+        v->chunk.step = m->u.chunk.step;
+        v->chunk.seg = m->u.chunk.seg;
+        v->chunk.offset = m->u.chunk.offset;
+        v->chunk.count = m->u.chunk.count;
+        v->chunk.op = m->u.chunk.op;
+        v->chunk.total = m->u.chunk.total;
+        v->h.chunk = &v->chunk;
+        return FL_OK;
+    default:
+        return fl_fail(FL_EINVAL, "encode: unknown message type %d", (int)m->type);
+    }
+}
+
+int fl_msg_encode(const fl_msg_hdr_t *m, void *(*alloc)(size_t len, void *ud), void *ud,
+                  size_t *len)
+{
+    pb_view_t v;
+    int rc;
+
+    memset(&v, 0, sizeof v);
+    flodl__header__init(&v.h);
+    v.h.magic = FL_MSG_MAGIC;
+    v.h.version = m->version;
+    if ((rc = check_str("job id", m->job_id, FL_JOB_MAX)) != FL_OK)
+        return rc;
+    v.h.job_id = (char *)m->job_id;
+    v.h.generation = m->generation;
+    v.h.type = (Flodl__MsgType)m->type;
+    v.h.sender = m->sender;
+    v.h.seq = m->seq;
+    v.h.step = m->step;
+    if (m->nframes > FL_MSG_MAX_FRAMES)
+        return fl_fail(FL_EINVAL, "encode: %u frames, at most %d", m->nframes, FL_MSG_MAX_FRAMES);
+    for (uint32_t i = 0; i < m->nframes; i++) {
+        Flodl__FrameDesc *f = &v.frame_store[i];
+        flodl__frame_desc__init(f);
+        f->bytes = m->frames[i].bytes;
+        f->dtype = (Flodl__DType)m->frames[i].dtype;
+        f->codec = (Flodl__Codec)m->frames[i].codec;
+        f->raw_bytes = m->frames[i].raw_bytes;
+        v.frames[i] = f;
+    }
+    v.h.n_frames = m->nframes;
+    v.h.frames = v.frames;
+
+    rc = build_body(&v, m);
+    if (rc == FL_OK) {
+        size_t n = protobuf_c_message_get_packed_size(&v.h.base);
+        uint8_t *out = alloc(n, ud);
+        if (out == NULL) {
+            rc = fl_fail(FL_ENOMEM, "encode: no memory for a %zu-byte header", n);
+        } else {
+            protobuf_c_message_pack(&v.h.base, out);
+            *len = n;
+        }
+    }
+    free(v.peer_store);
+    free(v.peers);
+    free(v.peer_eps);
+    return rc;
+}

@@ -1,0 +1,277 @@
+/* The coordinator's lifecycle: options, bind, its thread (poll the ROUTER socket and the stop
+ * pipe, run the periodic tick), waiting for the job's end, and stopping. */
+#include "coord_int.h"
+
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+#include <unistd.h>
+
+void fl_coord_opts_init(fl_coord_opts_t *o)
+{
+    memset(o, 0, sizeof *o);
+    o->job_id = "flodl";
+    o->heartbeat_timeout_ms = 5000;
+    o->heartbeat_ms = 0;
+    o->rendezvous_timeout_ms = 300000;
+    o->log_level = FL_LOG_INFO;
+}
+
+static int check_opts(const fl_coord_opts_t *o)
+{
+    fl_tp_endpoint_t ep;
+    if (o->bind == NULL)
+        return fl_fail(FL_EINVAL, "coordinator: no bind endpoint given");
+    if (fl_tp_endpoint_parse(o->bind, &ep) != FL_OK)
+        return fl_fail_ctx(FL_EINVAL, "coordinator: bind");
+    if (o->world_size < 1 || o->world_size > FL_MSG_MAX_PEERS)
+        return fl_fail(FL_EINVAL, "coordinator: world_size %d out of range 1..%d",
+                       o->world_size, FL_MSG_MAX_PEERS);
+    if (o->job_id == NULL || o->job_id[0] == '\0' || strlen(o->job_id) >= FL_JOB_MAX)
+        return fl_fail(FL_EINVAL, "coordinator: job_id must be 1..%d bytes", FL_JOB_MAX - 1);
+    if (o->heartbeat_timeout_ms < 10)
+        return fl_fail(FL_EINVAL, "coordinator: heartbeat_timeout_ms %d below 10",
+                       o->heartbeat_timeout_ms);
+    if (o->heartbeat_ms < 0 || (o->heartbeat_ms > 0 && o->heartbeat_ms >= o->heartbeat_timeout_ms))
+        return fl_fail(FL_EINVAL, "coordinator: heartbeat_ms %d must be below the timeout %d",
+                       o->heartbeat_ms, o->heartbeat_timeout_ms);
+    if (o->rendezvous_timeout_ms < 1)
+        return fl_fail(FL_EINVAL, "coordinator: rendezvous_timeout_ms must be positive");
+    return FL_OK;
+}
+
+static uint64_t new_generation(void)
+{
+    uint64_t g = (uint64_t)fl_now_ns() ^ ((uint64_t)getpid() << 40);
+    FILE *f = fopen("/dev/urandom", "rb");
+    if (f != NULL) {
+        uint64_t r;
+        if (fread(&r, sizeof r, 1, f) == 1)
+            g ^= r;
+        fclose(f);
+    }
+    return g ? g : 1;
+}
+
+int fl_coord_create(const fl_coord_opts_t *o, fl_coord_t **out)
+{
+    *out = NULL;
+    int rc = check_opts(o);
+    if (rc != FL_OK)
+        return rc;
+    fl_coord_t *c = calloc(1, sizeof *c);
+    if (c == NULL)
+        return fl_fail(FL_ENOMEM, "coordinator: out of memory");
+    pthread_mutex_init(&c->lock, NULL);
+    pthread_cond_init(&c->cond, NULL);
+    snprintf(c->job_id, sizeof c->job_id, "%s", o->job_id);
+    c->world = o->world_size;
+    c->hb_timeout_ms = o->heartbeat_timeout_ms;
+    c->hb_ms = o->heartbeat_ms > 0 ? o->heartbeat_ms : o->heartbeat_timeout_ms / 5;
+    if (c->hb_ms < 1)
+        c->hb_ms = 1;
+    c->rdv_timeout_ms = o->rendezvous_timeout_ms;
+    c->generation = new_generation();
+
+    fl_ctx_opts_t co;
+    fl_ctx_opts_init(&co);
+    co.log_level = o->log_level;
+    co.log_name = "coordinator";
+    co.max_msg_bytes = FL_COORD_MAX_MSG;
+    if ((rc = fl_ctx_create(&co, &c->ctx)) != FL_OK)
+        goto fail;
+    c->ranks = calloc((size_t)c->world, sizeof *c->ranks);
+    if (c->ranks == NULL) {
+        rc = fl_fail(FL_ENOMEM, "coordinator: out of memory for %d ranks", c->world);
+        goto fail;
+    }
+    if ((rc = fl_tp_live_create(c->world, c->hb_timeout_ms, &c->live)) != FL_OK)
+        goto fail;
+
+    fl_tp_opts_t t;
+    fl_tp_opts_init(&t);
+    t.linger_ms = 1000;
+    char bound[FL_ENDPOINT_MAX];
+    if ((rc = fl_tp_sock_create(c->ctx, FL_TP_ROUTER, &t, "coordinator", &c->sock)) != FL_OK ||
+        (rc = fl_tp_sock_bind(c->sock, o->bind, bound, sizeof bound)) != FL_OK)
+        goto fail;
+    fl_tp_sock_set_stamp(c->sock, c->job_id, c->generation, -1);
+    snprintf(c->endpoint, sizeof c->endpoint, "%s", bound);
+
+    fl_tp_opts_t p;
+    fl_tp_opts_init(&p);
+    p.linger_ms = 0;
+    if ((rc = fl_tp_sock_create(c->ctx, FL_TP_PAIR, &p, "stop", &c->cmd_rx)) != FL_OK ||
+        (rc = fl_tp_sock_bind(c->cmd_rx, "inproc://flodl-coord-stop", NULL, 0)) != FL_OK ||
+        (rc = fl_tp_sock_create(c->ctx, FL_TP_PAIR, &p, "stop", &c->cmd_tx)) != FL_OK ||
+        (rc = fl_tp_sock_connect(c->cmd_tx, "inproc://flodl-coord-stop")) != FL_OK)
+        goto fail;
+    *out = c;
+    return FL_OK;
+fail: {
+    char detail[1024];
+    snprintf(detail, sizeof detail, "%s", fl_last_error());
+    fl_coord_destroy(&c);
+    return fl_fail(rc, "%s", detail);
+}
+}
+
+const char *fl_coord_endpoint(const fl_coord_t *c)
+{
+    return c->endpoint;
+}
+
+uint64_t fl_coord_stat(const fl_coord_t *c, fl_stat_t stat)
+{
+    return fl_ctx_stat(c->ctx, stat);
+}
+
+int fl_coord_registered(const fl_coord_t *c)
+{
+    return atomic_load(&((fl_coord_t *)c)->nregistered);
+}
+
+int fl_coord_active(const fl_coord_t *c)
+{
+    return atomic_load(&((fl_coord_t *)c)->nactive);
+}
+
+void fl_coord_finish(fl_coord_t *c, int rc, const char *text)
+{
+    pthread_mutex_lock(&c->lock);
+    if (!c->finished) {
+        c->finished = true;
+        c->result = rc;
+        snprintf(c->result_text, sizeof c->result_text, "%s", text);
+        pthread_cond_broadcast(&c->cond);
+    }
+    pthread_mutex_unlock(&c->lock);
+}
+
+/* Tells every rank still connected that the coordinator stops, so none waits for it. */
+static void say_goodbye(fl_coord_t *c)
+{
+    for (int r = 0; r < c->world; r++) {
+        coord_rank_t *k = &c->ranks[r];
+        if (!k->registered || k->left || fl_tp_live_state(c->live, r) == FL_PEER_DEAD)
+            continue;
+        fl_msg_hdr_t h;
+        fl_msg_hdr_init(&h, FL_MSG_SHUTDOWN, -1);
+        h.u.shutdown.code = 1;
+        snprintf(h.u.shutdown.text, sizeof h.u.shutdown.text,
+                 "coordinator %s stopped before the job ended", c->endpoint);
+        fl_tp_send(c->sock, &k->route, &h, NULL, 0, fl_deadline_in(0));
+    }
+}
+
+static void *coord_main(void *arg)
+{
+    fl_coord_t *c = arg;
+    fl_tp_sock_t *socks[2] = {c->sock, c->cmd_rx};
+    int64_t next_tick = 0;
+    c->started_ms = fl_now_ms();
+    FL_INFO(c->ctx, "waiting for %d ranks of job '%s' at %s", c->world, c->job_id, c->endpoint);
+    for (;;) {
+        int64_t now = fl_now_ms();
+        if (now >= next_tick) {
+            fl_coord_tick(c, now);
+            next_tick = now + (c->hb_ms / 2 > 0 ? c->hb_ms / 2 : 1);
+        }
+        bool ready[2] = {false, false};
+        int wait = (int)(next_tick - now);
+        if (fl_tp_poll(socks, 2, wait > 0 ? wait : 0, ready) < 0)
+            continue;
+        if (ready[1])
+            break;
+        /* Drain what is there, but come back to the tick regularly. */
+        for (int i = 0; ready[0] && i < 256; i++) {
+            fl_tp_msg_t m;
+            int rc = fl_tp_recv(c->sock, &m, fl_deadline_in(0));
+            if (rc == FL_ETIMEDOUT)
+                break;
+            if (rc == FL_EPROTO) {
+                fl_coord_on_refused(c, &m);
+                continue;
+            }
+            if (rc != FL_OK) {
+                FL_ERROR(c->ctx, "%s", fl_last_error());
+                break;
+            }
+            fl_coord_on_message(c, &m);
+            fl_tp_msg_close(&m);
+        }
+    }
+    pthread_mutex_lock(&c->lock);
+    bool done = c->finished;
+    pthread_mutex_unlock(&c->lock);
+    if (!done)
+        say_goodbye(c);
+    fl_coord_finish(c, FL_ECLOSED, "coordinator stopped");
+    return NULL;
+}
+
+int fl_coord_start(fl_coord_t *c)
+{
+    if (c->started)
+        return FL_OK;
+    if (pthread_create(&c->thread, NULL, coord_main, c) != 0)
+        return fl_fail(FL_EIO, "coordinator: cannot start its thread");
+    c->started = true;
+    return FL_OK;
+}
+
+int fl_coord_wait(fl_coord_t *c, int timeout_ms)
+{
+    int64_t deadline = fl_deadline_in(timeout_ms);
+    pthread_mutex_lock(&c->lock);
+    while (!c->finished) {
+        int left = fl_deadline_left_ms(deadline);
+        if (left == 0)
+            break;
+        struct timespec ts;
+        clock_gettime(CLOCK_REALTIME, &ts);
+        int step = left > 200 ? 200 : left;
+        ts.tv_nsec += (long)step * 1000000L;
+        ts.tv_sec += ts.tv_nsec / 1000000000L;
+        ts.tv_nsec %= 1000000000L;
+        pthread_cond_timedwait(&c->cond, &c->lock, &ts);
+    }
+    int rc = c->finished ? c->result : FL_ETIMEDOUT;
+    char text[1024];
+    snprintf(text, sizeof text, "%s", c->finished ? c->result_text : "job still running");
+    pthread_mutex_unlock(&c->lock);
+    if (rc != FL_OK)
+        fl_fail(rc, "%s", text);
+    return rc;
+}
+
+void fl_coord_stop(fl_coord_t *c)
+{
+    if (c == NULL || !c->started)
+        return;
+    fl_msg_hdr_t h;
+    fl_msg_hdr_init(&h, FL_MSG_SHUTDOWN, -1);
+    fl_tp_send(c->cmd_tx, NULL, &h, NULL, 0, fl_deadline_in(5000));
+    pthread_join(c->thread, NULL);
+    c->started = false;
+}
+
+void fl_coord_destroy(fl_coord_t **pc)
+{
+    if (pc == NULL || *pc == NULL)
+        return;
+    fl_coord_t *c = *pc;
+    if (c->started)
+        fl_coord_stop(c);
+    fl_tp_sock_destroy(&c->sock);
+    fl_tp_sock_destroy(&c->cmd_rx);
+    fl_tp_sock_destroy(&c->cmd_tx);
+    fl_ctx_destroy(&c->ctx);
+    fl_tp_live_destroy(&c->live);
+    free(c->ranks);
+    pthread_mutex_destroy(&c->lock);
+    pthread_cond_destroy(&c->cond);
+    free(c);
+    *pc = NULL;
+}

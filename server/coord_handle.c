@@ -1,0 +1,332 @@
+/* The coordinator's protocol: registrations (checked against the job and against each other;
+ * every refusal names both sides), the welcome once all ranks are in, heartbeats both ways,
+ * ranks leaving, and the death of a silent rank broadcast to the survivors. Bad messages get
+ * an error reply where the sender can be reached; nothing here stops serving the others. */
+#include "coord_int.h"
+
+#include <stdio.h>
+#include <string.h>
+
+static bool same_route(const fl_tp_route_t *a, const fl_tp_route_t *b)
+{
+    return a->len == b->len && memcmp(a->id, b->id, a->len) == 0;
+}
+
+void fl_coord_send_error(fl_coord_t *c, const fl_tp_route_t *to, int code, int about,
+                         const char *host, const char *fmt, ...)
+{
+    fl_msg_hdr_t h;
+    fl_msg_hdr_init(&h, FL_MSG_ERROR, -1);
+    h.u.error.code = code;
+    h.u.error.about_rank = about;
+    snprintf(h.u.error.host, sizeof h.u.error.host, "%s", host ? host : "");
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(h.u.error.text, sizeof h.u.error.text, fmt, ap);
+    va_end(ap);
+    if (fl_tp_send(c->sock, to, &h, NULL, 0, fl_deadline_in(0)) == FL_OK)
+        fl_ctx_count(c->ctx, FL_STAT_ERRORS_SENT, 1);
+    else
+        FL_DEBUG(c->ctx, "could not send error '%s': %s", h.u.error.text, fl_last_error());
+}
+
+void fl_coord_on_refused(fl_coord_t *c, fl_tp_msg_t *m)
+{
+    char detail[1024];
+    snprintf(detail, sizeof detail, "%s", fl_last_error());
+    FL_WARN(c->ctx, "refused a message: %s", detail);
+    if (m->route.len == 0)
+        return;
+    fl_coord_send_error(c, &m->route, FL_EPROTO, m->hdr.sender, "",
+                        "coordinator %s (protocol version %u) refused your message: %s",
+                        c->endpoint, FL_MSG_VERSION, detail);
+}
+
+/* Who is already known by this route: the rank number or -1. */
+static int rank_of_route(const fl_coord_t *c, const fl_tp_route_t *route)
+{
+    for (int r = 0; r < c->world; r++) {
+        if (c->ranks[r].registered && same_route(&c->ranks[r].route, route))
+            return r;
+    }
+    return -1;
+}
+
+static void missing_list(const fl_coord_t *c, char *out, size_t cap)
+{
+    size_t n = 0;
+    int shown = 0;
+    int missing = 0;
+    out[0] = '\0';
+    for (int r = 0; r < c->world; r++) {
+        if (c->ranks[r].registered)
+            continue;
+        missing++;
+        if (shown < 32 && n + 16 < cap) {
+            n += (size_t)snprintf(out + n, cap - n, "%s%d", shown ? "," : "", r);
+            shown++;
+        }
+    }
+    if (missing > shown && n + 24 < cap)
+        snprintf(out + n, cap - n, " and %d more", missing - shown);
+}
+
+static void send_welcome(fl_coord_t *c)
+{
+    fl_msg_hdr_t h;
+    fl_msg_hdr_init(&h, FL_MSG_WELCOME, -1);
+    if (fl_msg_welcome_alloc(&h, (uint32_t)c->world) != FL_OK) {
+        FL_ERROR(c->ctx, "%s", fl_last_error());
+        return;
+    }
+    for (int r = 0; r < c->world; r++) {
+        fl_msg_peer_t *p = &h.u.welcome.peers[r];
+        const fl_msg_register_t *reg = &c->ranks[r].reg;
+        p->rank = r;
+        p->pid = reg->pid;
+        memcpy(p->host, reg->host, sizeof p->host);
+        p->nendpoints = reg->nendpoints;
+        memcpy(p->endpoints, reg->endpoints, sizeof p->endpoints);
+    }
+    h.u.welcome.heartbeat_ms = (uint32_t)c->hb_ms;
+    h.u.welcome.heartbeat_timeout_ms = (uint32_t)c->hb_timeout_ms;
+    for (int r = 0; r < c->world; r++) {
+        if (fl_tp_send(c->sock, &c->ranks[r].route, &h, NULL, 0, fl_deadline_in(1000)) != FL_OK)
+            FL_ERROR(c->ctx, "welcome to rank %d (%s): %s", r, c->ranks[r].reg.host,
+                     fl_last_error());
+    }
+    fl_msg_hdr_deinit(&h);
+    c->phase = PHASE_RUNNING;
+    FL_INFO(c->ctx, "all %d ranks registered after %lld ms; job '%s' running", c->world,
+            (long long)(fl_now_ms() - c->started_ms), c->job_id);
+}
+
+static void on_register(fl_coord_t *c, fl_tp_msg_t *m)
+{
+    const fl_msg_register_t *reg = &m->hdr.u.reg;
+    const fl_tp_route_t *to = &m->route;
+    int r = reg->rank;
+    if (strcmp(m->hdr.job_id, c->job_id) != 0)
+        return fl_coord_send_error(c, to, FL_EINVAL, r, reg->host,
+                                   "rank %d (host %s) belongs to job '%s', this coordinator "
+                                   "runs job '%s'",
+                                   r, reg->host, m->hdr.job_id, c->job_id);
+    if (reg->world_size != c->world)
+        return fl_coord_send_error(c, to, FL_EINVAL, r, reg->host,
+                                   "rank %d (host %s) expects world size %d, the coordinator "
+                                   "expects %d",
+                                   r, reg->host, reg->world_size, c->world);
+    if (r < 0 || r >= c->world)
+        return fl_coord_send_error(c, to, FL_EINVAL, r, reg->host,
+                                   "rank %d (host %s) is out of range 0..%d for world size %d",
+                                   r, reg->host, c->world - 1, c->world);
+    if (reg->nendpoints < 1)
+        return fl_coord_send_error(c, to, FL_EINVAL, r, reg->host,
+                                   "rank %d (host %s) registered without a data endpoint", r,
+                                   reg->host);
+    coord_rank_t *k = &c->ranks[r];
+    if (k->registered) {
+        if (same_route(&k->route, to)) {
+            if (c->phase == PHASE_RUNNING)
+                send_welcome(c); /* a retry after a lost welcome: answer again */
+            return;
+        }
+        return fl_coord_send_error(c, to, FL_EINVAL, r, reg->host,
+                                   "rank %d is already registered by host %s (pid %d); this "
+                                   "registration comes from host %s (pid %d)",
+                                   r, k->reg.host, k->reg.pid, reg->host, reg->pid);
+    }
+    if (c->phase != PHASE_RENDEZVOUS)
+        return fl_coord_send_error(c, to, FL_EINVAL, r, reg->host,
+                                   "rank %d (host %s) registered after job '%s' %s", r,
+                                   reg->host, c->job_id,
+                                   c->phase == PHASE_RUNNING ? "started" : "failed");
+    for (int q = 0; q < c->world; q++) {
+        if (c->ranks[q].registered && strcmp(c->ranks[q].reg.tuning, reg->tuning) != 0)
+            return fl_coord_send_error(c, to, FL_EINVAL, r, reg->host,
+                                       "rank %d (host %s) uses collective settings '%s', rank %d "
+                                       "(host %s) uses '%s'; all ranks must agree",
+                                       r, reg->host, reg->tuning, q, c->ranks[q].reg.host,
+                                       c->ranks[q].reg.tuning);
+    }
+    k->registered = true;
+    k->left = false;
+    k->route = *to;
+    k->reg = *reg;
+    k->waiting_on = -1;
+    fl_tp_live_heard(c->live, r, fl_now_ms());
+    atomic_fetch_add(&c->nactive, 1);
+    int n = atomic_fetch_add(&c->nregistered, 1) + 1;
+    FL_INFO(c->ctx, "rank %d registered from %s (pid %d, data %s): %d of %d", r, reg->host,
+            reg->pid, reg->endpoints[0], n, c->world);
+    if (n == c->world)
+        send_welcome(c);
+}
+
+static void on_heartbeat(fl_coord_t *c, fl_tp_msg_t *m, int r)
+{
+    coord_rank_t *k = &c->ranks[r];
+    k->op = m->hdr.u.heartbeat.op;
+    k->op_seq = m->hdr.u.heartbeat.op_seq;
+    k->op_step = m->hdr.u.heartbeat.op_step;
+    k->waiting_on = m->hdr.u.heartbeat.waiting_on;
+}
+
+static void check_all_gone(fl_coord_t *c)
+{
+    if (c->phase == PHASE_RENDEZVOUS || c->nleft + c->ndead < c->world)
+        return;
+    if (c->ndead == 0) {
+        FL_INFO(c->ctx, "all %d ranks left; job '%s' done", c->world, c->job_id);
+        fl_coord_finish(c, FL_OK, "all ranks left cleanly");
+    }
+}
+
+static void on_shutdown(fl_coord_t *c, fl_tp_msg_t *m, int r)
+{
+    coord_rank_t *k = &c->ranks[r];
+    if (k->left)
+        return;
+    k->left = true;
+    atomic_fetch_sub(&c->nactive, 1);
+    fl_tp_live_gone(c->live, r);
+    if (c->phase == PHASE_RENDEZVOUS) {
+        /* Left before the job started: free the slot for a restarted process. */
+        k->registered = false;
+        atomic_fetch_sub(&c->nregistered, 1);
+        FL_INFO(c->ctx, "rank %d (%s) left before the job started", r, k->reg.host);
+        return;
+    }
+    c->nleft++;
+    FL_INFO(c->ctx, "rank %d (%s) left: %s", r, k->reg.host, m->hdr.u.shutdown.text);
+    check_all_gone(c);
+}
+
+void fl_coord_on_message(fl_coord_t *c, fl_tp_msg_t *m)
+{
+    if (m->nframes != 0) {
+        fl_ctx_count(c->ctx, FL_STAT_UNEXPECTED, 1);
+        return fl_coord_send_error(c, &m->route, FL_EPROTO, m->hdr.sender, "",
+                                   "coordinator: %s message with %zu payload frames refused "
+                                   "(control messages carry none)",
+                                   fl_msg_type_name(m->hdr.type), m->nframes);
+    }
+    if (m->hdr.type == FL_MSG_REGISTER)
+        return on_register(c, m);
+    int r = rank_of_route(c, &m->route);
+    if (r < 0 || r != m->hdr.sender) {
+        fl_ctx_count(c->ctx, FL_STAT_UNEXPECTED, 1);
+        if (m->hdr.type == FL_MSG_HEARTBEAT && r < 0)
+            return; /* a rank dropped during the rendezvous, still beating: not worth a reply */
+        return fl_coord_send_error(c, &m->route, FL_EPROTO, m->hdr.sender, "",
+                                   "coordinator: %s message from an unregistered peer claiming "
+                                   "rank %d",
+                                   fl_msg_type_name(m->hdr.type), m->hdr.sender);
+    }
+    if (fl_tp_live_state(c->live, r) == FL_PEER_DEAD)
+        return; /* declared dead already: the job is failing, late words change nothing */
+    fl_tp_live_heard(c->live, r, fl_now_ms());
+    switch (m->hdr.type) {
+    case FL_MSG_HEARTBEAT: return on_heartbeat(c, m, r);
+    case FL_MSG_SHUTDOWN: return on_shutdown(c, m, r);
+    default:
+        fl_ctx_count(c->ctx, FL_STAT_UNEXPECTED, 1);
+        return fl_coord_send_error(c, &m->route, FL_EPROTO, r, "",
+                                   "coordinator: unexpected %s message from rank %d",
+                                   fl_msg_type_name(m->hdr.type), r);
+    }
+}
+
+static void describe_op(const coord_rank_t *k, char *out, size_t cap)
+{
+    if (k->op == 0)
+        snprintf(out, cap, "not in a collective (last was #%llu)",
+                 (unsigned long long)k->op_seq);
+    else if (k->waiting_on >= 0)
+        snprintf(out, cap, "in collective #%llu (kind %u) step %u, waiting for rank %d",
+                 (unsigned long long)k->op_seq, k->op, k->op_step, k->waiting_on);
+    else
+        snprintf(out, cap, "in collective #%llu (kind %u) step %u",
+                 (unsigned long long)k->op_seq, k->op, k->op_step);
+}
+
+static void declare_dead(fl_coord_t *c, int dead, int64_t silent)
+{
+    coord_rank_t *k = &c->ranks[dead];
+    char op[160];
+    char text[FL_MSG_TEXT_MAX];
+    describe_op(k, op, sizeof op);
+    snprintf(text, sizeof text, "rank %d (host %s, pid %d) declared dead: silent for %lld ms "
+                                "(timeout %d ms); it was %s",
+             dead, k->reg.host, k->reg.pid, (long long)silent, c->hb_timeout_ms, op);
+    FL_ERROR(c->ctx, "%s", text);
+    c->ndead++;
+    atomic_fetch_sub(&c->nactive, 1);
+    for (int r = 0; r < c->world; r++) {
+        coord_rank_t *q = &c->ranks[r];
+        if (r == dead || !q->registered || q->left ||
+            fl_tp_live_state(c->live, r) == FL_PEER_DEAD)
+            continue;
+        fl_coord_send_error(c, &q->route, FL_EPEER, dead, k->reg.host, "%s", text);
+    }
+    c->phase = PHASE_FAILED;
+    fl_coord_finish(c, FL_EPEER, text);
+}
+
+static void send_heartbeats(fl_coord_t *c)
+{
+    char missing[FL_MSG_MISSING_MAX];
+    if (c->phase == PHASE_RENDEZVOUS)
+        missing_list(c, missing, sizeof missing);
+    for (int r = 0; r < c->world; r++) {
+        coord_rank_t *k = &c->ranks[r];
+        if (!k->registered || k->left || fl_tp_live_state(c->live, r) == FL_PEER_DEAD)
+            continue;
+        fl_msg_hdr_t h;
+        fl_msg_hdr_init(&h, FL_MSG_HEARTBEAT, -1);
+        if (c->phase == PHASE_RENDEZVOUS) {
+            h.u.heartbeat.registered = (uint32_t)atomic_load(&c->nregistered);
+            memcpy(h.u.heartbeat.missing, missing, sizeof h.u.heartbeat.missing);
+        }
+        fl_tp_send(c->sock, &k->route, &h, NULL, 0, fl_deadline_in(0));
+    }
+}
+
+void fl_coord_tick(fl_coord_t *c, int64_t now)
+{
+    if (now - c->last_hb_ms >= c->hb_ms) {
+        send_heartbeats(c);
+        c->last_hb_ms = now;
+    }
+    int64_t silent;
+    int dead;
+    while ((dead = fl_tp_live_check(c->live, now, &silent)) >= 0) {
+        coord_rank_t *k = &c->ranks[dead];
+        if (c->phase == PHASE_RENDEZVOUS) {
+            /* Not started yet: forget it, so a restarted process can take the slot. */
+            FL_WARN(c->ctx, "rank %d (%s, pid %d) silent for %lld ms during the rendezvous; "
+                            "dropping its registration",
+                    dead, k->reg.host, k->reg.pid, (long long)silent);
+            k->registered = false;
+            atomic_fetch_sub(&c->nregistered, 1);
+            atomic_fetch_sub(&c->nactive, 1);
+            fl_tp_live_forget(c->live, dead);
+            continue;
+        }
+        declare_dead(c, dead, silent);
+    }
+    if (c->phase == PHASE_RENDEZVOUS && now - c->started_ms > c->rdv_timeout_ms) {
+        char missing[FL_MSG_MISSING_MAX];
+        char text[FL_MSG_TEXT_MAX];
+        missing_list(c, missing, sizeof missing);
+        snprintf(text, sizeof text, "rendezvous of job '%s' timed out after %d ms: %d of %d "
+                                    "ranks registered, missing %s",
+                 c->job_id, c->rdv_timeout_ms, atomic_load(&c->nregistered), c->world, missing);
+        FL_ERROR(c->ctx, "%s", text);
+        for (int r = 0; r < c->world; r++)
+            if (c->ranks[r].registered)
+                fl_coord_send_error(c, &c->ranks[r].route, FL_ETIMEDOUT, -1, "", "%s", text);
+        c->phase = PHASE_FAILED;
+        fl_coord_finish(c, FL_EPEER, text);
+    }
+}

@@ -1,0 +1,190 @@
+/* transport: ZeroMQ sockets that move flodl messages (one header frame + raw payload frames)
+ * with a deadline on every wait, limits on sizes and queues, ZMTP heartbeats, and counters of
+ * what was refused. Also endpoint parsing and the local-address lookup, and the liveness table
+ * of application heartbeats. It knows nothing of gradients or collectives. */
+#ifndef FL_TP_H
+#define FL_TP_H
+
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <zmq.h>
+
+#include "fl_core.h"
+#include "fl_msg.h"
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+typedef enum fl_tp_kind {
+    FL_TP_DEALER = ZMQ_DEALER, /* ranks -> coordinator */
+    FL_TP_ROUTER = ZMQ_ROUTER, /* coordinator; ROUTER_MANDATORY is always on */
+    FL_TP_PUSH = ZMQ_PUSH,     /* data to one peer, round-robin over its stripes */
+    FL_TP_PULL = ZMQ_PULL,     /* data from all peers */
+    FL_TP_PAIR = ZMQ_PAIR,     /* inproc pipes between a thread and its IO thread */
+} fl_tp_kind_t;
+
+typedef struct fl_tp_opts {
+    int sndhwm;           /* messages queued per peer before send waits (default 4096) */
+    int rcvhwm;           /* default 4096 */
+    int linger_ms;        /* how long close waits for queued messages (default 2000) */
+    int zmtp_hb_ivl_ms;   /* ZMTP ping interval on TCP connections (default 1000, 0 = off) */
+    int zmtp_hb_timeout_ms; /* drop the connection when no traffic for this (default 5000) */
+    int sndbuf;           /* kernel send buffer bytes (0 = OS default) */
+    int rcvbuf;           /* kernel receive buffer bytes (0 = OS default) */
+    size_t max_msg_bytes; /* largest accepted payload frame; 0 = the context's limit. Frames
+                             up to twice this are read, refused and counted; larger ones make
+                             ZeroMQ drop the connection. */
+    bool immediate;       /* queue only on completed connections (ZMQ_IMMEDIATE) */
+} fl_tp_opts_t;
+
+void fl_tp_opts_init(fl_tp_opts_t *opts);
+
+typedef struct fl_tp_sock fl_tp_sock_t;
+
+/* Creates a socket with opts applied. name appears in logs and errors ("data", "coord").
+ * FL_OK, FL_EINVAL, FL_ENOMEM, FL_EIO. */
+int fl_tp_sock_create(fl_ctx_t *ctx, fl_tp_kind_t kind, const fl_tp_opts_t *opts,
+                      const char *name, fl_tp_sock_t **out);
+
+/* Closes (lingering up to linger_ms for queued messages) and frees. NULL-safe. */
+void fl_tp_sock_destroy(fl_tp_sock_t **sock);
+
+/* Changes the linger of a socket before destroy: 0 drops queued messages at once (used after
+ * a failure, so the release hooks of zero-copy sends run promptly). */
+void fl_tp_sock_set_linger(fl_tp_sock_t *sock, int linger_ms);
+
+/* Binds; the endpoint actually bound (port chosen for port 0) goes to bound (may be NULL).
+ * FL_OK, FL_EINVAL (bad endpoint), FL_EIO (address in use, ...). */
+int fl_tp_sock_bind(fl_tp_sock_t *sock, const char *endpoint, char *bound, size_t cap);
+
+/* Connects (asynchronously: ZeroMQ retries until the peer is up). FL_OK or FL_EINVAL/FL_EIO. */
+int fl_tp_sock_connect(fl_tp_sock_t *sock, const char *endpoint);
+
+/* Stamps every outgoing header with job id, generation and sender rank. */
+void fl_tp_sock_set_stamp(fl_tp_sock_t *sock, const char *job_id, uint64_t generation,
+                          int32_t sender);
+
+/* Refuses (and counts) incoming messages of another job id or generation. job_id NULL: any. */
+void fl_tp_sock_set_expect(fl_tp_sock_t *sock, const char *job_id, uint64_t generation);
+
+const char *fl_tp_sock_name(const fl_tp_sock_t *sock);
+fl_ctx_t *fl_tp_sock_ctx(const fl_tp_sock_t *sock);
+
+/* The identity of a ROUTER's peer. */
+typedef struct fl_tp_route {
+    uint8_t id[256];
+    size_t len;
+} fl_tp_route_t;
+
+/* One received message. Frames stay in ZeroMQ's memory (no copy) until fl_tp_msg_close. */
+typedef struct fl_tp_msg {
+    fl_msg_hdr_t hdr;
+    fl_tp_route_t route; /* ROUTER sockets: the sender's identity */
+    size_t nframes;
+    zmq_msg_t frames[FL_MSG_MAX_FRAMES];
+} fl_tp_msg_t;
+
+/* Sends h (stamped with the socket's job, generation and sender) followed by n payload frames.
+ * to: the peer for a ROUTER socket, NULL otherwise. The header's frame descriptions get their
+ * byte sizes from frames[]; dtype and codec are the caller's. A frame with a release hook is
+ * sent without copying: the transport owns it from this call on and calls the hook exactly
+ * once, when ZeroMQ is done with the memory (possibly from ZeroMQ's I/O thread) or at once if
+ * the send fails. A frame without a hook is copied before the call returns.
+ * Waits until deadline_ms (absolute, fl_deadline_in) when the queue is full.
+ * FL_OK, FL_ETIMEDOUT, FL_EPEER (ROUTER: no such peer), FL_EINVAL, FL_EIO. */
+int fl_tp_send(fl_tp_sock_t *sock, const fl_tp_route_t *to, fl_msg_hdr_t *h, fl_buf_t *frames,
+               size_t n, int64_t deadline_ms);
+
+/* Receives one message, waiting until deadline_ms. FL_OK: m holds a validated message, the
+ * caller closes it. FL_EPROTO: a message arrived but was refused (counted, logged at debug,
+ * frames already closed); m->route and whatever of m->hdr could be decoded are set so the
+ * caller can answer. FL_ETIMEDOUT, FL_EIO. */
+int fl_tp_recv(fl_tp_sock_t *sock, fl_tp_msg_t *m, int64_t deadline_ms);
+
+/* Releases the frames of m and its header. NULL-safe, idempotent. */
+void fl_tp_msg_close(fl_tp_msg_t *m);
+
+static inline const void *fl_tp_msg_data(fl_tp_msg_t *m, size_t i)
+{
+    return zmq_msg_data(&m->frames[i]);
+}
+
+static inline size_t fl_tp_msg_size(fl_tp_msg_t *m, size_t i)
+{
+    return zmq_msg_size(&m->frames[i]);
+}
+
+/* Waits until one of the sockets is readable or timeout_ms passes. ready[i] is set true for
+ * the readable ones. Returns the number ready (0 on timeout) or FL_EIO. */
+int fl_tp_poll(fl_tp_sock_t *const *socks, size_t n, int timeout_ms, bool *ready);
+
+/* Sends raw frames without a flodl header: only for tests that play a broken or hostile peer.
+ * FL_OK or FL_EIO. */
+int fl_tp_send_raw(fl_tp_sock_t *sock, const void *const *parts, const size_t *sizes, size_t n);
+
+/* ---- endpoints (tp_endpoint.c) ---- */
+
+typedef enum fl_tp_scheme {
+    FL_TP_TCP = 1,
+    FL_TP_IPC = 2,
+    FL_TP_INPROC = 3,
+} fl_tp_scheme_t;
+
+typedef struct fl_tp_endpoint {
+    fl_tp_scheme_t scheme;
+    char host[FL_HOST_MAX]; /* tcp: host or address ("*" for any); ipc: path; inproc: name */
+    int port;               /* tcp only; 0 = ephemeral */
+} fl_tp_endpoint_t;
+
+/* Parses "tcp://host:port", "tcp://[v6addr]:port", "ipc://path", "inproc://name".
+ * FL_OK or FL_EINVAL saying what is wrong. */
+int fl_tp_endpoint_parse(const char *endpoint, fl_tp_endpoint_t *out);
+
+/* The local IP address of the route to a tcp endpoint's host (no packet is sent), or
+ * 127.0.0.1 for ipc/inproc. FL_OK, FL_EINVAL (unknown host), FL_EIO. */
+int fl_tp_local_addr_towards(const char *endpoint, char *out, size_t cap);
+
+/* Rewrites a bound endpoint ("tcp://0.0.0.0:4242") into the one peers dial
+ * ("tcp://host:4242"). ipc and inproc endpoints are copied as they are. */
+int fl_tp_endpoint_advertise(const char *bound, const char *host, char *out, size_t cap);
+
+/* True when s is an IPv4 or IPv6 address literal. */
+bool fl_tp_is_ip_literal(const char *s);
+
+/* ---- liveness (tp_live.c): pure bookkeeping of application heartbeats ---- */
+
+typedef enum fl_tp_peer_state {
+    FL_PEER_UNKNOWN = 0, /* never heard from */
+    FL_PEER_ALIVE = 1,
+    FL_PEER_DEAD = 2, /* silent past the timeout */
+    FL_PEER_GONE = 3, /* left cleanly */
+} fl_tp_peer_state_t;
+
+typedef struct fl_tp_live fl_tp_live_t;
+
+int fl_tp_live_create(int npeers, int timeout_ms, fl_tp_live_t **out);
+void fl_tp_live_destroy(fl_tp_live_t **live);
+
+/* Records a message from peer at now_ms (makes an UNKNOWN peer ALIVE; DEAD and GONE stay). */
+void fl_tp_live_heard(fl_tp_live_t *live, int peer, int64_t now_ms);
+
+/* Marks a peer as having left cleanly: it is never declared dead afterwards. */
+void fl_tp_live_gone(fl_tp_live_t *live, int peer);
+
+/* Forgets a peer (back to UNKNOWN), e.g. a registration dropped before the job started. */
+void fl_tp_live_forget(fl_tp_live_t *live, int peer);
+
+/* Declares dead, and returns, the next ALIVE peer silent for longer than the timeout at
+ * now_ms; -1 when none. *silent_ms gets how long it was silent. */
+int fl_tp_live_check(fl_tp_live_t *live, int64_t now_ms, int64_t *silent_ms);
+
+fl_tp_peer_state_t fl_tp_live_state(const fl_tp_live_t *live, int peer);
+int64_t fl_tp_live_last(const fl_tp_live_t *live, int peer);
+
+#ifdef __cplusplus
+}
+#endif
+
+#endif

@@ -1,0 +1,24 @@
+/* Private layout of a transport socket, shared by tp_sock.c and tp_msg.c. */
+#ifndef FL_TP_INT_H
+#define FL_TP_INT_H
+
+#include "fl_tp.h"
+
+struct fl_tp_sock {
+    fl_ctx_t *ctx;
+    void *zs;
+    fl_tp_kind_t kind;
+    char name[64];
+    size_t max_msg_bytes;
+    /* stamp applied to outgoing headers, once set */
+    bool stamped;
+    char job_id[FL_JOB_MAX];
+    uint64_t generation;
+    int32_t sender;
+    /* filter applied to incoming headers */
+    bool expect_set;
+    char expect_job[FL_JOB_MAX];
+    uint64_t expect_gen;
+};
+
+#endif
