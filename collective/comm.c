@@ -220,6 +220,10 @@ void fl_comm_destroy(fl_comm_t **pc)
     if (c->data_in != NULL)
         fl_tp_sock_set_linger(c->data_in, 0);
     fl_tp_sock_destroy(&c->data_in);
+    /* Still here only when the rendezvous did not complete: drop the queued registration
+     * rather than wait for a coordinator that never answered. */
+    if (c->coord != NULL)
+        fl_tp_sock_set_linger(c->coord, 0);
     fl_tp_sock_destroy(&c->coord);
     fl_tp_sock_destroy(&c->ev_rx);
     fl_tp_sock_destroy(&c->ev_tx);

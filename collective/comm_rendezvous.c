@@ -9,7 +9,9 @@
 #include <string.h>
 #include <unistd.h>
 
-#define RDV_HEARTBEAT_MS 1000
+/* Often enough for any coordinator heartbeat timeout above ~0.5 s, which ranks cannot know
+ * before the welcome. */
+#define RDV_HEARTBEAT_MS 200
 #define COORD_MAX_MSG ((size_t)64 << 20)
 
 void fl_comm_tuning(const fl_comm_t *c, char *out, size_t cap)

@@ -15,7 +15,8 @@ int fl_cli_long(const char *flag, const char *val, long lo, long hi, long *out)
     char *end = NULL;
     errno = 0;
     long v = strtol(val, &end, 10);
-    if (errno != 0 || end == val || *end != '\0')
+    if (errno != 0 || end == val || *end != '\0' || isspace((unsigned char)val[0]) ||
+        val[0] == '+')
         return fl_fail(FL_EINVAL, "%s: '%s' is not an integer", flag, val);
     if (v < lo || v > hi)
         return fl_fail(FL_EINVAL, "%s: %ld is out of range %ld..%ld", flag, v, lo, hi);
@@ -29,6 +30,8 @@ int fl_cli_size(const char *flag, const char *val, size_t lo, size_t hi, size_t 
         return fl_fail(FL_EINVAL, "%s: missing value", flag);
     if (val[0] == '-')
         return fl_fail(FL_EINVAL, "%s: '%s' is negative", flag, val);
+    if (!isdigit((unsigned char)val[0]))
+        return fl_fail(FL_EINVAL, "%s: '%s' is not a size", flag, val);
     char *end = NULL;
     errno = 0;
     unsigned long long v = strtoull(val, &end, 10);

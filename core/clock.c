@@ -28,9 +28,10 @@ int fl_deadline_left_ms(int64_t deadline_ms)
 {
     if (deadline_ms == INT64_MAX)
         return INT32_MAX;
-    int64_t left = deadline_ms - fl_now_ms();
-    if (left < 0)
+    int64_t now = fl_now_ms();
+    if (deadline_ms <= now)
         return 0;
+    int64_t left = deadline_ms - now;
     if (left > INT32_MAX)
         return INT32_MAX;
     return (int)left;

@@ -148,6 +148,10 @@ void fl_msg_hdr_init(fl_msg_hdr_t *h, fl_msg_type_t type, int32_t sender);
 /* Frees what decoding allocated (the welcome peer table). Leaves h zeroed. NULL-safe. */
 void fl_msg_hdr_deinit(fl_msg_hdr_t *h);
 
+/* Frees what decoding allocated but keeps the plain fields (type, sender, job, ...), for
+ * callers that answer a refused message. NULL-safe. */
+void fl_msg_hdr_free_tables(fl_msg_hdr_t *h);
+
 /* Allocates the welcome peer table of h (type must be FL_MSG_WELCOME). FL_OK or FL_ENOMEM. */
 int fl_msg_welcome_alloc(fl_msg_hdr_t *h, uint32_t npeers);
 

@@ -18,7 +18,7 @@ static int bad(fl_msg_fault_t *fault, fl_msg_fault_t why, const char *fmt, ...)
     vsnprintf(text, sizeof text, fmt, ap);
     va_end(ap);
     *fault = why;
-    return fl_fail(FL_EPROTO, text);
+    return fl_fail(FL_EPROTO, "%s", text);
 }
 
 /* Copies a protobuf string into a fixed field; a string that does not fit is refused, not
@@ -36,7 +36,7 @@ static int copy_id(char *dst, size_t cap, const char *src, const char *what,
 /* Free text (error and shutdown messages) is truncated instead. */
 static void copy_text(char *dst, size_t cap, const char *src)
 {
-    snprintf(dst, cap, src);
+    snprintf(dst, cap, "%s", src);
 }
 
 static int copy_eps(char (*dst)[FL_ENDPOINT_MAX], uint32_t *n, char **src, size_t nsrc,
@@ -208,7 +208,7 @@ int fl_msg_decode(const void *data, size_t len, fl_msg_hdr_t *out, fl_msg_fault_
     out->generation = h->generation;
     out->seq = h->seq;
     out->step = h->step;
-    snprintf(out->job_id, sizeof out->job_id, h->job_id);
+    snprintf(out->job_id, sizeof out->job_id, "%s", h->job_id);
     if (h->version != FL_MSG_VERSION) {
         rc = bad(fault, FL_FAULT_VERSION, "header: protocol version %llu, expected 1",
                  (unsigned long long)h->version);

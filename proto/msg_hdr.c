@@ -25,6 +25,15 @@ void fl_msg_hdr_deinit(fl_msg_hdr_t *h)
     memset(h, 0, sizeof *h);
 }
 
+void fl_msg_hdr_free_tables(fl_msg_hdr_t *h)
+{
+    if (h != NULL && h->type == FL_MSG_WELCOME) {
+        free(h->u.welcome.peers);
+        h->u.welcome.peers = NULL;
+        h->u.welcome.npeers = 0;
+    }
+}
+
 int fl_msg_welcome_alloc(fl_msg_hdr_t *h, uint32_t npeers)
 {
     h->u.welcome.peers = NULL;

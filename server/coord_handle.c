@@ -71,7 +71,8 @@ static void missing_list(const fl_coord_t *c, char *out, size_t cap)
         snprintf(out + n, cap - n, " and %d more", missing - shown);
 }
 
-static void send_welcome(fl_coord_t *c)
+/* Sends the peer table to one route, or to every rank (to == NULL) when the job starts. */
+static void send_welcome(fl_coord_t *c, const fl_tp_route_t *to)
 {
     fl_msg_hdr_t h;
     fl_msg_hdr_init(&h, FL_MSG_WELCOME, -1);
@@ -91,11 +92,15 @@ static void send_welcome(fl_coord_t *c)
     h.u.welcome.heartbeat_ms = (uint32_t)c->hb_ms;
     h.u.welcome.heartbeat_timeout_ms = (uint32_t)c->hb_timeout_ms;
     for (int r = 0; r < c->world; r++) {
+        if (to != NULL && !same_route(to, &c->ranks[r].route))
+            continue;
         if (fl_tp_send(c->sock, &c->ranks[r].route, &h, NULL, 0, fl_deadline_in(1000)) != FL_OK)
             FL_ERROR(c->ctx, "welcome to rank %d (%s): %s", r, c->ranks[r].reg.host,
                      fl_last_error());
     }
     fl_msg_hdr_deinit(&h);
+    if (to != NULL)
+        return;
     c->phase = PHASE_RUNNING;
     FL_INFO(c->ctx, "all %d ranks registered after %lld ms; job '%s' running", c->world,
             (long long)(fl_now_ms() - c->started_ms), c->job_id);
@@ -128,7 +133,7 @@ static void on_register(fl_coord_t *c, fl_tp_msg_t *m)
     if (k->registered) {
         if (same_route(&k->route, to)) {
             if (c->phase == PHASE_RUNNING)
-                send_welcome(c); /* a retry after a lost welcome: answer again */
+                send_welcome(c, to); /* a retry after a lost welcome: answer the asker */
             return;
         }
         return fl_coord_send_error(c, to, FL_EINVAL, r, reg->host,
@@ -160,7 +165,7 @@ static void on_register(fl_coord_t *c, fl_tp_msg_t *m)
     FL_INFO(c->ctx, "rank %d registered from %s (pid %d, data %s): %d of %d", r, reg->host,
             reg->pid, reg->endpoints[0], n, c->world);
     if (n == c->world)
-        send_welcome(c);
+        send_welcome(c, NULL);
 }
 
 static void on_heartbeat(fl_coord_t *c, fl_tp_msg_t *m, int r)
@@ -194,6 +199,7 @@ static void on_shutdown(fl_coord_t *c, fl_tp_msg_t *m, int r)
         /* Left before the job started: free the slot for a restarted process. */
         k->registered = false;
         atomic_fetch_sub(&c->nregistered, 1);
+        fl_tp_live_forget(c->live, r);
         FL_INFO(c->ctx, "rank %d (%s) left before the job started", r, k->reg.host);
         return;
     }

@@ -33,9 +33,9 @@ typedef struct fl_tp_opts {
     int zmtp_hb_timeout_ms; /* drop the connection when no traffic for this (default 5000) */
     int sndbuf;           /* kernel send buffer bytes (0 = OS default) */
     int rcvbuf;           /* kernel receive buffer bytes (0 = OS default) */
-    size_t max_msg_bytes; /* largest accepted payload frame; 0 = the context's limit. Frames
-                             up to twice this are read, refused and counted; larger ones make
-                             ZeroMQ drop the connection. */
+    size_t max_msg_bytes; /* largest accepted frame; 0 = the context's limit. Frames up to
+                             twice this are read, refused and counted; larger ones make ZeroMQ
+                             drop the connection. */
     bool immediate;       /* queue only on completed connections (ZMQ_IMMEDIATE) */
 } fl_tp_opts_t;
 
@@ -92,7 +92,8 @@ typedef struct fl_tp_msg {
  * sent without copying: the transport owns it from this call on and calls the hook exactly
  * once, when ZeroMQ is done with the memory (possibly from ZeroMQ's I/O thread) or at once if
  * the send fails. A frame without a hook is copied before the call returns.
- * Waits until deadline_ms (absolute, fl_deadline_in) when the queue is full.
+ * Waits until deadline_ms (absolute, fl_deadline_in) when the queue is full; a ROUTER never
+ * waits (FL_ETIMEDOUT at once: one slow peer must not stall a server).
  * FL_OK, FL_ETIMEDOUT, FL_EPEER (ROUTER: no such peer), FL_EINVAL, FL_EIO. */
 int fl_tp_send(fl_tp_sock_t *sock, const fl_tp_route_t *to, fl_msg_hdr_t *h, fl_buf_t *frames,
                size_t n, int64_t deadline_ms);

@@ -81,6 +81,12 @@ int fl_tp_send(fl_tp_sock_t *s, const fl_tp_route_t *to, fl_msg_hdr_t *h, fl_buf
         if (rc >= 0)
             break;
         int e = zmq_errno();
+        if (e == EAGAIN && s->kind == FL_TP_ROUTER) {
+            /* A ROUTER serves many peers: one that does not read must not stall the others,
+             * and its POLLOUT says nothing about this peer. */
+            rc = fl_fail(FL_ETIMEDOUT, "%s socket: the peer's queue is full", s->name);
+            goto fail;
+        }
         if (e == EAGAIN) {
             if ((rc = wait_writable(s, deadline_ms)) != FL_OK)
                 goto fail;
@@ -195,6 +201,7 @@ static int refuse(fl_tp_sock_t *s, fl_tp_msg_t *m, fl_stat_t stat, int rc)
     for (size_t i = 0; i < m->nframes; i++)
         zmq_msg_close(&m->frames[i]);
     m->nframes = 0;
+    fl_msg_hdr_free_tables(&m->hdr);
     return rc;
 }
 

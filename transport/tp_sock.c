@@ -29,8 +29,9 @@ static int apply_opts(fl_tp_sock_t *s, const fl_tp_opts_t *o)
 {
     int rc;
     /* Frames up to twice the limit are still read so the application can refuse them with an
-     * answer and a count; beyond that ZeroMQ drops the connection to protect memory. */
-    int64_t hard = (int64_t)(s->max_msg_bytes * 2 + 65536);
+     * answer and a count; beyond that ZeroMQ drops the connection to protect memory. A limit
+     * too large to double means none (-1). */
+    int64_t hard = s->max_msg_bytes > (size_t)(INT64_MAX / 2) ? -1 : (int64_t)s->max_msg_bytes * 2;
     if (zmq_setsockopt(s->zs, ZMQ_MAXMSGSIZE, &hard, sizeof hard) != 0)
         return fl_fail(FL_EIO, "%s socket: set MAXMSGSIZE: %s", s->name, zmq_strerror(zmq_errno()));
     if ((rc = setopt_int(s, ZMQ_SNDHWM, o->sndhwm, "SNDHWM")) != FL_OK ||
