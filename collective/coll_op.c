@@ -175,20 +175,26 @@ static int match_op(coll_op_t *op, fl_tp_msg_t *m)
     fl_comm_peer_name(op->c, m->hdr.sender, who, sizeof who);
     if (op->kind == FL_COLL_BARRIER) {
         if (m->hdr.type != FL_MSG_BARRIER)
-            return coll_fail(op, FL_EPROTO, "%s is in %s #%llu, not in a barrier", who,
-                             fl_coll_kind_name((int)m->hdr.u.chunk.coll),
+            return coll_fail(op, FL_EPROTO, "%s is in %s #%llu, not in a barrier: collectives "
+                                            "called in a different order on different ranks",
+                             who, fl_coll_kind_name((int)m->hdr.u.chunk.coll),
                              (unsigned long long)m->hdr.seq);
         return FL_OK;
     }
     if (m->hdr.type != FL_MSG_CHUNK)
-        return coll_fail(op, FL_EPROTO, "%s is in a barrier #%llu, not in %s", who,
-                         (unsigned long long)m->hdr.seq, fl_coll_kind_name(op->kind));
+        return coll_fail(op, FL_EPROTO, "%s is in a barrier #%llu, not in %s: collectives "
+                                        "called in a different order on different ranks",
+                         who, (unsigned long long)m->hdr.seq, fl_coll_kind_name(op->kind));
     const fl_msg_chunk_t *ck = &m->hdr.u.chunk;
     if (ck->coll != (uint32_t)op->kind)
         return coll_fail(op, FL_EPROTO, "%s is in %s #%llu, not in %s: collectives called in a "
                                         "different order on different ranks",
                          who, fl_coll_kind_name((int)ck->coll), (unsigned long long)m->hdr.seq,
                          fl_coll_kind_name(op->kind));
+    if (ck->dtype != (uint32_t)op->dtype)
+        return coll_fail(op, FL_EPROTO, "%s called %s with %s data, this rank with %s", who,
+                         fl_coll_kind_name(op->kind), fl_dtype_name((fl_dtype_t)ck->dtype),
+                         fl_dtype_name(op->dtype));
     if (ck->total != op->count)
         return coll_fail(op, FL_EPROTO, "%s called %s with %llu elements, this rank with %zu",
                          who, fl_coll_kind_name(op->kind), (unsigned long long)ck->total,
@@ -256,25 +262,20 @@ int coll_recv(coll_op_t *op, fl_tp_msg_t *m)
     atomic_store_explicit(&c->cur_waiting, op->waiting_on, memory_order_relaxed);
     if (stash_take(c, op->seq, m)) {
         int rc = match_op(op, m);
-        if (rc != FL_OK)
+        if (rc != FL_OK) {
             fl_tp_msg_close(m);
-        return rc;
+            return rc;
+        }
+        for (size_t i = 0; i < m->nframes; i++)
+            c->bytes_recv += fl_tp_msg_size(m, i);
+        return FL_OK;
     }
     fl_tp_sock_t *socks[2] = {c->data_in, c->ev_rx};
     for (;;) {
-        bool ready[2] = {false, false};
-        int left = fl_deadline_left_ms(op->deadline);
-        int n = fl_tp_poll(socks, 2, left, ready);
-        if (n < 0)
-            return coll_fail(op, n, "%s", fl_last_error());
-        if (ready[1])
-            return take_event(op);
-        if (ready[0]) {
-            int rc = fl_tp_recv(c->data_in, m, fl_deadline_in(0));
-            if (rc == FL_EPROTO || rc == FL_ETIMEDOUT)
-                continue; /* refused and counted by the transport, or a spurious wake-up */
-            if (rc != FL_OK)
-                return coll_fail(op, rc, "%s", fl_last_error());
+        /* Take what is waiting without a poll; block on data and abort events only when the
+         * socket is empty (an abort matters only once data stops coming). */
+        int rc = fl_tp_recv(c->data_in, m, fl_deadline_in(0));
+        if (rc == FL_OK) {
             bool keep;
             if ((rc = classify(op, m, &keep)) != FL_OK)
                 return rc;
@@ -285,6 +286,19 @@ int coll_recv(coll_op_t *op, fl_tp_msg_t *m)
             }
             continue;
         }
+        if (rc == FL_EPROTO)
+            continue; /* refused and counted by the transport */
+        if (rc != FL_ETIMEDOUT)
+            return coll_fail(op, rc, "%s", fl_last_error());
+        bool ready[2] = {false, false};
+        int left = fl_deadline_left_ms(op->deadline);
+        int n = fl_tp_poll(socks, 2, left, ready);
+        if (n < 0)
+            return coll_fail(op, n, "%s", fl_last_error());
+        if (ready[1])
+            return take_event(op);
+        if (n > 0)
+            continue;
         if (left == 0) {
             char who[FL_HOST_MAX + 32] = "any peer";
             if (op->waiting_on >= 0)
@@ -310,6 +324,7 @@ int coll_send(coll_op_t *op, int peer, const fl_msg_chunk_t *ck, const void *dat
     h.u.chunk = *ck;
     h.u.chunk.coll = (uint32_t)op->kind;
     h.u.chunk.total = op->count;
+    h.u.chunk.dtype = (uint32_t)op->dtype;
     h.u.chunk.op = op->kind == FL_COLL_BROADCAST ? (uint32_t)op->root : (uint32_t)op->op;
     h.frames[0].dtype = (uint32_t)wire;
     h.frames[0].codec = FL_CODEC_RAW;

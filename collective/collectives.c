@@ -4,6 +4,10 @@
 
 #include <string.h>
 
+/* One-shot sends N-1 copies of the buffer: beyond a handful of ranks recursive doubling's
+ * log2(N) rounds cost less than the fan-out. */
+#define DIRECT_MAX_RANKS 8
+
 static int check(fl_comm_t *c, const char *what, const void *a, const void *b, size_t count,
                  fl_dtype_t dtype)
 {
@@ -20,6 +24,26 @@ static int check(fl_comm_t *c, const char *what, const void *a, const void *b, s
     return FL_OK;
 }
 
+/* True when [a, a+alen) and [b, b+blen) share a byte. */
+static bool overlaps(const void *a, size_t alen, const void *b, size_t blen)
+{
+    uintptr_t x = (uintptr_t)a;
+    uintptr_t y = (uintptr_t)b;
+    return alen > 0 && blen > 0 && x < y + blen && y < x + alen;
+}
+
+/* Buffers may be the same (in place) or apart; any other overlap would read data already
+ * overwritten, so it is refused. `at` is the one offset into `big` where `small` may sit. */
+static int check_overlap(fl_comm_t *c, const char *what, const void *big, size_t big_bytes,
+                         const void *small, size_t small_bytes, size_t at)
+{
+    if (!overlaps(big, big_bytes, small, small_bytes) || (const uint8_t *)big + at == small)
+        return FL_OK;
+    return fl_fail(FL_EINVAL, "rank %d: %s: the buffers overlap; they must be the same (in "
+                              "place: the shard at element offset %zu) or apart",
+                   c->rank, what, at);
+}
+
 static int check_op(fl_comm_t *c, const char *what, fl_dtype_t dtype, fl_op_t op)
 {
     if (!fl_op_supports(op, dtype))
@@ -34,6 +58,9 @@ int fl_allreduce(fl_comm_t *c, const void *sendbuf, void *recvbuf, size_t count,
     int rc = check(c, "allreduce", sendbuf, recvbuf, count, dtype);
     if (rc == FL_OK)
         rc = check_op(c, "allreduce", dtype, op);
+    if (rc == FL_OK)
+        rc = check_overlap(c, "allreduce", sendbuf, count * fl_dtype_size(dtype), recvbuf,
+                           count * fl_dtype_size(dtype), 0);
     if (rc != FL_OK)
         return rc;
     coll_op_t o;
@@ -48,10 +75,16 @@ int fl_allreduce(fl_comm_t *c, const void *sendbuf, void *recvbuf, size_t count,
         return coll_end(&o, FL_OK);
     }
     fl_algo_t algo = c->algo;
-    if (algo == FL_ALGO_AUTO)
-        algo = bytes <= c->small_bytes ? FL_ALGO_RD : FL_ALGO_RING;
+    if (algo == FL_ALGO_AUTO) {
+        if (bytes > c->small_bytes)
+            algo = FL_ALGO_RING;
+        else
+            algo = c->size <= DIRECT_MAX_RANKS ? FL_ALGO_DIRECT : FL_ALGO_RD;
+    }
     c->last_algo = algo;
-    if (algo == FL_ALGO_RD)
+    if (algo == FL_ALGO_DIRECT)
+        rc = fl_direct_allreduce(&o, sendbuf, recvbuf);
+    else if (algo == FL_ALGO_RD)
         rc = fl_rd_allreduce(&o, sendbuf, recvbuf);
     else
         rc = fl_ring_allreduce(&o, sendbuf, recvbuf);
@@ -67,9 +100,13 @@ int fl_reduce_scatter(fl_comm_t *c, const void *sendbuf, void *recvbuf, size_t c
     if (rc != FL_OK)
         return rc;
     size_t mine = fl_shard_count(count, c->size, c->rank);
+    size_t esz = fl_dtype_size(dtype);
     if (mine > 0 && recvbuf == NULL)
         return fl_fail(FL_EINVAL, "rank %d: reduce-scatter: NULL recvbuf for %zu elements",
                        c->rank, mine);
+    if ((rc = check_overlap(c, "reduce-scatter", sendbuf, count * esz, recvbuf, mine * esz,
+                            fl_shard_offset(count, c->size, c->rank) * esz)) != FL_OK)
+        return rc;
     coll_op_t o;
     if ((rc = coll_begin(c, &o, FL_COLL_REDUCE_SCATTER, count, dtype, op, 0)) != FL_OK)
         return rc;
@@ -77,7 +114,7 @@ int fl_reduce_scatter(fl_comm_t *c, const void *sendbuf, void *recvbuf, size_t c
         return coll_end(&o, FL_OK);
     if (c->size == 1) {
         if (sendbuf != recvbuf)
-            memmove(recvbuf, sendbuf, count * fl_dtype_size(dtype));
+            memmove(recvbuf, sendbuf, count * esz);
         return coll_end(&o, FL_OK);
     }
     return coll_end(&o, fl_ring_reduce_scatter(&o, sendbuf, recvbuf));
@@ -90,9 +127,13 @@ int fl_allgather(fl_comm_t *c, const void *sendbuf, void *recvbuf, size_t count,
     if (rc != FL_OK)
         return rc;
     size_t mine = fl_shard_count(count, c->size, c->rank);
+    size_t esz = fl_dtype_size(dtype);
     if (mine > 0 && sendbuf == NULL)
         return fl_fail(FL_EINVAL, "rank %d: all-gather: NULL sendbuf for %zu elements", c->rank,
                        mine);
+    if ((rc = check_overlap(c, "all-gather", recvbuf, count * esz, sendbuf, mine * esz,
+                            fl_shard_offset(count, c->size, c->rank) * esz)) != FL_OK)
+        return rc;
     coll_op_t o;
     if ((rc = coll_begin(c, &o, FL_COLL_ALLGATHER, count, dtype, FL_SUM, 0)) != FL_OK)
         return rc;
@@ -100,7 +141,7 @@ int fl_allgather(fl_comm_t *c, const void *sendbuf, void *recvbuf, size_t count,
         return coll_end(&o, FL_OK);
     if (c->size == 1) {
         if (sendbuf != recvbuf)
-            memmove(recvbuf, sendbuf, count * fl_dtype_size(dtype));
+            memmove(recvbuf, sendbuf, count * esz);
         return coll_end(&o, FL_OK);
     }
     return coll_end(&o, fl_ring_allgather(&o, sendbuf, recvbuf));

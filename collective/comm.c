@@ -56,8 +56,9 @@ static int check_opts(const fl_comm_opts_t *o)
                        o->segment_bytes);
     if (o->small_bytes > ((size_t)64 << 20))
         return fl_fail(FL_EINVAL, "comm: small_bytes %zu over 64 MiB", o->small_bytes);
-    if (o->algo != FL_ALGO_AUTO && o->algo != FL_ALGO_RING && o->algo != FL_ALGO_RD)
-        return fl_fail(FL_EINVAL, "comm: algo %d is not AUTO, RING or RD", (int)o->algo);
+    if (o->algo != FL_ALGO_AUTO && o->algo != FL_ALGO_RING && o->algo != FL_ALGO_RD &&
+        o->algo != FL_ALGO_DIRECT)
+        return fl_fail(FL_EINVAL, "comm: algo %d is not AUTO, RING, RD or DIRECT", (int)o->algo);
     if (o->log_level < FL_LOG_DEBUG || o->log_level > FL_LOG_OFF)
         return fl_fail(FL_EINVAL, "comm: log_level %d out of range", (int)o->log_level);
     return FL_OK;

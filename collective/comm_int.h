@@ -163,6 +163,8 @@ int fl_ring_reduce_scatter(coll_op_t *op, const void *sendbuf, void *recvbuf);
 int fl_ring_allgather(coll_op_t *op, const void *sendbuf, void *recvbuf);
 /* Recursive doubling allreduce (any N; extra ranks fold in and out). */
 int fl_rd_allreduce(coll_op_t *op, const void *sendbuf, void *recvbuf);
+/* One-shot: whole contributions to every peer, reduced in rank order. */
+int fl_direct_allreduce(coll_op_t *op, const void *sendbuf, void *recvbuf);
 /* Binomial tree for small buffers, pipelined chain for large ones. */
 int fl_bcast(coll_op_t *op, void *buf);
 /* Dissemination barrier. */

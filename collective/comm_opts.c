@@ -59,8 +59,10 @@ int fl_comm_opts_set(fl_comm_opts_t *o, const char *key, const char *value)
             o->algo = FL_ALGO_RING;
         else if (value != NULL && strcmp(value, "rd") == 0)
             o->algo = FL_ALGO_RD;
+        else if (value != NULL && strcmp(value, "direct") == 0)
+            o->algo = FL_ALGO_DIRECT;
         else
-            rc = fl_fail(FL_EINVAL, "%s: '%s' is not one of auto|ring|rd", flag,
+            rc = fl_fail(FL_EINVAL, "%s: '%s' is not one of auto|ring|rd|direct", flag,
                          value ? value : "");
     } else if (strcmp(key, "log-level") == 0) {
         if ((rc = fl_log_level_parse(value, &o->log_level)) != FL_OK)

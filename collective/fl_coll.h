@@ -34,6 +34,7 @@ typedef enum fl_coll_phase {
     FL_PHASE_RD = 4,      /* recursive doubling rounds */
     FL_PHASE_RD_POST = 5, /* recursive doubling: hand the result to the extra ranks */
     FL_PHASE_BCAST = 6,
+    FL_PHASE_DIRECT = 7,  /* one-shot: whole contributions to every peer */
 } fl_coll_phase_t;
 
 const char *fl_coll_kind_name(int kind);

@@ -54,6 +54,7 @@ const char *fl_coll_phase_name(int phase)
     case FL_PHASE_RD: return "recursive doubling";
     case FL_PHASE_RD_POST: return "recursive-doubling hand-out";
     case FL_PHASE_BCAST: return "broadcast";
+    case FL_PHASE_DIRECT: return "one-shot exchange";
     default: return "start";
     }
 }

@@ -119,6 +119,7 @@ typedef struct fl_msg_chunk {
     uint64_t count;
     uint32_t op;
     uint64_t total;
+    uint32_t dtype;
 } fl_msg_chunk_t;
 
 typedef struct fl_msg_hdr {

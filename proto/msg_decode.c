@@ -150,6 +150,7 @@ static int decode_body(const Flodl__Header *h, fl_msg_hdr_t *out, fl_msg_fault_t
         out->u.chunk.count = h->chunk->count;
         out->u.chunk.op = h->chunk->op;
         out->u.chunk.total = h->chunk->total;
+        out->u.chunk.dtype = h->chunk->dtype;
         return FL_OK;
     default:
         return FL_OK;

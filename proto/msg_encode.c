@@ -154,6 +154,7 @@ static int build_body(pb_view_t *v, const fl_msg_hdr_t *m)
         v->chunk.count = m->u.chunk.count;
         v->chunk.op = m->u.chunk.op;
         v->chunk.total = m->u.chunk.total;
+        v->chunk.dtype = m->u.chunk.dtype;
         v->h.chunk = &v->chunk;
         return FL_OK;
     default:

@@ -189,14 +189,25 @@ START_TEST(test_rd_edges_f32)
 }
 END_TEST
 
+START_TEST(test_direct_edges)
+{
+    int world = _i + 1;
+    fl_comm_opts_t o;
+    opts_with(&o, FL_ALGO_DIRECT, 4096, 1);
+    for (size_t k = 0; k < sizeof edge_counts / sizeof edge_counts[0]; k++)
+        run_case(world, edge_counts[k], FL_FLOAT32, k % 3 == 0 ? FL_MAX : FL_AVG, k % 2 == 1, &o);
+}
+END_TEST
+
 START_TEST(test_dtypes_ops)
 {
     static const fl_dtype_t dts[] = {FL_FLOAT32, FL_FLOAT16, FL_BFLOAT16, FL_FLOAT64, FL_INT32,
                                      FL_INT64};
     static const fl_op_t ops[] = {FL_SUM, FL_AVG, FL_MAX, FL_MIN};
     fl_comm_opts_t o;
-    for (int a = 0; a < 2; a++) {
-        opts_with(&o, a == 0 ? FL_ALGO_RING : FL_ALGO_RD, 4096, 1);
+    static const fl_algo_t algos[] = {FL_ALGO_RING, FL_ALGO_RD, FL_ALGO_DIRECT};
+    for (int a = 0; a < 3; a++) {
+        opts_with(&o, algos[a], 4096, 1);
         for (size_t d = 0; d < sizeof dts / sizeof dts[0]; d++)
             for (size_t p = 0; p < sizeof ops / sizeof ops[0]; p++)
                 if (fl_op_supports(ops[p], dts[d]))
@@ -269,6 +280,7 @@ Suite *allreduce_suite(void)
     tcase_set_timeout(t, 120);
     tcase_add_loop_test(t, test_ring_edges_f32, 0, 5);
     tcase_add_loop_test(t, test_rd_edges_f32, 0, 5);
+    tcase_add_loop_test(t, test_direct_edges, 0, 5);
     suite_add_tcase(s, t);
     t = tcase_create("types");
     tcase_set_timeout(t, 120);

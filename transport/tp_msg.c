@@ -205,6 +205,11 @@ static int refuse(fl_tp_sock_t *s, fl_tp_msg_t *m, fl_stat_t stat, int rc)
     return rc;
 }
 
+/* Status of read_message when no message is waiting (not an error, and no detail text). */
+#define NOT_READY 1
+
+/* Reads one message if one is waiting (the first part without blocking; the rest of a message
+ * is always there once its first part is, ZeroMQ delivers messages whole). */
 static int read_message(fl_tp_sock_t *s, fl_tp_msg_t *m)
 {
     zmq_msg_t hdr;
@@ -215,6 +220,8 @@ static int read_message(fl_tp_sock_t *s, fl_tp_msg_t *m)
     m->nframes = 0;
     if (s->kind == FL_TP_ROUTER) {
         int n = zmq_recv(s->zs, m->route.id, sizeof m->route.id, ZMQ_DONTWAIT);
+        if (n < 0 && zmq_errno() == EAGAIN)
+            return NOT_READY;
         if (n < 0)
             return fl_fail(FL_EIO, "%s socket: recv identity: %s", s->name,
                            zmq_strerror(zmq_errno()));
@@ -225,9 +232,12 @@ static int read_message(fl_tp_sock_t *s, fl_tp_msg_t *m)
                                   s->name));
     }
     zmq_msg_init(&hdr);
-    if (zmq_msg_recv(&hdr, s->zs, 0) < 0) {
+    if (zmq_msg_recv(&hdr, s->zs, s->kind == FL_TP_ROUTER ? 0 : ZMQ_DONTWAIT) < 0) {
+        int e = zmq_errno();
         zmq_msg_close(&hdr);
-        return fl_fail(FL_EIO, "%s socket: recv header: %s", s->name, zmq_strerror(zmq_errno()));
+        if (e == EAGAIN)
+            return NOT_READY;
+        return fl_fail(FL_EIO, "%s socket: recv header: %s", s->name, zmq_strerror(e));
     }
     rc = fl_msg_decode(zmq_msg_data(&hdr), zmq_msg_size(&hdr), &m->hdr, &fault);
     zmq_msg_close(&hdr);
@@ -283,19 +293,21 @@ static int read_message(fl_tp_sock_t *s, fl_tp_msg_t *m)
 
 int fl_tp_recv(fl_tp_sock_t *s, fl_tp_msg_t *m, int64_t deadline_ms)
 {
-    memset(&m->hdr, 0, sizeof m->hdr);
     m->nframes = 0;
     for (;;) {
+        /* Try first: when a message is waiting (the common case in a busy collective) this
+         * costs no poll system call. */
+        int rc = read_message(s, m);
+        if (rc != NOT_READY)
+            return rc;
         zmq_pollitem_t it = {s->zs, 0, ZMQ_POLLIN, 0};
         int left = fl_deadline_left_ms(deadline_ms);
-        int rc = zmq_poll(&it, 1, left);
+        rc = zmq_poll(&it, 1, left);
         if (rc < 0 && zmq_errno() == EINTR)
             continue;
         if (rc < 0)
             return fl_fail(FL_EIO, "%s socket: poll: %s", s->name, zmq_strerror(zmq_errno()));
-        if (rc > 0 && (it.revents & ZMQ_POLLIN))
-            return read_message(s, m);
-        if (left == 0)
+        if (rc == 0 && left == 0)
             return fl_fail(FL_ETIMEDOUT, "%s socket: no message before the deadline", s->name);
     }
 }

@@ -142,7 +142,9 @@ int fl_wk_drill_run(fl_comm_t *comm, const fl_wk_drill_opts_t *o)
         qsort(ms, (size_t)o->steps, sizeof *ms, cmp_double);
         double med = ms[o->steps / 2];
         double algbw = med > 0 ? (double)(count * esz) / (med * 1e6) : 0.0;
-        const char *algo = st.last_algo == FL_ALGO_RD ? "recursive doubling" : "ring";
+        const char *algo = st.last_algo == FL_ALGO_RD       ? "recursive doubling"
+                           : st.last_algo == FL_ALGO_DIRECT ? "one-shot"
+                                                            : "ring";
         printf("rank %d summary: %d steps of %s verified; median %.3f ms (min %.3f), algbw "
                "%.2f GB/s, busbw %.2f GB/s (%s); sent %.1f MiB, received %.1f MiB\n",
                rank, o->steps, size, med, ms[0], algbw, algbw * busfactor,

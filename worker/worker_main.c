@@ -25,7 +25,7 @@ static const char usage[] =
     "  --stripes K              TCP connections per peer (default 1)\n"
     "  --segment BYTES          ring pipelining unit (default 1M)\n"
     "  --small BYTES            recursive doubling up to this size (default 64K)\n"
-    "  --algo auto|ring|rd      allreduce algorithm (default auto)\n"
+    "  --algo auto|ring|rd|direct  allreduce algorithm (default auto)\n"
     "  --log-level LEVEL        debug|info|warn|error (default warn, or FLODL_LOG)\n"
     "drill:\n"
     "  --size BYTES             gradient size (default 64M)\n"

@@ -17,11 +17,13 @@ extern "C" {
 
 typedef struct fl_comm fl_comm_t;
 
-/* Which allreduce algorithm runs. AUTO picks recursive doubling up to small_bytes, else the ring. */
+/* Which allreduce algorithm runs. AUTO picks one-shot up to small_bytes when there are at most 8
+ * ranks, recursive doubling up to small_bytes beyond that, and the ring above small_bytes. */
 typedef enum fl_algo {
     FL_ALGO_AUTO = 0,
-    FL_ALGO_RING = 1, /* bandwidth-optimal: each rank sends 2(N-1)/N of the buffer */
-    FL_ALGO_RD = 2,   /* latency-optimal recursive doubling: log2(N) rounds of the whole buffer */
+    FL_ALGO_RING = 1,   /* bandwidth-optimal: each rank sends 2(N-1)/N of the buffer */
+    FL_ALGO_RD = 2,     /* recursive doubling: log2(N) rounds of the whole buffer */
+    FL_ALGO_DIRECT = 3, /* one-shot: the whole buffer to every peer, one network hop */
 } fl_algo_t;
 
 typedef struct fl_comm_opts {
@@ -37,7 +39,7 @@ typedef struct fl_comm_opts {
     int rendezvous_timeout_ms; /* deadline of the rendezvous in fl_comm_init (default 120000) */
     int stripes;               /* TCP connections per peer pair, 1..8 (default 1) */
     size_t segment_bytes;      /* pipelining unit of the ring (default 1 MiB) */
-    size_t small_bytes;        /* AUTO uses recursive doubling up to this size (default 64 KiB) */
+    size_t small_bytes;        /* AUTO uses a latency algorithm up to this size (default 64 KiB) */
     fl_algo_t algo;            /* force an algorithm (default FL_ALGO_AUTO) */
     fl_log_level_t log_level;  /* default FL_LOG_WARN */
 } fl_comm_opts_t;
@@ -76,7 +78,8 @@ size_t fl_shard_offset(size_t count, int nshards, int index);
 size_t fl_shard_count(size_t count, int nshards, int index);
 
 /* Every rank ends with op applied elementwise over all ranks' sendbuf, in recvbuf.
- * sendbuf == recvbuf is allowed (in place). Every rank gets the same bytes. The buffers are
+ * sendbuf == recvbuf is allowed (in place; partial overlap is refused with FL_EINVAL). Every
+ * rank gets the same bytes. The buffers are
  * borrowed until the call returns. float16/bfloat16: float32 partial sums travel during the
  * reduction, rounded once to the dtype at the end. Returns FL_OK, FL_EINVAL (bad dtype/op),
  * FL_EPEER (a peer died: the detail names rank, host and the operation), FL_ETIMEDOUT (no data
@@ -87,13 +90,15 @@ int fl_allreduce(fl_comm_t *comm, const void *sendbuf, void *recvbuf, size_t cou
 
 /* sendbuf holds count elements on every rank; recvbuf receives this rank's shard of the
  * reduction: fl_shard_count(count, N, rank) elements starting at fl_shard_offset(...).
- * Errors as fl_allreduce. */
+ * In place: recvbuf == sendbuf + that offset (as NCCL); buffers overlapping otherwise are
+ * refused (FL_EINVAL). Errors as fl_allreduce. */
 int fl_reduce_scatter(fl_comm_t *comm, const void *sendbuf, void *recvbuf, size_t count,
                       fl_dtype_t dtype, fl_op_t op);
 
 /* Each rank contributes its shard (fl_shard_count(count, N, rank) elements at sendbuf) and every
  * rank receives all count elements in recvbuf, shard i at fl_shard_offset(count, N, i).
- * sendbuf may point at its own shard inside recvbuf. Errors as fl_allreduce. */
+ * In place: sendbuf points at its own shard inside recvbuf; other overlaps are refused
+ * (FL_EINVAL). Errors as fl_allreduce. */
 int fl_allgather(fl_comm_t *comm, const void *sendbuf, void *recvbuf, size_t count,
                  fl_dtype_t dtype);
 

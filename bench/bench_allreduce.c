@@ -1,0 +1,338 @@
+/* flodl-bench allreduce: ring/recursive-doubling allreduce over N ranks on this machine (or
+ * joined across hosts), float32 sum in place, sizes 4 KiB..256 MiB; time per operation, algbw
+ * and busbw (NCCL-tests convention: busbw = algbw * 2(N-1)/N). Where Open MPI is installed
+ * (and flodl-mpi-bench was built), MPI_Allreduce runs on the same sizes with the same timing
+ * protocol in the same invocation, over TCP and over shared memory, and the ratios print
+ * beside flodl's figures. */
+#include <getopt.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#include "bench_util.h"
+#include "fl_coll.h"
+#include "fl_core.h"
+
+typedef struct ar_bench {
+    int ranks;
+    size_t min;
+    size_t max;
+    bool no_mpi;
+    bool report; /* child of the launcher: only RESULT lines on stdout */
+    fl_comm_opts_t comm;
+    char *fwd[64]; /* communicator flags forwarded to the children */
+    int nfwd;
+} ar_bench_t;
+
+static const char usage[] =
+    "usage: flodl-bench allreduce [--ranks N] [--min BYTES] [--max BYTES] [--no-mpi]\n"
+    "                             [communicator flags: --segment, --stripes, --small, --algo]\n"
+    "       flodl-bench allreduce --rank K --world-size N --coordinator EP [...]   (join)\n"
+    "Float32 sum allreduce, in place. Launch mode starts a coordinator and N ranks here and,\n"
+    "when mpirun and flodl-mpi-bench are present, MPI_Allreduce over TCP and shared memory.\n";
+
+/* Runs the sweep as one rank; rank 0 prints one RESULT line per size. */
+static int run_rank(ar_bench_t *b)
+{
+    fl_comm_t *comm;
+    int rc = fl_comm_init(&b->comm, &comm);
+    if (rc != FL_OK) {
+        fprintf(stderr, "flodl-bench: %s\n", fl_last_error());
+        return 1;
+    }
+    bench_sizes_t sizes;
+    bench_sizes_range(&sizes, b->min, b->max);
+    float *buf = NULL;
+    if (posix_memalign((void **)&buf, 64, b->max) != 0) {
+        fprintf(stderr, "flodl-bench: no memory for %zu bytes\n", b->max);
+        fl_comm_destroy(&comm);
+        return 1;
+    }
+    memset(buf, 0, b->max);
+    int rank = fl_comm_rank(comm);
+    for (size_t s = 0; s < sizes.n && rc == FL_OK; s++) {
+        size_t count = sizes.bytes[s] / sizeof(float);
+        int iters = bench_iters_for(sizes.bytes[s]);
+        int reps = bench_reps_for(sizes.bytes[s]);
+        double t[16];
+        for (int rep = -1; rep < reps && rc == FL_OK; rep++) { /* rep -1 warms up */
+            if ((rc = fl_barrier(comm)) != FL_OK)
+                break;
+            int64_t t0 = fl_now_ns();
+            for (int it = 0; it < iters && rc == FL_OK; it++)
+                rc = fl_allreduce(comm, buf, buf, count, FL_FLOAT32, FL_SUM);
+            double us = (double)(fl_now_ns() - t0) / 1e3 / iters;
+            /* The slowest rank's time is the operation's time. */
+            if (rc == FL_OK)
+                rc = fl_allreduce(comm, &us, &us, 1, FL_FLOAT64, FL_MAX);
+            if (rep >= 0)
+                t[rep] = us;
+        }
+        if (rc == FL_OK && rank == 0) {
+            double med = bench_median(t, reps);
+            if (b->report) {
+                printf("RESULT %zu %.3f\n", sizes.bytes[s], med);
+            } else {
+                char sz[32];
+                int n = fl_comm_size(comm);
+                double algbw = (double)sizes.bytes[s] / (med * 1e3);
+                fl_fmt_bytes(sizes.bytes[s], sz, sizeof sz);
+                printf("%10s %12.1f us  algbw %7.3f GB/s  busbw %7.3f GB/s\n", sz, med, algbw,
+                       n > 1 ? algbw * 2.0 * (n - 1) / n : 0.0);
+            }
+            fflush(stdout);
+        }
+    }
+    if (rc != FL_OK)
+        fprintf(stderr, "flodl-bench: %s\n", fl_last_error());
+    free(buf);
+    fl_comm_destroy(&comm);
+    return rc == FL_OK ? 0 : 1;
+}
+
+static int spawn_flodl(ar_bench_t *b, const bench_sizes_t *sizes, double *us)
+{
+    fl_coord_opts_t co;
+    fl_coord_opts_init(&co);
+    co.bind = "tcp://127.0.0.1:0";
+    co.world_size = b->ranks;
+    co.log_level = FL_LOG_WARN;
+    fl_coord_t *coord;
+    if (fl_coord_create(&co, &coord) != FL_OK || fl_coord_start(coord) != FL_OK) {
+        fprintf(stderr, "flodl-bench: coordinator: %s\n", fl_last_error());
+        return 1;
+    }
+    char self[1024];
+    ssize_t n = readlink("/proc/self/exe", self, sizeof self - 1);
+    if (n <= 0)
+        snprintf(self, sizeof self, "flodl-bench");
+    else
+        self[n] = '\0';
+
+    pid_t pids[256];
+    int fd0 = -1;
+    int status = 0;
+    char rank_s[16], world_s[16], min_s[32], max_s[32];
+    snprintf(world_s, sizeof world_s, "%d", b->ranks);
+    snprintf(min_s, sizeof min_s, "%zu", b->min);
+    snprintf(max_s, sizeof max_s, "%zu", b->max);
+    for (int r = 0; r < b->ranks; r++) {
+        char *argv[96];
+        int a = 0;
+        snprintf(rank_s, sizeof rank_s, "%d", r);
+        argv[a++] = self;
+        argv[a++] = "allreduce";
+        argv[a++] = "--report";
+        argv[a++] = "--rank";
+        argv[a++] = rank_s;
+        argv[a++] = "--world-size";
+        argv[a++] = world_s;
+        argv[a++] = "--coordinator";
+        argv[a++] = (char *)fl_coord_endpoint(coord);
+        argv[a++] = "--host";
+        argv[a++] = "127.0.0.1";
+        argv[a++] = "--min";
+        argv[a++] = min_s;
+        argv[a++] = "--max";
+        argv[a++] = max_s;
+        for (int i = 0; i < b->nfwd; i++)
+            argv[a++] = b->fwd[i];
+        argv[a] = NULL;
+        int fd;
+        pids[r] = bench_spawn(argv, &fd, NULL);
+        if (pids[r] < 0) {
+            fprintf(stderr, "flodl-bench: cannot start rank %d\n", r);
+            status = 1;
+            b->ranks = r;
+            break;
+        }
+        if (r == 0)
+            fd0 = fd;
+        else
+            close(fd);
+    }
+    if (fd0 >= 0)
+        bench_read_results(fd0, sizes, us);
+    for (int r = 0; r < b->ranks; r++)
+        if (bench_wait(pids[r], 600000) != 0)
+            status = 1;
+    fl_coord_wait(coord, 5000);
+    fl_coord_stop(coord);
+    fl_coord_destroy(&coord);
+    return status;
+}
+
+/* Runs flodl-mpi-bench under mpirun with the given transport; 0 when it produced results. */
+static int spawn_mpi(const ar_bench_t *b, const bench_sizes_t *sizes, const char *btl,
+                     double *us)
+{
+    for (size_t i = 0; i < sizes->n; i++)
+        us[i] = -1;
+    char dir[1024], prog[1100];
+    bench_self_dir(dir, sizeof dir);
+    snprintf(prog, sizeof prog, "%s/flodl-mpi-bench", dir);
+    if (access(prog, X_OK) != 0)
+        return 1;
+    char np[16], min_s[32], max_s[32];
+    snprintf(np, sizeof np, "%d", b->ranks);
+    snprintf(min_s, sizeof min_s, "%zu", b->min);
+    snprintf(max_s, sizeof max_s, "%zu", b->max);
+    char *argv[] = {"mpirun", "--allow-run-as-root", "--oversubscribe", "-np", np,
+                    "--mca", "btl", (char *)btl, "--mca", "btl_tcp_if_include", "lo",
+                    prog, min_s, max_s, NULL};
+    int fd;
+    pid_t pid = bench_spawn(argv, &fd, NULL);
+    if (pid < 0)
+        return 1;
+    bench_read_results(fd, sizes, us);
+    return bench_wait(pid, 600000) == 0 ? 0 : 1;
+}
+
+static void fmt_size(size_t b, char *out, size_t cap)
+{
+    fl_fmt_bytes(b, out, cap);
+}
+
+static void print_table(const ar_bench_t *b, const bench_sizes_t *s, const double *fl,
+                        const double *tcp, const double *shm, bool have_mpi)
+{
+    double f = b->ranks > 1 ? 2.0 * (b->ranks - 1) / b->ranks : 0.0;
+    printf("\nflodl-bench allreduce: %d ranks on this machine, float32 sum in place; median of "
+           "repetitions, slowest rank per op\n",
+           b->ranks);
+    if (have_mpi)
+        printf("%10s %11s %9s %9s | %11s %9s | %11s %9s | %12s %12s\n", "size", "flodl us",
+               "algbw", "busbw", "mpi-tcp us", "busbw", "mpi-shm us", "busbw",
+               "busbw f/tcp", "time f/tcp");
+    else
+        printf("%10s %11s %9s %9s\n", "size", "flodl us", "algbw", "busbw");
+    for (size_t i = 0; i < s->n; i++) {
+        char sz[32];
+        fmt_size(s->bytes[i], sz, sizeof sz);
+        double algbw = fl[i] > 0 ? (double)s->bytes[i] / (fl[i] * 1e3) : 0;
+        printf("%10s %11.1f %7.3f GB/s %5.3f GB/s", sz, fl[i], algbw, algbw * f);
+        if (have_mpi) {
+            double tb = tcp[i] > 0 ? (double)s->bytes[i] / (tcp[i] * 1e3) * f : 0;
+            double sb = shm[i] > 0 ? (double)s->bytes[i] / (shm[i] * 1e3) * f : 0;
+            printf(" | %11.1f %4.3f GB/s | %11.1f %4.3f GB/s | %11.2fx %11.2fx", tcp[i], tb,
+                   shm[i], sb, tb > 0 && fl[i] > 0 ? (algbw * f) / tb : 0,
+                   tcp[i] > 0 && fl[i] > 0 ? fl[i] / tcp[i] : 0);
+        }
+        printf("\n");
+    }
+    if (have_mpi)
+        printf("busbw f/tcp: flodl busbw over Open MPI's TCP busbw (higher is better); time "
+               "f/tcp: flodl time over MPI's (lower is better)\n");
+}
+
+int bench_allreduce_main(int argc, char **argv);
+int bench_allreduce_main(int argc, char **argv)
+{
+    enum { O_RANKS = 1000, O_MIN, O_MAX, O_NOMPI, O_REPORT, O_HELP };
+    static struct option longopts[40];
+    int nopt = 0;
+    for (int i = 0; fl_comm_opt_names[i] != NULL; i++)
+        longopts[nopt++] = (struct option){fl_comm_opt_names[i], required_argument, NULL, i + 1};
+    int ncomm = nopt;
+    longopts[nopt++] = (struct option){"ranks", required_argument, NULL, O_RANKS};
+    longopts[nopt++] = (struct option){"min", required_argument, NULL, O_MIN};
+    longopts[nopt++] = (struct option){"max", required_argument, NULL, O_MAX};
+    longopts[nopt++] = (struct option){"no-mpi", no_argument, NULL, O_NOMPI};
+    longopts[nopt++] = (struct option){"report", no_argument, NULL, O_REPORT};
+    longopts[nopt++] = (struct option){"help", no_argument, NULL, O_HELP};
+    longopts[nopt] = (struct option){NULL, 0, NULL, 0};
+
+    ar_bench_t b;
+    memset(&b, 0, sizeof b);
+    b.ranks = 4;
+    b.min = 4096;
+    b.max = (size_t)256 << 20;
+    fl_comm_opts_init(&b.comm);
+    b.comm.log_level = FL_LOG_WARN;
+    long v;
+    int ch;
+    opterr = 0;
+    optind = 1;
+    while ((ch = getopt_long(argc, argv, "h", longopts, NULL)) != -1) {
+        if (ch >= 1 && ch <= ncomm) {
+            const char *key = fl_comm_opt_names[ch - 1];
+            if (fl_comm_opts_set(&b.comm, key, optarg) != FL_OK) {
+                fprintf(stderr, "flodl-bench: %s\n", fl_last_error());
+                return 2;
+            }
+            /* Launch mode passes tuning flags on to its ranks. */
+            if (strcmp(key, "rank") != 0 && strcmp(key, "world-size") != 0 &&
+                strcmp(key, "coordinator") != 0 && strcmp(key, "host") != 0 && b.nfwd < 62) {
+                b.fwd[b.nfwd++] = argv[optind - 2];
+                b.fwd[b.nfwd++] = optarg;
+            }
+            continue;
+        }
+        switch (ch) {
+        case O_RANKS:
+            if (fl_cli_long("--ranks", optarg, 1, 256, &v) != FL_OK) {
+                fprintf(stderr, "flodl-bench: %s\n", fl_last_error());
+                return 2;
+            }
+            b.ranks = (int)v;
+            break;
+        case O_MIN:
+        case O_MAX: {
+            size_t z;
+            if (fl_cli_size(ch == O_MIN ? "--min" : "--max", optarg, 4, (size_t)4 << 30, &z) !=
+                FL_OK) {
+                fprintf(stderr, "flodl-bench: %s\n", fl_last_error());
+                return 2;
+            }
+            if (ch == O_MIN)
+                b.min = z;
+            else
+                b.max = z;
+            break;
+        }
+        case O_NOMPI: b.no_mpi = true; break;
+        case O_REPORT: b.report = true; break;
+        case 'h':
+        case O_HELP: fputs(usage, stdout); return 0;
+        default:
+            fprintf(stderr, "flodl-bench: unknown or incomplete flag '%s'\n", argv[optind - 1]);
+            return 2;
+        }
+    }
+    if (b.min > b.max) {
+        fprintf(stderr, "flodl-bench: --min %zu is above --max %zu\n", b.min, b.max);
+        return 2;
+    }
+    bench_sizes_t sizes;
+    bench_sizes_range(&sizes, b.min, b.max);
+    if (b.comm.rank >= 0) {
+        if (b.comm.world_size < 1 || b.comm.coordinator == NULL) {
+            fprintf(stderr, "flodl-bench: --rank needs --world-size and --coordinator\n");
+            return 2;
+        }
+        if (b.report)
+            return run_rank(&b);
+        /* Joined by hand (one rank per host): rank 0 prints readable lines. */
+        b.ranks = b.comm.world_size;
+        return run_rank(&b);
+    }
+
+    double fl[BENCH_MAX_SIZES], tcp[BENCH_MAX_SIZES], shm[BENCH_MAX_SIZES];
+    fprintf(stderr, "flodl-bench: flodl allreduce, %d ranks...\n", b.ranks);
+    int status = spawn_flodl(&b, &sizes, fl);
+    bool have_mpi = false;
+    if (!b.no_mpi) {
+        fprintf(stderr, "flodl-bench: Open MPI over TCP...\n");
+        have_mpi = spawn_mpi(&b, &sizes, "tcp,self", tcp) == 0;
+        if (have_mpi) {
+            fprintf(stderr, "flodl-bench: Open MPI over shared memory...\n");
+            spawn_mpi(&b, &sizes, "vader,self", shm);
+        } else {
+            fprintf(stderr, "flodl-bench: no MPI comparison (needs mpirun and flodl-mpi-bench; "
+                            "scripts/install-deps.sh bench, then rebuild)\n");
+        }
+    }
+    print_table(&b, &sizes, fl, tcp, shm, have_mpi);
+    return status;
+}

@@ -1,0 +1,37 @@
+#!/usr/bin/env bash
+# Installs the Debian packages flodl needs, idempotently: only missing packages are installed,
+# and apt's index is refreshed only when something is missing.
+#   scripts/install-deps.sh            build and test dependencies
+#   scripts/install-deps.sh bench      also Open MPI (for the side-by-side benchmark) and iperf3
+set -euo pipefail
+
+build_pkgs=(build-essential cmake pkg-config libzmq3-dev libprotobuf-c-dev protobuf-c-compiler
+            liblz4-dev check libsubunit-dev iproute2)
+bench_pkgs=(openmpi-bin libopenmpi-dev iperf3)
+
+pkgs=("${build_pkgs[@]}")
+for group in "$@"; do
+  case "$group" in
+    bench) pkgs+=("${bench_pkgs[@]}") ;;
+    build) ;;
+    *) echo "install-deps.sh: unknown group '$group' (build|bench)" >&2; exit 2 ;;
+  esac
+done
+
+missing=()
+for p in "${pkgs[@]}"; do
+  if ! dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed"; then
+    missing+=("$p")
+  fi
+done
+[ ${#missing[@]} -eq 0 ] && exit 0
+
+SUDO=""
+if [ "$(id -u)" -ne 0 ]; then
+  command -v sudo >/dev/null || { echo "install-deps.sh: need root or sudo to install: ${missing[*]}" >&2; exit 1; }
+  SUDO=sudo
+fi
+echo "install-deps.sh: installing ${missing[*]}" >&2
+export DEBIAN_FRONTEND=noninteractive
+$SUDO apt-get update -q >/dev/null
+$SUDO apt-get install -y -q --no-install-recommends "${missing[@]}" >/dev/null

@@ -1,0 +1,47 @@
+#!/usr/bin/env bash
+# Installs the build into a temporary prefix, builds examples/allreduce_env.c against it twice
+# (pkg-config, and CMake's find_package), and runs each with the installed flodl-ps and two
+# ranks configured through the environment, as a user's launcher would.
+#   install_test.sh BUILD_DIR SOURCE_DIR
+set -euo pipefail
+build="$1"; src="$2"
+tmp=$(mktemp -d)
+pids=()
+cleanup() { for p in "${pids[@]}"; do kill "$p" 2>/dev/null || true; done; rm -rf "$tmp"; }
+trap cleanup EXIT
+
+cmake --install "$build" --prefix "$tmp/prefix" >/dev/null
+prefix="$tmp/prefix"
+libdir=$(dirname "$(find "$prefix" -name 'libflodl.so' | head -1)")
+export PKG_CONFIG_PATH="$libdir/pkgconfig"
+export LD_LIBRARY_PATH="$libdir"
+
+echo "pkg-config: $(pkg-config --modversion flodl) $(pkg-config --cflags --libs flodl)"
+cc -std=c17 -Wall -Werror -o "$tmp/ex_pc" "$src/examples/allreduce_env.c" \
+  $(pkg-config --cflags --libs flodl) -lm
+cmake -S "$src/examples" -B "$tmp/exbuild" -DCMAKE_PREFIX_PATH="$prefix" >/dev/null
+cmake --build "$tmp/exbuild" >/dev/null
+
+run_job() {
+  local prog="$1"
+  "$prefix/bin/flodl-ps" --bind tcp://127.0.0.1:0 --world-size 2 --endpoint-file "$tmp/ep" \
+    --log-level warn &
+  local ps=$!
+  pids+=("$ps")
+  for _ in $(seq 100); do [ -s "$tmp/ep" ] && break; sleep 0.05; done
+  local ep
+  ep=$(cat "$tmp/ep")
+  FLODL_RANK=0 FLODL_WORLD_SIZE=2 FLODL_COORDINATOR="$ep" timeout 60 "$prog" > "$tmp/r0" &
+  local r0=$!
+  RANK=1 WORLD_SIZE=2 MASTER_ADDR=127.0.0.1 MASTER_PORT="${ep##*:}" timeout 60 "$prog" > "$tmp/r1" &
+  local r1=$!
+  pids+=("$r0" "$r1")
+  wait "$r0"; wait "$r1"; wait "$ps"
+  grep -q "rank 0 of 2: averaged 100000 floats, ok" "$tmp/r0"
+  grep -q "rank 1 of 2: averaged 100000 floats, ok" "$tmp/r1"
+  rm -f "$tmp/ep"
+  echo "$(basename "$prog"): ok"
+}
+run_job "$tmp/ex_pc"
+run_job "$tmp/exbuild/allreduce_env"
+echo "install test passed"

@@ -1,0 +1,791 @@
+/* The real binaries, run as child processes with captured stdout/stderr: flodl-ps and
+ * flodl-worker refuse bad flags and environment values (exit 2, one line naming the flag),
+ * take rank/world/coordinator from flodl's, torchrun's and Kubernetes' variables, run a job end
+ * to end, report a worker killed mid-job, and stop cleanly on SIGTERM during the rendezvous.
+ * Every child is killed and reaped by PID on every path; every wait has a deadline. */
+#include <errno.h>
+#include <fcntl.h>
+#include <netinet/in.h>
+#include <poll.h>
+#include <signal.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/prctl.h>
+#include <sys/socket.h>
+#include <sys/stat.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include "testutil.h"
+
+#define PS_BIN FLODL_BIN_DIR "/server/flodl-ps"
+#define WK_BIN FLODL_BIN_DIR "/worker/flodl-worker"
+#define OUT_CAP ((size_t)128 << 10)
+#define MAX_ARGS 32
+#define MAX_ENV 8
+
+/* One child process and what it printed. Output beyond OUT_CAP drops the older half, so a
+ * chatty child never blocks on a full pipe. */
+typedef struct proc {
+    pid_t pid;
+    int fd[2]; /* read ends of stdout and stderr; -1 once closed */
+    char *buf[2];
+    size_t len[2];
+    bool reaped;
+    int status;
+    int64_t end_ms;
+} proc_t;
+
+static const char *const launcher_vars[] = {
+    "FLODL_RANK", "FLODL_WORLD_SIZE", "FLODL_COORDINATOR", "FLODL_HOST", "FLODL_JOB_ID",
+    "FLODL_LOG", "RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT",
+    "OMPI_COMM_WORLD_RANK", "OMPI_COMM_WORLD_SIZE", "JOB_COMPLETION_INDEX", NULL,
+};
+
+/* Starts path with argv (NULL-terminated) and env ("NAME=value" strings, NULL-terminated or
+ * NULL) on top of this environment minus every launcher variable. */
+static void proc_start(proc_t *p, const char *path, const char *const *argv,
+                       const char *const *env)
+{
+    memset(p, 0, sizeof *p);
+    p->fd[0] = p->fd[1] = -1;
+    int out[2];
+    int err[2];
+    ck_assert(pipe2(out, O_CLOEXEC) == 0 && pipe2(err, O_CLOEXEC) == 0);
+    pid_t parent = getpid();
+    pid_t pid = fork();
+    ck_assert_msg(pid >= 0, "fork: %s", strerror(errno));
+    if (pid == 0) {
+        /* Dies with the test process even when Check kills it on a timeout. */
+        prctl(PR_SET_PDEATHSIG, SIGKILL);
+        if (getppid() != parent)
+            _exit(127);
+        int devnull = open("/dev/null", O_RDONLY);
+        if (devnull < 0 || dup2(devnull, 0) < 0 || dup2(out[1], 1) < 0 || dup2(err[1], 2) < 0)
+            _exit(127);
+        sigset_t none;
+        sigemptyset(&none);
+        sigprocmask(SIG_SETMASK, &none, NULL);
+        signal(SIGTERM, SIG_DFL);
+        signal(SIGINT, SIG_DFL);
+        signal(SIGPIPE, SIG_DFL);
+        for (size_t i = 0; launcher_vars[i] != NULL; i++)
+            unsetenv(launcher_vars[i]);
+        for (size_t i = 0; env != NULL && env[i] != NULL; i++)
+            putenv((char *)env[i]);
+        execv(path, (char *const *)argv);
+        dprintf(2, "exec %s: %s\n", path, strerror(errno));
+        _exit(127);
+    }
+    close(out[1]);
+    close(err[1]);
+    p->pid = pid;
+    p->fd[0] = out[0];
+    p->fd[1] = err[0];
+    p->buf[0] = calloc(1, OUT_CAP + 1);
+    p->buf[1] = calloc(1, OUT_CAP + 1);
+    ck_assert(p->buf[0] != NULL && p->buf[1] != NULL);
+}
+
+static void append(proc_t *p, int k, const char *data, size_t n)
+{
+    if (n > OUT_CAP)
+        n = OUT_CAP; /* a single read is at most 4 KiB; kept for safety */
+    if (p->len[k] + n > OUT_CAP) {
+        size_t drop = p->len[k] / 2 + n;
+        if (drop > p->len[k])
+            drop = p->len[k];
+        memmove(p->buf[k], p->buf[k] + drop, p->len[k] - drop);
+        p->len[k] -= drop;
+    }
+    memcpy(p->buf[k] + p->len[k], data, n);
+    p->len[k] += n;
+    p->buf[k][p->len[k]] = '\0';
+}
+
+/* Reads what the children printed (waiting up to timeout_ms for something) and reaps those
+ * that exited. */
+static void procs_pump(proc_t *ps, size_t n, int timeout_ms)
+{
+    struct pollfd pfd[16];
+    int who[16];
+    int which[16];
+    nfds_t nfd = 0;
+    for (size_t i = 0; i < n; i++)
+        for (int k = 0; k < 2; k++)
+            if (ps[i].pid > 0 && ps[i].fd[k] >= 0 && nfd < 16) {
+                pfd[nfd] = (struct pollfd){ps[i].fd[k], POLLIN, 0};
+                who[nfd] = (int)i;
+                which[nfd] = k;
+                nfd++;
+            }
+    if (nfd > 0 && poll(pfd, nfd, timeout_ms) > 0) {
+        for (nfds_t j = 0; j < nfd; j++) {
+            if (pfd[j].revents == 0)
+                continue;
+            proc_t *p = &ps[who[j]];
+            char tmp[4096];
+            ssize_t r = read(pfd[j].fd, tmp, sizeof tmp);
+            if (r > 0) {
+                append(p, which[j], tmp, (size_t)r);
+            } else if (r == 0 || (errno != EINTR && errno != EAGAIN)) {
+                close(p->fd[which[j]]);
+                p->fd[which[j]] = -1;
+            }
+        }
+    } else if (nfd == 0 && timeout_ms > 0) {
+        usleep((useconds_t)(timeout_ms > 50 ? 50 : timeout_ms) * 1000);
+    }
+    for (size_t i = 0; i < n; i++) {
+        proc_t *p = &ps[i];
+        if (p->pid > 0 && !p->reaped && waitpid(p->pid, &p->status, WNOHANG) == p->pid) {
+            p->reaped = true;
+            p->end_ms = fl_now_ms();
+        }
+    }
+}
+
+static bool proc_done(const proc_t *p)
+{
+    return p->pid <= 0 || (p->reaped && p->fd[0] < 0 && p->fd[1] < 0);
+}
+
+/* Waits until every child exited and closed its output, or the deadline. True when all did. */
+static bool procs_wait(proc_t *ps, size_t n, int64_t deadline)
+{
+    for (;;) {
+        bool all = true;
+        for (size_t i = 0; i < n; i++)
+            all = all && proc_done(&ps[i]);
+        if (all)
+            return true;
+        int left = fl_deadline_left_ms(deadline);
+        if (left == 0)
+            return false;
+        procs_pump(ps, n, left < 50 ? left : 50);
+    }
+}
+
+static int count_of(const char *hay, const char *needle)
+{
+    int n = 0;
+    for (const char *s = strstr(hay, needle); s != NULL; s = strstr(s + 1, needle))
+        n++;
+    return n;
+}
+
+/* Waits until stream k of ps[i] holds `times` copies of text, the child ends, or the
+ * deadline. */
+static bool proc_wait_text(proc_t *ps, size_t n, size_t i, int k, const char *text, int times,
+                           int64_t deadline)
+{
+    for (;;) {
+        if (count_of(ps[i].buf[k], text) >= times)
+            return true;
+        if (proc_done(&ps[i]) || fl_deadline_left_ms(deadline) == 0)
+            return false;
+        procs_pump(ps, n, 50);
+    }
+}
+
+/* Kills (SIGKILL, by PID) every child still running and reaps it; keeps the output. Bounded:
+ * a SIGKILLed child is reaped within seconds. */
+static void procs_stop(proc_t *ps, size_t n)
+{
+    for (size_t i = 0; i < n; i++)
+        if (ps[i].pid > 0 && !ps[i].reaped)
+            kill(ps[i].pid, SIGKILL);
+    procs_wait(ps, n, fl_deadline_in(10000));
+    for (size_t i = 0; i < n; i++) {
+        for (int k = 0; k < 2; k++) {
+            if (ps[i].fd[k] >= 0)
+                close(ps[i].fd[k]);
+            ps[i].fd[k] = -1;
+        }
+    }
+}
+
+static void procs_free(proc_t *ps, size_t n)
+{
+    for (size_t i = 0; i < n; i++) {
+        free(ps[i].buf[0]);
+        free(ps[i].buf[1]);
+        ps[i].buf[0] = ps[i].buf[1] = NULL;
+    }
+}
+
+/* Exit code, or 128 + signal, or -1 when the child was not reaped. */
+static int proc_code(const proc_t *p)
+{
+    if (!p->reaped)
+        return -1;
+    if (WIFEXITED(p->status))
+        return WEXITSTATUS(p->status);
+    if (WIFSIGNALED(p->status))
+        return 128 + WTERMSIG(p->status);
+    return -1;
+}
+
+/* Runs one binary to completion (10 s at most). */
+static void run_sync(proc_t *p, const char *path, const char *const *argv,
+                     const char *const *env)
+{
+    proc_start(p, path, argv, env);
+    procs_wait(p, 1, fl_deadline_in(10000));
+    procs_stop(p, 1);
+}
+
+/* A TCP port that was free a moment ago (bound on 127.0.0.1:0, then closed). */
+static int free_port(void)
+{
+    int s = socket(AF_INET, SOCK_STREAM, 0);
+    ck_assert(s >= 0);
+    struct sockaddr_in a;
+    memset(&a, 0, sizeof a);
+    a.sin_family = AF_INET;
+    a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+    socklen_t len = sizeof a;
+    ck_assert(bind(s, (struct sockaddr *)&a, sizeof a) == 0);
+    ck_assert(getsockname(s, (struct sockaddr *)&a, &len) == 0);
+    close(s);
+    return ntohs(a.sin_port);
+}
+
+static void epfile_path(char *out, size_t cap, int n)
+{
+    snprintf(out, cap, "/tmp/flodl-cli-%d-%d.ep", (int)getpid(), n);
+}
+
+/* Reads the endpoint flodl-ps wrote (a whole line), waiting while it runs. */
+static bool read_epfile(proc_t *ps, const char *path, char *out, size_t cap, int64_t deadline)
+{
+    for (;;) {
+        FILE *f = fopen(path, "r");
+        if (f != NULL) {
+            bool ok = fgets(out, (int)cap, f) != NULL && strchr(out, '\n') != NULL;
+            fclose(f);
+            if (ok) {
+                out[strcspn(out, "\n")] = '\0';
+                return true;
+            }
+        }
+        if (proc_done(ps) || fl_deadline_left_ms(deadline) == 0)
+            return false;
+        procs_pump(ps, 1, 20);
+    }
+}
+
+/* Starts flodl-ps on an ephemeral port; fills ep. extra: more flags (NULL-terminated). */
+static bool start_ps(proc_t *ps, int world, const char *const *extra, const char *const *env,
+                     char *ep, size_t cap, int n)
+{
+    char path[128];
+    char ws[16];
+    epfile_path(path, sizeof path, n);
+    unlink(path);
+    snprintf(ws, sizeof ws, "%d", world);
+    const char *argv[MAX_ARGS] = {PS_BIN, "--bind", "tcp://127.0.0.1:0", "--endpoint-file", path};
+    size_t a = 5;
+    if (world > 0) {
+        argv[a++] = "--world-size";
+        argv[a++] = ws;
+    }
+    for (size_t i = 0; extra != NULL && extra[i] != NULL && a + 1 < MAX_ARGS; i++)
+        argv[a++] = extra[i];
+    argv[a] = NULL;
+    proc_start(ps, PS_BIN, argv, env);
+    bool ok = read_epfile(ps, path, ep, cap, fl_deadline_in(10000));
+    unlink(path);
+    return ok;
+}
+
+static void show(const proc_t *ps, size_t n, char *out, size_t cap)
+{
+    size_t used = 0;
+    out[0] = '\0';
+    for (size_t i = 0; i < n && used + 1 < cap; i++) {
+        int w = snprintf(out + used, cap - used, "\n[%zu] exit %d\n  stdout: %.600s\n  stderr: "
+                                                 "%.900s",
+                         i, proc_code(&ps[i]), ps[i].buf[0] ? ps[i].buf[0] : "",
+                         ps[i].buf[1] ? ps[i].buf[1] : "");
+        if (w < 0)
+            break;
+        used += (size_t)w < cap - used ? (size_t)w : cap - used - 1;
+    }
+}
+
+/* ---- bad flags and environment ---- */
+
+typedef struct bad_case {
+    const char *argv[12]; /* after the program name */
+    const char *env[3];
+    const char *want[3];  /* substrings the one stderr line must hold */
+} bad_case_t;
+
+/* Runs each case: exit 2, nothing on stdout, exactly one line on stderr holding every want. */
+static void check_bad(const char *bin, const bad_case_t *cases, size_t ncases)
+{
+    for (size_t c = 0; c < ncases; c++) {
+        const char *argv[MAX_ARGS] = {bin};
+        size_t a = 1;
+        for (size_t i = 0; cases[c].argv[i] != NULL; i++)
+            argv[a++] = cases[c].argv[i];
+        argv[a] = NULL;
+        proc_t p;
+        run_sync(&p, bin, argv, cases[c].env);
+        char cmd[512] = "";
+        for (size_t i = 1; i < a; i++)
+            snprintf(cmd + strlen(cmd), sizeof cmd - strlen(cmd), " %s", argv[i]);
+        for (size_t i = 0; cases[c].env[i] != NULL; i++)
+            snprintf(cmd + strlen(cmd), sizeof cmd - strlen(cmd), " [%s]", cases[c].env[i]);
+        const char *err = p.buf[1];
+        size_t len = p.len[1];
+        bool one_line = len > 0 && err[len - 1] == '\n' && count_of(err, "\n") == 1;
+        bool has_all = true;
+        for (size_t i = 0; cases[c].want[i] != NULL; i++)
+            has_all = has_all && strstr(err, cases[c].want[i]) != NULL;
+        if (proc_code(&p) != 2 || p.len[0] != 0 || !one_line || !has_all)
+            ck_abort_msg("%s%s: exit %d (want 2), stdout '%s', stderr '%s' (want one line "
+                         "with '%s' '%s')",
+                         bin, cmd, proc_code(&p), p.buf[0], err, cases[c].want[0],
+                         cases[c].want[1] ? cases[c].want[1] : "");
+        procs_free(&p, 1);
+    }
+}
+
+START_TEST(test_ps_bad_flags)
+{
+    static const bad_case_t cases[] = {
+        {{"--bind", "tcp://127.0.0.1:0", NULL}, {NULL}, {"--world-size", "missing", NULL}},
+        {{"--bind", "tcp://127.0.0.1:0", "--world-size", "0", NULL},
+         {NULL},
+         {"--world-size", "out of range", NULL}},
+        {{"--bind", "tcp://127.0.0.1:0", "--world-size", "abc", NULL},
+         {NULL},
+         {"--world-size", "'abc' is not an integer", NULL}},
+        {{"--bind", "tcp://127.0.0.1:0", "--world-size", "2", "--frobnicate", NULL},
+         {NULL},
+         {"--frobnicate", "unknown", NULL}},
+        {{"--bind", "tcp://127.0.0.1:0", "--world-size", "2", "--heartbeat-timeout", "5", NULL},
+         {NULL},
+         {"--heartbeat-timeout", "out of range", NULL}},
+        {{"--bind", "tcp://127.0.0.1:0", "--world-size", "2", "--log-level", "loud", NULL},
+         {NULL},
+         {"--log-level", "'loud'", NULL}},
+        {{"--bind", "tcp://127.0.0.1:0", "--world-size", "2", "extra", NULL},
+         {NULL},
+         {"'extra'", "unexpected", NULL}},
+        {{"--bind", "tcp://127.0.0.1:0", "--world-size", NULL},
+         {NULL},
+         {"--world-size", "incomplete", NULL}},
+        {{"--bind", "tcp://127.0.0.1:0", NULL},
+         {"FLODL_WORLD_SIZE=two", NULL},
+         {"FLODL_WORLD_SIZE", "'two'", NULL}},
+    };
+    check_bad(PS_BIN, cases, sizeof cases / sizeof cases[0]);
+}
+END_TEST
+
+/* Every case but the one under test is valid, so the flag named is the flag at fault. The
+ * coordinator port is a closed one with a short rendezvous: a case wrongly accepted fails
+ * fast instead of joining anything. */
+#define WK_OK "--rendezvous-timeout", "1000", "--coordinator", "tcp://127.0.0.1:1"
+
+START_TEST(test_worker_bad_flags)
+{
+    static const bad_case_t cases[] = {
+        {{"--rank", "0", "--world-size", "2", "--rendezvous-timeout", "1000", NULL},
+         {NULL},
+         {"--coordinator", "missing", NULL}},
+        {{"--world-size", "2", WK_OK, NULL}, {NULL}, {"--rank", "missing", NULL}},
+        {{"--rank", "4", "--world-size", "4", WK_OK, NULL},
+         {NULL},
+         {"--rank", "not below --world-size 4", NULL}},
+        {{"--rank", "0", "--world-size", "0", WK_OK, NULL},
+         {NULL},
+         {"--world-size", "out of range", NULL}},
+        {{"--rank", "0", "--world-size", "2", WK_OK, "--size", "12Q", NULL},
+         {NULL},
+         {"--size", "'12Q'", NULL}},
+        {{"--rank", "0", "--world-size", "2", WK_OK, "--dtype", "int8", NULL},
+         {NULL},
+         {"--dtype", "'int8'", NULL}},
+        {{"--rank", "0", "--world-size", "2", WK_OK, "--op", "prod", NULL},
+         {NULL},
+         {"--op", "'prod'", NULL}},
+        {{"--rank", "0", "--world-size", "2", WK_OK, "--stripes", "9", NULL},
+         {NULL},
+         {"--stripes", "out of range", NULL}},
+        {{"--rank", "0", "--world-size", "2", WK_OK, "--algo", "fast", NULL},
+         {NULL},
+         {"--algo", "'fast'", NULL}},
+        {{"--rank", "0", "--world-size", "2", WK_OK, "--turbo", NULL},
+         {NULL},
+         {"--turbo", "unknown", NULL}},
+        {{"--rank", "0", "--world-size", "2", WK_OK, "stray", NULL},
+         {NULL},
+         {"'stray'", "unexpected", NULL}},
+        {{"--world-size", "2", WK_OK, NULL}, {"FLODL_RANK=x", NULL}, {"FLODL_RANK", "'x'", NULL}},
+        {{"--rank", "0", "--world-size", "2", NULL},
+         {"MASTER_ADDR=127.0.0.1", "MASTER_PORT=99999", NULL},
+         {"MASTER_PORT", "99999", NULL}},
+    };
+    check_bad(WK_BIN, cases, sizeof cases / sizeof cases[0]);
+}
+END_TEST
+
+START_TEST(test_help)
+{
+    static const char *const bins[] = {PS_BIN, WK_BIN};
+    static const char *const names[] = {"usage: flodl-ps", "usage: flodl-worker"};
+    for (int b = 0; b < 2; b++) {
+        const char *argv[] = {bins[b], "--help", NULL};
+        proc_t p;
+        run_sync(&p, bins[b], argv, NULL);
+        if (proc_code(&p) != 0 || strncmp(p.buf[0], names[b], strlen(names[b])) != 0 ||
+            count_of(p.buf[0], "\n") < 5 || p.len[1] != 0)
+            ck_abort_msg("%s --help: exit %d, stdout '%s', stderr '%s'", bins[b], proc_code(&p),
+                         p.buf[0], p.buf[1]);
+        procs_free(&p, 1);
+    }
+}
+END_TEST
+
+/* ---- jobs ---- */
+
+/* Starts a worker; an argument "@EP", or an environment entry ending in "=@EP", gets the
+ * coordinator's endpoint instead. */
+static void start_worker(proc_t *p, const char *ep, const char *const *args,
+                         const char *const *env)
+{
+    const char *argv[MAX_ARGS] = {WK_BIN};
+    size_t a = 1;
+    for (size_t i = 0; args != NULL && args[i] != NULL && a + 1 < MAX_ARGS; i++)
+        argv[a++] = strcmp(args[i], "@EP") == 0 ? ep : args[i];
+    argv[a] = NULL;
+    static char envbuf[MAX_ENV][320];
+    const char *envp[MAX_ENV + 1];
+    size_t e = 0;
+    for (size_t i = 0; env != NULL && env[i] != NULL && e < MAX_ENV; i++) {
+        const char *at = strstr(env[i], "=@EP");
+        if (at != NULL && at[4] == '\0') {
+            snprintf(envbuf[e], sizeof envbuf[e], "%.*s=%s", (int)(at - env[i]), env[i], ep);
+            envp[e] = envbuf[e];
+            e++;
+        } else {
+            envp[e++] = env[i];
+        }
+    }
+    envp[e] = NULL;
+    proc_start(p, WK_BIN, argv, envp);
+}
+
+/* Waits for flodl-ps (ps[0]) and n workers to end; all must exit 0 and worker i must print its
+ * summary line as rank want_rank[i]. */
+static void expect_clean_job(proc_t *ps, int n, bool up, const int *want_rank)
+{
+    bool all = up && procs_wait(ps, (size_t)n + 1, fl_deadline_in(30000));
+    procs_stop(ps, (size_t)n + 1);
+    char info[8192];
+    show(ps, (size_t)n + 1, info, sizeof info);
+    ck_assert_msg(up, "flodl-ps did not start: %s", info);
+    ck_assert_msg(all, "the job did not end within 30 s: %s", info);
+    for (int i = 0; i <= n; i++)
+        if (proc_code(&ps[i]) != 0)
+            ck_abort_msg("process %d exited %d: %s", i, proc_code(&ps[i]), info);
+    for (int i = 0; i < n; i++) {
+        char want[64];
+        snprintf(want, sizeof want, "rank %d summary: ", want_rank[i]);
+        if (strstr(ps[1 + i].buf[0], want) == NULL)
+            ck_abort_msg("worker %d printed no '%s': %s", i, want, info);
+    }
+}
+
+START_TEST(test_end_to_end)
+{
+    proc_t ps[4];
+    memset(ps, 0, sizeof ps);
+    char ep[256] = "";
+    static const char *const ps_extra[] = {"--heartbeat-timeout", "3000", "--log-level", "info",
+                                           NULL};
+    bool up = start_ps(&ps[0], 3, ps_extra, NULL, ep, sizeof ep, 1);
+    static const char *const ranks[3] = {"0", "1", "2"};
+    for (int r = 0; up && r < 3; r++) {
+        const char *args[] = {"--rank", ranks[r], "--world-size", "3", "--coordinator", "@EP",
+                              "--size", "1M", "--steps", "3", "--timeout", "20000",
+                              "--rendezvous-timeout", "20000", NULL};
+        start_worker(&ps[1 + r], ep, args, NULL);
+    }
+    static const int want[] = {0, 1, 2};
+    expect_clean_job(ps, 3, up, want);
+    char info[8192];
+    show(ps, 4, info, sizeof info);
+    ck_assert_msg(count_of(ps[1].buf[0], "verified\n") == 3 &&
+                      count_of(ps[1].buf[0], "MISMATCH") == 0,
+                  "rank 0 should print 3 verified steps: %s", info);
+    for (int r = 0; r < 3; r++) {
+        char line[64];
+        snprintf(line, sizeof line, "rank %d summary: 3 steps of 1 MiB verified", r);
+        if (strstr(ps[1 + r].buf[0], line) == NULL)
+            ck_abort_msg("worker %d printed no '%s': %s", r, line, info);
+    }
+    ck_assert_msg(strstr(ps[0].buf[1], "all 3 ranks left") != NULL, "flodl-ps: %s", info);
+    procs_free(ps, 4);
+}
+END_TEST
+
+static const char *const small_drill[] = {"--size", "64K", "--steps", "2", "--timeout",
+                                          "20000", "--rendezvous-timeout", "20000", NULL};
+
+START_TEST(test_env_flodl)
+{
+    static const char *const ps_env[] = {"FLODL_WORLD_SIZE=2", NULL};
+    static const char *const env[2][4] = {
+        {"FLODL_RANK=1", "FLODL_WORLD_SIZE=2", "FLODL_COORDINATOR=@EP", NULL},
+        {"FLODL_RANK=0", "FLODL_WORLD_SIZE=2", "FLODL_COORDINATOR=@EP", NULL},
+    };
+    proc_t ps[3];
+    memset(ps, 0, sizeof ps);
+    char ep[256] = "";
+    bool up = start_ps(&ps[0], 0, NULL, ps_env, ep, sizeof ep, 2);
+    for (int i = 0; up && i < 2; i++)
+        start_worker(&ps[1 + i], ep, small_drill, env[i]);
+    static const int want[] = {1, 0};
+    expect_clean_job(ps, 2, up, want);
+    procs_free(ps, 3);
+}
+END_TEST
+
+START_TEST(test_env_torchrun)
+{
+    int port = free_port();
+    char bind[64];
+    char mport[32];
+    snprintf(bind, sizeof bind, "tcp://127.0.0.1:%d", port);
+    snprintf(mport, sizeof mport, "MASTER_PORT=%d", port);
+    const char *ps_extra[] = {"--bind", bind, NULL}; /* the last --bind wins */
+    const char *env[2][5] = {
+        {"RANK=1", "WORLD_SIZE=2", "MASTER_ADDR=127.0.0.1", mport, NULL},
+        {"RANK=0", "WORLD_SIZE=2", "MASTER_ADDR=127.0.0.1", mport, NULL},
+    };
+    proc_t ps[3];
+    memset(ps, 0, sizeof ps);
+    char ep[256] = "";
+    bool up = start_ps(&ps[0], 2, ps_extra, NULL, ep, sizeof ep, 3);
+    for (int i = 0; up && i < 2; i++)
+        start_worker(&ps[1 + i], ep, small_drill, env[i]);
+    static const int want[] = {1, 0};
+    expect_clean_job(ps, 2, up, want);
+    ck_assert_str_eq(ep, bind);
+    procs_free(ps, 3);
+}
+END_TEST
+
+START_TEST(test_env_job_index)
+{
+    static const char *const env[2][4] = {
+        {"JOB_COMPLETION_INDEX=1", "FLODL_WORLD_SIZE=2", "FLODL_COORDINATOR=@EP", NULL},
+        {"JOB_COMPLETION_INDEX=0", "FLODL_WORLD_SIZE=2", "FLODL_COORDINATOR=@EP", NULL},
+    };
+    proc_t ps[3];
+    memset(ps, 0, sizeof ps);
+    char ep[256] = "";
+    bool up = start_ps(&ps[0], 2, NULL, NULL, ep, sizeof ep, 4);
+    for (int i = 0; up && i < 2; i++)
+        start_worker(&ps[1 + i], ep, small_drill, env[i]);
+    static const int want[] = {1, 0};
+    expect_clean_job(ps, 2, up, want);
+    procs_free(ps, 3);
+}
+END_TEST
+
+/* A job id is an opaque identifier: one holding '%' must work when both sides agree. */
+START_TEST(test_job_id_with_percent)
+{
+    static const char *const ps_extra[] = {"--job-id", "run%%7", "--rendezvous-timeout", "5000",
+                                           NULL};
+    static const char *const args[] = {"--rank", "0", "--world-size", "1", "--coordinator",
+                                       "@EP", "--job-id", "run%%7", "--size", "4K", "--steps",
+                                       "1", "--rendezvous-timeout", "5000", NULL};
+    proc_t ps[2];
+    memset(ps, 0, sizeof ps);
+    char ep[256] = "";
+    bool up = start_ps(&ps[0], 1, ps_extra, NULL, ep, sizeof ep, 5);
+    if (up)
+        start_worker(&ps[1], ep, args, NULL);
+    static const int want[] = {0};
+    expect_clean_job(ps, 1, up, want);
+    procs_free(ps, 2);
+}
+END_TEST
+
+/* A registration whose job id holds printf directives must be refused like any other job id;
+ * flodl-ps keeps serving and the real job runs to its end. */
+START_TEST(test_hostile_job_id)
+{
+    char hostile[64] = "";
+    for (int i = 0; i < 30; i++)
+        strcat(hostile, "%s");
+    proc_t ps[3];
+    memset(ps, 0, sizeof ps);
+    char ep[256] = "";
+    static const char *const ps_extra[] = {"--rendezvous-timeout", "20000", NULL};
+    bool up = start_ps(&ps[0], 1, ps_extra, NULL, ep, sizeof ep, 6);
+    const char *bad[] = {"--rank", "0", "--world-size", "1", "--coordinator", "@EP",
+                         "--job-id", hostile, "--size", "4K", "--steps", "1",
+                         "--rendezvous-timeout", "3000", NULL};
+    if (up) {
+        start_worker(&ps[1], ep, bad, NULL);
+        procs_wait(&ps[1], 1, fl_deadline_in(10000));
+        procs_pump(ps, 1, 100);
+    }
+    bool ps_alive = up && !ps[0].reaped;
+    static const char *const good[] = {"--rank", "0", "--world-size", "1", "--coordinator",
+                                       "@EP", "--size", "4K", "--steps", "1",
+                                       "--rendezvous-timeout", "5000", NULL};
+    if (ps_alive)
+        start_worker(&ps[2], ep, good, NULL);
+    bool all = up && procs_wait(ps, 3, fl_deadline_in(20000));
+    procs_stop(ps, 3);
+    char info[8192];
+    show(ps, 3, info, sizeof info);
+    ck_assert_msg(up, "flodl-ps did not start: %s", info);
+    ck_assert_msg(ps_alive, "flodl-ps died (exit %d) on a registration with job id '%s': %s",
+                  proc_code(&ps[0]), hostile, info);
+    ck_assert_msg(all, "job did not end: %s", info);
+    ck_assert_msg(proc_code(&ps[1]) == 1 && strstr(ps[1].buf[1], "refused") != NULL,
+                  "the hostile worker should be refused (exit 1): %s", info);
+    ck_assert_msg(proc_code(&ps[2]) == 0 && proc_code(&ps[0]) == 0, "%s", info);
+    procs_free(ps, 3);
+}
+END_TEST
+
+/* ---- failures ---- */
+
+/* A word-bounded "rank K" in text. */
+static bool names_rank(const char *text, int k)
+{
+    char want[32];
+    snprintf(want, sizeof want, "rank %d", k);
+    for (const char *s = strstr(text, want); s != NULL; s = strstr(s + 1, want))
+        if (s[strlen(want)] < '0' || s[strlen(want)] > '9')
+            return true;
+    return false;
+}
+
+START_TEST(test_worker_killed)
+{
+    enum { HB = 1500 };
+    proc_t ps[4];
+    memset(ps, 0, sizeof ps);
+    char ep[256] = "";
+    static const char *const ps_extra[] = {"--heartbeat-timeout", "1500", NULL};
+    bool up = start_ps(&ps[0], 3, ps_extra, NULL, ep, sizeof ep, 6);
+    char rank[3][8];
+    for (int r = 0; up && r < 3; r++) {
+        snprintf(rank[r], sizeof rank[r], "%d", r);
+        const char *argv[] = {WK_BIN, "--rank", rank[r], "--world-size", "3", "--coordinator",
+                              ep, "--size", "2M", "--steps", "100000000", "--timeout", "30000",
+                              "--rendezvous-timeout", "20000", NULL};
+        proc_start(&ps[1 + r], WK_BIN, argv, NULL);
+    }
+    bool running = up && proc_wait_text(ps, 4, 1, 0, "verified", 3, fl_deadline_in(30000));
+    int64_t killed = fl_now_ms();
+    if (running)
+        kill(ps[3].pid, SIGKILL);
+    bool all = running && procs_wait(ps, 4, fl_deadline_in(HB + 15000));
+    procs_stop(ps, 4);
+    char info[8192];
+    show(ps, 4, info, sizeof info);
+    ck_assert_msg(running, "the job never got going: %s", info);
+    ck_assert_msg(all, "processes still running %d ms after the kill: %s", HB + 15000, info);
+    ck_assert_msg(proc_code(&ps[3]) == 128 + SIGKILL, "%s", info);
+    ck_assert_msg(proc_code(&ps[0]) == 1, "flodl-ps should exit 1: %s", info);
+    ck_assert_msg(names_rank(ps[0].buf[1], 2) && strstr(ps[0].buf[1], "dead") != NULL,
+                  "flodl-ps should name the dead rank 2: %s", info);
+    for (int r = 0; r < 2; r++) {
+        if (proc_code(&ps[1 + r]) != 1 || !names_rank(ps[1 + r].buf[1], 2))
+            ck_abort_msg("worker %d should exit 1 naming rank 2: %s", r, info);
+        if (ps[1 + r].end_ms - killed > HB + 5000)
+            ck_abort_msg("worker %d took %lld ms after the kill to exit: %s", r,
+                         (long long)(ps[1 + r].end_ms - killed), info);
+    }
+    procs_free(ps, 4);
+}
+END_TEST
+
+START_TEST(test_ps_sigterm_in_rendezvous)
+{
+    proc_t ps[3];
+    memset(ps, 0, sizeof ps);
+    char ep[256] = "";
+    static const char *const ps_extra[] = {"--log-level", "info", NULL};
+    bool up = start_ps(&ps[0], 3, ps_extra, NULL, ep, sizeof ep, 7);
+    char rank[2][8];
+    for (int r = 0; up && r < 2; r++) {
+        snprintf(rank[r], sizeof rank[r], "%d", r);
+        const char *argv[] = {WK_BIN, "--rank", rank[r], "--world-size", "3", "--coordinator",
+                              ep, "--size", "4K", "--steps", "1", "--rendezvous-timeout",
+                              "60000", NULL};
+        proc_start(&ps[1 + r], WK_BIN, argv, NULL);
+    }
+    bool waiting = up && proc_wait_text(ps, 3, 0, 1, "registered from", 2, fl_deadline_in(20000));
+    int64_t sent = fl_now_ms();
+    if (waiting)
+        kill(ps[0].pid, SIGTERM);
+    bool all = waiting && procs_wait(ps, 3, fl_deadline_in(15000));
+    procs_stop(ps, 3);
+    char info[8192];
+    show(ps, 3, info, sizeof info);
+    ck_assert_msg(waiting, "the two workers never registered: %s", info);
+    ck_assert_msg(all, "processes still running 15 s after SIGTERM: %s", info);
+    ck_assert_msg(proc_code(&ps[0]) == 1 && strstr(ps[0].buf[1], "stopped by signal") != NULL,
+                  "flodl-ps should exit 1, stopped by signal: %s", info);
+    for (int r = 0; r < 2; r++) {
+        const char *err = ps[1 + r].buf[1];
+        int code = proc_code(&ps[1 + r]);
+        if (code == 0 || code > 128 ||
+            (strstr(err, "shutting down") == NULL && strstr(err, "silent") == NULL))
+            ck_abort_msg("worker %d should fail saying the coordinator is shutting down or "
+                         "silent: %s",
+                         r, info);
+        if (ps[1 + r].end_ms - sent > 5000)
+            ck_abort_msg("worker %d took %lld ms after SIGTERM to exit: %s", r,
+                         (long long)(ps[1 + r].end_ms - sent), info);
+    }
+    procs_free(ps, 3);
+}
+END_TEST
+
+Suite *cli_suite(void);
+Suite *cli_suite(void)
+{
+    Suite *s = suite_create("cli");
+    TCase *t = tcase_create("flags");
+    tcase_set_timeout(t, 60);
+    tcase_add_test(t, test_ps_bad_flags);
+    tcase_add_test(t, test_worker_bad_flags);
+    tcase_add_test(t, test_help);
+    suite_add_tcase(s, t);
+    t = tcase_create("jobs");
+    tcase_set_timeout(t, 60);
+    tcase_add_test(t, test_end_to_end);
+    tcase_add_test(t, test_env_flodl);
+    tcase_add_test(t, test_env_torchrun);
+    tcase_add_test(t, test_env_job_index);
+    tcase_add_test(t, test_job_id_with_percent);
+    tcase_add_test(t, test_hostile_job_id);
+    suite_add_tcase(s, t);
+    t = tcase_create("failures");
+    tcase_set_timeout(t, 60);
+    tcase_add_test(t, test_worker_killed);
+    tcase_add_test(t, test_ps_sigterm_in_rendezvous);
+    suite_add_tcase(s, t);
+    return s;
+}
+
+int main(void)
+{
+    return fl_test_run(cli_suite());
+}
