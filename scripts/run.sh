@@ -17,6 +17,7 @@ build=$("$root/scripts/build.sh" "$root/build")
 tmp=$(mktemp -d)
 pids=()
 names=()
+# shellcheck disable=SC2317  # called through the EXIT trap
 cleanup() {
   for p in "${pids[@]}"; do kill "$p" 2>/dev/null || true; done
   rm -rf "$tmp"
@@ -40,13 +41,16 @@ done
 
 status=0
 for i in "${!pids[@]}"; do
-  if ! wait "${pids[$i]}"; then
-    rc=$?
-    [ $status -eq 0 ] && echo "run.sh: ${names[$i]} exited with status $rc; stopping the others" >&2
+  rc=0
+  wait "${pids[$i]}" || rc=$?
+  if [ $rc -ne 0 ] && [ $status -eq 0 ]; then
+    echo "run.sh: ${names[$i]} exited with status $rc; stopping the others" >&2
     status=1
-    for p in "${pids[@]}"; do kill "$p" 2>/dev/null || true; done
+    for p in "${pids[@]}" "$ps_pid"; do kill "$p" 2>/dev/null || true; done
   fi
 done
-if ! wait "$ps_pid"; then status=1; fi
+rc=0
+wait "$ps_pid" || rc=$?
+[ $status -eq 0 ] && [ $rc -ne 0 ] && { echo "run.sh: flodl-ps exited with status $rc" >&2; status=1; }
 pids=()
 exit $status

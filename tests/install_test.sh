@@ -17,8 +17,8 @@ export PKG_CONFIG_PATH="$libdir/pkgconfig"
 export LD_LIBRARY_PATH="$libdir"
 
 echo "pkg-config: $(pkg-config --modversion flodl) $(pkg-config --cflags --libs flodl)"
-cc -std=c17 -Wall -Werror -o "$tmp/ex_pc" "$src/examples/allreduce_env.c" \
-  $(pkg-config --cflags --libs flodl) -lm
+read -ra pcflags <<< "$(pkg-config --cflags --libs flodl)"
+cc -std=c17 -Wall -Werror -o "$tmp/ex_pc" "$src/examples/allreduce_env.c" "${pcflags[@]}" -lm
 cmake -S "$src/examples" -B "$tmp/exbuild" -DCMAKE_PREFIX_PATH="$prefix" >/dev/null
 cmake --build "$tmp/exbuild" >/dev/null
 

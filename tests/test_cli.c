@@ -13,7 +13,6 @@
 #include <string.h>
 #include <sys/prctl.h>
 #include <sys/socket.h>
-#include <sys/stat.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -50,12 +49,23 @@ static void proc_start(proc_t *p, const char *path, const char *const *argv,
 {
     memset(p, 0, sizeof *p);
     p->fd[0] = p->fd[1] = -1;
-    int out[2];
-    int err[2];
-    ck_assert(pipe2(out, O_CLOEXEC) == 0 && pipe2(err, O_CLOEXEC) == 0);
+    p->pid = -1; /* stays so when the start fails: the caller's checks then fail, after cleanup */
+    p->buf[0] = calloc(1, OUT_CAP + 1);
+    p->buf[1] = calloc(1, OUT_CAP + 1);
+    int out[2] = {-1, -1};
+    int err[2] = {-1, -1};
+    if (p->buf[0] == NULL || p->buf[1] == NULL || pipe2(out, O_CLOEXEC) != 0 ||
+        pipe2(err, O_CLOEXEC) != 0) {
+        for (int k = 0; k < 2; k++) {
+            if (out[k] >= 0)
+                close(out[k]);
+            if (err[k] >= 0)
+                close(err[k]);
+        }
+        return;
+    }
     pid_t parent = getpid();
     pid_t pid = fork();
-    ck_assert_msg(pid >= 0, "fork: %s", strerror(errno));
     if (pid == 0) {
         /* Dies with the test process even when Check kills it on a timeout. */
         prctl(PR_SET_PDEATHSIG, SIGKILL);
@@ -80,12 +90,14 @@ static void proc_start(proc_t *p, const char *path, const char *const *argv,
     }
     close(out[1]);
     close(err[1]);
+    if (pid < 0) {
+        close(out[0]);
+        close(err[0]);
+        return;
+    }
     p->pid = pid;
     p->fd[0] = out[0];
     p->fd[1] = err[0];
-    p->buf[0] = calloc(1, OUT_CAP + 1);
-    p->buf[1] = calloc(1, OUT_CAP + 1);
-    ck_assert(p->buf[0] != NULL && p->buf[1] != NULL);
 }
 
 static void append(proc_t *p, int k, const char *data, size_t n)
@@ -464,7 +476,7 @@ static void start_worker(proc_t *p, const char *ep, const char *const *args,
     for (size_t i = 0; args != NULL && args[i] != NULL && a + 1 < MAX_ARGS; i++)
         argv[a++] = strcmp(args[i], "@EP") == 0 ? ep : args[i];
     argv[a] = NULL;
-    static char envbuf[MAX_ENV][320];
+    char envbuf[MAX_ENV][320]; /* copied into the child by fork */
     const char *envp[MAX_ENV + 1];
     size_t e = 0;
     for (size_t i = 0; env != NULL && env[i] != NULL && e < MAX_ENV; i++) {

@@ -303,8 +303,9 @@ static void rank_main(int rank, const scenario_t *sc, const char *ipc, int cmd_f
 
 /* ---- parent side ---- */
 
-/* Forks sc->world rank children. No ZeroMQ context may exist in this process yet. */
-static void job_fork(job_t *job, const scenario_t *sc, bool ipc_special)
+/* Forks sc->world rank children. No ZeroMQ context may exist in this process yet. False
+ * when a pipe or fork failed (job->n then counts the children started). */
+static bool job_fork(job_t *job, const scenario_t *sc, bool ipc_special)
 {
     memset(job, 0, sizeof *job);
     job->n = sc->world;
@@ -316,9 +317,23 @@ static void job_fork(job_t *job, const scenario_t *sc, bool ipc_special)
         child_t *c = &job->ch[r];
         int cmd[2];
         int res[2];
-        ck_assert(pipe2(cmd, O_CLOEXEC) == 0 && pipe2(res, O_CLOEXEC) == 0);
-        pid_t pid = fork();
-        ck_assert_msg(pid >= 0, "fork: %s", strerror(errno));
+        pid_t pid = -1;
+        if (pipe2(cmd, O_CLOEXEC) != 0)
+            cmd[0] = cmd[1] = res[0] = res[1] = -1;
+        else if (pipe2(res, O_CLOEXEC) != 0)
+            res[0] = res[1] = -1;
+        else
+            pid = fork();
+        if (pid < 0) {
+            for (int k = 0; k < 2; k++) {
+                if (cmd[k] >= 0)
+                    close(cmd[k]);
+                if (res[k] >= 0)
+                    close(res[k]);
+            }
+            job->n = r;
+            return false;
+        }
         if (pid == 0) {
             /* Dies with the test process, even when Check kills it on a timeout. */
             prctl(PR_SET_PDEATHSIG, SIGKILL);
@@ -340,6 +355,7 @@ static void job_fork(job_t *job, const scenario_t *sc, bool ipc_special)
         c->cmd_fd = cmd[1];
         c->res_fd = res[0];
     }
+    return true;
 }
 
 static void job_send_endpoint(job_t *job, const char *ep)
@@ -576,8 +592,8 @@ START_TEST(test_rank_killed)
                            .progress_rank = 2,
                            .body = body_until_failure};
     job_t job;
-    job_fork(&job, &sc, false);
-    fl_coord_t *coord = make_coord(sc.world);
+    bool forked = job_fork(&job, &sc, false);
+    fl_coord_t *coord = forked ? make_coord(sc.world) : NULL;
     if (coord != NULL)
         job_send_endpoint(&job, fl_coord_endpoint(coord));
     bool going = coord != NULL && job_wait_event(&job, sc.special, 'P', fl_deadline_in(30000));
@@ -595,6 +611,7 @@ START_TEST(test_rank_killed)
         fl_coord_destroy(&coord);
     }
 
+    ck_assert_msg(forked, "could not fork the ranks");
     ck_assert_msg(going, "rank 2 never completed 2 allreduces");
     char st[4096];
     ck_assert_msg(reported, "survivors did not report within %d ms:%s", HB_TIMEOUT_MS + 15000,
@@ -639,8 +656,8 @@ START_TEST(test_rank_stalls)
                            .progress_rank = -1,
                            .body = body_stall};
     job_t job;
-    job_fork(&job, &sc, false);
-    fl_coord_t *coord = make_coord(sc.world);
+    bool forked = job_fork(&job, &sc, false);
+    fl_coord_t *coord = forked ? make_coord(sc.world) : NULL;
     if (coord != NULL)
         job_send_endpoint(&job, fl_coord_endpoint(coord));
     bool have_coord = coord != NULL;
@@ -651,6 +668,7 @@ START_TEST(test_rank_stalls)
         fl_coord_destroy(&coord);
     }
 
+    ck_assert_msg(forked, "could not fork the ranks");
     ck_assert_msg(have_coord, "coordinator did not start");
     char st[4096];
     ck_assert_msg(reported, "ranks did not report within 30 s:%s",
@@ -743,9 +761,9 @@ START_TEST(test_coordinator_killed)
                            .progress_rank = 0,
                            .body = body_until_failure};
     job_t job;
-    job_fork(&job, &sc, false);
+    bool forked = job_fork(&job, &sc, false);
     char ep[FL_ENDPOINT_MAX] = "";
-    pid_t ps = start_ps(sc.world, ep, sizeof ep);
+    pid_t ps = forked ? start_ps(sc.world, ep, sizeof ep) : -1;
     if (ps > 0)
         job_send_endpoint(&job, ep);
     bool going = ps > 0 && job_wait_event(&job, 0, 'P', fl_deadline_in(30000));
@@ -758,6 +776,7 @@ START_TEST(test_coordinator_killed)
     bool reported = going && job_wait_reports(&job, 0x7u, fl_deadline_in(HB_TIMEOUT_MS + 15000));
     job_stop(&job);
 
+    ck_assert_msg(forked, "could not fork the ranks");
     ck_assert_msg(ps > 0, "flodl-ps did not start");
     ck_assert_msg(going, "rank 0 never completed 2 allreduces");
     char st[4096];
@@ -948,8 +967,8 @@ static void run_garbage(attack_fn attack, int expect)
                            .expect_bad = expect,
                            .body = body_garbage};
     job_t job;
-    job_fork(&job, &sc, true);
-    fl_coord_t *coord = make_coord(sc.world);
+    bool forked = job_fork(&job, &sc, true);
+    fl_coord_t *coord = forked ? make_coord(sc.world) : NULL;
     if (coord != NULL)
         job_send_endpoint(&job, fl_coord_endpoint(coord));
     bool going = coord != NULL && job_wait_event(&job, sc.special, 'P', fl_deadline_in(30000));
@@ -986,6 +1005,7 @@ static void run_garbage(attack_fn attack, int expect)
         fl_coord_destroy(&coord);
     }
 
+    ck_assert_msg(forked, "could not fork the ranks");
     ck_assert_msg(going, "rank 1 never completed 2 allreduces");
     ck_assert_msg(arc == FL_OK && sent == expect, "attacker: sent %d of %d: %s", sent, expect,
                   aerr);
