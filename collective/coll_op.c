@@ -63,6 +63,14 @@ static int take_event(coll_op_t *op)
     return rc;
 }
 
+/* True when the control thread has posted a failure (a dead peer, a silent coordinator). */
+static bool event_pending(fl_comm_t *c)
+{
+    bool ready = false;
+    fl_tp_sock_t *ev = c->ev_rx;
+    return fl_tp_poll(&ev, 1, 0, &ready) > 0 && ready;
+}
+
 int coll_begin(fl_comm_t *c, coll_op_t *op, fl_coll_kind_t kind, size_t count,
                fl_dtype_t dtype, fl_op_t rop, int root)
 {
@@ -85,25 +93,30 @@ int coll_begin(fl_comm_t *c, coll_op_t *op, fl_coll_kind_t kind, size_t count,
     atomic_store(&c->cur_waiting, -1);
 
     /* A peer may have died while no collective was running. */
-    bool ready = false;
-    fl_tp_sock_t *ev = c->ev_rx;
-    if (fl_tp_poll(&ev, 1, 0, &ready) > 0 && ready)
+    if (event_pending(c))
         return coll_end(op, take_event(op));
     return FL_OK;
 }
 
-static void wait_released(fl_comm_t *c, int64_t deadline)
+/* Waits until ZeroMQ has released every zero-copy send of the op. A send queued to a peer that
+ * died is never released (ZeroMQ keeps it for a reconnect), so the wait also watches the
+ * abort pipe. Returns FL_OK, FL_ETIMEDOUT at the deadline, or the posted failure. */
+static int wait_released(coll_op_t *op, int64_t deadline, bool watch_events)
 {
+    fl_comm_t *c = op->c;
+    unsigned spins = 0;
     for (int r = 0; r <= c->size; r++) {
         while (atomic_load_explicit(&c->inflight[r], memory_order_acquire) > 0) {
-            if (fl_deadline_left_ms(deadline) == 0) {
-                FL_ERROR(c->ctx, "%lld zero-copy sends from region %d still held by ZeroMQ",
-                         (long long)atomic_load(&c->inflight[r]), r);
-                return;
-            }
+            if (fl_deadline_left_ms(deadline) == 0)
+                return fl_fail(FL_ETIMEDOUT, "%lld zero-copy sends from region %d still held by "
+                                             "ZeroMQ",
+                               (long long)atomic_load(&c->inflight[r]), r);
+            if (watch_events && ++spins % 64 == 0 && event_pending(c))
+                return take_event(op);
             usleep(50);
         }
     }
+    return FL_OK;
 }
 
 int coll_end(coll_op_t *op, int rc)
@@ -111,13 +124,10 @@ int coll_end(coll_op_t *op, int rc)
     fl_comm_t *c = op->c;
     if (rc == FL_OK) {
         /* The caller may reuse its buffers as soon as we return. */
-        wait_released(c, op->deadline);
-        for (int r = 0; r <= c->size; r++) {
-            if (atomic_load(&c->inflight[r]) > 0) {
-                rc = coll_fail(op, FL_ETIMEDOUT, "sends to peers not completed by the deadline");
-                break;
-            }
-        }
+        rc = wait_released(op, op->deadline, true);
+        if (rc == FL_ETIMEDOUT)
+            rc = coll_fail(op, FL_ETIMEDOUT, "sends to peers not completed by the deadline: %s",
+                           fl_last_error());
     }
     if (rc != FL_OK) {
         /* Drop whatever is still queued to peers (linger 0), so ZeroMQ lets go of the
@@ -128,7 +138,11 @@ int coll_end(coll_op_t *op, int rc)
                 fl_tp_sock_destroy(&c->data_out[p]);
             }
         }
-        wait_released(c, fl_deadline_in(2000));
+        char cause[1024];
+        snprintf(cause, sizeof cause, "%s", fl_last_error());
+        if (wait_released(op, fl_deadline_in(2000), false) != FL_OK)
+            FL_ERROR(c->ctx, "after a failure: %s", fl_last_error());
+        fl_fail(rc, "%s", cause);
         if (c->broken_rc == FL_OK) {
             c->broken_rc = rc;
             snprintf(c->broken_text, sizeof c->broken_text, "%s", fl_last_error());
@@ -373,7 +387,10 @@ int coll_wait_region(coll_op_t *op, int region)
         if (fl_deadline_left_ms(op->deadline) == 0)
             return coll_fail(op, FL_ETIMEDOUT, "earlier sends from chunk %d never completed",
                              region);
-        if (++spins < 64)
+        /* A send to a dead peer is never released: watch for the abort too. */
+        if (++spins % 64 == 0 && event_pending(op->c))
+            return take_event(op);
+        if (spins < 64)
             sched_yield();
         else
             usleep(20);

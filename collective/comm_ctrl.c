@@ -33,14 +33,14 @@ static void send_heartbeat(fl_comm_t *c)
     fl_tp_send(c->coord, NULL, &h, NULL, 0, fl_deadline_in(0));
 }
 
-static void leave(fl_comm_t *c)
+static void leave(fl_comm_t *c, bool failed)
 {
     fl_msg_hdr_t h;
     fl_msg_hdr_init(&h, FL_MSG_SHUTDOWN, c->rank);
-    h.u.shutdown.code = 0;
+    h.u.shutdown.code = failed ? 1 : 0;
     snprintf(h.u.shutdown.text, sizeof h.u.shutdown.text, "rank %d leaves after %llu "
-                                                          "collectives",
-             c->rank, (unsigned long long)c->seq);
+                                                          "collectives%s",
+             c->rank, (unsigned long long)c->seq, failed ? " (after a failure)" : "");
     if (fl_tp_send(c->coord, NULL, &h, NULL, 0, fl_deadline_in(1000)) != FL_OK)
         FL_WARN(c->ctx, "could not tell the coordinator we leave: %s", fl_last_error());
 }
@@ -98,8 +98,9 @@ static void *ctrl_main(void *arg)
                 bool stop = m.hdr.type == FL_MSG_SHUTDOWN;
                 fl_tp_msg_close(&m);
                 if (stop) {
-                    if (!failed)
-                        leave(c);
+                    /* Say goodbye even after a failure, so the coordinator does not count a
+                     * rank that left as one more death. */
+                    leave(c, failed);
                     break;
                 }
             }

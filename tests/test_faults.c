@@ -1,9 +1,8 @@
-/* Failures across processes: ranks are forked children (forked before the parent makes any
- * ZeroMQ context) that report through pipes. Covered: a rank killed with SIGKILL mid-allreduce
- * (FL_EPEER naming it, within the heartbeat timeout), a rank that stalls past timeout_ms
- * (FL_ETIMEDOUT naming the rank waited for), the coordinator killed (FL_EPEER, coordinator
- * silent), garbage on a data socket (results exact, every message counted in bad_msgs), and
- * after each failure FL_ECLOSED on the next call and a bounded fl_comm_destroy. */
+/* Failures across processes: ranks are forked children (before the parent makes any ZeroMQ
+ * context) reporting through pipes. A rank killed mid-allreduce (FL_EPEER naming it), a rank
+ * stalling past timeout_ms (FL_ETIMEDOUT naming the rank waited for), the coordinator killed,
+ * garbage and printf-format job ids on a data socket (results exact, all counted in bad_msgs);
+ * after each failure FL_ECLOSED at once and a bounded fl_comm_destroy. */
 #include <errno.h>
 #include <fcntl.h>
 #include <poll.h>
@@ -66,6 +65,7 @@ typedef struct child {
     uint8_t buf[sizeof(rank_report_t) + 64];
     size_t len;
     bool reaped;
+    bool stopped; /* still running at cleanup, killed there */
     int status;
 } child_t;
 
@@ -465,9 +465,13 @@ static bool job_wait_reports(job_t *job, unsigned mask, int64_t deadline)
 /* Kills (SIGKILL, by PID) every child still running, reaps all, closes the pipes. */
 static void job_stop(job_t *job)
 {
-    for (int r = 0; r < job->n; r++)
-        if (job->ch[r].pid > 0 && !job->ch[r].reaped)
+    job_pump(job, 0);
+    for (int r = 0; r < job->n; r++) {
+        if (job->ch[r].pid > 0 && !job->ch[r].reaped) {
+            job->ch[r].stopped = !has_report(&job->ch[r]);
             kill(job->ch[r].pid, SIGKILL);
+        }
+    }
     int64_t deadline = fl_deadline_in(10000);
     for (;;) {
         bool all = true;
@@ -493,6 +497,8 @@ static const char *child_end(const child_t *c, char *buf, size_t cap)
 {
     if (!c->reaped)
         snprintf(buf, cap, "not reaped");
+    else if (c->stopped)
+        snprintf(buf, cap, "still running at the deadline; killed by the test");
     else if (WIFSIGNALED(c->status))
         snprintf(buf, cap, "killed by signal %d", WTERMSIG(c->status));
     else
