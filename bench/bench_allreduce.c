@@ -19,6 +19,7 @@ typedef struct ar_bench {
     size_t min;
     size_t max;
     bool no_mpi;
+    bool bind;   /* bind rank k to CPU k mod ncpus (flodl and MPI alike) */
     bool report; /* child of the launcher: only RESULT lines on stdout */
     fl_comm_opts_t comm;
     char *fwd[64]; /* communicator flags forwarded to the children */
@@ -27,10 +28,12 @@ typedef struct ar_bench {
 
 static const char usage[] =
     "usage: flodl-bench allreduce [--ranks N] [--min BYTES] [--max BYTES] [--no-mpi]\n"
+    "                             [--bind core|none]\n"
     "                             [communicator flags: --segment, --stripes, --small, --algo]\n"
     "       flodl-bench allreduce --rank K --world-size N --coordinator EP [...]   (join)\n"
     "Float32 sum allreduce, in place. Launch mode starts a coordinator and N ranks here and,\n"
-    "when mpirun and flodl-mpi-bench are present, MPI_Allreduce over TCP and shared memory.\n";
+    "when mpirun and flodl-mpi-bench are present, MPI_Allreduce over TCP and shared memory.\n"
+    "--bind core (default) places rank k on CPU k mod ncpus, for flodl and MPI alike.\n";
 
 /* Runs the sweep as one rank; rank 0 prints one RESULT line per size. */
 static int run_rank(ar_bench_t *b)
@@ -140,7 +143,7 @@ static int spawn_flodl(ar_bench_t *b, const bench_sizes_t *sizes, double *us)
             argv[a++] = b->fwd[i];
         argv[a] = NULL;
         int fd;
-        pids[r] = bench_spawn(argv, &fd, NULL);
+        pids[r] = bench_spawn_on(self, argv, &fd, b->bind ? r : -1);
         if (pids[r] < 0) {
             fprintf(stderr, "flodl-bench: cannot start rank %d\n", r);
             status = 1;
@@ -178,7 +181,10 @@ static int spawn_mpi(const ar_bench_t *b, const bench_sizes_t *sizes, const char
     snprintf(np, sizeof np, "%d", b->ranks);
     snprintf(min_s, sizeof min_s, "%zu", b->min);
     snprintf(max_s, sizeof max_s, "%zu", b->max);
+    /* The same placement as flodl's ranks: map by core, rank k on core k mod ncpus. */
     char *argv[] = {"mpirun", "--allow-run-as-root", "--oversubscribe", "-np", np,
+                    "--map-by", "core", "--bind-to",
+                    b->bind ? "core:overload-allowed" : "none",
                     "--mca", "btl", (char *)btl, "--mca", "btl_tcp_if_include", "lo",
                     prog, min_s, max_s, NULL};
     int fd;
@@ -198,9 +204,9 @@ static void print_table(const ar_bench_t *b, const bench_sizes_t *s, const doubl
                         const double *tcp, const double *shm, bool have_mpi)
 {
     double f = b->ranks > 1 ? 2.0 * (b->ranks - 1) / b->ranks : 0.0;
-    printf("\nflodl-bench allreduce: %d ranks on this machine, float32 sum in place; median of "
-           "repetitions, slowest rank per op\n",
-           b->ranks);
+    printf("\nflodl-bench allreduce: %d ranks on this machine (%s), float32 sum in place; median "
+           "of repetitions, slowest rank per op\n",
+           b->ranks, b->bind ? "rank k bound to CPU k mod ncpus, MPI alike" : "unbound");
     if (have_mpi)
         printf("%10s %11s %9s %9s | %11s %9s | %11s %9s | %12s %12s\n", "size", "flodl us",
                "algbw", "busbw", "mpi-tcp us", "busbw", "mpi-shm us", "busbw",
@@ -229,7 +235,7 @@ static void print_table(const ar_bench_t *b, const bench_sizes_t *s, const doubl
 int bench_allreduce_main(int argc, char **argv);
 int bench_allreduce_main(int argc, char **argv)
 {
-    enum { O_RANKS = 1000, O_MIN, O_MAX, O_NOMPI, O_REPORT, O_HELP };
+    enum { O_RANKS = 1000, O_MIN, O_MAX, O_NOMPI, O_BIND, O_REPORT, O_HELP };
     static struct option longopts[40];
     int nopt = 0;
     for (int i = 0; fl_comm_opt_names[i] != NULL; i++)
@@ -239,6 +245,7 @@ int bench_allreduce_main(int argc, char **argv)
     longopts[nopt++] = (struct option){"min", required_argument, NULL, O_MIN};
     longopts[nopt++] = (struct option){"max", required_argument, NULL, O_MAX};
     longopts[nopt++] = (struct option){"no-mpi", no_argument, NULL, O_NOMPI};
+    longopts[nopt++] = (struct option){"bind", required_argument, NULL, O_BIND};
     longopts[nopt++] = (struct option){"report", no_argument, NULL, O_REPORT};
     longopts[nopt++] = (struct option){"help", no_argument, NULL, O_HELP};
     longopts[nopt] = (struct option){NULL, 0, NULL, 0};
@@ -246,6 +253,7 @@ int bench_allreduce_main(int argc, char **argv)
     ar_bench_t b;
     memset(&b, 0, sizeof b);
     b.ranks = 4;
+    b.bind = true;
     b.min = 4096;
     b.max = (size_t)256 << 20;
     fl_comm_opts_init(&b.comm);
@@ -292,6 +300,13 @@ int bench_allreduce_main(int argc, char **argv)
             break;
         }
         case O_NOMPI: b.no_mpi = true; break;
+        case O_BIND:
+            if (strcmp(optarg, "core") != 0 && strcmp(optarg, "none") != 0) {
+                fprintf(stderr, "flodl-bench: --bind: '%s' is not one of core|none\n", optarg);
+                return 2;
+            }
+            b.bind = strcmp(optarg, "core") == 0;
+            break;
         case O_REPORT: b.report = true; break;
         case 'h':
         case O_HELP: fputs(usage, stdout); return 0;

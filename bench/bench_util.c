@@ -2,6 +2,7 @@
 #include "bench_util.h"
 
 #include <errno.h>
+#include <sched.h>
 #include <signal.h>
 #include <spawn.h>
 #include <stdlib.h>
@@ -70,6 +71,44 @@ pid_t bench_spawn(char *const argv[], int *out_fd, char *const envp[])
     posix_spawn_file_actions_destroy(&fa);
     close(fds[1]);
     if (rc != 0) {
+        close(fds[0]);
+        return -1;
+    }
+    *out_fd = fds[0];
+    return pid;
+}
+
+pid_t bench_spawn_on(const char *path, char *const argv[], int *out_fd, int cpu_index)
+{
+    cpu_set_t allowed;
+    cpu_set_t one;
+    CPU_ZERO(&one);
+    if (cpu_index >= 0 && sched_getaffinity(0, sizeof allowed, &allowed) == 0) {
+        int n = CPU_COUNT(&allowed);
+        int want = n > 0 ? cpu_index % n : 0;
+        for (int c = 0, seen = 0; c < CPU_SETSIZE; c++) {
+            if (CPU_ISSET(c, &allowed) && seen++ == want) {
+                CPU_SET(c, &one);
+                break;
+            }
+        }
+    }
+    int fds[2];
+    if (pipe(fds) != 0)
+        return -1;
+    pid_t pid = fork();
+    if (pid == 0) {
+        /* Only async-signal-safe calls between fork and exec: the parent has threads. */
+        if (CPU_COUNT(&one) > 0)
+            sched_setaffinity(0, sizeof one, &one);
+        dup2(fds[1], STDOUT_FILENO);
+        close(fds[0]);
+        close(fds[1]);
+        execv(path, argv);
+        _exit(127);
+    }
+    close(fds[1]);
+    if (pid < 0) {
         close(fds[0]);
         return -1;
     }

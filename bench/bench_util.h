@@ -31,6 +31,10 @@ double bench_median(double *v, int n);
  * Returns the pid or -1. */
 pid_t bench_spawn(char *const argv[], int *out_fd, char *const envp[]);
 
+/* Like bench_spawn for an absolute path, with the child bound to the k-th CPU this process
+ * may run on (k taken modulo their number); cpu_index < 0 leaves it unbound. */
+pid_t bench_spawn_on(const char *path, char *const argv[], int *out_fd, int cpu_index);
+
 /* Waits for pid up to timeout_ms, killing it (SIGKILL) after that. Returns its exit status,
  * or -1 when it was killed or failed. */
 int bench_wait(pid_t pid, int timeout_ms);

@@ -288,7 +288,7 @@ int coll_recv(coll_op_t *op, fl_tp_msg_t *m)
     for (;;) {
         /* Take what is waiting without a poll; block on data and abort events only when the
          * socket is empty (an abort matters only once data stops coming). */
-        int rc = fl_tp_recv(c->data_in, m, fl_deadline_in(0));
+        int rc = fl_tp_try_recv(c->data_in, m);
         if (rc == FL_OK) {
             bool keep;
             if ((rc = classify(op, m, &keep)) != FL_OK)

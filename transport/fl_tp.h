@@ -104,6 +104,10 @@ int fl_tp_send(fl_tp_sock_t *sock, const fl_tp_route_t *to, fl_msg_hdr_t *h, fl_
  * caller can answer. FL_ETIMEDOUT, FL_EIO. */
 int fl_tp_recv(fl_tp_sock_t *sock, fl_tp_msg_t *m, int64_t deadline_ms);
 
+/* fl_tp_recv without waiting and without a poll: returns FL_ETIMEDOUT at once (and sets no
+ * detail text) when no message is waiting. For loops that poll several sockets themselves. */
+int fl_tp_try_recv(fl_tp_sock_t *sock, fl_tp_msg_t *m);
+
 /* Releases the frames of m and its header. NULL-safe, idempotent. */
 void fl_tp_msg_close(fl_tp_msg_t *m);
 

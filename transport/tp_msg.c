@@ -312,6 +312,13 @@ int fl_tp_recv(fl_tp_sock_t *s, fl_tp_msg_t *m, int64_t deadline_ms)
     }
 }
 
+int fl_tp_try_recv(fl_tp_sock_t *s, fl_tp_msg_t *m)
+{
+    m->nframes = 0;
+    int rc = read_message(s, m);
+    return rc == NOT_READY ? FL_ETIMEDOUT : rc;
+}
+
 int fl_tp_poll(fl_tp_sock_t *const *socks, size_t n, int timeout_ms, bool *ready)
 {
     zmq_pollitem_t items[16];
