@@ -12,7 +12,7 @@ quick=0
 run_pass() {
   local name="$1" dir="$2"; shift 2
   echo "== $name: configure and build ($dir)"
-  if ! "$root/scripts/build.sh" "$dir" "$@" >/dev/null; then
+  if ! "$root/scripts/build.sh" "$dir" "$@" >/dev/null; then  # build.sh prints the log tail on failure
     echo "== $name: BUILD FAILED"; return 1
   fi
   echo "== $name: ctest"
