@@ -63,6 +63,8 @@ int fl_allreduce(fl_comm_t *c, const void *sendbuf, void *recvbuf, size_t count,
                            count * fl_dtype_size(dtype), 0);
     if (rc != FL_OK)
         return rc;
+    if (fl_comm_on_device(c, sendbuf, recvbuf))
+        return fl_staged_allreduce(c, sendbuf, recvbuf, count, dtype, op);
     coll_op_t o;
     if ((rc = coll_begin(c, &o, FL_COLL_ALLREDUCE, count, dtype, op, 0)) != FL_OK)
         return rc;
@@ -107,6 +109,8 @@ int fl_reduce_scatter(fl_comm_t *c, const void *sendbuf, void *recvbuf, size_t c
     if ((rc = check_overlap(c, "reduce-scatter", sendbuf, count * esz, recvbuf, mine * esz,
                             fl_shard_offset(count, c->size, c->rank) * esz)) != FL_OK)
         return rc;
+    if (fl_comm_on_device(c, sendbuf, recvbuf))
+        return fl_staged_reduce_scatter(c, sendbuf, recvbuf, count, dtype, op);
     coll_op_t o;
     if ((rc = coll_begin(c, &o, FL_COLL_REDUCE_SCATTER, count, dtype, op, 0)) != FL_OK)
         return rc;
@@ -134,6 +138,8 @@ int fl_allgather(fl_comm_t *c, const void *sendbuf, void *recvbuf, size_t count,
     if ((rc = check_overlap(c, "all-gather", recvbuf, count * esz, sendbuf, mine * esz,
                             fl_shard_offset(count, c->size, c->rank) * esz)) != FL_OK)
         return rc;
+    if (fl_comm_on_device(c, sendbuf, recvbuf))
+        return fl_staged_allgather(c, sendbuf, recvbuf, count, dtype);
     coll_op_t o;
     if ((rc = coll_begin(c, &o, FL_COLL_ALLGATHER, count, dtype, FL_SUM, 0)) != FL_OK)
         return rc;
@@ -155,6 +161,8 @@ int fl_broadcast(fl_comm_t *c, void *buf, size_t count, fl_dtype_t dtype, int ro
     if (root < 0 || root >= c->size)
         return fl_fail(FL_EINVAL, "rank %d: broadcast: root %d out of range 0..%d", c->rank,
                        root, c->size - 1);
+    if (fl_comm_on_device(c, buf, buf))
+        return fl_staged_broadcast(c, buf, count, dtype, root);
     coll_op_t o;
     if ((rc = coll_begin(c, &o, FL_COLL_BROADCAST, count, dtype, FL_SUM, root)) != FL_OK)
         return rc;

@@ -159,6 +159,7 @@ int fl_comm_init(const fl_comm_opts_t *o, fl_comm_t **out)
     c->small_bytes = o->small_bytes;
     c->algo = o->algo;
     c->last_algo = FL_ALGO_AUTO;
+    c->gpus = fl_gpu_count();
 
     fl_ctx_opts_t co;
     fl_ctx_opts_init(&co);
@@ -254,6 +255,7 @@ void fl_comm_destroy(fl_comm_t **pc)
     free(c->data_out);
     free((void *)c->inflight);
     free(c->scratch);
+    free(c->stage);
     free(c);
     *pc = NULL;
 }

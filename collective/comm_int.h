@@ -73,6 +73,11 @@ struct fl_comm {
     void *scratch;
     size_t scratch_cap;
 
+    /* CUDA devices seen at creation, and host memory for staging device buffers. */
+    int gpus;
+    void *stage;
+    size_t stage_cap;
+
     /* Counters. */
     uint64_t ops;
     uint64_t bytes_sent;
@@ -102,6 +107,20 @@ int fl_comm_peer_sock(fl_comm_t *c, int peer, fl_tp_sock_t **out);
 
 /* Grows the scratch area to at least bytes. FL_OK or FL_ENOMEM. */
 int fl_comm_scratch(fl_comm_t *c, size_t bytes, void **out);
+
+/* ---- device buffers (staging.c) ---- */
+
+/* True when the comm has seen a GPU and a or b is device memory. */
+bool fl_comm_on_device(const fl_comm_t *c, const void *a, const void *b);
+
+/* The public collectives with device buffers staged through host memory. */
+int fl_staged_allreduce(fl_comm_t *c, const void *send, void *recv, size_t count,
+                        fl_dtype_t dt, fl_op_t op);
+int fl_staged_reduce_scatter(fl_comm_t *c, const void *send, void *recv, size_t count,
+                             fl_dtype_t dt, fl_op_t op);
+int fl_staged_allgather(fl_comm_t *c, const void *send, void *recv, size_t count,
+                        fl_dtype_t dt);
+int fl_staged_broadcast(fl_comm_t *c, void *buf, size_t count, fl_dtype_t dt, int root);
 
 /* ---- op engine (coll_op.c) ---- */
 

@@ -151,6 +151,18 @@ int fl_gpu_count(void);
  * text, "2 x NVIDIA H100 80GB HBM3"). */
 void fl_gpu_describe(char *out, size_t cap);
 
+/* True when p points into CUDA device (or managed) memory. False for host memory, NULL, and
+ * always without CUDA. Thread-safe. */
+bool fl_gpu_is_device_ptr(const void *p);
+
+/* Copies bytes between any two of host and device memory (synchronous). FL_OK, or FL_EGPU with
+ * the CUDA error text (and always without CUDA). */
+int fl_gpu_memcpy(void *dst, const void *src, size_t bytes);
+
+/* Device memory on the current device: FL_OK or FL_EGPU. fl_gpu_free is NULL-safe. */
+int fl_gpu_alloc(void **out, size_t bytes);
+void fl_gpu_free(void *p);
+
 /* ---- hosts (host.c) ---- */
 
 /* This machine's host name into out (always terminated). */

@@ -22,6 +22,46 @@ extern "C" bool fl_gpu_available(void)
     return fl_gpu_count() > 0;
 }
 
+extern "C" bool fl_gpu_is_device_ptr(const void *p)
+{
+    if (p == NULL)
+        return false;
+    cudaPointerAttributes a;
+    if (cudaPointerGetAttributes(&a, p) != cudaSuccess) {
+        cudaGetLastError(); /* no driver or no device: it cannot be device memory */
+        return false;
+    }
+    return a.type == cudaMemoryTypeDevice || a.type == cudaMemoryTypeManaged;
+}
+
+extern "C" int fl_gpu_memcpy(void *dst, const void *src, size_t bytes)
+{
+    cudaError_t e = cudaMemcpy(dst, src, bytes, cudaMemcpyDefault);
+    if (e != cudaSuccess) {
+        cudaGetLastError();
+        return fl_fail(FL_EGPU, "gpu: copy of %zu bytes: %s", bytes, cudaGetErrorString(e));
+    }
+    return FL_OK;
+}
+
+extern "C" int fl_gpu_alloc(void **out, size_t bytes)
+{
+    *out = NULL;
+    cudaError_t e = cudaMalloc(out, bytes ? bytes : 1);
+    if (e != cudaSuccess) {
+        cudaGetLastError();
+        *out = NULL;
+        return fl_fail(FL_EGPU, "gpu: allocation of %zu bytes: %s", bytes, cudaGetErrorString(e));
+    }
+    return FL_OK;
+}
+
+extern "C" void fl_gpu_free(void *p)
+{
+    if (p != NULL)
+        cudaFree(p);
+}
+
 extern "C" void fl_gpu_describe(char *out, size_t cap)
 {
     int n = 0;

@@ -82,6 +82,9 @@ const char *fl_comm_peer_host(const fl_comm_t *comm, int rank);
 size_t fl_shard_offset(size_t count, int nshards, int index);
 size_t fl_shard_count(size_t count, int nshards, int index);
 
+/* Buffers may be host memory or CUDA device memory (staged through host memory; the calls
+ * return once the device buffers hold the result). */
+
 /* Every rank ends with op applied elementwise over all ranks' sendbuf, in recvbuf.
  * sendbuf == recvbuf is allowed (in place; partial overlap is refused with FL_EINVAL). Every
  * rank gets the same bytes. The buffers are
