@@ -6,6 +6,7 @@
 
 #include <stdio.h>
 #include <string.h>
+#include <unistd.h>
 
 enum { CMD_STOP = 1 };
 
@@ -90,8 +91,11 @@ static void *ctrl_main(void *arg)
         }
         bool ready[2] = {false, false};
         int wait = (int)(next_hb - now);
-        if (fl_tp_poll(socks, 2, wait > 0 ? wait : 0, ready) < 0)
+        if (fl_tp_poll(socks, 2, wait > 0 ? wait : 0, ready) < 0) {
+            FL_ERROR(c->ctx, "control thread: %s", fl_last_error());
+            usleep(10000); /* never spin on a failing poll */
             continue;
+        }
         if (ready[1]) {
             fl_tp_msg_t m;
             if (fl_tp_recv(c->cmd_rx, &m, fl_deadline_in(0)) == FL_OK) {

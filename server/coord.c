@@ -180,8 +180,11 @@ static void *coord_main(void *arg)
         }
         bool ready[2] = {false, false};
         int wait = (int)(next_tick - now);
-        if (fl_tp_poll(socks, 2, wait > 0 ? wait : 0, ready) < 0)
+        if (fl_tp_poll(socks, 2, wait > 0 ? wait : 0, ready) < 0) {
+            FL_ERROR(c->ctx, "%s", fl_last_error());
+            usleep(10000); /* never spin on a failing poll */
             continue;
+        }
         if (ready[1])
             break;
         /* Drain what is there, but come back to the tick regularly. */
