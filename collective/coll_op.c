@@ -358,6 +358,34 @@ int coll_send(coll_op_t *op, int peer, const fl_msg_chunk_t *ck, const void *dat
     return FL_OK;
 }
 
+int coll_send_block(coll_op_t *op, int peer, const fl_msg_chunk_t *ck, const void *data,
+                    size_t bytes)
+{
+    fl_comm_t *c = op->c;
+    fl_tp_sock_t *s;
+    int rc = fl_comm_peer_sock(c, peer, &s);
+    if (rc != FL_OK)
+        return coll_fail(op, rc, "%s", fl_last_error());
+    fl_msg_hdr_t h;
+    fl_msg_hdr_init(&h, FL_MSG_CHUNK, c->rank);
+    h.seq = op->seq;
+    h.u.chunk = *ck;
+    h.u.chunk.coll = (uint32_t)op->kind;
+    h.u.chunk.total = op->count;
+    h.u.chunk.dtype = (uint32_t)op->dtype;
+    h.u.chunk.op = (uint32_t)op->op;
+    h.frames[0].dtype = 0;
+    h.frames[0].codec = FL_CODEC_SPARSE;
+    fl_buf_t b = {(void *)data, bytes, NULL, NULL};
+    if ((rc = fl_tp_send(s, NULL, &h, &b, 1, op->deadline)) != FL_OK) {
+        char who[FL_HOST_MAX + 32];
+        return coll_fail(op, rc, "send to %s: %s", fl_comm_peer_name(c, peer, who, sizeof who),
+                         fl_last_error());
+    }
+    c->bytes_sent += bytes;
+    return FL_OK;
+}
+
 int coll_send_empty(coll_op_t *op, int peer, fl_msg_type_t type, const fl_msg_barrier_t *b)
 {
     fl_comm_t *c = op->c;

@@ -3,6 +3,8 @@
  * first use, scratch memory and counters. The collectives themselves live in collectives.c. */
 #include "comm_int.h"
 
+#include <flodl/compress.h>
+
 #include <malloc.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -256,6 +258,7 @@ void fl_comm_destroy(fl_comm_t **pc)
     free((void *)c->inflight);
     free(c->scratch);
     free(c->stage);
+    fl_cmp_ws_destroy(&c->cmp_ws);
     free(c);
     *pc = NULL;
 }

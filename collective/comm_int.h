@@ -73,6 +73,9 @@ struct fl_comm {
     void *scratch;
     size_t scratch_cap;
 
+    /* The compressor's scratch for sparse collectives (created on first use). */
+    struct fl_cmp_ws *cmp_ws;
+
     /* CUDA devices seen at creation, and host memory for staging device buffers. */
     int gpus;
     void *stage;
@@ -162,6 +165,10 @@ int coll_recv(coll_op_t *op, fl_tp_msg_t *m);
  * < 0: copied. */
 int coll_send(coll_op_t *op, int peer, const fl_msg_chunk_t *ck, const void *data, size_t bytes,
               fl_dtype_t wire, int region);
+
+/* Sends one encoded sparse block (copied; codec FL_CODEC_SPARSE). */
+int coll_send_block(coll_op_t *op, int peer, const fl_msg_chunk_t *ck, const void *data,
+                    size_t bytes);
 
 /* Sends a payload-less message (barrier rounds). */
 int coll_send_empty(coll_op_t *op, int peer, fl_msg_type_t type, const fl_msg_barrier_t *b);

@@ -24,6 +24,7 @@ typedef enum fl_coll_kind {
     FL_COLL_ALLGATHER = 3,
     FL_COLL_BROADCAST = 4,
     FL_COLL_BARRIER = 5,
+    FL_COLL_SPARSE_ALLREDUCE = 6,
 } fl_coll_kind_t;
 
 /* Phases on the wire (Chunk.phase). */

@@ -41,6 +41,7 @@ const char *fl_coll_kind_name(int kind)
     case FL_COLL_ALLGATHER: return "all-gather";
     case FL_COLL_BROADCAST: return "broadcast";
     case FL_COLL_BARRIER: return "barrier";
+    case FL_COLL_SPARSE_ALLREDUCE: return "sparse allreduce";
     default: return "unknown collective";
     }
 }

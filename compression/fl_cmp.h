@@ -1,10 +1,13 @@
-/* compression: pure functions over caller buffers. Here: lz4 blocks with every size checked
- * before anything is written. Top-k sparsification with error feedback joins it (#3).
- * No sockets, no allocation behind the caller's back. */
+/* compression: pure functions over caller buffers: top-k selection, error feedback, the density
+ * schedule and the sparse block codec (public in include/flodl/compress.h), and lz4 blocks with
+ * every size checked before anything is written. No sockets; scratch memory lives in the
+ * caller's workspace. */
 #ifndef FL_CMP_H
 #define FL_CMP_H
 
 #include <stddef.h>
+
+#include <flodl/compress.h>
 
 #include "fl_core.h"
 

@@ -39,6 +39,7 @@ typedef enum fl_msg_type {
 typedef enum fl_codec {
     FL_CODEC_RAW = 0,
     FL_CODEC_LZ4 = 1,
+    FL_CODEC_SPARSE = 2, /* a sparse block: its own header says n, k and sizes */
 } fl_codec_t;
 
 /* Why a message was refused; maps onto the context counters. */

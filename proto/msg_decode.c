@@ -167,14 +167,16 @@ static int decode_frames(const Flodl__Header *h, fl_msg_hdr_t *out, fl_msg_fault
         if (f->dtype != 0 && !fl_dtype_is_valid((int)f->dtype))
             return bad(fault, FL_FAULT_FRAMES, "header: frame with unknown dtype %llu",
                        (unsigned long long)f->dtype);
-        if (f->codec != FLODL__CODEC__CODEC_RAW && f->codec != FLODL__CODEC__CODEC_LZ4)
+        if (f->codec != FLODL__CODEC__CODEC_RAW && f->codec != FLODL__CODEC__CODEC_LZ4 &&
+            f->codec != FLODL__CODEC__CODEC_SPARSE)
             return bad(fault, FL_FAULT_FRAMES, "header: frame with unknown codec %llu",
                        (unsigned long long)f->codec);
-        if (f->codec == FLODL__CODEC__CODEC_RAW && f->raw_bytes != f->bytes)
+        if (f->codec != FLODL__CODEC__CODEC_LZ4 && f->raw_bytes != f->bytes)
             return bad(fault, FL_FAULT_FRAMES,
                        "header: raw frame declares %llu decoded bytes unlike its size",
                        (unsigned long long)f->raw_bytes);
-        if (f->dtype != 0 && f->raw_bytes % fl_dtype_size((fl_dtype_t)f->dtype) != 0)
+        if (f->dtype != 0 && f->codec != FLODL__CODEC__CODEC_SPARSE &&
+            f->raw_bytes % fl_dtype_size((fl_dtype_t)f->dtype) != 0)
             return bad(fault, FL_FAULT_FRAMES,
                        "header: %s frame of %llu bytes is not a whole number of elements",
                        fl_dtype_name((fl_dtype_t)f->dtype), (unsigned long long)f->raw_bytes);

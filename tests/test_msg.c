@@ -685,7 +685,7 @@ static void c_unknown_dtype(pb_t *p)
 static void c_unknown_codec(pb_t *p)
 {
     pb_barrier(p);
-    pb_frame(p, 8, FL_FLOAT32, 2, 64);
+    pb_frame(p, 8, FL_FLOAT32, 3, 64); /* 2 is FL_CODEC_SPARSE */
     pb_barrier_body(p);
 }
 
@@ -817,7 +817,7 @@ static const struct {
     {"two bodies", c_two_bodies, FL_FAULT_HEADER, "barrier message with 2 bodies"},
     {"17 frames", c_17_frames, FL_FAULT_FRAMES, "17 frames"},
     {"unknown dtype", c_unknown_dtype, FL_FAULT_FRAMES, "unknown dtype 8"},
-    {"unknown codec", c_unknown_codec, FL_FAULT_FRAMES, "unknown codec 2"},
+    {"unknown codec", c_unknown_codec, FL_FAULT_FRAMES, "unknown codec 3"},
     {"raw size lies", c_raw_size_lies, FL_FAULT_FRAMES, "raw frame declares 100 decoded bytes"},
     {"float32 partial", c_f32_partial, FL_FAULT_FRAMES, "float32 frame of 4098 bytes"},
     {"float64 partial", c_f64_partial_raw, FL_FAULT_FRAMES, "float64 frame of 12 bytes"},

@@ -305,7 +305,7 @@ START_TEST(test_names)
     ck_assert_str_eq(fl_coll_kind_name(FL_COLL_BROADCAST), "broadcast");
     ck_assert_str_eq(fl_coll_kind_name(FL_COLL_BARRIER), "barrier");
     ck_assert_str_eq(fl_coll_kind_name(0), "unknown collective");
-    ck_assert_str_eq(fl_coll_kind_name(6), "unknown collective");
+    ck_assert_str_eq(fl_coll_kind_name(7), "unknown collective");
     ck_assert_str_eq(fl_coll_kind_name(-1), "unknown collective");
     ck_assert_str_eq(fl_coll_phase_name(FL_PHASE_RS), "reduce-scatter");
     ck_assert_str_eq(fl_coll_phase_name(FL_PHASE_AG), "all-gather");

@@ -58,7 +58,7 @@ int fl_tp_send(fl_tp_sock_t *s, const fl_tp_route_t *to, fl_msg_hdr_t *h, fl_buf
     uint64_t bytes = 0;
     for (size_t i = 0; i < n; i++) {
         h->frames[i].bytes = frames[i].len;
-        if (h->frames[i].codec == FL_CODEC_RAW)
+        if (h->frames[i].codec != FL_CODEC_LZ4)
             h->frames[i].raw_bytes = frames[i].len;
         bytes += frames[i].len;
     }

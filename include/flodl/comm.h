@@ -116,6 +116,38 @@ int fl_broadcast(fl_comm_t *comm, void *buf, size_t count, fl_dtype_t dtype, int
 /* Returns once every rank has entered the barrier. Errors as fl_allreduce. */
 int fl_barrier(fl_comm_t *comm);
 
+/* ---- sparse allreduce (top-k pairs, see compress.h) ---- */
+
+typedef struct fl_sparse_opts {
+    fl_dtype_t values; /* values on the wire: float32 (default), float16 or bfloat16 */
+    int lz4;           /* lz4 the blocks when that shrinks them (default 1) */
+    int allow_dense;   /* switch to the dense ring when the gathered pairs would outweigh it
+                          (default 1) */
+} fl_sparse_opts_t;
+
+typedef struct fl_sparse_stats {
+    int dense;           /* 1 when the dense ring ran instead of the sparse exchange */
+    uint64_t k_total;    /* pairs contributed by all ranks */
+    uint64_t raw_bytes;  /* what a dense ring allreduce of n float32 sends from this rank */
+    uint64_t wire_bytes; /* what this rank actually sent */
+    double ratio;        /* raw_bytes / wire_bytes */
+} fl_sparse_stats_t;
+
+void fl_sparse_opts_init(fl_sparse_opts_t *opts);
+
+/* Sums sparse contributions: each rank gives k pairs (idx ascending, each < n; k may differ
+ * between ranks) of the same float32 tensor of n entries, and every rank receives in out
+ * (n floats) the sum (FL_SUM) or average (FL_AVG) of all ranks' pairs, zeros elsewhere: the
+ * same bytes on every rank. Values are rounded to opts->values before they travel (on every
+ * rank alike, the sender's own pairs too). The encoded blocks go round the ring and each rank
+ * adds them up in rank order; when N * k * bytes-per-pair would exceed the dense ring's
+ * 2 * n * 4 bytes, it scatters its pairs and runs the dense ring instead (stats->dense).
+ * opts and stats may be NULL. Errors as fl_allreduce, plus FL_EPROTO for a corrupt block
+ * (naming the rank it came from). */
+int fl_sparse_allreduce(fl_comm_t *comm, const uint32_t *idx, const float *val, size_t k,
+                        float *out, size_t n, fl_op_t op, const fl_sparse_opts_t *opts,
+                        fl_sparse_stats_t *stats);
+
 typedef struct fl_comm_stats {
     uint64_t ops;        /* collectives completed */
     uint64_t bytes_sent; /* payload bytes this rank sent */

@@ -80,6 +80,7 @@ typedef enum fl_log_level {
 #endif
 
 #include <flodl/comm.h>
+#include <flodl/compress.h>
 #include <flodl/coordinator.h>
 
 #endif
