@@ -1,7 +1,9 @@
-/* Benchmark plumbing: sizes, repetitions, medians, child processes and their RESULT lines. */
+/* Benchmark plumbing: sizes, repetitions, medians, flag lists, test data, child processes, jobs
+ * of ranks and their RESULT lines. */
 #include "bench_util.h"
 
 #include <errno.h>
+#include <math.h>
 #include <sched.h>
 #include <signal.h>
 #include <spawn.h>
@@ -10,6 +12,8 @@
 #include <sys/wait.h>
 #include <time.h>
 #include <unistd.h>
+
+#include <flodl/coordinator.h>
 
 #include "fl_core.h"
 
@@ -169,4 +173,220 @@ void bench_self_dir(char *out, size_t cap)
     char *slash = strrchr(out, '/');
     if (slash != NULL)
         *slash = '\0';
+}
+
+/* Calls fn(flag, token, ud) for each comma-separated token of s; stops at the first failure. */
+static int each_token(const char *flag, const char *s,
+                      int (*fn)(const char *, const char *, void *), void *ud)
+{
+    char buf[512];
+    if (strlen(s) >= sizeof buf) {
+        fprintf(stderr, "flodl-bench: %s: list too long\n", flag);
+        return -1;
+    }
+    strcpy(buf, s);
+    char *save = NULL;
+    int seen = 0;
+    for (char *t = strtok_r(buf, ",", &save); t != NULL; t = strtok_r(NULL, ",", &save)) {
+        if (fn(flag, t, ud) != 0)
+            return -1;
+        seen++;
+    }
+    if (seen == 0) {
+        fprintf(stderr, "flodl-bench: %s: empty list\n", flag);
+        return -1;
+    }
+    return 0;
+}
+
+typedef struct count_list {
+    size_t lo;
+    size_t hi;
+    size_t *out;
+    int *n;
+} count_list_t;
+
+static int add_count(const char *flag, const char *tok, void *ud)
+{
+    count_list_t *l = ud;
+    size_t v;
+    if (*l->n >= BENCH_MAX_LIST) {
+        fprintf(stderr, "flodl-bench: %s: more than %d values\n", flag, BENCH_MAX_LIST);
+        return -1;
+    }
+    if (fl_cli_size(flag, tok, l->lo, l->hi, &v) != FL_OK) {
+        fprintf(stderr, "flodl-bench: %s\n", fl_last_error());
+        return -1;
+    }
+    l->out[(*l->n)++] = v;
+    return 0;
+}
+
+int bench_parse_counts(const char *flag, const char *s, size_t lo, size_t hi, size_t *out,
+                       int *n)
+{
+    count_list_t l = {lo, hi, out, n};
+    *n = 0;
+    return each_token(flag, s, add_count, &l);
+}
+
+typedef struct density_list {
+    double *out;
+    int *n;
+} density_list_t;
+
+static int add_density(const char *flag, const char *tok, void *ud)
+{
+    density_list_t *l = ud;
+    char *end = NULL;
+    double d = strtod(tok, &end);
+    if (end == tok || *end != '\0' || !(d > 0.0 && d <= 1.0)) {
+        fprintf(stderr, "flodl-bench: %s: '%s' is not a density in (0, 1]\n", flag, tok);
+        return -1;
+    }
+    if (*l->n >= BENCH_MAX_LIST) {
+        fprintf(stderr, "flodl-bench: %s: more than %d values\n", flag, BENCH_MAX_LIST);
+        return -1;
+    }
+    l->out[(*l->n)++] = d;
+    return 0;
+}
+
+int bench_parse_densities(const char *flag, const char *s, double *out, int *n)
+{
+    density_list_t l = {out, n};
+    *n = 0;
+    return each_token(flag, s, add_density, &l);
+}
+
+void bench_fmt_count(size_t n, char *out, size_t cap)
+{
+    if (n >= ((size_t)1 << 30) && n % ((size_t)1 << 30) == 0)
+        snprintf(out, cap, "%zuG", n >> 30);
+    else if (n >= ((size_t)1 << 20) && n % ((size_t)1 << 20) == 0)
+        snprintf(out, cap, "%zuM", n >> 20);
+    else if (n >= 1024 && n % 1024 == 0)
+        snprintf(out, cap, "%zuK", n >> 10);
+    else
+        snprintf(out, cap, "%zu", n);
+}
+
+static uint64_t splitmix64(uint64_t *s)
+{
+    uint64_t z = (*s += 0x9e3779b97f4a7c15ULL);
+    z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ULL;
+    z = (z ^ (z >> 27)) * 0x94d049bb133111ebULL;
+    return z ^ (z >> 31);
+}
+
+void bench_fill_gauss(float *x, size_t n, uint64_t seed)
+{
+    const double two_pi = 6.283185307179586;
+    uint64_t st = seed * 0x2545f4914f6cdd1dULL + 1;
+    for (size_t i = 0; i < n; i += 2) {
+        uint64_t r = splitmix64(&st);
+        /* Two 32-bit uniforms in (0, 1): u1 never 0, so the log is finite. */
+        double u1 = ((double)(r >> 32) + 0.5) / 4294967296.0;
+        double u2 = ((double)(r & 0xffffffffu) + 0.5) / 4294967296.0;
+        double rad = sqrt(-2.0 * log(u1));
+        x[i] = (float)(rad * cos(two_pi * u2));
+        if (i + 1 < n)
+            x[i + 1] = (float)(rad * sin(two_pi * u2));
+    }
+}
+
+void bench_read_tagged(int fd, bench_result_fn fn, void *ud)
+{
+    FILE *f = fdopen(fd, "r");
+    if (f == NULL) {
+        close(fd);
+        return;
+    }
+    char line[1024];
+    while (fgets(line, sizeof line, f) != NULL) {
+        if (strncmp(line, "RESULT ", 7) == 0)
+            fn(line + 7, ud);
+        else
+            fputs(line, stderr);
+    }
+    fclose(f);
+}
+
+int bench_run_job(const char *subcommand, char *const extra[], int nextra, int ranks, bool bind,
+                  bench_result_fn fn, void *ud)
+{
+    enum { MAX_RANKS = 256, FIXED_ARGS = 12 };
+    if (ranks < 1 || ranks > MAX_RANKS || nextra < 0 || nextra > 64) {
+        fprintf(stderr, "flodl-bench: %d ranks (1..%d), %d extra flags\n", ranks, MAX_RANKS,
+                nextra);
+        return 1;
+    }
+    fl_coord_opts_t co;
+    fl_coord_opts_init(&co);
+    co.bind = "tcp://127.0.0.1:0";
+    co.world_size = ranks;
+    co.log_level = FL_LOG_WARN;
+    fl_coord_t *coord = NULL;
+    if (fl_coord_create(&co, &coord) != FL_OK || fl_coord_start(coord) != FL_OK) {
+        fprintf(stderr, "flodl-bench: coordinator: %s\n", fl_last_error());
+        if (coord != NULL) {
+            fl_coord_stop(coord);
+            fl_coord_destroy(&coord);
+        }
+        return 1;
+    }
+    char self[1024];
+    ssize_t len = readlink("/proc/self/exe", self, sizeof self - 1);
+    if (len <= 0)
+        snprintf(self, sizeof self, "flodl-bench");
+    else
+        self[len] = '\0';
+
+    pid_t pids[MAX_RANKS];
+    int started = 0;
+    int fd0 = -1;
+    int status = 0;
+    char world_s[16];
+    snprintf(world_s, sizeof world_s, "%d", ranks);
+    for (int r = 0; r < ranks; r++) {
+        char rank_s[16];
+        char *argv[FIXED_ARGS + 64 + 1];
+        int a = 0;
+        snprintf(rank_s, sizeof rank_s, "%d", r);
+        argv[a++] = self;
+        argv[a++] = (char *)subcommand;
+        argv[a++] = "--report";
+        argv[a++] = "--rank";
+        argv[a++] = rank_s;
+        argv[a++] = "--world-size";
+        argv[a++] = world_s;
+        argv[a++] = "--coordinator";
+        argv[a++] = (char *)fl_coord_endpoint(coord);
+        argv[a++] = "--host";
+        argv[a++] = "127.0.0.1";
+        for (int i = 0; i < nextra; i++)
+            argv[a++] = extra[i];
+        argv[a] = NULL;
+        int fd;
+        pids[r] = bench_spawn_on(self, argv, &fd, bind ? r : -1);
+        if (pids[r] < 0) {
+            fprintf(stderr, "flodl-bench: cannot start rank %d\n", r);
+            status = 1;
+            break;
+        }
+        started++;
+        if (r == 0)
+            fd0 = fd;
+        else
+            close(fd); /* the other ranks print nothing on stdout in report mode */
+    }
+    if (fd0 >= 0)
+        bench_read_tagged(fd0, fn, ud);
+    for (int r = 0; r < started; r++)
+        if (bench_wait(pids[r], 600000) != 0)
+            status = 1;
+    fl_coord_wait(coord, 5000);
+    fl_coord_stop(coord);
+    fl_coord_destroy(&coord);
+    return status;
 }

@@ -1,14 +1,17 @@
 /* Benchmark plumbing shared by the flodl-bench subcommands: size lists, the timing protocol
- * (the same for flodl and for the MPI peer), child processes with captured output, and the
- * "RESULT" lines they report through. */
+ * (the same for flodl and for the MPI peer), flag lists, test data, child processes (and
+ * whole jobs of ranks) with captured output, and the "RESULT" lines they report through. */
 #ifndef FL_BENCH_UTIL_H
 #define FL_BENCH_UTIL_H
 
+#include <stdbool.h>
 #include <stddef.h>
+#include <stdint.h>
 #include <stdio.h>
 #include <sys/types.h>
 
 #define BENCH_MAX_SIZES 32
+#define BENCH_MAX_LIST 16
 
 typedef struct bench_sizes {
     size_t n;
@@ -45,5 +48,35 @@ void bench_read_results(int fd, const bench_sizes_t *sizes, double *us);
 
 /* The directory of the running executable, for finding its sibling binaries. */
 void bench_self_dir(char *out, size_t cap);
+
+/* Parses a comma-separated list of element counts ("1M,10M,50M"; K/M/G are powers of 1024,
+ * as fl_cli_size) into out[0..*n), each in [lo, hi], at most BENCH_MAX_LIST. 0, or -1 after
+ * printing what is wrong. */
+int bench_parse_counts(const char *flag, const char *s, size_t lo, size_t hi, size_t *out,
+                       int *n);
+
+/* Parses a comma-separated list of densities, each in (0, 1]. 0, or -1 after printing. */
+int bench_parse_densities(const char *flag, const char *s, double *out, int *n);
+
+/* Formats an element count for tables: "50M", "1536K", "1000". */
+void bench_fmt_count(size_t n, char *out, size_t cap);
+
+/* Fills x[0..n) with standard normal samples (Box-Muller over splitmix64): the same values
+ * for the same seed, different ones for different seeds. */
+void bench_fill_gauss(float *x, size_t n, uint64_t seed);
+
+/* Receives the text after "RESULT " of each result line. */
+typedef void (*bench_result_fn)(const char *rest, void *ud);
+
+/* Reads lines from fd until EOF (and closes it): "RESULT ..." lines go to fn, other lines are
+ * echoed to stderr. */
+void bench_read_tagged(int fd, bench_result_fn fn, void *ud);
+
+/* Runs a job of `ranks` copies of this executable on this machine, with an in-process
+ * coordinator: rank r runs "SUBCOMMAND --report --rank r --world-size N --coordinator EP
+ * --host 127.0.0.1 EXTRA...", bound to CPU r mod ncpus when bind is set. Rank 0's RESULT
+ * lines go to fn; the other ranks' stdout is dropped. Returns 0 when every rank exited 0. */
+int bench_run_job(const char *subcommand, char *const extra[], int nextra, int ranks, bool bind,
+                  bench_result_fn fn, void *ud);
 
 #endif

@@ -148,6 +148,10 @@ int fl_sparse_allreduce(fl_comm_t *c, const uint32_t *idx, const float *val, siz
         return rc;
     uint64_t sent_before = c->bytes_sent;
 
+    /* Check first: a refused call must not have communicated. */
+    if ((rc = fl_cmp_sparse_check(idx, k, n, opts->values)) != FL_OK)
+        return fl_fail_ctx(rc, "rank %d: sparse allreduce", c->rank);
+
     /* Every rank's k, to agree on the path and to report the total. */
     int64_t *ks = calloc((size_t)c->size, sizeof *ks);
     if (ks == NULL)
@@ -165,8 +169,23 @@ int fl_sparse_allreduce(fl_comm_t *c, const uint32_t *idx, const float *val, siz
     }
     free(ks);
 
-    /* Encode once: the block is what travels, and decoding it back gives this rank the same
-     * rounded values every other rank will add. */
+    size_t vsize = fl_dtype_size(opts->values);
+    bool dense = opts->allow_dense && c->size > 1 &&
+                 (double)c->size * (double)kmax * (double)(vsize + PAIR_INDEX_BYTES) >
+                     2.0 * (double)n * sizeof(float);
+    if (dense || c->size == 1) {
+        /* The same rounded values the sparse path would add, straight into the output. */
+        memset(out, 0, n * sizeof *out);
+        for (size_t j = 0; j < k; j++)
+            out[idx[j]] = fl_cmp_round(val[j], opts->values);
+        if (c->size > 1 && (rc = fl_allreduce(c, out, out, n, FL_FLOAT32, op)) != FL_OK)
+            return rc;
+        finish_stats(c, n, sent_before, ktot, dense, stats);
+        return FL_OK;
+    }
+
+    /* The block is what travels; decoding it back gives this rank the same rounded values
+     * every other rank adds. */
     fl_cmp_sparse_opts_t so;
     fl_cmp_sparse_opts_init(&so);
     so.values = opts->values;
@@ -180,22 +199,6 @@ int fl_sparse_allreduce(fl_comm_t *c, const uint32_t *idx, const float *val, siz
     if ((rc = fl_cmp_sparse_encode(ws, idx, val, k, n, &so, mine, cap, &mine_len)) != FL_OK) {
         free(mine);
         return fl_fail_ctx(rc, "rank %d: sparse allreduce", c->rank);
-    }
-
-    size_t vsize = fl_dtype_size(opts->values);
-    bool dense = opts->allow_dense && c->size > 1 &&
-                 (double)c->size * (double)kmax * (double)(vsize + PAIR_INDEX_BYTES) >
-                     2.0 * (double)n * sizeof(float);
-    if (dense || c->size == 1) {
-        size_t kq;
-        memset(out, 0, n * sizeof *out);
-        rc = fl_cmp_sparse_accumulate(ws, mine, mine_len, out, n, &kq);
-        free(mine);
-        if (rc == FL_OK && c->size > 1)
-            rc = fl_allreduce(c, out, out, n, FL_FLOAT32, op);
-        if (rc == FL_OK)
-            finish_stats(c, n, sent_before, ktot, dense, stats);
-        return rc;
     }
 
     coll_op_t o;

@@ -41,6 +41,10 @@ static inline uint32_t fl_cmp_key(float x)
 
 #define FL_CMP_KEY_NONFINITE 0x7f800000u
 
+/* fl_cmp_topk_count plus the mode and sample fraction: the checks the CPU and device
+ * selections share. */
+int fl_cmp_topk_check(size_t n, const fl_cmp_topk_opts_t *o, size_t *k);
+
 /* FL_ENONFINITE naming the tensor and the first NaN/Inf of x, or FL_OK when there is none. */
 int fl_cmp_nonfinite_at(const float *x, size_t n, const char *name);
 

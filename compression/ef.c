@@ -81,15 +81,6 @@ void fl_cmp_ef_destroy(fl_cmp_ef_t **ef)
     *ef = NULL;
 }
 
-static float round_wire(float v, fl_dtype_t wire)
-{
-    if (wire == FL_FLOAT16)
-        return fl_f16_to_f32(fl_f32_to_f16(v));
-    if (wire == FL_BFLOAT16)
-        return fl_bf16_to_f32(fl_f32_to_bf16(v));
-    return v;
-}
-
 static double l2norm(const float *g, size_t n)
 {
     double s = 0.0;
@@ -112,8 +103,10 @@ int fl_cmp_ef_step(fl_cmp_ef_t *e, fl_cmp_ws_t *ws, const float *grad,
     if (skipped != NULL)
         *skipped = false;
     *k_out = 0;
+    fl_cmp_topk_opts_t o = *topk;
+    o.name = e->name;
     size_t k;
-    int rc = fl_cmp_topk_count(e->n, topk, &k);
+    int rc = fl_cmp_topk_check(e->n, &o, &k);
     if (rc != FL_OK)
         return rc;
     /* Check before touching the state: a bad gradient must never reach the residual. */
@@ -142,13 +135,11 @@ int fl_cmp_ef_step(fl_cmp_ef_t *e, fl_cmp_ws_t *ws, const float *grad,
         for (size_t i = 0; i < e->n; i++)
             v[i] += grad[i];
     }
-    fl_cmp_topk_opts_t o = *topk;
-    o.name = e->name;
     if ((rc = fl_cmp_topk(ws, v, e->n, &o, idx, val, k_out)) != FL_OK)
         return rc; /* only a non-finite residual (overflow) gets here; the detail says where */
     for (size_t j = 0; j < *k_out; j++) {
         uint32_t i = idx[j];
-        float sent = round_wire(val[j], e->wire);
+        float sent = fl_cmp_round(val[j], e->wire);
         val[j] = sent;
         v[i] -= sent; /* zero, or the rounding error the wire type could not carry */
         if (e->velocity != NULL)

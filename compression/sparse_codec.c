@@ -9,6 +9,7 @@
  * allocated, decompressed or written. */
 #include "cmp_int.h"
 
+#include <math.h>
 #include <string.h>
 
 _Static_assert(__BYTE_ORDER__ == __ORDER_LITTLE_ENDIAN__, "the sparse block codec assumes a "
@@ -29,6 +30,48 @@ void fl_cmp_sparse_opts_init(fl_cmp_sparse_opts_t *o)
 static size_t value_size(fl_dtype_t t)
 {
     return t == FL_FLOAT32 ? 4 : (t == FL_FLOAT16 || t == FL_BFLOAT16) ? 2 : 0;
+}
+
+/* Largest finite values of the narrow types: a finite float beyond them saturates there
+ * (rounding would make it infinite, and error feedback keeps the excess in the residual). */
+#define F16_MAX 65504.0f
+#define BF16_MAX 0x1.fep127f
+
+static uint16_t narrow(float v, fl_dtype_t t)
+{
+    float lim = t == FL_FLOAT16 ? F16_MAX : BF16_MAX;
+    if (isfinite(v) && v > lim)
+        v = lim;
+    else if (isfinite(v) && v < -lim)
+        v = -lim;
+    return t == FL_FLOAT16 ? fl_f32_to_f16(v) : fl_f32_to_bf16(v);
+}
+
+float fl_cmp_round(float v, fl_dtype_t values)
+{
+    if (values == FL_FLOAT16)
+        return fl_f16_to_f32(narrow(v, values));
+    if (values == FL_BFLOAT16)
+        return fl_bf16_to_f32(narrow(v, values));
+    return v;
+}
+
+int fl_cmp_sparse_check(const uint32_t *idx, size_t k, size_t n, fl_dtype_t values)
+{
+    if (value_size(values) == 0)
+        return fl_fail(FL_EINVAL, "sparse pairs: value type %s is not float32, float16 or "
+                                  "bfloat16",
+                       fl_dtype_name(values));
+    if (n == 0 || n > UINT32_MAX || k > n)
+        return fl_fail(FL_EINVAL, "sparse pairs: %zu pairs of a tensor of %zu entries", k, n);
+    int64_t prev = -1;
+    for (size_t i = 0; i < k; i++) {
+        if ((int64_t)idx[i] <= prev || idx[i] >= n)
+            return fl_fail(FL_EINVAL, "sparse pairs: index %u at position %zu is %s", idx[i], i,
+                           idx[i] >= n ? "out of range" : "not ascending");
+        prev = idx[i];
+    }
+    return FL_OK;
 }
 
 size_t fl_cmp_sparse_bound(size_t k, fl_dtype_t values)
@@ -77,6 +120,10 @@ int fl_cmp_sparse_encode(fl_cmp_ws_t *ws, const uint32_t *idx, const float *val,
         return fl_fail(FL_EINVAL, "sparse encode: %zu bytes of room, %zu needed for %zu pairs",
                        cap, fl_cmp_sparse_bound(k, o->values), k);
     size_t raw_max = k * (VARINT_MAX + vs);
+    if (raw_max > UINT32_MAX)
+        return fl_fail(FL_EINVAL, "sparse encode: %zu pairs do not fit one block (its sizes are "
+                                  "32-bit)",
+                       k);
     int rc = fl_cmp_grow((void **)&ws->buf, 1, NULL, 0, &ws->buf_cap, raw_max + 1);
     if (rc != FL_OK)
         return rc;
@@ -99,7 +146,7 @@ int fl_cmp_sparse_encode(fl_cmp_ws_t *ws, const uint32_t *idx, const float *val,
         if (o->values == FL_FLOAT32) {
             memcpy(p, &val[i], 4);
         } else {
-            uint16_t h = o->values == FL_FLOAT16 ? fl_f32_to_f16(val[i]) : fl_f32_to_bf16(val[i]);
+            uint16_t h = narrow(val[i], o->values);
             memcpy(p, &h, 2);
         }
         p += vs;
@@ -177,7 +224,10 @@ int fl_cmp_sparse_peek(const void *src, size_t len, fl_cmp_sparse_info_t *info)
     if (!lz4 && bb != raw)
         return fl_fail(FL_EPROTO, "sparse block: raw body of %u bytes, %llu declared", bb,
                        (unsigned long long)raw);
-    if (lz4 && (bb == 0 || bb > fl_cmp_lz4_bound((size_t)raw) || raw == 0))
+    /* lz4 expands at most ~255:1: a body claiming more cannot be honest, and the claim would
+     * otherwise size the decompression buffer. */
+    if (lz4 && (bb == 0 || bb > fl_cmp_lz4_bound((size_t)raw) || raw == 0 ||
+                raw > 255ull * bb + 16))
         return fl_fail(FL_EPROTO, "sparse block: lz4 body of %u bytes cannot decode to %llu", bb,
                        (unsigned long long)raw);
     info->n = n;
@@ -261,6 +311,11 @@ int fl_cmp_sparse_accumulate(fl_cmp_ws_t *ws, const void *src, size_t len, float
     int rc = fl_cmp_sparse_peek(src, len, &in);
     if (rc != FL_OK)
         return rc;
+    /* Before any allocation: with n fixed by the caller, k <= n bounds the scratch by the
+     * caller's own tensor, whatever the block claims. */
+    if (in.n != n)
+        return fl_fail(FL_EPROTO, "sparse block: for a tensor of %llu entries, expected %zu",
+                       (unsigned long long)in.n, n);
     if ((rc = fl_cmp_grow((void **)&ws->dec_idx, sizeof *ws->dec_idx, (void **)&ws->dec_val,
                           sizeof *ws->dec_val, &ws->dec_cap, (size_t)in.k + 1)) != FL_OK)
         return rc;

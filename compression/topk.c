@@ -51,8 +51,24 @@ int fl_cmp_topk_count(size_t n, const fl_cmp_topk_opts_t *o, size_t *k)
     if (!(o->density > 0.0 && o->density <= 1.0))
         return fl_fail(FL_EINVAL, "top-k of '%s': density %g is outside (0, 1] (and k is 0)",
                        tname(o), o->density);
-    double want = ceil(o->density * (double)n);
+    /* ceil of the exact product: 0.07 * 100 is 7.000000000000001 in binary, and asks for 7. */
+    double p = o->density * (double)n;
+    double near = nearbyint(p);
+    double want = fabs(p - near) <= 1e-9 * near ? near : ceil(p);
     *k = want < 1.0 ? 1 : (want > (double)n ? n : (size_t)want);
+    return FL_OK;
+}
+
+int fl_cmp_topk_check(size_t n, const fl_cmp_topk_opts_t *o, size_t *k)
+{
+    int rc = fl_cmp_topk_count(n, o, k);
+    if (rc != FL_OK)
+        return rc;
+    if (o->mode != FL_CMP_EXACT && o->mode != FL_CMP_SAMPLED)
+        return fl_fail(FL_EINVAL, "top-k of '%s': unknown mode %d", tname(o), (int)o->mode);
+    if (o->mode == FL_CMP_SAMPLED && !(o->sample_fraction > 0.0 && o->sample_fraction <= 1.0))
+        return fl_fail(FL_EINVAL, "top-k of '%s': sample fraction %g is outside (0, 1]",
+                       tname(o), o->sample_fraction);
     return FL_OK;
 }
 
@@ -201,13 +217,6 @@ void fl_cmp_bracket_pass(const float *x, size_t n, uint32_t lo, uint32_t hi, fl_
     bracket_pass_scalar(x, 0, n, lo, hi, ws, sel_cap, cand_cap, p);
 }
 
-static int cmp_desc(const void *a, const void *b)
-{
-    uint32_t x = *(const uint32_t *)a;
-    uint32_t y = *(const uint32_t *)b;
-    return x < y ? 1 : x > y ? -1 : 0;
-}
-
 /* The always-exact path: a histogram of the top 11 key bits, then one pass collecting the
  * buckets above the k-th entry's (sure) and its bucket (candidates). */
 int fl_cmp_topk_exact_radix(fl_cmp_ws_t *ws, const float *x, size_t n, size_t k, const char *name,
@@ -260,15 +269,18 @@ static int select_bracket(fl_cmp_ws_t *ws, const float *x, size_t n, size_t k, c
         h *= 0xbf58476d1ce4e5b9ULL;
         sample[j] = fl_cmp_key(x[j * stride + (size_t)(h % stride)]);
     }
-    qsort(sample, SAMPLE, sizeof sample[0], cmp_desc);
     /* The k-th largest entry sits near rank q of the sample; widen by ~4 standard deviations
-     * of that rank so the bracket almost always holds it. */
+     * of that rank so the bracket almost always holds it. Two order statistics of the sample
+     * (radix selects, no sort) give the bracket's ends. */
     double q = (double)k * SAMPLE / (double)n;
     double margin = 4.0 * sqrt(q + 1.0) + 8.0;
     long hi_rank = (long)floor(q - margin);
     long lo_rank = (long)ceil(q + margin);
-    uint32_t hi = hi_rank >= 1 ? sample[hi_rank - 1] : UINT32_MAX;
-    uint32_t lo = lo_rank < SAMPLE ? sample[lo_rank] : 0;
+    size_t gt;
+    uint32_t hi = hi_rank >= 1 ? fl_cmp_threshold(sample, SAMPLE, (size_t)hi_rank, &gt)
+                               : UINT32_MAX;
+    uint32_t lo = lo_rank < SAMPLE ? fl_cmp_threshold(sample, SAMPLE, (size_t)lo_rank + 1, &gt)
+                                   : 0;
     if (hi < lo) /* equal keys around the threshold: one flat bracket */
         hi = lo;
     double expect_c = (lo_rank - (hi_rank > 0 ? hi_rank : 0) + 1.0) * (double)n / SAMPLE;
@@ -299,13 +311,11 @@ int fl_cmp_topk(fl_cmp_ws_t *ws, const float *x, size_t n, const fl_cmp_topk_opt
                 uint32_t *idx, float *val, size_t *k_out)
 {
     size_t k;
-    int rc = fl_cmp_topk_count(n, o, &k);
+    int rc = fl_cmp_topk_check(n, o, &k);
     if (rc != FL_OK)
         return rc;
     if (o->mode == FL_CMP_SAMPLED)
         return fl_cmp_topk_sampled(ws, x, n, k, o, idx, val, k_out);
-    if (o->mode != FL_CMP_EXACT)
-        return fl_fail(FL_EINVAL, "top-k of '%s': unknown mode %d", tname(o), (int)o->mode);
     if (k == n) {
         if ((rc = fl_cmp_nonfinite_at(x, n, tname(o))) != FL_OK)
             return rc;

@@ -237,6 +237,29 @@ static int sampled(const float *x, size_t n, size_t k, const fl_cmp_topk_opts_t 
     h_s = (uint32_t *)malloc(s * sizeof *h_s);
     if (h_s == NULL)
         return fl_fail(FL_ENOMEM, "top-k on device: no host memory for %zu samples", s);
+    /* Every entry is looked at for NaN/Inf, not only the samples: one histogram pass records
+     * the first bad index. */
+    {
+        unsigned int *d_h = NULL;
+        unsigned long long *d_bad = NULL;
+        unsigned long long bad = ~0ULL;
+        CK(cudaMalloc(&d_h, 2048 * sizeof *d_h));
+        CK(cudaMalloc(&d_bad, sizeof *d_bad));
+        CK(cudaMemset(d_h, 0, 2048 * sizeof *d_h));
+        CK(cudaMemcpy(d_bad, &bad, sizeof bad, cudaMemcpyHostToDevice));
+        hist_kernel<<<grid_for(n), 256>>>(x, n, 0, 0, 20, 0x7ffu, d_h, d_bad);
+        CK(cudaGetLastError());
+        CK(cudaMemcpy(&bad, d_bad, sizeof bad, cudaMemcpyDeviceToHost));
+        cudaFree(d_h);
+        cudaFree(d_bad);
+        if (bad < n) {
+            float v;
+            CK(cudaMemcpy(&v, x + bad, sizeof v, cudaMemcpyDeviceToHost));
+            rc = fl_fail(FL_ENONFINITE, "'%s' holds %s at index %llu of %zu", name,
+                         isnan(v) ? "NaN" : "Inf", bad, n);
+            goto out;
+        }
+    }
     CK(cudaMalloc(&d_s, s * sizeof *d_s));
     sample_kernel<<<grid_for(s), 256>>>(x, n, s, o->seed, d_s);
     CK(cudaGetLastError());
@@ -283,7 +306,7 @@ extern "C" int fl_cmp_topk_device(const float *x, size_t n, const fl_cmp_topk_op
 {
     size_t k;
     *k_out = 0;
-    int rc = fl_cmp_topk_count(n, opts, &k);
+    int rc = fl_cmp_topk_check(n, opts, &k);
     if (rc != FL_OK)
         return rc;
     const char *name = opts->name != NULL ? opts->name : "gradient";

@@ -1,7 +1,7 @@
 /* core: the shared vocabulary of flodl components. Error detail text, logging with a rank
  * prefix, the monotonic clock and deadlines, the context (ZeroMQ context, limits, counters),
- * dtype conversions, launcher-environment resolution and flag parsing for the binaries.
- * It knows nothing of messages, sockets or collectives. */
+ * dtype conversions, launcher-environment resolution, flag parsing for the binaries and
+ * safetensors checkpoints. It knows nothing of messages, sockets or collectives. */
 #ifndef FL_CORE_H
 #define FL_CORE_H
 
@@ -206,6 +206,89 @@ int fl_cli_size(const char *flag, const char *val, size_t lo, size_t hi, size_t 
 
 /* Formats a byte count for tables: "4 KiB", "64 MiB", "1000 B". */
 void fl_fmt_bytes(size_t bytes, char *out, size_t cap);
+
+/* ---- safetensors checkpoints (st_write.c, st_read.c) ---- */
+
+/* The Hugging Face safetensors format: an 8-byte little-endian header length N, N bytes of
+ * JSON ({"__metadata__": {"k": "v"}, "name": {"dtype": "F32", "shape": [2, 3],
+ * "data_offsets": [begin, end]}}), then the data section, tensors stored contiguously in
+ * offset order, little-endian. flodl adds the metadata "flodl.crc32" (8 hex digits, zlib's
+ * CRC-32 of the data section) and "flodl.format" ("1"). */
+
+#define FL_ST_MAX_DIMS 8
+#define FL_ST_MAX_HEADER 100000000u /* largest accepted JSON header, as in safetensors itself */
+
+typedef struct fl_st_tensor {
+    const char *name;
+    fl_dtype_t dtype;
+    size_t ndim; /* 0 for a scalar */
+    uint64_t shape[FL_ST_MAX_DIMS];
+    const void *data; /* host memory, little-endian */
+    size_t bytes;     /* product(shape) * fl_dtype_size(dtype) */
+} fl_st_tensor_t;
+
+typedef struct fl_st_meta {
+    const char *key;
+    const char *value;
+} fl_st_meta_t;
+
+/* The safetensors dtype name of a dtype ("F32", "F16", "BF16", "F64", "I32", "I64", "U8"), or
+ * NULL for an invalid one. */
+const char *fl_st_dtype_name(fl_dtype_t dtype);
+
+/* Parses a safetensors dtype name (exact, case-sensitive). FL_OK or FL_EINVAL. */
+int fl_st_dtype_parse(const char *s, fl_dtype_t *out);
+
+/* Writes nt tensors (t[i].data in host memory, borrowed for the call) and nmeta metadata
+ * strings to path, atomically: everything goes to path + ".tmp.<pid>" in the same directory,
+ * which is fsync'd, renamed over path, and the directory fsync'd. A reader sees the old file
+ * or the new one, never a mix. Tensors are stored in the order given; the header is padded
+ * with spaces so that the data section starts 8-byte aligned.
+ * Names must be unique, non-empty, valid UTF-8 and not "__metadata__"; ndim <= 8, every
+ * dimension < 2^53, bytes == product(shape) * dtype size. Metadata keys must be unique,
+ * non-empty, valid UTF-8 and not the two that flodl adds.
+ * Returns FL_OK; FL_EINVAL naming the tensor or key; FL_ENOMEM; FL_EIO with the path and
+ * strerror (the temporary file is removed, path is untouched; except when only the final
+ * directory fsync fails: path then holds the new file, not known to be durable).
+ * Thread-safe for different paths; one writer at a time per path. */
+int fl_st_write(const char *path, const fl_st_tensor_t *t, size_t nt, const fl_st_meta_t *meta,
+                size_t nmeta);
+
+typedef struct fl_st_file fl_st_file_t; /* body lives in st_read.c */
+
+/* Reads the whole file at path into memory (not mmap: a file replaced or truncated by
+ * another process later cannot fault us, and the CRC reads every byte anyway) and checks it:
+ * header length, JSON, every entry's dtype, shape and offsets, data contiguous,
+ * non-overlapping and covering the data section exactly, "flodl.format" (when present) is
+ * "1", and the CRC-32 when "flodl.crc32" is present. Files from other tools carry no CRC and
+ * are accepted (fl_st_verified says false). max_bytes bounds the file size (0: no bound).
+ * Returns FL_OK and *out; FL_EPROTO naming the path and what is wrong, for a corrupt,
+ * truncated, lying, unsupported (dtype, more than 8 dimensions, format) or too large
+ * (> max_bytes) file; FL_EIO with strerror for open/read failures; FL_ENOMEM.
+ * Thread-safe; the returned file is read-only, so its accessors are thread-safe too. */
+int fl_st_open(const char *path, size_t max_bytes, fl_st_file_t **out);
+
+/* Number of tensors. */
+size_t fl_st_count(const fl_st_file_t *f);
+
+/* Tensor i (< fl_st_count) in file order: by data offset (ties, which only empty tensors
+ * can have, in header order). For files fl_st_write made, the order they were written in.
+ * data is aligned to the dtype's size (tensors the file stores misaligned are copied).
+ * The tensor, its name and data belong to f and live until fl_st_close. */
+const fl_st_tensor_t *fl_st_at(const fl_st_file_t *f, size_t i);
+
+/* The tensor called name, or NULL if absent (binary search). Lifetime as fl_st_at. */
+const fl_st_tensor_t *fl_st_find(const fl_st_file_t *f, const char *name);
+
+/* A metadata value, or NULL if absent; includes "flodl.crc32" and "flodl.format". Lives
+ * until fl_st_close. */
+const char *fl_st_meta_get(const fl_st_file_t *f, const char *key);
+
+/* True when the file carried a flodl CRC-32 and it matched the data. */
+bool fl_st_verified(const fl_st_file_t *f);
+
+/* Frees the file and everything it returned. NULL-safe; sets *f = NULL. */
+void fl_st_close(fl_st_file_t **f);
 
 #ifdef __cplusplus
 }

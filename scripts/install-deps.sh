@@ -2,12 +2,14 @@
 # Installs the Debian packages flodl needs, idempotently: only missing packages are installed,
 # and apt's index is refreshed only when something is missing.
 #   scripts/install-deps.sh            build and test dependencies
-#   scripts/install-deps.sh bench      also Open MPI (for the side-by-side benchmark) and iperf3
+#   scripts/install-deps.sh bench      also Open MPI and PyTorch (for the side-by-side benchmarks)
+#                                      and iperf3
 set -euo pipefail
 
 build_pkgs=(build-essential cmake pkg-config libzmq3-dev libprotobuf-c-dev protobuf-c-compiler
-            liblz4-dev check libsubunit-dev iproute2)
-bench_pkgs=(openmpi-bin libopenmpi-dev iperf3)
+            liblz4-dev libcjson-dev zlib1g-dev check libsubunit-dev iproute2
+            clang libclang-rt-14-dev)
+bench_pkgs=(openmpi-bin libopenmpi-dev iperf3 python3-torch)
 
 pkgs=("${build_pkgs[@]}")
 for group in "$@"; do

@@ -96,11 +96,8 @@ Suite *gpu_suite(void)
 
 int main(void)
 {
-    if (!fl_gpu_available()) {
-        char why[256];
-        fl_gpu_describe(why, sizeof why);
-        printf("SKIP: gpu suite needs a CUDA device: %s\n", why);
-        return 77;
-    }
+    int probe = fl_test_gpu_probe("gpu suite");
+    if (probe != 0)
+        return probe;
     return fl_test_run(gpu_suite());
 }

@@ -5,6 +5,8 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/wait.h>
+#include <unistd.h>
 
 #include "fl_ps.h"
 
@@ -108,6 +110,29 @@ int fl_test_run_ranks(int world, const fl_comm_opts_t *base, fl_test_rank_fn fn,
         fl_coord_destroy(&coord);
     }
     return rc;
+}
+
+int fl_test_gpu_probe(const char *suite)
+{
+    fflush(stdout);
+    pid_t pid = fork();
+    if (pid < 0)
+        return 1;
+    if (pid == 0) {
+        int code = 0;
+        if (!fl_gpu_available()) {
+            char why[256];
+            fl_gpu_describe(why, sizeof why);
+            printf("SKIP: %s needs a CUDA device: %s\n", suite, why);
+            code = 77;
+        }
+        fflush(stdout);
+        _exit(code);
+    }
+    int status = 0;
+    if (waitpid(pid, &status, 0) != pid || !WIFEXITED(status))
+        return 1;
+    return WEXITSTATUS(status);
 }
 
 uint64_t fl_test_rand(uint64_t *s)

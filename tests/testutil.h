@@ -31,6 +31,12 @@ typedef int (*fl_test_rank_fn)(fl_comm_t *comm, void *arg);
 int fl_test_run_ranks(int world, const fl_comm_opts_t *base, fl_test_rank_fn fn, void *arg,
                       char *err, size_t errcap);
 
+/* Probes for a usable CUDA device in a child process: CUDA cannot be used in a child forked
+ * after its parent initialized it, and Check runs each case in a forked child, so the test
+ * process itself must never touch CUDA before the cases run. Returns 0 when a device is
+ * usable, 77 after printing "SKIP: <suite> needs a CUDA device: <why>", 1 on a probe failure. */
+int fl_test_gpu_probe(const char *suite);
+
 /* Deterministic pseudo-random numbers (splitmix64). */
 uint64_t fl_test_rand(uint64_t *state);
 double fl_test_uniform(uint64_t *state); /* in [-1, 1) */

@@ -137,6 +137,14 @@ typedef struct fl_cmp_sparse_opts {
 
 void fl_cmp_sparse_opts_init(fl_cmp_sparse_opts_t *opts);
 
+/* v as the value type carries it: float16/bfloat16 round to nearest even, finite values beyond
+ * their range saturate at the largest finite one (NaN stays NaN), float32 unchanged. */
+float fl_cmp_round(float v, fl_dtype_t values);
+
+/* Checks k pairs for a block: indices strictly ascending and below n, value type float32,
+ * float16 or bfloat16. FL_OK or FL_EINVAL naming the position. */
+int fl_cmp_sparse_check(const uint32_t *idx, size_t k, size_t n, fl_dtype_t values);
+
 /* Largest encoded size of k pairs with values of the given type (for sizing dst). */
 size_t fl_cmp_sparse_bound(size_t k, fl_dtype_t values);
 
