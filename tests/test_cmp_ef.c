@@ -8,6 +8,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
 #include "fl_cmp.h"
 #include "testutil.h"
@@ -587,6 +588,66 @@ START_TEST(test_state_round_trip)
 }
 END_TEST
 
+/* The residual is part of a rank's state: it goes into a checkpoint file (safetensors, as the
+ * worker writes them) and comes back; a rank resumed from the file sends exactly what the
+ * uninterrupted one sends. */
+START_TEST(test_state_through_checkpoint_file)
+{
+    const size_t n = 5000;
+    const float m = 0.9f;
+    work_t w;
+    work_alloc(&w, n);
+    fl_cmp_ef_t *a = make_ef(n, m, 0.0, FL_FLOAT16, FL_NONFINITE_FAIL, NULL);
+    fl_cmp_ws_t *ws = new_ws();
+    fl_cmp_topk_opts_t o = topk_opts(0, 0.01);
+    size_t k_out = 0;
+    size_t k2 = 0;
+    for (int t = 0; t < 8; t++) {
+        gen_grad(w.g, n, 11, t);
+        ck_assert_int_eq(fl_cmp_ef_step(a, ws, w.g, &o, w.idx, w.val, &k_out, NULL), FL_OK);
+    }
+    const float *res = NULL;
+    const float *vel = NULL;
+    size_t sn = 0;
+    fl_cmp_ef_state(a, &res, &vel, &sn);
+    char dir[] = "/tmp/flodl-ef-XXXXXX";
+    ck_assert(mkdtemp(dir) != NULL);
+    char path[128];
+    snprintf(path, sizeof path, "%s/rank0.safetensors", dir);
+    fl_st_tensor_t t[2] = {
+        {"ef.gradient.residual", FL_FLOAT32, 1, {n}, res, n * sizeof(float)},
+        {"ef.gradient.velocity", FL_FLOAT32, 1, {n}, vel, n * sizeof(float)},
+    };
+    fl_st_meta_t meta = {"flodl.step", "8"};
+    ck_assert_msg(fl_st_write(path, t, 2, &meta, 1) == FL_OK, "%s", fl_last_error());
+
+    fl_st_file_t *f = NULL;
+    ck_assert_msg(fl_st_open(path, 0, &f) == FL_OK, "%s", fl_last_error());
+    ck_assert(fl_st_verified(f));
+    const fl_st_tensor_t *r = fl_st_find(f, "ef.gradient.residual");
+    const fl_st_tensor_t *u = fl_st_find(f, "ef.gradient.velocity");
+    ck_assert(r != NULL && u != NULL && r->shape[0] == n && u->shape[0] == n);
+    fl_cmp_ef_t *b = make_ef(n, m, 0.0, FL_FLOAT16, FL_NONFINITE_FAIL, NULL);
+    ck_assert_int_eq(fl_cmp_ef_restore(b, r->data, u->data, n), FL_OK);
+    fl_st_close(&f);
+    unlink(path);
+    rmdir(dir);
+    for (int s = 8; s < 16; s++) {
+        gen_grad(w.g, n, 11, s);
+        if (fl_cmp_ef_step(a, ws, w.g, &o, w.idx, w.val, &k_out, NULL) != FL_OK ||
+            fl_cmp_ef_step(b, ws, w.g, &o, w.idx2, w.val2, &k2, NULL) != FL_OK)
+            ck_abort_msg("step %d: %s", s, fl_last_error());
+        if (k_out != k2 || memcmp(w.idx, w.idx2, k2 * sizeof *w.idx2) != 0 ||
+            !same_bits(w.val, w.val2, k2))
+            ck_abort_msg("step %d: the rank resumed from the file sends other pairs", s);
+    }
+    fl_cmp_ef_destroy(&a);
+    fl_cmp_ef_destroy(&b);
+    fl_cmp_ws_destroy(&ws);
+    work_free(&w);
+}
+END_TEST
+
 static void expect_create_einval(const fl_cmp_ef_opts_t *o, const char *field)
 {
     static char dummy;
@@ -753,6 +814,7 @@ Suite *cmp_ef_suite(void)
     tcase_set_timeout(t, 60);
     tcase_add_loop_test(t, test_nonfinite_gradient, 0, 2);
     tcase_add_loop_test(t, test_state_round_trip, 0, 2);
+    tcase_add_test(t, test_state_through_checkpoint_file);
     tcase_add_test(t, test_create_validation);
     tcase_add_test(t, test_residual_norm);
     suite_add_tcase(s, t);
