@@ -163,6 +163,87 @@ int fl_gpu_memcpy(void *dst, const void *src, size_t bytes);
 int fl_gpu_alloc(void **out, size_t bytes);
 void fl_gpu_free(void *p);
 
+/* ---- optimizers and learning-rate schedules (optim.c, lr_sched.c) ---- */
+
+/* The same update rules as PyTorch's torch.optim.SGD, Adam and AdamW, so a worker and the
+ * parameter server compute identical parameters from identical gradients. */
+typedef enum fl_opt_kind {
+    FL_OPT_SGD = 0,
+    FL_OPT_ADAM = 1,
+    FL_OPT_ADAMW = 2,
+} fl_opt_kind_t;
+
+typedef struct fl_opt_opts {
+    fl_opt_kind_t kind;  /* default SGD */
+    double momentum;     /* SGD: 0 (default) for plain SGD */
+    double dampening;    /* SGD: default 0 */
+    bool nesterov;       /* SGD: needs momentum > 0 and dampening 0 */
+    double weight_decay; /* SGD and Adam: L2 added to the gradient; AdamW: decoupled */
+    double beta1;        /* Adam(W): default 0.9 */
+    double beta2;        /* Adam(W): default 0.999 */
+    double eps;          /* Adam(W): default 1e-8 */
+} fl_opt_opts_t;
+
+void fl_opt_opts_init(fl_opt_opts_t *opts);
+
+/* Parses "sgd|adam|adamw". FL_OK or FL_EINVAL. */
+int fl_opt_kind_parse(const char *s, fl_opt_kind_t *out);
+const char *fl_opt_kind_name(fl_opt_kind_t kind);
+
+/* Optimizer state for n parameters (momentum buffer, or Adam's first and second moments, and
+ * the step count). */
+typedef struct fl_opt fl_opt_t;
+
+/* FL_OK, FL_EINVAL naming the field (negative rates, betas outside [0, 1), nesterov without
+ * momentum, n = 0), FL_ENOMEM. */
+int fl_opt_create(const fl_opt_opts_t *opts, size_t n, fl_opt_t **out);
+void fl_opt_destroy(fl_opt_t **opt);
+
+/* One step with learning rate lr: params[i] updated from grad[i] (both n entries).
+ * FL_OK, or FL_ENONFINITE naming the first bad gradient index (nothing updated). One thread at
+ * a time per optimizer. */
+int fl_opt_step(fl_opt_t *opt, float *params, const float *grad, double lr);
+
+/* Steps taken so far. */
+uint64_t fl_opt_steps(const fl_opt_t *opt);
+
+/* State for checkpoints: the buffers (NULL when the kind has none: plain SGD has none, SGD
+ * with momentum one, Adam two) of n floats each, and the step count. */
+void fl_opt_state(const fl_opt_t *opt, const float **buf1, const float **buf2, uint64_t *steps);
+
+/* Restores a saved state; buf1/buf2 as fl_opt_state returns them (NULL: zeros).
+ * FL_OK, FL_EINVAL (n mismatch: give n), FL_ENONFINITE. */
+int fl_opt_restore(fl_opt_t *opt, const float *buf1, const float *buf2, size_t n,
+                   uint64_t steps);
+
+typedef enum fl_lr_kind {
+    FL_LR_CONSTANT = 0,
+    FL_LR_STEP = 1,   /* lr * gamma^(floor((step - warmup) / step_size)) */
+    FL_LR_COSINE = 2, /* min_lr + (lr - min_lr) * (1 + cos(pi * t / T)) / 2 after warm-up */
+} fl_lr_kind_t;
+
+typedef struct fl_lr_sched {
+    double lr;          /* peak learning rate (after warm-up) */
+    fl_lr_kind_t kind;  /* default constant */
+    long warmup_steps;  /* linear warm-up from lr / warmup_steps... to lr (default 0) */
+    long total_steps;   /* COSINE: length of the decay after warm-up */
+    long step_size;     /* STEP: steps between decays */
+    double gamma;       /* STEP: factor (default 0.1) */
+    double min_lr;      /* COSINE: floor (default 0) */
+} fl_lr_sched_t;
+
+void fl_lr_sched_init(fl_lr_sched_t *s, double lr);
+
+/* Parses "constant|step|cosine". FL_OK or FL_EINVAL. */
+int fl_lr_kind_parse(const char *s, fl_lr_kind_t *out);
+
+/* Learning rate for a 0-based global step: warm-up lr * (step + 1) / warmup_steps for step <
+ * warmup_steps, then the schedule. */
+double fl_lr_at(const fl_lr_sched_t *s, long step);
+
+/* Linear scaling rule (Goyal et al.): base_lr * global_batch / base_batch. */
+double fl_lr_scaled(double base_lr, long global_batch, long base_batch);
+
 /* ---- hosts (host.c) ---- */
 
 /* This machine's host name into out (always terminated). */

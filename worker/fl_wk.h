@@ -1,10 +1,11 @@
-/* worker: flodl-worker, what runs on each GPU host. Until training lands (#5) its job is the
- * gradient-exchange drill: allreduce a gradient-sized buffer every step, check every element
- * against the exact expected sum, and report timings. */
+/* worker: flodl-worker, what runs on each GPU host: datasets and the distributed sampler, the
+ * MLP (CPU with OpenBLAS; CUDA with cuBLAS), the training loop with its gradient exchange, and
+ * the gradient-exchange drill (a verified allreduce benchmark). */
 #ifndef FL_WK_H
 #define FL_WK_H
 
 #include <stdbool.h>
+#include <stdint.h>
 #include <stddef.h>
 
 #include <flodl/comm.h>
@@ -12,6 +13,117 @@
 #ifdef __cplusplus
 extern "C" {
 #endif
+
+/* ---- datasets (data_builtin.c, data_idx.c, data_csv.c) ---- */
+
+typedef struct fl_wk_dataset {
+    size_t n;         /* samples */
+    size_t dim;       /* features per sample */
+    int classes;      /* labels are 0..classes-1 */
+    float *x;         /* n * dim features, row-major */
+    int32_t *y;       /* n labels */
+    char source[256]; /* "built-in (seed 1)" or the file it came from */
+} fl_wk_dataset_t;
+
+/* The built-in dataset (see data_builtin.c for how it is made): FL_WK_BUILTIN_DIM features,
+ * FL_WK_BUILTIN_CLASSES classes, FL_WK_BUILTIN_TRAIN training and FL_WK_BUILTIN_TEST test
+ * samples, identical for a given seed on every machine. FL_OK or FL_ENOMEM. */
+#define FL_WK_BUILTIN_DIM 64
+#define FL_WK_BUILTIN_CLASSES 10
+#define FL_WK_BUILTIN_TRAIN 60000
+#define FL_WK_BUILTIN_TEST 10000
+int fl_wk_data_builtin(uint64_t seed, fl_wk_dataset_t *train, fl_wk_dataset_t *test);
+
+/* IDX files (MNIST / Fashion-MNIST: images u8 [n, rows, cols], labels u8 [n]); ".gz" files are
+ * read through zlib. Pixels are scaled to [0, 1]. classes = max label + 1 (at most 256).
+ * FL_OK, FL_EIO (cannot read), FL_EPROTO (wrong magic, truncated, counts that disagree between
+ * images and labels, label out of range) naming the file and the problem, FL_ENOMEM. */
+int fl_wk_data_idx(const char *images, const char *labels, fl_wk_dataset_t *out);
+
+/* CSV: one sample per line, the label (an integer >= 0) first, then the features; every line
+ * the same number of columns; an optional header line (non-numeric first field) is skipped.
+ * Errors as fl_wk_data_idx, naming the file and line. */
+int fl_wk_data_csv(const char *path, fl_wk_dataset_t *out);
+
+void fl_wk_dataset_free(fl_wk_dataset_t *d);
+
+/* ---- sampling (sampler.c): PyTorch's DistributedSampler, drop_last ---- */
+
+typedef struct fl_wk_sampler {
+    size_t n;       /* samples in the dataset */
+    int world;      /* data-parallel replicas */
+    int rank;       /* this replica */
+    size_t batch;   /* per replica */
+    bool shuffle;   /* a seeded permutation per epoch, the same on every rank */
+    uint64_t seed;
+    uint32_t *perm; /* n entries (identity without shuffle) */
+} fl_wk_sampler_t;
+
+/* FL_OK, FL_EINVAL (world < 1, rank out of range, batch 0, batch larger than a replica's
+ * share n / world: the detail says so), FL_ENOMEM. */
+int fl_wk_sampler_init(fl_wk_sampler_t *s, size_t n, int world, int rank, size_t batch,
+                       bool shuffle, uint64_t seed);
+void fl_wk_sampler_deinit(fl_wk_sampler_t *s);
+
+/* Draws the permutation of an epoch (a function of seed and epoch only). */
+void fl_wk_sampler_set_epoch(fl_wk_sampler_t *s, long epoch);
+
+/* Batches per epoch for every rank alike: (n / world) / batch. */
+size_t fl_wk_sampler_batches(const fl_wk_sampler_t *s);
+
+/* The sample indices of batch i of this rank: perm[rank + (i * batch + t) * world] for t in
+ * 0..batch-1. Without shuffle the batches i of all ranks together are samples
+ * [i * world * batch, (i + 1) * world * batch). */
+void fl_wk_sampler_batch(const fl_wk_sampler_t *s, size_t i, uint32_t *idx);
+
+/* ---- the model: a multilayer perceptron (mlp.c on the CPU) ---- */
+
+#define FL_WK_MAX_LAYERS 16
+
+typedef struct fl_wk_mlp_shape {
+    int nlayers;                      /* linear layers */
+    int sizes[FL_WK_MAX_LAYERS + 1];  /* sizes[0] inputs ... sizes[nlayers] classes */
+} fl_wk_mlp_shape_t;
+
+/* Parses "784,512,256,10" (2 to 17 positive sizes). FL_OK or FL_EINVAL naming the problem. */
+int fl_wk_mlp_parse(const char *s, fl_wk_mlp_shape_t *out);
+
+/* Parameters in one flat buffer, PyTorch's order and layout: layer 0 weight [out, in]
+ * row-major, layer 0 bias [out], layer 1 weight, ... */
+size_t fl_wk_mlp_nparams(const fl_wk_mlp_shape_t *m);
+size_t fl_wk_mlp_weight_at(const fl_wk_mlp_shape_t *m, int layer);
+size_t fl_wk_mlp_bias_at(const fl_wk_mlp_shape_t *m, int layer);
+
+/* A 64-bit signature of the shapes: ranks of one job must agree (checked at rendezvous). */
+uint64_t fl_wk_mlp_signature(const fl_wk_mlp_shape_t *m);
+
+/* PyTorch's nn.Linear default: weight and bias uniform in [-1/sqrt(in), 1/sqrt(in)], from a
+ * seeded generator (the same numbers on every machine for a seed). */
+void fl_wk_mlp_init(const fl_wk_mlp_shape_t *m, float *params, uint64_t seed);
+
+/* Activations and scratch for batches of up to `batch` samples. */
+typedef struct fl_wk_mlp_ws fl_wk_mlp_ws_t;
+int fl_wk_mlp_ws_create(const fl_wk_mlp_shape_t *m, size_t batch, fl_wk_mlp_ws_t **out);
+void fl_wk_mlp_ws_destroy(fl_wk_mlp_ws_t **ws);
+
+/* Called during the backward pass when the gradient of layer `layer` (weight and bias) is
+ * complete; layers finish last first. */
+typedef void (*fl_wk_layer_done_fn)(int layer, void *ud);
+
+/* Forward and backward of b samples (x: b rows of sizes[0]; y: labels): mean softmax
+ * cross-entropy in *loss, correct predictions in *correct, d loss / d params into grad (all n
+ * parameters written). done may be NULL. FL_OK, FL_EINVAL (b above the workspace, label out of
+ * range), FL_ENONFINITE (a non-finite loss: the detail says so). */
+int fl_wk_mlp_grad(const fl_wk_mlp_shape_t *m, fl_wk_mlp_ws_t *ws, const float *params,
+                   const float *x, const int32_t *y, size_t b, float *grad, double *loss,
+                   size_t *correct, fl_wk_layer_done_fn done, void *ud);
+
+/* Forward only, in batches of the workspace's size: mean loss and correct predictions over n
+ * samples. */
+int fl_wk_mlp_eval(const fl_wk_mlp_shape_t *m, fl_wk_mlp_ws_t *ws, const float *params,
+                   const float *x, const int32_t *y, size_t n, double *loss, size_t *correct);
+
+/* ---- the gradient-exchange drill (drill.c) ---- */
 
 typedef struct fl_wk_drill_opts {
     size_t bytes;     /* buffer size (default 64 MiB) */
