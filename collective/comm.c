@@ -160,6 +160,7 @@ int fl_comm_init(const fl_comm_opts_t *o, fl_comm_t **out)
     c->segment_bytes = o->segment_bytes;
     c->small_bytes = o->small_bytes;
     c->algo = o->algo;
+    c->model_signature = o->model_signature;
     c->last_algo = FL_ALGO_AUTO;
     c->gpus = fl_gpu_count();
 

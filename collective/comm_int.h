@@ -28,6 +28,7 @@ struct fl_comm {
     size_t segment_bytes;
     size_t small_bytes;
     fl_algo_t algo;
+    uint64_t model_signature;
 
     /* From the coordinator's welcome. */
     uint64_t generation;

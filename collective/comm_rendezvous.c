@@ -33,6 +33,7 @@ static int send_register(fl_comm_t *c)
     for (int k = 0; k < c->nendpoints; k++)
         snprintf(r->endpoints[k], sizeof r->endpoints[k], "%s", c->endpoints[k]);
     r->pid = (int32_t)getpid();
+    r->model_signature = c->model_signature;
     fl_comm_tuning(c, r->tuning, sizeof r->tuning);
     return fl_tp_send(c->coord, NULL, &h, NULL, 0, fl_deadline_in(1000));
 }

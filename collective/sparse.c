@@ -35,7 +35,7 @@ static int get_ws(fl_comm_t *c, fl_cmp_ws_t **ws)
 
 /* The ring all-gather of the encoded blocks, then the rank-ordered sum into out. */
 static int gather_blocks(coll_op_t *op, fl_cmp_ws_t *ws, const uint8_t *mine, size_t mine_len,
-                         float *out, size_t n)
+                         float *out, size_t n, uint64_t *ktot)
 {
     fl_comm_t *c = op->c;
     int nr = c->size;
@@ -95,13 +95,16 @@ static int gather_blocks(coll_op_t *op, fl_cmp_ws_t *ws, const uint8_t *mine, si
     }
     if (rc == FL_OK) {
         memset(out, 0, n * sizeof *out);
+        uint64_t sum = 0;
         for (int q = 0; q < nr && rc == FL_OK; q++) {
             const void *blk = q == r ? (const void *)mine : fl_tp_msg_data(&got[q], 0);
             size_t len = q == r ? mine_len : fl_tp_msg_size(&got[q], 0);
             size_t kq;
             if ((rc = fl_cmp_sparse_accumulate(ws, blk, len, out, n, &kq)) != FL_OK)
                 rc = coll_fail(op, FL_EPROTO, "sparse block of rank %d: %s", q, fl_last_error());
+            sum += kq;
         }
+        *ktot = sum;
     }
     for (int q = 0; q < nr; q++)
         if (have[q])
@@ -152,27 +155,34 @@ int fl_sparse_allreduce(fl_comm_t *c, const uint32_t *idx, const float *val, siz
     if ((rc = fl_cmp_sparse_check(idx, k, n, opts->values)) != FL_OK)
         return fl_fail_ctx(rc, "rank %d: sparse allreduce", c->rank);
 
-    /* Every rank's k, to agree on the path and to report the total. */
-    int64_t *ks = calloc((size_t)c->size, sizeof *ks);
-    if (ks == NULL)
-        return fl_fail(FL_ENOMEM, "rank %d: sparse allreduce: out of memory", c->rank);
-    ks[c->rank] = (int64_t)k;
-    if ((rc = fl_allgather(c, &ks[c->rank], ks, (size_t)c->size, FL_INT64)) != FL_OK) {
-        free(ks);
-        return rc;
-    }
-    uint64_t kmax = 0;
+    /* Every rank must take the same path: agree on the largest k, given or gathered. */
+    uint64_t kmax = opts->k_max;
     uint64_t ktot = 0;
-    for (int q = 0; q < c->size; q++) {
-        kmax = (uint64_t)ks[q] > kmax ? (uint64_t)ks[q] : kmax;
-        ktot += (uint64_t)ks[q];
+    if (kmax > 0 && k > kmax)
+        return fl_fail(FL_EINVAL, "rank %d: sparse allreduce: %zu pairs, more than k_max %zu",
+                       c->rank, k, opts->k_max);
+    if (kmax == 0) {
+        int64_t *ks = calloc((size_t)c->size, sizeof *ks);
+        if (ks == NULL)
+            return fl_fail(FL_ENOMEM, "rank %d: sparse allreduce: out of memory", c->rank);
+        ks[c->rank] = (int64_t)k;
+        if ((rc = fl_allgather(c, &ks[c->rank], ks, (size_t)c->size, FL_INT64)) != FL_OK) {
+            free(ks);
+            return rc;
+        }
+        for (int q = 0; q < c->size; q++) {
+            kmax = (uint64_t)ks[q] > kmax ? (uint64_t)ks[q] : kmax;
+            ktot += (uint64_t)ks[q];
+        }
+        free(ks);
     }
-    free(ks);
 
     size_t vsize = fl_dtype_size(opts->values);
     bool dense = opts->allow_dense && c->size > 1 &&
                  (double)c->size * (double)kmax * (double)(vsize + PAIR_INDEX_BYTES) >
                      2.0 * (double)n * sizeof(float);
+    if (c->size == 1)
+        ktot = k;
     if (dense || c->size == 1) {
         /* The same rounded values the sparse path would add, straight into the output. */
         memset(out, 0, n * sizeof *out);
@@ -206,7 +216,8 @@ int fl_sparse_allreduce(fl_comm_t *c, const uint32_t *idx, const float *val, siz
         free(mine);
         return rc;
     }
-    rc = gather_blocks(&o, ws, mine, mine_len, out, n);
+    uint64_t gathered = 0;
+    rc = gather_blocks(&o, ws, mine, mine_len, out, n, &gathered);
     if (rc == FL_OK && op == FL_AVG) {
         float d = (float)c->size;
         for (size_t i = 0; i < n; i++)
@@ -215,6 +226,6 @@ int fl_sparse_allreduce(fl_comm_t *c, const uint32_t *idx, const float *val, siz
     rc = coll_end(&o, rc);
     free(mine);
     if (rc == FL_OK)
-        finish_stats(c, n, sent_before, ktot, false, stats);
+        finish_stats(c, n, sent_before, gathered, false, stats);
     return rc;
 }

@@ -147,6 +147,14 @@ static void on_register(fl_coord_t *c, fl_tp_msg_t *m)
                                    reg->host, c->job_id,
                                    c->phase == PHASE_RUNNING ? "started" : "failed");
     for (int q = 0; q < c->world; q++) {
+        const fl_msg_register_t *other = &c->ranks[q].reg;
+        if (c->ranks[q].registered && (other->model_signature != 0 || reg->model_signature != 0) &&
+            other->model_signature != reg->model_signature)
+            return fl_coord_send_error(c, to, FL_EINVAL, r, reg->host,
+                                       "rank %d (host %s) has model signature 0x%016llx, rank %d "
+                                       "(host %s) 0x%016llx: the ranks run different models",
+                                       r, reg->host, (unsigned long long)reg->model_signature, q,
+                                       other->host, (unsigned long long)other->model_signature);
         if (c->ranks[q].registered && strcmp(c->ranks[q].reg.tuning, reg->tuning) != 0)
             return fl_coord_send_error(c, to, FL_EINVAL, r, reg->host,
                                        "rank %d (host %s) uses collective settings '%s', rank %d "

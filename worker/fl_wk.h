@@ -9,6 +9,9 @@
 #include <stddef.h>
 
 #include <flodl/comm.h>
+#include <flodl/compress.h>
+
+#include "fl_core.h"
 
 #ifdef __cplusplus
 extern "C" {
@@ -122,6 +125,74 @@ int fl_wk_mlp_grad(const fl_wk_mlp_shape_t *m, fl_wk_mlp_ws_t *ws, const float *
  * samples. */
 int fl_wk_mlp_eval(const fl_wk_mlp_shape_t *m, fl_wk_mlp_ws_t *ws, const float *params,
                    const float *x, const int32_t *y, size_t n, double *loss, size_t *correct);
+
+/* ---- parameters on disk (model_io.c): safetensors, PyTorch's names ---- */
+
+/* Writes layers.<i>.weight [out, in] and layers.<i>.bias [out] (float32) plus metadata (may be
+ * NULL/0), atomically. FL_OK, FL_EIO naming the path. */
+int fl_wk_mlp_save(const fl_wk_mlp_shape_t *m, const float *params, const char *path,
+                   const fl_st_meta_t *meta, size_t nmeta);
+
+/* Loads parameters saved by fl_wk_mlp_save or by PyTorch (safetensors.torch.save_file of an
+ * nn.Sequential-like state dict renamed to layers.<i>.*). Every tensor must be there with the
+ * right shape and dtype float32: FL_EINVAL naming the tensor and both shapes when the model
+ * differs; FL_EPROTO / FL_EIO for a bad file. */
+int fl_wk_mlp_load(const fl_wk_mlp_shape_t *m, float *params, const char *path);
+
+/* ---- training (train.c, exchange.c) ---- */
+
+typedef enum fl_wk_mode {
+    FL_WK_MODE_LOCAL = 0, /* one process, no network */
+    FL_WK_MODE_RING = 1,  /* gradients averaged across ranks (dense or top-k), local update */
+    FL_WK_MODE_PS = 2,    /* push gradients, pull parameters (the parameter server, #4) */
+} fl_wk_mode_t;
+
+typedef struct fl_wk_train_opts {
+    fl_wk_mode_t mode;
+    fl_wk_mlp_shape_t shape;
+    size_t batch;          /* per device */
+    int epochs;
+    bool shuffle;
+    uint64_t seed;         /* initialisation and sampling */
+    int replicas;          /* CPU replicas (devices) of this process, as threads (default 1) */
+    fl_opt_opts_t opt;
+    fl_lr_sched_t lr;
+    bool scale_lr;         /* linear scaling rule: lr * global batch / batch */
+    double max_norm;       /* gradient clipping by global L2 norm (0: off) */
+    double topk;           /* density of top-k with error feedback (0: dense) */
+    int topk_warmup;       /* epochs of DGC density warm-up (0: none) */
+    fl_dtype_t topk_values;/* values on the wire for top-k (float32/float16/bfloat16) */
+    size_t bucket_bytes;   /* gradient buckets exchanged as the backward pass fills them */
+    const char *init_path; /* parameters to start from (NULL: seeded init) */
+    const char *save_path; /* parameters written at the end (and every save_every steps) */
+    long save_every;
+    const char *metrics_path; /* one JSON line per step */
+    double progress_s;     /* seconds between progress lines (rank 0) */
+    bool quiet;
+} fl_wk_train_opts_t;
+
+void fl_wk_train_opts_init(fl_wk_train_opts_t *o);
+
+typedef struct fl_wk_train_result {
+    int epochs;
+    long steps;
+    double train_loss;    /* mean over the last epoch */
+    double test_loss;
+    double test_acc;      /* after the last epoch */
+    double seconds;
+    double samples_per_s; /* of the whole job */
+    uint64_t bytes_sent;  /* gradient exchange, this rank */
+    uint64_t raw_bytes;   /* what dense exchange would have sent */
+    double comm_ms;       /* per step: time spent exchanging */
+    double exposed_ms;    /* per step: of which the compute did not hide */
+    double compute_ms;    /* per step */
+} fl_wk_train_result_t;
+
+/* Trains on train and evaluates on test each epoch. comm is NULL for FL_WK_MODE_LOCAL.
+ * Checks the model against the data (inputs, classes) and the init file first: FL_EINVAL with
+ * the detail saying what and where. FL_OK, or a collective's, optimizer's or I/O error. */
+int fl_wk_train(fl_comm_t *comm, const fl_wk_dataset_t *train, const fl_wk_dataset_t *test,
+                const fl_wk_train_opts_t *o, fl_wk_train_result_t *res);
 
 /* ---- the gradient-exchange drill (drill.c) ---- */
 

@@ -1,8 +1,11 @@
 /* flodl-worker: one per host. Resolves rank, world size and coordinator from flags or the
- * launcher's environment, joins the job, and runs its work (today the gradient-exchange
- * drill). Exit 0 on success, 1 on a runtime failure (the message names rank, peer and
- * operation), 2 on bad flags. */
+ * launcher's environment, loads the data, joins the job and trains (or runs the
+ * gradient-exchange drill). Exit 0 on success, 1 on a runtime failure (the message names rank,
+ * peer and operation), 2 on bad flags, a model that does not fit the data or the init file, or
+ * a model that differs from the other ranks' (one line saying what and where). */
+#include <cblas.h>
 #include <getopt.h>
+#include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -12,27 +15,47 @@
 #include "fl_wk.h"
 
 static const char usage[] =
-    "usage: flodl-worker --rank K --world-size N --coordinator tcp://HOST:PORT [options]\n"
-    "  rank, world size and coordinator may come from the environment instead:\n"
-    "  FLODL_RANK/FLODL_WORLD_SIZE/FLODL_COORDINATOR, torchrun's RANK/WORLD_SIZE/MASTER_ADDR/\n"
-    "  MASTER_PORT, Open MPI's OMPI_COMM_WORLD_RANK/_SIZE, Kubernetes' JOB_COMPLETION_INDEX.\n"
+    "usage: flodl-worker [--rank K --world-size N --coordinator tcp://HOST:PORT] [options]\n"
+    "  rank, world size and coordinator may come from the environment instead: FLODL_RANK/\n"
+    "  FLODL_WORLD_SIZE/FLODL_COORDINATOR, torchrun's RANK/WORLD_SIZE/MASTER_ADDR/MASTER_PORT,\n"
+    "  Open MPI's OMPI_COMM_WORLD_RANK/_SIZE, Kubernetes' JOB_COMPLETION_INDEX.\n"
+    "  --mode local|ring|ps|drill   (default: ring with a coordinator, else local)\n"
+    "data (default: the built-in dataset):\n"
+    "  --train-images F --train-labels F [--test-images F --test-labels F]   IDX (.gz ok)\n"
+    "  --train-csv F [--test-csv F]   CSV, label first\n"
+    "  --data-seed S                  seed of the built-in dataset (default 1)\n"
+    "model and training:\n"
+    "  --layers 64,256,128,10  --batch-size 64  --epochs 10  --seed 1  --no-shuffle\n"
+    "  --optimizer sgd|adam|adamw  --lr 0.05  --momentum 0.9  --nesterov  --weight-decay 0\n"
+    "  --lr-schedule constant|step|cosine  --warmup-steps 0  --lr-step-size N  --lr-gamma 0.1\n"
+    "  --scale-lr (linear scaling rule)  --max-grad-norm X  --cpu-replicas L  --device auto|cpu\n"
+    "  --topk DENSITY (top-k with error feedback; 0: dense)  --topk-warmup EPOCHS\n"
+    "  --topk-values float32|float16|bfloat16  --bucket-mb 1\n"
+    "  --init FILE.safetensors  --save FILE.safetensors  --save-every STEPS\n"
+    "  --metrics FILE (JSON lines)  --progress SECONDS  --quiet\n"
     "communicator:\n"
-    "  --host ADDR              address peers reach this rank at (default: route to coordinator)\n"
-    "  --bind ENDPOINT          data endpoint (default tcp://ADDR:0)\n"
-    "  --job-id ID              must match flodl-ps --job-id (default flodl)\n"
-    "  --timeout MS             deadline of one collective (default 300000)\n"
-    "  --rendezvous-timeout MS  deadline of joining the job (default 300000)\n"
-    "  --stripes K              TCP connections per peer (default 1)\n"
-    "  --segment BYTES          ring pipelining unit (default 1M)\n"
-    "  --small BYTES            recursive doubling up to this size (default 64K)\n"
-    "  --algo auto|ring|rd|direct  allreduce algorithm (default auto)\n"
-    "  --log-level LEVEL        debug|info|warn|error (default warn, or FLODL_LOG)\n"
-    "drill:\n"
-    "  --size BYTES             gradient size (default 64M)\n"
-    "  --steps N                steps (default 20)\n"
-    "  --dtype TYPE             float32|float16|bfloat16|float64 (default float32)\n"
-    "  --op sum|avg             reduction (default avg)\n"
-    "  --quiet                  summary line only\n";
+    "  --host ADDR  --bind ENDPOINT  --job-id ID  --timeout MS  --rendezvous-timeout MS\n"
+    "  --stripes K  --segment BYTES  --small BYTES  --algo auto|ring|rd|direct\n"
+    "  --log-level debug|info|warn|error (default warn, or FLODL_LOG)\n"
+    "drill (--mode drill): --size BYTES  --steps N  --dtype TYPE  --op sum|avg\n";
+
+enum {
+    O_MODE = 1000, O_TRAIN_IMAGES, O_TRAIN_LABELS, O_TEST_IMAGES, O_TEST_LABELS, O_TRAIN_CSV,
+    O_TEST_CSV, O_DATA_SEED, O_LAYERS, O_BATCH, O_EPOCHS, O_SEED, O_NO_SHUFFLE, O_OPTIMIZER,
+    O_LR, O_MOMENTUM, O_NESTEROV, O_WD, O_SCHED, O_WARMUP, O_STEP_SIZE, O_GAMMA, O_SCALE_LR,
+    O_MAX_NORM, O_REPLICAS, O_DEVICE, O_TOPK, O_TOPK_WARMUP, O_TOPK_VALUES, O_BUCKET, O_INIT,
+    O_SAVE, O_SAVE_EVERY, O_METRICS, O_PROGRESS, O_QUIET, O_SIZE, O_STEPS, O_DTYPE, O_OP, O_HELP
+};
+
+typedef struct wargs {
+    fl_comm_opts_t co;
+    fl_wk_train_opts_t to;
+    fl_wk_drill_opts_t d;
+    int mode; /* -1: by the presence of a coordinator */
+    const char *train_images, *train_labels, *test_images, *test_labels;
+    const char *train_csv, *test_csv;
+    uint64_t data_seed;
+} wargs_t;
 
 static const char *env_get(const char *name, void *ud)
 {
@@ -40,126 +63,345 @@ static const char *env_get(const char *name, void *ud)
     return getenv(name);
 }
 
-static int bad_flag(void)
+/* Prints the current detail text as the one line of a usage error; returns exit code 2. */
+static int usage_error(void)
 {
     fprintf(stderr, "flodl-worker: %s\n", fl_last_error());
     return 2;
 }
 
+static int bad(const char *fmt, ...) FL_PRINTF(1, 2);
+
+static int bad(const char *fmt, ...)
+{
+    char text[512];
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(text, sizeof text, fmt, ap);
+    va_end(ap);
+    fl_fail(FL_EINVAL, "%s", text);
+    return usage_error();
+}
+
+static int num(const char *flag, const char *v, double lo, double hi, double *out)
+{
+    char *end = NULL;
+    double x = strtod(v, &end);
+    if (end == v || *end != '\0' || !(x >= lo && x <= hi))
+        return fl_fail(FL_EINVAL, "%s: '%s' is not a number in [%g, %g]", flag, v, lo, hi);
+    *out = x;
+    return FL_OK;
+}
+
+/* Applies one training or drill flag; FL_OK or FL_EINVAL with the detail set. */
+static int apply(wargs_t *a, int ch, const char *v)
+{
+    long n;
+    double x;
+    size_t z;
+    int rc = FL_OK;
+    fl_wk_train_opts_t *t = &a->to;
+    switch (ch) {
+    case O_MODE:
+        if (strcmp(v, "local") == 0)
+            a->mode = FL_WK_MODE_LOCAL;
+        else if (strcmp(v, "ring") == 0)
+            a->mode = FL_WK_MODE_RING;
+        else if (strcmp(v, "ps") == 0)
+            a->mode = FL_WK_MODE_PS;
+        else if (strcmp(v, "drill") == 0)
+            a->mode = 99;
+        else
+            rc = fl_fail(FL_EINVAL, "--mode: '%s' is not one of local|ring|ps|drill", v);
+        break;
+    case O_TRAIN_IMAGES: a->train_images = v; break;
+    case O_TRAIN_LABELS: a->train_labels = v; break;
+    case O_TEST_IMAGES: a->test_images = v; break;
+    case O_TEST_LABELS: a->test_labels = v; break;
+    case O_TRAIN_CSV: a->train_csv = v; break;
+    case O_TEST_CSV: a->test_csv = v; break;
+    case O_DATA_SEED:
+        if ((rc = fl_cli_long("--data-seed", v, 0, 0x7fffffffL, &n)) == FL_OK)
+            a->data_seed = (uint64_t)n;
+        break;
+    case O_LAYERS: rc = fl_wk_mlp_parse(v, &t->shape); break;
+    case O_BATCH:
+        if ((rc = fl_cli_long("--batch-size", v, 1, 1 << 20, &n)) == FL_OK)
+            t->batch = (size_t)n;
+        break;
+    case O_EPOCHS:
+        if ((rc = fl_cli_long("--epochs", v, 0, 1000000, &n)) == FL_OK)
+            t->epochs = (int)n;
+        break;
+    case O_SEED:
+        if ((rc = fl_cli_long("--seed", v, 0, 0x7fffffffL, &n)) == FL_OK)
+            t->seed = (uint64_t)n;
+        break;
+    case O_NO_SHUFFLE: t->shuffle = false; break;
+    case O_OPTIMIZER: rc = fl_opt_kind_parse(v, &t->opt.kind); break;
+    case O_LR:
+        if ((rc = num("--lr", v, 0.0, 1e6, &x)) == FL_OK)
+            t->lr.lr = x;
+        break;
+    case O_MOMENTUM: rc = num("--momentum", v, 0.0, 0.999999, &t->opt.momentum); break;
+    case O_NESTEROV: t->opt.nesterov = true; break;
+    case O_WD: rc = num("--weight-decay", v, 0.0, 10.0, &t->opt.weight_decay); break;
+    case O_SCHED: rc = fl_lr_kind_parse(v, &t->lr.kind); break;
+    case O_WARMUP: rc = fl_cli_long("--warmup-steps", v, 0, 1L << 40, &t->lr.warmup_steps); break;
+    case O_STEP_SIZE: rc = fl_cli_long("--lr-step-size", v, 1, 1L << 40, &t->lr.step_size); break;
+    case O_GAMMA: rc = num("--lr-gamma", v, 0.0, 1.0, &t->lr.gamma); break;
+    case O_SCALE_LR: t->scale_lr = true; break;
+    case O_MAX_NORM: rc = num("--max-grad-norm", v, 0.0, 1e12, &t->max_norm); break;
+    case O_REPLICAS:
+        if ((rc = fl_cli_long("--cpu-replicas", v, 1, 64, &n)) == FL_OK)
+            t->replicas = (int)n;
+        break;
+    case O_DEVICE:
+        if (strcmp(v, "cuda") == 0)
+            rc = fl_fail(FL_EINVAL, "--device cuda: GPU training is not built yet; use --device "
+                                    "cpu or auto");
+        else if (strcmp(v, "cpu") != 0 && strcmp(v, "auto") != 0)
+            rc = fl_fail(FL_EINVAL, "--device: '%s' is not one of auto|cpu|cuda", v);
+        break;
+    case O_TOPK: rc = num("--topk", v, 0.0, 1.0, &t->topk); break;
+    case O_TOPK_WARMUP:
+        if ((rc = fl_cli_long("--topk-warmup", v, 0, 1000, &n)) == FL_OK)
+            t->topk_warmup = (int)n;
+        break;
+    case O_TOPK_VALUES:
+        if (fl_dtype_parse(v, &t->topk_values) != FL_OK ||
+            (t->topk_values != FL_FLOAT32 && t->topk_values != FL_FLOAT16 &&
+             t->topk_values != FL_BFLOAT16))
+            rc = fl_fail(FL_EINVAL, "--topk-values: '%s' is not one of float32|float16|bfloat16",
+                         v);
+        break;
+    case O_BUCKET:
+        if ((rc = num("--bucket-mb", v, 0.0, 4096.0, &x)) == FL_OK)
+            t->bucket_bytes = (size_t)(x * 1048576.0);
+        break;
+    case O_INIT: t->init_path = v; break;
+    case O_SAVE: t->save_path = v; break;
+    case O_SAVE_EVERY: rc = fl_cli_long("--save-every", v, 1, 1L << 40, &t->save_every); break;
+    case O_METRICS: t->metrics_path = v; break;
+    case O_PROGRESS: rc = num("--progress", v, 0.0, 86400.0, &t->progress_s); break;
+    case O_QUIET:
+        t->quiet = true;
+        a->d.quiet = true;
+        break;
+    case O_SIZE:
+        if ((rc = fl_cli_size("--size", v, 0, (size_t)16 << 30, &z)) == FL_OK)
+            a->d.bytes = z;
+        break;
+    case O_STEPS:
+        if ((rc = fl_cli_long("--steps", v, 0, 100000000, &n)) == FL_OK)
+            a->d.steps = (int)n;
+        break;
+    case O_DTYPE:
+        if (fl_dtype_parse(v, &a->d.dtype) != FL_OK ||
+            !(a->d.dtype == FL_FLOAT32 || a->d.dtype == FL_FLOAT16 ||
+              a->d.dtype == FL_BFLOAT16 || a->d.dtype == FL_FLOAT64))
+            rc = fl_fail(FL_EINVAL, "--dtype: '%s' is not one of float32|float16|bfloat16|float64",
+                         v);
+        break;
+    case O_OP:
+        if (strcmp(v, "sum") == 0)
+            a->d.op = FL_SUM;
+        else if (strcmp(v, "avg") == 0)
+            a->d.op = FL_AVG;
+        else
+            rc = fl_fail(FL_EINVAL, "--op: '%s' is not one of sum|avg", v);
+        break;
+    default: rc = fl_fail(FL_EINVAL, "unknown flag"); break;
+    }
+    return rc;
+}
+
+static int load_data(const wargs_t *a, fl_wk_dataset_t *train, fl_wk_dataset_t *test,
+                     bool *have_test)
+{
+    *have_test = true;
+    if (a->train_images != NULL || a->train_labels != NULL) {
+        if (a->train_images == NULL || a->train_labels == NULL)
+            return fl_fail(FL_EINVAL, "--train-images and --train-labels go together");
+        int rc = fl_wk_data_idx(a->train_images, a->train_labels, train);
+        if (rc != FL_OK)
+            return rc;
+        if (a->test_images == NULL) {
+            *have_test = false;
+            return FL_OK;
+        }
+        return fl_wk_data_idx(a->test_images, a->test_labels ? a->test_labels : "", test);
+    }
+    if (a->train_csv != NULL) {
+        int rc = fl_wk_data_csv(a->train_csv, train);
+        if (rc != FL_OK)
+            return rc;
+        if (a->test_csv == NULL) {
+            *have_test = false;
+            return FL_OK;
+        }
+        return fl_wk_data_csv(a->test_csv, test);
+    }
+    return fl_wk_data_builtin(a->data_seed, train, test);
+}
+
+static void summary(int rank, const fl_wk_train_result_t *r)
+{
+    double hidden = r->comm_ms > 0 ? 100.0 * (1.0 - r->exposed_ms / r->comm_ms) : 0.0;
+    printf("rank %d summary: %d epochs, %ld steps, test accuracy %.2f%% (loss %.4f), %.1f s, "
+           "%.0f samples/s; per step compute %.2f ms, exchange %.2f ms (exposed %.2f ms, %.0f%% "
+           "hidden); sent %.1f MiB, dense would send %.1f MiB (%.1fx less)\n",
+           rank, r->epochs, r->steps, 100.0 * r->test_acc, r->test_loss, r->seconds,
+           r->samples_per_s, r->compute_ms, r->comm_ms, r->exposed_ms, hidden < 0 ? 0 : hidden,
+           (double)r->bytes_sent / 1048576.0, (double)r->raw_bytes / 1048576.0,
+           r->bytes_sent ? (double)r->raw_bytes / (double)r->bytes_sent : 0.0);
+    fflush(stdout);
+}
+
 int main(int argc, char **argv)
 {
-    enum { O_SIZE = 1000, O_STEPS, O_DTYPE, O_OP, O_QUIET, O_HELP };
-    static struct option longopts[32];
+    static const struct option train_opts[] = {
+        {"mode", 1, NULL, O_MODE}, {"train-images", 1, NULL, O_TRAIN_IMAGES},
+        {"train-labels", 1, NULL, O_TRAIN_LABELS}, {"test-images", 1, NULL, O_TEST_IMAGES},
+        {"test-labels", 1, NULL, O_TEST_LABELS}, {"train-csv", 1, NULL, O_TRAIN_CSV},
+        {"test-csv", 1, NULL, O_TEST_CSV}, {"data-seed", 1, NULL, O_DATA_SEED},
+        {"layers", 1, NULL, O_LAYERS}, {"batch-size", 1, NULL, O_BATCH},
+        {"epochs", 1, NULL, O_EPOCHS}, {"seed", 1, NULL, O_SEED},
+        {"no-shuffle", 0, NULL, O_NO_SHUFFLE}, {"optimizer", 1, NULL, O_OPTIMIZER},
+        {"lr", 1, NULL, O_LR}, {"momentum", 1, NULL, O_MOMENTUM},
+        {"nesterov", 0, NULL, O_NESTEROV}, {"weight-decay", 1, NULL, O_WD},
+        {"lr-schedule", 1, NULL, O_SCHED}, {"warmup-steps", 1, NULL, O_WARMUP},
+        {"lr-step-size", 1, NULL, O_STEP_SIZE}, {"lr-gamma", 1, NULL, O_GAMMA},
+        {"scale-lr", 0, NULL, O_SCALE_LR}, {"max-grad-norm", 1, NULL, O_MAX_NORM},
+        {"cpu-replicas", 1, NULL, O_REPLICAS}, {"device", 1, NULL, O_DEVICE},
+        {"topk", 1, NULL, O_TOPK}, {"topk-warmup", 1, NULL, O_TOPK_WARMUP},
+        {"topk-values", 1, NULL, O_TOPK_VALUES}, {"bucket-mb", 1, NULL, O_BUCKET},
+        {"init", 1, NULL, O_INIT}, {"save", 1, NULL, O_SAVE},
+        {"save-every", 1, NULL, O_SAVE_EVERY}, {"metrics", 1, NULL, O_METRICS},
+        {"progress", 1, NULL, O_PROGRESS}, {"quiet", 0, NULL, O_QUIET},
+        {"size", 1, NULL, O_SIZE}, {"steps", 1, NULL, O_STEPS}, {"dtype", 1, NULL, O_DTYPE},
+        {"op", 1, NULL, O_OP}, {"help", 0, NULL, O_HELP},
+    };
+    static struct option longopts[96];
     int nopt = 0;
     for (int i = 0; fl_comm_opt_names[i] != NULL; i++)
         longopts[nopt++] = (struct option){fl_comm_opt_names[i], required_argument, NULL, i + 1};
-    longopts[nopt++] = (struct option){"size", required_argument, NULL, O_SIZE};
-    longopts[nopt++] = (struct option){"steps", required_argument, NULL, O_STEPS};
-    longopts[nopt++] = (struct option){"dtype", required_argument, NULL, O_DTYPE};
-    longopts[nopt++] = (struct option){"op", required_argument, NULL, O_OP};
-    longopts[nopt++] = (struct option){"quiet", no_argument, NULL, O_QUIET};
-    longopts[nopt++] = (struct option){"help", no_argument, NULL, O_HELP};
+    int ncomm = nopt;
+    for (size_t i = 0; i < sizeof train_opts / sizeof train_opts[0]; i++)
+        longopts[nopt++] = train_opts[i];
     longopts[nopt] = (struct option){NULL, 0, NULL, 0};
 
-    fl_comm_opts_t co;
-    fl_comm_opts_init(&co);
-    fl_wk_drill_opts_t d;
-    fl_wk_drill_opts_init(&d);
+    wargs_t a;
+    memset(&a, 0, sizeof a);
+    a.mode = -1;
+    a.data_seed = 1;
+    fl_comm_opts_init(&a.co);
+    fl_wk_train_opts_init(&a.to);
+    fl_wk_drill_opts_init(&a.d);
 
     fl_launch_info_t env;
     if (fl_launch_from_env(env_get, NULL, &env) != FL_OK)
-        return bad_flag();
+        return usage_error();
     if (env.rank >= 0)
-        co.rank = env.rank;
+        a.co.rank = env.rank;
     if (env.world_size > 0)
-        co.world_size = env.world_size;
+        a.co.world_size = env.world_size;
     if (env.coordinator[0] != '\0')
-        co.coordinator = env.coordinator;
+        a.co.coordinator = env.coordinator;
     if (env.host[0] != '\0')
-        co.host = env.host;
+        a.co.host = env.host;
     if (env.job_id[0] != '\0')
-        co.job_id = env.job_id;
+        a.co.job_id = env.job_id;
     if (env.log_level >= 0)
-        co.log_level = (fl_log_level_t)env.log_level;
+        a.co.log_level = (fl_log_level_t)env.log_level;
 
     int ch;
-    long v;
     opterr = 0;
     while ((ch = getopt_long(argc, argv, "h", longopts, NULL)) != -1) {
-        if (ch >= 1 && ch <= nopt - 6) {
-            if (fl_comm_opts_set(&co, fl_comm_opt_names[ch - 1], optarg) != FL_OK)
-                return bad_flag();
+        if (ch >= 1 && ch <= ncomm) {
+            if (fl_comm_opts_set(&a.co, fl_comm_opt_names[ch - 1], optarg) != FL_OK)
+                return usage_error();
             continue;
         }
-        switch (ch) {
-        case O_SIZE:
-            if (fl_cli_size("--size", optarg, 0, (size_t)16 << 30, &d.bytes) != FL_OK)
-                return bad_flag();
-            break;
-        case O_STEPS:
-            if (fl_cli_long("--steps", optarg, 0, 100000000, &v) != FL_OK)
-                return bad_flag();
-            d.steps = (int)v;
-            break;
-        case O_DTYPE:
-            if (fl_dtype_parse(optarg, &d.dtype) != FL_OK ||
-                !(d.dtype == FL_FLOAT32 || d.dtype == FL_FLOAT16 || d.dtype == FL_BFLOAT16 ||
-                  d.dtype == FL_FLOAT64)) {
-                fl_fail(FL_EINVAL, "--dtype: '%s' is not one of float32|float16|bfloat16|float64",
-                        optarg);
-                return bad_flag();
-            }
-            break;
-        case O_OP:
-            if (strcmp(optarg, "sum") == 0) {
-                d.op = FL_SUM;
-            } else if (strcmp(optarg, "avg") == 0) {
-                d.op = FL_AVG;
-            } else {
-                fl_fail(FL_EINVAL, "--op: '%s' is not one of sum|avg", optarg);
-                return bad_flag();
-            }
-            break;
-        case O_QUIET: d.quiet = true; break;
-        case 'h':
-        case O_HELP: fputs(usage, stdout); return 0;
-        default:
-            fl_fail(FL_EINVAL, "unknown or incomplete flag '%s' (see --help)", argv[optind - 1]);
-            return bad_flag();
+        if (ch == 'h' || ch == O_HELP) {
+            fputs(usage, stdout);
+            return 0;
         }
+        if (ch == '?' || ch == ':')
+            return bad("unknown or incomplete flag '%s' (see --help)", argv[optind - 1]);
+        if (apply(&a, ch, optarg) != FL_OK)
+            return usage_error();
     }
-    if (optind < argc) {
-        fl_fail(FL_EINVAL, "unexpected argument '%s' (see --help)", argv[optind]);
-        return bad_flag();
+    if (optind < argc)
+        return bad("unexpected argument '%s' (see --help)", argv[optind]);
+    if (a.mode < 0)
+        a.mode = a.co.coordinator != NULL ? FL_WK_MODE_RING : FL_WK_MODE_LOCAL;
+    bool networked = a.mode != FL_WK_MODE_LOCAL;
+    if (networked) {
+        if (a.co.world_size < 1)
+            return bad("--world-size: missing (or set FLODL_WORLD_SIZE / WORLD_SIZE)");
+        if (a.co.rank < 0)
+            return bad("--rank: missing (or set FLODL_RANK / RANK)");
+        if (a.co.rank >= a.co.world_size) {
+            fl_fail(FL_EINVAL, "--rank: %d is not below --world-size %d", a.co.rank,
+                    a.co.world_size);
+            return usage_error();
+        }
+        if (a.co.coordinator == NULL)
+            return bad("--coordinator: missing (or set FLODL_COORDINATOR / MASTER_ADDR)");
     }
-    if (co.world_size < 1) {
-        fl_fail(FL_EINVAL, "--world-size: missing (or set FLODL_WORLD_SIZE / WORLD_SIZE)");
-        return bad_flag();
-    }
-    if (co.rank < 0) {
-        fl_fail(FL_EINVAL, "--rank: missing (or set FLODL_RANK / RANK)");
-        return bad_flag();
-    }
-    if (co.rank >= co.world_size) {
-        fl_fail(FL_EINVAL, "--rank: %d is not below --world-size %d", co.rank, co.world_size);
-        return bad_flag();
-    }
-    if (co.coordinator == NULL) {
-        fl_fail(FL_EINVAL, "--coordinator: missing (or set FLODL_COORDINATOR / MASTER_ADDR)");
-        return bad_flag();
+    /* One BLAS thread per process: the devices are threads of their own and the ranks share
+     * the machine's cores. */
+    openblas_set_num_threads(1);
+
+    fl_wk_dataset_t train;
+    fl_wk_dataset_t test;
+    memset(&train, 0, sizeof train);
+    memset(&test, 0, sizeof test);
+    bool have_test = false;
+    if (a.mode != 99) {
+        int rc = load_data(&a, &train, &test, &have_test);
+        if (rc == FL_EINVAL)
+            return usage_error();
+        if (rc != FL_OK) {
+            fprintf(stderr, "flodl-worker: %s\n", fl_last_error());
+            return 1;
+        }
+        a.to.mode = (fl_wk_mode_t)a.mode;
+        a.co.model_signature = fl_wk_mlp_signature(&a.to.shape);
     }
 
-    fl_comm_t *comm;
-    int rc = fl_comm_init(&co, &comm);
-    if (rc == FL_EINVAL && strstr(fl_last_error(), "refused") == NULL)
-        return bad_flag();
+    fl_comm_t *comm = NULL;
+    if (networked) {
+        int rc = fl_comm_init(&a.co, &comm);
+        if (rc != FL_OK) {
+            /* A refusal (another job, world size or model) is a configuration error. */
+            int code = rc == FL_EINVAL ? 2 : 1;
+            fprintf(stderr, "flodl-worker: %s\n", fl_last_error());
+            fl_wk_dataset_free(&train);
+            fl_wk_dataset_free(&test);
+            return code;
+        }
+    }
+    int rc;
+    int code = 0;
+    if (a.mode == 99) {
+        rc = fl_wk_drill_run(comm, &a.d);
+    } else {
+        fl_wk_train_result_t res;
+        rc = fl_wk_train(comm, &train, have_test ? &test : NULL, &a.to, &res);
+        if (rc == FL_OK && !a.to.quiet)
+            summary(comm ? fl_comm_rank(comm) : 0, &res);
+        if (rc == FL_EINVAL)
+            code = 2;
+    }
     if (rc != FL_OK) {
         fprintf(stderr, "flodl-worker: %s\n", fl_last_error());
-        return 1;
+        if (code == 0)
+            code = 1;
     }
-    rc = fl_wk_drill_run(comm, &d);
-    if (rc != FL_OK)
-        fprintf(stderr, "flodl-worker: %s\n", fl_last_error());
     fl_comm_destroy(&comm);
-    return rc == FL_OK ? 0 : 1;
+    fl_wk_dataset_free(&train);
+    fl_wk_dataset_free(&test);
+    return code;
 }

@@ -42,6 +42,9 @@ typedef struct fl_comm_opts {
     size_t small_bytes;        /* AUTO uses a latency algorithm up to this size (default 64 KiB) */
     fl_algo_t algo;            /* force an algorithm (default FL_ALGO_AUTO) */
     fl_log_level_t log_level;  /* default FL_LOG_WARN */
+    uint64_t model_signature;  /* ranks of one job must agree (e.g. a hash of the parameter
+                                  shapes); the coordinator refuses a rank whose signature
+                                  differs, naming both. 0 (default): not checked. */
     int tune_malloc;           /* 1 (default): keep glibc from returning ZeroMQ's receive
                                   buffers to the kernel after every segment (sets the process's
                                   M_MMAP_THRESHOLD to 32 MiB and M_TRIM_THRESHOLD to 512 MiB;
@@ -123,11 +126,15 @@ typedef struct fl_sparse_opts {
     int lz4;           /* lz4 the blocks when that shrinks them (default 1) */
     int allow_dense;   /* switch to the dense ring when the gathered pairs would outweigh it
                           (default 1) */
+    size_t k_max;      /* the most pairs any rank sends, when every rank knows it (e.g. the same
+                          density everywhere): saves the round that gathers every rank's k.
+                          A rank with more pairs fails with FL_EINVAL. 0 (default): gathered. */
 } fl_sparse_opts_t;
 
 typedef struct fl_sparse_stats {
     int dense;           /* 1 when the dense ring ran instead of the sparse exchange */
-    uint64_t k_total;    /* pairs contributed by all ranks */
+    uint64_t k_total;    /* pairs contributed by all ranks (0 when k_max saved the gathering
+                            and the dense path ran: then it is not known) */
     uint64_t raw_bytes;  /* what a dense ring allreduce of n float32 sends from this rank */
     uint64_t wire_bytes; /* what this rank actually sent */
     double ratio;        /* raw_bytes / wire_bytes */

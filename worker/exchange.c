@@ -1,0 +1,265 @@
+/* The gradient exchange of the training loop. The flat gradient is cut into buckets (as PyTorch
+ * DDP's buckets and Horovod's tensor fusion), ordered the way the backward pass fills them (last
+ * parameters first). A thread that owns the communicator exchanges each bucket as soon as it
+ * is queued, while the backward pass goes on with earlier layers: a dense average, or top-k with
+ * error feedback (a residual per bucket) and a sparse allreduce. The training thread only
+ * queues buckets and waits for the step's end, through a mutex and condition variable. */
+#include "wk_int.h"
+
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "fl_core.h"
+
+struct fl_wk_xchg {
+    fl_comm_t *comm;
+    const fl_wk_train_opts_t *o;
+    float *grad;
+    size_t nb;
+    size_t *start; /* bucket b covers [start[b], start[b] + len[b]) */
+    size_t *len;
+    /* top-k */
+    fl_cmp_ef_t **ef;
+    fl_cmp_ws_t *cws;
+    uint32_t *kidx;
+    float *kval;
+    double density;
+    /* the thread and what it shares with the training thread (under mu) */
+    pthread_t thread;
+    bool started;
+    pthread_mutex_t mu;
+    pthread_cond_t cv;
+    size_t queued; /* buckets queued this step */
+    size_t done;   /* buckets exchanged this step */
+    bool stop;
+    int rc;
+    char err[1024];
+    fl_wk_xchg_stats_t st;
+};
+
+/* Exchanges one bucket in place. Runs on the exchange thread only. */
+static int exchange(fl_wk_xchg_t *x, size_t b, uint64_t *sent, uint64_t *raw)
+{
+    float *g = x->grad + x->start[b];
+    size_t n = x->len[b];
+    int world = fl_comm_size(x->comm);
+    *raw = world > 1 ? (uint64_t)(2.0 * (world - 1) / world * (double)n * sizeof(float)) : 0;
+    if (x->ef == NULL) {
+        fl_comm_stats_t s0;
+        fl_comm_stats_t s1;
+        fl_comm_get_stats(x->comm, &s0);
+        int rc = fl_allreduce(x->comm, g, g, n, FL_FLOAT32, FL_AVG);
+        fl_comm_get_stats(x->comm, &s1);
+        *sent = s1.bytes_sent - s0.bytes_sent;
+        return rc;
+    }
+    fl_cmp_topk_opts_t to;
+    fl_cmp_topk_opts_init(&to);
+    to.density = x->density;
+    size_t k = 0;
+    int rc = fl_cmp_ef_step(x->ef[b], x->cws, g, &to, x->kidx, x->kval, &k, NULL);
+    if (rc != FL_OK)
+        return rc;
+    fl_sparse_opts_t so;
+    fl_sparse_opts_init(&so);
+    so.values = x->o->topk_values;
+    so.k_max = k; /* every rank asks for the same density: the same k, no round to agree */
+    fl_sparse_stats_t ss;
+    rc = fl_sparse_allreduce(x->comm, x->kidx, x->kval, k, g, n, FL_AVG, &so, &ss);
+    *sent = ss.wire_bytes;
+    return rc;
+}
+
+static void *xchg_main(void *arg)
+{
+    fl_wk_xchg_t *x = arg;
+    pthread_mutex_lock(&x->mu);
+    for (;;) {
+        while (!x->stop && x->done == x->queued)
+            pthread_cond_wait(&x->cv, &x->mu);
+        if (x->stop)
+            break;
+        size_t b = x->done;
+        bool failed = x->rc != FL_OK;
+        pthread_mutex_unlock(&x->mu);
+
+        int rc = FL_OK;
+        uint64_t sent = 0;
+        uint64_t raw = 0;
+        int64_t t0 = fl_now_ns();
+        /* After a failure the communicator is broken: the rest of the step is skipped. */
+        if (!failed)
+            rc = exchange(x, b, &sent, &raw);
+        double ms = (double)(fl_now_ns() - t0) / 1e6;
+
+        pthread_mutex_lock(&x->mu);
+        if (rc != FL_OK && x->rc == FL_OK) {
+            x->rc = rc;
+            snprintf(x->err, sizeof x->err, "%s", fl_last_error());
+        }
+        x->st.bytes_sent += sent;
+        x->st.raw_bytes += raw;
+        x->st.busy_ms += ms;
+        x->done++;
+        pthread_cond_broadcast(&x->cv);
+    }
+    pthread_mutex_unlock(&x->mu);
+    return NULL;
+}
+
+/* Bucket boundaries: from the end of the flat buffer backwards, bucket_bytes each (a single
+ * bucket when 0), so that the first bucket is complete as soon as the last layer is. */
+static int plan(fl_wk_xchg_t *x, size_t np, size_t bucket_bytes)
+{
+    size_t per = bucket_bytes / sizeof(float);
+    if (per == 0 || per > np)
+        per = np;
+    x->nb = (np + per - 1) / per;
+    x->start = calloc(x->nb, sizeof *x->start);
+    x->len = calloc(x->nb, sizeof *x->len);
+    if (x->start == NULL || x->len == NULL)
+        return fl_fail(FL_ENOMEM, "exchange: out of memory for %zu buckets", x->nb);
+    size_t end = np;
+    for (size_t b = 0; b < x->nb; b++) {
+        size_t s = end > per ? end - per : 0;
+        x->start[b] = s;
+        x->len[b] = end - s;
+        end = s;
+    }
+    return FL_OK;
+}
+
+static int setup_topk(fl_wk_xchg_t *x)
+{
+    size_t widest = 0;
+    x->ef = calloc(x->nb, sizeof *x->ef);
+    if (x->ef == NULL)
+        return fl_fail(FL_ENOMEM, "exchange: out of memory");
+    for (size_t b = 0; b < x->nb; b++) {
+        fl_cmp_ef_opts_t eo;
+        fl_cmp_ef_opts_init(&eo);
+        eo.n = x->len[b];
+        eo.name = "gradient bucket";
+        eo.wire = x->o->topk_values;
+        eo.max_norm = x->o->max_norm; /* DGC clips locally, before accumulation */
+        int rc = fl_cmp_ef_create(&eo, &x->ef[b]);
+        if (rc != FL_OK)
+            return rc;
+        widest = x->len[b] > widest ? x->len[b] : widest;
+    }
+    int rc = fl_cmp_ws_create(&x->cws);
+    if (rc != FL_OK)
+        return rc;
+    x->kidx = malloc(widest * sizeof *x->kidx);
+    x->kval = malloc(widest * sizeof *x->kval);
+    if (x->kidx == NULL || x->kval == NULL)
+        return fl_fail(FL_ENOMEM, "exchange: out of memory for %zu pairs", widest);
+    return FL_OK;
+}
+
+int fl_wk_xchg_create(fl_comm_t *comm, const fl_wk_mlp_shape_t *m, const fl_wk_train_opts_t *o,
+                      float *grad, fl_wk_xchg_t **out)
+{
+    *out = NULL;
+    fl_wk_xchg_t *x = calloc(1, sizeof *x);
+    if (x == NULL)
+        return fl_fail(FL_ENOMEM, "exchange: out of memory");
+    x->comm = comm;
+    x->o = o;
+    x->grad = grad;
+    x->density = o->topk;
+    pthread_mutex_init(&x->mu, NULL);
+    pthread_cond_init(&x->cv, NULL);
+    int rc = plan(x, fl_wk_mlp_nparams(m), o->bucket_bytes);
+    if (rc == FL_OK && comm != NULL && o->topk > 0.0)
+        rc = setup_topk(x);
+    if (rc == FL_OK && comm != NULL) {
+        if (pthread_create(&x->thread, NULL, xchg_main, x) != 0)
+            rc = fl_fail(FL_EIO, "exchange: cannot start its thread");
+        else
+            x->started = true;
+    }
+    if (rc != FL_OK) {
+        fl_wk_xchg_destroy(&x);
+        return rc;
+    }
+    *out = x;
+    return FL_OK;
+}
+
+void fl_wk_xchg_destroy(fl_wk_xchg_t **px)
+{
+    if (px == NULL || *px == NULL)
+        return;
+    fl_wk_xchg_t *x = *px;
+    if (x->started) {
+        pthread_mutex_lock(&x->mu);
+        x->stop = true;
+        pthread_cond_broadcast(&x->cv);
+        pthread_mutex_unlock(&x->mu);
+        pthread_join(x->thread, NULL);
+    }
+    if (x->ef != NULL)
+        for (size_t b = 0; b < x->nb; b++)
+            fl_cmp_ef_destroy(&x->ef[b]);
+    free(x->ef);
+    fl_cmp_ws_destroy(&x->cws);
+    free(x->kidx);
+    free(x->kval);
+    free(x->start);
+    free(x->len);
+    pthread_mutex_destroy(&x->mu);
+    pthread_cond_destroy(&x->cv);
+    free(x);
+    *px = NULL;
+}
+
+void fl_wk_xchg_begin(fl_wk_xchg_t *x, double density)
+{
+    pthread_mutex_lock(&x->mu);
+    x->queued = 0;
+    x->done = 0;
+    x->density = density;
+    pthread_mutex_unlock(&x->mu);
+}
+
+void fl_wk_xchg_ready_from(fl_wk_xchg_t *x, size_t from)
+{
+    pthread_mutex_lock(&x->mu);
+    size_t q = x->queued;
+    while (q < x->nb && x->start[q] >= from)
+        q++;
+    if (x->comm == NULL) {
+        /* Local: nothing to exchange, the bucket is done as soon as it is ready. */
+        x->queued = q;
+        x->done = q;
+    } else if (q != x->queued) {
+        x->queued = q;
+        pthread_cond_broadcast(&x->cv);
+    }
+    pthread_mutex_unlock(&x->mu);
+}
+
+int fl_wk_xchg_wait(fl_wk_xchg_t *x)
+{
+    pthread_mutex_lock(&x->mu);
+    /* Every exchange has its own deadline (the communicator's timeout), so this ends. */
+    while (x->done < x->nb && x->comm != NULL)
+        pthread_cond_wait(&x->cv, &x->mu);
+    int rc = x->rc;
+    char err[1024];
+    snprintf(err, sizeof err, "%s", x->err);
+    pthread_mutex_unlock(&x->mu);
+    if (rc != FL_OK)
+        fl_fail(rc, "%s", err);
+    return rc;
+}
+
+void fl_wk_xchg_stats(const fl_wk_xchg_t *x, fl_wk_xchg_stats_t *out)
+{
+    fl_wk_xchg_t *m = (fl_wk_xchg_t *)x;
+    pthread_mutex_lock(&m->mu);
+    *out = m->st;
+    pthread_mutex_unlock(&m->mu);
+}

@@ -1,0 +1,75 @@
+/* The model's parameters on disk: safetensors with PyTorch's names (layers.<i>.weight [out, in],
+ * layers.<i>.bias [out], float32), so a PyTorch user loads them as they are, and a file whose
+ * tensors do not fit the model is refused naming the tensor and both shapes. */
+#include "fl_wk.h"
+
+#include <stdio.h>
+#include <string.h>
+
+int fl_wk_mlp_save(const fl_wk_mlp_shape_t *m, const float *params, const char *path,
+                   const fl_st_meta_t *meta, size_t nmeta)
+{
+    fl_st_tensor_t t[2 * FL_WK_MAX_LAYERS];
+    char names[2 * FL_WK_MAX_LAYERS][32];
+    for (int l = 0; l < m->nlayers; l++) {
+        size_t out = (size_t)m->sizes[l + 1];
+        size_t in = (size_t)m->sizes[l];
+        snprintf(names[2 * l], sizeof names[0], "layers.%d.weight", l);
+        snprintf(names[2 * l + 1], sizeof names[0], "layers.%d.bias", l);
+        t[2 * l] = (fl_st_tensor_t){names[2 * l], FL_FLOAT32, 2, {out, in},
+                                    params + fl_wk_mlp_weight_at(m, l), out * in * sizeof(float)};
+        t[2 * l + 1] = (fl_st_tensor_t){names[2 * l + 1], FL_FLOAT32, 1, {out},
+                                        params + fl_wk_mlp_bias_at(m, l), out * sizeof(float)};
+    }
+    return fl_st_write(path, t, (size_t)(2 * m->nlayers), meta, nmeta);
+}
+
+static int take(const fl_st_file_t *f, const char *path, const char *name, size_t ndim,
+                const uint64_t *shape, float *dst)
+{
+    const fl_st_tensor_t *t = fl_st_find(f, name);
+    if (t == NULL)
+        return fl_fail(FL_EINVAL, "%s: no tensor '%s' (the model has %zu-d %s)", path, name, ndim,
+                       name);
+    if (t->dtype != FL_FLOAT32)
+        return fl_fail(FL_EINVAL, "%s: tensor '%s' is %s, the model needs float32", path, name,
+                       fl_dtype_name(t->dtype));
+    bool same = t->ndim == ndim;
+    for (size_t d = 0; same && d < ndim; d++)
+        same = t->shape[d] == shape[d];
+    if (!same) {
+        char got[96] = "";
+        size_t n = 0;
+        for (size_t d = 0; d < t->ndim && n + 24 < sizeof got; d++)
+            n += (size_t)snprintf(got + n, sizeof got - n, "%s%llu", d ? "," : "",
+                                  (unsigned long long)t->shape[d]);
+        return fl_fail(FL_EINVAL, "%s: tensor '%s' has shape [%s], the model needs [%llu%s%llu]",
+                       path, name, got, (unsigned long long)shape[0], ndim > 1 ? "," : "",
+                       ndim > 1 ? (unsigned long long)shape[1] : 0ULL);
+    }
+    memcpy(dst, t->data, t->bytes);
+    return FL_OK;
+}
+
+int fl_wk_mlp_load(const fl_wk_mlp_shape_t *m, float *params, const char *path)
+{
+    fl_st_file_t *f = NULL;
+    int rc = fl_st_open(path, 0, &f);
+    if (rc != FL_OK)
+        return rc;
+    for (int l = 0; l < m->nlayers && rc == FL_OK; l++) {
+        char name[32];
+        uint64_t ws[2] = {(uint64_t)m->sizes[l + 1], (uint64_t)m->sizes[l]};
+        snprintf(name, sizeof name, "layers.%d.weight", l);
+        rc = take(f, path, name, 2, ws, params + fl_wk_mlp_weight_at(m, l));
+        if (rc == FL_OK) {
+            snprintf(name, sizeof name, "layers.%d.bias", l);
+            rc = take(f, path, name, 1, ws, params + fl_wk_mlp_bias_at(m, l));
+        }
+    }
+    if (rc == FL_OK && fl_st_count(f) != (size_t)(2 * m->nlayers))
+        rc = fl_fail(FL_EINVAL, "%s: %zu tensors, the model has %d layers (%d tensors)", path,
+                     fl_st_count(f), m->nlayers, 2 * m->nlayers);
+    fl_st_close(&f);
+    return rc;
+}
