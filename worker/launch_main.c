@@ -35,6 +35,7 @@ static const char usage[] =
     "  --help                   this text\n"
     "Every other argument, and everything after \"--\", goes to each worker, which also gets\n"
     "--rank K --world-size N --coordinator (flodl-ps's endpoint); --job-id goes to flodl-ps too.\n"
+    "flodl-ps logs at level warn unless FLODL_LOG is set.\n"
     "Exit status: 0 when every process succeeded, 1 when one failed (named on stderr), 2 on bad\n"
     "flags, 128+signal after SIGINT or SIGTERM (forwarded to every process).\n";
 
@@ -322,8 +323,14 @@ static void start_ps(job_t *j, const launch_opts_t *o, const char *path, const c
     char world[24];
     snprintf(world, sizeof world, "%ld", o->workers);
     const char *argv[16] = {path, "--bind", "tcp://127.0.0.1:0", "--world-size", world,
-                            "--endpoint-file", epfile, "--log-level", "warn"};
-    size_t a = 9;
+                            "--endpoint-file", epfile};
+    size_t a = 7;
+    /* Quiet unless the user asked flodl-ps for more through its variable. */
+    const char *log = getenv("FLODL_LOG");
+    if (log == NULL || log[0] == '\0') {
+        argv[a++] = "--log-level";
+        argv[a++] = "warn";
+    }
     if (o->heartbeat != NULL) {
         argv[a++] = "--heartbeat-timeout";
         argv[a++] = o->heartbeat;

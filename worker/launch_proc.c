@@ -90,9 +90,13 @@ int fl_wk_procs_create(size_t cap, fl_wk_procs_t **out)
     sigaddset(&mask, SIGINT);
     sigaddset(&mask, SIGTERM);
     sigaddset(&mask, SIGCHLD);
-    if (sigprocmask(SIG_BLOCK, &mask, &p->oldmask) != 0 ||
-        (p->sigfd = signalfd(-1, &mask, SFD_NONBLOCK | SFD_CLOEXEC)) < 0) {
+    if (sigprocmask(SIG_BLOCK, &mask, &p->oldmask) != 0) {
+        fl_wk_procs_destroy(&p);
+        return fl_fail(FL_EIO, "launch: sigprocmask: %s", strerror(errno));
+    }
+    if ((p->sigfd = signalfd(-1, &mask, SFD_NONBLOCK | SFD_CLOEXEC)) < 0) {
         int e = errno;
+        sigprocmask(SIG_SETMASK, &p->oldmask, NULL);
         fl_wk_procs_destroy(&p);
         return fl_fail(FL_EIO, "launch: signalfd: %s", strerror(e));
     }

@@ -1,0 +1,173 @@
+/* flodl-worker's training entry point as users meet it: a local run that learns (and writes
+ * a checkpoint readable again with --init), and the configuration errors that must exit 2 with
+ * one line saying what and where: layers that do not fit the data or the init file, a batch
+ * larger than a rank's share, unknown flags, bad data files. */
+#include <fcntl.h>
+#include <signal.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include "testutil.h"
+
+#define WORKER FLODL_BIN_DIR "/worker/flodl-worker"
+
+typedef struct run {
+    int status; /* exit code, or -1 when killed */
+    char out[16384];
+    char err[4096];
+} run_t;
+
+/* Runs the worker with argv (NULL-terminated, without the program name), bounded in time. */
+static void run(const char *const *args, int timeout_s, run_t *r)
+{
+    char outp[] = "/tmp/flodl-wkcli-out-XXXXXX";
+    char errp[] = "/tmp/flodl-wkcli-err-XXXXXX";
+    int fo = mkstemp(outp);
+    int fe = mkstemp(errp);
+    ck_assert(fo >= 0 && fe >= 0);
+    const char *argv[64];
+    int n = 0;
+    argv[n++] = WORKER;
+    for (int i = 0; args[i] != NULL && n < 63; i++)
+        argv[n++] = args[i];
+    argv[n] = NULL;
+    pid_t pid = fork();
+    if (pid == 0) {
+        dup2(fo, 1);
+        dup2(fe, 2);
+        alarm((unsigned)timeout_s); /* the child dies if it outlives the test's bound */
+        execv(WORKER, (char *const *)argv);
+        _exit(127);
+    }
+    int st = 0;
+    waitpid(pid, &st, 0);
+    r->status = WIFEXITED(st) ? WEXITSTATUS(st) : -1;
+    memset(r->out, 0, sizeof r->out);
+    memset(r->err, 0, sizeof r->err);
+    lseek(fo, 0, SEEK_SET);
+    lseek(fe, 0, SEEK_SET);
+    ssize_t k = read(fo, r->out, sizeof r->out - 1);
+    ssize_t e = read(fe, r->err, sizeof r->err - 1);
+    (void)k;
+    (void)e;
+    close(fo);
+    close(fe);
+    unlink(outp);
+    unlink(errp);
+}
+
+static int lines(const char *s)
+{
+    int n = 0;
+    for (; *s; s++)
+        n += *s == '\n';
+    return n;
+}
+
+/* Exit 2, exactly one line on stderr, containing want. */
+static void expect_usage_error(const char *const *args, const char *want)
+{
+    run_t r;
+    run(args, 60, &r);
+    ck_assert_msg(r.status == 2, "exit %d for '%s' (stderr: %s)", r.status, want, r.err);
+    ck_assert_msg(lines(r.err) == 1, "stderr is not one line: %s", r.err);
+    ck_assert_msg(strstr(r.err, want) != NULL, "stderr '%s' does not say '%s'", r.err, want);
+}
+
+START_TEST(test_local_training_and_checkpoint)
+{
+    char dir[] = "/tmp/flodl-wkcli-XXXXXX";
+    ck_assert(mkdtemp(dir) != NULL);
+    char save[128];
+    snprintf(save, sizeof save, "%s/model.safetensors", dir);
+    const char *a[] = {"--mode", "local", "--epochs", "2", "--save", save, NULL};
+    run_t r;
+    run(a, 120, &r);
+    ck_assert_msg(r.status == 0, "exit %d: %s", r.status, r.err);
+    const char *s = strstr(r.out, "test accuracy ");
+    ck_assert_msg(s != NULL, "%s", r.out);
+    double acc = atof(strstr(r.out, "summary") ? strstr(strstr(r.out, "summary"), "accuracy ") +
+                                                     strlen("accuracy ")
+                                               : "0");
+    ck_assert_msg(acc > 85.0, "local training reached only %.2f%%:\n%s", acc, r.out);
+    ck_assert(access(save, R_OK) == 0);
+
+    /* The checkpoint starts a new run: one more epoch from it is already accurate. */
+    const char *b[] = {"--mode", "local", "--epochs", "1", "--init", save, NULL};
+    run(b, 120, &r);
+    ck_assert_msg(r.status == 0, "exit %d: %s", r.status, r.err);
+    /* A model that does not fit the checkpoint: exit 2 naming the tensor. */
+    const char *c[] = {"--mode", "local", "--epochs", "1", "--layers", "64,200,10", "--init",
+                       save, NULL};
+    expect_usage_error(c, "layers.0.weight");
+    unlink(save);
+    rmdir(dir);
+}
+END_TEST
+
+START_TEST(test_configuration_errors)
+{
+    const char *a[] = {"--mode", "local", "--layers", "32,16,10", NULL};
+    expect_usage_error(a, "64 features");
+    const char *b[] = {"--mode", "local", "--layers", "64,16,5", NULL};
+    expect_usage_error(b, "10 classes");
+    const char *c[] = {"--mode", "local", "--batch-size", "70000", NULL};
+    expect_usage_error(c, "batch size 70000");
+    const char *d[] = {"--mode", "local", "--frobnicate", NULL};
+    expect_usage_error(d, "--frobnicate");
+    const char *e[] = {"--mode", "local", "--layers", "64,x,10", NULL};
+    expect_usage_error(e, "layers");
+    const char *f[] = {"--mode", "local", "--optimizer", "lion", NULL};
+    expect_usage_error(f, "lion");
+    const char *g[] = {"--mode", "local", "--topk", "2", NULL};
+    expect_usage_error(g, "--topk");
+    const char *h[] = {"--mode", "local", "--device", "tpu", NULL};
+    expect_usage_error(h, "--device");
+    const char *i[] = {"--mode", "ring", NULL};
+    expect_usage_error(i, "--world-size");
+}
+END_TEST
+
+START_TEST(test_bad_data_files)
+{
+    char dir[] = "/tmp/flodl-wkcli-XXXXXX";
+    ck_assert(mkdtemp(dir) != NULL);
+    char csv[128];
+    snprintf(csv, sizeof csv, "%s/bad.csv", dir);
+    FILE *fp = fopen(csv, "w");
+    fprintf(fp, "1,0.5,0.25\n0,0.1\n");
+    fclose(fp);
+    const char *a[] = {"--mode", "local", "--train-csv", csv, NULL};
+    run_t r;
+    run(a, 60, &r);
+    ck_assert_msg(r.status != 0, "a bad CSV trained");
+    ck_assert_msg(strstr(r.err, "bad.csv") && strstr(r.err, "line 2"), "%s", r.err);
+    const char *b[] = {"--mode", "local", "--train-images", "/nonexistent/img.idx",
+                       "--train-labels", "/nonexistent/lab.idx", NULL};
+    run(b, 60, &r);
+    ck_assert_msg(r.status != 0 && strstr(r.err, "/nonexistent/"), "%d %s", r.status, r.err);
+    unlink(csv);
+    rmdir(dir);
+}
+END_TEST
+
+Suite *wk_cli_suite(void);
+Suite *wk_cli_suite(void)
+{
+    Suite *s = suite_create("wk_cli");
+    TCase *t = tcase_create("worker");
+    tcase_set_timeout(t, 240);
+    tcase_add_test(t, test_local_training_and_checkpoint);
+    tcase_add_test(t, test_configuration_errors);
+    tcase_add_test(t, test_bad_data_files);
+    suite_add_tcase(s, t);
+    return s;
+}
+
+int main(void)
+{
+    return fl_test_run(wk_cli_suite());
+}
