@@ -4,6 +4,7 @@
 
 #include <errno.h>
 #include <math.h>
+#include <poll.h>
 #include <sched.h>
 #include <signal.h>
 #include <spawn.h>
@@ -389,4 +390,113 @@ int bench_run_job(const char *subcommand, char *const extra[], int nextra, int r
     fl_coord_stop(coord);
     fl_coord_destroy(&coord);
     return status;
+}
+
+pid_t bench_spawn_group(const char *path, char *const argv[], int *out_fd)
+{
+    int fds[2];
+    if (pipe(fds) != 0)
+        return -1;
+    pid_t pid = fork();
+    if (pid == 0) {
+        /* Only async-signal-safe calls between fork and exec: the parent may have threads. */
+        setpgid(0, 0);
+        dup2(fds[1], STDOUT_FILENO);
+        dup2(fds[1], STDERR_FILENO);
+        close(fds[0]);
+        close(fds[1]);
+        execv(path, argv);
+        _exit(127);
+    }
+    close(fds[1]);
+    if (pid < 0) {
+        close(fds[0]);
+        return -1;
+    }
+    /* Also here, so that the group exists before any kill(-pid) whichever side runs first. */
+    setpgid(pid, pid);
+    *out_fd = fds[0];
+    return pid;
+}
+
+int bench_read_lines(int fd, int64_t deadline, bench_line_fn fn, void *ud)
+{
+    char buf[1025];
+    size_t len = 0;
+    int rc = -1;
+    while (fl_deadline_left_ms(deadline) > 0) {
+        struct pollfd p = {.fd = fd, .events = POLLIN};
+        int n = poll(&p, 1, fl_deadline_left_ms(deadline));
+        if (n < 0 && errno != EINTR)
+            break;
+        if (n <= 0)
+            continue;
+        ssize_t r = read(fd, buf + len, sizeof buf - 1 - len);
+        if (r < 0 && errno == EINTR)
+            continue;
+        if (r <= 0) {
+            rc = r == 0 ? 0 : -1;
+            break;
+        }
+        len += (size_t)r;
+        size_t start = 0;
+        for (size_t i = 0; i < len; i++) {
+            if (buf[i] == '\n') {
+                buf[i] = '\0';
+                fn(buf + start, ud);
+                start = i + 1;
+            }
+        }
+        if (start == 0 && len == sizeof buf - 1) {
+            buf[len] = '\0';
+            fn(buf, ud);
+            len = 0;
+        } else {
+            memmove(buf, buf + start, len - start);
+            len -= start;
+        }
+    }
+    if (len > 0) {
+        buf[len] = '\0';
+        fn(buf, ud);
+    }
+    close(fd);
+    return rc;
+}
+
+int bench_wait_group(pid_t pid, int64_t deadline, int grace_ms)
+{
+    int signalled = 0; /* 0: none yet, 1: SIGTERM went out, 2: SIGKILL went out */
+    for (;;) {
+        siginfo_t si;
+        memset(&si, 0, sizeof si);
+        /* WNOWAIT leaves the leader a zombie, which keeps its pid, and so the group id, from
+         * being reused while we signal the group below. */
+        int r = waitid(P_PID, (id_t)pid, &si, WEXITED | WNOHANG | WNOWAIT);
+        if (r < 0 && errno == EINTR)
+            continue;
+        if (r < 0)
+            return -1;
+        if (si.si_pid == pid)
+            break;
+        if (fl_deadline_left_ms(deadline) == 0) {
+            if (signalled == 2)
+                return -1; /* it survived SIGKILL for seconds: stop waiting */
+            kill(-pid, signalled == 0 ? SIGTERM : SIGKILL);
+            deadline = fl_deadline_in(signalled == 0 ? grace_ms : 5000);
+            signalled++;
+        }
+        struct timespec ts = {0, 20 * 1000000L};
+        nanosleep(&ts, NULL);
+    }
+    /* Whatever the leader left behind in its group would otherwise outlive the run. */
+    kill(-pid, SIGKILL);
+    int st = 0;
+    while (waitpid(pid, &st, 0) < 0) {
+        if (errno != EINTR)
+            return -1;
+    }
+    if (signalled > 0)
+        return -1;
+    return WIFEXITED(st) ? WEXITSTATUS(st) : -1;
 }

@@ -79,4 +79,24 @@ void bench_read_tagged(int fd, bench_result_fn fn, void *ud);
 int bench_run_job(const char *subcommand, char *const extra[], int nextra, int ranks, bool bind,
                   bench_result_fn fn, void *ud);
 
+/* Runs path with argv as a child that leads a process group of its own (so that whatever it
+ * starts can be stopped with it), with its stdout and stderr both going to a pipe, returned in
+ * *out_fd. Returns the pid, which is also the group's id, or -1. */
+pid_t bench_spawn_group(const char *path, char *const argv[], int *out_fd);
+
+/* Receives each line (without its newline) that bench_read_lines reads. */
+typedef void (*bench_line_fn)(const char *line, void *ud);
+
+/* Reads lines from fd until EOF or until the deadline (fl_deadline_in's clock) passes, and
+ * closes fd. Lines longer than 1 KiB arrive in pieces. Returns 0 at EOF, -1 at the deadline or
+ * on a read error. */
+int bench_read_lines(int fd, int64_t deadline, bench_line_fn fn, void *ud);
+
+/* Waits for a child from bench_spawn_group until the deadline; past it, sends SIGTERM to its
+ * group, and SIGKILL grace_ms later. Whatever is left in the group once the leader has exited
+ * is killed before the leader is reaped (while its zombie still holds the group's id). Returns
+ * the leader's exit status, or -1 when it was signalled, had to be stopped, or cannot be
+ * waited for. */
+int bench_wait_group(pid_t pid, int64_t deadline, int grace_ms);
+
 #endif

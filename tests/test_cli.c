@@ -525,7 +525,7 @@ START_TEST(test_end_to_end)
     static const char *const ranks[3] = {"0", "1", "2"};
     for (int r = 0; up && r < 3; r++) {
         const char *args[] = {"--rank", ranks[r], "--world-size", "3", "--coordinator", "@EP",
-                              "--size", "1M", "--steps", "3", "--timeout", "20000",
+                              "--mode", "drill", "--size", "1M", "--steps", "3", "--timeout", "20000",
                               "--rendezvous-timeout", "20000", NULL};
         start_worker(&ps[1 + r], ep, args, NULL);
     }
@@ -547,7 +547,7 @@ START_TEST(test_end_to_end)
 }
 END_TEST
 
-static const char *const small_drill[] = {"--size", "64K", "--steps", "2", "--timeout",
+static const char *const small_drill[] = {"--mode", "drill", "--size", "64K", "--steps", "2", "--timeout",
                                           "20000", "--rendezvous-timeout", "20000", NULL};
 
 START_TEST(test_env_flodl)
@@ -618,7 +618,7 @@ START_TEST(test_job_id_with_percent)
     static const char *const ps_extra[] = {"--job-id", "run%%7", "--rendezvous-timeout", "5000",
                                            NULL};
     static const char *const args[] = {"--rank", "0", "--world-size", "1", "--coordinator",
-                                       "@EP", "--job-id", "run%%7", "--size", "4K", "--steps",
+                                       "@EP", "--job-id", "run%%7", "--mode", "drill", "--size", "4K", "--steps",
                                        "1", "--rendezvous-timeout", "5000", NULL};
     proc_t ps[2];
     memset(ps, 0, sizeof ps);
@@ -645,7 +645,7 @@ START_TEST(test_hostile_job_id)
     static const char *const ps_extra[] = {"--rendezvous-timeout", "20000", NULL};
     bool up = start_ps(&ps[0], 1, ps_extra, NULL, ep, sizeof ep, 6);
     const char *bad[] = {"--rank", "0", "--world-size", "1", "--coordinator", "@EP",
-                         "--job-id", hostile, "--size", "4K", "--steps", "1",
+                         "--job-id", hostile, "--mode", "drill", "--size", "4K", "--steps", "1",
                          "--rendezvous-timeout", "3000", NULL};
     if (up) {
         start_worker(&ps[1], ep, bad, NULL);
@@ -654,7 +654,7 @@ START_TEST(test_hostile_job_id)
     }
     bool ps_alive = up && !ps[0].reaped;
     static const char *const good[] = {"--rank", "0", "--world-size", "1", "--coordinator",
-                                       "@EP", "--size", "4K", "--steps", "1",
+                                       "@EP", "--mode", "drill", "--size", "4K", "--steps", "1",
                                        "--rendezvous-timeout", "5000", NULL};
     if (ps_alive)
         start_worker(&ps[2], ep, good, NULL);
@@ -666,8 +666,9 @@ START_TEST(test_hostile_job_id)
     ck_assert_msg(ps_alive, "flodl-ps died (exit %d) on a registration with job id '%s': %s",
                   proc_code(&ps[0]), hostile, info);
     ck_assert_msg(all, "job did not end: %s", info);
-    ck_assert_msg(proc_code(&ps[1]) == 1 && strstr(ps[1].buf[1], "refused") != NULL,
-                  "the hostile worker should be refused (exit 1): %s", info);
+    /* A refusal by the coordinator is a configuration error: exit 2. */
+    ck_assert_msg(proc_code(&ps[1]) == 2 && strstr(ps[1].buf[1], "refused") != NULL,
+                  "the hostile worker should be refused (exit 2): %s", info);
     ck_assert_msg(proc_code(&ps[2]) == 0 && proc_code(&ps[0]) == 0, "%s", info);
     procs_free(ps, 3);
 }
@@ -698,7 +699,7 @@ START_TEST(test_worker_killed)
     for (int r = 0; up && r < 3; r++) {
         snprintf(rank[r], sizeof rank[r], "%d", r);
         const char *argv[] = {WK_BIN, "--rank", rank[r], "--world-size", "3", "--coordinator",
-                              ep, "--size", "2M", "--steps", "100000000", "--timeout", "30000",
+                              ep, "--mode", "drill", "--size", "2M", "--steps", "100000000", "--timeout", "30000",
                               "--rendezvous-timeout", "20000", NULL};
         proc_start(&ps[1 + r], WK_BIN, argv, NULL);
     }
@@ -738,7 +739,7 @@ START_TEST(test_ps_sigterm_in_rendezvous)
     for (int r = 0; up && r < 2; r++) {
         snprintf(rank[r], sizeof rank[r], "%d", r);
         const char *argv[] = {WK_BIN, "--rank", rank[r], "--world-size", "3", "--coordinator",
-                              ep, "--size", "4K", "--steps", "1", "--rendezvous-timeout",
+                              ep, "--mode", "drill", "--size", "4K", "--steps", "1", "--rendezvous-timeout",
                               "60000", NULL};
         proc_start(&ps[1 + r], WK_BIN, argv, NULL);
     }

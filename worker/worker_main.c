@@ -51,7 +51,8 @@ typedef struct wargs {
     fl_comm_opts_t co;
     fl_wk_train_opts_t to;
     fl_wk_drill_opts_t d;
-    int mode; /* -1: by the presence of a coordinator */
+    int mode; /* -1: not given */
+    const char *drill_flag; /* a drill-only flag that was given, if any */
     const char *train_images, *train_labels, *test_images, *test_labels;
     const char *train_csv, *test_csv;
     uint64_t data_seed;
@@ -331,11 +332,22 @@ int main(int argc, char **argv)
             return bad("unknown or incomplete flag '%s' (see --help)", argv[optind - 1]);
         if (apply(&a, ch, optarg) != FL_OK)
             return usage_error();
+        if (ch == O_SIZE || ch == O_STEPS || ch == O_DTYPE || ch == O_OP)
+            a.drill_flag = argv[optind - 2];
     }
     if (optind < argc)
         return bad("unexpected argument '%s' (see --help)", argv[optind]);
+    /* Drill flags imply the drill; with another mode they are a mistake. A coordinator or a
+     * world of several ranks means a networked run, so a missing piece of it is an error
+     * rather than a silent local run. */
+    if (a.drill_flag != NULL && a.mode < 0)
+        a.mode = 99;
+    if (a.drill_flag != NULL && a.mode != 99)
+        return bad("%s applies to --mode drill only", a.drill_flag);
     if (a.mode < 0)
-        a.mode = a.co.coordinator != NULL ? FL_WK_MODE_RING : FL_WK_MODE_LOCAL;
+        a.mode = a.co.coordinator != NULL || a.co.world_size > 1 || a.co.rank > 0
+                     ? FL_WK_MODE_RING
+                     : FL_WK_MODE_LOCAL;
     bool networked = a.mode != FL_WK_MODE_LOCAL;
     if (networked) {
         if (a.co.world_size < 1)
