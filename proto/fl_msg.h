@@ -23,7 +23,9 @@ extern "C" {
 #define FL_MSG_TEXT_MAX 512
 #define FL_MSG_MISSING_MAX 256
 #define FL_MSG_MAX_PEERS 65536
-#define FL_MSG_TUNING_MAX 128
+#define FL_MSG_TUNING_MAX 512
+#define FL_MSG_MAX_SHARDS 4096     /* shards of one job */
+#define FL_MSG_MAX_CHECKPOINTS 16  /* checkpoint steps a server offers when resuming */
 
 typedef enum fl_msg_type {
     FL_MSG_NONE = 0,
@@ -34,7 +36,19 @@ typedef enum fl_msg_type {
     FL_MSG_ERROR = 5,
     FL_MSG_SHUTDOWN = 6,
     FL_MSG_CHUNK = 7,
+    FL_MSG_PUSH = 8,
+    FL_MSG_PUSH_ACK = 9,
+    FL_MSG_PULL = 10,
+    FL_MSG_PULL_REPLY = 11,
 } fl_msg_type_t;
+
+typedef enum fl_msg_role {
+    FL_ROLE_WORKER = 0,
+    FL_ROLE_SERVER = 1,
+} fl_msg_role_t;
+
+/* The sender rank parameter-server processes stamp on their messages. */
+#define FL_MSG_SENDER_SERVER (-2)
 
 typedef enum fl_codec {
     FL_CODEC_RAW = 0,
@@ -60,7 +74,7 @@ typedef struct fl_msg_frame {
 } fl_msg_frame_t;
 
 typedef struct fl_msg_register {
-    int32_t rank;
+    int32_t rank; /* servers: the first shard served */
     int32_t world_size;
     char host[FL_HOST_MAX];
     uint32_t nendpoints;
@@ -68,6 +82,19 @@ typedef struct fl_msg_register {
     int32_t pid;
     uint64_t model_signature;
     char tuning[FL_MSG_TUNING_MAX];
+    fl_msg_role_t role;
+    uint64_t param_count;
+    /* servers */
+    uint32_t shard_count;
+    uint32_t num_shards;
+    uint32_t nshard_eps;
+    char (*shard_eps)[FL_ENDPOINT_MAX]; /* nshard_eps entries; owned by the header */
+    uint32_t ncheckpoints;
+    uint64_t checkpoints[FL_MSG_MAX_CHECKPOINTS];
+    uint32_t consistency; /* fl_ps_consistency_t */
+    uint32_t staleness;
+    uint64_t ckpt_every_steps;
+    uint64_t ckpt_every_ms;
 } fl_msg_register_t;
 
 typedef struct fl_msg_peer {
@@ -78,11 +105,28 @@ typedef struct fl_msg_peer {
     int32_t pid;
 } fl_msg_peer_t;
 
+typedef struct fl_msg_shard {
+    uint32_t index;
+    uint64_t offset;
+    uint64_t count;
+    char endpoint[FL_ENDPOINT_MAX];
+    char host[FL_HOST_MAX];
+} fl_msg_shard_t;
+
 typedef struct fl_msg_welcome {
     uint32_t npeers;
     fl_msg_peer_t *peers; /* npeers entries; owned by the header (fl_msg_hdr_deinit frees) */
     uint32_t heartbeat_ms;
     uint32_t heartbeat_timeout_ms;
+    uint32_t nshards;
+    fl_msg_shard_t *shards; /* nshards entries, by index; owned by the header */
+    uint64_t param_count;
+    uint32_t consistency;
+    uint32_t staleness;
+    bool resume;
+    uint64_t resume_step;
+    uint64_t ckpt_every_steps;
+    uint64_t ckpt_every_ms;
 } fl_msg_welcome_t;
 
 typedef struct fl_msg_barrier {
@@ -123,6 +167,47 @@ typedef struct fl_msg_chunk {
     uint32_t dtype;
 } fl_msg_chunk_t;
 
+typedef enum fl_msg_push_kind {
+    FL_PUSH_GRADIENT = 0,
+    FL_PUSH_INIT = 1,
+} fl_msg_push_kind_t;
+
+typedef struct fl_msg_push {
+    uint32_t shard;
+    uint64_t offset;
+    uint64_t count;
+    uint64_t step;
+    uint32_t batch;
+    fl_msg_push_kind_t kind;
+    bool checkpoint;
+} fl_msg_push_t;
+
+typedef struct fl_msg_push_ack {
+    uint32_t shard;
+    uint64_t step;
+    uint64_t version;
+    bool ignored;
+} fl_msg_push_ack_t;
+
+typedef struct fl_msg_pull {
+    uint32_t shard;
+    uint64_t offset;
+    uint64_t count;
+    uint64_t step;
+    bool latest;
+    uint32_t wait_ms;
+    bool lz4;
+} fl_msg_pull_t;
+
+typedef struct fl_msg_pull_reply {
+    uint32_t shard;
+    uint64_t offset;
+    uint64_t count;
+    uint64_t version;
+    uint64_t step;
+    uint64_t min_step;
+} fl_msg_pull_reply_t;
+
 typedef struct fl_msg_hdr {
     uint32_t version;
     char job_id[FL_JOB_MAX];
@@ -141,13 +226,18 @@ typedef struct fl_msg_hdr {
         fl_msg_error_t error;
         fl_msg_shutdown_t shutdown;
         fl_msg_chunk_t chunk;
+        fl_msg_push_t push;
+        fl_msg_push_ack_t push_ack;
+        fl_msg_pull_t pull;
+        fl_msg_pull_reply_t pull_reply;
     } u;
 } fl_msg_hdr_t;
 
 /* Zeroes h and sets version, type and sender; the body for type is zero-initialised. */
 void fl_msg_hdr_init(fl_msg_hdr_t *h, fl_msg_type_t type, int32_t sender);
 
-/* Frees what decoding allocated (the welcome peer table). Leaves h zeroed. NULL-safe. */
+/* Frees what decoding allocated (the welcome's peer table and shard map, a server
+ * registration's shard endpoints). Leaves h zeroed. NULL-safe. */
 void fl_msg_hdr_deinit(fl_msg_hdr_t *h);
 
 /* Frees what decoding allocated but keeps the plain fields (type, sender, job, ...), for
@@ -156,6 +246,16 @@ void fl_msg_hdr_free_tables(fl_msg_hdr_t *h);
 
 /* Allocates the welcome peer table of h (type must be FL_MSG_WELCOME). FL_OK or FL_ENOMEM. */
 int fl_msg_welcome_alloc(fl_msg_hdr_t *h, uint32_t npeers);
+
+/* Allocates the welcome shard map of h (type FL_MSG_WELCOME). FL_OK or FL_ENOMEM. */
+int fl_msg_welcome_alloc_shards(fl_msg_hdr_t *h, uint32_t nshards);
+
+/* Allocates the shard endpoint table of a registration (type FL_MSG_REGISTER). */
+int fl_msg_register_alloc_shards(fl_msg_register_t *reg, uint32_t n);
+
+/* Deep copy of a decoded header into dst (dst's own tables are not freed first). FL_OK or
+ * FL_ENOMEM (dst then holds no tables). */
+int fl_msg_hdr_copy(fl_msg_hdr_t *dst, const fl_msg_hdr_t *src);
 
 /* Encodes h. alloc(len, ud) must return len writable bytes (transport hands out the memory of
  * the outgoing frame, so nothing is copied twice); NULL means out of memory. Sets *len.

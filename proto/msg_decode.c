@@ -74,12 +74,83 @@ static int decode_welcome(const Flodl__Welcome *w, fl_msg_hdr_t *out, fl_msg_fau
     }
     out->u.welcome.heartbeat_ms = w->heartbeat_ms;
     out->u.welcome.heartbeat_timeout_ms = w->heartbeat_timeout_ms;
+    if (w->n_shards > FL_MSG_MAX_SHARDS)
+        return bad(fault, FL_FAULT_HEADER, "header: %s table of %zu entries is too long",
+                   "shard", w->n_shards);
+    if (w->consistency > FLODL__CONSISTENCY__CONSISTENCY_SSP)
+        return bad(fault, FL_FAULT_HEADER, "header: unknown consistency %d",
+                   (int)w->consistency);
+    if (fl_msg_welcome_alloc_shards(out, (uint32_t)w->n_shards) != FL_OK)
+        return FL_ENOMEM;
+    for (size_t i = 0; i < w->n_shards; i++) {
+        const Flodl__Shard *p = w->shards[i];
+        fl_msg_shard_t *q = &out->u.welcome.shards[i];
+        int rc;
+        q->index = p->index;
+        q->offset = p->offset;
+        q->count = p->count;
+        if ((rc = copy_id(q->endpoint, sizeof q->endpoint, p->endpoint, "shard endpoint",
+                          fault)) != FL_OK ||
+            (rc = copy_id(q->host, sizeof q->host, p->host, "shard host", fault)) != FL_OK)
+            return rc;
+    }
+    out->u.welcome.param_count = w->param_count;
+    out->u.welcome.consistency = (uint32_t)w->consistency;
+    out->u.welcome.staleness = w->staleness;
+    out->u.welcome.resume = w->resume;
+    out->u.welcome.resume_step = w->resume_step;
+    out->u.welcome.ckpt_every_steps = w->checkpoint_every_steps;
+    out->u.welcome.ckpt_every_ms = w->checkpoint_every_ms;
+    return FL_OK;
+}
+
+static int decode_register(const Flodl__Register *r, fl_msg_hdr_t *out, fl_msg_fault_t *fault)
+{
+    fl_msg_register_t *q = &out->u.reg;
+    int rc;
+    q->rank = r->rank;
+    q->world_size = r->world_size;
+    q->pid = r->pid;
+    q->model_signature = r->model_signature;
+    if ((rc = copy_id(q->host, sizeof q->host, r->host, "host", fault)) != FL_OK ||
+        (rc = copy_id(q->tuning, sizeof q->tuning, r->tuning, "tuning", fault)) != FL_OK ||
+        (rc = copy_eps(q->endpoints, &q->nendpoints, r->endpoints, r->n_endpoints, fault)) !=
+            FL_OK)
+        return rc;
+    if (r->role != FLODL__ROLE__ROLE_WORKER && r->role != FLODL__ROLE__ROLE_SERVER)
+        return bad(fault, FL_FAULT_HEADER, "header: unknown role %d", (int)r->role);
+    if (r->consistency > FLODL__CONSISTENCY__CONSISTENCY_SSP)
+        return bad(fault, FL_FAULT_HEADER, "header: unknown consistency %d",
+                   (int)r->consistency);
+    q->role = (fl_msg_role_t)r->role;
+    q->param_count = r->param_count;
+    q->shard_count = r->shard_count;
+    q->num_shards = r->num_shards;
+    q->consistency = (uint32_t)r->consistency;
+    q->staleness = r->staleness;
+    q->ckpt_every_steps = r->checkpoint_every_steps;
+    q->ckpt_every_ms = r->checkpoint_every_ms;
+    if (r->n_checkpoints > FL_MSG_MAX_CHECKPOINTS)
+        return bad(fault, FL_FAULT_HEADER, "header: %s list of %zu entries is too long",
+                   "checkpoint", r->n_checkpoints);
+    for (size_t i = 0; i < r->n_checkpoints; i++)
+        q->checkpoints[i] = r->checkpoints[i];
+    q->ncheckpoints = (uint32_t)r->n_checkpoints;
+    if (r->n_shard_endpoints > FL_MSG_MAX_SHARDS)
+        return bad(fault, FL_FAULT_HEADER, "header: %s list of %zu entries is too long",
+                   "shard endpoint", r->n_shard_endpoints);
+    if (fl_msg_register_alloc_shards(q, (uint32_t)r->n_shard_endpoints) != FL_OK)
+        return FL_ENOMEM;
+    for (size_t i = 0; i < r->n_shard_endpoints; i++) {
+        if ((rc = copy_id(q->shard_eps[i], FL_ENDPOINT_MAX, r->shard_endpoints[i],
+                          "shard endpoint", fault)) != FL_OK)
+            return rc;
+    }
     return FL_OK;
 }
 
 static int decode_body(const Flodl__Header *h, fl_msg_hdr_t *out, fl_msg_fault_t *fault)
 {
-    int rc = FL_OK;
     const void *body;
     switch (h->type) {
     case FLODL__MSG_TYPE__MSG_REGISTER: body = h->reg; break;
@@ -89,6 +160,10 @@ static int decode_body(const Flodl__Header *h, fl_msg_hdr_t *out, fl_msg_fault_t
     case FLODL__MSG_TYPE__MSG_ERROR: body = h->error; break;
     case FLODL__MSG_TYPE__MSG_SHUTDOWN: body = h->shutdown; break;
     case FLODL__MSG_TYPE__MSG_CHUNK: body = h->chunk; break;
+    case FLODL__MSG_TYPE__MSG_PUSH: body = h->push; break;
+    case FLODL__MSG_TYPE__MSG_PUSH_ACK: body = h->push_ack; break;
+    case FLODL__MSG_TYPE__MSG_PULL: body = h->pull; break;
+    case FLODL__MSG_TYPE__MSG_PULL_REPLY: body = h->pull_reply; break;
     default:
         return bad(fault, FL_FAULT_HEADER, "header: unknown message type %llu",
                    (unsigned long long)h->type);
@@ -98,24 +173,15 @@ static int decode_body(const Flodl__Header *h, fl_msg_hdr_t *out, fl_msg_fault_t
                    fl_msg_type_name((int)h->type), (unsigned long long)h->type);
     int nbodies = (h->reg != NULL) + (h->welcome != NULL) + (h->barrier != NULL) +
                   (h->heartbeat != NULL) + (h->error != NULL) + (h->shutdown != NULL) +
-                  (h->chunk != NULL);
+                  (h->chunk != NULL) + (h->push != NULL) + (h->push_ack != NULL) +
+                  (h->pull != NULL) + (h->pull_reply != NULL);
     if (nbodies != 1)
         return bad(fault, FL_FAULT_HEADER, "header: %s message with %llu bodies",
                    fl_msg_type_name((int)h->type), (unsigned long long)nbodies);
 
     switch (h->type) {
     case FLODL__MSG_TYPE__MSG_REGISTER:
-        out->u.reg.rank = h->reg->rank;
-        out->u.reg.world_size = h->reg->world_size;
-        out->u.reg.pid = h->reg->pid;
-        out->u.reg.model_signature = h->reg->model_signature;
-        if ((rc = copy_id(out->u.reg.host, sizeof out->u.reg.host, h->reg->host, "host",
-                          fault)) != FL_OK ||
-            (rc = copy_id(out->u.reg.tuning, sizeof out->u.reg.tuning, h->reg->tuning, "tuning",
-                          fault)) != FL_OK)
-            return rc;
-        return copy_eps(out->u.reg.endpoints, &out->u.reg.nendpoints, h->reg->endpoints,
-                        h->reg->n_endpoints, fault);
+        return decode_register(h->reg, out, fault);
     case FLODL__MSG_TYPE__MSG_WELCOME:
         return decode_welcome(h->welcome, out, fault);
     case FLODL__MSG_TYPE__MSG_BARRIER:
@@ -151,6 +217,42 @@ static int decode_body(const Flodl__Header *h, fl_msg_hdr_t *out, fl_msg_fault_t
         out->u.chunk.op = h->chunk->op;
         out->u.chunk.total = h->chunk->total;
         out->u.chunk.dtype = h->chunk->dtype;
+        return FL_OK;
+    case FLODL__MSG_TYPE__MSG_PUSH:
+        if (h->push->kind != FLODL__PUSH_KIND__PUSH_GRADIENT &&
+            h->push->kind != FLODL__PUSH_KIND__PUSH_INIT)
+            return bad(fault, FL_FAULT_HEADER, "header: unknown push kind %d",
+                       (int)h->push->kind);
+        out->u.push.shard = h->push->shard;
+        out->u.push.offset = h->push->offset;
+        out->u.push.count = h->push->count;
+        out->u.push.step = h->push->step;
+        out->u.push.batch = h->push->batch;
+        out->u.push.kind = (fl_msg_push_kind_t)h->push->kind;
+        out->u.push.checkpoint = h->push->checkpoint;
+        return FL_OK;
+    case FLODL__MSG_TYPE__MSG_PUSH_ACK:
+        out->u.push_ack.shard = h->push_ack->shard;
+        out->u.push_ack.step = h->push_ack->step;
+        out->u.push_ack.version = h->push_ack->version;
+        out->u.push_ack.ignored = h->push_ack->ignored;
+        return FL_OK;
+    case FLODL__MSG_TYPE__MSG_PULL:
+        out->u.pull.shard = h->pull->shard;
+        out->u.pull.offset = h->pull->offset;
+        out->u.pull.count = h->pull->count;
+        out->u.pull.step = h->pull->step;
+        out->u.pull.latest = h->pull->latest;
+        out->u.pull.wait_ms = h->pull->wait_ms;
+        out->u.pull.lz4 = h->pull->lz4;
+        return FL_OK;
+    case FLODL__MSG_TYPE__MSG_PULL_REPLY:
+        out->u.pull_reply.shard = h->pull_reply->shard;
+        out->u.pull_reply.offset = h->pull_reply->offset;
+        out->u.pull_reply.count = h->pull_reply->count;
+        out->u.pull_reply.version = h->pull_reply->version;
+        out->u.pull_reply.step = h->pull_reply->step;
+        out->u.pull_reply.min_step = h->pull_reply->min_step;
         return FL_OK;
     default:
         return FL_OK;
@@ -228,11 +330,8 @@ int fl_msg_decode(const void *data, size_t len, fl_msg_hdr_t *out, fl_msg_fault_
 out:
     if (rc != FL_OK && rc != FL_EPROTO && *fault == FL_FAULT_NONE)
         *fault = FL_FAULT_HEADER;
-    if (rc != FL_OK && out->type == FL_MSG_WELCOME) {
-        free(out->u.welcome.peers);
-        out->u.welcome.peers = NULL;
-        out->u.welcome.npeers = 0;
-    }
+    if (rc != FL_OK)
+        fl_msg_hdr_free_tables(out);
     flodl__header__free_unpacked(h, NULL);
     return rc;
 }

@@ -35,16 +35,54 @@ typedef struct pb_view {
     Flodl__FrameDesc *frames[FL_MSG_MAX_FRAMES];
     Flodl__Register reg;
     char *reg_eps[FL_MSG_MAX_STRIPES];
+    char **reg_shard_eps;
     Flodl__Welcome welcome;
     Flodl__Peer *peer_store;
     Flodl__Peer **peers;
     char **peer_eps;
+    Flodl__Shard *shard_store;
+    Flodl__Shard **shards;
     Flodl__Barrier barrier;
     Flodl__Heartbeat heartbeat;
     Flodl__Error error;
     Flodl__Shutdown shutdown;
     Flodl__Chunk chunk;
+    Flodl__Push push;
+    Flodl__PushAck push_ack;
+    Flodl__Pull pull;
+    Flodl__PullReply pull_reply;
 } pb_view_t;
+
+static int build_shards(pb_view_t *v, const fl_msg_welcome_t *w)
+{
+    int rc;
+    if (w->nshards > FL_MSG_MAX_SHARDS)
+        return fl_fail(FL_EINVAL, "encode: %u shards, at most %d", w->nshards,
+                       FL_MSG_MAX_SHARDS);
+    if (w->nshards > 0) {
+        v->shard_store = calloc(w->nshards, sizeof *v->shard_store);
+        v->shards = calloc(w->nshards, sizeof *v->shards);
+        if (v->shard_store == NULL || v->shards == NULL)
+            return fl_fail(FL_ENOMEM, "encode: out of memory for %u shards", w->nshards);
+    }
+    for (uint32_t i = 0; i < w->nshards; i++) {
+        const fl_msg_shard_t *p = &w->shards[i];
+        Flodl__Shard *q = &v->shard_store[i];
+        flodl__shard__init(q);
+        q->index = p->index;
+        q->offset = p->offset;
+        q->count = p->count;
+        if ((rc = check_str("shard endpoint", p->endpoint, FL_ENDPOINT_MAX)) != FL_OK ||
+            (rc = check_str("shard host", p->host, FL_HOST_MAX)) != FL_OK)
+            return rc;
+        q->endpoint = (char *)p->endpoint;
+        q->host = (char *)p->host;
+        v->shards[i] = q;
+    }
+    v->welcome.n_shards = w->nshards;
+    v->welcome.shards = v->shards;
+    return FL_OK;
+}
 
 static int build_welcome(pb_view_t *v, const fl_msg_welcome_t *w)
 {
@@ -79,7 +117,66 @@ static int build_welcome(pb_view_t *v, const fl_msg_welcome_t *w)
     v->welcome.peers = v->peers;
     v->welcome.heartbeat_ms = w->heartbeat_ms;
     v->welcome.heartbeat_timeout_ms = w->heartbeat_timeout_ms;
+    if ((rc = build_shards(v, w)) != FL_OK)
+        return rc;
+    v->welcome.param_count = w->param_count;
+    v->welcome.consistency = (Flodl__Consistency)w->consistency;
+    v->welcome.staleness = w->staleness;
+    v->welcome.resume = w->resume;
+    v->welcome.resume_step = w->resume_step;
+    v->welcome.checkpoint_every_steps = w->ckpt_every_steps;
+    v->welcome.checkpoint_every_ms = w->ckpt_every_ms;
     v->h.welcome = &v->welcome;
+    return FL_OK;
+}
+
+static int build_register(pb_view_t *v, const fl_msg_register_t *r)
+{
+    int rc;
+    flodl__register__init(&v->reg);
+    v->reg.rank = r->rank;
+    v->reg.world_size = r->world_size;
+    if ((rc = check_str("host", r->host, FL_HOST_MAX)) != FL_OK)
+        return rc;
+    v->reg.host = (char *)r->host;
+    if ((rc = fill_endpoints(v->reg_eps, r->endpoints, r->nendpoints)) != FL_OK)
+        return rc;
+    v->reg.n_endpoints = r->nendpoints;
+    v->reg.endpoints = v->reg_eps;
+    v->reg.pid = r->pid;
+    v->reg.model_signature = r->model_signature;
+    if ((rc = check_str("tuning", r->tuning, FL_MSG_TUNING_MAX)) != FL_OK)
+        return rc;
+    v->reg.tuning = (char *)r->tuning;
+    v->reg.role = (Flodl__Role)r->role;
+    v->reg.param_count = r->param_count;
+    v->reg.shard_count = r->shard_count;
+    v->reg.num_shards = r->num_shards;
+    if (r->nshard_eps > FL_MSG_MAX_SHARDS)
+        return fl_fail(FL_EINVAL, "encode: %u shard endpoints, at most %d", r->nshard_eps,
+                       FL_MSG_MAX_SHARDS);
+    if (r->nshard_eps > 0) {
+        v->reg_shard_eps = calloc(r->nshard_eps, sizeof *v->reg_shard_eps);
+        if (v->reg_shard_eps == NULL)
+            return fl_fail(FL_ENOMEM, "encode: out of memory for %u endpoints", r->nshard_eps);
+    }
+    for (uint32_t i = 0; i < r->nshard_eps; i++) {
+        if ((rc = check_str("shard endpoint", r->shard_eps[i], FL_ENDPOINT_MAX)) != FL_OK)
+            return rc;
+        v->reg_shard_eps[i] = (char *)r->shard_eps[i];
+    }
+    v->reg.n_shard_endpoints = r->nshard_eps;
+    v->reg.shard_endpoints = v->reg_shard_eps;
+    if (r->ncheckpoints > FL_MSG_MAX_CHECKPOINTS)
+        return fl_fail(FL_EINVAL, "encode: %u checkpoints, at most %d", r->ncheckpoints,
+                       FL_MSG_MAX_CHECKPOINTS);
+    v->reg.n_checkpoints = r->ncheckpoints;
+    v->reg.checkpoints = (uint64_t *)r->checkpoints;
+    v->reg.consistency = (Flodl__Consistency)r->consistency;
+    v->reg.staleness = r->staleness;
+    v->reg.checkpoint_every_steps = r->ckpt_every_steps;
+    v->reg.checkpoint_every_ms = r->ckpt_every_ms;
+    v->h.reg = &v->reg;
     return FL_OK;
 }
 
@@ -88,23 +185,7 @@ static int build_body(pb_view_t *v, const fl_msg_hdr_t *m)
     int rc;
     switch (m->type) {
     case FL_MSG_REGISTER:
-        flodl__register__init(&v->reg);
-        v->reg.rank = m->u.reg.rank;
-        v->reg.world_size = m->u.reg.world_size;
-        if ((rc = check_str("host", m->u.reg.host, FL_HOST_MAX)) != FL_OK)
-            return rc;
-        v->reg.host = (char *)m->u.reg.host;
-        if ((rc = fill_endpoints(v->reg_eps, m->u.reg.endpoints, m->u.reg.nendpoints)) != FL_OK)
-            return rc;
-        v->reg.n_endpoints = m->u.reg.nendpoints;
-        v->reg.endpoints = v->reg_eps;
-        v->reg.pid = m->u.reg.pid;
-        v->reg.model_signature = m->u.reg.model_signature;
-        if ((rc = check_str("tuning", m->u.reg.tuning, FL_MSG_TUNING_MAX)) != FL_OK)
-            return rc;
-        v->reg.tuning = (char *)m->u.reg.tuning;
-        v->h.reg = &v->reg;
-        return FL_OK;
+        return build_register(v, &m->u.reg);
     case FL_MSG_WELCOME:
         return build_welcome(v, &m->u.welcome);
     case FL_MSG_BARRIER:
@@ -157,6 +238,46 @@ static int build_body(pb_view_t *v, const fl_msg_hdr_t *m)
         v->chunk.dtype = m->u.chunk.dtype;
         v->h.chunk = &v->chunk;
         return FL_OK;
+    case FL_MSG_PUSH:
+        flodl__push__init(&v->push);
+        v->push.shard = m->u.push.shard;
+        v->push.offset = m->u.push.offset;
+        v->push.count = m->u.push.count;
+        v->push.step = m->u.push.step;
+        v->push.batch = m->u.push.batch;
+        v->push.kind = (Flodl__PushKind)m->u.push.kind;
+        v->push.checkpoint = m->u.push.checkpoint;
+        v->h.push = &v->push;
+        return FL_OK;
+    case FL_MSG_PUSH_ACK:
+        flodl__push_ack__init(&v->push_ack);
+        v->push_ack.shard = m->u.push_ack.shard;
+        v->push_ack.step = m->u.push_ack.step;
+        v->push_ack.version = m->u.push_ack.version;
+        v->push_ack.ignored = m->u.push_ack.ignored;
+        v->h.push_ack = &v->push_ack;
+        return FL_OK;
+    case FL_MSG_PULL:
+        flodl__pull__init(&v->pull);
+        v->pull.shard = m->u.pull.shard;
+        v->pull.offset = m->u.pull.offset;
+        v->pull.count = m->u.pull.count;
+        v->pull.step = m->u.pull.step;
+        v->pull.latest = m->u.pull.latest;
+        v->pull.wait_ms = m->u.pull.wait_ms;
+        v->pull.lz4 = m->u.pull.lz4;
+        v->h.pull = &v->pull;
+        return FL_OK;
+    case FL_MSG_PULL_REPLY:
+        flodl__pull_reply__init(&v->pull_reply);
+        v->pull_reply.shard = m->u.pull_reply.shard;
+        v->pull_reply.offset = m->u.pull_reply.offset;
+        v->pull_reply.count = m->u.pull_reply.count;
+        v->pull_reply.version = m->u.pull_reply.version;
+        v->pull_reply.step = m->u.pull_reply.step;
+        v->pull_reply.min_step = m->u.pull_reply.min_step;
+        v->h.pull_reply = &v->pull_reply;
+        return FL_OK;
     default:
         return fl_fail(FL_EINVAL, "encode: unknown message type %d", (int)m->type);
     }
@@ -208,5 +329,8 @@ int fl_msg_encode(const fl_msg_hdr_t *m, void *(*alloc)(size_t len, void *ud), v
     free(v.peer_store);
     free(v.peers);
     free(v.peer_eps);
+    free(v.shard_store);
+    free(v.shards);
+    free(v.reg_shard_eps);
     return rc;
 }

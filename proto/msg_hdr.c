@@ -16,22 +16,30 @@ void fl_msg_hdr_init(fl_msg_hdr_t *h, fl_msg_type_t type, int32_t sender)
         h->u.error.about_rank = -1;
 }
 
+void fl_msg_hdr_free_tables(fl_msg_hdr_t *h)
+{
+    if (h == NULL)
+        return;
+    if (h->type == FL_MSG_WELCOME) {
+        free(h->u.welcome.peers);
+        h->u.welcome.peers = NULL;
+        h->u.welcome.npeers = 0;
+        free(h->u.welcome.shards);
+        h->u.welcome.shards = NULL;
+        h->u.welcome.nshards = 0;
+    } else if (h->type == FL_MSG_REGISTER) {
+        free(h->u.reg.shard_eps);
+        h->u.reg.shard_eps = NULL;
+        h->u.reg.nshard_eps = 0;
+    }
+}
+
 void fl_msg_hdr_deinit(fl_msg_hdr_t *h)
 {
     if (h == NULL)
         return;
-    if (h->type == FL_MSG_WELCOME)
-        free(h->u.welcome.peers);
+    fl_msg_hdr_free_tables(h);
     memset(h, 0, sizeof *h);
-}
-
-void fl_msg_hdr_free_tables(fl_msg_hdr_t *h)
-{
-    if (h != NULL && h->type == FL_MSG_WELCOME) {
-        free(h->u.welcome.peers);
-        h->u.welcome.peers = NULL;
-        h->u.welcome.npeers = 0;
-    }
 }
 
 int fl_msg_welcome_alloc(fl_msg_hdr_t *h, uint32_t npeers)
@@ -47,6 +55,69 @@ int fl_msg_welcome_alloc(fl_msg_hdr_t *h, uint32_t npeers)
     return FL_OK;
 }
 
+int fl_msg_welcome_alloc_shards(fl_msg_hdr_t *h, uint32_t nshards)
+{
+    h->u.welcome.shards = NULL;
+    h->u.welcome.nshards = 0;
+    if (nshards == 0)
+        return FL_OK;
+    h->u.welcome.shards = calloc(nshards, sizeof *h->u.welcome.shards);
+    if (h->u.welcome.shards == NULL)
+        return fl_fail(FL_ENOMEM, "welcome: out of memory for %u shards", nshards);
+    h->u.welcome.nshards = nshards;
+    return FL_OK;
+}
+
+int fl_msg_register_alloc_shards(fl_msg_register_t *reg, uint32_t n)
+{
+    reg->shard_eps = NULL;
+    reg->nshard_eps = 0;
+    if (n == 0)
+        return FL_OK;
+    reg->shard_eps = calloc(n, sizeof *reg->shard_eps);
+    if (reg->shard_eps == NULL)
+        return fl_fail(FL_ENOMEM, "register: out of memory for %u shard endpoints", n);
+    reg->nshard_eps = n;
+    return FL_OK;
+}
+
+int fl_msg_hdr_copy(fl_msg_hdr_t *dst, const fl_msg_hdr_t *src)
+{
+    *dst = *src;
+    /* Nothing of src's may be freed through dst, whatever fails below. */
+    if (src->type == FL_MSG_WELCOME) {
+        dst->u.welcome.peers = NULL;
+        dst->u.welcome.npeers = 0;
+        dst->u.welcome.shards = NULL;
+        dst->u.welcome.nshards = 0;
+    } else if (src->type == FL_MSG_REGISTER) {
+        dst->u.reg.shard_eps = NULL;
+        dst->u.reg.nshard_eps = 0;
+    }
+    if (src->type == FL_MSG_WELCOME) {
+        const fl_msg_welcome_t *w = &src->u.welcome;
+        if (fl_msg_welcome_alloc(dst, w->npeers) != FL_OK)
+            goto fail;
+        if (w->npeers > 0)
+            memcpy(dst->u.welcome.peers, w->peers, (size_t)w->npeers * sizeof *w->peers);
+        if (fl_msg_welcome_alloc_shards(dst, w->nshards) != FL_OK)
+            goto fail;
+        if (w->nshards > 0)
+            memcpy(dst->u.welcome.shards, w->shards, (size_t)w->nshards * sizeof *w->shards);
+    } else if (src->type == FL_MSG_REGISTER) {
+        const fl_msg_register_t *r = &src->u.reg;
+        if (fl_msg_register_alloc_shards(&dst->u.reg, r->nshard_eps) != FL_OK)
+            goto fail;
+        if (r->nshard_eps > 0)
+            memcpy(dst->u.reg.shard_eps, r->shard_eps, (size_t)r->nshard_eps *
+                                                           sizeof *r->shard_eps);
+    }
+    return FL_OK;
+fail:
+    fl_msg_hdr_free_tables(dst);
+    return FL_ENOMEM;
+}
+
 const char *fl_msg_type_name(int type)
 {
     switch (type) {
@@ -57,6 +128,10 @@ const char *fl_msg_type_name(int type)
     case FL_MSG_ERROR: return "error";
     case FL_MSG_SHUTDOWN: return "shutdown";
     case FL_MSG_CHUNK: return "chunk";
+    case FL_MSG_PUSH: return "push";
+    case FL_MSG_PUSH_ACK: return "push-ack";
+    case FL_MSG_PULL: return "pull";
+    case FL_MSG_PULL_REPLY: return "pull-reply";
     default: return "unknown";
     }
 }

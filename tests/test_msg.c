@@ -825,7 +825,7 @@ static const struct {
     {"long host", c_long_host, FL_FAULT_HEADER, "host of 256 bytes"},
     {"long endpoint", c_long_endpoint, FL_FAULT_HEADER, "endpoint of 256 bytes"},
     {"nine endpoints", c_nine_endpoints, FL_FAULT_HEADER, "endpoint list of 9 entries"},
-    {"long tuning", c_long_tuning, FL_FAULT_HEADER, "tuning of 128 bytes"},
+    {"long tuning", c_long_tuning, FL_FAULT_HEADER, "tuning of 512 bytes"},
     {"long peer host", c_long_peer_host, FL_FAULT_HEADER, "peer host of 256 bytes"},
     {"long peer endpoint", c_long_peer_endpoint, FL_FAULT_HEADER, "endpoint of 266 bytes"},
     {"peer nine endpoints", c_peer_nine_endpoints, FL_FAULT_HEADER, "endpoint list of 9"},
@@ -1217,7 +1217,7 @@ START_TEST(test_type_names)
         if (strcmp(fl_msg_type_name(t), names[t - 1]) != 0)
             ck_abort_msg("type %d is named '%s'", t, fl_msg_type_name(t));
     ck_assert_str_eq(fl_msg_type_name(FL_MSG_NONE), "unknown");
-    ck_assert_str_eq(fl_msg_type_name(8), "unknown");
+    ck_assert_str_eq(fl_msg_type_name(12), "unknown");
     ck_assert_str_eq(fl_msg_type_name(-1), "unknown");
 }
 END_TEST
