@@ -47,7 +47,7 @@ int coll_fail(coll_op_t *op, int code, const char *fmt, ...)
 static int take_event(coll_op_t *op)
 {
     fl_tp_msg_t ev;
-    int rc = fl_tp_recv(op->c->ev_rx, &ev, fl_deadline_in(0));
+    int rc = fl_tp_recv(op->c->events, &ev, fl_deadline_in(0));
     if (rc != FL_OK)
         return coll_fail(op, FL_EPEER, "aborted by the control thread (event unreadable)");
     int code = ev.hdr.type == FL_MSG_ERROR && ev.hdr.u.error.code < 0 ? ev.hdr.u.error.code
@@ -67,7 +67,7 @@ static int take_event(coll_op_t *op)
 static bool event_pending(fl_comm_t *c)
 {
     bool ready = false;
-    fl_tp_sock_t *ev = c->ev_rx;
+    fl_tp_sock_t *ev = c->events;
     return fl_tp_poll(&ev, 1, 0, &ready) > 0 && ready;
 }
 
@@ -87,10 +87,10 @@ int coll_begin(fl_comm_t *c, coll_op_t *op, fl_coll_kind_t kind, size_t count,
                        c->rank, c->host, c->broken_text);
     op->seq = ++c->seq;
     op->deadline = fl_deadline_in(c->timeout_ms);
-    atomic_store(&c->cur_coll, (uint32_t)kind);
-    atomic_store(&c->cur_seq, op->seq);
-    atomic_store(&c->cur_step, 0);
-    atomic_store(&c->cur_waiting, -1);
+    atomic_store(&c->status->op, (uint32_t)kind);
+    atomic_store(&c->status->seq, op->seq);
+    atomic_store(&c->status->step, 0);
+    atomic_store(&c->status->waiting_on, -1);
 
     /* A peer may have died while no collective was running. */
     if (event_pending(c))
@@ -150,8 +150,8 @@ int coll_end(coll_op_t *op, int rc)
     } else {
         c->ops++;
     }
-    atomic_store(&c->cur_coll, 0);
-    atomic_store(&c->cur_waiting, -1);
+    atomic_store(&c->status->op, 0);
+    atomic_store(&c->status->waiting_on, -1);
     return rc;
 }
 
@@ -272,8 +272,8 @@ static int classify(coll_op_t *op, fl_tp_msg_t *m, bool *keep)
 int coll_recv(coll_op_t *op, fl_tp_msg_t *m)
 {
     fl_comm_t *c = op->c;
-    atomic_store_explicit(&c->cur_step, op->step, memory_order_relaxed);
-    atomic_store_explicit(&c->cur_waiting, op->waiting_on, memory_order_relaxed);
+    atomic_store_explicit(&c->status->step, op->step, memory_order_relaxed);
+    atomic_store_explicit(&c->status->waiting_on, op->waiting_on, memory_order_relaxed);
     if (stash_take(c, op->seq, m)) {
         int rc = match_op(op, m);
         if (rc != FL_OK) {
@@ -284,7 +284,7 @@ int coll_recv(coll_op_t *op, fl_tp_msg_t *m)
             c->bytes_recv += fl_tp_msg_size(m, i);
         return FL_OK;
     }
-    fl_tp_sock_t *socks[2] = {c->data_in, c->ev_rx};
+    fl_tp_sock_t *socks[2] = {c->data_in, c->events};
     for (;;) {
         /* Take what is waiting without a poll; block on data and abort events only when the
          * socket is empty (an abort matters only once data stops coming). */

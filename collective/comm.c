@@ -123,23 +123,6 @@ static int bind_data(fl_comm_t *c, const char *bind, int stripes)
     return FL_OK;
 }
 
-static int make_pipe(fl_comm_t *c, const char *name, fl_tp_sock_t **rx, fl_tp_sock_t **tx)
-{
-    fl_tp_opts_t t;
-    fl_tp_opts_init(&t);
-    t.linger_ms = 0;
-    char ep[64];
-    snprintf(ep, sizeof ep, "inproc://flodl-%s", name);
-    int rc = fl_tp_sock_create(c->ctx, FL_TP_PAIR, &t, name, rx);
-    if (rc == FL_OK)
-        rc = fl_tp_sock_bind(*rx, ep, NULL, 0);
-    if (rc == FL_OK)
-        rc = fl_tp_sock_create(c->ctx, FL_TP_PAIR, &t, name, tx);
-    if (rc == FL_OK)
-        rc = fl_tp_sock_connect(*tx, ep);
-    return rc;
-}
-
 int fl_comm_init(const fl_comm_opts_t *o, fl_comm_t **out)
 {
     *out = NULL;
@@ -184,19 +167,15 @@ int fl_comm_init(const fl_comm_opts_t *o, fl_comm_t **out)
         rc = fl_fail(FL_ENOMEM, "comm: out of memory for %d peers", c->size);
         goto fail;
     }
-    if ((rc = bind_data(c, o->bind, o->stripes)) != FL_OK ||
-        (rc = make_pipe(c, "events", &c->ev_rx, &c->ev_tx)) != FL_OK ||
-        (rc = make_pipe(c, "commands", &c->cmd_rx, &c->cmd_tx)) != FL_OK)
+    if ((rc = bind_data(c, o->bind, o->stripes)) != FL_OK)
         goto fail;
     if ((rc = fl_comm_rendezvous(c, o->rendezvous_timeout_ms)) != FL_OK)
         goto fail;
 
-    fl_tp_sock_set_stamp(c->coord, c->job_id, c->generation, c->rank);
-    fl_tp_sock_set_expect(c->coord, c->job_id, c->generation);
     fl_tp_sock_set_expect(c->data_in, c->job_id, c->generation);
     snprintf(name, sizeof name, "rank %d %s", c->rank, c->host);
     fl_ctx_set_log_name(c->ctx, name);
-    if ((rc = fl_comm_ctrl_start(c)) != FL_OK)
+    if ((rc = fl_tp_member_start(c->member)) != FL_OK)
         goto fail;
     /* Open the ring's link now so the first collective does not pay for the TCP handshake. */
     if (c->size > 1) {
@@ -224,8 +203,12 @@ void fl_comm_destroy(fl_comm_t **pc)
     if (pc == NULL || *pc == NULL)
         return;
     fl_comm_t *c = *pc;
-    if (c->ctrl_started)
-        fl_comm_ctrl_stop(c);
+    if (c->member != NULL) {
+        char text[128];
+        snprintf(text, sizeof text, "rank %d leaves after %llu collectives%s", c->rank,
+                 (unsigned long long)c->seq, c->broken_rc != FL_OK ? " (after a failure)" : "");
+        fl_tp_member_stop(c->member, c->broken_rc != FL_OK ? 1 : 0, text);
+    }
     int linger = c->broken_rc != FL_OK ? 0 : (c->timeout_ms < 10000 ? c->timeout_ms : 10000);
     if (c->data_out != NULL) {
         for (int p = 0; p < c->size; p++) {
@@ -238,15 +221,7 @@ void fl_comm_destroy(fl_comm_t **pc)
     if (c->data_in != NULL)
         fl_tp_sock_set_linger(c->data_in, 0);
     fl_tp_sock_destroy(&c->data_in);
-    /* Still here only when the rendezvous did not complete: drop the queued registration
-     * rather than wait for a coordinator that never answered. */
-    if (c->coord != NULL)
-        fl_tp_sock_set_linger(c->coord, 0);
-    fl_tp_sock_destroy(&c->coord);
-    fl_tp_sock_destroy(&c->ev_rx);
-    fl_tp_sock_destroy(&c->ev_tx);
-    fl_tp_sock_destroy(&c->cmd_rx);
-    fl_tp_sock_destroy(&c->cmd_tx);
+    fl_tp_member_destroy(&c->member);
     while (c->stash != NULL) {
         stash_ent_t *e = c->stash;
         c->stash = e->next;

@@ -44,20 +44,11 @@ struct fl_comm {
     stash_ent_t *stash;
     size_t stash_bytes;
 
-    /* Control thread: owns the coordinator socket once started. */
-    pthread_t ctrl;
-    bool ctrl_started;
-    fl_tp_sock_t *coord;    /* DEALER to the coordinator */
-    fl_tp_sock_t *ev_tx;    /* control thread -> caller: failures (inproc PAIR) */
-    fl_tp_sock_t *ev_rx;
-    fl_tp_sock_t *cmd_tx;   /* caller -> control thread: stop (inproc PAIR) */
-    fl_tp_sock_t *cmd_rx;
-
-    /* What the caller is doing, for the heartbeats the control thread sends. */
-    _Atomic uint32_t cur_coll;
-    _Atomic uint64_t cur_seq;
-    _Atomic uint32_t cur_step;
-    _Atomic int32_t cur_waiting;
+    /* Membership: the rendezvous, then a control thread that heartbeats the coordinator and
+     * posts failures (a dead peer, an aborted job, a silent coordinator) on `events`. */
+    fl_tp_member_t *member;
+    fl_tp_sock_t *events;   /* owned by member */
+    fl_tp_status_t *status; /* what the caller is doing, for the heartbeats; owned by member */
 
     /* Sequence of collectives; every rank numbers them the same. */
     uint64_t seq;
@@ -89,19 +80,14 @@ struct fl_comm {
     fl_algo_t last_algo;
 };
 
-/* ---- communicator internals (comm.c, comm_ctrl.c) ---- */
+/* ---- communicator internals (comm.c, comm_rendezvous.c) ---- */
 
-/* Registers with the coordinator and waits for the peer table (comm_rendezvous.c). */
+/* Registers with the coordinator and takes the peer table from the welcome
+ * (comm_rendezvous.c). */
 int fl_comm_rendezvous(fl_comm_t *c, int timeout_ms);
 
 /* The tuning string every rank must share ("seg=1048576,small=65536,algo=0"). */
 void fl_comm_tuning(const fl_comm_t *c, char *out, size_t cap);
-
-/* Starts the control thread (heartbeats, coordinator events). */
-int fl_comm_ctrl_start(fl_comm_t *c);
-
-/* Asks the control thread to leave the job cleanly and joins it. */
-void fl_comm_ctrl_stop(fl_comm_t *c);
 
 /* "rank 3 (host-a)": a peer's name for error texts. */
 const char *fl_comm_peer_name(const fl_comm_t *c, int rank, char *buf, size_t cap);

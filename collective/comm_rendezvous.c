@@ -1,7 +1,7 @@
-/* Rendezvous, rank side: register with the coordinator (rank, world size, host, data
- * endpoints, tuning), heartbeat while the others arrive, and take the peer table from the
- * welcome. A refusal comes back as the coordinator's text; a timeout says how far the
- * rendezvous got. */
+/* Rendezvous, rank side: register with the coordinator through the membership of transport/
+ * (rank, world size, host, data endpoints, model signature, tuning) and take the peer table
+ * from the welcome, after checking that it describes exactly this job's ranks. A refusal comes
+ * back as the coordinator's text; a timeout says how far the rendezvous got. */
 #include "comm_int.h"
 
 #include <stdio.h>
@@ -9,23 +9,16 @@
 #include <string.h>
 #include <unistd.h>
 
-/* Often enough for any coordinator heartbeat timeout above ~0.5 s, which ranks cannot know
- * before the welcome. */
-#define RDV_HEARTBEAT_MS 200
-#define COORD_MAX_MSG ((size_t)64 << 20)
-
 void fl_comm_tuning(const fl_comm_t *c, char *out, size_t cap)
 {
     snprintf(out, cap, "seg=%zu,small=%zu,algo=%d", c->segment_bytes, c->small_bytes,
              (int)c->algo);
 }
 
-static int send_register(fl_comm_t *c)
+static void make_register(const fl_comm_t *c, fl_msg_register_t *r)
 {
-    fl_msg_hdr_t h;
-    fl_msg_hdr_init(&h, FL_MSG_REGISTER, c->rank);
-    snprintf(h.job_id, sizeof h.job_id, "%s", c->job_id);
-    fl_msg_register_t *r = &h.u.reg;
+    memset(r, 0, sizeof *r);
+    r->role = FL_ROLE_WORKER;
     r->rank = c->rank;
     r->world_size = c->size;
     snprintf(r->host, sizeof r->host, "%s", c->host);
@@ -35,15 +28,6 @@ static int send_register(fl_comm_t *c)
     r->pid = (int32_t)getpid();
     r->model_signature = c->model_signature;
     fl_comm_tuning(c, r->tuning, sizeof r->tuning);
-    return fl_tp_send(c->coord, NULL, &h, NULL, 0, fl_deadline_in(1000));
-}
-
-static int send_heartbeat(fl_comm_t *c)
-{
-    fl_msg_hdr_t h;
-    fl_msg_hdr_init(&h, FL_MSG_HEARTBEAT, c->rank);
-    snprintf(h.job_id, sizeof h.job_id, "%s", c->job_id);
-    return fl_tp_send(c->coord, NULL, &h, NULL, 0, fl_deadline_in(0));
 }
 
 /* Takes the peer table, after checking that it describes exactly this job's ranks. */
@@ -60,9 +44,6 @@ static int take_welcome(fl_comm_t *c, fl_msg_hdr_t *h)
                                       "with %u endpoints",
                            c->rank, i, w->peers[i].rank, w->peers[i].nendpoints);
     }
-    if (w->heartbeat_ms < 1 || w->heartbeat_timeout_ms <= w->heartbeat_ms)
-        return fl_fail(FL_EPROTO, "rank %d: coordinator sent heartbeat %u ms, timeout %u ms",
-                       c->rank, w->heartbeat_ms, w->heartbeat_timeout_ms);
     c->peers = w->peers;
     w->peers = NULL;
     w->npeers = 0;
@@ -74,70 +55,26 @@ static int take_welcome(fl_comm_t *c, fl_msg_hdr_t *h)
 
 int fl_comm_rendezvous(fl_comm_t *c, int timeout_ms)
 {
-    fl_tp_opts_t t;
-    fl_tp_opts_init(&t);
-    t.max_msg_bytes = COORD_MAX_MSG;
-    t.linger_ms = 1000;
-    int rc = fl_tp_sock_create(c->ctx, FL_TP_DEALER, &t, "coordinator", &c->coord);
-    if (rc == FL_OK)
-        rc = fl_tp_sock_connect(c->coord, c->coordinator);
-    if (rc == FL_OK)
-        rc = send_register(c);
+    char name[64];
+    snprintf(name, sizeof name, "rank %d", c->rank);
+    fl_tp_member_opts_t mo;
+    fl_tp_member_opts_init(&mo);
+    mo.coordinator = c->coordinator;
+    mo.job_id = c->job_id;
+    mo.name = name;
+    mo.sender = c->rank;
+    mo.rendezvous_timeout_ms = timeout_ms;
+    int rc = fl_tp_member_create(c->ctx, &mo, &c->member);
     if (rc != FL_OK)
-        return fl_fail_ctx(rc, "rank %d: register with coordinator %s", c->rank,
-                           c->coordinator);
-
-    int64_t deadline = fl_deadline_in(timeout_ms);
-    int64_t next_hb = fl_now_ms() + RDV_HEARTBEAT_MS;
-    char progress[FL_MSG_MISSING_MAX + 64] = "";
-    bool heard = false;
-    for (;;) {
-        int64_t wake = next_hb < deadline ? next_hb : deadline;
-        fl_tp_msg_t m;
-        rc = fl_tp_recv(c->coord, &m, wake);
-        if (rc == FL_OK) {
-            heard = true;
-            switch (m.hdr.type) {
-            case FL_MSG_WELCOME:
-                rc = take_welcome(c, &m.hdr);
-                fl_tp_msg_close(&m);
-                return rc;
-            case FL_MSG_ERROR: {
-                int code = m.hdr.u.error.code < 0 ? m.hdr.u.error.code : FL_EPEER;
-                rc = fl_fail(code, "rank %d: coordinator %s refused: %s", c->rank,
-                             c->coordinator, m.hdr.u.error.text);
-                fl_tp_msg_close(&m);
-                return rc;
-            }
-            case FL_MSG_SHUTDOWN:
-                rc = fl_fail(FL_EPEER, "rank %d: coordinator %s is shutting down: %s", c->rank,
-                             c->coordinator, m.hdr.u.shutdown.text);
-                fl_tp_msg_close(&m);
-                return rc;
-            case FL_MSG_HEARTBEAT:
-                snprintf(progress, sizeof progress, "%u of %d ranks registered, missing %s",
-                         m.hdr.u.heartbeat.registered, c->size, m.hdr.u.heartbeat.missing);
-                break;
-            default:
-                break;
-            }
-            fl_tp_msg_close(&m);
-        } else if (rc != FL_ETIMEDOUT && rc != FL_EPROTO) {
-            return fl_fail_ctx(rc, "rank %d: rendezvous", c->rank);
-        }
-        int64_t now = fl_now_ms();
-        if (now >= deadline) {
-            if (heard)
-                return fl_fail(FL_ETIMEDOUT, "rank %d: rendezvous with coordinator %s timed out "
-                                             "after %d ms: %s",
-                               c->rank, c->coordinator, timeout_ms, progress);
-            return fl_fail(FL_ETIMEDOUT, "rank %d: no answer from the coordinator at %s within "
-                                         "%d ms (is flodl-ps running and reachable?)",
-                           c->rank, c->coordinator, timeout_ms);
-        }
-        if (now >= next_hb) {
-            send_heartbeat(c);
-            next_hb = now + RDV_HEARTBEAT_MS;
-        }
-    }
+        return rc;
+    c->events = fl_tp_member_events(c->member);
+    c->status = fl_tp_member_status(c->member);
+    fl_msg_register_t reg;
+    make_register(c, &reg);
+    fl_msg_hdr_t welcome;
+    if ((rc = fl_tp_member_join(c->member, &reg, &welcome)) != FL_OK)
+        return rc;
+    rc = take_welcome(c, &welcome);
+    fl_msg_hdr_deinit(&welcome);
+    return rc;
 }

@@ -121,8 +121,12 @@ static inline size_t fl_tp_msg_size(fl_tp_msg_t *m, size_t i)
     return zmq_msg_size(&m->frames[i]);
 }
 
+/* Most sockets one poll takes. */
+#define FL_TP_POLL_MAX 8192
+
 /* Waits until one of the sockets is readable or timeout_ms passes. ready[i] is set true for
- * the readable ones. Returns the number ready (0 on timeout) or FL_EIO. */
+ * the readable ones. Returns the number ready (0 on timeout), FL_EINVAL (more than
+ * FL_TP_POLL_MAX), FL_ENOMEM or FL_EIO. */
 int fl_tp_poll(fl_tp_sock_t *const *socks, size_t n, int timeout_ms, bool *ready);
 
 /* Sends raw frames without a flodl header: only for tests that play a broken or hostile peer.
@@ -187,6 +191,73 @@ int fl_tp_live_check(fl_tp_live_t *live, int64_t now_ms, int64_t *silent_ms);
 
 fl_tp_peer_state_t fl_tp_live_state(const fl_tp_live_t *live, int peer);
 int64_t fl_tp_live_last(const fl_tp_live_t *live, int peer);
+
+/* ---- membership (tp_member.c): the member side of the coordinator protocol ---- */
+
+typedef struct fl_tp_member fl_tp_member_t;
+
+typedef struct fl_tp_member_opts {
+    const char *coordinator;   /* endpoint (required) */
+    const char *job_id;        /* default "flodl" */
+    const char *name;          /* how texts and logs call this member: "rank 3" */
+    int32_t sender;            /* stamped on its messages: the rank, or FL_MSG_SENDER_SERVER */
+    int rendezvous_timeout_ms; /* deadline of fl_tp_member_join (default 300000) */
+    int reconnect_timeout_ms;  /* > 0: when the coordinator goes away before the job ends
+                                  (silence, or a shutdown with a non-zero code), register again
+                                  for this long instead of failing (default 0) */
+} fl_tp_member_opts_t;
+
+/* What the control thread reports in every heartbeat; the owner writes it at any time. */
+typedef struct fl_tp_status {
+    _Atomic uint32_t op;       /* operation in flight (0: none) */
+    _Atomic uint64_t seq;      /* its sequence number */
+    _Atomic uint32_t step;     /* its progress */
+    _Atomic int32_t waiting_on; /* the rank awaited, -1 when none */
+} fl_tp_status_t;
+
+/* The code of the SHUTDOWN event that says the coordinator went away and the member is
+ * registering again. */
+#define FL_TP_MEMBER_LOST 1
+
+void fl_tp_member_opts_init(fl_tp_member_opts_t *opts);
+
+/* Creates a member in ctx (nothing is sent yet). FL_OK, FL_EINVAL naming the option,
+ * FL_ENOMEM, FL_EIO. */
+int fl_tp_member_create(fl_ctx_t *ctx, const fl_tp_member_opts_t *opts, fl_tp_member_t **out);
+
+/* Registers reg (kept, with its tables, for reconnects) and waits for the welcome until the
+ * rendezvous deadline, heartbeating meanwhile and registering again when the coordinator is
+ * silent for a second. FL_OK: *welcome holds the decoded welcome (the caller deinits it) and
+ * the member took its generation and heartbeat settings. Otherwise the coordinator's refusal
+ * (its code, FL_EPEER when it gave none, with its text), FL_EPROTO (a welcome with impossible
+ * heartbeat settings), FL_ETIMEDOUT (saying how far the rendezvous got), FL_EIO. */
+int fl_tp_member_join(fl_tp_member_t *m, const fl_msg_register_t *reg, fl_msg_hdr_t *welcome);
+
+/* Starts the control thread; only after a successful join. FL_OK, FL_EINVAL, FL_EIO. */
+int fl_tp_member_start(fl_tp_member_t *m);
+
+/* The pipe the owner polls and reads (fl_tp_recv) for events of the control thread:
+ *   ERROR: fatal (a peer died, the job was aborted, the coordinator was lost for good): code,
+ *          the rank it is about, its host and the text;
+ *   SHUTDOWN with code 0: the coordinator ended the job cleanly;
+ *   SHUTDOWN with code FL_TP_MEMBER_LOST: the coordinator went away and the member is
+ *          registering again (only with a reconnect timeout);
+ *   WELCOME: the member rejoined a (restarted) coordinator: the new generation and tables.
+ * After an ERROR or a SHUTDOWN with code 0 nothing more is posted. */
+fl_tp_sock_t *fl_tp_member_events(fl_tp_member_t *m);
+
+/* The status heartbeats carry; owned by m. */
+fl_tp_status_t *fl_tp_member_status(fl_tp_member_t *m);
+
+/* Generation of the job as of the latest welcome. */
+uint64_t fl_tp_member_generation(const fl_tp_member_t *m);
+
+/* Leaves the job (a SHUTDOWN with code and text to the coordinator) and joins the control
+ * thread. Does nothing when it is not running. */
+void fl_tp_member_stop(fl_tp_member_t *m, int code, const char *text);
+
+/* Stops (code 1) if still running and frees. NULL-safe; sets *m = NULL. */
+void fl_tp_member_destroy(fl_tp_member_t **m);
 
 #ifdef __cplusplus
 }

@@ -5,6 +5,7 @@
 
 #include <errno.h>
 #include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
 
 static void *alloc_in_msg(size_t len, void *ud)
@@ -321,10 +322,14 @@ int fl_tp_try_recv(fl_tp_sock_t *s, fl_tp_msg_t *m)
 
 int fl_tp_poll(fl_tp_sock_t *const *socks, size_t n, int timeout_ms, bool *ready)
 {
-    zmq_pollitem_t items[16];
-    if (n > 16)
-        return fl_fail(FL_EINVAL, "poll: %zu sockets, at most 16", n);
+    zmq_pollitem_t stack[16];
+    zmq_pollitem_t *items = stack;
+    if (n > FL_TP_POLL_MAX)
+        return fl_fail(FL_EINVAL, "poll: %zu sockets, at most %d", n, FL_TP_POLL_MAX);
+    if (n > 16 && (items = malloc(n * sizeof *items)) == NULL)
+        return fl_fail(FL_ENOMEM, "poll: out of memory for %zu sockets", n);
     int64_t deadline = fl_deadline_in(timeout_ms);
+    int rc;
     for (;;) {
         for (size_t i = 0; i < n; i++) {
             items[i].socket = socks[i]->zs;
@@ -332,15 +337,20 @@ int fl_tp_poll(fl_tp_sock_t *const *socks, size_t n, int timeout_ms, bool *ready
             items[i].events = ZMQ_POLLIN;
             items[i].revents = 0;
         }
-        int rc = zmq_poll(items, (int)n, fl_deadline_left_ms(deadline));
+        rc = zmq_poll(items, (int)n, fl_deadline_left_ms(deadline));
         if (rc < 0 && zmq_errno() == EINTR)
             continue;
-        if (rc < 0)
-            return fl_fail(FL_EIO, "poll: %s", zmq_strerror(zmq_errno()));
+        if (rc < 0) {
+            rc = fl_fail(FL_EIO, "poll: %s", zmq_strerror(zmq_errno()));
+            break;
+        }
         for (size_t i = 0; i < n; i++)
             ready[i] = (items[i].revents & ZMQ_POLLIN) != 0;
-        return rc;
+        break;
     }
+    if (items != stack)
+        free(items);
+    return rc;
 }
 
 int fl_tp_send_raw(fl_tp_sock_t *s, const void *const *parts, const size_t *sizes, size_t n)
