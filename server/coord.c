@@ -38,6 +38,11 @@ static int check_opts(const fl_coord_opts_t *o)
                        o->heartbeat_ms, o->heartbeat_timeout_ms);
     if (o->rendezvous_timeout_ms < 1)
         return fl_fail(FL_EINVAL, "coordinator: rendezvous_timeout_ms must be positive");
+    if (o->num_shards < 0 || o->num_shards > FL_MSG_MAX_SHARDS)
+        return fl_fail(FL_EINVAL, "coordinator: num_shards %d out of range 0..%d",
+                       o->num_shards, FL_MSG_MAX_SHARDS);
+    if (o->param_count > 0 && o->num_shards == 0)
+        return fl_fail(FL_EINVAL, "coordinator: param_count given without num_shards");
     return FL_OK;
 }
 
@@ -73,6 +78,8 @@ int fl_coord_create(const fl_coord_opts_t *o, fl_coord_t **out)
         c->hb_ms = 1;
     c->rdv_timeout_ms = o->rendezvous_timeout_ms;
     c->generation = new_generation();
+    c->nshards = o->num_shards;
+    c->init_params = o->param_count;
 
     fl_ctx_opts_t co;
     fl_ctx_opts_init(&co);
@@ -86,7 +93,12 @@ int fl_coord_create(const fl_coord_opts_t *o, fl_coord_t **out)
         rc = fl_fail(FL_ENOMEM, "coordinator: out of memory for %d ranks", c->world);
         goto fail;
     }
-    if ((rc = fl_tp_live_create(c->world, c->hb_timeout_ms, &c->live)) != FL_OK)
+    if (c->nshards > 0 &&
+        (c->servers = calloc((size_t)c->nshards, sizeof *c->servers)) == NULL) {
+        rc = fl_fail(FL_ENOMEM, "coordinator: out of memory for %d shards", c->nshards);
+        goto fail;
+    }
+    if ((rc = fl_tp_live_create(c->world + c->nshards, c->hb_timeout_ms, &c->live)) != FL_OK)
         goto fail;
 
     fl_tp_opts_t t;
@@ -137,6 +149,11 @@ int fl_coord_active(const fl_coord_t *c)
     return atomic_load(&((fl_coord_t *)c)->nactive);
 }
 
+int fl_coord_servers_active(const fl_coord_t *c)
+{
+    return atomic_load(&((fl_coord_t *)c)->nservers_active);
+}
+
 void fl_coord_finish(fl_coord_t *c, int rc, const char *text)
 {
     pthread_mutex_lock(&c->lock);
@@ -149,20 +166,21 @@ void fl_coord_finish(fl_coord_t *c, int rc, const char *text)
     pthread_mutex_unlock(&c->lock);
 }
 
-/* Tells every rank still connected that the coordinator stops, so none waits for it. */
+/* Tells every member still connected that the coordinator stops, so none waits for it. */
 static void say_goodbye(fl_coord_t *c)
 {
+    fl_msg_hdr_t h;
+    fl_msg_hdr_init(&h, FL_MSG_SHUTDOWN, -1);
+    h.u.shutdown.code = 1;
+    snprintf(h.u.shutdown.text, sizeof h.u.shutdown.text,
+             "coordinator %s stopped before the job ended", c->endpoint);
     for (int r = 0; r < c->world; r++) {
         coord_rank_t *k = &c->ranks[r];
         if (!k->registered || k->left || fl_tp_live_state(c->live, r) == FL_PEER_DEAD)
             continue;
-        fl_msg_hdr_t h;
-        fl_msg_hdr_init(&h, FL_MSG_SHUTDOWN, -1);
-        h.u.shutdown.code = 1;
-        snprintf(h.u.shutdown.text, sizeof h.u.shutdown.text,
-                 "coordinator %s stopped before the job ended", c->endpoint);
         fl_tp_send(c->sock, &k->route, &h, NULL, 0, fl_deadline_in(0));
     }
+    fl_coord_ps_send_all(c, &h);
 }
 
 static void *coord_main(void *arg)
@@ -273,6 +291,7 @@ void fl_coord_destroy(fl_coord_t **pc)
     fl_ctx_destroy(&c->ctx);
     fl_tp_live_destroy(&c->live);
     free(c->ranks);
+    fl_coord_ps_free(c);
     pthread_mutex_destroy(&c->lock);
     pthread_cond_destroy(&c->cond);
     free(c);

@@ -7,7 +7,7 @@
 #include <stdio.h>
 #include <string.h>
 
-static bool same_route(const fl_tp_route_t *a, const fl_tp_route_t *b)
+bool fl_coord_same_route(const fl_tp_route_t *a, const fl_tp_route_t *b)
 {
     return a->len == b->len && memcmp(a->id, b->id, a->len) == 0;
 }
@@ -46,7 +46,7 @@ void fl_coord_on_refused(fl_coord_t *c, fl_tp_msg_t *m)
 static int rank_of_route(const fl_coord_t *c, const fl_tp_route_t *route)
 {
     for (int r = 0; r < c->world; r++) {
-        if (c->ranks[r].registered && same_route(&c->ranks[r].route, route))
+        if (c->ranks[r].registered && fl_coord_same_route(&c->ranks[r].route, route))
             return r;
     }
     return -1;
@@ -69,9 +69,11 @@ static void missing_list(const fl_coord_t *c, char *out, size_t cap)
     }
     if (missing > shown && n + 24 < cap)
         snprintf(out + n, cap - n, " and %d more", missing - shown);
+    fl_coord_ps_missing(c, out, cap);
 }
 
-/* Sends the peer table to one route, or to every rank (to == NULL) when the job starts. */
+/* The welcome: the peer table and, with a parameter server, its shard map. Sent to one route
+ * (a member that asks again) or, when the job starts, to every member. */
 static void send_welcome(fl_coord_t *c, const fl_tp_route_t *to)
 {
     fl_msg_hdr_t h;
@@ -91,23 +93,66 @@ static void send_welcome(fl_coord_t *c, const fl_tp_route_t *to)
     }
     h.u.welcome.heartbeat_ms = (uint32_t)c->hb_ms;
     h.u.welcome.heartbeat_timeout_ms = (uint32_t)c->hb_timeout_ms;
+    char why[FL_MSG_TEXT_MAX];
+    if (fl_coord_ps_fill_welcome(c, &h, why, sizeof why) != FL_OK) {
+        /* The job cannot start as registered: say so to everyone and fail. */
+        fl_msg_hdr_deinit(&h);
+        FL_ERROR(c->ctx, "%s", why);
+        fl_msg_hdr_t e;
+        fl_msg_hdr_init(&e, FL_MSG_ERROR, -1);
+        e.u.error.code = FL_EINVAL;
+        snprintf(e.u.error.text, sizeof e.u.error.text, "%s", why);
+        for (int r = 0; r < c->world; r++)
+            if (c->ranks[r].registered)
+                fl_tp_send(c->sock, &c->ranks[r].route, &e, NULL, 0, fl_deadline_in(0));
+        fl_coord_ps_send_all(c, &e);
+        c->phase = PHASE_FAILED;
+        fl_coord_finish(c, FL_EINVAL, why);
+        return;
+    }
     for (int r = 0; r < c->world; r++) {
-        if (to != NULL && !same_route(to, &c->ranks[r].route))
+        if (to != NULL && !fl_coord_same_route(to, &c->ranks[r].route))
             continue;
         if (fl_tp_send(c->sock, &c->ranks[r].route, &h, NULL, 0, fl_deadline_in(1000)) != FL_OK)
             FL_ERROR(c->ctx, "welcome to rank %d (%s): %s", r, c->ranks[r].reg.host,
+                     fl_last_error());
+    }
+    for (int i = 0; i < c->nshards; i++) {
+        coord_server_t *v = &c->servers[i];
+        if (!v->registered || (to != NULL && !fl_coord_same_route(to, &v->route)))
+            continue;
+        if (fl_tp_send(c->sock, &v->route, &h, NULL, 0, fl_deadline_in(1000)) != FL_OK)
+            FL_ERROR(c->ctx, "welcome to the server of shards %d.. (%s): %s", i, v->reg.host,
                      fl_last_error());
     }
     fl_msg_hdr_deinit(&h);
     if (to != NULL)
         return;
     c->phase = PHASE_RUNNING;
-    FL_INFO(c->ctx, "all %d ranks registered after %lld ms; job '%s' running", c->world,
-            (long long)(fl_now_ms() - c->started_ms), c->job_id);
+    if (c->nshards > 0)
+        FL_INFO(c->ctx, "all %d ranks and %d shards registered after %lld ms; job '%s' running",
+                c->world, c->nshards, (long long)(fl_now_ms() - c->started_ms), c->job_id);
+    else
+        FL_INFO(c->ctx, "all %d ranks registered after %lld ms; job '%s' running", c->world,
+                (long long)(fl_now_ms() - c->started_ms), c->job_id);
+}
+
+void fl_coord_maybe_start(fl_coord_t *c)
+{
+    if (c->phase == PHASE_RENDEZVOUS && atomic_load(&c->nregistered) == c->world &&
+        fl_coord_ps_complete(c))
+        send_welcome(c, NULL);
+}
+
+void fl_coord_welcome_again(fl_coord_t *c, const fl_tp_route_t *to)
+{
+    send_welcome(c, to);
 }
 
 static void on_register(fl_coord_t *c, fl_tp_msg_t *m)
 {
+    if (m->hdr.u.reg.role == FL_ROLE_SERVER)
+        return fl_coord_ps_on_register(c, m);
     const fl_msg_register_t *reg = &m->hdr.u.reg;
     const fl_tp_route_t *to = &m->route;
     int r = reg->rank;
@@ -125,15 +170,34 @@ static void on_register(fl_coord_t *c, fl_tp_msg_t *m)
         return fl_coord_send_error(c, to, FL_EINVAL, r, reg->host,
                                    "rank %d (host %s) is out of range 0..%d for world size %d",
                                    r, reg->host, c->world - 1, c->world);
-    if (reg->nendpoints < 1)
+    if (reg->nendpoints < 1 && reg->param_count == 0)
         return fl_coord_send_error(c, to, FL_EINVAL, r, reg->host,
-                                   "rank %d (host %s) registered without a data endpoint", r,
-                                   reg->host);
+                                   "rank %d (host %s) registered without a data endpoint (only "
+                                   "parameter-server clients, which declare their parameter "
+                                   "count, need none)",
+                                   r, reg->host);
+    if (reg->nshard_eps > 0)
+        return fl_coord_send_error(c, to, FL_EINVAL, r, reg->host,
+                                   "rank %d (host %s) registered shard endpoints, which only "
+                                   "parameter-server processes have",
+                                   r, reg->host);
     coord_rank_t *k = &c->ranks[r];
     if (k->registered) {
-        if (same_route(&k->route, to)) {
+        if (fl_coord_same_route(&k->route, to)) {
             if (c->phase == PHASE_RUNNING)
                 send_welcome(c, to); /* a retry after a lost welcome: answer the asker */
+            return;
+        }
+        if (!k->left && k->reg.pid == reg->pid && strcmp(k->reg.host, reg->host) == 0 &&
+            fl_tp_live_state(c->live, r) != FL_PEER_DEAD) {
+            /* The same process on a new connection (it thought us gone): take the new
+             * route and answer as a retry. */
+            FL_WARN(c->ctx, "rank %d (%s, pid %d) registered again on a new connection", r,
+                    reg->host, reg->pid);
+            k->route = *to;
+            fl_tp_live_heard(c->live, r, fl_now_ms());
+            if (c->phase == PHASE_RUNNING)
+                send_welcome(c, to);
             return;
         }
         return fl_coord_send_error(c, to, FL_EINVAL, r, reg->host,
@@ -146,6 +210,12 @@ static void on_register(fl_coord_t *c, fl_tp_msg_t *m)
                                    "rank %d (host %s) registered after job '%s' %s", r,
                                    reg->host, c->job_id,
                                    c->phase == PHASE_RUNNING ? "started" : "failed");
+    char who[FL_HOST_MAX + 32];
+    char why[FL_MSG_TEXT_MAX];
+    snprintf(who, sizeof who, "rank %d (host %s)", r, reg->host);
+    if (reg->param_count != 0 &&
+        fl_coord_ps_check_params(c, reg->param_count, who, why, sizeof why) != FL_OK)
+        return fl_coord_send_error(c, to, FL_EINVAL, r, reg->host, "%s", why);
     for (int q = 0; q < c->world; q++) {
         const fl_msg_register_t *other = &c->ranks[q].reg;
         if (c->ranks[q].registered && (other->model_signature != 0 || reg->model_signature != 0) &&
@@ -166,14 +236,15 @@ static void on_register(fl_coord_t *c, fl_tp_msg_t *m)
     k->left = false;
     k->route = *to;
     k->reg = *reg;
+    k->reg.shard_eps = NULL; /* checked empty above; the message owns its tables */
+    k->reg.nshard_eps = 0;
     k->waiting_on = -1;
     fl_tp_live_heard(c->live, r, fl_now_ms());
     atomic_fetch_add(&c->nactive, 1);
     int n = atomic_fetch_add(&c->nregistered, 1) + 1;
     FL_INFO(c->ctx, "rank %d registered from %s (pid %d, data %s): %d of %d", r, reg->host,
-            reg->pid, reg->endpoints[0], n, c->world);
-    if (n == c->world)
-        send_welcome(c, NULL);
+            reg->pid, reg->nendpoints > 0 ? reg->endpoints[0] : "none", n, c->world);
+    fl_coord_maybe_start(c);
 }
 
 static void on_heartbeat(fl_coord_t *c, fl_tp_msg_t *m, int r)
@@ -191,6 +262,14 @@ static void check_all_gone(fl_coord_t *c)
         return;
     if (c->ndead == 0) {
         FL_INFO(c->ctx, "all %d ranks left; job '%s' done", c->world, c->job_id);
+        if (c->nshards > 0) {
+            fl_msg_hdr_t h;
+            fl_msg_hdr_init(&h, FL_MSG_SHUTDOWN, -1);
+            h.u.shutdown.code = 0;
+            snprintf(h.u.shutdown.text, sizeof h.u.shutdown.text,
+                     "job '%s' is over: all %d ranks left", c->job_id, c->world);
+            fl_coord_ps_send_all(c, &h);
+        }
         fl_coord_finish(c, FL_OK, "all ranks left cleanly");
     }
 }
@@ -225,8 +304,18 @@ void fl_coord_on_message(fl_coord_t *c, fl_tp_msg_t *m)
                                    "(control messages carry none)",
                                    fl_msg_type_name(m->hdr.type), m->nframes);
     }
-    if (m->hdr.type == FL_MSG_REGISTER)
+    if (m->hdr.type == FL_MSG_REGISTER) {
+        if (c->ps_lost) {
+            /* Members registering again after the parameter server was lost: they belong to
+             * the coordinator that replaces this one. */
+            fl_ctx_count(c->ctx, FL_STAT_UNEXPECTED, 1);
+            return;
+        }
         return on_register(c, m);
+    }
+    int slot = fl_coord_ps_slot_of_route(c, &m->route);
+    if (slot >= 0)
+        return fl_coord_ps_on_message(c, m, slot);
     int r = rank_of_route(c, &m->route);
     if (r < 0 || r != m->hdr.sender) {
         fl_ctx_count(c->ctx, FL_STAT_UNEXPECTED, 1);
@@ -283,27 +372,32 @@ static void declare_dead(fl_coord_t *c, int dead, int64_t silent)
             continue;
         fl_coord_send_error(c, &q->route, FL_EPEER, dead, k->reg.host, "%s", text);
     }
+    fl_msg_hdr_t e;
+    fl_msg_hdr_init(&e, FL_MSG_ERROR, -1);
+    e.u.error.code = FL_EPEER;
+    e.u.error.about_rank = dead;
+    snprintf(e.u.error.host, sizeof e.u.error.host, "%s", k->reg.host);
+    snprintf(e.u.error.text, sizeof e.u.error.text, "%s", text);
+    fl_coord_ps_send_all(c, &e);
     c->phase = PHASE_FAILED;
     fl_coord_finish(c, FL_EPEER, text);
 }
 
 static void send_heartbeats(fl_coord_t *c)
 {
-    char missing[FL_MSG_MISSING_MAX];
-    if (c->phase == PHASE_RENDEZVOUS)
-        missing_list(c, missing, sizeof missing);
+    fl_msg_hdr_t h;
+    fl_msg_hdr_init(&h, FL_MSG_HEARTBEAT, -1);
+    if (c->phase == PHASE_RENDEZVOUS) {
+        h.u.heartbeat.registered = (uint32_t)atomic_load(&c->nregistered);
+        missing_list(c, h.u.heartbeat.missing, sizeof h.u.heartbeat.missing);
+    }
     for (int r = 0; r < c->world; r++) {
         coord_rank_t *k = &c->ranks[r];
         if (!k->registered || k->left || fl_tp_live_state(c->live, r) == FL_PEER_DEAD)
             continue;
-        fl_msg_hdr_t h;
-        fl_msg_hdr_init(&h, FL_MSG_HEARTBEAT, -1);
-        if (c->phase == PHASE_RENDEZVOUS) {
-            h.u.heartbeat.registered = (uint32_t)atomic_load(&c->nregistered);
-            memcpy(h.u.heartbeat.missing, missing, sizeof h.u.heartbeat.missing);
-        }
         fl_tp_send(c->sock, &k->route, &h, NULL, 0, fl_deadline_in(0));
     }
+    fl_coord_ps_send_all(c, &h);
 }
 
 void fl_coord_tick(fl_coord_t *c, int64_t now)
@@ -315,6 +409,10 @@ void fl_coord_tick(fl_coord_t *c, int64_t now)
     int64_t silent;
     int dead;
     while ((dead = fl_tp_live_check(c->live, now, &silent)) >= 0) {
+        if (dead >= c->world) {
+            fl_coord_ps_dead(c, dead - c->world, silent);
+            continue;
+        }
         coord_rank_t *k = &c->ranks[dead];
         if (c->phase == PHASE_RENDEZVOUS) {
             /* Not started yet: forget it, so a restarted process can take the slot. */
@@ -340,6 +438,11 @@ void fl_coord_tick(fl_coord_t *c, int64_t now)
         for (int r = 0; r < c->world; r++)
             if (c->ranks[r].registered)
                 fl_coord_send_error(c, &c->ranks[r].route, FL_ETIMEDOUT, -1, "", "%s", text);
+        fl_msg_hdr_t e;
+        fl_msg_hdr_init(&e, FL_MSG_ERROR, -1);
+        e.u.error.code = FL_ETIMEDOUT;
+        snprintf(e.u.error.text, sizeof e.u.error.text, "%s", text);
+        fl_coord_ps_send_all(c, &e);
         c->phase = PHASE_FAILED;
         fl_coord_finish(c, FL_EPEER, text);
     }

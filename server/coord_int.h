@@ -29,6 +29,14 @@ typedef struct coord_rank {
     int32_t waiting_on;
 } coord_rank_t;
 
+/* A parameter-server process: it serves shards [reg.rank, reg.rank + reg.shard_count). */
+typedef struct coord_server {
+    bool registered;
+    bool left;
+    fl_tp_route_t route;
+    fl_msg_register_t reg; /* owns reg.shard_eps */
+} coord_server_t;
+
 struct fl_coord {
     fl_ctx_t *ctx;
     fl_tp_sock_t *sock;
@@ -43,6 +51,16 @@ struct fl_coord {
     uint64_t generation;
     pthread_t thread;
     bool started;
+
+    /* parameter server (coordinator thread only) */
+    int nshards;
+    uint64_t init_params;    /* from the options (an --init file), 0 when not given */
+    coord_server_t *servers; /* nshards slots, by the first shard served; liveness index
+                                world + slot */
+    int shards_covered;
+    _Atomic int nservers_active;
+    bool ps_lost; /* a server died or left mid-job: members wait for its successor, so
+                     registrations are ignored rather than refused */
 
     /* coordinator thread only */
     coord_rank_t *ranks;
@@ -78,5 +96,51 @@ void fl_coord_send_error(fl_coord_t *c, const fl_tp_route_t *to, int code, int a
 
 /* Marks the job finished with rc and text, waking fl_coord_wait (takes the lock). */
 void fl_coord_finish(fl_coord_t *c, int rc, const char *text);
+
+/* Sends the welcome to every member once all ranks and shards are registered. */
+void fl_coord_maybe_start(fl_coord_t *c);
+
+/* Sends the welcome again to one member that asks for it (the job runs). */
+void fl_coord_welcome_again(fl_coord_t *c, const fl_tp_route_t *to);
+
+/* True when two routes are the same peer. */
+bool fl_coord_same_route(const fl_tp_route_t *a, const fl_tp_route_t *b);
+
+/* ---- the parameter server's side of the job (coord_ps.c) ---- */
+
+/* A registration with the server role. */
+void fl_coord_ps_on_register(fl_coord_t *c, fl_tp_msg_t *m);
+
+/* The server slot a route belongs to, or -1. */
+int fl_coord_ps_slot_of_route(const fl_coord_t *c, const fl_tp_route_t *route);
+
+/* Heartbeats and goodbyes of a registered server. */
+void fl_coord_ps_on_message(fl_coord_t *c, fl_tp_msg_t *m, int slot);
+
+/* FL_OK when a worker's (or any member's) parameter count agrees with what the job knows;
+ * otherwise FL_EINVAL and a text naming both sides in why. */
+int fl_coord_ps_check_params(const fl_coord_t *c, uint64_t count, const char *who, char *why,
+                             size_t cap);
+
+/* True when every shard is served (always, without a parameter server). */
+bool fl_coord_ps_complete(const fl_coord_t *c);
+
+/* Fills the parameter-server part of a welcome (shard map, settings, resume step). FL_OK, or
+ * FL_EINVAL with the reason the job cannot start in why (no parameter count, no checkpoint
+ * step common to all shards). */
+int fl_coord_ps_fill_welcome(fl_coord_t *c, fl_msg_hdr_t *h, char *why, size_t cap);
+
+/* Sends h to every registered server still there. */
+void fl_coord_ps_send_all(fl_coord_t *c, fl_msg_hdr_t *h);
+
+/* Appends "shards 2..3" (those no server covers yet) to a list of missing members. */
+void fl_coord_ps_missing(const fl_coord_t *c, char *out, size_t cap);
+
+/* A server silent past the timeout (slot): forgotten during the rendezvous; afterwards the
+ * job ends and every member is told the parameter server must restart. */
+void fl_coord_ps_dead(fl_coord_t *c, int slot, int64_t silent_ms);
+
+/* Frees the servers' tables. */
+void fl_coord_ps_free(fl_coord_t *c);
 
 #endif

@@ -177,38 +177,8 @@ static void send_bytes(fl_tp_sock_t *s, const void *data, size_t len)
     ck_assert_msg(rc == FL_OK, "raw send: %s", fl_last_error());
 }
 
-static void describe(const fl_tp_msg_t *m, char *out, size_t cap)
-{
-    if (m->hdr.type == FL_MSG_ERROR)
-        snprintf(out, cap, "error %d: %s", m->hdr.u.error.code, m->hdr.u.error.text);
-    else if (m->hdr.type == FL_MSG_SHUTDOWN)
-        snprintf(out, cap, "shutdown %d: %s", m->hdr.u.shutdown.code, m->hdr.u.shutdown.text);
-    else
-        snprintf(out, cap, "%s", fl_msg_type_name(m->hdr.type));
-}
-
-/* Waits for the next message that is not a heartbeat (or for a heartbeat, when that is what is
- * wanted); fails on a timeout or another type. The caller closes m. */
-static void expect_msg(fl_tp_sock_t *s, fl_msg_type_t want, int timeout_ms, fl_tp_msg_t *m)
-{
-    int64_t deadline = fl_deadline_in(timeout_ms);
-    for (;;) {
-        int rc = fl_tp_recv(s, m, deadline);
-        if (rc == FL_EPROTO)
-            continue;
-        ck_assert_msg(rc == FL_OK, "waiting %d ms for %s: %s", timeout_ms,
-                      fl_msg_type_name(want), fl_last_error());
-        if (m->hdr.type == want)
-            return;
-        if (m->hdr.type != FL_MSG_HEARTBEAT) {
-            char got[FL_MSG_TEXT_MAX + 64];
-            describe(m, got, sizeof got);
-            fl_tp_msg_close(m);
-            ck_abort_msg("waiting for %s, got %s", fl_msg_type_name(want), got);
-        }
-        fl_tp_msg_close(m);
-    }
-}
+#define describe fl_test_describe_msg
+#define expect_msg fl_test_expect_msg
 
 static void expect_error(fl_tp_sock_t *s, int code, int timeout_ms, fl_msg_error_t *out)
 {

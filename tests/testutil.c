@@ -19,6 +19,37 @@ int fl_test_run(Suite *s)
     return failed == 0 ? 0 : 1;
 }
 
+void fl_test_describe_msg(const fl_tp_msg_t *m, char *out, size_t cap)
+{
+    if (m->hdr.type == FL_MSG_ERROR)
+        snprintf(out, cap, "error %d: %s", m->hdr.u.error.code, m->hdr.u.error.text);
+    else if (m->hdr.type == FL_MSG_SHUTDOWN)
+        snprintf(out, cap, "shutdown %d: %s", m->hdr.u.shutdown.code, m->hdr.u.shutdown.text);
+    else
+        snprintf(out, cap, "%s", fl_msg_type_name(m->hdr.type));
+}
+
+void fl_test_expect_msg(fl_tp_sock_t *s, fl_msg_type_t want, int timeout_ms, fl_tp_msg_t *m)
+{
+    int64_t deadline = fl_deadline_in(timeout_ms);
+    for (;;) {
+        int rc = fl_tp_recv(s, m, deadline);
+        if (rc == FL_EPROTO)
+            continue;
+        ck_assert_msg(rc == FL_OK, "waiting %d ms for %s: %s", timeout_ms,
+                      fl_msg_type_name(want), fl_last_error());
+        if (m->hdr.type == want)
+            return;
+        if (m->hdr.type != FL_MSG_HEARTBEAT) {
+            char got[FL_MSG_TEXT_MAX + 64];
+            fl_test_describe_msg(m, got, sizeof got);
+            fl_tp_msg_close(m);
+            ck_abort_msg("waiting for %s, got %s", fl_msg_type_name(want), got);
+        }
+        fl_tp_msg_close(m);
+    }
+}
+
 fl_coord_t *fl_test_coord(int world, int hb_timeout_ms)
 {
     fl_coord_opts_t o;

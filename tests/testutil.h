@@ -11,6 +11,7 @@
 
 #include "fl_coll.h"
 #include "fl_core.h"
+#include "fl_tp.h"
 
 /* Runs a suite (fork mode, the suite's case timeouts) and returns the process exit status. */
 int fl_test_run(Suite *s);
@@ -36,6 +37,13 @@ int fl_test_run_ranks(int world, const fl_comm_opts_t *base, fl_test_rank_fn fn,
  * process itself must never touch CUDA before the cases run. Returns 0 when a device is
  * usable, 77 after printing "SKIP: <suite> needs a CUDA device: <why>", 1 on a probe failure. */
 int fl_test_gpu_probe(const char *suite);
+
+/* One line describing a received message: "error -1: text", "shutdown 2: text", "welcome". */
+void fl_test_describe_msg(const fl_tp_msg_t *m, char *out, size_t cap);
+
+/* Waits for the next message of type want on s, skipping heartbeats (unless wanted) and
+ * refused messages; ck_abort()s on a timeout or another type. The caller closes m. */
+void fl_test_expect_msg(fl_tp_sock_t *s, fl_msg_type_t want, int timeout_ms, fl_tp_msg_t *m);
 
 /* Deterministic pseudo-random numbers (splitmix64). */
 uint64_t fl_test_rand(uint64_t *state);

@@ -19,6 +19,12 @@ typedef struct fl_coord_opts {
     int heartbeat_timeout_ms;  /* a rank silent this long is declared dead (default 5000) */
     int rendezvous_timeout_ms; /* all ranks must register within this (default 300000) */
     fl_log_level_t log_level;  /* default FL_LOG_INFO */
+    int num_shards;            /* parameter-server shards of the job, served by flodl-ps
+                                  processes that register with this coordinator; the job
+                                  starts once every shard is served (default 0: none) */
+    uint64_t param_count;      /* parameters the parameter server holds, when known up front
+                                  (an --init file); 0 (default): workers and servers tell.
+                                  Every member that tells must agree. */
 } fl_coord_opts_t;
 
 /* Defaults for every field; bind NULL and world_size 0 must be set by the caller. */
@@ -35,7 +41,7 @@ const char *fl_coord_endpoint(const fl_coord_t *coord);
 int fl_coord_start(fl_coord_t *coord);
 
 /* Waits until the job ends or timeout_ms passes (-1: no limit). Returns FL_OK when every rank
- * left cleanly, FL_EPEER when a rank died or the rendezvous failed (detail says which),
+ * left cleanly (parameter-server processes are then told the job is over), FL_EPEER when a rank died or the rendezvous failed (detail says which),
  * FL_ETIMEDOUT when the job is still running. */
 int fl_coord_wait(fl_coord_t *coord, int timeout_ms);
 

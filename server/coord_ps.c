@@ -1,0 +1,465 @@
+/* The parameter server's side of the coordinator: flodl-ps processes register the shards they
+ * serve (with their endpoints, settings and, when resuming, the checkpoint steps they hold);
+ * the job starts once every shard is served and the parameter count is known; the welcome
+ * then carries the shard map, the settings and the step every shard resumes from (the newest
+ * step all of them hold). A server that dies or leaves while the job runs ends the job: every
+ * member is told the parameter server must restart, so ranks register again with its
+ * successor instead of failing. */
+#include "coord_int.h"
+
+#include <inttypes.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+/* Code of the shutdown that tells members the parameter server is restarting. */
+#define SHUTDOWN_PS_RESTART 2
+
+/* Formats into a fixed text field, cutting what does not fit (texts are for people). */
+static void text_of(char *dst, size_t cap, const char *fmt, ...) FL_PRINTF(3, 4);
+
+static void text_of(char *dst, size_t cap, const char *fmt, ...)
+{
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(dst, cap, fmt, ap);
+    va_end(ap);
+}
+
+static int last_shard(const coord_server_t *v)
+{
+    return v->reg.rank + (int)v->reg.shard_count - 1;
+}
+
+static const char *server_name(const coord_server_t *v, char *buf, size_t cap)
+{
+    if (v->reg.shard_count == 1)
+        snprintf(buf, cap, "the server of shard %d (host %s, pid %d)", v->reg.rank, v->reg.host,
+                 v->reg.pid);
+    else
+        snprintf(buf, cap, "the server of shards %d..%d (host %s, pid %d)", v->reg.rank,
+                 last_shard(v), v->reg.host, v->reg.pid);
+    return buf;
+}
+
+int fl_coord_ps_slot_of_route(const fl_coord_t *c, const fl_tp_route_t *route)
+{
+    for (int i = 0; i < c->nshards; i++)
+        if (c->servers[i].registered && fl_coord_same_route(&c->servers[i].route, route))
+            return i;
+    return -1;
+}
+
+bool fl_coord_ps_complete(const fl_coord_t *c)
+{
+    return c->nshards == 0 || c->shards_covered == c->nshards;
+}
+
+/* The parameter count some member (or the options) declared, and who: 0 when none did. */
+static uint64_t known_params(const fl_coord_t *c, char *who, size_t cap)
+{
+    if (c->init_params != 0) {
+        snprintf(who, cap, "the coordinator's --init file");
+        return c->init_params;
+    }
+    for (int i = 0; i < c->nshards; i++) {
+        const coord_server_t *v = &c->servers[i];
+        if (v->registered && v->reg.param_count != 0) {
+            server_name(v, who, cap);
+            return v->reg.param_count;
+        }
+    }
+    for (int r = 0; r < c->world; r++) {
+        const coord_rank_t *k = &c->ranks[r];
+        if (k->registered && k->reg.param_count != 0) {
+            snprintf(who, cap, "rank %d (host %s)", r, k->reg.host);
+            return k->reg.param_count;
+        }
+    }
+    return 0;
+}
+
+int fl_coord_ps_check_params(const fl_coord_t *c, uint64_t count, const char *who, char *why,
+                             size_t cap)
+{
+    char other[FL_HOST_MAX + 96];
+    uint64_t known = known_params(c, other, sizeof other);
+    if (known == 0 || known == count)
+        return FL_OK;
+    snprintf(why, cap, "%s has %" PRIu64 " parameters, %s has %" PRIu64 ": they hold different "
+                       "models",
+             who, count, other, known);
+    return FL_EINVAL;
+}
+
+/* Settings every server must share; a text naming the difference, or NULL when they agree. */
+static bool same_settings(const fl_msg_register_t *a, const fl_msg_register_t *b)
+{
+    return a->consistency == b->consistency && a->staleness == b->staleness &&
+           a->ckpt_every_steps == b->ckpt_every_steps && a->ckpt_every_ms == b->ckpt_every_ms &&
+           strcmp(a->tuning, b->tuning) == 0;
+}
+
+static void describe_settings(const fl_msg_register_t *r, char *out, size_t cap)
+{
+    static const char *const names[] = {"sync", "async", "ssp"};
+    snprintf(out, cap, "consistency=%s,staleness=%u,checkpoint-every=%" PRIu64 "steps/%" PRIu64
+                       "ms,%s",
+             r->consistency < 3 ? names[r->consistency] : "?", r->staleness,
+             r->ckpt_every_steps, r->ckpt_every_ms, r->tuning);
+}
+
+void fl_coord_ps_on_register(fl_coord_t *c, fl_tp_msg_t *m)
+{
+    fl_msg_register_t *reg = &m->hdr.u.reg;
+    const fl_tp_route_t *to = &m->route;
+    int first = reg->rank;
+    int count = (int)reg->shard_count;
+    const char *host = reg->host;
+    if (strcmp(m->hdr.job_id, c->job_id) != 0)
+        return fl_coord_send_error(c, to, FL_EINVAL, -1, host,
+                                   "parameter server on %s belongs to job '%s', this "
+                                   "coordinator runs job '%s'",
+                                   host, m->hdr.job_id, c->job_id);
+    if (c->nshards == 0)
+        return fl_coord_send_error(c, to, FL_EINVAL, -1, host,
+                                   "parameter server on %s refused: job '%s' has no parameter "
+                                   "server (the coordinator runs with 0 shards)",
+                                   host, c->job_id);
+    if ((int)reg->num_shards != c->nshards)
+        return fl_coord_send_error(c, to, FL_EINVAL, -1, host,
+                                   "parameter server on %s serves a job of %u shards, the "
+                                   "coordinator expects %d",
+                                   host, reg->num_shards, c->nshards);
+    if (count < 1 || first < 0 || first >= c->nshards || count > c->nshards - first)
+        return fl_coord_send_error(c, to, FL_EINVAL, -1, host,
+                                   "parameter server on %s registered shards %d..%d, outside "
+                                   "0..%d",
+                                   host, first, first + count - 1, c->nshards - 1);
+    if ((int)reg->nshard_eps != count)
+        return fl_coord_send_error(c, to, FL_EINVAL, -1, host,
+                                   "parameter server on %s registered %d shards with %u "
+                                   "endpoints",
+                                   host, count, reg->nshard_eps);
+    int slot = fl_coord_ps_slot_of_route(c, to);
+    if (slot >= 0) {
+        if (c->phase == PHASE_RUNNING)
+            fl_coord_welcome_again(c, to); /* a retry after a lost welcome */
+        return;
+    }
+    char name[FL_HOST_MAX + 96];
+    for (int i = 0; i < c->nshards; i++) {
+        coord_server_t *v = &c->servers[i];
+        if (!v->registered || first > last_shard(v) || first + count - 1 < v->reg.rank)
+            continue;
+        if (i == first && !v->left && v->reg.pid == reg->pid &&
+            strcmp(v->reg.host, host) == 0 && (int)v->reg.shard_count == count &&
+            fl_tp_live_state(c->live, c->world + i) != FL_PEER_DEAD) {
+            /* The same process on a new connection. */
+            v->route = *to;
+            fl_tp_live_heard(c->live, c->world + i, fl_now_ms());
+            if (c->phase == PHASE_RUNNING)
+                fl_coord_welcome_again(c, to);
+            return;
+        }
+        return fl_coord_send_error(c, to, FL_EINVAL, -1, host,
+                                   "parameter server on %s (pid %d) registered shards %d..%d, "
+                                   "but %s serves some of them",
+                                   host, reg->pid, first, first + count - 1,
+                                   server_name(v, name, sizeof name));
+    }
+    if (c->phase != PHASE_RENDEZVOUS)
+        return fl_coord_send_error(c, to, FL_EINVAL, -1, host,
+                                   "parameter server on %s registered after job '%s' %s; a "
+                                   "parameter server cannot join a running job: restart every "
+                                   "flodl-ps with --resume",
+                                   host, c->job_id,
+                                   c->phase == PHASE_RUNNING ? "started" : "failed");
+    for (int i = 0; i < c->nshards; i++) {
+        coord_server_t *v = &c->servers[i];
+        if (v->registered && !same_settings(&v->reg, reg)) {
+            char mine[FL_MSG_TUNING_MAX + 96], theirs[FL_MSG_TUNING_MAX + 96];
+            describe_settings(reg, mine, sizeof mine);
+            describe_settings(&v->reg, theirs, sizeof theirs);
+            return fl_coord_send_error(c, to, FL_EINVAL, -1, host,
+                                       "parameter server on %s uses '%s', %s uses '%s'; all "
+                                       "servers must agree",
+                                       host, mine, server_name(v, name, sizeof name), theirs);
+        }
+    }
+    char who[FL_HOST_MAX + 96];
+    char why[FL_MSG_TEXT_MAX];
+    snprintf(who, sizeof who, "the parameter server on %s (shards %d..%d)", host, first,
+             first + count - 1);
+    if (reg->param_count != 0 &&
+        fl_coord_ps_check_params(c, reg->param_count, who, why, sizeof why) != FL_OK)
+        return fl_coord_send_error(c, to, FL_EINVAL, -1, host, "%s", why);
+
+    coord_server_t *v = &c->servers[first];
+    free(v->reg.shard_eps);
+    v->registered = true;
+    v->left = false;
+    v->route = *to;
+    v->reg = *reg;
+    reg->shard_eps = NULL; /* the table moves to the coordinator's state */
+    reg->nshard_eps = 0;
+    c->shards_covered += count;
+    atomic_fetch_add(&c->nservers_active, 1);
+    fl_tp_live_forget(c->live, c->world + first);
+    fl_tp_live_heard(c->live, c->world + first, fl_now_ms());
+    FL_INFO(c->ctx, "parameter server for shards %d..%d registered from %s (pid %d): %d of %d "
+                    "shards served",
+            first, first + count - 1, host, v->reg.pid, c->shards_covered, c->nshards);
+    fl_coord_maybe_start(c);
+}
+
+/* Forgets a server that left or died during the rendezvous, so a restarted one can take its
+ * shards. */
+static void forget(fl_coord_t *c, int slot)
+{
+    coord_server_t *v = &c->servers[slot];
+    c->shards_covered -= (int)v->reg.shard_count;
+    free(v->reg.shard_eps);
+    memset(v, 0, sizeof *v);
+    fl_tp_live_forget(c->live, c->world + slot);
+}
+
+/* A server is gone while the job runs: the job ends, and every member is told to wait for the
+ * parameter server's restart. */
+static void server_gone(fl_coord_t *c, int slot, const char *text)
+{
+    FL_ERROR(c->ctx, "%s", text);
+    (void)slot;
+    fl_msg_hdr_t h;
+    fl_msg_hdr_init(&h, FL_MSG_SHUTDOWN, -1);
+    h.u.shutdown.code = SHUTDOWN_PS_RESTART;
+    text_of(h.u.shutdown.text, sizeof h.u.shutdown.text,
+            "%s; the parameter server must restart (every flodl-ps with --resume)", text);
+    for (int r = 0; r < c->world; r++) {
+        coord_rank_t *k = &c->ranks[r];
+        if (k->registered && !k->left && fl_tp_live_state(c->live, r) != FL_PEER_DEAD)
+            fl_tp_send(c->sock, &k->route, &h, NULL, 0, fl_deadline_in(0));
+    }
+    fl_coord_ps_send_all(c, &h);
+    c->phase = PHASE_FAILED;
+    c->ps_lost = true;
+    fl_coord_finish(c, FL_EPEER, text);
+}
+
+void fl_coord_ps_on_message(fl_coord_t *c, fl_tp_msg_t *m, int slot)
+{
+    coord_server_t *v = &c->servers[slot];
+    int live = c->world + slot;
+    if (fl_tp_live_state(c->live, live) == FL_PEER_DEAD || v->left)
+        return;
+    fl_tp_live_heard(c->live, live, fl_now_ms());
+    char name[FL_HOST_MAX + 96];
+    char text[FL_MSG_TEXT_MAX];
+    switch (m->hdr.type) {
+    case FL_MSG_HEARTBEAT: return;
+    case FL_MSG_SHUTDOWN:
+        server_name(v, name, sizeof name);
+        if (c->phase == PHASE_RENDEZVOUS) {
+            FL_INFO(c->ctx, "%s left before the job started", name);
+            atomic_fetch_sub(&c->nservers_active, 1);
+            forget(c, slot);
+            return;
+        }
+        v->left = true;
+        atomic_fetch_sub(&c->nservers_active, 1);
+        fl_tp_live_gone(c->live, live);
+        if (c->phase == PHASE_RUNNING && c->nleft + c->ndead < c->world) {
+            text_of(text, sizeof text, "%s left before the job ended: %s", name,
+                    m->hdr.u.shutdown.text);
+            server_gone(c, slot, text);
+            return;
+        }
+        FL_INFO(c->ctx, "%s left: %s", name, m->hdr.u.shutdown.text);
+        return;
+    default:
+        fl_ctx_count(c->ctx, FL_STAT_UNEXPECTED, 1);
+        return fl_coord_send_error(c, &m->route, FL_EPROTO, -1, "",
+                                   "coordinator: unexpected %s message from %s",
+                                   fl_msg_type_name(m->hdr.type),
+                                   server_name(v, name, sizeof name));
+    }
+}
+
+void fl_coord_ps_dead(fl_coord_t *c, int slot, int64_t silent_ms)
+{
+    coord_server_t *v = &c->servers[slot];
+    char name[FL_HOST_MAX + 96];
+    server_name(v, name, sizeof name);
+    atomic_fetch_sub(&c->nservers_active, 1);
+    if (c->phase == PHASE_RENDEZVOUS) {
+        FL_WARN(c->ctx, "%s silent for %lld ms during the rendezvous; dropping its "
+                        "registration",
+                name, (long long)silent_ms);
+        forget(c, slot);
+        return;
+    }
+    if (c->phase != PHASE_RUNNING)
+        return;
+    char text[FL_MSG_TEXT_MAX];
+    snprintf(text, sizeof text, "%s declared dead: silent for %lld ms (timeout %d ms)", name,
+             (long long)silent_ms, c->hb_timeout_ms);
+    server_gone(c, slot, text);
+}
+
+void fl_coord_ps_send_all(fl_coord_t *c, fl_msg_hdr_t *h)
+{
+    for (int i = 0; i < c->nshards; i++) {
+        coord_server_t *v = &c->servers[i];
+        if (!v->registered || v->left ||
+            fl_tp_live_state(c->live, c->world + i) == FL_PEER_DEAD)
+            continue;
+        fl_tp_send(c->sock, &v->route, h, NULL, 0, fl_deadline_in(0));
+    }
+}
+
+void fl_coord_ps_missing(const fl_coord_t *c, char *out, size_t cap)
+{
+    if (fl_coord_ps_complete(c))
+        return;
+    size_t n = strlen(out);
+    int from = -1;
+    bool any = false;
+    for (int s = 0; s <= c->nshards; s++) {
+        bool covered = true;
+        if (s < c->nshards) {
+            covered = false;
+            for (int i = 0; i <= s && !covered; i++) {
+                const coord_server_t *v = &c->servers[i];
+                covered = v->registered && s >= v->reg.rank && s <= last_shard(v);
+            }
+        }
+        if (!covered && from < 0)
+            from = s;
+        if (covered && from >= 0 && n + 32 < cap) {
+            n += (size_t)snprintf(out + n, cap - n, "%s%s", n > 0 && !any ? ", " : "",
+                                  any ? "," : "shards ");
+            if (s - 1 > from)
+                n += (size_t)snprintf(out + n, cap - n, "%d..%d", from, s - 1);
+            else
+                n += (size_t)snprintf(out + n, cap - n, "%d", from);
+            any = true;
+            from = -1;
+        }
+    }
+}
+
+/* Chooses the step every shard resumes from: the newest one all servers hold. */
+static int choose_resume(const fl_coord_t *c, fl_msg_welcome_t *w, char *why, size_t cap)
+{
+    int with = 0, without = -1, ref = -1;
+    for (int i = 0; i < c->nshards; i++) {
+        const coord_server_t *v = &c->servers[i];
+        if (!v->registered)
+            continue;
+        if (v->reg.ncheckpoints > 0) {
+            with++;
+            if (ref < 0)
+                ref = i;
+        } else if (without < 0) {
+            without = i;
+        }
+    }
+    if (with == 0)
+        return FL_OK;
+    char a[FL_HOST_MAX + 96], b[FL_HOST_MAX + 96];
+    if (without >= 0) {
+        snprintf(why, cap, "%s has no checkpoint to resume from while %s has checkpoints up to "
+                           "step %" PRIu64 ": refusing to start shards from different steps",
+                 server_name(&c->servers[without], a, sizeof a),
+                 server_name(&c->servers[ref], b, sizeof b), c->servers[ref].reg.checkpoints[0]);
+        return FL_EINVAL;
+    }
+    const fl_msg_register_t *r = &c->servers[ref].reg;
+    for (uint32_t k = 0; k < r->ncheckpoints; k++) {
+        uint64_t step = r->checkpoints[k];
+        bool everywhere = true;
+        for (int i = 0; i < c->nshards && everywhere; i++) {
+            const coord_server_t *v = &c->servers[i];
+            if (!v->registered)
+                continue;
+            bool has = false;
+            for (uint32_t j = 0; j < v->reg.ncheckpoints && !has; j++)
+                has = v->reg.checkpoints[j] == step;
+            everywhere = has;
+        }
+        if (everywhere) {
+            w->resume = true;
+            w->resume_step = step;
+            return FL_OK;
+        }
+    }
+    size_t n = (size_t)snprintf(why, cap, "no checkpoint step is held by every shard:");
+    for (int i = 0; i < c->nshards && n + 64 < cap; i++) {
+        const coord_server_t *v = &c->servers[i];
+        if (!v->registered)
+            continue;
+        n += (size_t)snprintf(why + n, cap - n, " shards %d..%d have", v->reg.rank,
+                              last_shard(v));
+        for (uint32_t j = 0; j < v->reg.ncheckpoints && n + 24 < cap; j++)
+            n += (size_t)snprintf(why + n, cap - n, " %" PRIu64, v->reg.checkpoints[j]);
+        if (n + 2 < cap)
+            n += (size_t)snprintf(why + n, cap - n, ";");
+    }
+    return FL_EINVAL;
+}
+
+int fl_coord_ps_fill_welcome(fl_coord_t *c, fl_msg_hdr_t *h, char *why, size_t cap)
+{
+    if (c->nshards == 0)
+        return FL_OK;
+    char who[FL_HOST_MAX + 96];
+    uint64_t n = known_params(c, who, sizeof who);
+    if (n == 0) {
+        snprintf(why, cap, "job '%s' cannot start: no rank declared its parameter count and "
+                           "the parameter server has no --init file or checkpoint",
+                 c->job_id);
+        return FL_EINVAL;
+    }
+    fl_msg_welcome_t *w = &h->u.welcome;
+    if (fl_msg_welcome_alloc_shards(h, (uint32_t)c->nshards) != FL_OK) {
+        snprintf(why, cap, "%s", fl_last_error());
+        return FL_ENOMEM;
+    }
+    const fl_msg_register_t *settings = NULL;
+    for (int i = 0; i < c->nshards; i++) {
+        const coord_server_t *v = &c->servers[i];
+        if (!v->registered)
+            continue;
+        settings = settings ? settings : &v->reg;
+        for (uint32_t j = 0; j < v->reg.shard_count; j++) {
+            uint32_t idx = (uint32_t)v->reg.rank + j;
+            fl_msg_shard_t *s = &w->shards[idx];
+            fl_ps_range_t range;
+            fl_ps_map_range(n, (uint32_t)c->nshards, idx, &range);
+            s->index = idx;
+            s->offset = range.offset;
+            s->count = range.count;
+            memcpy(s->endpoint, v->reg.shard_eps[j], sizeof s->endpoint);
+            memcpy(s->host, v->reg.host, sizeof s->host);
+        }
+    }
+    w->param_count = n;
+    if (settings != NULL) {
+        w->consistency = settings->consistency;
+        w->staleness = settings->staleness;
+        w->ckpt_every_steps = settings->ckpt_every_steps;
+        w->ckpt_every_ms = settings->ckpt_every_ms;
+    }
+    return choose_resume(c, w, why, cap);
+}
+
+void fl_coord_ps_free(fl_coord_t *c)
+{
+    if (c->servers == NULL)
+        return;
+    for (int i = 0; i < c->nshards; i++)
+        free(c->servers[i].reg.shard_eps);
+    free(c->servers);
+    c->servers = NULL;
+}
