@@ -22,6 +22,7 @@ const char *fl_strerror(int code)
     case FL_EGPU: return "GPU error";
     case FL_ECLOSED: return "closed";
     case FL_ENONFINITE: return "non-finite value";
+    case FL_ERESYNC: return "parameter server restarted: resynchronised";
     default: return "unknown error";
     }
 }

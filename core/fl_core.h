@@ -204,6 +204,18 @@ void fl_opt_destroy(fl_opt_t **opt);
  * a time per optimizer. */
 int fl_opt_step(fl_opt_t *opt, float *params, const float *grad, double lr);
 
+/* The same step in pieces, for a caller that assembles the gradient block by block (the
+ * parameter server fuses the average of the pushed gradients with the update): begin once
+ * (FL_OK, or FL_EINVAL for a negative or non-finite lr; the step count advances), then
+ * fl_opt_step_range over every index exactly once, params and grad pointing at parameter
+ * `off` (the caller has checked the gradient is finite). Same bits as fl_opt_step. */
+int fl_opt_step_begin(fl_opt_t *opt, double lr);
+void fl_opt_step_range(fl_opt_t *opt, float *params, const float *grad, size_t off,
+                       size_t len);
+
+/* Parameters the optimizer was made for. */
+size_t fl_opt_size(const fl_opt_t *opt);
+
 /* Steps taken so far. */
 uint64_t fl_opt_steps(const fl_opt_t *opt);
 

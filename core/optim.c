@@ -39,6 +39,9 @@ struct fl_opt {
     uint64_t steps;
     float *buf1; /* SGD: momentum buffer; Adam(W): first moment m */
     float *buf2; /* Adam(W): second moment v */
+    /* the step in progress (fl_opt_step_begin) */
+    double lr;
+    bool first; /* SGD: the momentum buffer starts from d */
 };
 
 void fl_opt_opts_init(fl_opt_opts_t *opts)
@@ -156,6 +159,11 @@ void fl_opt_destroy(fl_opt_t **opt)
     *opt = NULL;
 }
 
+size_t fl_opt_size(const fl_opt_t *opt)
+{
+    return opt->n;
+}
+
 uint64_t fl_opt_steps(const fl_opt_t *opt)
 {
     assert(opt != NULL);
@@ -226,19 +234,19 @@ int fl_opt_restore(fl_opt_t *opt, const float *buf1, const float *buf2, size_t n
 /* torch.optim.SGD: d = g + wd * p; buf = d (first step) or momentum * buf + (1 - dampening) * d;
  * d = nesterov ? d + momentum * buf : buf; p -= lr * d. "First step" means steps == 0, so a
  * restore with steps > 0 continues with the momentum formula, and one with steps = 0 starts
- * afresh as torch does without a momentum_buffer in its state. */
-FMA_CLONES static void sgd_step(fl_opt_t *opt, float *p, const float *g, double lr)
+ * afresh as torch does without a momentum_buffer in its state. p and g point at parameter off. */
+FMA_CLONES static void sgd_range(fl_opt_t *opt, float *p, const float *g, size_t off, size_t len)
 {
     const fl_opt_opts_t *o = &opt->o;
     const bool decay = o->weight_decay != 0.0;
     const float wd = (float)o->weight_decay;
     const float mom = (float)o->momentum;
     const float keep = (float)(1.0 - o->dampening);
-    const float neg_lr = (float)-lr;
-    float *buf = opt->buf1;
-    const bool first = opt->steps == 0;
+    const float neg_lr = (float)-opt->lr;
+    float *buf = opt->buf1 != NULL ? opt->buf1 + off : NULL;
+    const bool first = opt->first;
 
-    for (size_t i = 0; i < opt->n; i++) {
+    for (size_t i = 0; i < len; i++) {
         float d = decay ? fmaf(p[i], wd, g[i]) : g[i];
         if (buf != NULL) {
             /* buf.mul_(momentum) rounds before add_(d, alpha=1 - dampening) fuses. */
@@ -251,9 +259,11 @@ FMA_CLONES static void sgd_step(fl_opt_t *opt, float *p, const float *g, double 
 
 /* torch.optim.Adam / AdamW (amsgrad off): the scalars in double as Python computes them, the
  * tensor arithmetic in float as ATen does. */
-FMA_CLONES static void adam_step(fl_opt_t *opt, float *p, const float *g, double lr)
+FMA_CLONES static void adam_range(fl_opt_t *opt, float *p, const float *g, size_t off,
+                                  size_t len)
 {
     const fl_opt_opts_t *o = &opt->o;
+    const double lr = opt->lr;
     const bool adamw = o->kind == FL_OPT_ADAMW;
     const bool l2 = !adamw && o->weight_decay != 0.0;
     const float wd = (float)o->weight_decay;
@@ -269,10 +279,10 @@ FMA_CLONES static void adam_step(fl_opt_t *opt, float *p, const float *g, double
     const double bias2 = 1.0 - pow(o->beta2, t);
     const float neg_step = (float)-(lr / bias1);
     const float bias2_sqrt = (float)sqrt(bias2);
-    float *m = opt->buf1;
-    float *v = opt->buf2;
+    float *m = opt->buf1 + off;
+    float *v = opt->buf2 + off;
 
-    for (size_t i = 0; i < opt->n; i++) {
+    for (size_t i = 0; i < len; i++) {
         float gi = g[i];
         /* AdamW decays unconditionally (param.mul_(1 - lr * wd), a no-op multiply by 1 when
          * wd = 0); Adam adds the L2 term to the gradient only when wd != 0. */
@@ -287,22 +297,36 @@ FMA_CLONES static void adam_step(fl_opt_t *opt, float *p, const float *g, double
     }
 }
 
+int fl_opt_step_begin(fl_opt_t *opt, double lr)
+{
+    assert(opt != NULL);
+    /* Not in the header's list: a negative or non-finite rate is a schedule bug, refused
+     * before it corrupts the parameters. */
+    if (!(lr >= 0.0) || isinf(lr))
+        return fl_fail(FL_EINVAL, "optimizer: lr = %g must be a finite number >= 0", lr);
+    opt->lr = lr;
+    opt->first = opt->steps == 0;
+    opt->steps++;
+    return FL_OK;
+}
+
+void fl_opt_step_range(fl_opt_t *opt, float *params, const float *grad, size_t off, size_t len)
+{
+    assert(opt != NULL && off <= opt->n && len <= opt->n - off);
+    if (opt->o.kind == FL_OPT_SGD)
+        sgd_range(opt, params, grad, off, len);
+    else
+        adam_range(opt, params, grad, off, len);
+}
+
 int fl_opt_step(fl_opt_t *opt, float *params, const float *grad, double lr)
 {
     assert(opt != NULL && params != NULL && grad != NULL);
     int rc = first_nonfinite("gradient", grad, opt->n);
     if (rc != FL_OK)
         return rc;
-    /* Not in the header's list: a negative or non-finite rate is a schedule bug, refused
-     * before it corrupts the parameters. */
-    if (!(lr >= 0.0) || isinf(lr))
-        return fl_fail(FL_EINVAL, "optimizer: lr = %g must be a finite number >= 0", lr);
-    if (opt->o.kind == FL_OPT_SGD) {
-        sgd_step(opt, params, grad, lr);
-        opt->steps++;
-    } else {
-        opt->steps++;
-        adam_step(opt, params, grad, lr);
-    }
+    if ((rc = fl_opt_step_begin(opt, lr)) != FL_OK)
+        return rc;
+    fl_opt_step_range(opt, params, grad, 0, opt->n);
     return FL_OK;
 }

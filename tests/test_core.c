@@ -21,7 +21,8 @@
 START_TEST(test_strerror)
 {
     static const int codes[] = {FL_OK,       FL_EINVAL, FL_ENOMEM, FL_EIO,    FL_ETIMEDOUT,
-                                FL_EPEER,    FL_EPROTO, FL_EGPU,   FL_ECLOSED, FL_ENONFINITE};
+                                FL_EPEER,    FL_EPROTO, FL_EGPU,   FL_ECLOSED, FL_ENONFINITE,
+                                FL_ERESYNC};
     for (size_t i = 0; i < NELEM(codes); i++) {
         const char *s = fl_strerror(codes[i]);
         if (s == NULL || s[0] == '\0' || strcmp(s, "unknown error") == 0)
@@ -32,7 +33,7 @@ START_TEST(test_strerror)
     }
     ck_assert_str_eq(fl_strerror(FL_EPROTO), "protocol error");
     ck_assert_str_eq(fl_strerror(FL_ETIMEDOUT), "timed out");
-    static const int unknown[] = {1, 2, -10, -100, INT_MAX, INT_MIN};
+    static const int unknown[] = {1, 2, -11, -100, INT_MAX, INT_MIN};
     for (size_t i = 0; i < NELEM(unknown); i++) {
         const char *s = fl_strerror(unknown[i]);
         if (s == NULL || strcmp(s, "unknown error") != 0)

@@ -784,6 +784,54 @@ START_TEST(test_restore_momentum_continues)
 }
 END_TEST
 
+/* Stepping in blocks (what the parameter server does) gives the same bits as one step. */
+START_TEST(test_range_steps_match)
+{
+    enum { N = 1000, STEPS = 4 };
+    fl_opt_opts_t cases[4];
+    for (int c = 0; c < 4; c++)
+        fl_opt_opts_init(&cases[c]);
+    cases[0].momentum = 0.9, cases[0].nesterov = true, cases[0].weight_decay = 0.01;
+    cases[1].kind = FL_OPT_ADAM, cases[1].weight_decay = 0.001;
+    cases[2].kind = FL_OPT_ADAMW, cases[2].weight_decay = 0.1;
+    cases[3].momentum = 0.5, cases[3].dampening = 0.3;
+    uint64_t seed = 99;
+    int differ = 0;
+    for (int c = 0; c < 4; c++) {
+        fl_opt_t *a = make_opt(&cases[c], N), *b = make_opt(&cases[c], N);
+        float pa[N], pb[N], g[N];
+        for (int i = 0; i < N; i++)
+            pa[i] = pb[i] = (float)fl_test_uniform(&seed);
+        for (int s = 0; s < STEPS; s++) {
+            for (int i = 0; i < N; i++)
+                g[i] = (float)fl_test_uniform(&seed);
+            double lr = 0.01 * (s + 1);
+            step_ok(a, pa, g, lr);
+            ck_assert_int_eq(fl_opt_step_begin(b, lr), FL_OK);
+            size_t off = 0;
+            while (off < N) {
+                size_t len = 1 + (size_t)(fl_test_rand(&seed) % 97);
+                if (len > N - off)
+                    len = N - off;
+                fl_opt_step_range(b, pb + off, g + off, off, len);
+                off += len;
+            }
+        }
+        differ += memcmp(pa, pb, sizeof pa) != 0;
+        ck_assert_uint_eq(fl_opt_steps(b), STEPS);
+        ck_assert_uint_eq(fl_opt_size(b), N);
+        fl_opt_destroy(&a);
+        fl_opt_destroy(&b);
+    }
+    ck_assert_int_eq(differ, 0);
+    fl_opt_t *o = make_opt(&cases[0], 4);
+    ck_assert_int_eq(fl_opt_step_begin(o, -1.0), FL_EINVAL);
+    ck_assert_int_eq(fl_opt_step_begin(o, NAN), FL_EINVAL);
+    ck_assert_uint_eq(fl_opt_steps(o), 0);
+    fl_opt_destroy(&o);
+}
+END_TEST
+
 START_TEST(test_opt_kind_parse)
 {
     fl_opt_kind_t k = FL_OPT_SGD;
@@ -955,6 +1003,7 @@ static Suite *optim_suite(void)
     tcase_add_test(t, test_bad_options);
     tcase_add_test(t, test_bad_restore);
     tcase_add_test(t, test_opt_kind_parse);
+    tcase_add_test(t, test_range_steps_match);
     suite_add_tcase(s, t);
 
     t = tcase_create("state");

@@ -1,6 +1,7 @@
 /* flodl public API: versions, error codes, element types and reduction operators.
- * This is the umbrella header of libflodl; it includes the communicator (comm.h) and the
- * embeddable coordinator (coordinator.h). Everything here is stable C ABI; private types of the
+ * This is the umbrella header of libflodl; it includes the communicator (comm.h), the
+ * compressor (compress.h), the embeddable coordinator (coordinator.h) and the
+ * parameter-server client (ps.h). Everything here is stable C ABI; private types of the
  * components never appear in these headers. */
 #ifndef FLODL_FLODL_H
 #define FLODL_FLODL_H
@@ -29,6 +30,8 @@ typedef enum fl_err {
     FL_EGPU = -7,       /* CUDA or NCCL failure, with the CUDA error text */
     FL_ECLOSED = -8,    /* the object was shut down or is broken after an earlier failure */
     FL_ENONFINITE = -9, /* NaN or Inf where a finite number was required */
+    FL_ERESYNC = -10,   /* the parameter server restarted from a checkpoint: go on from its
+                           step with its parameters (see ps.h) */
 } fl_err_t;
 
 /* Static description of an error code; never NULL. */
@@ -82,5 +85,6 @@ typedef enum fl_log_level {
 #include <flodl/comm.h>
 #include <flodl/compress.h>
 #include <flodl/coordinator.h>
+#include <flodl/ps.h>
 
 #endif

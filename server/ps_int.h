@@ -1,0 +1,140 @@
+/* Private to server/: the parameter server's pieces below the sockets. A shard's state (its
+ * parameters, optimizer, the clocks of the ranks and the consistency rules) in ps_state.c; the
+ * fused average-and-update pass in ps_apply.c; payload decoding and checks in ps_payload.c;
+ * checkpoints of a shard in ps_ckpt.c. None of them touches a socket. */
+#ifndef FL_PS_INT_H
+#define FL_PS_INT_H
+
+#include <stdatomic.h>
+
+#include <flodl/compress.h>
+#include <flodl/ps.h>
+
+#include "fl_core.h"
+#include "fl_ps.h"
+
+/* ---- one rank's gradient for a shard (what a push carries, decoded or not) ---- */
+
+typedef enum ps_src_kind {
+    PS_SRC_F32 = 0,  /* dense float32 */
+    PS_SRC_F16 = 1,  /* dense IEEE half */
+    PS_SRC_BF16 = 2, /* dense bfloat16 */
+    PS_SRC_SPARSE = 3,
+} ps_src_kind_t;
+
+typedef struct ps_src {
+    ps_src_kind_t kind;
+    const void *dense;   /* dense: count elements of the kind's type */
+    const uint32_t *idx; /* sparse: k indices into the shard, strictly ascending, < count */
+    const float *val;
+    size_t k;
+    uint32_t batch;  /* samples behind it; 0: the rank skips the step */
+    double maxabs;   /* largest |value| (checked finite on arrival) */
+    void (*release)(void *ud); /* called once when the state no longer needs the memory */
+    void *ud;
+} ps_src_t;
+
+/* Calls src's release hook (if any) and clears it. */
+void ps_src_release(ps_src_t *src);
+
+/* ---- the parameters, shared with replies in flight (copy on write) ---- */
+
+typedef struct ps_params ps_params_t;
+
+/* Takes a reference to the current parameters for a reply sent without copying; drop it with
+ * ps_params_unref (safe from any thread, e.g. ZeroMQ's I/O thread). */
+ps_params_t *ps_params_ref(ps_params_t *p);
+void ps_params_unref(ps_params_t *p);
+const float *ps_params_data(const ps_params_t *p);
+
+/* ---- a shard's state (ps_state.c) ---- */
+
+typedef struct ps_state ps_state_t;
+
+typedef struct ps_state_opts {
+    uint64_t count;                  /* parameters of the shard (0: an empty shard) */
+    int world;                       /* ranks that push */
+    fl_ps_consistency_t consistency;
+    uint32_t staleness;              /* SSP */
+    double async_scale;              /* ASYNC and SSP: factor on each push (0: 1 / world) */
+    fl_opt_opts_t opt;
+    fl_lr_sched_t lr;
+} ps_state_opts_t;
+
+int ps_state_create(const ps_state_opts_t *opts, ps_state_t **out);
+void ps_state_destroy(ps_state_t **st); /* releases every held source */
+
+/* Initial parameters (count floats, copied): from rank 0's first push or an --init file.
+ * Every rank's clock starts at step. FL_EINVAL when it already has parameters,
+ * FL_ENONFINITE for a NaN or Inf (naming the index). */
+int ps_state_init(ps_state_t *st, const float *params, uint64_t step);
+
+/* The state of a checkpoint: parameters, the optimizer's buffers (NULL: zeros) and step
+ * count, the version and the ranks' clocks (nclocks entries; another number of ranks than
+ * the job's sets every clock to the smallest saved one). FL_OK, FL_EINVAL, FL_ENONFINITE. */
+int ps_state_restore(ps_state_t *st, const float *params, const float *buf1,
+                     const float *buf2, uint64_t opt_steps, uint64_t version,
+                     const uint64_t *clocks, size_t nclocks);
+
+bool ps_state_ready(const ps_state_t *st);
+uint64_t ps_state_count(const ps_state_t *st);
+uint64_t ps_state_version(const ps_state_t *st);
+/* Steps completed by the slowest rank (sync: the steps applied). */
+uint64_t ps_state_min_clock(const ps_state_t *st);
+/* The next step rank pushes. */
+uint64_t ps_state_clock(const ps_state_t *st, int rank);
+const uint64_t *ps_state_clocks(const ps_state_t *st);
+/* Steps skipped because the combined gradient overflowed float32. */
+uint64_t ps_state_skipped(const ps_state_t *st);
+/* The current parameters (a reference for a reply: ps_params_ref). NULL before init. */
+ps_params_t *ps_state_params(ps_state_t *st);
+/* The optimizer, for checkpoints. */
+const fl_opt_t *ps_state_opt(const ps_state_t *st);
+
+/* May rank push step now? FL_OK, or FL_EINVAL with why (no parameters yet; a step pushed
+ * twice or out of order; beyond the staleness bound, naming the slowest rank). */
+int ps_state_check_push(const ps_state_t *st, int rank, uint64_t step, char *why, size_t cap);
+
+/* Takes rank's gradient for step (after ps_state_check_push said yes). The state owns src
+ * from here on (it calls src->release once done). Sync: held until every rank pushed the
+ * step, then averaged in rank order, weighted by batch counts, and applied once; async and
+ * SSP: applied now, scaled. *updated: a new version exists (pulls may be answered). FL_OK, or
+ * FL_EINVAL for a bad learning rate from the schedule. */
+int ps_state_push(ps_state_t *st, int rank, uint64_t step, ps_src_t *src, bool *updated);
+
+/* May rank pull the parameters for computing step now? latest: whatever is there once the
+ * shard has parameters. FL_OK (ready), FL_ETIMEDOUT (not yet: *blocker is the rank waited
+ * for, *blocker_step its clock), FL_EINVAL with why (a pull for a step beyond the rank's own
+ * pushes, which could never be answered). */
+int ps_state_check_pull(const ps_state_t *st, int rank, uint64_t step, bool latest,
+                        int *blocker, uint64_t *blocker_step, char *why, size_t cap);
+
+/* ---- the fused average-and-update pass (ps_apply.c) ---- */
+
+/* One optimizer step over count parameters with the gradient
+ *   g[i] = ((sum over srcs, in order, of weight[s] * value_s[i]) * scale) / divisor
+ * in float32, each operation rounded (a weight, scale or divisor of 1 is skipped), computed
+ * block by block (sparse sources add at their indices) and fed to the optimizer's range step,
+ * so the gradient never exists whole. params is updated in place. The caller began the
+ * optimizer step (fl_opt_step_begin). */
+void ps_apply(fl_opt_t *opt, float *params, uint64_t count, const ps_src_t *const *srcs,
+              const float *weight, size_t nsrc, float scale, float divisor);
+
+/* ---- payloads (ps_payload.c) ---- */
+
+/* Turns a push's payload frame into a source: dense float32/float16/bfloat16 of count
+ * elements (raw: pointing into the frame, no copy; lz4: decompressed into *owned), or a
+ * sparse block of a tensor of count entries (decoded into *owned). Checks every size, index
+ * and value (NaN or Inf refused, naming the index) before anything is used; sets src->maxabs.
+ * *owned (NULL when nothing was allocated) is the caller's to free once the source is
+ * released; the caller sets src->batch and src->release. FL_OK, or FL_EPROTO / FL_ENONFINITE
+ * / FL_ENOMEM with the detail (then *owned is NULL). */
+int ps_payload_decode(fl_cmp_ws_t *ws, const void *data, size_t bytes, uint32_t dtype,
+                      uint32_t codec, uint64_t raw_bytes, uint64_t count, ps_src_t *src,
+                      void **owned);
+
+/* Encodes a reply's parameters with lz4 into a new buffer when that shrinks them: FL_OK with
+ * *out (malloc'd, *out_len bytes) or *out = NULL when lz4 does not pay; FL_ENOMEM. */
+int ps_payload_lz4(const float *params, uint64_t count, void **out, size_t *out_len);
+
+#endif
