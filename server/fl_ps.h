@@ -5,6 +5,7 @@
 #define FL_PS_H
 
 #include <flodl/coordinator.h>
+#include <flodl/ps.h>
 
 #include "fl_core.h"
 
@@ -43,6 +44,78 @@ typedef struct fl_ps_range {
  * index order covering 0..n-1 exactly once (with fewer than nshards blocks of FL_PS_ALIGN
  * some ranges are empty). An index out of range gives an empty range at 0. */
 void fl_ps_map_range(uint64_t n, uint32_t nshards, uint32_t index, fl_ps_range_t *out);
+
+/* ---- a parameter-server process's shards (ps_server.c) ---- */
+
+typedef struct fl_ps_server fl_ps_server_t;
+
+typedef struct fl_ps_server_opts {
+    const char *coordinator;         /* the job's coordinator (required) */
+    const char *job_id;              /* default "flodl" */
+    const char *host;                /* the address ranks dial (NULL: the local address of the
+                                        route to the coordinator) */
+    const char *bind_host;           /* interface the shards listen on (NULL: host when it is
+                                        an IPv4 address, else every interface) */
+    int num_shards;                  /* shards of the job (default 1) */
+    int shard_first;                 /* the first one this process serves (default 0) */
+    int shard_count;                 /* how many it serves (default 1), each with its thread */
+    fl_ps_consistency_t consistency; /* default sync */
+    uint32_t staleness;              /* ssp only */
+    double async_scale;              /* async and ssp: factor on each push (0: 1 / world) */
+    fl_opt_opts_t opt;               /* the server-side optimizer (default plain SGD) */
+    fl_lr_sched_t lr;                /* its learning-rate schedule (default 0.01, constant) */
+    const char *init_path;           /* initial parameters (safetensors, float32 tensors in
+                                        file order = the flat vector); NULL: rank 0's */
+    const char *checkpoint_dir;      /* NULL: no checkpoints */
+    uint64_t ckpt_every_steps;       /* rank 0 asks for a checkpoint every so many steps */
+    uint64_t ckpt_every_ms;          /* ... or every so many milliseconds */
+    int keep;                        /* checkpoints kept per shard (default 3) */
+    bool resume;                     /* start from the newest checkpoint every shard holds */
+    int max_wait_ms;                 /* the longest a pull is held (default 3600000) */
+    int rendezvous_timeout_ms;       /* default 300000 */
+    fl_log_level_t log_level;        /* default info */
+} fl_ps_server_opts_t;
+
+void fl_ps_server_opts_init(fl_ps_server_opts_t *opts);
+
+/* Checks the options, reads the --init file's layout and, when resuming, which checkpoint
+ * steps every shard holds (refusing a directory of another run without --resume), and binds
+ * the shards' sockets. FL_OK and *out; FL_EINVAL naming the flag or file; FL_EPROTO for an
+ * unreadable --init; FL_EIO. */
+int fl_ps_server_create(const fl_ps_server_opts_t *opts, fl_ps_server_t **out);
+
+/* The parameter count known before the rendezvous (--init or checkpoints), else 0. */
+uint64_t fl_ps_server_param_count(const fl_ps_server_t *srv);
+
+/* The endpoint of the k-th shard this process serves. */
+const char *fl_ps_server_endpoint(const fl_ps_server_t *srv, int k);
+
+/* Starts serving in a thread: registers, waits for the rendezvous, loads the shards' initial
+ * parameters, serves until the job ends. FL_OK or FL_EIO. */
+int fl_ps_server_start(fl_ps_server_t *srv);
+
+/* Waits until the server is done or timeout_ms passes (-1: no limit). FL_OK when the job ended
+ * cleanly; the failure otherwise (a rank died, the coordinator was lost, the rendezvous
+ * failed: the detail says which); FL_ETIMEDOUT while it still serves. */
+int fl_ps_server_wait(fl_ps_server_t *srv, int timeout_ms);
+
+/* Stops serving (a final checkpoint when checkpoints are on) and leaves the job. */
+void fl_ps_server_stop(fl_ps_server_t *srv);
+
+void fl_ps_server_destroy(fl_ps_server_t **srv);
+
+typedef struct fl_ps_server_stats {
+    uint64_t pushes;      /* pushes taken by its shards */
+    uint64_t pulls;       /* replies sent */
+    uint64_t refused;     /* error replies: bad or out-of-place requests */
+    uint64_t bad_msgs;    /* messages the transport refused (malformed, wrong job, ...) */
+    uint64_t checkpoints; /* shard checkpoints written */
+    uint64_t timeouts;    /* pulls that waited past their deadline */
+    uint64_t version;     /* after stop: updates applied (the largest over its shards) */
+    uint64_t step;        /* after stop: steps completed by the slowest rank (smallest) */
+} fl_ps_server_stats_t;
+
+void fl_ps_server_get_stats(const fl_ps_server_t *srv, fl_ps_server_stats_t *out);
 
 #ifdef __cplusplus
 }

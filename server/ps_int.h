@@ -11,6 +11,7 @@
 #include <flodl/ps.h>
 
 #include "fl_core.h"
+#include "fl_msg.h"
 #include "fl_ps.h"
 
 /* ---- one rank's gradient for a shard (what a push carries, decoded or not) ---- */
@@ -136,5 +137,122 @@ int ps_payload_decode(fl_cmp_ws_t *ws, const void *data, size_t bytes, uint32_t 
 /* Encodes a reply's parameters with lz4 into a new buffer when that shrinks them: FL_OK with
  * *out (malloc'd, *out_len bytes) or *out = NULL when lz4 does not pay; FL_ENOMEM. */
 int ps_payload_lz4(const float *params, uint64_t count, void **out, size_t *out_len);
+
+/* ---- checkpoints (ps_ckpt.c) ---- */
+
+typedef struct ps_ckpt_meta {
+    uint32_t shard;
+    uint32_t num_shards;
+    uint64_t offset;      /* the shard's key range */
+    uint64_t count;
+    uint64_t param_count; /* of the whole model */
+    uint64_t step;        /* the step the file is named after (steps completed) */
+    uint64_t version;     /* updates applied */
+    uint64_t opt_steps;
+    fl_opt_kind_t opt;
+    fl_ps_consistency_t consistency;
+} ps_ckpt_meta_t;
+
+/* An open checkpoint: the tensors point into the file, valid until ps_ckpt_close. */
+typedef struct ps_ckpt {
+    char path[4096];
+    fl_st_file_t *file;
+    ps_ckpt_meta_t meta;
+    const float *params;
+    const float *buf1; /* NULL when the optimizer has none */
+    const float *buf2;
+    const uint64_t *clocks;
+    size_t nclocks;
+} ps_ckpt_t;
+
+void ps_ckpt_meta_init(ps_ckpt_meta_t *m);
+
+/* Writes a shard's checkpoint for m->step atomically under dir (created if missing), then
+ * removes all but the newest `keep` of this shard (keep <= 0: none removed). FL_OK, FL_EINVAL,
+ * FL_EIO naming the path. */
+int ps_ckpt_write(const char *dir, const ps_ckpt_meta_t *m, const float *params,
+                  const float *buf1, const float *buf2, const uint64_t *clocks, size_t nclocks,
+                  int keep);
+
+/* Steps of this shard's checkpoint files under dir, newest first (at most cap; none when dir
+ * does not exist). *foreign (may be NULL) gets the shard count of files written by a job with
+ * another number of shards, 0 when there are none. FL_OK, FL_EIO, FL_ENOMEM. */
+int ps_ckpt_list(const char *dir, uint32_t shard, uint32_t num_shards, uint64_t *steps,
+                 size_t cap, size_t *n, uint32_t *foreign);
+
+/* Opens and checks the checkpoint of one step: CRC, format, metadata naming this shard and
+ * step, tensor shapes and types. FL_OK, FL_EPROTO naming the file and the problem, FL_EIO. */
+int ps_ckpt_open(const char *dir, uint32_t shard, uint32_t num_shards, uint64_t step,
+                 ps_ckpt_t *out);
+void ps_ckpt_close(ps_ckpt_t *c);
+
+/* The steps of this shard whose checkpoint opens cleanly, newest first; the bad ones are
+ * logged (with why) and skipped. *param_count: the model size they agree on (0 in: take the
+ * newest file's). FL_EINVAL when dir holds only checkpoints of another shard count. */
+int ps_ckpt_valid_steps(const char *dir, uint32_t shard, uint32_t num_shards, fl_ctx_t *ctx,
+                        uint64_t *steps, size_t cap, size_t *n, uint64_t *param_count);
+
+/* ---- a shard: its thread, socket and state (ps_shard.c, ps_shard_msg.c) ---- */
+
+typedef struct ps_shard ps_shard_t;
+
+typedef struct ps_shard_conf {
+    uint32_t num_shards;
+    uint64_t offset; /* the shard's key range in the model */
+    uint64_t count;
+    uint64_t param_count;
+    const char *job_id;
+    uint64_t generation;
+    const fl_msg_peer_t *peers; /* world entries (hosts, for texts); borrowed until destroy */
+    ps_state_opts_t state;      /* count and world are the shard's and the job's */
+    const char *ckpt_dir;       /* NULL: no checkpoints */
+    int keep;                   /* checkpoints kept per shard */
+    int max_wait_ms;            /* the longest a pull is held, whatever it asks */
+} ps_shard_conf_t;
+
+/* Creates shard `index` bound on `bind` ("tcp://10.0.0.5:0"), advertising `host` to ranks.
+ * FL_OK, FL_EIO (cannot bind), FL_ENOMEM. */
+int ps_shard_create(fl_ctx_t *ctx, uint32_t index, const char *bind, const char *host,
+                    ps_shard_t **out);
+
+/* The endpoint ranks dial. */
+const char *ps_shard_endpoint(const ps_shard_t *sh);
+
+/* Gives the shard its key range and settings (once, before start). FL_OK, FL_EINVAL,
+ * FL_ENOMEM. */
+int ps_shard_configure(ps_shard_t *sh, const ps_shard_conf_t *conf);
+
+/* Initial parameters (conf.count floats) at step: from an --init file. */
+int ps_shard_init_params(ps_shard_t *sh, const float *params, uint64_t step);
+
+/* Loads the checkpoint of step, checking it belongs to this shard's range and model. FL_OK,
+ * FL_EPROTO / FL_EIO naming the file and the problem. */
+int ps_shard_resume(ps_shard_t *sh, uint64_t step);
+
+/* Starts the thread. FL_OK or FL_EIO. */
+int ps_shard_start(ps_shard_t *sh);
+
+/* The job failed (a rank died, the coordinator is gone): pending and later requests are
+ * answered with code and text. Asynchronous. */
+void ps_shard_fail(ps_shard_t *sh, int code, const char *text);
+
+/* Stops the thread, first writing a final checkpoint when asked and the shard has
+ * parameters. Joins. */
+void ps_shard_stop(ps_shard_t *sh, bool final_checkpoint);
+
+void ps_shard_destroy(ps_shard_t **sh);
+
+typedef struct ps_shard_stats {
+    uint64_t pushes;
+    uint64_t pulls;
+    uint64_t refused;
+    uint64_t checkpoints;
+    uint64_t timeouts;
+    uint64_t version;
+    uint64_t step; /* steps completed by the slowest rank */
+} ps_shard_stats_t;
+
+/* Counters, readable while the thread runs (version and step only after stop). */
+void ps_shard_get_stats(const ps_shard_t *sh, ps_shard_stats_t *out);
 
 #endif

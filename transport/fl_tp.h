@@ -37,6 +37,10 @@ typedef struct fl_tp_opts {
                              twice this are read, refused and counted; larger ones make ZeroMQ
                              drop the connection. */
     bool immediate;       /* queue only on completed connections (ZMQ_IMMEDIATE) */
+    const char *routing_id; /* DEALER: the identity a ROUTER sees, kept across reconnects
+                               (1..255 bytes; NULL: ZeroMQ picks one per connection) */
+    bool router_handover; /* ROUTER: a new connection with a known identity takes over the
+                             old one (a peer that reconnected) instead of being refused */
 } fl_tp_opts_t;
 
 void fl_tp_opts_init(fl_tp_opts_t *opts);
@@ -226,12 +230,16 @@ void fl_tp_member_opts_init(fl_tp_member_opts_t *opts);
 int fl_tp_member_create(fl_ctx_t *ctx, const fl_tp_member_opts_t *opts, fl_tp_member_t **out);
 
 /* Registers reg (kept, with its tables, for reconnects) and waits for the welcome until the
- * rendezvous deadline, heartbeating meanwhile and registering again when the coordinator is
- * silent for a second. FL_OK: *welcome holds the decoded welcome (the caller deinits it) and
+ * rendezvous deadline (or fl_tp_member_cancel: FL_ECLOSED), heartbeating meanwhile and
+ * registering again when the coordinator is silent for a second. FL_OK: *welcome holds the decoded welcome (the caller deinits it) and
  * the member took its generation and heartbeat settings. Otherwise the coordinator's refusal
  * (its code, FL_EPEER when it gave none, with its text), FL_EPROTO (a welcome with impossible
  * heartbeat settings), FL_ETIMEDOUT (saying how far the rendezvous got), FL_EIO. */
 int fl_tp_member_join(fl_tp_member_t *m, const fl_msg_register_t *reg, fl_msg_hdr_t *welcome);
+
+/* Makes a join in progress in another thread return FL_ECLOSED at once (a stop during the
+ * rendezvous). A cancel that arrives after the join stops the control thread instead. */
+void fl_tp_member_cancel(fl_tp_member_t *m);
 
 /* Starts the control thread; only after a successful join. FL_OK, FL_EINVAL, FL_EIO. */
 int fl_tp_member_start(fl_tp_member_t *m);

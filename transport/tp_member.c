@@ -23,6 +23,15 @@
 
 enum { CMD_STOP = 1 };
 
+/* Free text into a fixed field, cut at the field's size. */
+static void put_text(char *dst, size_t cap, const char *src)
+{
+    size_t n = strnlen(src, cap - 1);
+    memcpy(dst, src, n);
+    dst[n] = '\0';
+}
+
+
 struct fl_tp_member {
     fl_ctx_t *ctx;
     char coordinator[FL_ENDPOINT_MAX];
@@ -276,15 +285,16 @@ int fl_tp_member_join(fl_tp_member_t *m, const fl_msg_register_t *reg, fl_msg_hd
         return fl_fail(FL_ENOMEM, "%s: out of memory for the registration", m->name);
     m->have_reg = true;
     return join_loop(m, fl_deadline_in(m->rendezvous_timeout_ms), m->rendezvous_timeout_ms,
-                     NULL, welcome);
+                     m->cmd_rx, welcome);
 }
 
-/* Free text into a fixed field, cut at the field's size. */
-static void put_text(char *dst, size_t cap, const char *src)
+void fl_tp_member_cancel(fl_tp_member_t *m)
 {
-    size_t n = strnlen(src, cap - 1);
-    memcpy(dst, src, n);
-    dst[n] = '\0';
+    fl_msg_hdr_t h;
+    fl_msg_hdr_init(&h, FL_MSG_SHUTDOWN, m->sender);
+    h.u.shutdown.code = 1;
+    put_text(h.u.shutdown.text, sizeof h.u.shutdown.text, "cancelled");
+    fl_tp_send(m->cmd_tx, NULL, &h, NULL, 0, fl_deadline_in(1000));
 }
 
 static void post(fl_tp_member_t *m, fl_msg_hdr_t *h)

@@ -56,6 +56,17 @@ static int apply_opts(fl_tp_sock_t *s, const fl_tp_opts_t *o)
     if (s->kind == FL_TP_ROUTER &&
         (rc = setopt_int(s, ZMQ_ROUTER_MANDATORY, 1, "ROUTER_MANDATORY")) != FL_OK)
         return rc;
+    if (s->kind == FL_TP_ROUTER && o->router_handover &&
+        (rc = setopt_int(s, ZMQ_ROUTER_HANDOVER, 1, "ROUTER_HANDOVER")) != FL_OK)
+        return rc;
+    if (o->routing_id != NULL) {
+        size_t n = strlen(o->routing_id);
+        if (n == 0 || n > 255)
+            return fl_fail(FL_EINVAL, "%s socket: routing id of %zu bytes (1..255)", s->name, n);
+        if (zmq_setsockopt(s->zs, ZMQ_ROUTING_ID, o->routing_id, n) != 0)
+            return fl_fail(FL_EIO, "%s socket: set ROUTING_ID: %s", s->name,
+                           zmq_strerror(zmq_errno()));
+    }
     return FL_OK;
 }
 

@@ -1,0 +1,448 @@
+/* The parameter-server client: registration (a rank without data endpoints that declares its
+ * parameter count), the shard map from the welcome (checked: it must cover the model exactly
+ * once), one connection per shard, and the public calls. When the coordinator goes away and a
+ * restarted one welcomes the rank again (the membership reconnects), the client takes the new
+ * map, and the next call joins the training again where the server resumed: FL_ERESYNC. */
+#include "ps_client_int.h"
+
+#include <inttypes.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#define DEFAULT_TIMEOUT_MS 300000
+#define DEFAULT_RECONNECT_MS 600000
+#define MAX_RESYNCS 8 /* restarts survived within one call before giving up */
+
+void fl_ps_client_opts_init(fl_ps_client_opts_t *o)
+{
+    memset(o, 0, sizeof *o);
+    o->rank = -1;
+    o->world_size = -1;
+    o->job_id = "flodl";
+    o->timeout_ms = DEFAULT_TIMEOUT_MS;
+    o->rendezvous_timeout_ms = DEFAULT_TIMEOUT_MS;
+    o->reconnect_timeout_ms = DEFAULT_RECONNECT_MS;
+    o->values = FL_FLOAT32;
+    o->log_level = FL_LOG_WARN;
+}
+
+static const char *env_get(const char *name, void *ud)
+{
+    (void)ud;
+    return getenv(name);
+}
+
+int fl_ps_client_opts_from_env(fl_ps_client_opts_t *o)
+{
+    static _Thread_local fl_launch_info_t info; /* the strings must outlive this call */
+    int rc = fl_launch_from_env(env_get, NULL, &info);
+    if (rc != FL_OK)
+        return rc;
+    if (info.rank >= 0)
+        o->rank = info.rank;
+    if (info.world_size > 0)
+        o->world_size = info.world_size;
+    if (info.coordinator[0] != '\0')
+        o->coordinator = info.coordinator;
+    if (info.host[0] != '\0')
+        o->host = info.host;
+    if (info.job_id[0] != '\0')
+        o->job_id = info.job_id;
+    if (info.log_level >= 0)
+        o->log_level = (fl_log_level_t)info.log_level;
+    return FL_OK;
+}
+
+static int check_opts(const fl_ps_client_opts_t *o)
+{
+    fl_tp_endpoint_t ep;
+    if (o->world_size < 1 || o->world_size > FL_MSG_MAX_PEERS)
+        return fl_fail(FL_EINVAL, "ps client: world_size %d out of range 1..%d", o->world_size,
+                       FL_MSG_MAX_PEERS);
+    if (o->rank < 0 || o->rank >= o->world_size)
+        return fl_fail(FL_EINVAL, "ps client: rank %d out of range 0..%d", o->rank,
+                       o->world_size - 1);
+    if (o->coordinator == NULL || fl_tp_endpoint_parse(o->coordinator, &ep) != FL_OK)
+        return fl_fail(FL_EINVAL, "ps client: rank %d: no valid coordinator endpoint (%s)",
+                       o->rank, o->coordinator ? o->coordinator : "none");
+    if (o->job_id == NULL || o->job_id[0] == '\0' || strlen(o->job_id) >= FL_JOB_MAX)
+        return fl_fail(FL_EINVAL, "ps client: job_id must be 1..%d bytes", FL_JOB_MAX - 1);
+    if (o->host != NULL && (o->host[0] == '\0' || strlen(o->host) >= FL_HOST_MAX))
+        return fl_fail(FL_EINVAL, "ps client: host must be 1..%d bytes", FL_HOST_MAX - 1);
+    if (o->param_count == 0)
+        return fl_fail(FL_EINVAL, "ps client: rank %d: param_count is 0", o->rank);
+    if (o->timeout_ms < 1 || o->rendezvous_timeout_ms < 1 || o->reconnect_timeout_ms < 0)
+        return fl_fail(FL_EINVAL, "ps client: timeouts must be positive (reconnect: >= 0)");
+    if (o->values != FL_FLOAT32 && o->values != FL_FLOAT16 && o->values != FL_BFLOAT16)
+        return fl_fail(FL_EINVAL, "ps client: values must be float32, float16 or bfloat16, not "
+                                  "%s",
+                       fl_dtype_name(o->values));
+    if (o->log_level < FL_LOG_DEBUG || o->log_level > FL_LOG_OFF)
+        return fl_fail(FL_EINVAL, "ps client: log_level %d out of range", (int)o->log_level);
+    return FL_OK;
+}
+
+int cl_break(fl_ps_client_t *cl, int rc)
+{
+    if (cl->broken_rc == FL_OK) {
+        cl->broken_rc = rc;
+        snprintf(cl->broken_text, sizeof cl->broken_text, "%s", fl_last_error());
+    }
+    return rc;
+}
+
+static void close_shards(fl_ps_client_t *cl)
+{
+    for (int s = 0; s < cl->nshards; s++) {
+        cl_shard_t *sh = &cl->shards[s];
+        if (sh->sock != NULL) {
+            fl_tp_sock_set_linger(sh->sock, 0);
+            fl_tp_sock_destroy(&sh->sock);
+        }
+        free(sh->stage);
+        free(sh->rel_idx);
+    }
+    free(cl->shards);
+    cl->shards = NULL;
+    cl->nshards = 0;
+}
+
+int cl_reset_shards(fl_ps_client_t *cl)
+{
+    for (int s = 0; s < cl->nshards; s++) {
+        cl_shard_t *sh = &cl->shards[s];
+        if (sh->sock != NULL) {
+            fl_tp_sock_set_linger(sh->sock, 0);
+            fl_tp_sock_destroy(&sh->sock);
+        }
+    }
+    return cl_connect_shards(cl);
+}
+
+int cl_connect_shards(fl_ps_client_t *cl)
+{
+    for (int s = 0; s < cl->nshards; s++) {
+        cl_shard_t *sh = &cl->shards[s];
+        if (sh->count == 0)
+            continue;
+        fl_tp_opts_t t;
+        fl_tp_opts_init(&t);
+        t.linger_ms = 0;
+        /* A reply is the shard's parameters, possibly beyond the context's default limit. */
+        t.max_msg_bytes = (size_t)sh->count * sizeof(float) + ((size_t)1 << 20);
+        char id[96], name[48];
+        snprintf(id, sizeof id, "r%d.p%d.g%llx.s%u", cl->o.rank, (int)getpid(),
+                 (unsigned long long)cl->generation, sh->index);
+        t.routing_id = id;
+        snprintf(name, sizeof name, "shard %u", sh->index);
+        int rc = fl_tp_sock_create(cl->ctx, FL_TP_DEALER, &t, name, &sh->sock);
+        if (rc == FL_OK)
+            rc = fl_tp_sock_connect(sh->sock, sh->endpoint);
+        if (rc != FL_OK)
+            return fl_fail_ctx(rc, "rank %d: connect to shard %u (%s)", cl->o.rank, sh->index,
+                               sh->host);
+        fl_tp_sock_set_stamp(sh->sock, cl->job_id, cl->generation, cl->o.rank);
+        fl_tp_sock_set_expect(sh->sock, cl->job_id, cl->generation);
+    }
+    return FL_OK;
+}
+
+int cl_take_welcome(fl_ps_client_t *cl, fl_msg_hdr_t *h)
+{
+    const fl_msg_welcome_t *w = &h->u.welcome;
+    int r = cl->o.rank;
+    if (w->nshards == 0)
+        return fl_fail(FL_EINVAL, "rank %d: job '%s' has no parameter server (the coordinator "
+                                  "runs with 0 shards)",
+                       r, cl->job_id);
+    if (w->param_count != cl->o.param_count)
+        return fl_fail(FL_EINVAL, "rank %d: the parameter server holds %" PRIu64 " parameters, "
+                                  "this rank's model %zu",
+                       r, w->param_count, cl->o.param_count);
+    uint64_t next = 0;
+    for (uint32_t i = 0; i < w->nshards; i++) {
+        const fl_msg_shard_t *s = &w->shards[i];
+        if (s->index != i || s->offset != next || (s->count > 0 && s->endpoint[0] == '\0'))
+            return fl_fail(FL_EPROTO, "rank %d: the coordinator's shard map is broken at shard "
+                                      "%u (index %u, parameters %" PRIu64 "+%" PRIu64 ")",
+                           r, i, s->index, s->offset, s->count);
+        next += s->count;
+    }
+    if (next != w->param_count)
+        return fl_fail(FL_EPROTO, "rank %d: the shard map covers %" PRIu64 " of %" PRIu64
+                                  " parameters",
+                       r, next, w->param_count);
+    close_shards(cl);
+    cl->shards = calloc(w->nshards, sizeof *cl->shards);
+    if (cl->shards == NULL)
+        return fl_fail(FL_ENOMEM, "rank %d: out of memory for %u shards", r, w->nshards);
+    cl->nshards = (int)w->nshards;
+    for (uint32_t i = 0; i < w->nshards; i++) {
+        cl_shard_t *d = &cl->shards[i];
+        d->index = i;
+        d->offset = w->shards[i].offset;
+        d->count = w->shards[i].count;
+        memcpy(d->endpoint, w->shards[i].endpoint, sizeof d->endpoint);
+        memcpy(d->host, w->shards[i].host, sizeof d->host);
+    }
+    cl->generation = h->generation;
+    cl->n = w->param_count;
+    cl->consistency = (fl_ps_consistency_t)w->consistency;
+    cl->staleness = w->staleness;
+    cl->ckpt_every_steps = w->ckpt_every_steps;
+    cl->ckpt_every_ms = w->ckpt_every_ms;
+    return cl_connect_shards(cl);
+}
+
+int cl_on_event(fl_ps_client_t *cl)
+{
+    fl_tp_msg_t ev;
+    if (fl_tp_recv(cl->events, &ev, fl_deadline_in(0)) != FL_OK)
+        return FL_OK;
+    int rc = FL_OK;
+    switch (ev.hdr.type) {
+    case FL_MSG_SHUTDOWN:
+        if (ev.hdr.u.shutdown.code == FL_TP_MEMBER_LOST) {
+            FL_WARN(cl->ctx, "%s", ev.hdr.u.shutdown.text);
+            cl->lost = true;
+            break;
+        }
+        rc = cl_break(cl, fl_fail(FL_ECLOSED, "rank %d: the coordinator ended the job: %s",
+                                  cl->o.rank, ev.hdr.u.shutdown.text));
+        break;
+    case FL_MSG_WELCOME:
+        rc = cl_take_welcome(cl, &ev.hdr);
+        if (rc != FL_OK) {
+            cl_break(cl, rc);
+            break;
+        }
+        cl->lost = false;
+        cl->resync_pending = true;
+        cl->stats.resyncs++;
+        FL_WARN(cl->ctx, "rank %d: rejoined the restarted parameter server (%d shards)",
+                cl->o.rank, cl->nshards);
+        rc = FL_ERESYNC;
+        break;
+    case FL_MSG_ERROR:
+        rc = cl_break(cl, fl_fail(ev.hdr.u.error.code < 0 ? ev.hdr.u.error.code : FL_EPEER,
+                                  "rank %d: %s", cl->o.rank, ev.hdr.u.error.text));
+        break;
+    default:
+        break;
+    }
+    fl_tp_msg_close(&ev);
+    return rc;
+}
+
+int cl_wait_rejoin(fl_ps_client_t *cl)
+{
+    /* The membership gives up at its reconnect deadline and says so: this is a backstop. */
+    int64_t deadline = fl_deadline_in(cl->o.reconnect_timeout_ms + 30000);
+    while (cl->lost) {
+        bool ready = false;
+        fl_tp_sock_t *ev = cl->events;
+        int left = fl_deadline_left_ms(deadline);
+        if (left == 0)
+            return cl_break(cl, fl_fail(FL_ETIMEDOUT, "rank %d: the parameter server did not "
+                                                      "come back within %d ms",
+                                        cl->o.rank, cl->o.reconnect_timeout_ms));
+        if (fl_tp_poll(&ev, 1, left > 1000 ? 1000 : left, &ready) > 0 && ready) {
+            int rc = cl_on_event(cl);
+            if (rc != FL_OK)
+                return rc;
+        }
+    }
+    return FL_ERESYNC;
+}
+
+int fl_ps_client_create(const fl_ps_client_opts_t *o, fl_ps_client_t **out)
+{
+    *out = NULL;
+    int rc = check_opts(o);
+    if (rc != FL_OK)
+        return rc;
+    fl_ps_client_t *cl = calloc(1, sizeof *cl);
+    if (cl == NULL)
+        return fl_fail(FL_ENOMEM, "ps client: out of memory");
+    cl->o = *o;
+    snprintf(cl->coordinator, sizeof cl->coordinator, "%s", o->coordinator);
+    snprintf(cl->job_id, sizeof cl->job_id, "%s", o->job_id);
+    cl->o.coordinator = cl->coordinator;
+    cl->o.job_id = cl->job_id;
+    cl->o.host = NULL;
+    cl->last_mark_ms = fl_now_ms();
+
+    fl_ctx_opts_t co;
+    fl_ctx_opts_init(&co);
+    co.log_level = o->log_level;
+    char name[64];
+    snprintf(name, sizeof name, "rank %d", o->rank);
+    co.log_name = name;
+    if ((rc = fl_ctx_create(&co, &cl->ctx)) != FL_OK)
+        goto fail;
+    if (o->host != NULL)
+        snprintf(cl->host, sizeof cl->host, "%s", o->host);
+    else if ((rc = fl_tp_local_addr_towards(o->coordinator, cl->host, sizeof cl->host)) != FL_OK)
+        goto fail;
+    if ((rc = fl_cmp_ws_create(&cl->ws)) != FL_OK)
+        goto fail;
+
+    fl_tp_member_opts_t mo;
+    fl_tp_member_opts_init(&mo);
+    mo.coordinator = cl->coordinator;
+    mo.job_id = cl->job_id;
+    mo.name = name;
+    mo.sender = o->rank;
+    mo.rendezvous_timeout_ms = o->rendezvous_timeout_ms;
+    mo.reconnect_timeout_ms = o->reconnect_timeout_ms;
+    if ((rc = fl_tp_member_create(cl->ctx, &mo, &cl->member)) != FL_OK)
+        goto fail;
+    cl->events = fl_tp_member_events(cl->member);
+
+    fl_msg_register_t reg;
+    memset(&reg, 0, sizeof reg);
+    reg.role = FL_ROLE_WORKER;
+    reg.rank = o->rank;
+    reg.world_size = o->world_size;
+    snprintf(reg.host, sizeof reg.host, "%s", cl->host);
+    reg.pid = (int32_t)getpid();
+    reg.model_signature = o->model_signature;
+    reg.param_count = o->param_count;
+    snprintf(reg.tuning, sizeof reg.tuning, "ps");
+    fl_msg_hdr_t welcome;
+    if ((rc = fl_tp_member_join(cl->member, &reg, &welcome)) != FL_OK)
+        goto fail;
+    rc = cl_take_welcome(cl, &welcome);
+    fl_msg_hdr_deinit(&welcome);
+    if (rc != FL_OK)
+        goto fail;
+    char full[FL_HOST_MAX + 32];
+    snprintf(full, sizeof full, "rank %d %s", o->rank, cl->host);
+    fl_ctx_set_log_name(cl->ctx, full);
+    if ((rc = fl_tp_member_start(cl->member)) != FL_OK)
+        goto fail;
+    FL_INFO(cl->ctx, "joined job '%s' as rank %d of %d: %d shards, %s", cl->job_id, o->rank,
+            o->world_size, cl->nshards, fl_ps_consistency_name(cl->consistency));
+    *out = cl;
+    return FL_OK;
+fail: {
+    char detail[1024];
+    snprintf(detail, sizeof detail, "%s", fl_last_error());
+    fl_ps_client_destroy(&cl);
+    return fl_fail(rc, "%s", detail);
+}
+}
+
+void fl_ps_client_destroy(fl_ps_client_t **pcl)
+{
+    if (pcl == NULL || *pcl == NULL)
+        return;
+    fl_ps_client_t *cl = *pcl;
+    if (cl->member != NULL) {
+        char text[128];
+        snprintf(text, sizeof text, "rank %d leaves after %llu steps%s", cl->o.rank,
+                 (unsigned long long)cl->step, cl->broken_rc != FL_OK ? " (after a failure)" : "");
+        fl_tp_member_stop(cl->member, cl->broken_rc != FL_OK ? 1 : 0, text);
+    }
+    close_shards(cl);
+    fl_tp_member_destroy(&cl->member);
+    fl_cmp_ws_destroy(&cl->ws);
+    fl_ctx_destroy(&cl->ctx);
+    free(cl);
+    *pcl = NULL;
+}
+
+size_t fl_ps_client_param_count(const fl_ps_client_t *cl)
+{
+    return (size_t)cl->n;
+}
+
+int fl_ps_client_num_shards(const fl_ps_client_t *cl)
+{
+    return cl->nshards;
+}
+
+fl_ps_consistency_t fl_ps_client_consistency(const fl_ps_client_t *cl)
+{
+    return cl->consistency;
+}
+
+int fl_ps_client_staleness(const fl_ps_client_t *cl)
+{
+    return (int)cl->staleness;
+}
+
+uint64_t fl_ps_client_step(const fl_ps_client_t *cl)
+{
+    return cl->step;
+}
+
+void fl_ps_client_get_stats(const fl_ps_client_t *cl, fl_ps_client_stats_t *out)
+{
+    *out = cl->stats;
+}
+
+/* Joins (again): rank 0 offers params, everyone takes the shards' parameters and step. Each
+ * restart met on the way starts it over. */
+static int join_training(fl_ps_client_t *cl, float *params, bool *resynced)
+{
+    for (int tries = 0; tries < MAX_RESYNCS; tries++) {
+        int rc = cl_exchange(cl, NULL, cl->o.rank == 0, params, true);
+        if (rc != FL_ERESYNC) {
+            if (rc == FL_OK)
+                cl->resync_pending = false;
+            return rc;
+        }
+        *resynced = true;
+    }
+    return cl_break(cl, fl_fail(FL_EPEER, "rank %d: the parameter server restarted %d times "
+                                          "while this rank joined it",
+                                cl->o.rank, MAX_RESYNCS));
+}
+
+int fl_ps_client_init(fl_ps_client_t *cl, float *params)
+{
+    bool resynced = false;
+    return join_training(cl, params, &resynced);
+}
+
+int fl_ps_client_push(fl_ps_client_t *cl, const fl_ps_grad_t *grad)
+{
+    if (cl->resync_pending)
+        return fl_fail(FL_ERESYNC, "rank %d: the parameter server restarted: pull its "
+                                   "parameters, then go on from step %llu",
+                       cl->o.rank, (unsigned long long)cl->step);
+    return cl_exchange(cl, grad, false, NULL, false);
+}
+
+int fl_ps_client_pull(fl_ps_client_t *cl, float *params)
+{
+    bool resynced = false;
+    if (cl->resync_pending)
+        return join_training(cl, params, &resynced);
+    int rc = cl_exchange(cl, NULL, false, params, false);
+    if (rc != FL_ERESYNC)
+        return rc;
+    rc = join_training(cl, params, &resynced);
+    return rc == FL_OK ? fl_fail(FL_ERESYNC, "rank %d: the parameter server restarted; going "
+                                             "on from step %llu",
+                                 cl->o.rank, (unsigned long long)cl->step)
+                       : rc;
+}
+
+int fl_ps_client_push_pull(fl_ps_client_t *cl, const fl_ps_grad_t *grad, float *params)
+{
+    bool resynced = cl->resync_pending;
+    int rc = FL_ERESYNC;
+    if (!cl->resync_pending)
+        rc = cl_exchange(cl, grad, false, params, false);
+    if (rc != FL_ERESYNC)
+        return rc;
+    rc = join_training(cl, params, &resynced);
+    return rc == FL_OK ? fl_fail(FL_ERESYNC, "rank %d: the parameter server restarted; going "
+                                             "on from step %llu",
+                                 cl->o.rank, (unsigned long long)cl->step)
+                       : rc;
+}

@@ -1,0 +1,86 @@
+/* Private to the parameter-server client (ps_client.c: lifecycle, the shard map, events and
+ * resynchronisation; ps_client_io.c: pushes and pulls). One thread at a time uses a client. */
+#ifndef FL_PS_CLIENT_INT_H
+#define FL_PS_CLIENT_INT_H
+
+#include <stdatomic.h>
+
+#include <flodl/ps.h>
+
+#include "fl_cmp.h"
+#include "fl_tp.h"
+
+typedef struct cl_shard {
+    uint32_t index;
+    uint64_t offset;
+    uint64_t count;
+    char endpoint[FL_ENDPOINT_MAX];
+    char host[FL_HOST_MAX];
+    fl_tp_sock_t *sock; /* DEALER; NULL for an empty shard */
+    void *stage;        /* what a push sends when it is not the caller's memory */
+    size_t stage_cap;
+    uint32_t *rel_idx;  /* sparse pushes: indices relative to the shard */
+    size_t rel_cap;
+} cl_shard_t;
+
+struct fl_ps_client {
+    fl_ps_client_opts_t o;
+    char coordinator[FL_ENDPOINT_MAX];
+    char job_id[FL_JOB_MAX];
+    char host[FL_HOST_MAX];
+    fl_ctx_t *ctx;
+    fl_tp_member_t *member;
+    fl_tp_sock_t *events; /* owned by member */
+
+    /* from the (latest) welcome */
+    uint64_t generation;
+    uint64_t n;
+    fl_ps_consistency_t consistency;
+    uint32_t staleness;
+    uint64_t ckpt_every_steps;
+    uint64_t ckpt_every_ms;
+    int nshards;
+    cl_shard_t *shards;
+
+    uint64_t step;
+    uint64_t seq;          /* request numbers; shards echo them */
+    bool lost;             /* the coordinator went away; waiting for its successor */
+    bool resync_pending;   /* rejoined; the next pull joins again (init) */
+    int broken_rc;         /* a fatal failure: every later call returns FL_ECLOSED */
+    char broken_text[1024];
+    int64_t last_mark_ms;  /* rank 0: when it last asked for a checkpoint */
+    _Atomic int64_t inflight; /* zero-copy sends ZeroMQ still holds */
+    fl_cmp_ws_t *ws;
+
+    fl_ps_client_stats_t stats;
+};
+
+/* Opens one DEALER per non-empty shard of the current map, stamped with the generation. */
+int cl_connect_shards(fl_ps_client_t *cl);
+
+/* Closes the shard connections (dropping whatever is queued on them, so ZeroMQ lets go of
+ * the caller's memory and late answers of a failed exchange never arrive) and opens new ones. */
+int cl_reset_shards(fl_ps_client_t *cl);
+
+/* Takes the shard map and settings of a welcome (first one, or after a rejoin). */
+int cl_take_welcome(fl_ps_client_t *cl, fl_msg_hdr_t *h);
+
+/* Handles one event of the membership: FL_OK (nothing for the caller), FL_ERESYNC (rejoined:
+ * the shard map was replaced, the caller joins again), or a fatal error that breaks the
+ * client. */
+int cl_on_event(fl_ps_client_t *cl);
+
+/* Waits (bounded by the reconnect deadline the membership applies) until the client rejoins
+ * a restarted coordinator: FL_ERESYNC, or the fatal error. */
+int cl_wait_rejoin(fl_ps_client_t *cl);
+
+/* Marks the client broken with rc and the current detail text. Returns rc. */
+int cl_break(fl_ps_client_t *cl, int rc);
+
+/* One exchange with every non-empty shard (ps_client_io.c): an optional push (grad, or rank
+ * 0's initial parameters when init is set) and an optional pull into params (latest: whatever
+ * the shards hold once they have parameters). Returns FL_OK, FL_ERESYNC, or the failure. */
+int cl_exchange(fl_ps_client_t *cl, const fl_ps_grad_t *grad, bool init, float *params,
+                bool latest);
+
+#endif

@@ -1,0 +1,421 @@
+/* One exchange of a parameter-server client with every non-empty shard: the push (the
+ * caller's gradient slice sent without a copy when it travels as float32; converted, lz4'd or
+ * top-k-encoded into the shard's staging buffer otherwise), the pull right behind it on the
+ * same connection (so the shard handles the push first), then the acks and replies, matched
+ * by request number, checked, and copied (or lz4-decoded) straight into the caller's
+ * parameters. A lost coordinator turns into a wait for its successor and FL_ERESYNC. */
+#include "ps_client_int.h"
+
+#include <inttypes.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+/* How long after its own wait a shard's error about a held pull may take to arrive. */
+#define REPLY_MARGIN_MS 5000
+
+static void release_inflight(void *data, void *hint)
+{
+    (void)data;
+    fl_ps_client_t *cl = hint;
+    atomic_fetch_sub_explicit(&cl->inflight, 1, memory_order_release);
+}
+
+static int grow(void **buf, size_t *cap, size_t need)
+{
+    if (need <= *cap)
+        return FL_OK;
+    void *p = NULL;
+    if (posix_memalign(&p, 64, need ? need : 64) != 0)
+        return fl_fail(FL_ENOMEM, "ps client: out of memory for %zu bytes", need);
+    free(*buf);
+    *buf = p;
+    *cap = need;
+    return FL_OK;
+}
+
+/* The first sparse pair at or after index `at` (pairs ascending). */
+static size_t lower_bound(const uint32_t *idx, size_t k, uint64_t at)
+{
+    size_t lo = 0, hi = k;
+    while (lo < hi) {
+        size_t mid = lo + (hi - lo) / 2;
+        if (idx[mid] < at)
+            lo = mid + 1;
+        else
+            hi = mid;
+    }
+    return lo;
+}
+
+/* Builds and sends the push to one shard. */
+static int send_push(fl_ps_client_t *cl, cl_shard_t *sh, const fl_ps_grad_t *g,
+                     const float *init, bool mark, uint64_t seq, int64_t deadline)
+{
+    fl_msg_hdr_t h;
+    fl_msg_hdr_init(&h, FL_MSG_PUSH, cl->o.rank);
+    h.seq = seq;
+    fl_msg_push_t *p = &h.u.push;
+    p->shard = sh->index;
+    p->offset = sh->offset;
+    p->count = sh->count;
+    p->step = cl->step;
+    p->kind = init != NULL ? FL_PUSH_INIT : FL_PUSH_GRADIENT;
+    p->batch = init != NULL ? 1 : g->batch;
+    p->checkpoint = mark;
+    size_t raw = (size_t)sh->count * sizeof(float);
+    fl_buf_t frame = {NULL, 0, cl, release_inflight};
+    int rc;
+    if (init != NULL) {
+        /* The caller's buffer receives the replies of this very exchange: send a copy. */
+        if ((rc = grow(&sh->stage, &sh->stage_cap, raw)) != FL_OK)
+            return rc;
+        memcpy(sh->stage, init + sh->offset, raw);
+        frame.data = sh->stage;
+        frame.len = raw;
+        h.frames[0] = (fl_msg_frame_t){raw, FL_FLOAT32, FL_CODEC_RAW, raw};
+    } else if (g->batch == 0) {
+        frame.data = NULL; /* skipping the step: no gradient travels */
+    } else if (g->dense == NULL) {
+        size_t lo = lower_bound(g->idx, g->k, sh->offset);
+        size_t hi = lower_bound(g->idx, g->k, sh->offset + sh->count);
+        size_t k = hi - lo;
+        if ((rc = grow((void **)&sh->rel_idx, &sh->rel_cap, (k + 1) * sizeof(uint32_t))) !=
+                FL_OK ||
+            (rc = grow(&sh->stage, &sh->stage_cap, fl_cmp_sparse_bound(k, cl->o.values))) !=
+                FL_OK)
+            return rc;
+        for (size_t i = 0; i < k; i++)
+            sh->rel_idx[i] = (uint32_t)(g->idx[lo + i] - sh->offset);
+        fl_cmp_sparse_opts_t so;
+        fl_cmp_sparse_opts_init(&so);
+        so.values = cl->o.values;
+        so.lz4 = cl->o.lz4 != 0;
+        size_t len;
+        if ((rc = fl_cmp_sparse_encode(cl->ws, sh->rel_idx, g->val + lo, k, (size_t)sh->count,
+                                       &so, sh->stage, sh->stage_cap, &len)) != FL_OK)
+            return fl_fail_ctx(rc, "rank %d: push to shard %u", cl->o.rank, sh->index);
+        frame.data = sh->stage;
+        frame.len = len;
+        h.frames[0] = (fl_msg_frame_t){len, cl->o.values, FL_CODEC_SPARSE, len};
+    } else if (cl->o.values != FL_FLOAT32) {
+        size_t n = (size_t)sh->count;
+        if ((rc = grow(&sh->stage, &sh->stage_cap, n * 2)) != FL_OK)
+            return rc;
+        uint16_t *d = sh->stage;
+        const float *x = g->dense + sh->offset;
+        for (size_t i = 0; i < n; i++)
+            d[i] = cl->o.values == FL_FLOAT16 ? fl_f32_to_f16(x[i]) : fl_f32_to_bf16(x[i]);
+        frame.data = sh->stage;
+        frame.len = n * 2;
+        h.frames[0] = (fl_msg_frame_t){n * 2, cl->o.values, FL_CODEC_RAW, n * 2};
+    } else {
+        const float *x = g->dense + sh->offset;
+        size_t cap = cl->o.lz4 ? fl_cmp_lz4_bound(raw) : 0;
+        size_t len = 0;
+        if (cap > 0 && grow(&sh->stage, &sh->stage_cap, cap) == FL_OK &&
+            fl_cmp_lz4_compress(x, raw, sh->stage, cap, &len) == FL_OK && len < raw) {
+            frame.data = sh->stage;
+            frame.len = len;
+            h.frames[0] = (fl_msg_frame_t){len, FL_FLOAT32, FL_CODEC_LZ4, raw};
+        } else {
+            frame.data = (void *)x; /* the caller's memory, without a copy */
+            frame.len = raw;
+            h.frames[0] = (fl_msg_frame_t){raw, FL_FLOAT32, FL_CODEC_RAW, raw};
+        }
+    }
+    h.nframes = frame.data != NULL ? 1 : 0;
+    size_t sent = frame.data != NULL ? frame.len : 0; /* the transport takes the frame */
+    if (frame.data != NULL)
+        atomic_fetch_add_explicit(&cl->inflight, 1, memory_order_relaxed);
+    rc = fl_tp_send(sh->sock, NULL, &h, frame.data != NULL ? &frame : NULL, h.nframes,
+                    deadline);
+    if (rc != FL_OK)
+        return fl_fail_ctx(rc, "rank %d: push to shard %u (%s)", cl->o.rank, sh->index,
+                           sh->host);
+    cl->stats.bytes_sent += sent;
+    cl->stats.raw_bytes += init != NULL ? 0 : raw;
+    return FL_OK;
+}
+
+/* The pull behind a push asks for the parameters of the step after the one pushed. */
+static int send_pull(fl_ps_client_t *cl, cl_shard_t *sh, uint64_t step, bool latest,
+                     uint64_t seq, int64_t deadline)
+{
+    fl_msg_hdr_t h;
+    fl_msg_hdr_init(&h, FL_MSG_PULL, cl->o.rank);
+    h.seq = seq;
+    h.u.pull = (fl_msg_pull_t){sh->index, sh->offset, sh->count, step, latest,
+                               (uint32_t)cl->o.timeout_ms, cl->o.lz4 != 0};
+    int rc = fl_tp_send(sh->sock, NULL, &h, NULL, 0, deadline);
+    return rc == FL_OK ? FL_OK
+                       : fl_fail_ctx(rc, "rank %d: pull from shard %u (%s)", cl->o.rank,
+                                     sh->index, sh->host);
+}
+
+/* What one exchange waits for and has got. */
+typedef struct xchg {
+    bool push, pull, latest;
+    uint64_t seq;
+    int acks, replies, want;
+    bool *acked, *replied;
+    uint64_t reply_step; /* the largest step the shards gave (latest pulls) */
+} xchg_t;
+
+/* Checks a reply and puts its parameters in place. */
+static int take_reply(fl_ps_client_t *cl, cl_shard_t *sh, fl_tp_msg_t *m, float *params)
+{
+    const fl_msg_pull_reply_t *r = &m->hdr.u.pull_reply;
+    size_t raw = (size_t)sh->count * sizeof(float);
+    if (r->shard != sh->index || r->offset != sh->offset || r->count != sh->count ||
+        m->nframes != 1 || m->hdr.frames[0].dtype != FL_FLOAT32 ||
+        m->hdr.frames[0].raw_bytes != raw)
+        return fl_fail(FL_EPROTO, "rank %d: shard %u (%s) replied with parameters %" PRIu64
+                                  "+%" PRIu64 " of shard %u in %zu frames; expected %" PRIu64
+                                  "+%" PRIu64,
+                       cl->o.rank, sh->index, sh->host, r->offset, r->count, r->shard,
+                       m->nframes, sh->offset, sh->count);
+    float *dst = params + sh->offset;
+    if (m->hdr.frames[0].codec == FL_CODEC_LZ4) {
+        int rc = fl_cmp_lz4_decompress(fl_tp_msg_data(m, 0), fl_tp_msg_size(m, 0), dst, raw);
+        if (rc != FL_OK)
+            return fl_fail_ctx(rc, "rank %d: reply of shard %u", cl->o.rank, sh->index);
+    } else if (m->hdr.frames[0].codec == FL_CODEC_RAW) {
+        memcpy(dst, fl_tp_msg_data(m, 0), raw);
+    } else {
+        return fl_fail(FL_EPROTO, "rank %d: shard %u replied with codec %u", cl->o.rank,
+                       sh->index, m->hdr.frames[0].codec);
+    }
+    cl->stats.bytes_recv += fl_tp_msg_size(m, 0);
+    return FL_OK;
+}
+
+/* Handles one message from shard s. FL_OK, or the failure the exchange ends with. */
+static int on_reply(fl_ps_client_t *cl, xchg_t *x, int s, fl_tp_msg_t *m, float *params)
+{
+    cl_shard_t *sh = &cl->shards[s];
+    if (m->hdr.seq != x->seq)
+        return FL_OK; /* the answer to an earlier exchange that failed: stale */
+    switch (m->hdr.type) {
+    case FL_MSG_ERROR: {
+        int code = m->hdr.u.error.code < 0 ? m->hdr.u.error.code : FL_EPEER;
+        return fl_fail(code, "rank %d: %s (%s)", cl->o.rank, m->hdr.u.error.text, sh->host);
+    }
+    case FL_MSG_PUSH_ACK:
+        if (!x->push || x->acked[s])
+            return FL_OK;
+        x->acked[s] = true;
+        x->acks++;
+        return FL_OK;
+    case FL_MSG_PULL_REPLY: {
+        if (!x->pull || x->replied[s])
+            return FL_OK;
+        int rc = take_reply(cl, sh, m, params);
+        if (rc != FL_OK)
+            return cl_break(cl, rc);
+        if (m->hdr.u.pull_reply.step > x->reply_step)
+            x->reply_step = m->hdr.u.pull_reply.step;
+        x->replied[s] = true;
+        x->replies++;
+        return FL_OK;
+    }
+    default: return FL_OK;
+    }
+}
+
+static int wait_released(fl_ps_client_t *cl, int64_t deadline)
+{
+    while (atomic_load_explicit(&cl->inflight, memory_order_acquire) > 0) {
+        if (fl_deadline_left_ms(deadline) == 0)
+            return fl_fail(FL_ETIMEDOUT, "rank %d: pushes still held by ZeroMQ at the "
+                                         "deadline",
+                           cl->o.rank);
+        usleep(50);
+    }
+    return FL_OK;
+}
+
+/* Rank 0 asks for a checkpoint with the push that ends an interval. */
+static bool checkpoint_mark(fl_ps_client_t *cl)
+{
+    if (cl->o.rank != 0)
+        return false;
+    bool mark = cl->ckpt_every_steps > 0 && (cl->step + 1) % cl->ckpt_every_steps == 0;
+    int64_t now = fl_now_ms();
+    if (cl->ckpt_every_ms > 0 && now - cl->last_mark_ms >= (int64_t)cl->ckpt_every_ms)
+        mark = true;
+    if (mark)
+        cl->last_mark_ms = now;
+    return mark;
+}
+
+static int check_grad(const fl_ps_client_t *cl, const fl_ps_grad_t *g)
+{
+    if (g->batch > 0 && g->dense == NULL) {
+        if (g->k > 0 && (g->idx == NULL || g->val == NULL))
+            return fl_fail(FL_EINVAL, "rank %d: sparse gradient without indices or values",
+                           cl->o.rank);
+        int rc = fl_cmp_sparse_check(g->idx, g->k, (size_t)cl->n, cl->o.values);
+        if (rc != FL_OK)
+            return fl_fail_ctx(rc, "rank %d: push", cl->o.rank);
+    }
+    return FL_OK;
+}
+
+/* Sends the requests and collects the answers. */
+static int run(fl_ps_client_t *cl, xchg_t *x, const fl_ps_grad_t *grad, const float *init,
+               float *params)
+{
+    int64_t deadline = fl_deadline_in(cl->o.timeout_ms + REPLY_MARGIN_MS);
+    bool mark = grad != NULL && checkpoint_mark(cl);
+    int rc = FL_OK;
+    for (int s = 0; s < cl->nshards && rc == FL_OK; s++) {
+        cl_shard_t *sh = &cl->shards[s];
+        if (sh->count == 0)
+            continue;
+        if (x->push)
+            rc = send_push(cl, sh, grad, init, mark, x->seq, deadline);
+        if (rc == FL_OK && x->pull)
+            rc = send_pull(cl, sh, cl->step + (grad != NULL ? 1 : 0), x->latest, x->seq,
+                           deadline);
+    }
+    if (rc != FL_OK)
+        return rc;
+    int n = cl->nshards + 1;
+    fl_tp_sock_t **socks = calloc((size_t)n, sizeof *socks);
+    int *which = calloc((size_t)n, sizeof *which);
+    bool *ready = calloc((size_t)n, sizeof *ready);
+    if (socks == NULL || which == NULL || ready == NULL) {
+        rc = fl_fail(FL_ENOMEM, "rank %d: out of memory", cl->o.rank);
+        goto out;
+    }
+    int np = 0;
+    for (int s = 0; s < cl->nshards; s++)
+        if (cl->shards[s].sock != NULL) {
+            socks[np] = cl->shards[s].sock;
+            which[np++] = s;
+        }
+    socks[np] = cl->events;
+    while ((x->push && x->acks < x->want) || (x->pull && x->replies < x->want)) {
+        int left = fl_deadline_left_ms(deadline);
+        if (left == 0) {
+            int s = 0;
+            while (s < cl->nshards && (cl->shards[s].count == 0 ||
+                                       ((!x->push || x->acked[s]) && (!x->pull || x->replied[s]))))
+                s++;
+            rc = fl_fail(FL_ETIMEDOUT, "rank %d: no answer from shard %d (%s, %s) within %d ms "
+                                       "(%d of %d acks, %d of %d replies)",
+                         cl->o.rank, s, s < cl->nshards ? cl->shards[s].host : "?",
+                         s < cl->nshards ? cl->shards[s].endpoint : "?",
+                         cl->o.timeout_ms + REPLY_MARGIN_MS, x->acks, x->push ? x->want : 0,
+                         x->replies, x->pull ? x->want : 0);
+            goto out;
+        }
+        int got = fl_tp_poll(socks, (size_t)np + 1, left, ready);
+        if (got < 0) {
+            rc = got;
+            goto out;
+        }
+        if (ready[np]) {
+            rc = cl_on_event(cl);
+            if (rc == FL_OK && cl->lost)
+                rc = cl_wait_rejoin(cl);
+            if (rc != FL_OK)
+                goto out;
+        }
+        for (int i = 0; i < np && rc == FL_OK; i++) {
+            if (!ready[i])
+                continue;
+            fl_tp_msg_t m;
+            while (rc == FL_OK) {
+                int r = fl_tp_try_recv(socks[i], &m);
+                if (r == FL_ETIMEDOUT)
+                    break;
+                if (r != FL_OK)
+                    continue; /* refused and counted by the transport */
+                rc = on_reply(cl, x, which[i], &m, params);
+                fl_tp_msg_close(&m);
+            }
+        }
+        if (rc != FL_OK)
+            goto out;
+    }
+out:
+    free(socks);
+    free(which);
+    free(ready);
+    return rc;
+}
+
+int cl_exchange(fl_ps_client_t *cl, const fl_ps_grad_t *grad, bool init, float *params,
+                bool latest)
+{
+    if (cl->broken_rc != FL_OK)
+        return fl_fail(FL_ECLOSED, "rank %d: parameter-server client broken by an earlier "
+                                   "failure: %s",
+                       cl->o.rank, cl->broken_text);
+    /* What happened while the caller computed. */
+    bool ready = false;
+    fl_tp_sock_t *ev = cl->events;
+    while (fl_tp_poll(&ev, 1, 0, &ready) > 0 && ready) {
+        int rc = cl_on_event(cl);
+        if (rc == FL_OK && cl->lost)
+            rc = cl_wait_rejoin(cl);
+        if (rc != FL_OK)
+            return rc;
+        ready = false;
+    }
+    int rc;
+    if (grad != NULL && (rc = check_grad(cl, grad)) != FL_OK)
+        return rc;
+    int64_t t0 = fl_now_ns();
+    xchg_t x;
+    memset(&x, 0, sizeof x);
+    x.push = grad != NULL || (init && params != NULL);
+    x.pull = params != NULL;
+    x.latest = latest;
+    x.seq = ++cl->seq;
+    for (int s = 0; s < cl->nshards; s++)
+        x.want += cl->shards[s].count > 0;
+    x.acked = calloc((size_t)cl->nshards, sizeof *x.acked);
+    x.replied = calloc((size_t)cl->nshards, sizeof *x.replied);
+    if (x.acked == NULL || x.replied == NULL) {
+        rc = fl_fail(FL_ENOMEM, "rank %d: out of memory", cl->o.rank);
+    } else {
+        rc = run(cl, &x, grad, init && params != NULL ? params : NULL, params);
+        if (rc != FL_OK && rc != FL_ERESYNC && cl->broken_rc == FL_OK) {
+            /* Whatever is queued or still coming belongs to this failed exchange. */
+            char detail[1024];
+            snprintf(detail, sizeof detail, "%s", fl_last_error());
+            if (cl_reset_shards(cl) != FL_OK)
+                cl_break(cl, FL_EIO);
+            fl_fail(rc, "%s", detail);
+        }
+        /* The caller's buffers are free to reuse only once ZeroMQ let go of them. */
+        char detail[1024];
+        snprintf(detail, sizeof detail, "%s", fl_last_error());
+        int wr = wait_released(cl, fl_deadline_in(rc == FL_OK ? cl->o.timeout_ms : 5000));
+        if (wr != FL_OK)
+            rc = cl_break(cl, wr);
+        else if (rc != FL_OK)
+            fl_fail(rc, "%s", detail);
+    }
+    free(x.acked);
+    free(x.replied);
+    /* Every shard took the push: the step is done even when the pull behind it failed (an
+     * SSP bound that held past the deadline), so a retried pull asks for the next step. */
+    if (grad != NULL && x.want > 0 && x.acks == x.want && rc != FL_ERESYNC) {
+        cl->step++;
+        cl->stats.pushes++;
+    }
+    if (rc != FL_OK)
+        return rc;
+    if (x.pull) {
+        cl->stats.pulls++;
+        if (latest)
+            cl->step = x.reply_step;
+    }
+    cl->stats.wait_ms += (double)(fl_now_ns() - t0) / 1e6;
+    return FL_OK;
+}

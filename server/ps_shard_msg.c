@@ -1,0 +1,394 @@
+/* A shard's protocol: pushes (rank 0's initial parameters, gradients dense or sparse), pulls
+ * answered at once or held until the consistency model allows them (or their deadline), and
+ * the replies, sent without copying the parameters (a reference keeps them alive until ZeroMQ
+ * is done; an update meanwhile works on a copy). Every refusal is an error reply naming the
+ * problem, counted, and changes nothing; the shard keeps serving the others. */
+#include "ps_shard_int.h"
+
+#include <inttypes.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+static bool same_route(const fl_tp_route_t *a, const fl_tp_route_t *b)
+{
+    return a->len == b->len && memcmp(a->id, b->id, a->len) == 0;
+}
+
+static void params_release(void *data, void *hint)
+{
+    (void)data;
+    ps_params_unref(hint);
+}
+
+void ps_lz4_release(void *data, void *hint)
+{
+    (void)data;
+    ps_lz4_t *z = hint;
+    if (atomic_fetch_sub(&z->refs, 1) == 1) {
+        free(z->data);
+        free(z);
+    }
+}
+
+/* A push whose memory the state holds: the message (when the source points into its frame)
+ * and what decoding allocated. */
+typedef struct hold {
+    fl_tp_msg_t *msg;
+    void *owned;
+} hold_t;
+
+static void hold_release(void *ud)
+{
+    hold_t *h = ud;
+    if (h->msg != NULL) {
+        fl_tp_msg_close(h->msg);
+        free(h->msg);
+    }
+    free(h->owned);
+    free(h);
+}
+
+void ps_shard_on_refused(ps_shard_t *sh)
+{
+    fl_tp_msg_t *m = sh->rx;
+    sh->reply_seq = m->hdr.seq;
+    char detail[1024];
+    snprintf(detail, sizeof detail, "%s", fl_last_error());
+    atomic_fetch_add(&sh->n_refused, 1);
+    if (m->route.len == 0)
+        return;
+    ps_shard_error(sh, &m->route, FL_EPROTO, m->hdr.sender, "refused a message from rank %d: %s",
+                   m->hdr.sender, detail);
+}
+
+/* The lz4 encoding of the current version, made once and shared; NULL when lz4 does not pay
+ * (remembered, so it is not tried again for this version). */
+static ps_lz4_t *current_lz4(ps_shard_t *sh)
+{
+    uint64_t v = ps_state_version(sh->state);
+    if (sh->lz4 != NULL && sh->lz4->version == v)
+        return sh->lz4->data != NULL ? sh->lz4 : NULL;
+    if (sh->lz4 != NULL)
+        ps_lz4_release(NULL, sh->lz4);
+    sh->lz4 = calloc(1, sizeof *sh->lz4);
+    if (sh->lz4 == NULL)
+        return NULL;
+    atomic_init(&sh->lz4->refs, 1);
+    sh->lz4->version = v;
+    if (ps_payload_lz4(ps_params_data(ps_state_params(sh->state)), sh->conf.count,
+                       &sh->lz4->data, &sh->lz4->len) != FL_OK)
+        sh->lz4->data = NULL;
+    return sh->lz4->data != NULL ? sh->lz4 : NULL;
+}
+
+static void reply(ps_shard_t *sh, const fl_tp_route_t *to, int rank, bool lz4)
+{
+    fl_msg_hdr_t h;
+    fl_msg_hdr_init(&h, FL_MSG_PULL_REPLY, FL_MSG_SENDER_SERVER);
+    h.seq = sh->reply_seq;
+    h.u.pull_reply.shard = sh->index;
+    h.u.pull_reply.offset = sh->conf.offset;
+    h.u.pull_reply.count = sh->conf.count;
+    h.u.pull_reply.version = ps_state_version(sh->state);
+    h.u.pull_reply.step = ps_state_clock(sh->state, rank);
+    h.u.pull_reply.min_step = ps_state_min_clock(sh->state);
+    uint64_t raw = sh->conf.count * sizeof(float);
+    fl_buf_t frame;
+    ps_lz4_t *z = lz4 ? current_lz4(sh) : NULL;
+    h.nframes = 1;
+    h.frames[0].dtype = FL_FLOAT32;
+    h.frames[0].raw_bytes = raw;
+    if (z != NULL) {
+        atomic_fetch_add(&z->refs, 1);
+        frame = (fl_buf_t){z->data, z->len, z, ps_lz4_release};
+        h.frames[0].codec = FL_CODEC_LZ4;
+    } else {
+        ps_params_t *p = ps_params_ref(ps_state_params(sh->state));
+        frame = (fl_buf_t){(void *)ps_params_data(p), (size_t)raw, p, params_release};
+        h.frames[0].codec = FL_CODEC_RAW;
+    }
+    int rc = fl_tp_send(sh->sock, to, &h, &frame, 1, fl_deadline_in(0));
+    if (rc != FL_OK) {
+        char who[FL_HOST_MAX + 32];
+        FL_WARN(sh->ctx, "shard %u: reply to %s lost: %s", sh->index,
+                ps_shard_rank_name(sh, rank, who, sizeof who), fl_last_error());
+        return;
+    }
+    atomic_fetch_add(&sh->n_pull, 1);
+}
+
+static void ack(ps_shard_t *sh, const fl_tp_route_t *to, uint64_t step, bool ignored)
+{
+    fl_msg_hdr_t h;
+    fl_msg_hdr_init(&h, FL_MSG_PUSH_ACK, FL_MSG_SENDER_SERVER);
+    h.seq = sh->reply_seq;
+    h.u.push_ack.shard = sh->index;
+    h.u.push_ack.step = step;
+    h.u.push_ack.version = ps_state_version(sh->state);
+    h.u.push_ack.ignored = ignored;
+    if (fl_tp_send(sh->sock, to, &h, NULL, 0, fl_deadline_in(0)) != FL_OK)
+        FL_WARN(sh->ctx, "shard %u: ack lost: %s", sh->index, fl_last_error());
+}
+
+/* The range a message names must be this shard's, as the shard map says. */
+static bool range_ok(ps_shard_t *sh, fl_tp_msg_t *m, uint32_t shard, uint64_t off,
+                     uint64_t count, int rank)
+{
+    if (shard == sh->index && off == sh->conf.offset && count == sh->conf.count)
+        return true;
+    ps_shard_error(sh, &m->route, FL_EINVAL, rank,
+                   "%s from rank %d names shard %u, parameters %" PRIu64 "+%" PRIu64
+                   "; this is shard %u with parameters %" PRIu64 "+%" PRIu64
+                   " (is the rank using another shard map?)",
+                   fl_msg_type_name(m->hdr.type), rank, shard, off, count, sh->index,
+                   sh->conf.offset, sh->conf.count);
+    return false;
+}
+
+static void maybe_checkpoint(ps_shard_t *sh)
+{
+    if (sh->ckpt_due == 0)
+        return;
+    uint64_t done = sh->conf.state.consistency == FL_PS_SYNC ? ps_state_min_clock(sh->state)
+                                                             : ps_state_clock(sh->state, 0);
+    if (done < sh->ckpt_due)
+        return;
+    ps_shard_checkpoint(sh, sh->ckpt_due);
+    sh->ckpt_due = 0;
+}
+
+static void on_init(ps_shard_t *sh, fl_tp_msg_t *m, int rank)
+{
+    if (rank != 0)
+        return ps_shard_error(sh, &m->route, FL_EINVAL, rank,
+                              "rank %d pushed initial parameters; only rank 0 does", rank);
+    if (ps_state_ready(sh->state))
+        return ack(sh, &m->route, 0, true); /* --init, a checkpoint or an earlier push won */
+    if (m->nframes != 1 || m->hdr.frames[0].dtype != FL_FLOAT32 ||
+        m->hdr.frames[0].codec == FL_CODEC_SPARSE)
+        return ps_shard_error(sh, &m->route, FL_EINVAL, rank,
+                              "initial parameters must be one dense float32 frame");
+    ps_src_t src;
+    void *owned = NULL;
+    int rc = ps_payload_decode(sh->ws, fl_tp_msg_data(m, 0), fl_tp_msg_size(m, 0),
+                               m->hdr.frames[0].dtype, m->hdr.frames[0].codec,
+                               m->hdr.frames[0].raw_bytes, sh->conf.count, &src, &owned);
+    if (rc == FL_OK)
+        rc = ps_state_init(sh->state, src.dense, m->hdr.u.push.step);
+    free(owned);
+    if (rc != FL_OK)
+        return ps_shard_error(sh, &m->route, rc, rank, "initial parameters refused: %s",
+                              fl_last_error());
+    FL_INFO(sh->ctx, "shard %u: initial parameters from rank 0", sh->index);
+    ack(sh, &m->route, m->hdr.u.push.step, false);
+}
+
+static void on_gradient(ps_shard_t *sh, fl_tp_msg_t *m, int rank)
+{
+    const fl_msg_push_t *p = &m->hdr.u.push;
+    char why[FL_MSG_TEXT_MAX];
+    if (ps_state_check_push(sh->state, rank, p->step, why, sizeof why) != FL_OK)
+        return ps_shard_error(sh, &m->route, FL_EINVAL, rank, "push refused: %s", why);
+    ps_src_t src;
+    void *owned = NULL;
+    if (p->batch == 0) {
+        if (m->nframes != 0)
+            return ps_shard_error(sh, &m->route, FL_EINVAL, rank,
+                                  "a push that skips its step (batch 0) carries no gradient");
+        memset(&src, 0, sizeof src);
+    } else {
+        if (m->nframes != 1)
+            return ps_shard_error(sh, &m->route, FL_EINVAL, rank,
+                                  "a push carries one gradient frame, this one %zu",
+                                  m->nframes);
+        int rc = ps_payload_decode(sh->ws, fl_tp_msg_data(m, 0), fl_tp_msg_size(m, 0),
+                                   m->hdr.frames[0].dtype, m->hdr.frames[0].codec,
+                                   m->hdr.frames[0].raw_bytes, sh->conf.count, &src, &owned);
+        if (rc != FL_OK)
+            return ps_shard_error(sh, &m->route, rc == FL_ENONFINITE ? rc : FL_EINVAL, rank,
+                                  "gradient of step %" PRIu64 " from rank %d refused: %s",
+                                  p->step, rank, fl_last_error());
+    }
+    src.batch = p->batch;
+    /* The state may keep the source (sync): it keeps the memory with it. */
+    hold_t *h = calloc(1, sizeof *h);
+    if (h == NULL) {
+        free(owned);
+        return ps_shard_error(sh, &m->route, FL_ENOMEM, rank, "out of memory");
+    }
+    h->owned = owned;
+    if (src.kind != PS_SRC_SPARSE && owned == NULL && p->batch > 0) {
+        h->msg = sh->rx; /* the source points into this message's frame */
+        sh->rx = NULL;
+    }
+    src.release = hold_release;
+    src.ud = h;
+    uint64_t step = p->step;
+    bool want_ckpt = p->checkpoint && rank == 0;
+    const fl_tp_route_t route = m->route;
+    bool updated = false;
+    int rc = ps_state_push(sh->state, rank, step, &src, &updated);
+    atomic_fetch_add(&sh->n_push, 1);
+    if (rc != FL_OK)
+        FL_WARN(sh->ctx, "shard %u: %s", sh->index, fl_last_error());
+    ack(sh, &route, step, false);
+    if (want_ckpt)
+        sh->ckpt_due = step + 1;
+    if (updated || want_ckpt)
+        maybe_checkpoint(sh);
+}
+
+static void on_push(ps_shard_t *sh, fl_tp_msg_t *m, int rank)
+{
+    const fl_msg_push_t *p = &m->hdr.u.push;
+    if (!range_ok(sh, m, p->shard, p->offset, p->count, rank))
+        return;
+    if (p->kind == FL_PUSH_INIT)
+        on_init(sh, m, rank);
+    else
+        on_gradient(sh, m, rank);
+}
+
+static int add_pending(ps_shard_t *sh, const fl_tp_route_t *to, int rank,
+                       const fl_msg_pull_t *p)
+{
+    size_t cap = 4 * (size_t)sh->conf.state.world;
+    if (sh->npending >= cap)
+        return fl_fail(FL_EINVAL, "%zu pulls are waiting already", sh->npending);
+    if (sh->npending == sh->pending_cap) {
+        size_t nc = sh->pending_cap ? sh->pending_cap * 2 : 8;
+        ps_pending_t *np = realloc(sh->pending, nc * sizeof *np);
+        if (np == NULL)
+            return fl_fail(FL_ENOMEM, "out of memory for a waiting pull");
+        sh->pending = np;
+        sh->pending_cap = nc;
+    }
+    uint32_t wait = p->wait_ms;
+    if (sh->conf.max_wait_ms > 0 && wait > (uint32_t)sh->conf.max_wait_ms)
+        wait = (uint32_t)sh->conf.max_wait_ms;
+    int64_t now = fl_now_ms();
+    sh->pending[sh->npending++] = (ps_pending_t){*to,       sh->reply_seq, rank, p->step,
+                                                 p->latest, p->lz4, now + wait, now};
+    return FL_OK;
+}
+
+static void on_pull(ps_shard_t *sh, fl_tp_msg_t *m, int rank)
+{
+    const fl_msg_pull_t *p = &m->hdr.u.pull;
+    if (!range_ok(sh, m, p->shard, p->offset, p->count, rank))
+        return;
+    if (m->nframes != 0)
+        return ps_shard_error(sh, &m->route, FL_EINVAL, rank, "a pull carries no payload");
+    int blocker;
+    uint64_t bstep;
+    char why[FL_MSG_TEXT_MAX];
+    int rc = ps_state_check_pull(sh->state, rank, p->step, p->latest, &blocker, &bstep, why,
+                                 sizeof why);
+    if (rc == FL_OK)
+        return reply(sh, &m->route, rank, p->lz4);
+    if (rc != FL_ETIMEDOUT)
+        return ps_shard_error(sh, &m->route, FL_EINVAL, rank, "pull refused: %s", why);
+    if ((rc = add_pending(sh, &m->route, rank, p)) != FL_OK)
+        ps_shard_error(sh, &m->route, rc, rank, "pull refused: %s", fl_last_error());
+}
+
+void ps_shard_on_message(ps_shard_t *sh)
+{
+    fl_tp_msg_t *m = sh->rx;
+    int rank = m->hdr.sender;
+    int world = sh->conf.state.world;
+    sh->reply_seq = m->hdr.seq;
+    if (rank < 0 || rank >= world) {
+        fl_ctx_count(sh->ctx, FL_STAT_UNEXPECTED, 1);
+        ps_shard_error(sh, &m->route, FL_EINVAL, rank,
+                       "%s from rank %d, which is not a rank of this job (0..%d)",
+                       fl_msg_type_name(m->hdr.type), rank, world - 1);
+    } else if (sh->route_known[rank] && !same_route(&sh->routes[rank], &m->route)) {
+        fl_ctx_count(sh->ctx, FL_STAT_UNEXPECTED, 1);
+        ps_shard_error(sh, &m->route, FL_EINVAL, rank,
+                       "%s claiming rank %d from another connection than rank %d's: two "
+                       "processes run as rank %d?",
+                       fl_msg_type_name(m->hdr.type), rank, rank, rank);
+    } else if (sh->failed[0] != '\0') {
+        ps_shard_error(sh, &m->route, sh->failed_code, rank, "%s", sh->failed);
+    } else {
+        sh->routes[rank] = m->route;
+        sh->route_known[rank] = true;
+        switch (m->hdr.type) {
+        case FL_MSG_PUSH: on_push(sh, m, rank); break;
+        case FL_MSG_PULL: on_pull(sh, m, rank); break;
+        default:
+            fl_ctx_count(sh->ctx, FL_STAT_UNEXPECTED, 1);
+            ps_shard_error(sh, &m->route, FL_EPROTO, rank, "unexpected %s message",
+                           fl_msg_type_name(m->hdr.type));
+        }
+    }
+    if (sh->rx != NULL)
+        fl_tp_msg_close(sh->rx);
+}
+
+static void timed_out(ps_shard_t *sh, const ps_pending_t *q, int64_t now)
+{
+    char who[FL_HOST_MAX + 32], slow[FL_HOST_MAX + 32];
+    int blocker;
+    uint64_t bstep;
+    char why[FL_MSG_TEXT_MAX];
+    ps_state_check_pull(sh->state, q->rank, q->step, q->latest, &blocker, &bstep, why,
+                        sizeof why);
+    ps_shard_rank_name(sh, q->rank, who, sizeof who);
+    ps_shard_rank_name(sh, blocker, slow, sizeof slow);
+    atomic_fetch_add(&sh->n_timeouts, 1);
+    if (!ps_state_ready(sh->state))
+        return ps_shard_error(sh, &q->route, FL_ETIMEDOUT, 0,
+                              "no parameters after %lld ms: waiting for %s to push its initial "
+                              "parameters",
+                              (long long)(now - q->since), slow);
+    ps_shard_error(sh, &q->route, FL_ETIMEDOUT, blocker,
+                   "the parameters of step %" PRIu64 " for %s not ready after %lld ms: "
+                   "waiting for %s, which has completed %" PRIu64 " steps (%s%s)",
+                   q->step, who, (long long)(now - q->since), slow, bstep,
+                   fl_ps_consistency_name(sh->conf.state.consistency),
+                   sh->conf.state.consistency == FL_PS_SSP ? ", staleness bound applies" : "");
+}
+
+void ps_shard_serve_pending(ps_shard_t *sh, int64_t now)
+{
+    size_t keep = 0;
+    for (size_t i = 0; i < sh->npending; i++) {
+        ps_pending_t q = sh->pending[i];
+        sh->reply_seq = q.seq;
+        int blocker;
+        uint64_t bstep;
+        char why[FL_MSG_TEXT_MAX];
+        int rc = ps_state_check_pull(sh->state, q.rank, q.step, q.latest, &blocker, &bstep,
+                                     why, sizeof why);
+        if (rc == FL_OK)
+            reply(sh, &q.route, q.rank, q.lz4);
+        else if (rc != FL_ETIMEDOUT)
+            ps_shard_error(sh, &q.route, FL_EINVAL, q.rank, "pull refused: %s", why);
+        else if (now >= q.deadline)
+            timed_out(sh, &q, now);
+        else
+            sh->pending[keep++] = q;
+    }
+    sh->npending = keep;
+}
+
+void ps_shard_fail_pending(ps_shard_t *sh)
+{
+    for (size_t i = 0; i < sh->npending; i++) {
+        sh->reply_seq = sh->pending[i].seq;
+        ps_shard_error(sh, &sh->pending[i].route, sh->failed_code, sh->pending[i].rank, "%s",
+                       sh->failed);
+    }
+    sh->npending = 0;
+}
+
+int64_t ps_shard_next_deadline(const ps_shard_t *sh)
+{
+    int64_t next = INT64_MAX;
+    for (size_t i = 0; i < sh->npending; i++)
+        next = sh->pending[i].deadline < next ? sh->pending[i].deadline : next;
+    return next;
+}
