@@ -16,7 +16,7 @@ static void add_dense(float *g, const ps_src_t *s, uint64_t off, size_t len, flo
 {
     switch (s->kind) {
     case PS_SRC_F32: {
-        const float *x = (const float *)s->dense + off;
+        const ps_uf32 *x = (const ps_uf32 *)s->dense + off;
         if (first && w == 1.0f)
             memcpy(g, x, len * sizeof(float));
         else if (first)
@@ -32,7 +32,7 @@ static void add_dense(float *g, const ps_src_t *s, uint64_t off, size_t len, flo
     }
     case PS_SRC_F16:
     case PS_SRC_BF16: {
-        const uint16_t *x = (const uint16_t *)s->dense + off;
+        const ps_u16 *x = (const ps_u16 *)s->dense + off;
         bool half = s->kind == PS_SRC_F16;
         for (size_t j = 0; j < len; j++) {
             float v = half ? fl_f16_to_f32(x[j]) : fl_bf16_to_f32(x[j]);

@@ -14,6 +14,11 @@
 #include "fl_msg.h"
 #include "fl_ps.h"
 
+/* Payloads sit wherever ZeroMQ put them, at any offset: they are read through these
+ * (plain loads on x86, and no misaligned-access undefined behaviour). */
+typedef float ps_uf32 __attribute__((aligned(1), may_alias));
+typedef uint16_t ps_u16 __attribute__((aligned(1), may_alias));
+
 /* ---- one rank's gradient for a shard (what a push carries, decoded or not) ---- */
 
 typedef enum ps_src_kind {

@@ -18,9 +18,9 @@ static int check_values(const ps_src_t *src, uint64_t n, double *maxabs)
     for (uint64_t i = 0; i < n; i++) {
         float v;
         switch (src->kind) {
-        case PS_SRC_F32: v = ((const float *)src->dense)[i]; break;
-        case PS_SRC_F16: v = fl_f16_to_f32(((const uint16_t *)src->dense)[i]); break;
-        case PS_SRC_BF16: v = fl_bf16_to_f32(((const uint16_t *)src->dense)[i]); break;
+        case PS_SRC_F32: v = ((const ps_uf32 *)src->dense)[i]; break;
+        case PS_SRC_F16: v = fl_f16_to_f32(((const ps_u16 *)src->dense)[i]); break;
+        case PS_SRC_BF16: v = fl_bf16_to_f32(((const ps_u16 *)src->dense)[i]); break;
         default: v = src->val[i]; break;
         }
         if (!isfinite(v))

@@ -156,7 +156,7 @@ void ps_state_destroy(ps_state_t **pst)
     *pst = NULL;
 }
 
-static int check_finite(const float *x, uint64_t n, const char *what)
+static int check_finite(const ps_uf32 *x, uint64_t n, const char *what)
 {
     for (uint64_t i = 0; i < n; i++)
         if (!isfinite(x[i]))
