@@ -73,3 +73,93 @@ void fl_fmt_bytes(size_t bytes, char *out, size_t cap)
     else
         snprintf(out, cap, "%zu B", bytes);
 }
+
+int fl_cli_double(const char *flag, const char *val, double lo, double hi, double *out)
+{
+    if (val == NULL || val[0] == '\0')
+        return fl_fail(FL_EINVAL, "%s: missing value", flag);
+    char *end = NULL;
+    errno = 0;
+    double x = strtod(val, &end);
+    if (errno != 0 || end == val || *end != '\0' || isspace((unsigned char)val[0]) ||
+        !(x >= lo && x <= hi))
+        return fl_fail(FL_EINVAL, "%s: '%s' is not a number in [%g, %g]", flag, val, lo, hi);
+    *out = x;
+    return FL_OK;
+}
+
+/* The optimizer flags both binaries take (the worker for its own optimizer, flodl-ps for the
+ * server's), by long name. */
+const char *const fl_cli_optim_names[] = {
+    "optimizer",    "lr",          "momentum",     "dampening", "nesterov",
+    "weight-decay", "beta1",       "beta2",        "eps",       "lr-schedule",
+    "warmup-steps", "total-steps", "lr-step-size", "lr-gamma",  "min-lr",
+    NULL,
+};
+
+bool fl_cli_is_optim_flag(const char *name)
+{
+    for (size_t i = 0; fl_cli_optim_names[i] != NULL; i++)
+        if (strcmp(name, fl_cli_optim_names[i]) == 0)
+            return true;
+    return false;
+}
+
+int fl_cli_optim_flag(const char *name, const char *val, fl_opt_opts_t *o, fl_lr_sched_t *s)
+{
+    char flag[64];
+    snprintf(flag, sizeof flag, "--%s", name);
+    if (strcmp(name, "optimizer") == 0)
+        return fl_opt_kind_parse(val, &o->kind) == FL_OK
+                   ? FL_OK
+                   : fl_fail(FL_EINVAL, "--optimizer: '%s' is not one of sgd|adam|adamw", val);
+    if (strcmp(name, "lr") == 0)
+        return fl_cli_double(flag, val, 0.0, 1e6, &s->lr);
+    if (strcmp(name, "momentum") == 0)
+        return fl_cli_double(flag, val, 0.0, 0.999999, &o->momentum);
+    if (strcmp(name, "dampening") == 0)
+        return fl_cli_double(flag, val, 0.0, 1.0, &o->dampening);
+    if (strcmp(name, "nesterov") == 0) {
+        o->nesterov = true;
+        return FL_OK;
+    }
+    if (strcmp(name, "weight-decay") == 0)
+        return fl_cli_double(flag, val, 0.0, 10.0, &o->weight_decay);
+    if (strcmp(name, "beta1") == 0)
+        return fl_cli_double(flag, val, 0.0, 0.999999, &o->beta1);
+    if (strcmp(name, "beta2") == 0)
+        return fl_cli_double(flag, val, 0.0, 0.999999999, &o->beta2);
+    if (strcmp(name, "eps") == 0)
+        return fl_cli_double(flag, val, 0.0, 1.0, &o->eps);
+    if (strcmp(name, "lr-schedule") == 0)
+        return fl_lr_kind_parse(val, &s->kind) == FL_OK
+                   ? FL_OK
+                   : fl_fail(FL_EINVAL, "--lr-schedule: '%s' is not one of "
+                                        "constant|step|cosine",
+                             val);
+    if (strcmp(name, "warmup-steps") == 0)
+        return fl_cli_long(flag, val, 0, 1L << 40, &s->warmup_steps);
+    if (strcmp(name, "total-steps") == 0)
+        return fl_cli_long(flag, val, 1, 1L << 40, &s->total_steps);
+    if (strcmp(name, "lr-step-size") == 0)
+        return fl_cli_long(flag, val, 1, 1L << 40, &s->step_size);
+    if (strcmp(name, "lr-gamma") == 0)
+        return fl_cli_double(flag, val, 0.0, 1.0, &s->gamma);
+    if (strcmp(name, "min-lr") == 0)
+        return fl_cli_double(flag, val, 0.0, 1e6, &s->min_lr);
+    return fl_fail(FL_EINVAL, "--%s is not an optimizer flag", name);
+}
+
+int fl_cli_optim_check(const fl_opt_opts_t *o, const fl_lr_sched_t *s)
+{
+    if (s->kind == FL_LR_STEP && s->step_size < 1)
+        return fl_fail(FL_EINVAL, "--lr-schedule step needs --lr-step-size");
+    if (s->kind == FL_LR_COSINE && s->total_steps < 1)
+        return fl_fail(FL_EINVAL, "--lr-schedule cosine needs --total-steps");
+    if (o->nesterov && o->momentum == 0.0)
+        return fl_fail(FL_EINVAL, "--nesterov needs --momentum > 0");
+    if (o->kind != FL_OPT_SGD && (o->momentum != 0.0 || o->nesterov))
+        return fl_fail(FL_EINVAL, "--momentum and --nesterov are SGD's; %s has beta1 and beta2",
+                       fl_opt_kind_name(o->kind));
+    return FL_OK;
+}

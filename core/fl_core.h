@@ -297,6 +297,25 @@ int fl_cli_long(const char *flag, const char *val, long lo, long hi, long *out);
 /* Parses a byte size with optional K/M/G suffix (powers of 1024): "4K", "64M", "1073741824". */
 int fl_cli_size(const char *flag, const char *val, size_t lo, size_t hi, size_t *out);
 
+/* Parses a finite number in [lo, hi]; FL_EINVAL with "FLAG: ..." otherwise. */
+int fl_cli_double(const char *flag, const char *val, double lo, double hi, double *out);
+
+/* The optimizer and learning-rate flags both binaries take, by long name without the dashes:
+ * optimizer, lr, momentum, dampening, nesterov (no value), weight-decay, beta1, beta2, eps,
+ * lr-schedule, warmup-steps, total-steps, lr-step-size, lr-gamma, min-lr. */
+bool fl_cli_is_optim_flag(const char *name);
+
+/* Their names, NULL-terminated; all take a value except "nesterov". */
+extern const char *const fl_cli_optim_names[];
+
+/* Applies one of them. FL_OK or FL_EINVAL naming the flag and the value. */
+int fl_cli_optim_flag(const char *name, const char *val, fl_opt_opts_t *opt,
+                      fl_lr_sched_t *sched);
+
+/* Checks combinations the single flags cannot (a step schedule without a step size, cosine
+ * without a length, Nesterov without momentum, momentum given to Adam). */
+int fl_cli_optim_check(const fl_opt_opts_t *opt, const fl_lr_sched_t *sched);
+
 /* Formats a byte count for tables: "4 KiB", "64 MiB", "1000 B". */
 void fl_fmt_bytes(size_t bytes, char *out, size_t cap);
 

@@ -62,7 +62,7 @@ static int bad(const char *path, const char *fmt, ...)
     va_start(ap, fmt);
     vsnprintf(what, sizeof what, fmt, ap);
     va_end(ap);
-    return fl_fail(FL_EPROTO, "checkpoint %s: %s", path, what);
+    return fl_fail(FL_EPROTO, "safetensors file %s: %s", path, what);
 }
 
 /* Reads len bytes at offset; the number read (short only at end of file) or -errno. */
@@ -88,17 +88,17 @@ static int load(fl_st_file_t *f, const char *path, size_t max_bytes, layout_t *l
 {
     int fd = open(path, O_RDONLY | O_CLOEXEC);
     if (fd < 0)
-        return fl_fail(FL_EIO, "checkpoint %s: open: %s", path, strerror(errno));
+        return fl_fail(FL_EIO, "safetensors file %s: open: %s", path, strerror(errno));
     int rc = FL_OK;
     struct stat st;
     unsigned char len8[8];
     int64_t got;
     if (fstat(fd, &st) != 0) {
-        rc = fl_fail(FL_EIO, "checkpoint %s: stat: %s", path, strerror(errno));
+        rc = fl_fail(FL_EIO, "safetensors file %s: stat: %s", path, strerror(errno));
         goto out;
     }
     if (!S_ISREG(st.st_mode)) {
-        rc = fl_fail(FL_EIO, "checkpoint %s: not a regular file", path);
+        rc = fl_fail(FL_EIO, "safetensors file %s: not a regular file", path);
         goto out;
     }
     uint64_t size = (uint64_t)st.st_size;
@@ -114,7 +114,7 @@ static int load(fl_st_file_t *f, const char *path, size_t max_bytes, layout_t *l
     }
     got = read_at(fd, len8, 8, 0);
     if (got != 8) {
-        rc = got < 0 ? fl_fail(FL_EIO, "checkpoint %s: read: %s", path, strerror((int)-got))
+        rc = got < 0 ? fl_fail(FL_EIO, "safetensors file %s: read: %s", path, strerror((int)-got))
                      : bad(path, "file shrank while being read");
         goto out;
     }
@@ -137,12 +137,12 @@ static int load(fl_st_file_t *f, const char *path, size_t max_bytes, layout_t *l
     size_t shift = (size_t)((8 - n % 8) % 8);
     f->buf = malloc(shift + (size_t)size + 1);
     if (f->buf == NULL) {
-        rc = fl_fail(FL_ENOMEM, "checkpoint %s: out of memory for %" PRIu64 " bytes", path, size);
+        rc = fl_fail(FL_ENOMEM, "safetensors file %s: out of memory for %" PRIu64 " bytes", path, size);
         goto out;
     }
     got = read_at(fd, f->buf + shift, (size_t)size, 0);
     if (got < 0)
-        rc = fl_fail(FL_EIO, "checkpoint %s: read: %s", path, strerror((int)-got));
+        rc = fl_fail(FL_EIO, "safetensors file %s: read: %s", path, strerror((int)-got));
     else if ((uint64_t)got != size)
         rc = bad(path, "file shrank while being read: %" PRId64 " of %" PRIu64 " bytes", got,
                  size);
@@ -276,7 +276,7 @@ static int check_unique_meta(const char *path, const cJSON *md)
         return FL_OK;
     const char **keys = malloc(n * sizeof *keys);
     if (keys == NULL)
-        return fl_fail(FL_ENOMEM, "checkpoint %s: out of memory", path);
+        return fl_fail(FL_ENOMEM, "safetensors file %s: out of memory", path);
     size_t i = 0;
     for (const cJSON *v = md->child; v != NULL; v = v->next)
         keys[i++] = v->string;
@@ -322,7 +322,7 @@ static int parse_header(fl_st_file_t *f, const char *path, const layout_t *lay, 
     }
     entry_t *ent = calloc(nt ? nt : 1, sizeof *ent);
     if (ent == NULL)
-        return fl_fail(FL_ENOMEM, "checkpoint %s: out of memory for %zu tensors", path, nt);
+        return fl_fail(FL_ENOMEM, "safetensors file %s: out of memory for %zu tensors", path, nt);
     *out = ent;
     *count = nt;
     size_t i = 0;
@@ -401,7 +401,7 @@ static int place_data(fl_st_file_t *f, const char *path, const entry_t *ent, siz
         if (ent[i].begin % fl_dtype_size(ent[i].t.dtype) != 0)
             side_len += (ent[i].t.bytes + 7) & ~(size_t)7;
     if (side_len > 0 && (f->side = malloc(side_len)) == NULL)
-        return fl_fail(FL_ENOMEM, "checkpoint %s: out of memory", path);
+        return fl_fail(FL_ENOMEM, "safetensors file %s: out of memory", path);
     size_t at = 0;
     for (size_t i = 0; i < nt; i++) {
         f->tensors[i] = ent[i].t;
@@ -428,7 +428,7 @@ int fl_st_open(const char *path, size_t max_bytes, fl_st_file_t **out)
     *out = NULL;
     fl_st_file_t *f = calloc(1, sizeof *f);
     if (f == NULL)
-        return fl_fail(FL_ENOMEM, "checkpoint %s: out of memory", path);
+        return fl_fail(FL_ENOMEM, "safetensors file %s: out of memory", path);
     layout_t lay = {0};
     entry_t *ent = NULL;
     size_t nt = 0;
@@ -445,7 +445,7 @@ int fl_st_open(const char *path, size_t max_bytes, fl_st_file_t **out)
         f->by_name = calloc(nt ? nt : 1, sizeof *f->by_name);
         rc = f->tensors && f->by_name
                  ? place_data(f, path, ent, nt, &lay)
-                 : fl_fail(FL_ENOMEM, "checkpoint %s: out of memory for %zu tensors", path, nt);
+                 : fl_fail(FL_ENOMEM, "safetensors file %s: out of memory for %zu tensors", path, nt);
     }
     free(ent);
     if (rc != FL_OK) {

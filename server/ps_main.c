@@ -1,7 +1,9 @@
-/* flodl-ps: the coordinator of a job (and, later, its parameter server). Reads flags and the
- * environment, runs the coordinator until every rank has left (exit 0), a rank died or the
- * rendezvous failed (exit 1), or SIGINT/SIGTERM (exit 1 after telling the ranks). Bad flags
- * exit 2 with one line naming the flag. */
+/* flodl-ps: the coordinator of a job and its parameter server. By default one process runs
+ * the coordinator and serves every shard (each with its own thread); with --num-shards and
+ * --shard-index several processes split the shards, the others pointing at the first with
+ * --coordinator. Exit 0 when every rank left cleanly, 1 when the job failed (a rank or server
+ * died, the rendezvous failed) or on SIGINT/SIGTERM (after a final checkpoint and telling the
+ * ranks), 2 for bad flags or a configuration the job refuses (one line naming it). */
 #include <getopt.h>
 #include <signal.h>
 #include <stdio.h>
@@ -10,16 +12,52 @@
 #include <time.h>
 
 #include "fl_ps.h"
+#include "fl_tp.h"
 
 static const char usage[] =
     "usage: flodl-ps --world-size N [options]\n"
+    "coordinator:\n"
     "  --bind ENDPOINT             where ranks register (default tcp://0.0.0.0:29500)\n"
     "  --world-size N              ranks in the job (or FLODL_WORLD_SIZE / WORLD_SIZE)\n"
     "  --job-id ID                 ranks of another job are refused (default flodl)\n"
     "  --heartbeat-timeout MS      a rank silent this long is dead (default 5000)\n"
     "  --rendezvous-timeout MS     all ranks must register within this (default 300000)\n"
     "  --endpoint-file PATH        write the bound endpoint there (useful with port 0)\n"
-    "  --log-level LEVEL           debug|info|warn|error (default info, or FLODL_LOG)\n";
+    "  --log-level LEVEL           debug|info|warn|error (default info, or FLODL_LOG)\n"
+    "parameter server (none unless --shards or --num-shards is given):\n"
+    "  --shards K                  shards this process serves, a thread each (default: all)\n"
+    "  --num-shards S              shards of the job (default: --shards)\n"
+    "  --shard-index I             the first shard this process serves (default 0)\n"
+    "  --coordinator ENDPOINT      serve shards of a job whose coordinator is another flodl-ps\n"
+    "  --host ADDR                 address ranks dial for the shards (default: FLODL_HOST, the\n"
+    "                              --bind address, or the address of the default route)\n"
+    "  --consistency sync|async|ssp  (default sync)   --staleness S (ssp)\n"
+    "  --async-scale X             async/ssp: factor on each push (default 1 / world size)\n"
+    "  --optimizer sgd|adam|adamw  --lr 0.01  --momentum M  --nesterov  --dampening D\n"
+    "  --weight-decay W  --beta1 0.9  --beta2 0.999  --eps 1e-8\n"
+    "  --lr-schedule constant|step|cosine  --warmup-steps N  --total-steps N\n"
+    "  --lr-step-size N  --lr-gamma 0.1  --min-lr X\n"
+    "  --init FILE.safetensors     initial parameters (float32 tensors, in file order)\n"
+    "  --checkpoint-dir DIR        write shard checkpoints there\n"
+    "  --checkpoint-every N|Ns     every N steps, or every N seconds (rank 0 decides)\n"
+    "  --keep K                    checkpoints kept per shard (default 3)\n"
+    "  --resume                    start from the newest checkpoint every shard holds\n"
+    "  --max-wait MS               the longest a pull is held (default 3600000)\n";
+
+enum {
+    O_BIND = 1000, O_WORLD, O_JOB, O_HBT, O_RDV, O_EPFILE, O_LOG, O_HELP, O_SHARDS, O_NUM,
+    O_INDEX, O_COORD, O_HOST, O_CONS, O_STALE, O_SCALE, O_INIT, O_CKDIR, O_CKEVERY, O_KEEP,
+    O_RESUME, O_MAXWAIT, O_OPTIM
+};
+
+typedef struct args {
+    fl_coord_opts_t co;
+    fl_ps_server_opts_t so;
+    const char *epfile;
+    const char *coordinator; /* server-only mode */
+    int shards, num_shards, shard_index; /* -1: not given */
+    bool any_ps_flag;
+} args_t;
 
 static const char *env_get(const char *name, void *ud)
 {
@@ -33,143 +71,355 @@ static int bad_flag(void)
     return 2;
 }
 
+static int every(const char *v, fl_ps_server_opts_t *so)
+{
+    size_t n = strlen(v);
+    long x;
+    char num[32];
+    if (n > 1 && n < sizeof num && (v[n - 1] == 's' || v[n - 1] == 'S')) {
+        bool ms = n > 2 && (v[n - 2] == 'm' || v[n - 2] == 'M');
+        snprintf(num, sizeof num, "%.*s", (int)(n - (ms ? 2 : 1)), v);
+        if (fl_cli_long("--checkpoint-every", num, 1, 1L << 40, &x) != FL_OK)
+            return FL_EINVAL;
+        so->ckpt_every_ms = (uint64_t)x * (ms ? 1 : 1000);
+        return FL_OK;
+    }
+    if (fl_cli_long("--checkpoint-every", v, 1, 1L << 40, &x) != FL_OK)
+        return fl_fail(FL_EINVAL, "--checkpoint-every: '%s' is not N (steps), Ns or Nms", v);
+    so->ckpt_every_steps = (uint64_t)x;
+    return FL_OK;
+}
+
+static int apply(args_t *a, int ch, const char *name, const char *v)
+{
+    long x;
+    fl_ps_server_opts_t *so = &a->so;
+    if (ch >= O_SHARDS)
+        a->any_ps_flag = true;
+    switch (ch) {
+    case O_BIND: a->co.bind = v; return FL_OK;
+    case O_WORLD:
+        if (fl_cli_long("--world-size", v, 1, 65536, &x) != FL_OK)
+            return FL_EINVAL;
+        a->co.world_size = (int)x;
+        return FL_OK;
+    case O_JOB:
+        a->co.job_id = v;
+        so->job_id = v;
+        return FL_OK;
+    case O_HBT:
+        if (fl_cli_long("--heartbeat-timeout", v, 10, 3600000, &x) != FL_OK)
+            return FL_EINVAL;
+        a->co.heartbeat_timeout_ms = (int)x;
+        return FL_OK;
+    case O_RDV:
+        if (fl_cli_long("--rendezvous-timeout", v, 1, 86400000, &x) != FL_OK)
+            return FL_EINVAL;
+        a->co.rendezvous_timeout_ms = (int)x;
+        so->rendezvous_timeout_ms = (int)x;
+        return FL_OK;
+    case O_EPFILE: a->epfile = v; return FL_OK;
+    case O_LOG:
+        if (fl_log_level_parse(v, &a->co.log_level) != FL_OK)
+            return fl_fail(FL_EINVAL, "--log-level: '%s' is not one of debug|info|warn|error", v);
+        so->log_level = a->co.log_level;
+        return FL_OK;
+    case O_SHARDS:
+        if (fl_cli_long("--shards", v, 0, FL_MSG_MAX_SHARDS, &x) != FL_OK)
+            return FL_EINVAL;
+        a->shards = (int)x;
+        return FL_OK;
+    case O_NUM:
+        if (fl_cli_long("--num-shards", v, 1, FL_MSG_MAX_SHARDS, &x) != FL_OK)
+            return FL_EINVAL;
+        a->num_shards = (int)x;
+        return FL_OK;
+    case O_INDEX:
+        if (fl_cli_long("--shard-index", v, 0, FL_MSG_MAX_SHARDS - 1, &x) != FL_OK)
+            return FL_EINVAL;
+        a->shard_index = (int)x;
+        return FL_OK;
+    case O_COORD: a->coordinator = v; return FL_OK;
+    case O_HOST: so->host = v; return FL_OK;
+    case O_CONS:
+        return fl_ps_consistency_parse(v, &so->consistency) == FL_OK
+                   ? FL_OK
+                   : fl_fail(FL_EINVAL, "--consistency: '%s' is not one of sync|async|ssp", v);
+    case O_STALE:
+        if (fl_cli_long("--staleness", v, 0, 1000000, &x) != FL_OK)
+            return FL_EINVAL;
+        so->staleness = (uint32_t)x;
+        return FL_OK;
+    case O_SCALE: return fl_cli_double("--async-scale", v, 1e-9, 1e6, &so->async_scale);
+    case O_INIT: so->init_path = v; return FL_OK;
+    case O_CKDIR: so->checkpoint_dir = v; return FL_OK;
+    case O_CKEVERY: return every(v, so);
+    case O_KEEP:
+        if (fl_cli_long("--keep", v, 1, 1000, &x) != FL_OK)
+            return FL_EINVAL;
+        so->keep = (int)x;
+        return FL_OK;
+    case O_RESUME: so->resume = true; return FL_OK;
+    case O_MAXWAIT:
+        if (fl_cli_long("--max-wait", v, 1, 86400000, &x) != FL_OK)
+            return FL_EINVAL;
+        so->max_wait_ms = (int)x;
+        return FL_OK;
+    case O_OPTIM: return fl_cli_optim_flag(name, v, &so->opt, &so->lr);
+    default: return fl_fail(FL_EINVAL, "unknown flag");
+    }
+}
+
+/* Works out which shards this process serves; FL_EINVAL naming the conflict. */
+static int resolve_shards(args_t *a)
+{
+    fl_ps_server_opts_t *so = &a->so;
+    bool server_only = a->coordinator != NULL;
+    if (server_only && a->num_shards < 0)
+        return fl_fail(FL_EINVAL, "--coordinator: a server of another coordinator's job needs "
+                                  "--num-shards");
+    int index = a->shard_index >= 0 ? a->shard_index : 0;
+    int num = a->num_shards;
+    int mine = a->shards;
+    if (num < 0)
+        num = mine > 0 ? index + mine : 0;
+    if (mine < 0)
+        mine = a->shard_index >= 0 || server_only ? 1 : num - index;
+    if (num == 0 && a->any_ps_flag && a->shards != 0)
+        return fl_fail(FL_EINVAL, "parameter-server flags without --shards or --num-shards");
+    if (mine > 0 && index + mine > num)
+        return fl_fail(FL_EINVAL, "--shard-index %d --shards %d: beyond --num-shards %d", index,
+                       mine, num);
+    if (server_only && mine < 1)
+        return fl_fail(FL_EINVAL, "--coordinator: this process serves no shard (--shards 0)");
+    a->co.num_shards = num;
+    so->num_shards = num;
+    so->shard_first = index;
+    so->shard_count = mine;
+    return FL_OK;
+}
+
+/* The address ranks dial for this process's shards. */
+static void pick_host(const args_t *a, char *out, size_t cap)
+{
+    const char *env = getenv("FLODL_HOST");
+    fl_tp_endpoint_t ep;
+    if (a->so.host != NULL) {
+        snprintf(out, cap, "%s", a->so.host);
+    } else if (env != NULL && env[0] != '\0') {
+        snprintf(out, cap, "%s", env);
+    } else if (a->coordinator != NULL &&
+               fl_tp_local_addr_towards(a->coordinator, out, cap) == FL_OK) {
+        /* the address of the route to the coordinator */
+    } else if (a->co.bind != NULL && fl_tp_endpoint_parse(a->co.bind, &ep) == FL_OK &&
+               ep.scheme == FL_TP_TCP && strcmp(ep.host, "*") != 0 &&
+               strcmp(ep.host, "0.0.0.0") != 0 && strcmp(ep.host, "::") != 0) {
+        snprintf(out, cap, "%s", ep.host);
+    } else if (fl_tp_local_addr_towards("tcp://192.0.2.1:9", out, cap) != FL_OK) {
+        /* No default route (no packet is sent to find it): this host alone. */
+        snprintf(out, cap, "127.0.0.1");
+    }
+}
+
+/* The coordinator's own endpoint as its in-process server dials it. */
+static void local_endpoint(const char *bound, char *out, size_t cap)
+{
+    fl_tp_endpoint_t ep;
+    if (fl_tp_endpoint_parse(bound, &ep) == FL_OK && ep.scheme == FL_TP_TCP &&
+        (strcmp(ep.host, "0.0.0.0") == 0 || strcmp(ep.host, "*") == 0))
+        snprintf(out, cap, "tcp://127.0.0.1:%d", ep.port);
+    else if (fl_tp_endpoint_parse(bound, &ep) == FL_OK && ep.scheme == FL_TP_TCP &&
+             strcmp(ep.host, "::") == 0)
+        snprintf(out, cap, "tcp://[::1]:%d", ep.port);
+    else
+        snprintf(out, cap, "%s", bound);
+}
+
+static int parse(args_t *a, int argc, char **argv)
+{
+    static const struct option fixed[] = {
+        {"bind", 1, NULL, O_BIND},           {"world-size", 1, NULL, O_WORLD},
+        {"job-id", 1, NULL, O_JOB},          {"heartbeat-timeout", 1, NULL, O_HBT},
+        {"rendezvous-timeout", 1, NULL, O_RDV}, {"endpoint-file", 1, NULL, O_EPFILE},
+        {"log-level", 1, NULL, O_LOG},       {"help", 0, NULL, O_HELP},
+        {"shards", 1, NULL, O_SHARDS},       {"num-shards", 1, NULL, O_NUM},
+        {"shard-index", 1, NULL, O_INDEX},   {"coordinator", 1, NULL, O_COORD},
+        {"host", 1, NULL, O_HOST},           {"consistency", 1, NULL, O_CONS},
+        {"staleness", 1, NULL, O_STALE},     {"async-scale", 1, NULL, O_SCALE},
+        {"init", 1, NULL, O_INIT},           {"checkpoint-dir", 1, NULL, O_CKDIR},
+        {"checkpoint-every", 1, NULL, O_CKEVERY}, {"keep", 1, NULL, O_KEEP},
+        {"resume", 0, NULL, O_RESUME},       {"max-wait", 1, NULL, O_MAXWAIT},
+    };
+    static struct option longopts[64];
+    int n = 0;
+    for (size_t i = 0; i < sizeof fixed / sizeof fixed[0]; i++)
+        longopts[n++] = fixed[i];
+    for (size_t i = 0; fl_cli_optim_names[i] != NULL; i++) {
+        const char *o = fl_cli_optim_names[i];
+        longopts[n++] = (struct option){o, strcmp(o, "nesterov") == 0 ? 0 : 1, NULL, O_OPTIM};
+    }
+    longopts[n] = (struct option){NULL, 0, NULL, 0};
+    int ch, li = 0;
+    opterr = 0;
+    while ((ch = getopt_long(argc, argv, "h", longopts, &li)) != -1) {
+        if (ch == 'h' || ch == O_HELP) {
+            fputs(usage, stdout);
+            return 1;
+        }
+        if (ch == '?' || ch == ':')
+            return fl_fail(FL_EINVAL, "unknown or incomplete flag '%s' (see --help)",
+                           argv[optind - 1]);
+        if (apply(a, ch, longopts[li].name, optarg) != FL_OK)
+            return FL_EINVAL;
+    }
+    if (optind < argc)
+        return fl_fail(FL_EINVAL, "unexpected argument '%s' (see --help)", argv[optind]);
+    if (fl_cli_optim_check(&a->so.opt, &a->so.lr) != FL_OK)
+        return FL_EINVAL;
+    if (a->so.consistency != FL_PS_SSP && a->so.staleness != 0)
+        return fl_fail(FL_EINVAL, "--staleness applies to --consistency ssp only");
+    if (a->coordinator == NULL && a->co.world_size < 1)
+        return fl_fail(FL_EINVAL, "--world-size: missing (or set FLODL_WORLD_SIZE)");
+    if (a->coordinator != NULL && a->co.world_size > 0)
+        return fl_fail(FL_EINVAL, "--world-size belongs to the coordinator, not to a server "
+                                  "started with --coordinator");
+    return resolve_shards(a);
+}
+
+/* Waits for the first signal or until done() says so; returns the signal or 0. */
+static int wait_until(const sigset_t *sigs, fl_coord_t *coord, fl_ps_server_t *srv)
+{
+    struct timespec tick = {0, 100 * 1000000L};
+    for (;;) {
+        if (coord != NULL && fl_coord_wait(coord, 0) != FL_ETIMEDOUT)
+            return 0;
+        if (coord == NULL && fl_ps_server_wait(srv, 0) != FL_ETIMEDOUT)
+            return 0;
+        int s = sigtimedwait(sigs, NULL, &tick);
+        if (s > 0)
+            return s;
+    }
+}
+
 int main(int argc, char **argv)
 {
-    enum { O_BIND = 1, O_WORLD, O_JOB, O_HBT, O_RDV, O_EPFILE, O_LOG, O_HELP };
-    static const struct option longopts[] = {
-        {"bind", required_argument, NULL, O_BIND},
-        {"world-size", required_argument, NULL, O_WORLD},
-        {"job-id", required_argument, NULL, O_JOB},
-        {"heartbeat-timeout", required_argument, NULL, O_HBT},
-        {"rendezvous-timeout", required_argument, NULL, O_RDV},
-        {"endpoint-file", required_argument, NULL, O_EPFILE},
-        {"log-level", required_argument, NULL, O_LOG},
-        {"help", no_argument, NULL, O_HELP},
-        {NULL, 0, NULL, 0},
-    };
-    fl_coord_opts_t o;
-    fl_coord_opts_init(&o);
-    o.bind = "tcp://0.0.0.0:29500";
-    const char *epfile = NULL;
+    args_t a;
+    memset(&a, 0, sizeof a);
+    fl_coord_opts_init(&a.co);
+    a.co.bind = "tcp://0.0.0.0:29500";
+    fl_ps_server_opts_init(&a.so);
+    a.shards = a.num_shards = a.shard_index = -1;
 
     fl_launch_info_t env;
     if (fl_launch_from_env(env_get, NULL, &env) != FL_OK)
         return bad_flag();
     if (env.world_size > 0)
-        o.world_size = env.world_size;
+        a.co.world_size = env.world_size;
     if (env.job_id[0] != '\0')
-        o.job_id = env.job_id;
+        a.co.job_id = a.so.job_id = env.job_id;
     if (env.log_level >= 0)
-        o.log_level = (fl_log_level_t)env.log_level;
-
-    int ch;
-    long v;
-    opterr = 0;
-    while ((ch = getopt_long(argc, argv, "h", longopts, NULL)) != -1) {
-        switch (ch) {
-        case O_BIND: o.bind = optarg; break;
-        case O_WORLD:
-            if (fl_cli_long("--world-size", optarg, 1, 65536, &v) != FL_OK)
-                return bad_flag();
-            o.world_size = (int)v;
-            break;
-        case O_JOB: o.job_id = optarg; break;
-        case O_HBT:
-            if (fl_cli_long("--heartbeat-timeout", optarg, 10, 3600000, &v) != FL_OK)
-                return bad_flag();
-            o.heartbeat_timeout_ms = (int)v;
-            break;
-        case O_RDV:
-            if (fl_cli_long("--rendezvous-timeout", optarg, 1, 86400000, &v) != FL_OK)
-                return bad_flag();
-            o.rendezvous_timeout_ms = (int)v;
-            break;
-        case O_EPFILE: epfile = optarg; break;
-        case O_LOG:
-            if (fl_log_level_parse(optarg, &o.log_level) != FL_OK) {
-                fl_fail(FL_EINVAL, "--log-level: '%s' is not one of debug|info|warn|error",
-                        optarg);
-                return bad_flag();
-            }
-            break;
-        case 'h':
-        case O_HELP: fputs(usage, stdout); return 0;
-        default:
-            fl_fail(FL_EINVAL, "unknown or incomplete flag '%s' (see --help)", argv[optind - 1]);
-            return bad_flag();
-        }
-    }
-    if (optind < argc) {
-        fl_fail(FL_EINVAL, "unexpected argument '%s' (see --help)", argv[optind]);
+        a.co.log_level = a.so.log_level = (fl_log_level_t)env.log_level;
+    int rc = parse(&a, argc, argv);
+    if (rc == 1)
+        return 0; /* --help */
+    if (rc != FL_OK)
         return bad_flag();
-    }
-    if (o.world_size < 1) {
-        fl_fail(FL_EINVAL, "--world-size: missing (or set FLODL_WORLD_SIZE)");
-        return bad_flag();
-    }
 
-    /* Signals are taken synchronously by this thread; the coordinator's thread never sees
-     * them. */
+    /* Signals are taken synchronously by this thread; the others never see them. */
     sigset_t sigs;
     sigemptyset(&sigs);
     sigaddset(&sigs, SIGINT);
     sigaddset(&sigs, SIGTERM);
     pthread_sigmask(SIG_BLOCK, &sigs, NULL);
 
-    fl_coord_t *coord;
-    int rc = fl_coord_create(&o, &coord);
-    if (rc == FL_EINVAL)
-        return bad_flag();
-    if (rc != FL_OK) {
-        fprintf(stderr, "flodl-ps: %s\n", fl_last_error());
-        return 1;
+    fl_coord_t *coord = NULL;
+    fl_ps_server_t *srv = NULL;
+    char coord_ep[FL_ENDPOINT_MAX], host[FL_HOST_MAX];
+    pick_host(&a, host, sizeof host);
+    a.so.host = host;
+    if (a.coordinator == NULL) {
+        if ((rc = fl_coord_create(&a.co, &coord)) != FL_OK) {
+            fprintf(stderr, "flodl-ps: %s\n", fl_last_error());
+            return rc == FL_EINVAL ? 2 : 1;
+        }
+        local_endpoint(fl_coord_endpoint(coord), coord_ep, sizeof coord_ep);
+        if (a.epfile != NULL) {
+            FILE *f = fopen(a.epfile, "w");
+            if (f == NULL || fprintf(f, "%s\n", fl_coord_endpoint(coord)) < 0 ||
+                fclose(f) != 0) {
+                fprintf(stderr, "flodl-ps: cannot write --endpoint-file %s\n", a.epfile);
+                fl_coord_destroy(&coord);
+                return 1;
+            }
+        }
+    } else {
+        snprintf(coord_ep, sizeof coord_ep, "%s", a.coordinator);
     }
-    if (epfile != NULL) {
-        FILE *f = fopen(epfile, "w");
-        if (f == NULL || fprintf(f, "%s\n", fl_coord_endpoint(coord)) < 0 || fclose(f) != 0) {
-            fprintf(stderr, "flodl-ps: cannot write --endpoint-file %s\n", epfile);
+    if (a.so.shard_count > 0) {
+        a.so.coordinator = coord_ep;
+        if ((rc = fl_ps_server_create(&a.so, &srv)) != FL_OK) {
+            fprintf(stderr, "flodl-ps: %s\n", fl_last_error());
             fl_coord_destroy(&coord);
-            return 1;
+            return rc == FL_EINVAL ? 2 : 1;
         }
     }
-    if ((rc = fl_coord_start(coord)) != FL_OK) {
+    if ((coord != NULL && (rc = fl_coord_start(coord)) != FL_OK) ||
+        (srv != NULL && (rc = fl_ps_server_start(srv)) != FL_OK)) {
         fprintf(stderr, "flodl-ps: %s\n", fl_last_error());
+        fl_ps_server_destroy(&srv);
         fl_coord_destroy(&coord);
         return 1;
     }
 
-    int signo = 0;
+    int signo = wait_until(&sigs, coord, srv);
+    char detail[1024] = "";
+    int job_rc = FL_OK;
+    if (signo == 0) {
+        job_rc = coord != NULL ? fl_coord_wait(coord, 0) : fl_ps_server_wait(srv, 0);
+        snprintf(detail, sizeof detail, "%s", fl_last_error());
+    }
     struct timespec tick = {0, 100 * 1000000L};
-    for (;;) {
-        rc = fl_coord_wait(coord, 0);
-        if (rc != FL_ETIMEDOUT)
-            break;
-        int s = sigtimedwait(&sigs, NULL, &tick);
-        if (s > 0) {
-            signo = s;
-            break;
+    if (signo == 0 && coord != NULL) {
+        int grace = a.co.heartbeat_timeout_ms + 2000;
+        int64_t until = fl_now_ms() + grace;
+        if (job_rc == FL_OK) {
+            /* The servers were told the job is over: they write final checkpoints and leave. */
+            if (srv != NULL)
+                fl_ps_server_wait(srv, 60000);
+            while (fl_coord_servers_active(coord) > 0 && fl_now_ms() < until + 58000)
+                if (sigtimedwait(&sigs, NULL, &tick) > 0)
+                    break;
+        } else {
+            /* The job failed: give the survivors time to hear it and leave before closing. */
+            while ((fl_coord_active(coord) > 0 || fl_coord_servers_active(coord) > 0) &&
+                   fl_now_ms() < until)
+                if (sigtimedwait(&sigs, NULL, &tick) > 0)
+                    break;
         }
     }
-    char detail[1024];
-    snprintf(detail, sizeof detail, "%s", fl_last_error());
-    if (rc != FL_OK && rc != FL_ETIMEDOUT && signo == 0) {
-        /* The job failed: give the survivors time to hear it and leave before closing. */
-        int64_t until = fl_now_ms() + o.heartbeat_timeout_ms + 2000;
-        while (fl_coord_active(coord) > 0 && fl_now_ms() < until) {
-            int s = sigtimedwait(&sigs, NULL, &tick);
-            if (s > 0)
-                break;
-        }
+    int server_rc = FL_OK;
+    char server_detail[1024] = "";
+    if (srv != NULL) {
+        fl_ps_server_stop(srv); /* a final checkpoint unless it ended already */
+        server_rc = fl_ps_server_wait(srv, 0);
+        snprintf(server_detail, sizeof server_detail, "%s", fl_last_error());
+        fl_ps_server_destroy(&srv);
     }
-    fl_coord_stop(coord);
-    fl_coord_destroy(&coord);
+    if (coord != NULL) {
+        fl_coord_stop(coord);
+        fl_coord_destroy(&coord);
+    }
     if (signo != 0) {
         fprintf(stderr, "flodl-ps: stopped by signal %d\n", signo);
         return 1;
     }
-    if (rc != FL_OK) {
+    if (job_rc != FL_OK) {
         fprintf(stderr, "flodl-ps: job failed: %s\n", detail);
-        return 1;
+        return job_rc == FL_EINVAL ? 2 : 1;
+    }
+    if (server_rc != FL_OK && server_rc != FL_ECLOSED) {
+        fprintf(stderr, "flodl-ps: parameter server failed: %s\n", server_detail);
+        return server_rc == FL_EINVAL ? 2 : 1;
     }
     return 0;
 }

@@ -111,8 +111,8 @@ static void make_tuning(const fl_ps_server_opts_t *o, char *out, size_t cap)
 static int open_init(fl_ps_server_t *s)
 {
     int rc = fl_st_open(s->o.init_path, 0, &s->init);
-    if (rc != FL_OK)
-        return fl_fail_ctx(rc, "--init");
+    if (rc != FL_OK) /* a file named by a flag that cannot be used: a configuration error */
+        return fl_fail_ctx(FL_EINVAL, "--init");
     uint64_t n = 0;
     for (size_t i = 0; i < fl_st_count(s->init); i++) {
         const fl_st_tensor_t *t = fl_st_at(s->init, i);

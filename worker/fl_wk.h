@@ -10,6 +10,7 @@
 
 #include <flodl/comm.h>
 #include <flodl/compress.h>
+#include <flodl/ps.h>
 
 #include "fl_core.h"
 
@@ -193,6 +194,16 @@ typedef struct fl_wk_train_result {
  * the detail saying what and where. FL_OK, or a collective's, optimizer's or I/O error. */
 int fl_wk_train(fl_comm_t *comm, const fl_wk_dataset_t *train, const fl_wk_dataset_t *test,
                 const fl_wk_train_opts_t *o, fl_wk_train_result_t *res);
+
+/* The same training against the parameter server (train_ps.c): the server holds the
+ * parameters and runs the optimizer (o->opt and o->lr are not used); the worker pushes its
+ * devices' mean gradient (dense, or top-k with error feedback when o->topk > 0, each rank's
+ * gradient clipped by o->max_norm before it leaves) and pulls the next step's parameters. The
+ * step comes from the server, also after it restarted from a checkpoint. rank and world are
+ * the client's. Errors as fl_wk_train, plus the client's. */
+int fl_wk_train_ps(fl_ps_client_t *client, int rank, int world, const fl_wk_dataset_t *train,
+                   const fl_wk_dataset_t *test, const fl_wk_train_opts_t *o,
+                   fl_wk_train_result_t *res);
 
 /* ---- the gradient-exchange drill (drill.c) ---- */
 

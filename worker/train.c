@@ -10,19 +10,6 @@
 #include <stdlib.h>
 #include <string.h>
 
-typedef struct replica {
-    fl_wk_sampler_t smp;
-    fl_wk_mlp_ws_t *ws;
-    uint32_t *idx;
-    float *x;
-    int32_t *y;
-    float *grad; /* replica 0 writes straight into the trainer's gradient */
-    double loss;
-    size_t correct;
-    int rc;
-    char err[512];
-} replica_t;
-
 typedef struct trainer {
     const fl_wk_train_opts_t *o;
     const fl_wk_mlp_shape_t *m;
@@ -33,11 +20,10 @@ typedef struct trainer {
     size_t np;
     float *params;
     float *grad;
-    replica_t *rep;
+    fl_wk_devices_t *dev;
     fl_wk_xchg_t *xchg;
     fl_opt_t *opt;
     FILE *metrics;
-    size_t cur_batch; /* batch index for the replica threads */
 } trainer_t;
 
 void fl_wk_train_opts_init(fl_wk_train_opts_t *o)
@@ -58,84 +44,9 @@ void fl_wk_train_opts_init(fl_wk_train_opts_t *o)
     o->progress_s = 2.0;
 }
 
-/* Copies the batch's samples next to each other for the GEMMs. */
-static void gather(const fl_wk_dataset_t *d, const uint32_t *idx, size_t b, float *x, int32_t *y)
+static void ready(size_t from, void *ud)
 {
-    for (size_t t = 0; t < b; t++) {
-        memcpy(x + t * d->dim, d->x + (size_t)idx[t] * d->dim, d->dim * sizeof(float));
-        y[t] = d->y[idx[t]];
-    }
-}
-
-static void layer_done(int layer, void *ud)
-{
-    trainer_t *tr = ud;
-    fl_wk_xchg_ready_from(tr->xchg, fl_wk_mlp_weight_at(tr->m, layer));
-}
-
-static int replica_step(trainer_t *tr, replica_t *r, bool overlap)
-{
-    fl_wk_sampler_batch(&r->smp, tr->cur_batch, r->idx);
-    gather(tr->train, r->idx, tr->o->batch, r->x, r->y);
-    return fl_wk_mlp_grad(tr->m, r->ws, tr->params, r->x, r->y, tr->o->batch, r->grad, &r->loss,
-                          &r->correct, overlap ? layer_done : NULL, tr);
-}
-
-typedef struct rep_arg {
-    trainer_t *tr;
-    replica_t *r;
-} rep_arg_t;
-
-static void *replica_main(void *p)
-{
-    rep_arg_t *a = p;
-    a->r->rc = replica_step(a->tr, a->r, false);
-    if (a->r->rc != FL_OK)
-        snprintf(a->r->err, sizeof a->r->err, "%s", fl_last_error());
-    return NULL;
-}
-
-/* The devices of this process compute their gradients; their mean ends in tr->grad, and the
- * exchange gets the buckets (while the backward pass runs, with a single device). */
-static int compute(trainer_t *tr, double *loss, size_t *correct)
-{
-    int L = tr->o->replicas;
-    if (L == 1) {
-        int rc = replica_step(tr, &tr->rep[0], true);
-        *loss = tr->rep[0].loss;
-        *correct = tr->rep[0].correct;
-        return rc;
-    }
-    pthread_t th[64];
-    rep_arg_t args[64];
-    for (int j = 1; j < L; j++) {
-        args[j] = (rep_arg_t){tr, &tr->rep[j]};
-        if (pthread_create(&th[j], NULL, replica_main, &args[j]) != 0)
-            return fl_fail(FL_EIO, "rank %d: cannot start CPU replica %d", tr->rank, j);
-    }
-    int rc = replica_step(tr, &tr->rep[0], false);
-    for (int j = 1; j < L; j++)
-        pthread_join(th[j], NULL);
-    *loss = 0.0;
-    *correct = 0;
-    for (int j = 0; j < L && rc == FL_OK; j++) {
-        if (tr->rep[j].rc != FL_OK)
-            return fl_fail(tr->rep[j].rc, "replica %d: %s", j, tr->rep[j].err);
-        *loss += tr->rep[j].loss / L;
-        *correct += tr->rep[j].correct;
-    }
-    if (rc != FL_OK)
-        return rc;
-    /* The replicas' mean, summed in replica order so every rank adds alike. */
-    float inv = 1.0f / (float)L;
-    for (size_t i = 0; i < tr->np; i++) {
-        float s = tr->grad[i];
-        for (int j = 1; j < L; j++)
-            s += tr->rep[j].grad[i];
-        tr->grad[i] = s * inv;
-    }
-    fl_wk_xchg_ready_from(tr->xchg, 0);
-    return FL_OK;
+    fl_wk_xchg_ready_from(ud, from);
 }
 
 static double l2(const float *g, size_t n)
@@ -146,10 +57,9 @@ static double l2(const float *g, size_t n)
     return sqrt(s);
 }
 
-static int check_model(const trainer_t *tr, const fl_wk_dataset_t *test)
+int fl_wk_check_model(const fl_wk_mlp_shape_t *m, const fl_wk_dataset_t *d,
+                      const fl_wk_dataset_t *test)
 {
-    const fl_wk_mlp_shape_t *m = tr->m;
-    const fl_wk_dataset_t *d = tr->train;
     if ((size_t)m->sizes[0] != d->dim)
         return fl_fail(FL_EINVAL, "--layers: the model takes %d inputs, the data (%s) has %zu "
                                   "features",
@@ -167,14 +77,10 @@ static int check_model(const trainer_t *tr, const fl_wk_dataset_t *test)
 static int setup(trainer_t *tr)
 {
     const fl_wk_train_opts_t *o = tr->o;
-    int L = o->replicas;
-    if (L < 1 || L > 64)
-        return fl_fail(FL_EINVAL, "--cpu-replicas: %d is outside 1..64", L);
     tr->np = fl_wk_mlp_nparams(tr->m);
     tr->params = malloc(tr->np * sizeof(float));
     tr->grad = calloc(tr->np, sizeof(float));
-    tr->rep = calloc((size_t)L, sizeof *tr->rep);
-    if (tr->params == NULL || tr->grad == NULL || tr->rep == NULL)
+    if (tr->params == NULL || tr->grad == NULL)
         return fl_fail(FL_ENOMEM, "out of memory for %zu parameters", tr->np);
     int rc;
     if (o->init_path != NULL) {
@@ -183,20 +89,9 @@ static int setup(trainer_t *tr)
     } else {
         fl_wk_mlp_init(tr->m, tr->params, o->seed);
     }
-    for (int j = 0; j < L; j++) {
-        replica_t *r = &tr->rep[j];
-        /* Device j of rank k is data-parallel replica k * L + j of world * L. */
-        if ((rc = fl_wk_sampler_init(&r->smp, tr->train->n, tr->world * L, tr->rank * L + j,
-                                     o->batch, o->shuffle, o->seed)) != FL_OK ||
-            (rc = fl_wk_mlp_ws_create(tr->m, o->batch, &r->ws)) != FL_OK)
-            return rc;
-        r->idx = malloc(o->batch * sizeof *r->idx);
-        r->x = malloc(o->batch * tr->train->dim * sizeof *r->x);
-        r->y = malloc(o->batch * sizeof *r->y);
-        r->grad = j == 0 ? tr->grad : calloc(tr->np, sizeof(float));
-        if (r->idx == NULL || r->x == NULL || r->y == NULL || r->grad == NULL)
-            return fl_fail(FL_ENOMEM, "out of memory for replica %d", j);
-    }
+    if ((rc = fl_wk_devices_create(tr->m, tr->train, o, tr->rank, tr->world, tr->grad,
+                                   &tr->dev)) != FL_OK)
+        return rc;
     if ((rc = fl_opt_create(&o->opt, tr->np, &tr->opt)) != FL_OK ||
         (rc = fl_wk_xchg_create(tr->comm, tr->m, o, tr->grad, &tr->xchg)) != FL_OK)
         return rc;
@@ -217,17 +112,7 @@ static void teardown(trainer_t *tr)
 {
     fl_wk_xchg_destroy(&tr->xchg);
     fl_opt_destroy(&tr->opt);
-    for (int j = 0; tr->rep != NULL && j < tr->o->replicas; j++) {
-        replica_t *r = &tr->rep[j];
-        fl_wk_sampler_deinit(&r->smp);
-        fl_wk_mlp_ws_destroy(&r->ws);
-        free(r->idx);
-        free(r->x);
-        free(r->y);
-        if (j > 0)
-            free(r->grad);
-    }
-    free(tr->rep);
+    fl_wk_devices_destroy(&tr->dev);
     free(tr->params);
     free(tr->grad);
     if (tr->metrics != NULL)
@@ -257,8 +142,8 @@ int fl_wk_train(fl_comm_t *comm, const fl_wk_dataset_t *train, const fl_wk_datas
     tr.rank = tr.comm ? fl_comm_rank(tr.comm) : 0;
     tr.world = tr.comm ? fl_comm_size(tr.comm) : 1;
     if (o->mode == FL_WK_MODE_PS)
-        return fl_fail(FL_EINVAL, "--mode ps: the parameter server is not built yet (issue #4)");
-    int rc = check_model(&tr, test);
+        return fl_fail(FL_EINVAL, "--mode ps trains with fl_wk_train_ps");
+    int rc = fl_wk_check_model(tr.m, train, test);
     if (rc == FL_OK)
         rc = setup(&tr);
     if (rc != FL_OK) {
@@ -273,7 +158,7 @@ int fl_wk_train(fl_comm_t *comm, const fl_wk_dataset_t *train, const fl_wk_datas
     fl_cmp_schedule_init(&dgc);
     dgc.density = o->topk;
     dgc.warmup_epochs = o->topk_warmup;
-    size_t nbatches = fl_wk_sampler_batches(&tr.rep[0].smp);
+    size_t nbatches = fl_wk_devices_batches(tr.dev);
     bool lead = tr.rank == 0 && !o->quiet;
     if (lead)
         printf("training: %s, %d ranks x %d device(s), batch %zu per device (global %ld), %zu "
@@ -287,18 +172,16 @@ int fl_wk_train(fl_comm_t *comm, const fl_wk_dataset_t *train, const fl_wk_datas
     double compute_ms = 0.0;
     double exposed_ms = 0.0;
     for (int ep = 0; ep < o->epochs && rc == FL_OK; ep++) {
-        for (int j = 0; j < o->replicas; j++)
-            fl_wk_sampler_set_epoch(&tr.rep[j].smp, ep);
+        fl_wk_devices_set_epoch(tr.dev, ep);
         double density = o->topk > 0 ? fl_cmp_schedule_density(&dgc, ep) : 0.0;
         double ep_loss = 0.0;
         size_t ep_correct = 0;
         for (size_t bi = 0; bi < nbatches && rc == FL_OK; bi++, step++) {
             int64_t t0 = fl_now_ns();
-            tr.cur_batch = bi;
             fl_wk_xchg_begin(tr.xchg, density);
             double loss = 0.0;
             size_t correct = 0;
-            rc = compute(&tr, &loss, &correct);
+            rc = fl_wk_devices_step(tr.dev, tr.params, bi, ready, tr.xchg, &loss, &correct);
             int64_t t1 = fl_now_ns();
             if (rc == FL_OK)
                 rc = fl_wk_xchg_wait(tr.xchg);
@@ -355,7 +238,8 @@ int fl_wk_train(fl_comm_t *comm, const fl_wk_dataset_t *train, const fl_wk_datas
         res->epochs = ep + 1;
         if (test != NULL && tr.rank == 0) {
             size_t ok;
-            if ((rc = fl_wk_mlp_eval(tr.m, tr.rep[0].ws, tr.params, test->x, test->y, test->n,
+            if ((rc = fl_wk_mlp_eval(tr.m, fl_wk_devices_ws(tr.dev), tr.params, test->x, test->y,
+                                     test->n,
                                      &res->test_loss, &ok)) != FL_OK)
                 break;
             res->test_acc = test->n ? (double)ok / (double)test->n : 0.0;

@@ -6,6 +6,39 @@
 
 #include "fl_wk.h"
 
+/* Checks the model against the data (inputs, classes) and the test split against the training
+ * data: FL_EINVAL saying what differs. */
+int fl_wk_check_model(const fl_wk_mlp_shape_t *m, const fl_wk_dataset_t *train,
+                      const fl_wk_dataset_t *test);
+
+/* ---- the process's devices (devices.c) ---- */
+
+typedef struct fl_wk_devices fl_wk_devices_t;
+
+/* Told that the gradient of parameters [from, n) is complete. */
+typedef void (*fl_wk_ready_fn)(size_t from, void *ud);
+
+/* o->replicas CPU devices of rank (of world ranks) on the training data, device 0 writing its
+ * gradient (the mean of all devices, after a step) into grad (n parameters). FL_OK,
+ * FL_EINVAL (replicas out of range, a batch larger than a replica's share), FL_ENOMEM. */
+int fl_wk_devices_create(const fl_wk_mlp_shape_t *m, const fl_wk_dataset_t *train,
+                         const fl_wk_train_opts_t *o, int rank, int world, float *grad,
+                         fl_wk_devices_t **out);
+void fl_wk_devices_destroy(fl_wk_devices_t **d);
+
+void fl_wk_devices_set_epoch(fl_wk_devices_t *d, long epoch);
+size_t fl_wk_devices_batches(const fl_wk_devices_t *d);
+
+/* A workspace for evaluation (device 0's). */
+fl_wk_mlp_ws_t *fl_wk_devices_ws(fl_wk_devices_t *d);
+
+/* Every device computes the gradient of its batch batch_index on params; the mean lands in
+ * grad. ready (may be NULL) hears which parameters' gradients are complete: layer by layer
+ * during the backward pass with one device, all at once after the mean with several. Mean loss
+ * and correct predictions of the step. FL_OK or the model's error. */
+int fl_wk_devices_step(fl_wk_devices_t *d, const float *params, size_t batch_index,
+                       fl_wk_ready_fn ready, void *ud, double *loss, size_t *correct);
+
 /* The flat gradient cut into buckets, ordered the way the backward pass fills them: bucket 0
  * holds the last parameters. An exchange thread owns the communicator and exchanges a bucket
  * as soon as it is queued (dense allreduce, or top-k with error feedback then sparse

@@ -5,6 +5,7 @@
  * a model that differs from the other ranks' (one line saying what and where). */
 #include <cblas.h>
 #include <getopt.h>
+#include <math.h>
 #include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -26,8 +27,10 @@ static const char usage[] =
     "  --data-seed S                  seed of the built-in dataset (default 1)\n"
     "model and training:\n"
     "  --layers 64,256,128,10  --batch-size 64  --epochs 10  --seed 1  --no-shuffle\n"
-    "  --optimizer sgd|adam|adamw  --lr 0.05  --momentum 0.9  --nesterov  --weight-decay 0\n"
+    "  --optimizer sgd|adam|adamw  --lr 0.05  --momentum 0.9  --nesterov  --dampening 0\n"
+    "  --weight-decay 0  --beta1 0.9  --beta2 0.999  --eps 1e-8\n"
     "  --lr-schedule constant|step|cosine  --warmup-steps 0  --lr-step-size N  --lr-gamma 0.1\n"
+    "  --total-steps N  --min-lr 0   (in --mode ps the optimizer runs on flodl-ps: set it there)\n"
     "  --scale-lr (linear scaling rule)  --max-grad-norm X  --cpu-replicas L  --device auto|cpu\n"
     "  --topk DENSITY (top-k with error feedback; 0: dense)  --topk-warmup EPOCHS\n"
     "  --topk-values float32|float16|bfloat16  --bucket-mb 1\n"
@@ -37,13 +40,14 @@ static const char usage[] =
     "  --host ADDR  --bind ENDPOINT  --job-id ID  --timeout MS  --rendezvous-timeout MS\n"
     "  --stripes K  --segment BYTES  --small BYTES  --algo auto|ring|rd|direct\n"
     "  --log-level debug|info|warn|error (default warn, or FLODL_LOG)\n"
+    "parameter server (--mode ps): --lz4 (compress dense pushes and pulls when it pays)\n"
+    "  --reconnect-timeout MS (wait this long for a restarted flodl-ps; default 600000)\n"
     "drill (--mode drill): --size BYTES  --steps N  --dtype TYPE  --op sum|avg\n";
 
 enum {
     O_MODE = 1000, O_TRAIN_IMAGES, O_TRAIN_LABELS, O_TEST_IMAGES, O_TEST_LABELS, O_TRAIN_CSV,
-    O_TEST_CSV, O_DATA_SEED, O_LAYERS, O_BATCH, O_EPOCHS, O_SEED, O_NO_SHUFFLE, O_OPTIMIZER,
-    O_LR, O_MOMENTUM, O_NESTEROV, O_WD, O_SCHED, O_WARMUP, O_STEP_SIZE, O_GAMMA, O_SCALE_LR,
-    O_MAX_NORM, O_REPLICAS, O_DEVICE, O_TOPK, O_TOPK_WARMUP, O_TOPK_VALUES, O_BUCKET, O_INIT,
+    O_TEST_CSV, O_DATA_SEED, O_LAYERS, O_BATCH, O_EPOCHS, O_SEED, O_NO_SHUFFLE, O_OPTIM,
+    O_SCALE_LR, O_LZ4, O_RECONNECT, O_MAX_NORM, O_REPLICAS, O_DEVICE, O_TOPK, O_TOPK_WARMUP, O_TOPK_VALUES, O_BUCKET, O_INIT,
     O_SAVE, O_SAVE_EVERY, O_METRICS, O_PROGRESS, O_QUIET, O_SIZE, O_STEPS, O_DTYPE, O_OP, O_HELP
 };
 
@@ -53,6 +57,10 @@ typedef struct wargs {
     fl_wk_drill_opts_t d;
     int mode; /* -1: not given */
     const char *drill_flag; /* a drill-only flag that was given, if any */
+    const char *optim_flag; /* an optimizer flag that was given, if any */
+    const char *ps_flag;    /* a parameter-server flag that was given, if any */
+    int lz4;
+    int reconnect_ms;
     const char *train_images, *train_labels, *test_images, *test_labels;
     const char *train_csv, *test_csv;
     uint64_t data_seed;
@@ -95,7 +103,7 @@ static int num(const char *flag, const char *v, double lo, double hi, double *ou
 }
 
 /* Applies one training or drill flag; FL_OK or FL_EINVAL with the detail set. */
-static int apply(wargs_t *a, int ch, const char *v)
+static int apply(wargs_t *a, int ch, const char *name, const char *v)
 {
     long n;
     double x;
@@ -139,18 +147,12 @@ static int apply(wargs_t *a, int ch, const char *v)
             t->seed = (uint64_t)n;
         break;
     case O_NO_SHUFFLE: t->shuffle = false; break;
-    case O_OPTIMIZER: rc = fl_opt_kind_parse(v, &t->opt.kind); break;
-    case O_LR:
-        if ((rc = num("--lr", v, 0.0, 1e6, &x)) == FL_OK)
-            t->lr.lr = x;
+    case O_OPTIM: rc = fl_cli_optim_flag(name, v, &t->opt, &t->lr); break;
+    case O_LZ4: a->lz4 = 1; break;
+    case O_RECONNECT:
+        if ((rc = fl_cli_long("--reconnect-timeout", v, 0, 86400000, &n)) == FL_OK)
+            a->reconnect_ms = (int)n;
         break;
-    case O_MOMENTUM: rc = num("--momentum", v, 0.0, 0.999999, &t->opt.momentum); break;
-    case O_NESTEROV: t->opt.nesterov = true; break;
-    case O_WD: rc = num("--weight-decay", v, 0.0, 10.0, &t->opt.weight_decay); break;
-    case O_SCHED: rc = fl_lr_kind_parse(v, &t->lr.kind); break;
-    case O_WARMUP: rc = fl_cli_long("--warmup-steps", v, 0, 1L << 40, &t->lr.warmup_steps); break;
-    case O_STEP_SIZE: rc = fl_cli_long("--lr-step-size", v, 1, 1L << 40, &t->lr.step_size); break;
-    case O_GAMMA: rc = num("--lr-gamma", v, 0.0, 1.0, &t->lr.gamma); break;
     case O_SCALE_LR: t->scale_lr = true; break;
     case O_MAX_NORM: rc = num("--max-grad-norm", v, 0.0, 1e12, &t->max_norm); break;
     case O_REPLICAS:
@@ -249,14 +251,58 @@ static int load_data(const wargs_t *a, fl_wk_dataset_t *train, fl_wk_dataset_t *
 static void summary(int rank, const fl_wk_train_result_t *r)
 {
     double hidden = r->comm_ms > 0 ? 100.0 * (1.0 - r->exposed_ms / r->comm_ms) : 0.0;
-    printf("rank %d summary: %d epochs, %ld steps, test accuracy %.2f%% (loss %.4f), %.1f s, "
-           "%.0f samples/s; per step compute %.2f ms, exchange %.2f ms (exposed %.2f ms, %.0f%% "
-           "hidden); sent %.1f MiB, dense would send %.1f MiB (%.1fx less)\n",
-           rank, r->epochs, r->steps, 100.0 * r->test_acc, r->test_loss, r->seconds,
-           r->samples_per_s, r->compute_ms, r->comm_ms, r->exposed_ms, hidden < 0 ? 0 : hidden,
-           (double)r->bytes_sent / 1048576.0, (double)r->raw_bytes / 1048576.0,
+    char acc[96];
+    if (isnan(r->test_acc))
+        snprintf(acc, sizeof acc, "test accuracy on rank 0");
+    else
+        snprintf(acc, sizeof acc, "test accuracy %.2f%% (loss %.4f)", 100.0 * r->test_acc,
+                 r->test_loss);
+    printf("rank %d summary: %d epochs, %ld steps, %s, %.1f s, %.0f samples/s; per step compute "
+           "%.2f ms, exchange %.2f ms (exposed %.2f ms, %.0f%% hidden); sent %.1f MiB, dense "
+           "would send %.1f MiB (%.1fx less)\n",
+           rank, r->epochs, r->steps, acc, r->seconds, r->samples_per_s, r->compute_ms,
+           r->comm_ms, r->exposed_ms, hidden < 0 ? 0 : hidden, (double)r->bytes_sent / 1048576.0,
+           (double)r->raw_bytes / 1048576.0,
            r->bytes_sent ? (double)r->raw_bytes / (double)r->bytes_sent : 0.0);
     fflush(stdout);
+}
+
+/* --mode ps: a parameter-server client instead of a communicator. */
+static int run_ps(wargs_t *a, fl_wk_dataset_t *train, fl_wk_dataset_t *test)
+{
+    fl_ps_client_opts_t po;
+    fl_ps_client_opts_init(&po);
+    po.rank = a->co.rank;
+    po.world_size = a->co.world_size;
+    po.coordinator = a->co.coordinator;
+    po.job_id = a->co.job_id;
+    po.host = a->co.host;
+    po.param_count = fl_wk_mlp_nparams(&a->to.shape);
+    po.model_signature = a->co.model_signature;
+    po.timeout_ms = a->co.timeout_ms;
+    po.rendezvous_timeout_ms = a->co.rendezvous_timeout_ms;
+    po.reconnect_timeout_ms = a->reconnect_ms;
+    po.values = a->to.topk_values;
+    po.lz4 = a->lz4;
+    po.log_level = a->co.log_level;
+    fl_ps_client_t *cl = NULL;
+    int rc = fl_ps_client_create(&po, &cl);
+    int code = 0;
+    if (rc != FL_OK) {
+        code = rc == FL_EINVAL ? 2 : 1;
+    } else {
+        fl_wk_train_result_t res;
+        rc = fl_wk_train_ps(cl, po.rank, po.world_size, train, test, &a->to, &res);
+        if (rc == FL_OK && !a->to.quiet)
+            summary(po.rank, &res);
+        code = rc == FL_OK ? 0 : rc == FL_EINVAL ? 2 : 1;
+    }
+    if (rc != FL_OK)
+        fprintf(stderr, "flodl-worker: %s\n", fl_last_error());
+    fl_ps_client_destroy(&cl);
+    fl_wk_dataset_free(train);
+    fl_wk_dataset_free(test);
+    return code;
 }
 
 int main(int argc, char **argv)
@@ -268,12 +314,8 @@ int main(int argc, char **argv)
         {"test-csv", 1, NULL, O_TEST_CSV}, {"data-seed", 1, NULL, O_DATA_SEED},
         {"layers", 1, NULL, O_LAYERS}, {"batch-size", 1, NULL, O_BATCH},
         {"epochs", 1, NULL, O_EPOCHS}, {"seed", 1, NULL, O_SEED},
-        {"no-shuffle", 0, NULL, O_NO_SHUFFLE}, {"optimizer", 1, NULL, O_OPTIMIZER},
-        {"lr", 1, NULL, O_LR}, {"momentum", 1, NULL, O_MOMENTUM},
-        {"nesterov", 0, NULL, O_NESTEROV}, {"weight-decay", 1, NULL, O_WD},
-        {"lr-schedule", 1, NULL, O_SCHED}, {"warmup-steps", 1, NULL, O_WARMUP},
-        {"lr-step-size", 1, NULL, O_STEP_SIZE}, {"lr-gamma", 1, NULL, O_GAMMA},
-        {"scale-lr", 0, NULL, O_SCALE_LR}, {"max-grad-norm", 1, NULL, O_MAX_NORM},
+        {"no-shuffle", 0, NULL, O_NO_SHUFFLE}, {"lz4", 0, NULL, O_LZ4},
+        {"reconnect-timeout", 1, NULL, O_RECONNECT}, {"scale-lr", 0, NULL, O_SCALE_LR}, {"max-grad-norm", 1, NULL, O_MAX_NORM},
         {"cpu-replicas", 1, NULL, O_REPLICAS}, {"device", 1, NULL, O_DEVICE},
         {"topk", 1, NULL, O_TOPK}, {"topk-warmup", 1, NULL, O_TOPK_WARMUP},
         {"topk-values", 1, NULL, O_TOPK_VALUES}, {"bucket-mb", 1, NULL, O_BUCKET},
@@ -283,19 +325,24 @@ int main(int argc, char **argv)
         {"size", 1, NULL, O_SIZE}, {"steps", 1, NULL, O_STEPS}, {"dtype", 1, NULL, O_DTYPE},
         {"op", 1, NULL, O_OP}, {"help", 0, NULL, O_HELP},
     };
-    static struct option longopts[96];
+    static struct option longopts[128];
     int nopt = 0;
     for (int i = 0; fl_comm_opt_names[i] != NULL; i++)
         longopts[nopt++] = (struct option){fl_comm_opt_names[i], required_argument, NULL, i + 1};
     int ncomm = nopt;
     for (size_t i = 0; i < sizeof train_opts / sizeof train_opts[0]; i++)
         longopts[nopt++] = train_opts[i];
+    for (size_t i = 0; fl_cli_optim_names[i] != NULL; i++) {
+        const char *o = fl_cli_optim_names[i];
+        longopts[nopt++] = (struct option){o, strcmp(o, "nesterov") == 0 ? 0 : 1, NULL, O_OPTIM};
+    }
     longopts[nopt] = (struct option){NULL, 0, NULL, 0};
 
     wargs_t a;
     memset(&a, 0, sizeof a);
     a.mode = -1;
     a.data_seed = 1;
+    a.reconnect_ms = 600000;
     fl_comm_opts_init(&a.co);
     fl_wk_train_opts_init(&a.to);
     fl_wk_drill_opts_init(&a.d);
@@ -316,9 +363,9 @@ int main(int argc, char **argv)
     if (env.log_level >= 0)
         a.co.log_level = (fl_log_level_t)env.log_level;
 
-    int ch;
+    int ch, li = 0;
     opterr = 0;
-    while ((ch = getopt_long(argc, argv, "h", longopts, NULL)) != -1) {
+    while ((ch = getopt_long(argc, argv, "h", longopts, &li)) != -1) {
         if (ch >= 1 && ch <= ncomm) {
             if (fl_comm_opts_set(&a.co, fl_comm_opt_names[ch - 1], optarg) != FL_OK)
                 return usage_error();
@@ -330,10 +377,14 @@ int main(int argc, char **argv)
         }
         if (ch == '?' || ch == ':')
             return bad("unknown or incomplete flag '%s' (see --help)", argv[optind - 1]);
-        if (apply(&a, ch, optarg) != FL_OK)
+        if (apply(&a, ch, longopts[li].name, optarg) != FL_OK)
             return usage_error();
         if (ch == O_SIZE || ch == O_STEPS || ch == O_DTYPE || ch == O_OP)
             a.drill_flag = argv[optind - 2];
+        if (ch == O_OPTIM && a.optim_flag == NULL)
+            a.optim_flag = longopts[li].name;
+        if ((ch == O_LZ4 || ch == O_RECONNECT) && a.ps_flag == NULL)
+            a.ps_flag = longopts[li].name;
     }
     if (optind < argc)
         return bad("unexpected argument '%s' (see --help)", argv[optind]);
@@ -344,6 +395,14 @@ int main(int argc, char **argv)
         a.mode = 99;
     if (a.drill_flag != NULL && a.mode != 99)
         return bad("%s applies to --mode drill only", a.drill_flag);
+    if (a.mode == FL_WK_MODE_PS && a.optim_flag != NULL)
+        return bad("--%s: in --mode ps the optimizer runs on the parameter server: give it to "
+                   "flodl-ps",
+                   a.optim_flag);
+    if (a.ps_flag != NULL && a.mode != FL_WK_MODE_PS)
+        return bad("--%s applies to --mode ps only", a.ps_flag);
+    if (fl_cli_optim_check(&a.to.opt, &a.to.lr) != FL_OK)
+        return usage_error();
     if (a.mode < 0)
         a.mode = a.co.coordinator != NULL || a.co.world_size > 1 || a.co.rank > 0
                      ? FL_WK_MODE_RING
@@ -383,6 +442,8 @@ int main(int argc, char **argv)
         a.co.model_signature = fl_wk_mlp_signature(&a.to.shape);
     }
 
+    if (a.mode == FL_WK_MODE_PS)
+        return run_ps(&a, &train, have_test ? &test : NULL);
     fl_comm_t *comm = NULL;
     if (networked) {
         int rc = fl_comm_init(&a.co, &comm);

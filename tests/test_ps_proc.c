@@ -1,0 +1,247 @@
+/* flodl-ps and flodl-worker --mode ps as real processes on 127.0.0.1: a job trained through
+ * the parameter server; shards split over two flodl-ps processes; flodl-ps killed with
+ * SIGKILL mid-training and restarted with --resume on the same port, the workers rejoining and
+ * finishing from the last checkpoint (losing at most the steps since it); and every new flag
+ * refused with one line when wrong. Every child is killed and reaped by PID on every path. */
+#include <dirent.h>
+#include <signal.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#include "testproc.h"
+#include "testutil.h"
+
+#define PS_BIN FLODL_BIN_DIR "/server/flodl-ps"
+#define WK_BIN FLODL_BIN_DIR "/worker/flodl-worker"
+
+#define ASSERT_HAS(text, needle)                                                               \
+    ck_assert_msg(strstr((text), (needle)) != NULL, "\"%s\" does not mention \"%s\"", (text), \
+                  (needle))
+
+static void start_worker(proc_t *p, const char *ep, int rank, int world, const char *epochs,
+                         const char *const *more)
+{
+    char r[16], w[16];
+    snprintf(r, sizeof r, "%d", rank);
+    snprintf(w, sizeof w, "%d", world);
+    const char *argv[MAX_ARGS] = {WK_BIN,  "--mode",    "ps",    "--rank",   r,
+                                  "--world-size", w, "--coordinator", ep, "--host",
+                                  "127.0.0.1", "--epochs", epochs, "--progress", "1000",
+                                  "--rendezvous-timeout", "30000", "--timeout", "30000"};
+    size_t a = 19;
+    for (size_t i = 0; more != NULL && more[i] != NULL && a + 1 < MAX_ARGS; i++)
+        argv[a++] = more[i];
+    argv[a] = NULL;
+    proc_start(p, WK_BIN, argv, NULL);
+}
+
+static void remove_tree(const char *dir)
+{
+    DIR *d = opendir(dir);
+    if (d == NULL)
+        return;
+    struct dirent *e;
+    char path[1024];
+    while ((e = readdir(d)) != NULL) {
+        if (e->d_name[0] == '.')
+            continue;
+        snprintf(path, sizeof path, "%s/%s", dir, e->d_name);
+        unlink(path);
+    }
+    closedir(d);
+    rmdir(dir);
+}
+
+/* The test accuracy rank 0 printed at the end, or -1. */
+static double final_accuracy(const proc_t *p)
+{
+    const char *s = strstr(p->buf[0], "rank 0 summary:");
+    const char *a = s ? strstr(s, "test accuracy ") : NULL;
+    return a ? atof(a + strlen("test accuracy ")) : -1.0;
+}
+
+START_TEST(test_train_through_the_ps)
+{
+    proc_t ps[3];
+    memset(ps, 0, sizeof ps);
+    char ep[FL_ENDPOINT_MAX], out[8192];
+    static const char *const extra[] = {"--shards", "2", "--host", "127.0.0.1", "--lr", "0.05",
+                                        "--momentum", "0.9", "--consistency", "ssp",
+                                        "--staleness", "2", NULL};
+    ck_assert(start_ps(&ps[0], 2, extra, NULL, ep, sizeof ep, 1));
+    start_worker(&ps[1], ep, 0, 2, "1", NULL);
+    static const char *const topk[] = {"--topk", "0.05", NULL};
+    start_worker(&ps[2], ep, 1, 2, "1", topk);
+    bool done = procs_wait(ps, 3, fl_deadline_in(120000));
+    procs_stop(ps, 3);
+    show(ps, 3, out, sizeof out);
+    ck_assert_msg(done, "did not finish:%s", out);
+    for (int i = 0; i < 3; i++)
+        ck_assert_msg(proc_code(&ps[i]) == 0, "process %d:%s", i, out);
+    ASSERT_HAS(ps[1].buf[0], "parameter server (2 shards, ssp)");
+    double acc = final_accuracy(&ps[1]);
+    ck_assert_msg(acc > 80.0, "accuracy %.2f%% after one epoch:%s", acc, out);
+    procs_free(ps, 3);
+}
+END_TEST
+
+/* Two flodl-ps processes: the coordinator serving shard 0, another serving shard 1. */
+START_TEST(test_shards_over_two_processes)
+{
+    proc_t ps[4];
+    memset(ps, 0, sizeof ps);
+    char ep[FL_ENDPOINT_MAX], out[8192];
+    static const char *const first[] = {"--num-shards", "2", "--shards", "1", "--host",
+                                        "127.0.0.1", "--lr", "0.05", "--momentum", "0.9",
+                                        NULL};
+    ck_assert(start_ps(&ps[0], 2, first, NULL, ep, sizeof ep, 2));
+    const char *second[] = {PS_BIN,  "--coordinator", ep,    "--num-shards", "2",
+                            "--shard-index", "1", "--host", "127.0.0.1", "--lr", "0.05",
+                            "--momentum", "0.9", NULL};
+    proc_start(&ps[1], PS_BIN, second, NULL);
+    start_worker(&ps[2], ep, 0, 2, "1", NULL);
+    start_worker(&ps[3], ep, 1, 2, "1", NULL);
+    bool done = procs_wait(ps, 4, fl_deadline_in(120000));
+    procs_stop(ps, 4);
+    show(ps, 4, out, sizeof out);
+    ck_assert_msg(done, "did not finish:%s", out);
+    for (int i = 0; i < 4; i++)
+        ck_assert_msg(proc_code(&ps[i]) == 0, "process %d:%s", i, out);
+    ASSERT_HAS(ps[1].buf[1], "shard 1: parameters");
+    ck_assert_msg(final_accuracy(&ps[2]) > 80.0, "%s", out);
+    procs_free(ps, 4);
+}
+END_TEST
+
+/* The step a worker says it went on from after the restart, or -1. */
+static long resumed_step(const proc_t *p)
+{
+    const char *s = strstr(p->buf[0], "going on from step ");
+    return s ? atol(s + strlen("going on from step ")) : -1;
+}
+
+START_TEST(test_kill_and_resume)
+{
+    char dir[] = "/tmp/flodl-ps-kill-XXXXXX";
+    ck_assert(mkdtemp(dir) != NULL);
+    int port = free_port();
+    char bind[64], ep[64], out[12000];
+    snprintf(bind, sizeof bind, "tcp://127.0.0.1:%d", port);
+    snprintf(ep, sizeof ep, "tcp://127.0.0.1:%d", port);
+    const char *ps_argv[] = {PS_BIN, "--bind", bind, "--world-size", "2", "--shards", "2",
+                             "--host", "127.0.0.1", "--checkpoint-dir", dir,
+                             "--checkpoint-every", "100", "--heartbeat-timeout", "1000",
+                             "--lr", "0.05", "--momentum", "0.9", "--resume", NULL};
+    proc_t p[3];
+    memset(p, 0, sizeof p);
+    proc_start(&p[0], PS_BIN, ps_argv, NULL);
+    static const char *const slow[] = {"--reconnect-timeout", "60000", NULL};
+    start_worker(&p[1], ep, 0, 2, "3", slow);
+    start_worker(&p[2], ep, 1, 2, "3", slow);
+    /* Once a checkpoint past step 200 is on disk, kill the parameter server outright. */
+    bool ckpt = proc_wait_text(p, 3, 0, 1, "checkpoint of step 300 written", 2,
+                               fl_deadline_in(60000));
+    show(p, 3, out, sizeof out);
+    if (!ckpt) {
+        procs_stop(p, 3);
+        remove_tree(dir);
+        ck_abort_msg("no checkpoint before the kill:%s", out);
+    }
+    kill(p[0].pid, SIGKILL);
+    procs_wait(p, 1, fl_deadline_in(5000));
+    ck_assert_int_eq(proc_code(&p[0]), 128 + SIGKILL);
+    procs_free(p, 1);
+    /* The same command line again: --resume finds the checkpoints. */
+    proc_start(&p[0], PS_BIN, ps_argv, NULL);
+    bool done = procs_wait(p, 3, fl_deadline_in(120000));
+    procs_stop(p, 3);
+    show(p, 3, out, sizeof out);
+    remove_tree(dir);
+    ck_assert_msg(done, "did not finish after the restart:%s", out);
+    for (int i = 0; i < 3; i++)
+        ck_assert_msg(proc_code(&p[i]) == 0, "process %d:%s", i, out);
+    ASSERT_HAS(p[0].buf[1], "resumed from");
+    long s1 = resumed_step(&p[1]), s2 = resumed_step(&p[2]);
+    /* Both went on from the same checkpoint, a multiple of 100 at or after step 300: at most
+     * the steps since it were lost. */
+    ck_assert_msg(s1 == s2 && s1 >= 300 && s1 % 100 == 0, "resumed at %ld and %ld:%s", s1, s2,
+                  out);
+    ck_assert_msg(final_accuracy(&p[1]) > 85.0, "%s", out);
+    procs_free(p, 3);
+}
+END_TEST
+
+START_TEST(test_ps_flags_refused)
+{
+    static const bad_case_t cases[] = {
+        {{"--world-size", "2", "--shards", "1", "--consistency", "eventual", NULL},
+         {NULL},
+         {"--consistency", "'eventual'", NULL}},
+        {{"--world-size", "2", "--shards", "1", "--staleness", "2", NULL},
+         {NULL},
+         {"--staleness", "ssp", NULL}},
+        {{"--coordinator", "tcp://127.0.0.1:1", NULL}, {NULL}, {"--num-shards", NULL}},
+        {{"--world-size", "2", "--shards", "3", "--num-shards", "2", NULL},
+         {NULL},
+         {"--num-shards 2", NULL}},
+        {{"--world-size", "2", "--shards", "1", "--checkpoint-every", "0", NULL},
+         {NULL},
+         {"--checkpoint-every", NULL}},
+        {{"--world-size", "2", "--shards", "1", "--checkpoint-every", "5x", NULL},
+         {NULL},
+         {"--checkpoint-every", "'5x'", NULL}},
+        {{"--world-size", "2", "--shards", "1", "--resume", NULL},
+         {NULL},
+         {"--checkpoint-dir", NULL}},
+        {{"--world-size", "2", "--shards", "1", "--lr", "-1", NULL}, {NULL}, {"--lr", NULL}},
+        {{"--world-size", "2", "--shards", "1", "--lr-schedule", "step", NULL},
+         {NULL},
+         {"--lr-step-size", NULL}},
+        {{"--world-size", "2", "--shards", "1", "--optimizer", "adam", "--momentum", "0.9",
+          NULL},
+         {NULL},
+         {"--momentum", "adam", NULL}},
+        {{"--world-size", "2", "--consistency", "async", NULL},
+         {NULL},
+         {"--shards", NULL}},
+        {{"--world-size", "2", "--shards", "1", "--init", "/nonexistent.safetensors", NULL},
+         {NULL},
+         {"/nonexistent.safetensors", NULL}},
+        {{"--coordinator", "tcp://127.0.0.1:1", "--num-shards", "1", "--world-size", "2", NULL},
+         {NULL},
+         {"--world-size", "coordinator", NULL}},
+    };
+    check_bad(PS_BIN, cases, sizeof cases / sizeof cases[0]);
+    static const bad_case_t wk[] = {
+        {{"--mode", "ps", "--rank", "0", "--world-size", "2", "--coordinator",
+          "tcp://127.0.0.1:1", "--lr", "0.1", NULL},
+         {NULL},
+         {"--lr", "flodl-ps", NULL}},
+        {{"--mode", "ring", "--rank", "0", "--world-size", "2", "--coordinator",
+          "tcp://127.0.0.1:1", "--lz4", NULL},
+         {NULL},
+         {"--lz4", "--mode ps", NULL}},
+    };
+    check_bad(WK_BIN, wk, sizeof wk / sizeof wk[0]);
+}
+END_TEST
+
+static Suite *suite(void)
+{
+    Suite *s = suite_create("ps_proc");
+    TCase *t = tcase_create("processes");
+    tcase_set_timeout(t, 240);
+    tcase_add_test(t, test_train_through_the_ps);
+    tcase_add_test(t, test_shards_over_two_processes);
+    tcase_add_test(t, test_kill_and_resume);
+    tcase_add_test(t, test_ps_flags_refused);
+    suite_add_tcase(s, t);
+    return s;
+}
+
+int main(void)
+{
+    return fl_test_run(suite());
+}
