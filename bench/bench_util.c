@@ -313,27 +313,13 @@ void bench_read_tagged(int fd, bench_result_fn fn, void *ud)
     fclose(f);
 }
 
-int bench_run_job(const char *subcommand, char *const extra[], int nextra, int ranks, bool bind,
-                  bench_result_fn fn, void *ud)
+int bench_run_ranks(const char *coordinator, const char *subcommand, char *const extra[],
+                    int nextra, int ranks, bool bind, bench_result_fn fn, void *ud)
 {
     enum { MAX_RANKS = 256, FIXED_ARGS = 12 };
     if (ranks < 1 || ranks > MAX_RANKS || nextra < 0 || nextra > 64) {
         fprintf(stderr, "flodl-bench: %d ranks (1..%d), %d extra flags\n", ranks, MAX_RANKS,
                 nextra);
-        return 1;
-    }
-    fl_coord_opts_t co;
-    fl_coord_opts_init(&co);
-    co.bind = "tcp://127.0.0.1:0";
-    co.world_size = ranks;
-    co.log_level = FL_LOG_WARN;
-    fl_coord_t *coord = NULL;
-    if (fl_coord_create(&co, &coord) != FL_OK || fl_coord_start(coord) != FL_OK) {
-        fprintf(stderr, "flodl-bench: coordinator: %s\n", fl_last_error());
-        if (coord != NULL) {
-            fl_coord_stop(coord);
-            fl_coord_destroy(&coord);
-        }
         return 1;
     }
     char self[1024];
@@ -362,7 +348,7 @@ int bench_run_job(const char *subcommand, char *const extra[], int nextra, int r
         argv[a++] = "--world-size";
         argv[a++] = world_s;
         argv[a++] = "--coordinator";
-        argv[a++] = (char *)fl_coord_endpoint(coord);
+        argv[a++] = (char *)coordinator;
         argv[a++] = "--host";
         argv[a++] = "127.0.0.1";
         for (int i = 0; i < nextra; i++)
@@ -386,6 +372,28 @@ int bench_run_job(const char *subcommand, char *const extra[], int nextra, int r
     for (int r = 0; r < started; r++)
         if (bench_wait(pids[r], 600000) != 0)
             status = 1;
+    return status;
+}
+
+int bench_run_job(const char *subcommand, char *const extra[], int nextra, int ranks, bool bind,
+                  bench_result_fn fn, void *ud)
+{
+    fl_coord_opts_t co;
+    fl_coord_opts_init(&co);
+    co.bind = "tcp://127.0.0.1:0";
+    co.world_size = ranks;
+    co.log_level = FL_LOG_WARN;
+    fl_coord_t *coord = NULL;
+    if (ranks < 1 || fl_coord_create(&co, &coord) != FL_OK || fl_coord_start(coord) != FL_OK) {
+        fprintf(stderr, "flodl-bench: coordinator: %s\n", fl_last_error());
+        if (coord != NULL) {
+            fl_coord_stop(coord);
+            fl_coord_destroy(&coord);
+        }
+        return 1;
+    }
+    int status = bench_run_ranks(fl_coord_endpoint(coord), subcommand, extra, nextra, ranks,
+                                 bind, fn, ud);
     fl_coord_wait(coord, 5000);
     fl_coord_stop(coord);
     fl_coord_destroy(&coord);

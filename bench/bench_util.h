@@ -79,6 +79,10 @@ void bench_read_tagged(int fd, bench_result_fn fn, void *ud);
 int bench_run_job(const char *subcommand, char *const extra[], int nextra, int ranks, bool bind,
                   bench_result_fn fn, void *ud);
 
+/* The same ranks against a coordinator the caller runs (one with a parameter server, say). */
+int bench_run_ranks(const char *coordinator, const char *subcommand, char *const extra[],
+                    int nextra, int ranks, bool bind, bench_result_fn fn, void *ud);
+
 /* Runs path with argv as a child that leads a process group of its own (so that whatever it
  * starts can be stopped with it), with its stdout and stderr both going to a pipe, returned in
  * *out_fd. Returns the pid, which is also the group's id, or -1. */

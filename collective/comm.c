@@ -5,7 +5,6 @@
 
 #include <flodl/compress.h>
 
-#include <malloc.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -29,15 +28,6 @@ void fl_comm_opts_init(fl_comm_opts_t *o)
     o->algo = FL_ALGO_AUTO;
     o->log_level = FL_LOG_WARN;
     o->tune_malloc = 1;
-}
-
-/* ZeroMQ mallocs one buffer per large received message and the reducer frees it right after;
- * with glibc's defaults each such buffer is mmapped (or trimmed back) and every page faults in
- * again on the next segment. Keeping them in the heap is a process-wide choice, hence opt-out. */
-static void tune_malloc(void)
-{
-    mallopt(M_MMAP_THRESHOLD, 32 << 20);
-    mallopt(M_TRIM_THRESHOLD, 512 << 20);
 }
 
 static int check_opts(const fl_comm_opts_t *o)
@@ -133,7 +123,7 @@ int fl_comm_init(const fl_comm_opts_t *o, fl_comm_t **out)
     if (c == NULL)
         return fl_fail(FL_ENOMEM, "comm: out of memory");
     if (o->tune_malloc)
-        tune_malloc();
+        fl_malloc_tune();
     c->rank = o->rank;
     c->size = o->world_size;
     snprintf(c->job_id, sizeof c->job_id, "%s", o->job_id);

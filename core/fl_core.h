@@ -261,6 +261,12 @@ double fl_lr_scaled(double base_lr, long global_batch, long base_batch);
 /* This machine's host name into out (always terminated). */
 void fl_hostname(char *out, size_t cap);
 
+/* Keeps glibc from returning ZeroMQ's receive buffers (up to 32 MiB) to the kernel after every
+ * message (M_MMAP_THRESHOLD 32 MiB, M_TRIM_THRESHOLD 512 MiB): without it large transfers page
+ * fault on every message. Process-wide; the communicator and the parameter-server client and
+ * server call it unless their options say not to. */
+void fl_malloc_tune(void);
+
 /* ---- launcher environment (launch_env.c) ---- */
 
 /* Looks up one variable; returns NULL when unset. The binaries pass a wrapper of getenv, tests a

@@ -74,6 +74,7 @@ typedef struct fl_ps_server_opts {
     int max_wait_ms;                 /* the longest a pull is held (default 3600000) */
     int rendezvous_timeout_ms;       /* default 300000 */
     fl_log_level_t log_level;        /* default info */
+    bool tune_malloc;                /* default true: fl_malloc_tune() for the pushes' buffers */
 } fl_ps_server_opts_t;
 
 void fl_ps_server_opts_init(fl_ps_server_opts_t *opts);

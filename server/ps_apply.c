@@ -8,7 +8,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#define BLOCK 2048 /* floats: 8 KiB, with the optimizer's state lines it stays in L1/L2 */
+#define BLOCK PS_BLOCK /* floats: 8 KiB, with the optimizer's state it stays in L1/L2 */
 
 /* g[j] (+)= w * x[j] for one dense source over [off, off + len). */
 static void add_dense(float *g, const ps_src_t *s, uint64_t off, size_t len, float w,
@@ -16,7 +16,7 @@ static void add_dense(float *g, const ps_src_t *s, uint64_t off, size_t len, flo
 {
     switch (s->kind) {
     case PS_SRC_F32: {
-        const ps_uf32 *x = (const ps_uf32 *)s->dense + off;
+        const ps_uf32 *x = ps_src_at(s, off, 4);
         if (first && w == 1.0f)
             memcpy(g, x, len * sizeof(float));
         else if (first)
@@ -32,7 +32,7 @@ static void add_dense(float *g, const ps_src_t *s, uint64_t off, size_t len, flo
     }
     case PS_SRC_F16:
     case PS_SRC_BF16: {
-        const ps_u16 *x = (const ps_u16 *)s->dense + off;
+        const ps_u16 *x = ps_src_at(s, off, 2);
         bool half = s->kind == PS_SRC_F16;
         for (size_t j = 0; j < len; j++) {
             float v = half ? fl_f16_to_f32(x[j]) : fl_bf16_to_f32(x[j]);

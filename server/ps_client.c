@@ -26,6 +26,7 @@ void fl_ps_client_opts_init(fl_ps_client_opts_t *o)
     o->reconnect_timeout_ms = DEFAULT_RECONNECT_MS;
     o->values = FL_FLOAT32;
     o->log_level = FL_LOG_WARN;
+    o->tune_malloc = 1;
 }
 
 static const char *env_get(const char *name, void *ud)
@@ -266,6 +267,8 @@ int fl_ps_client_create(const fl_ps_client_opts_t *o, fl_ps_client_t **out)
     fl_ps_client_t *cl = calloc(1, sizeof *cl);
     if (cl == NULL)
         return fl_fail(FL_ENOMEM, "ps client: out of memory");
+    if (o->tune_malloc)
+        fl_malloc_tune();
     cl->o = *o;
     snprintf(cl->coordinator, sizeof cl->coordinator, "%s", o->coordinator);
     snprintf(cl->job_id, sizeof cl->job_id, "%s", o->job_id);

@@ -6,6 +6,8 @@
  * parameters. A lost coordinator turns into a wait for its successor and FL_ERESYNC. */
 #include "ps_client_int.h"
 
+#include "ps_int.h"
+
 #include <inttypes.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -49,6 +51,35 @@ static size_t lower_bound(const uint32_t *idx, size_t k, uint64_t at)
     return lo;
 }
 
+/* Splits n elements of es bytes at src into pieces of ps_chunk_elems: frames without a copy
+ * (the caller's memory, held until ZeroMQ lets go), or lz4-encoded into the shard's staging
+ * buffer piece by piece when asked and when that shrinks the piece. Returns the frame count. */
+static size_t dense_frames(fl_ps_client_t *cl, cl_shard_t *sh, const void *src, size_t es,
+                           uint32_t dtype, bool lz4, fl_msg_hdr_t *h, fl_buf_t *frames)
+{
+    uint64_t count = sh->count, piece = ps_chunk_elems(count);
+    size_t npieces = (size_t)((count + piece - 1) / piece);
+    size_t cap = lz4 ? fl_cmp_lz4_bound((size_t)(piece * es)) : 0;
+    if (cap > 0 && grow(&sh->stage, &sh->stage_cap, cap * npieces) != FL_OK)
+        cap = 0; /* no memory to compress: send raw */
+    size_t n = 0;
+    for (uint64_t at = 0; at < count; at += piece, n++) {
+        uint64_t len = count - at < piece ? count - at : piece;
+        size_t raw = (size_t)(len * es);
+        const uint8_t *from = (const uint8_t *)src + at * es;
+        uint8_t *to = (uint8_t *)sh->stage + n * cap;
+        size_t z = 0;
+        if (cap > 0 && fl_cmp_lz4_compress(from, raw, to, cap, &z) == FL_OK && z < raw) {
+            frames[n] = (fl_buf_t){to, z, cl, release_inflight};
+            h->frames[n] = (fl_msg_frame_t){z, dtype, FL_CODEC_LZ4, raw};
+        } else {
+            frames[n] = (fl_buf_t){(void *)from, raw, cl, release_inflight};
+            h->frames[n] = (fl_msg_frame_t){raw, dtype, FL_CODEC_RAW, raw};
+        }
+    }
+    return n;
+}
+
 /* Builds and sends the push to one shard. */
 static int send_push(fl_ps_client_t *cl, cl_shard_t *sh, const fl_ps_grad_t *g,
                      const float *init, bool mark, uint64_t seq, int64_t deadline)
@@ -65,18 +96,17 @@ static int send_push(fl_ps_client_t *cl, cl_shard_t *sh, const fl_ps_grad_t *g,
     p->batch = init != NULL ? 1 : g->batch;
     p->checkpoint = mark;
     size_t raw = (size_t)sh->count * sizeof(float);
-    fl_buf_t frame = {NULL, 0, cl, release_inflight};
+    fl_buf_t frames[FL_MSG_MAX_FRAMES];
+    size_t n = 0;
     int rc;
     if (init != NULL) {
         /* The caller's buffer receives the replies of this very exchange: send a copy. */
         if ((rc = grow(&sh->stage, &sh->stage_cap, raw)) != FL_OK)
             return rc;
         memcpy(sh->stage, init + sh->offset, raw);
-        frame.data = sh->stage;
-        frame.len = raw;
-        h.frames[0] = (fl_msg_frame_t){raw, FL_FLOAT32, FL_CODEC_RAW, raw};
+        n = dense_frames(cl, sh, sh->stage, 4, FL_FLOAT32, false, &h, frames);
     } else if (g->batch == 0) {
-        frame.data = NULL; /* skipping the step: no gradient travels */
+        n = 0; /* skipping the step: no gradient travels */
     } else if (g->dense == NULL) {
         size_t lo = lower_bound(g->idx, g->k, sh->offset);
         size_t hi = lower_bound(g->idx, g->k, sh->offset + sh->count);
@@ -96,41 +126,31 @@ static int send_push(fl_ps_client_t *cl, cl_shard_t *sh, const fl_ps_grad_t *g,
         if ((rc = fl_cmp_sparse_encode(cl->ws, sh->rel_idx, g->val + lo, k, (size_t)sh->count,
                                        &so, sh->stage, sh->stage_cap, &len)) != FL_OK)
             return fl_fail_ctx(rc, "rank %d: push to shard %u", cl->o.rank, sh->index);
-        frame.data = sh->stage;
-        frame.len = len;
+        frames[0] = (fl_buf_t){sh->stage, len, cl, release_inflight};
         h.frames[0] = (fl_msg_frame_t){len, cl->o.values, FL_CODEC_SPARSE, len};
+        n = 1;
     } else if (cl->o.values != FL_FLOAT32) {
-        size_t n = (size_t)sh->count;
-        if ((rc = grow(&sh->stage, &sh->stage_cap, n * 2)) != FL_OK)
+        size_t cnt = (size_t)sh->count;
+        size_t need = cnt * 2;
+        uint16_t *d;
+        /* The narrow copy goes after the room the lz4 pieces would take. */
+        if ((rc = grow(&sh->stage, &sh->stage_cap, need)) != FL_OK)
             return rc;
-        uint16_t *d = sh->stage;
+        d = sh->stage;
         const float *x = g->dense + sh->offset;
-        for (size_t i = 0; i < n; i++)
+        for (size_t i = 0; i < cnt; i++)
             d[i] = cl->o.values == FL_FLOAT16 ? fl_f32_to_f16(x[i]) : fl_f32_to_bf16(x[i]);
-        frame.data = sh->stage;
-        frame.len = n * 2;
-        h.frames[0] = (fl_msg_frame_t){n * 2, cl->o.values, FL_CODEC_RAW, n * 2};
+        n = dense_frames(cl, sh, d, 2, cl->o.values, false, &h, frames);
     } else {
-        const float *x = g->dense + sh->offset;
-        size_t cap = cl->o.lz4 ? fl_cmp_lz4_bound(raw) : 0;
-        size_t len = 0;
-        if (cap > 0 && grow(&sh->stage, &sh->stage_cap, cap) == FL_OK &&
-            fl_cmp_lz4_compress(x, raw, sh->stage, cap, &len) == FL_OK && len < raw) {
-            frame.data = sh->stage;
-            frame.len = len;
-            h.frames[0] = (fl_msg_frame_t){len, FL_FLOAT32, FL_CODEC_LZ4, raw};
-        } else {
-            frame.data = (void *)x; /* the caller's memory, without a copy */
-            frame.len = raw;
-            h.frames[0] = (fl_msg_frame_t){raw, FL_FLOAT32, FL_CODEC_RAW, raw};
-        }
+        n = dense_frames(cl, sh, g->dense + sh->offset, 4, FL_FLOAT32, cl->o.lz4 != 0, &h,
+                         frames);
     }
-    h.nframes = frame.data != NULL ? 1 : 0;
-    size_t sent = frame.data != NULL ? frame.len : 0; /* the transport takes the frame */
-    if (frame.data != NULL)
-        atomic_fetch_add_explicit(&cl->inflight, 1, memory_order_relaxed);
-    rc = fl_tp_send(sh->sock, NULL, &h, frame.data != NULL ? &frame : NULL, h.nframes,
-                    deadline);
+    h.nframes = (uint32_t)n;
+    size_t sent = 0; /* the transport takes the frames */
+    for (size_t f = 0; f < n; f++)
+        sent += frames[f].len;
+    atomic_fetch_add_explicit(&cl->inflight, (int64_t)n, memory_order_relaxed);
+    rc = fl_tp_send(sh->sock, NULL, &h, n > 0 ? frames : NULL, n, deadline);
     if (rc != FL_OK)
         return fl_fail_ctx(rc, "rank %d: push to shard %u (%s)", cl->o.rank, sh->index,
                            sh->host);
@@ -163,31 +183,43 @@ typedef struct xchg {
     uint64_t reply_step; /* the largest step the shards gave (latest pulls) */
 } xchg_t;
 
-/* Checks a reply and puts its parameters in place. */
+/* Checks a reply and puts its parameters in place, piece by piece. */
 static int take_reply(fl_ps_client_t *cl, cl_shard_t *sh, fl_tp_msg_t *m, float *params)
 {
     const fl_msg_pull_reply_t *r = &m->hdr.u.pull_reply;
-    size_t raw = (size_t)sh->count * sizeof(float);
+    uint64_t raw = sh->count * sizeof(float), got = 0;
     if (r->shard != sh->index || r->offset != sh->offset || r->count != sh->count ||
-        m->nframes != 1 || m->hdr.frames[0].dtype != FL_FLOAT32 ||
-        m->hdr.frames[0].raw_bytes != raw)
+        m->nframes < 1)
         return fl_fail(FL_EPROTO, "rank %d: shard %u (%s) replied with parameters %" PRIu64
                                   "+%" PRIu64 " of shard %u in %zu frames; expected %" PRIu64
                                   "+%" PRIu64,
                        cl->o.rank, sh->index, sh->host, r->offset, r->count, r->shard,
                        m->nframes, sh->offset, sh->count);
-    float *dst = params + sh->offset;
-    if (m->hdr.frames[0].codec == FL_CODEC_LZ4) {
-        int rc = fl_cmp_lz4_decompress(fl_tp_msg_data(m, 0), fl_tp_msg_size(m, 0), dst, raw);
-        if (rc != FL_OK)
-            return fl_fail_ctx(rc, "rank %d: reply of shard %u", cl->o.rank, sh->index);
-    } else if (m->hdr.frames[0].codec == FL_CODEC_RAW) {
-        memcpy(dst, fl_tp_msg_data(m, 0), raw);
-    } else {
-        return fl_fail(FL_EPROTO, "rank %d: shard %u replied with codec %u", cl->o.rank,
-                       sh->index, m->hdr.frames[0].codec);
+    uint8_t *dst = (uint8_t *)(params + sh->offset);
+    for (size_t f = 0; f < m->nframes; f++) {
+        const fl_msg_frame_t *d = &m->hdr.frames[f];
+        if (d->dtype != FL_FLOAT32 || d->raw_bytes > raw - got || d->raw_bytes % 4 != 0)
+            return fl_fail(FL_EPROTO, "rank %d: shard %u (%s) replied with a frame of %" PRIu64
+                                      " bytes past %" PRIu64 " of %" PRIu64,
+                           cl->o.rank, sh->index, sh->host, d->raw_bytes, got, raw);
+        if (d->codec == FL_CODEC_LZ4) {
+            int rc = fl_cmp_lz4_decompress(fl_tp_msg_data(m, f), fl_tp_msg_size(m, f),
+                                           dst + got, (size_t)d->raw_bytes);
+            if (rc != FL_OK)
+                return fl_fail_ctx(rc, "rank %d: reply of shard %u", cl->o.rank, sh->index);
+        } else if (d->codec == FL_CODEC_RAW) {
+            memcpy(dst + got, fl_tp_msg_data(m, f), (size_t)d->raw_bytes);
+        } else {
+            return fl_fail(FL_EPROTO, "rank %d: shard %u replied with codec %u", cl->o.rank,
+                           sh->index, d->codec);
+        }
+        got += d->raw_bytes;
+        cl->stats.bytes_recv += fl_tp_msg_size(m, f);
     }
-    cl->stats.bytes_recv += fl_tp_msg_size(m, 0);
+    if (got != raw)
+        return fl_fail(FL_EPROTO, "rank %d: shard %u (%s) replied with %" PRIu64 " of %" PRIu64
+                                  " bytes",
+                       cl->o.rank, sh->index, sh->host, got, raw);
     return FL_OK;
 }
 

@@ -28,9 +28,15 @@ typedef enum ps_src_kind {
     PS_SRC_SPARSE = 3,
 } ps_src_kind_t;
 
+/* The apply pass's block, in elements; dense payloads in pieces split on multiples of it. */
+#define PS_BLOCK 2048
+
 typedef struct ps_src {
     ps_src_kind_t kind;
-    const void *dense;   /* dense: count elements of the kind's type */
+    const void *dense;   /* dense and contiguous (chunk_elems 0): count elements */
+    const void *chunk[FL_MSG_MAX_FRAMES]; /* dense in pieces: chunk c holds elements from
+                                             c * chunk_elems on (a multiple of PS_BLOCK) */
+    uint64_t chunk_elems; /* 0: contiguous */
     const uint32_t *idx; /* sparse: k indices into the shard, strictly ascending, < count */
     const float *val;
     size_t k;
@@ -42,6 +48,22 @@ typedef struct ps_src {
 
 /* Calls src's release hook (if any) and clears it. */
 void ps_src_release(ps_src_t *src);
+
+/* Element `at` of a dense source of es-byte elements; [at, at + n) must lie in one piece
+ * (blocks of PS_BLOCK from a multiple of PS_BLOCK do). */
+static inline const void *ps_src_at(const ps_src_t *s, uint64_t at, size_t es)
+{
+    if (s->chunk_elems == 0)
+        return (const char *)s->dense + at * es;
+    uint64_t c = at / s->chunk_elems;
+    return (const char *)s->chunk[c] + (at - c * s->chunk_elems) * es;
+}
+
+/* How many elements each frame of a dense payload of count elements carries: all of them up
+ * to 1 Mi elements, else pieces of at least 1 Mi (a multiple of PS_BLOCK), at most
+ * FL_MSG_MAX_FRAMES of them. Receivers of pieces reuse heap buffers (fl_malloc_tune) where one
+ * large frame would be mapped and page-faulted in afresh every time. */
+uint64_t ps_chunk_elems(uint64_t count);
 
 /* ---- the parameters, shared with replies in flight (copy on write) ---- */
 
@@ -128,19 +150,20 @@ void ps_apply(fl_opt_t *opt, float *params, uint64_t count, const ps_src_t *cons
 
 /* ---- payloads (ps_payload.c) ---- */
 
-/* Turns a push's payload frame into a source: dense float32/float16/bfloat16 of count
- * elements (raw: pointing into the frame, no copy; lz4: decompressed into *owned), or a
- * sparse block of a tensor of count entries (decoded into *owned). Checks every size, index
- * and value (NaN or Inf refused, naming the index) before anything is used; sets src->maxabs.
- * *owned (NULL when nothing was allocated) is the caller's to free once the source is
- * released; the caller sets src->batch and src->release. FL_OK, or FL_EPROTO / FL_ENONFINITE
- * / FL_ENOMEM with the detail (then *owned is NULL). */
-int ps_payload_decode(fl_cmp_ws_t *ws, const void *data, size_t bytes, uint32_t dtype,
-                      uint32_t codec, uint64_t raw_bytes, uint64_t count, ps_src_t *src,
-                      void **owned);
+/* Turns a push's payload frames into a source: dense float32/float16/bfloat16 of count
+ * elements in nframes pieces (every piece but the last of the same element count, a multiple
+ * of PS_BLOCK; raw: pointing into the frames, no copy; lz4: each piece decompressed into one
+ * buffer at *owned), or one sparse block of a tensor of count entries (decoded into *owned).
+ * Checks every size, index and value (NaN or Inf refused, naming the index) before anything
+ * is used; sets src->maxabs. *owned (NULL when nothing was allocated) is the caller's to free
+ * once the source is released; the caller sets src->batch and src->release. FL_OK, or
+ * FL_EPROTO / FL_ENONFINITE / FL_ENOMEM with the detail (then *owned is NULL). */
+int ps_payload_decode(fl_cmp_ws_t *ws, const void *const *data, const size_t *bytes,
+                      const fl_msg_frame_t *desc, size_t nframes, uint64_t count,
+                      ps_src_t *src, void **owned);
 
-/* Encodes a reply's parameters with lz4 into a new buffer when that shrinks them: FL_OK with
- * *out (malloc'd, *out_len bytes) or *out = NULL when lz4 does not pay; FL_ENOMEM. */
+/* Encodes count parameters with lz4 into a new buffer when that shrinks them: FL_OK with *out
+ * (malloc'd, *out_len bytes) or *out = NULL when lz4 does not pay; FL_ENOMEM. */
 int ps_payload_lz4(const float *params, uint64_t count, void **out, size_t *out_len);
 
 /* ---- checkpoints (ps_ckpt.c) ---- */

@@ -59,6 +59,7 @@ void fl_ps_server_opts_init(fl_ps_server_opts_t *o)
     o->max_wait_ms = 3600000;
     o->rendezvous_timeout_ms = 300000;
     o->log_level = FL_LOG_INFO;
+    o->tune_malloc = true;
 }
 
 static int check_opts(const fl_ps_server_opts_t *o)
@@ -216,6 +217,8 @@ int fl_ps_server_create(const fl_ps_server_opts_t *o, fl_ps_server_t **out)
         return fl_fail(FL_ENOMEM, "parameter server: out of memory");
     pthread_mutex_init(&s->lock, NULL);
     pthread_cond_init(&s->cond, NULL);
+    if (o->tune_malloc)
+        fl_malloc_tune();
     s->o = *o;
     snprintf(s->coordinator, sizeof s->coordinator, "%s", o->coordinator);
     snprintf(s->job_id, sizeof s->job_id, "%s", o->job_id ? o->job_id : "flodl");

@@ -22,12 +22,14 @@ typedef struct ps_pending {
     int64_t since;
 } ps_pending_t;
 
-/* lz4-encoded parameters of one version, shared by the replies that send them. */
+/* lz4-encoded parameters of one version, piece by piece, shared by the replies that send
+ * them; a piece lz4 does not shrink is sent raw (data[c] NULL). */
 typedef struct ps_lz4 {
     _Atomic int refs;
     uint64_t version;
-    void *data;
-    size_t len;
+    int npieces;
+    void *data[FL_MSG_MAX_FRAMES];
+    size_t len[FL_MSG_MAX_FRAMES];
 } ps_lz4_t;
 
 struct ps_shard {

@@ -26,7 +26,8 @@ void ps_lz4_release(void *data, void *hint)
     (void)data;
     ps_lz4_t *z = hint;
     if (atomic_fetch_sub(&z->refs, 1) == 1) {
-        free(z->data);
+        for (int c = 0; c < z->npieces; c++)
+            free(z->data[c]);
         free(z);
     }
 }
@@ -62,13 +63,13 @@ void ps_shard_on_refused(ps_shard_t *sh)
                    m->hdr.sender, detail);
 }
 
-/* The lz4 encoding of the current version, made once and shared; NULL when lz4 does not pay
- * (remembered, so it is not tried again for this version). */
+/* The lz4 encoding of the current version, piece by piece, made once and shared by the
+ * replies of that version. */
 static ps_lz4_t *current_lz4(ps_shard_t *sh)
 {
     uint64_t v = ps_state_version(sh->state);
     if (sh->lz4 != NULL && sh->lz4->version == v)
-        return sh->lz4->data != NULL ? sh->lz4 : NULL;
+        return sh->lz4;
     if (sh->lz4 != NULL)
         ps_lz4_release(NULL, sh->lz4);
     sh->lz4 = calloc(1, sizeof *sh->lz4);
@@ -76,12 +77,19 @@ static ps_lz4_t *current_lz4(ps_shard_t *sh)
         return NULL;
     atomic_init(&sh->lz4->refs, 1);
     sh->lz4->version = v;
-    if (ps_payload_lz4(ps_params_data(ps_state_params(sh->state)), sh->conf.count,
-                       &sh->lz4->data, &sh->lz4->len) != FL_OK)
-        sh->lz4->data = NULL;
-    return sh->lz4->data != NULL ? sh->lz4 : NULL;
+    const float *p = ps_params_data(ps_state_params(sh->state));
+    uint64_t count = sh->conf.count, piece = ps_chunk_elems(count);
+    for (uint64_t at = 0; at < count; at += piece) {
+        int c = sh->lz4->npieces++;
+        uint64_t n = count - at < piece ? count - at : piece;
+        if (ps_payload_lz4(p + at, n, &sh->lz4->data[c], &sh->lz4->len[c]) != FL_OK)
+            sh->lz4->data[c] = NULL; /* out of memory: this piece goes raw */
+    }
+    return sh->lz4;
 }
 
+/* The parameters go in pieces of ps_chunk_elems, each without a copy (a reference keeps the
+ * version alive until ZeroMQ is done), or lz4-encoded when asked and when that shrinks it. */
 static void reply(ps_shard_t *sh, const fl_tp_route_t *to, int rank, bool lz4)
 {
     fl_msg_hdr_t h;
@@ -93,22 +101,29 @@ static void reply(ps_shard_t *sh, const fl_tp_route_t *to, int rank, bool lz4)
     h.u.pull_reply.version = ps_state_version(sh->state);
     h.u.pull_reply.step = ps_state_clock(sh->state, rank);
     h.u.pull_reply.min_step = ps_state_min_clock(sh->state);
-    uint64_t raw = sh->conf.count * sizeof(float);
-    fl_buf_t frame;
-    ps_lz4_t *z = lz4 ? current_lz4(sh) : NULL;
-    h.nframes = 1;
-    h.frames[0].dtype = FL_FLOAT32;
-    h.frames[0].raw_bytes = raw;
-    if (z != NULL) {
-        atomic_fetch_add(&z->refs, 1);
-        frame = (fl_buf_t){z->data, z->len, z, ps_lz4_release};
-        h.frames[0].codec = FL_CODEC_LZ4;
-    } else {
-        ps_params_t *p = ps_params_ref(ps_state_params(sh->state));
-        frame = (fl_buf_t){(void *)ps_params_data(p), (size_t)raw, p, params_release};
-        h.frames[0].codec = FL_CODEC_RAW;
+    uint64_t count = sh->conf.count, piece = ps_chunk_elems(count);
+    fl_buf_t frames[FL_MSG_MAX_FRAMES];
+    ps_lz4_t *z = lz4 && count > 0 ? current_lz4(sh) : NULL;
+    ps_params_t *p = ps_state_params(sh->state);
+    size_t n = 0;
+    for (uint64_t at = 0; at < count || n == 0; at += piece) {
+        uint64_t len = count - at < piece ? count - at : piece;
+        size_t raw = (size_t)len * sizeof(float);
+        if (z != NULL && z->data[n] != NULL) {
+            atomic_fetch_add(&z->refs, 1);
+            frames[n] = (fl_buf_t){z->data[n], z->len[n], z, ps_lz4_release};
+            h.frames[n] = (fl_msg_frame_t){z->len[n], FL_FLOAT32, FL_CODEC_LZ4, raw};
+        } else {
+            ps_params_ref(p);
+            frames[n] = (fl_buf_t){(void *)(ps_params_data(p) + at), raw, p, params_release};
+            h.frames[n] = (fl_msg_frame_t){raw, FL_FLOAT32, FL_CODEC_RAW, raw};
+        }
+        n++;
+        if (count == 0)
+            break;
     }
-    int rc = fl_tp_send(sh->sock, to, &h, &frame, 1, fl_deadline_in(0));
+    h.nframes = (uint32_t)n;
+    int rc = fl_tp_send(sh->sock, to, &h, frames, n, fl_deadline_in(0));
     if (rc != FL_OK) {
         char who[FL_HOST_MAX + 32];
         FL_WARN(sh->ctx, "shard %u: reply to %s lost: %s", sh->index,
@@ -129,6 +144,19 @@ static void ack(ps_shard_t *sh, const fl_tp_route_t *to, uint64_t step, bool ign
     h.u.push_ack.ignored = ignored;
     if (fl_tp_send(sh->sock, to, &h, NULL, 0, fl_deadline_in(0)) != FL_OK)
         FL_WARN(sh->ctx, "shard %u: ack lost: %s", sh->index, fl_last_error());
+}
+
+/* The payload of a push message as a source (ps_payload_decode over its frames). */
+static int decode(ps_shard_t *sh, fl_tp_msg_t *m, ps_src_t *src, void **owned)
+{
+    const void *data[FL_MSG_MAX_FRAMES];
+    size_t bytes[FL_MSG_MAX_FRAMES];
+    for (size_t f = 0; f < m->nframes; f++) {
+        data[f] = fl_tp_msg_data(m, f);
+        bytes[f] = fl_tp_msg_size(m, f);
+    }
+    return ps_payload_decode(sh->ws, data, bytes, m->hdr.frames, m->nframes, sh->conf.count,
+                             src, owned);
 }
 
 /* The range a message names must be this shard's, as the shard map says. */
@@ -165,17 +193,28 @@ static void on_init(ps_shard_t *sh, fl_tp_msg_t *m, int rank)
                               "rank %d pushed initial parameters; only rank 0 does", rank);
     if (ps_state_ready(sh->state))
         return ack(sh, &m->route, 0, true); /* --init, a checkpoint or an earlier push won */
-    if (m->nframes != 1 || m->hdr.frames[0].dtype != FL_FLOAT32 ||
+    if (m->nframes < 1 || m->hdr.frames[0].dtype != FL_FLOAT32 ||
         m->hdr.frames[0].codec == FL_CODEC_SPARSE)
         return ps_shard_error(sh, &m->route, FL_EINVAL, rank,
-                              "initial parameters must be one dense float32 frame");
+                              "initial parameters must be dense float32");
     ps_src_t src;
     void *owned = NULL;
-    int rc = ps_payload_decode(sh->ws, fl_tp_msg_data(m, 0), fl_tp_msg_size(m, 0),
-                               m->hdr.frames[0].dtype, m->hdr.frames[0].codec,
-                               m->hdr.frames[0].raw_bytes, sh->conf.count, &src, &owned);
+    int rc = decode(sh, m, &src, &owned);
+    float *flat = NULL;
+    if (rc == FL_OK && src.chunk_elems != 0) {
+        /* In pieces: the state takes one contiguous vector. */
+        flat = malloc(sh->conf.count > 0 ? (size_t)sh->conf.count * sizeof(float) : 1);
+        if (flat == NULL)
+            rc = fl_fail(FL_ENOMEM, "out of memory for the initial parameters");
+        for (uint64_t at = 0; flat != NULL && at < sh->conf.count; at += src.chunk_elems) {
+            uint64_t n = sh->conf.count - at < src.chunk_elems ? sh->conf.count - at
+                                                                : src.chunk_elems;
+            memcpy(flat + at, ps_src_at(&src, at, 4), (size_t)n * sizeof(float));
+        }
+    }
     if (rc == FL_OK)
-        rc = ps_state_init(sh->state, src.dense, m->hdr.u.push.step);
+        rc = ps_state_init(sh->state, flat != NULL ? flat : src.dense, m->hdr.u.push.step);
+    free(flat);
     free(owned);
     if (rc != FL_OK)
         return ps_shard_error(sh, &m->route, rc, rank, "initial parameters refused: %s",
@@ -198,13 +237,7 @@ static void on_gradient(ps_shard_t *sh, fl_tp_msg_t *m, int rank)
                                   "a push that skips its step (batch 0) carries no gradient");
         memset(&src, 0, sizeof src);
     } else {
-        if (m->nframes != 1)
-            return ps_shard_error(sh, &m->route, FL_EINVAL, rank,
-                                  "a push carries one gradient frame, this one %zu",
-                                  m->nframes);
-        int rc = ps_payload_decode(sh->ws, fl_tp_msg_data(m, 0), fl_tp_msg_size(m, 0),
-                                   m->hdr.frames[0].dtype, m->hdr.frames[0].codec,
-                                   m->hdr.frames[0].raw_bytes, sh->conf.count, &src, &owned);
+        int rc = decode(sh, m, &src, &owned);
         if (rc != FL_OK)
             return ps_shard_error(sh, &m->route, rc == FL_ENONFINITE ? rc : FL_EINVAL, rank,
                                   "gradient of step %" PRIu64 " from rank %d refused: %s",

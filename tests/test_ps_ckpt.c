@@ -383,6 +383,11 @@ START_TEST(test_init_file)
     fl_st_tensor_t small = {"w", FL_FLOAT32, 1, {100}, p, 400};
     ck_assert(fl_st_write(path, &small, 1, NULL, 0) == FL_OK);
     job_start(&j, NULL, 1, 1, NULL, 0, false, path);
+    /* Once the server registered its count, the rank with another one is refused (had the
+     * rank come first, the server would be the one refused). */
+    int64_t until = fl_now_ms() + 10000;
+    while (fl_coord_servers_active(j.coord) < 1 && fl_now_ms() < until)
+        usleep(5000);
     fl_ps_client_opts_t o;
     fl_ps_client_opts_init(&o);
     o.rank = 0;

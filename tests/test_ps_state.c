@@ -500,6 +500,16 @@ END_TEST
 
 /* ---- payloads ---- */
 
+/* One frame through the decoder. */
+static int decode1(fl_cmp_ws_t *ws, const void *data, size_t bytes, uint32_t dtype,
+                   uint32_t codec, uint64_t raw, uint64_t count, ps_src_t *s, void **owned)
+{
+    const void *d[1] = {data};
+    size_t b[1] = {bytes};
+    fl_msg_frame_t f[1] = {{bytes, dtype, codec, raw}};
+    return ps_payload_decode(ws, d, b, f, 1, count, s, owned);
+}
+
 START_TEST(test_payload_dense)
 {
     fl_cmp_ws_t *ws = NULL;
@@ -509,23 +519,19 @@ START_TEST(test_payload_dense)
         g[i] = (float)(i - 30);
     ps_src_t s;
     void *owned;
-    ck_assert_int_eq(ps_payload_decode(ws, g, sizeof g, FL_FLOAT32, FL_CODEC_RAW, sizeof g, 64,
-                                       &s, &owned),
+    ck_assert_int_eq(decode1(ws, g, sizeof g, FL_FLOAT32, FL_CODEC_RAW, sizeof g, 64, &s, &owned),
                      FL_OK);
     ck_assert_ptr_eq(s.dense, g); /* no copy */
     ck_assert_ptr_null(owned);
     ck_assert(s.maxabs == 33.0);
     /* Wrong size for the shard, wrong dtype, NaN. */
-    ck_assert_int_eq(ps_payload_decode(ws, g, sizeof g, FL_FLOAT32, FL_CODEC_RAW, sizeof g, 65,
-                                       &s, &owned),
+    ck_assert_int_eq(decode1(ws, g, sizeof g, FL_FLOAT32, FL_CODEC_RAW, sizeof g, 65, &s, &owned),
                      FL_EPROTO);
     ck_assert_msg(strstr(fl_last_error(), "65") != NULL, "%s", fl_last_error());
-    ck_assert_int_eq(ps_payload_decode(ws, g, sizeof g, FL_INT32, FL_CODEC_RAW, sizeof g, 64,
-                                       &s, &owned),
+    ck_assert_int_eq(decode1(ws, g, sizeof g, FL_INT32, FL_CODEC_RAW, sizeof g, 64, &s, &owned),
                      FL_EPROTO);
     g[40] = INFINITY;
-    ck_assert_int_eq(ps_payload_decode(ws, g, sizeof g, FL_FLOAT32, FL_CODEC_RAW, sizeof g, 64,
-                                       &s, &owned),
+    ck_assert_int_eq(decode1(ws, g, sizeof g, FL_FLOAT32, FL_CODEC_RAW, sizeof g, 64, &s, &owned),
                      FL_ENONFINITE);
     ck_assert_msg(strstr(fl_last_error(), "Inf at index 40") != NULL, "%s", fl_last_error());
     g[40] = 1;
@@ -538,21 +544,18 @@ START_TEST(test_payload_dense)
     ck_assert_int_eq(ps_payload_lz4(big, 4096, &enc, &len), FL_OK);
     ck_assert_ptr_nonnull(enc);
     ck_assert(len < sizeof big);
-    ck_assert_int_eq(ps_payload_decode(ws, enc, len, FL_FLOAT32, FL_CODEC_LZ4, sizeof big, 4096,
-                                       &s, &owned),
+    ck_assert_int_eq(decode1(ws, enc, len, FL_FLOAT32, FL_CODEC_LZ4, sizeof big, 4096, &s, &owned),
                      FL_OK);
     ck_assert_ptr_nonnull(owned);
     ck_assert_int_eq(memcmp(s.dense, big, sizeof big), 0);
     free(owned);
     ((uint8_t *)enc)[len / 2] ^= 0xff;
     ((uint8_t *)enc)[1] ^= 0x55;
-    int rc = ps_payload_decode(ws, enc, len, FL_FLOAT32, FL_CODEC_LZ4, sizeof big, 4096, &s,
-                               &owned);
+    int rc = decode1(ws, enc, len, FL_FLOAT32, FL_CODEC_LZ4, sizeof big, 4096, &s, &owned);
     ck_assert(rc == FL_EPROTO || rc == FL_OK); /* a flipped byte may still decode... */
     if (rc == FL_OK)
         free(owned);
-    ck_assert_int_eq(ps_payload_decode(ws, enc, 3, FL_FLOAT32, FL_CODEC_LZ4, sizeof big, 4096,
-                                       &s, &owned),
+    ck_assert_int_eq(decode1(ws, enc, 3, FL_FLOAT32, FL_CODEC_LZ4, sizeof big, 4096, &s, &owned),
                      FL_EPROTO); /* ...a truncated one never */
     ck_assert_ptr_null(owned);
     free(enc);
@@ -565,8 +568,7 @@ START_TEST(test_payload_dense)
     /* float16 NaN. */
     uint16_t h[8] = {0};
     h[5] = 0x7e00;
-    ck_assert_int_eq(ps_payload_decode(ws, h, sizeof h, FL_FLOAT16, FL_CODEC_RAW, sizeof h, 8,
-                                       &s, &owned),
+    ck_assert_int_eq(decode1(ws, h, sizeof h, FL_FLOAT16, FL_CODEC_RAW, sizeof h, 8, &s, &owned),
                      FL_ENONFINITE);
     ck_assert_msg(strstr(fl_last_error(), "NaN at index 5") != NULL, "%s", fl_last_error());
     fl_cmp_ws_destroy(&ws);
@@ -587,8 +589,7 @@ START_TEST(test_payload_sparse)
               FL_OK);
     ps_src_t s;
     void *owned;
-    ck_assert_int_eq(ps_payload_decode(ws, block, len, FL_FLOAT32, FL_CODEC_SPARSE, len, 100,
-                                       &s, &owned),
+    ck_assert_int_eq(decode1(ws, block, len, FL_FLOAT32, FL_CODEC_SPARSE, len, 100, &s, &owned),
                      FL_OK);
     ck_assert_int_eq(s.kind, PS_SRC_SPARSE);
     ck_assert_uint_eq(s.k, 3);
@@ -597,8 +598,7 @@ START_TEST(test_payload_sparse)
     ck_assert(s.maxabs == 7.0);
     free(owned);
     /* A block for another tensor size (an out-of-range index for this shard). */
-    ck_assert_int_eq(ps_payload_decode(ws, block, len, FL_FLOAT32, FL_CODEC_SPARSE, len, 60,
-                                       &s, &owned),
+    ck_assert_int_eq(decode1(ws, block, len, FL_FLOAT32, FL_CODEC_SPARSE, len, 60, &s, &owned),
                      FL_EPROTO);
     ck_assert_msg(strstr(fl_last_error(), "60") != NULL, "%s", fl_last_error());
     ck_assert_ptr_null(owned);
@@ -606,17 +606,86 @@ START_TEST(test_payload_sparse)
     val[2] = NAN;
     ck_assert(fl_cmp_sparse_encode(ws, idx, val, 3, 100, &so, block, sizeof block, &len) ==
               FL_OK);
-    ck_assert_int_eq(ps_payload_decode(ws, block, len, FL_FLOAT32, FL_CODEC_SPARSE, len, 100,
-                                       &s, &owned),
+    ck_assert_int_eq(decode1(ws, block, len, FL_FLOAT32, FL_CODEC_SPARSE, len, 100, &s, &owned),
                      FL_ENONFINITE);
     ck_assert_msg(strstr(fl_last_error(), "index 99") != NULL, "%s", fl_last_error());
     ck_assert_ptr_null(owned);
     /* Garbage. */
     memset(block, 0xab, sizeof block);
-    ck_assert_int_eq(ps_payload_decode(ws, block, 100, FL_FLOAT32, FL_CODEC_SPARSE, 100, 100,
-                                       &s, &owned),
+    ck_assert_int_eq(decode1(ws, block, 100, FL_FLOAT32, FL_CODEC_SPARSE, 100, 100, &s, &owned),
                      FL_EPROTO);
     fl_cmp_ws_destroy(&ws);
+}
+END_TEST
+
+/* A dense payload in pieces: the pieces are used where they are, and the update is the one a
+ * contiguous payload gives; pieces that do not tile the shard are refused. */
+START_TEST(test_payload_pieces)
+{
+    enum { P = 2 * PS_BLOCK, NN = 2 * P + 100 };
+    static float g[NN], init[NN];
+    for (int i = 0; i < NN; i++) {
+        g[i] = (float)(i % 17) - 8.0f;
+        init[i] = 1.0f;
+    }
+    fl_cmp_ws_t *ws = NULL;
+    ck_assert(fl_cmp_ws_create(&ws) == FL_OK);
+    const void *d[3] = {g, g + P, g + 2 * P};
+    size_t b[3] = {P * 4, P * 4, 100 * 4};
+    fl_msg_frame_t f[3] = {{P * 4, FL_FLOAT32, FL_CODEC_RAW, P * 4},
+                           {P * 4, FL_FLOAT32, FL_CODEC_RAW, P * 4},
+                           {400, FL_FLOAT32, FL_CODEC_RAW, 400}};
+    ps_src_t s;
+    void *owned;
+    ck_assert_msg(ps_payload_decode(ws, d, b, f, 3, NN, &s, &owned) == FL_OK, "%s",
+                  fl_last_error());
+    ck_assert_ptr_null(owned);
+    ck_assert_uint_eq(s.chunk_elems, P);
+    ck_assert_ptr_eq(ps_src_at(&s, P + 5, 4), g + P + 5);
+    ck_assert(s.maxabs == 8.0);
+    s.batch = 1;
+    ps_state_t *a = make_state(1, FL_PS_SYNC, 0, FL_OPT_SGD, NN);
+    ps_state_t *c = make_state(1, FL_PS_SYNC, 0, FL_OPT_SGD, NN);
+    ck_assert(ps_state_init(a, init, 0) == FL_OK);
+    ck_assert(ps_state_init(c, init, 0) == FL_OK);
+    bool u;
+    push_ok(a, 0, 0, &s, &u);
+    ps_src_t whole;
+    memset(&whole, 0, sizeof whole);
+    whole.kind = PS_SRC_F32;
+    whole.dense = g;
+    whole.batch = 1;
+    whole.maxabs = 8;
+    push_ok(c, 0, 0, &whole, &u);
+    ck_assert_int_eq(memcmp(ps_params_data(ps_state_params(a)), ps_params_data(ps_state_params(c)),
+                            sizeof g),
+                     0);
+    ps_state_destroy(&a);
+    ps_state_destroy(&c);
+    /* A NaN in the last piece names its index in the shard. */
+    g[2 * P + 7] = NAN;
+    ck_assert_int_eq(ps_payload_decode(ws, d, b, f, 3, NN, &s, &owned), FL_ENONFINITE);
+    ck_assert_msg(strstr(fl_last_error(), "index 8199") != NULL, "%s", fl_last_error());
+    g[2 * P + 7] = 0;
+    /* A middle piece of another size, pieces not on block boundaries, a mixed dtype. */
+    f[1].raw_bytes = f[1].bytes = b[1] = P * 4 - 4;
+    ck_assert_int_eq(ps_payload_decode(ws, d, b, f, 3, NN, &s, &owned), FL_EPROTO);
+    f[1].raw_bytes = f[1].bytes = b[1] = P * 4;
+    fl_msg_frame_t odd[2] = {{1000 * 4, FL_FLOAT32, FL_CODEC_RAW, 1000 * 4},
+                             {(NN - 1000) * 4, FL_FLOAT32, FL_CODEC_RAW, (NN - 1000) * 4}};
+    size_t ob[2] = {1000 * 4, (NN - 1000) * 4};
+    ck_assert_int_eq(ps_payload_decode(ws, d, ob, odd, 2, NN, &s, &owned), FL_EPROTO);
+    f[2].dtype = FL_FLOAT16;
+    ck_assert_int_eq(ps_payload_decode(ws, d, b, f, 3, NN, &s, &owned), FL_EPROTO);
+    ck_assert_msg(strstr(fl_last_error(), "frame 2") != NULL, "%s", fl_last_error());
+    fl_cmp_ws_destroy(&ws);
+    /* The piece size senders use: one frame up to 1 Mi elements, at most 16 pieces beyond. */
+    ck_assert_uint_eq(ps_chunk_elems(1000), 1000);
+    ck_assert_uint_eq(ps_chunk_elems(1 << 20), 1 << 20);
+    ck_assert_uint_eq(ps_chunk_elems((1 << 20) + 1), 1 << 20);
+    uint64_t big = (uint64_t)1 << 30;
+    ck_assert_uint_le((big + ps_chunk_elems(big) - 1) / ps_chunk_elems(big), FL_MSG_MAX_FRAMES);
+    ck_assert_uint_eq(ps_chunk_elems(big) % PS_BLOCK, 0);
 }
 END_TEST
 
@@ -640,6 +709,7 @@ static Suite *suite(void)
     t = tcase_create("payload");
     tcase_add_test(t, test_payload_dense);
     tcase_add_test(t, test_payload_sparse);
+    tcase_add_test(t, test_payload_pieces);
     suite_add_tcase(s, t);
     return s;
 }

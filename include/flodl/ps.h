@@ -62,6 +62,8 @@ typedef struct fl_ps_client_opts {
     int lz4;                   /* lz4 dense pushes and pulled parameters when that shrinks
                                   them (default 0) */
     fl_log_level_t log_level;  /* default FL_LOG_WARN */
+    int tune_malloc;           /* 1 (default): keep glibc from returning received parameters'
+                                  buffers to the kernel after each pull (as fl_comm_opts_t) */
 } fl_ps_client_opts_t;
 
 /* Defaults for every field; rank, world_size, coordinator and param_count stay unset. */
