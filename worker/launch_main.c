@@ -30,6 +30,8 @@ static const char usage[] =
     "  --heartbeat-timeout MS   passed to flodl-ps: a rank silent this long is dead\n"
     "  --no-pin                 do not pin workers; by default, with more workers than CPUs,\n"
     "                           rank K runs on CPU K mod ncpus\n"
+    "  --ps-flag FLAG           one more argument for flodl-ps (repeat it), e.g. to run the\n"
+    "                           parameter server: --ps-flag=--shards=2 -- --mode ps\n"
     "  --ps PATH                flodl-ps to run (default: the one next to flodl-launch)\n"
     "  --worker PATH            flodl-worker to run (default: the one next to flodl-launch)\n"
     "  --help                   this text\n"
@@ -49,6 +51,8 @@ typedef struct launch_opts {
     bool help;
     const char **wargs; /* the workers' own flags, in order */
     size_t nwargs;
+    const char **pargs; /* --ps-flag values, in order */
+    size_t npargs;
 } launch_opts_t;
 
 /* One job: flodl-ps is child 0, rank k is child k + 1. */
@@ -108,6 +112,12 @@ static int parse_flags(int argc, char **argv, launch_opts_t *o)
             if (fl_cli_long("--heartbeat-timeout", v, 10, 3600000, &ms) != FL_OK)
                 return FL_EINVAL;
             o->heartbeat = v;
+            continue;
+        }
+        if (!rest && opt_value(argc, argv, &i, "--ps-flag", &v)) {
+            if (v == NULL || v[0] == '\0')
+                return fl_fail(FL_EINVAL, "--ps-flag: missing value");
+            o->pargs[o->npargs++] = v;
             continue;
         }
         if (!rest && opt_value(argc, argv, &i, "--ps", &v)) {
@@ -322,9 +332,20 @@ static void start_ps(job_t *j, const launch_opts_t *o, const char *path, const c
 {
     char world[24];
     snprintf(world, sizeof world, "%ld", o->workers);
-    const char *argv[16] = {path, "--bind", "tcp://127.0.0.1:0", "--world-size", world,
-                            "--endpoint-file", epfile};
-    size_t a = 7;
+    const char **argv = calloc(o->npargs + 16, sizeof *argv);
+    if (argv == NULL) {
+        fprintf(stderr, "flodl-launch: no memory for flodl-ps's arguments\n");
+        j->code = 1;
+        return;
+    }
+    size_t a = 0;
+    argv[a++] = path;
+    argv[a++] = "--bind";
+    argv[a++] = "tcp://127.0.0.1:0";
+    argv[a++] = "--world-size";
+    argv[a++] = world;
+    argv[a++] = "--endpoint-file";
+    argv[a++] = epfile;
     /* Quiet unless the user asked flodl-ps for more through its variable. */
     const char *log = getenv("FLODL_LOG");
     if (log == NULL || log[0] == '\0') {
@@ -339,10 +360,14 @@ static void start_ps(job_t *j, const launch_opts_t *o, const char *path, const c
         argv[a++] = "--job-id";
         argv[a++] = o->job_id;
     }
+    for (size_t i = 0; i < o->npargs; i++)
+        argv[a++] = o->pargs[i];
     argv[a] = NULL;
     size_t idx;
-    if (fl_wk_procs_spawn(j->procs, "flodl-ps", "[ps] ", path, (char *const *)argv, -1, &idx) !=
-        FL_OK) {
+    int rc = fl_wk_procs_spawn(j->procs, "flodl-ps", "[ps] ", path, (char *const *)argv, -1,
+                               &idx);
+    free(argv);
+    if (rc != FL_OK) {
         fprintf(stderr, "flodl-launch: cannot start flodl-ps: %s\n", fl_last_error());
         j->code = 1;
         return;
@@ -447,7 +472,8 @@ int main(int argc, char **argv)
 {
     launch_opts_t o = {.workers = 4, .pin = true};
     o.wargs = calloc((size_t)argc + 1, sizeof *o.wargs);
-    if (o.wargs == NULL) {
+    o.pargs = calloc((size_t)argc + 1, sizeof *o.pargs);
+    if (o.wargs == NULL || o.pargs == NULL) {
         fprintf(stderr, "flodl-launch: no memory\n");
         return 1;
     }
@@ -455,6 +481,7 @@ int main(int argc, char **argv)
     if (rc == FL_OK && o.help) {
         fputs(usage, stdout);
         free(o.wargs);
+        free(o.pargs);
         return 0;
     }
     char ps_path[PATH_MAX];
@@ -467,9 +494,11 @@ int main(int argc, char **argv)
     if (rc != FL_OK) {
         fprintf(stderr, "flodl-launch: %s\n", fl_last_error());
         free(o.wargs);
+        free(o.pargs);
         return rc == FL_EINVAL ? 2 : 1;
     }
     rc = run_job(&o, ps_path, wk_path);
     free(o.wargs);
+    free(o.pargs);
     return rc;
 }
