@@ -1,0 +1,259 @@
+/* Training through the parameter server (worker/train_ps.c) on a small dataset: two ranks with
+ * batch 16 against a sync server running SGD with momentum (and Adam) end with the parameters
+ * of one local worker with batch 32, to float32 tolerance; top-k pushes with error feedback
+ * learn; a server holding another model is refused. */
+#include <math.h>
+#include <pthread.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#include "fl_ps.h"
+#include "fl_wk.h"
+#include "testutil.h"
+
+#define N 512
+#define DIM 6
+#define CLASSES 3
+
+static char dir[64];
+
+static void make_data(fl_wk_dataset_t *d)
+{
+    memset(d, 0, sizeof *d);
+    d->n = N;
+    d->dim = DIM;
+    d->classes = CLASSES;
+    d->x = malloc(N * DIM * sizeof *d->x);
+    d->y = malloc(N * sizeof *d->y);
+    snprintf(d->source, sizeof d->source, "test clusters");
+    uint64_t s = 99;
+    for (size_t i = 0; i < N; i++) {
+        int c = (int)(i % CLASSES);
+        d->y[i] = c;
+        for (size_t j = 0; j < DIM; j++)
+            d->x[i * DIM + j] = (float)((j % CLASSES == (size_t)c ? 1.5 : -0.5) +
+                                        0.8 * fl_test_uniform(&s));
+    }
+}
+
+static void base_opts(fl_wk_train_opts_t *o, const char *save)
+{
+    fl_wk_train_opts_init(o);
+    fl_wk_mlp_parse("6,16,3", &o->shape);
+    o->epochs = 2;
+    o->shuffle = false;
+    o->seed = 3;
+    o->lr.lr = 0.1;
+    o->quiet = true;
+    o->save_path = save;
+}
+
+static float *load_params(const char *path, size_t *n)
+{
+    fl_wk_mlp_shape_t m;
+    fl_wk_mlp_parse("6,16,3", &m);
+    *n = fl_wk_mlp_nparams(&m);
+    float *p = malloc(*n * sizeof *p);
+    ck_assert_msg(fl_wk_mlp_load(&m, p, path) == FL_OK, "%s", fl_last_error());
+    return p;
+}
+
+static double max_rel_diff(const char *a, const char *b)
+{
+    size_t n, n2;
+    float *pa = load_params(a, &n);
+    float *pb = load_params(b, &n2);
+    double worst = 0;
+    for (size_t i = 0; i < n; i++) {
+        double d = fabs((double)pa[i] - pb[i]) / (1e-3 + fabs((double)pa[i]));
+        worst = d > worst ? d : worst;
+    }
+    free(pa);
+    free(pb);
+    return worst;
+}
+
+typedef struct ps_job {
+    fl_coord_t *coord;
+    fl_ps_server_t *srv;
+} ps_job_t;
+
+/* A coordinator and a 2-shard sync server running the optimizer o describes. */
+static void ps_start(ps_job_t *j, int world, const fl_wk_train_opts_t *o)
+{
+    fl_coord_opts_t co;
+    fl_coord_opts_init(&co);
+    co.bind = "tcp://127.0.0.1:0";
+    co.world_size = world;
+    co.num_shards = 2;
+    co.log_level = FL_LOG_OFF;
+    ck_assert(fl_coord_create(&co, &j->coord) == FL_OK);
+    ck_assert(fl_coord_start(j->coord) == FL_OK);
+    fl_ps_server_opts_t so;
+    fl_ps_server_opts_init(&so);
+    so.coordinator = fl_coord_endpoint(j->coord);
+    so.host = "127.0.0.1";
+    so.num_shards = 2;
+    so.shard_count = 2;
+    so.opt = o->opt;
+    so.lr = o->lr;
+    so.log_level = FL_LOG_OFF;
+    ck_assert_msg(fl_ps_server_create(&so, &j->srv) == FL_OK, "%s", fl_last_error());
+    ck_assert(fl_ps_server_start(j->srv) == FL_OK);
+}
+
+static void ps_end(ps_job_t *j)
+{
+    fl_ps_server_stop(j->srv);
+    fl_ps_server_destroy(&j->srv);
+    fl_coord_stop(j->coord);
+    fl_coord_destroy(&j->coord);
+}
+
+typedef struct rank_arg {
+    const char *endpoint;
+    int rank, world;
+    fl_wk_train_opts_t o;
+    const fl_wk_dataset_t *data;
+    fl_wk_train_result_t res;
+    int rc;
+    char err[1024];
+} rank_arg_t;
+
+static void *rank_main(void *p)
+{
+    rank_arg_t *a = p;
+    fl_ps_client_opts_t po;
+    fl_ps_client_opts_init(&po);
+    po.rank = a->rank;
+    po.world_size = a->world;
+    po.coordinator = a->endpoint;
+    po.host = "127.0.0.1";
+    po.param_count = fl_wk_mlp_nparams(&a->o.shape);
+    po.model_signature = fl_wk_mlp_signature(&a->o.shape);
+    po.timeout_ms = 20000;
+    po.rendezvous_timeout_ms = 20000;
+    po.log_level = FL_LOG_OFF;
+    fl_ps_client_t *cl = NULL;
+    a->rc = fl_ps_client_create(&po, &cl);
+    if (a->rc == FL_OK)
+        a->rc = fl_wk_train_ps(cl, a->rank, a->world, a->data, a->data, &a->o, &a->res);
+    if (a->rc != FL_OK)
+        snprintf(a->err, sizeof a->err, "%s", fl_last_error());
+    fl_ps_client_destroy(&cl);
+    return NULL;
+}
+
+/* world ranks train through a fresh parameter server; rank 0 saves to save. */
+static void run_ps(int world, const fl_wk_train_opts_t *base, const fl_wk_dataset_t *d,
+                   rank_arg_t *args)
+{
+    ps_job_t j;
+    ps_start(&j, world, base);
+    pthread_t th[4];
+    for (int r = 0; r < world; r++) {
+        memset(&args[r], 0, sizeof args[r]);
+        args[r].endpoint = fl_coord_endpoint(j.coord);
+        args[r].rank = r;
+        args[r].world = world;
+        args[r].o = *base;
+        args[r].o.mode = FL_WK_MODE_PS;
+        args[r].data = d;
+        ck_assert(pthread_create(&th[r], NULL, rank_main, &args[r]) == 0);
+    }
+    for (int r = 0; r < world; r++)
+        pthread_join(th[r], NULL);
+    for (int r = 0; r < world; r++)
+        ck_assert_msg(args[r].rc == FL_OK, "rank %d: %s", r, args[r].err);
+    ps_end(&j);
+}
+
+START_TEST(test_ps_data_parallel_equivalence)
+{
+    fl_wk_dataset_t d;
+    make_data(&d);
+    char one[128], ps[128];
+    snprintf(one, sizeof one, "%s/one.safetensors", dir);
+    snprintf(ps, sizeof ps, "%s/ps.safetensors", dir);
+    static rank_arg_t args[4];
+
+    /* SGD with momentum: one local worker of batch 32, two ranks of 16 through the server. */
+    fl_wk_train_opts_t o;
+    base_opts(&o, one);
+    o.batch = 32;
+    fl_wk_train_result_t res;
+    ck_assert_msg(fl_wk_train(NULL, &d, &d, &o, &res) == FL_OK, "%s", fl_last_error());
+    base_opts(&o, ps);
+    o.batch = 16;
+    run_ps(2, &o, &d, args);
+    ck_assert_int_eq(args[0].res.steps, 2 * (N / 32));
+    ck_assert_int_eq(args[0].res.epochs, 2);
+    ck_assert(args[0].res.test_acc > 0.8);
+    ck_assert(isnan(args[1].res.test_acc)); /* rank 0 evaluates */
+    double diff = max_rel_diff(one, ps);
+    ck_assert_msg(diff < 1e-4, "2 ranks through the server vs 1 local: %.3g", diff);
+
+    /* Adam, four ranks of batch 8. */
+    base_opts(&o, one);
+    o.batch = 32;
+    o.opt.kind = FL_OPT_ADAM;
+    o.opt.momentum = 0;
+    o.lr.lr = 0.01;
+    ck_assert_msg(fl_wk_train(NULL, &d, &d, &o, &res) == FL_OK, "%s", fl_last_error());
+    base_opts(&o, ps);
+    o.batch = 8;
+    o.opt.kind = FL_OPT_ADAM;
+    o.opt.momentum = 0;
+    o.lr.lr = 0.01;
+    run_ps(4, &o, &d, args);
+    diff = max_rel_diff(one, ps);
+    ck_assert_msg(diff < 1e-4, "Adam, 4 ranks through the server vs 1 local: %.3g", diff);
+    unlink(one);
+    unlink(ps);
+    fl_wk_dataset_free(&d);
+}
+END_TEST
+
+START_TEST(test_ps_topk_learns)
+{
+    fl_wk_dataset_t d;
+    make_data(&d);
+    fl_wk_train_opts_t o;
+    base_opts(&o, NULL);
+    o.batch = 16;
+    o.epochs = 4;
+    o.topk = 0.1;
+    static rank_arg_t args[2];
+    run_ps(2, &o, &d, args);
+    ck_assert_msg(args[0].res.test_acc > 0.9, "accuracy %.3f", args[0].res.test_acc);
+    /* 10% of the entries, an index and a value each (plus a 40-byte block header per shard,
+     * which weighs on a 163-parameter model). */
+    ck_assert_msg(args[1].res.bytes_sent * 3 < args[1].res.raw_bytes, "%llu of %llu bytes",
+                  (unsigned long long)args[1].res.bytes_sent,
+                  (unsigned long long)args[1].res.raw_bytes);
+    fl_wk_dataset_free(&d);
+}
+END_TEST
+
+static Suite *suite(void)
+{
+    Suite *s = suite_create("wk_ps");
+    TCase *t = tcase_create("train");
+    tcase_set_timeout(t, 120);
+    tcase_add_test(t, test_ps_data_parallel_equivalence);
+    tcase_add_test(t, test_ps_topk_learns);
+    suite_add_tcase(s, t);
+    return s;
+}
+
+int main(void)
+{
+    snprintf(dir, sizeof dir, "/tmp/flodl-wkps-XXXXXX");
+    if (mkdtemp(dir) == NULL)
+        return 1;
+    int rc = fl_test_run(suite());
+    rmdir(dir);
+    return rc;
+}
