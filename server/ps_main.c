@@ -403,6 +403,18 @@ int main(int argc, char **argv)
         fl_ps_server_stop(srv); /* a final checkpoint unless it ended already */
         server_rc = fl_ps_server_wait(srv, 0);
         snprintf(server_detail, sizeof server_detail, "%s", fl_last_error());
+        fl_ps_server_stats_t st;
+        fl_ps_server_get_stats(srv, &st);
+        if (a.so.log_level <= FL_LOG_INFO)
+            fprintf(stderr,
+                    "flodl-ps: shards %d..%d served %llu pushes and %llu pulls up to step %llu "
+                    "(version %llu); refused %llu requests and %llu malformed messages; %llu "
+                    "checkpoints, %llu pulls timed out\n",
+                    a.so.shard_first, a.so.shard_first + a.so.shard_count - 1,
+                    (unsigned long long)st.pushes, (unsigned long long)st.pulls,
+                    (unsigned long long)st.step, (unsigned long long)st.version,
+                    (unsigned long long)st.refused, (unsigned long long)st.bad_msgs,
+                    (unsigned long long)st.checkpoints, (unsigned long long)st.timeouts);
         fl_ps_server_destroy(&srv);
     }
     if (coord != NULL) {

@@ -304,6 +304,17 @@ START_TEST(test_bad_pushes_and_pulls_are_refused)
     push(x, s0, FL_PUSH_GRADIENT, 0, block, len, FL_FLOAT32, FL_CODEC_SPARSE, len);
     expect_error(x, FL_EINVAL, text, sizeof text);
     ASSERT_HAS(text, "sparse push for a tensor of");
+    /* An index beyond the shard: a valid block for the shard whose first delta is raised, so
+     * the last index lands past the end (sizes unchanged). */
+    uint32_t idx2[2] = {3, (uint32_t)s0->count - 1};
+    so.lz4 = false;
+    ck_assert(fl_cmp_sparse_encode(ws, idx2, val, 2, (size_t)s0->count, &so, block,
+                                   sizeof block, &len) == FL_OK);
+    ck_assert_uint_eq(block[FL_CMP_SPARSE_HEADER], 3);
+    block[FL_CMP_SPARSE_HEADER] = 0x70;
+    push(x, s0, FL_PUSH_GRADIENT, 0, block, len, FL_FLOAT32, FL_CODEC_SPARSE, len);
+    expect_error(x, FL_EINVAL, text, sizeof text);
+    ASSERT_HAS(text, "outside 0..1999");
     memset(block, 0x5a, 64);
     push(x, s0, FL_PUSH_GRADIENT, 0, block, 64, FL_FLOAT32, FL_CODEC_SPARSE, 64);
     expect_error(x, FL_EINVAL, text, sizeof text);

@@ -231,7 +231,7 @@ int fl_tp_member_create(fl_ctx_t *ctx, const fl_tp_member_opts_t *opts, fl_tp_me
 
 /* Registers reg (kept, with its tables, for reconnects) and waits for the welcome until the
  * rendezvous deadline (or fl_tp_member_cancel: FL_ECLOSED), heartbeating meanwhile and
- * registering again when the coordinator is silent for a second. FL_OK: *welcome holds the decoded welcome (the caller deinits it) and
+ * registering again (backing off from 250 ms to 4 s) while the coordinator is silent. FL_OK: *welcome holds the decoded welcome (the caller deinits it) and
  * the member took its generation and heartbeat settings. Otherwise the coordinator's refusal
  * (its code, FL_EPEER when it gave none, with its text), FL_EPROTO (a welcome with impossible
  * heartbeat settings), FL_ETIMEDOUT (saying how far the rendezvous got), FL_EIO. */

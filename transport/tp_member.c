@@ -16,9 +16,12 @@
 /* Often enough for any coordinator heartbeat timeout above ~0.5 s, which members cannot know
  * before the welcome. */
 #define JOIN_HEARTBEAT_MS 200
-/* A member that has heard nothing from the coordinator for this long registers again (a
- * duplicate registration from the same connection is ignored by the coordinator). */
-#define JOIN_RESEND_MS 1000
+/* A member that has heard nothing from the coordinator registers again (a duplicate
+ * registration from the same connection is ignored by the coordinator), after 250 ms, then
+ * backing off by doubling up to 4 s while the silence lasts; once heard from, after 4 s of
+ * silence. */
+#define JOIN_RESEND_MIN_MS 250
+#define JOIN_RESEND_MAX_MS 4000
 #define COORD_MAX_MSG ((size_t)64 << 20)
 
 enum { CMD_STOP = 1 };
@@ -182,6 +185,7 @@ static int join_loop(fl_tp_member_t *m, int64_t deadline, int timeout_ms, fl_tp_
         return fl_fail_ctx(rc, "%s: register with coordinator %s", m->name, m->coordinator);
     int64_t next_hb = fl_now_ms() + JOIN_HEARTBEAT_MS;
     int64_t last_heard = fl_now_ms();
+    int resend_ms = JOIN_RESEND_MIN_MS;
     char progress[FL_MSG_MISSING_MAX + 64] = "";
     bool heard = false;
     fl_tp_sock_t *socks[2] = {m->coord, cmd};
@@ -213,6 +217,9 @@ static int join_loop(fl_tp_member_t *m, int64_t deadline, int timeout_ms, fl_tp_
                 return fl_fail_ctx(rc, "%s: rendezvous", m->name);
             heard = true;
             last_heard = fl_now_ms();
+            /* Registered: the coordinator beats to us now, so only a long silence means it
+             * forgot us (it restarted). */
+            resend_ms = JOIN_RESEND_MAX_MS;
             switch (msg.hdr.type) {
             case FL_MSG_WELCOME:
                 rc = take_welcome(m, &msg.hdr);
@@ -258,11 +265,12 @@ static int join_loop(fl_tp_member_t *m, int64_t deadline, int timeout_ms, fl_tp_
                                          "ms (is flodl-ps running and reachable?)",
                            m->name, m->coordinator, timeout_ms);
         }
-        if (now - last_heard >= JOIN_RESEND_MS) {
+        if (now - last_heard >= resend_ms) {
             /* A coordinator that restarted has forgotten us; one that is merely slow ignores
              * the repeat. */
             send_register(m);
             last_heard = now;
+            resend_ms = resend_ms * 2 > JOIN_RESEND_MAX_MS ? JOIN_RESEND_MAX_MS : resend_ms * 2;
         }
         if (now >= next_hb) {
             send_heartbeat(m);
