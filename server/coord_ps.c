@@ -421,6 +421,14 @@ int fl_coord_ps_fill_welcome(fl_coord_t *c, fl_msg_hdr_t *h, char *why, size_t c
                  c->job_id);
         return FL_EINVAL;
     }
+    /* Every shard must hold something: n fills at least as many blocks as there are shards. */
+    if ((n + FL_PS_ALIGN - 1) / FL_PS_ALIGN < (uint64_t)c->nshards) {
+        snprintf(why, cap, "job '%s' cannot start: %" PRIu64 " parameters do not fill %d shards "
+                           "of at least %d (use at most %" PRIu64 " shards)",
+                 c->job_id, n, c->nshards, FL_PS_ALIGN,
+                 (n + FL_PS_ALIGN - 1) / FL_PS_ALIGN);
+        return FL_EINVAL;
+    }
     fl_msg_welcome_t *w = &h->u.welcome;
     if (fl_msg_welcome_alloc_shards(h, (uint32_t)c->nshards) != FL_OK) {
         snprintf(why, cap, "%s", fl_last_error());

@@ -94,6 +94,10 @@ int cl_break(fl_ps_client_t *cl, int rc)
     return rc;
 }
 
+/* Closes the shard connections, dropping what is queued on them, and frees their buffers once
+ * ZeroMQ has let go of every frame that points into them (its I/O thread releases the dropped
+ * ones shortly after the close). Should that take more than 10 s the buffers are kept, never
+ * freed under a reader. */
 static void close_shards(fl_ps_client_t *cl)
 {
     for (int s = 0; s < cl->nshards; s++) {
@@ -102,8 +106,18 @@ static void close_shards(fl_ps_client_t *cl)
             fl_tp_sock_set_linger(sh->sock, 0);
             fl_tp_sock_destroy(&sh->sock);
         }
-        free(sh->stage);
-        free(sh->rel_idx);
+    }
+    int64_t until = fl_deadline_in(10000);
+    while (atomic_load(&cl->inflight) > 0 && fl_deadline_left_ms(until) > 0)
+        usleep(100);
+    bool held = atomic_load(&cl->inflight) > 0;
+    if (held)
+        FL_ERROR(cl->ctx, "rank %d: ZeroMQ still holds %lld pushes 10 s after their sockets "
+                          "closed; keeping their buffers",
+                 cl->o.rank, (long long)atomic_load(&cl->inflight));
+    for (int s = 0; s < cl->nshards && !held; s++) {
+        free(cl->shards[s].stage);
+        free(cl->shards[s].rel_idx);
     }
     free(cl->shards);
     cl->shards = NULL;
@@ -393,6 +407,11 @@ static int join_training(fl_ps_client_t *cl, float *params, bool *resynced)
 {
     for (int tries = 0; tries < MAX_RESYNCS; tries++) {
         int rc = cl_exchange(cl, NULL, cl->o.rank == 0, params, true);
+        /* SSP: the ranks' clocks may be apart (a checkpoint keeps them as they were); the
+         * parameters for this rank's step come within the staleness bound, or its next push
+         * would be beyond it. */
+        if (rc == FL_OK && cl->consistency == FL_PS_SSP)
+            rc = cl_exchange(cl, NULL, false, params, false);
         if (rc != FL_ERESYNC) {
             if (rc == FL_OK)
                 cl->resync_pending = false;

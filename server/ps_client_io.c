@@ -9,6 +9,7 @@
 #include "ps_int.h"
 
 #include <inttypes.h>
+#include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -284,6 +285,16 @@ static bool checkpoint_mark(fl_ps_client_t *cl)
 
 static int check_grad(const fl_ps_client_t *cl, const fl_ps_grad_t *g)
 {
+    /* A NaN or Inf found by one shard after others took their part would leave the step half
+     * pushed: nothing leaves before the whole gradient is known finite. */
+    if (g->batch > 0 && g->dense != NULL && ps_max_abs_bits(g->dense, (size_t)cl->n) >= 0x7f800000u) {
+        for (size_t i = 0; i < (size_t)cl->n; i++)
+            if (!isfinite(g->dense[i]))
+                return fl_fail(FL_ENONFINITE, "rank %d: the gradient of step %llu holds %s at "
+                                              "index %zu: nothing pushed",
+                               cl->o.rank, (unsigned long long)cl->step,
+                               isnan(g->dense[i]) ? "NaN" : "Inf", i);
+    }
     if (g->batch > 0 && g->dense == NULL) {
         if (g->k > 0 && (g->idx == NULL || g->val == NULL))
             return fl_fail(FL_EINVAL, "rank %d: sparse gradient without indices or values",
@@ -291,6 +302,12 @@ static int check_grad(const fl_ps_client_t *cl, const fl_ps_grad_t *g)
         int rc = fl_cmp_sparse_check(g->idx, g->k, (size_t)cl->n, cl->o.values);
         if (rc != FL_OK)
             return fl_fail_ctx(rc, "rank %d: push", cl->o.rank);
+        for (size_t i = 0; i < g->k; i++)
+            if (!isfinite(g->val[i]))
+                return fl_fail(FL_ENONFINITE, "rank %d: the gradient of step %llu holds %s at "
+                                              "index %u: nothing pushed",
+                               cl->o.rank, (unsigned long long)cl->step,
+                               isnan(g->val[i]) ? "NaN" : "Inf", g->idx[i]);
     }
     return FL_OK;
 }

@@ -119,8 +119,16 @@ ps_params_t *ps_state_params(ps_state_t *st);
 /* The optimizer, for checkpoints. */
 const fl_opt_t *ps_state_opt(const ps_state_t *st);
 
-/* May rank push step now? FL_OK, or FL_EINVAL with why (no parameters yet; a step pushed
- * twice or out of order; beyond the staleness bound, naming the slowest rank). */
+/* ps_state_check_push's answer to a push of the step the rank pushed last (a retry): taken
+ * already, to be acknowledged and ignored. */
+#define PS_PUSH_DUPLICATE 1
+
+/* Async: the most steps a rank may jump ahead of its last push. */
+#define PS_MAX_STEP_JUMP 1000000
+
+/* May rank push step now? FL_OK, PS_PUSH_DUPLICATE (its last step again), or FL_EINVAL with
+ * why (no parameters yet; an older step; sync: not the shard's current step; SSP: beyond the
+ * staleness bound, naming the slowest rank; async: an absurd jump). */
 int ps_state_check_push(const ps_state_t *st, int rank, uint64_t step, char *why, size_t cap);
 
 /* Takes rank's gradient for step (after ps_state_check_push said yes). The state owns src
@@ -161,6 +169,10 @@ void ps_apply(fl_opt_t *opt, float *params, uint64_t count, const ps_src_t *cons
 int ps_payload_decode(fl_cmp_ws_t *ws, const void *const *data, const size_t *bytes,
                       const fl_msg_frame_t *desc, size_t nframes, uint64_t count,
                       ps_src_t *src, void **owned);
+
+/* The largest |x| of n float32 (at any alignment) as its bit pattern: at or above 0x7f800000
+ * when one of them is NaN or Inf. One vectorised pass. */
+uint32_t ps_max_abs_bits(const void *x, size_t n);
 
 /* Encodes count parameters with lz4 into a new buffer when that shrinks them: FL_OK with *out
  * (malloc'd, *out_len bytes) or *out = NULL when lz4 does not pay; FL_ENOMEM. */

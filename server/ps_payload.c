@@ -29,7 +29,7 @@ uint64_t ps_chunk_elems(uint64_t count)
 #if defined(__x86_64__) && defined(__GNUC__) && !defined(__clang__) && __GNUC__ >= 12
 __attribute__((target_clones("arch=x86-64-v3", "default")))
 #endif
-static uint32_t max_abs_bits(const ps_uf32 *x, size_t n)
+uint32_t ps_max_abs_bits(const void *x, size_t n)
 {
     const uint32_t *u = (const uint32_t *)(const void *)x;
     uint32_t m = 0;
@@ -72,7 +72,7 @@ static int check_piece(const ps_src_t *src, const void *piece, uint64_t n, uint6
 {
     double m = 0.0;
     if (src->kind == PS_SRC_F32) {
-        uint32_t b = max_abs_bits(piece, (size_t)n);
+        uint32_t b = ps_max_abs_bits(piece, (size_t)n);
         if (b >= 0x7f800000u)
             return name_nonfinite(src, piece, n, base);
         m = (double)bits_float(b);

@@ -81,8 +81,11 @@ static int check_opts(const fl_ps_server_opts_t *o)
         return fl_fail(FL_EINVAL, "parameter server: --staleness only applies to ssp");
     if (!(o->async_scale >= 0.0) || o->async_scale > 1e6)
         return fl_fail(FL_EINVAL, "parameter server: async scale %g", o->async_scale);
-    if (o->keep < 1)
-        return fl_fail(FL_EINVAL, "parameter server: --keep %d must be at least 1", o->keep);
+    if (o->keep < 2)
+        return fl_fail(FL_EINVAL, "parameter server: --keep %d: keep at least 2 (a crash while "
+                                  "the shards write one checkpoint must leave an older one they "
+                                  "all hold)",
+                       o->keep);
     if (o->checkpoint_dir == NULL && (o->resume || o->ckpt_every_steps || o->ckpt_every_ms))
         return fl_fail(FL_EINVAL, "parameter server: --resume and --checkpoint-every need "
                                   "--checkpoint-dir");
@@ -137,16 +140,19 @@ static int scan_checkpoints(fl_ps_server_t *s)
     uint64_t common[256];
     size_t ncommon = 0;
     uint64_t params = 0;
+    size_t files = 0;
+    char seen[512] = "";
+    size_t used = 0;
     for (int k = 0; k < o->shard_count; k++) {
         uint32_t idx = (uint32_t)(o->shard_first + k);
         uint64_t steps[256];
         size_t n = 0;
+        uint32_t foreign = 0;
+        int rc = ps_ckpt_list(s->ckpt_dir, idx, (uint32_t)o->num_shards, steps, 256, &n, &foreign);
+        if (rc != FL_OK)
+            return rc;
+        files += n + (foreign > 0);
         if (!o->resume) {
-            uint32_t foreign = 0;
-            int rc = ps_ckpt_list(s->ckpt_dir, idx, (uint32_t)o->num_shards, steps, 256, &n,
-                                  &foreign);
-            if (rc != FL_OK)
-                return rc;
             if (n > 0 || foreign > 0)
                 return fl_fail(FL_EINVAL, "--checkpoint-dir %s holds checkpoints of an earlier "
                                           "run: pass --resume to continue from them, or choose "
@@ -154,10 +160,16 @@ static int scan_checkpoints(fl_ps_server_t *s)
                                s->ckpt_dir);
             continue;
         }
-        int rc = ps_ckpt_valid_steps(s->ckpt_dir, idx, (uint32_t)o->num_shards, s->ctx, steps,
-                                     256, &n, &params);
-        if (rc != FL_OK)
+        if ((rc = ps_ckpt_valid_steps(s->ckpt_dir, idx, (uint32_t)o->num_shards, s->ctx, steps,
+                                      256, &n, &params)) != FL_OK)
             return rc;
+        if (used + 48 < sizeof seen)
+            used += (size_t)snprintf(seen + used, sizeof seen - used, "%sshard %u: %zu valid%s",
+                                     k ? "; " : "", idx, n,
+                                     n ? ", newest " : "");
+        if (n > 0 && used + 24 < sizeof seen)
+            used += (size_t)snprintf(seen + used, sizeof seen - used, "%llu",
+                                     (unsigned long long)steps[0]);
         if (k == 0) {
             memcpy(common, steps, n * sizeof *steps);
             ncommon = n;
@@ -173,6 +185,10 @@ static int scan_checkpoints(fl_ps_server_t *s)
         }
         ncommon = keep;
     }
+    if (o->resume && files > 0 && ncommon == 0)
+        return fl_fail(FL_EINVAL, "--resume: %s holds checkpoints, but no valid step common to "
+                                  "shards %d..%d (%s): refusing to start over",
+                       s->ckpt_dir, o->shard_first, o->shard_first + o->shard_count - 1, seen);
     s->nresume = ncommon < FL_MSG_MAX_CHECKPOINTS ? ncommon : FL_MSG_MAX_CHECKPOINTS;
     memcpy(s->resume_steps, common, s->nresume * sizeof *common);
     if (params != 0) {
@@ -185,7 +201,7 @@ static int scan_checkpoints(fl_ps_server_t *s)
     if (o->resume)
         FL_INFO(s->ctx, "resuming: %zu checkpoint steps held by shards %d..%d%s", s->nresume,
                 o->shard_first, o->shard_first + o->shard_count - 1,
-                s->nresume == 0 ? " (starting afresh)" : "");
+                s->nresume == 0 ? " (none yet: starting afresh)" : "");
     return FL_OK;
 }
 

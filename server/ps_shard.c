@@ -115,6 +115,11 @@ int ps_shard_resume(ps_shard_t *sh, uint64_t step)
         rc = fl_fail(FL_EPROTO, "checkpoint %s was written with optimizer %s, this job runs %s",
                      ck.path, fl_opt_kind_name(m->opt), fl_opt_kind_name(c->state.opt.kind));
     } else {
+        if (m->consistency != c->state.consistency)
+            FL_WARN(sh->ctx, "shard %u: checkpoint %s was written under %s consistency, the job "
+                             "now runs %s",
+                    sh->index, ck.path, fl_ps_consistency_name(m->consistency),
+                    fl_ps_consistency_name(c->state.consistency));
         rc = ps_state_restore(sh->state, ck.params, ck.buf1, ck.buf2, m->opt_steps, m->version,
                               ck.clocks, ck.nclocks);
         if (rc != FL_OK)
@@ -127,7 +132,7 @@ int ps_shard_resume(ps_shard_t *sh, uint64_t step)
     return rc;
 }
 
-int ps_shard_checkpoint(ps_shard_t *sh, uint64_t step)
+int ps_shard_checkpoint(ps_shard_t *sh, uint64_t step, bool prune)
 {
     const ps_shard_conf_t *c = &sh->conf;
     if (c->ckpt_dir == NULL || !ps_state_ready(sh->state))
@@ -149,7 +154,8 @@ int ps_shard_checkpoint(ps_shard_t *sh, uint64_t step)
     if (opt != NULL)
         fl_opt_state(opt, &b1, &b2, &m.opt_steps);
     int rc = ps_ckpt_write(c->ckpt_dir, &m, ps_params_data(ps_state_params(sh->state)), b1, b2,
-                           ps_state_clocks(sh->state), (size_t)c->state.world, c->keep);
+                           ps_state_clocks(sh->state), (size_t)c->state.world,
+                           prune ? c->keep : 0);
     if (rc != FL_OK) {
         /* Training goes on; the previous checkpoint stays the newest. */
         FL_ERROR(sh->ctx, "shard %u: checkpoint of step %" PRIu64 " failed: %s", sh->index, step,
@@ -192,6 +198,27 @@ const char *ps_shard_rank_name(const ps_shard_t *sh, int rank, char *buf, size_t
     return buf;
 }
 
+/* The checkpoint of a stopping shard, labelled as rank 0 labels the periodic ones (sync: the
+ * steps applied; async and SSP: rank 0's steps), never pruning older ones (the shards may be
+ * stopping at different steps: the one they all hold must stay), and not rewriting a label
+ * that exists (in sync the same state; otherwise an earlier moment other shards may also
+ * hold). */
+static void final_checkpoint(ps_shard_t *sh)
+{
+    if (sh->conf.ckpt_dir == NULL || !ps_state_ready(sh->state))
+        return;
+    uint64_t label = sh->conf.state.consistency == FL_PS_SYNC ? ps_state_min_clock(sh->state)
+                                                              : ps_state_clock(sh->state, 0);
+    uint64_t have[256];
+    size_t n = 0;
+    if (ps_ckpt_list(sh->conf.ckpt_dir, sh->index, sh->conf.num_shards, have, 256, &n, NULL) ==
+        FL_OK)
+        for (size_t i = 0; i < n; i++)
+            if (have[i] == label)
+                return;
+    ps_shard_checkpoint(sh, label, false);
+}
+
 /* Returns true when the thread must end. */
 static bool on_command(ps_shard_t *sh)
 {
@@ -207,7 +234,7 @@ static bool on_command(ps_shard_t *sh)
         }
     } else if (c.hdr.type == FL_MSG_SHUTDOWN) {
         if (c.hdr.u.shutdown.code == CMD_STOP_CHECKPOINT)
-            ps_shard_checkpoint(sh, ps_state_min_clock(sh->state));
+            final_checkpoint(sh);
         stop = true;
     }
     fl_tp_msg_close(&c);

@@ -40,7 +40,7 @@ struct ps_shard {
     fl_tp_sock_t *cmd_rx; /* commands from the server */
     fl_tp_sock_t *cmd_tx;
     pthread_t thread;
-    bool started;
+    _Atomic bool started;
 
     /* configuration (ps_shard_configure) */
     bool configured;
@@ -84,8 +84,9 @@ void ps_shard_fail_pending(ps_shard_t *sh);
 /* The earliest deadline of a pending pull (INT64_MAX: none). */
 int64_t ps_shard_next_deadline(const ps_shard_t *sh);
 
-/* Writes the shard's checkpoint labelled step (ps_shard.c). */
-int ps_shard_checkpoint(ps_shard_t *sh, uint64_t step);
+/* Writes the shard's checkpoint labelled step, removing all but the newest `keep` when prune
+ * is set (ps_shard.c). */
+int ps_shard_checkpoint(ps_shard_t *sh, uint64_t step, bool prune);
 
 /* Sends an error reply to route and counts it. */
 void ps_shard_error(ps_shard_t *sh, const fl_tp_route_t *to, int code, int about,

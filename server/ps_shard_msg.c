@@ -182,7 +182,7 @@ static void maybe_checkpoint(ps_shard_t *sh)
                                                              : ps_state_clock(sh->state, 0);
     if (done < sh->ckpt_due)
         return;
-    ps_shard_checkpoint(sh, sh->ckpt_due);
+    ps_shard_checkpoint(sh, sh->ckpt_due, true);
     sh->ckpt_due = 0;
 }
 
@@ -227,7 +227,10 @@ static void on_gradient(ps_shard_t *sh, fl_tp_msg_t *m, int rank)
 {
     const fl_msg_push_t *p = &m->hdr.u.push;
     char why[FL_MSG_TEXT_MAX];
-    if (ps_state_check_push(sh->state, rank, p->step, why, sizeof why) != FL_OK)
+    int ck = ps_state_check_push(sh->state, rank, p->step, why, sizeof why);
+    if (ck == PS_PUSH_DUPLICATE)
+        return ack(sh, &m->route, p->step, true); /* a retry of a push already taken */
+    if (ck != FL_OK)
         return ps_shard_error(sh, &m->route, FL_EINVAL, rank, "push refused: %s", why);
     ps_src_t src;
     void *owned = NULL;
@@ -263,9 +266,9 @@ static void on_gradient(ps_shard_t *sh, fl_tp_msg_t *m, int rank)
     bool updated = false;
     int rc = ps_state_push(sh->state, rank, step, &src, &updated);
     atomic_fetch_add(&sh->n_push, 1);
-    if (rc != FL_OK)
-        FL_WARN(sh->ctx, "shard %u: %s", sh->index, fl_last_error());
-    ack(sh, &route, step, false);
+    if (rc != FL_OK) /* taken, but the update was skipped (overflow, no memory): said loudly */
+        FL_ERROR(sh->ctx, "shard %u: %s", sh->index, fl_last_error());
+    ack(sh, &route, step, rc != FL_OK);
     if (want_ckpt)
         sh->ckpt_due = step + 1;
     if (updated || want_ckpt)

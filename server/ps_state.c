@@ -282,6 +282,8 @@ int ps_state_check_push(const ps_state_t *st, int rank, uint64_t step, char *why
         return FL_EINVAL;
     }
     uint64_t next = st->clock[rank];
+    if (next > 0 && step == next - 1)
+        return PS_PUSH_DUPLICATE; /* the step it pushed last, again: a retry */
     if (step < next) {
         snprintf(why, cap, "rank %d pushed step %" PRIu64 " but has pushed up to step %" PRIu64
                            " already (steps go forward, once each)",
@@ -291,7 +293,8 @@ int ps_state_check_push(const ps_state_t *st, int rank, uint64_t step, char *why
     uint64_t lo = ps_state_min_clock(st);
     switch (st->o.consistency) {
     case FL_PS_SYNC:
-        if (step != next) {
+        /* Only the shard's current step, once: a rank that pushed it waits for the others. */
+        if (step != next || step != lo || st->has[rank]) {
             snprintf(why, cap, "rank %d pushed step %" PRIu64 " while the shard is at step "
                                "%" PRIu64 " (sync: one step at a time, beyond the staleness "
                                "bound 0)",
@@ -309,6 +312,14 @@ int ps_state_check_push(const ps_state_t *st, int rank, uint64_t step, char *why
         }
         return FL_OK;
     default:
+        /* Async takes jumps (a rank going on after a restart from its own newest step), not
+         * absurd ones: the step also picks the learning rate. */
+        if (step - next > PS_MAX_STEP_JUMP || step >= ((uint64_t)1 << 62)) {
+            snprintf(why, cap, "rank %d pushed step %" PRIu64 ", %" PRIu64 " steps beyond its "
+                               "last (at most %d)",
+                     rank, step, step - next, PS_MAX_STEP_JUMP);
+            return FL_EINVAL;
+        }
         return FL_OK;
     }
 }
@@ -365,7 +376,7 @@ static int apply_sync(ps_state_t *st, uint64_t step)
     uint32_t first = 0;
     for (int r = 0; r < st->o.world; r++) {
         uint32_t b = st->held[r].batch;
-        if (b == 0)
+        if (!st->has[r] || b == 0)
             continue;
         if (n == 0)
             first = b;
@@ -380,7 +391,9 @@ static int apply_sync(ps_state_t *st, uint64_t step)
         rc = apply(st, step, st->order, st->weights, n, 1.0f,
                    equal ? (float)n : (float)total);
     for (int r = 0; r < st->o.world; r++) {
-        ps_src_release(&st->held[r]);
+        if (st->has[r])
+            ps_src_release(&st->held[r]);
+        memset(&st->held[r], 0, sizeof st->held[r]);
         st->has[r] = false;
     }
     st->nheld = 0;
@@ -393,6 +406,10 @@ int ps_state_push(ps_state_t *st, int rank, uint64_t step, ps_src_t *src, bool *
     *updated = false;
     st->clock[rank] = step + 1;
     if (st->o.consistency == FL_PS_SYNC) {
+        if (st->has[rank]) { /* ps_state_check_push refuses this; never overwrite a hold */
+            ps_src_release(src);
+            return fl_fail(FL_EINVAL, "rank %d pushed twice in one step", rank);
+        }
         st->held[rank] = *src;
         st->has[rank] = true;
         src->release = NULL;

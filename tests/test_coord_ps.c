@@ -383,6 +383,24 @@ START_TEST(test_unknown_param_count_fails_the_job)
 }
 END_TEST
 
+/* 20 parameters make two blocks of 16: four shards would leave two empty. */
+START_TEST(test_too_many_shards_for_the_model)
+{
+    env_t e;
+    env_start(&e, 1, 4, 0, 0);
+    fl_tp_sock_t *w = fake_open(&e), *s = fake_open(&e);
+    server_spec_t v = server_of(0, 4, 4);
+    send_server(s, &v);
+    send_worker(w, 0, 1, 20);
+    fl_msg_error_t err;
+    expect_error(w, FL_EINVAL, &err);
+    ASSERT_HAS(err.text, "20 parameters do not fill 4 shards");
+    ASSERT_HAS(err.text, "at most 2 shards");
+    ck_assert_int_eq(wait_finished(e.coord, 3000), FL_EINVAL);
+    env_end(&e);
+}
+END_TEST
+
 START_TEST(test_init_count_from_options)
 {
     env_t e;
@@ -668,6 +686,7 @@ static Suite *suite(void)
     tcase_add_test(t, test_missing_shards_in_progress);
     tcase_add_test(t, test_unknown_param_count_fails_the_job);
     tcase_add_test(t, test_init_count_from_options);
+    tcase_add_test(t, test_too_many_shards_for_the_model);
     tcase_add_test(t, test_resume_picks_newest_common_step);
     tcase_add_test(t, test_resume_refusals);
     tcase_add_test(t, test_server_death_asks_for_restart);

@@ -496,6 +496,48 @@ START_TEST(test_ssp_holds_the_fast_rank)
 }
 END_TEST
 
+/* A NaN in the part of the gradient one shard holds: refused before anything is pushed (no
+ * shard half-takes the step), and the step goes on with a finite gradient. */
+static int nan_body(rank_ctx_t *r, fl_ps_client_t *cl)
+{
+    init_params(r->params);
+    int rc = fl_ps_client_init(cl, r->params);
+    if (rc != FL_OK)
+        return rc;
+    static _Thread_local float g[N];
+    grad_of(0, 0, g);
+    g[N - 3] = 0.0f / 0.0f; /* in the last shard's range */
+    fl_ps_grad_t grad = {.dense = g, .batch = 1};
+    rc = fl_ps_client_push_pull(cl, &grad, r->params);
+    if (rc != FL_ENONFINITE || strstr(fl_last_error(), "nothing pushed") == NULL)
+        return fl_fail(FL_EINVAL, "expected FL_ENONFINITE, got %d: %s", rc, fl_last_error());
+    snprintf(r->err, sizeof r->err, "%s", fl_last_error());
+    if (fl_ps_client_step(cl) != 0)
+        return fl_fail(FL_EINVAL, "the step moved to %llu",
+                       (unsigned long long)fl_ps_client_step(cl));
+    grad_of(0, 0, g);
+    if ((rc = fl_ps_client_push_pull(cl, &grad, r->params)) != FL_OK)
+        return rc;
+    return fl_ps_client_step(cl) == 1 ? FL_OK : FL_EINVAL;
+}
+
+START_TEST(test_nan_gradient_pushes_nothing)
+{
+    job_t j;
+    job_spec_t s = spec(1, 2, FL_PS_SYNC);
+    job_start(&j, &s);
+    static rank_ctx_t ctx[1];
+    setup_ranks(ctx, &j, 1, 1, nan_body);
+    run_ranks(ctx, 1);
+    ck_assert_msg(ctx[0].rc == FL_OK, "%s", ctx[0].err);
+    ASSERT_HAS(ctx[0].err, "NaN at index 4997");
+    static float ref[N];
+    reference(1, 1, FL_OPT_SGD, ref);
+    ck_assert_int_eq(memcmp(ctx[0].params, ref, sizeof ref), 0);
+    job_end(&j);
+}
+END_TEST
+
 static Suite *suite(void)
 {
     Suite *s = suite_create("ps");
@@ -507,6 +549,7 @@ static Suite *suite(void)
     tcase_add_test(t, test_sync_sparse_exact);
     tcase_add_test(t, test_async_applies_every_push);
     tcase_add_test(t, test_ssp_holds_the_fast_rank);
+    tcase_add_test(t, test_nan_gradient_pushes_nothing);
     suite_add_tcase(s, t);
     return s;
 }

@@ -57,6 +57,10 @@ static void remove_tree(const char *dir)
     rmdir(dir);
 }
 
+/* The consistency the next job_start runs (tests set it, then put back sync). */
+static fl_ps_consistency_t job_consistency = FL_PS_SYNC;
+static uint32_t job_staleness;
+
 static int job_start_rc(job_t *j, const char *bind, int world, int shards, const char *ckpt,
                         uint64_t every, bool resume, const char *init, int hb_timeout)
 {
@@ -80,6 +84,8 @@ static int job_start_rc(job_t *j, const char *bind, int world, int shards, const
     so.shard_count = shards;
     so.opt.kind = FL_OPT_ADAM;
     fl_lr_sched_init(&so.lr, 0.01);
+    so.consistency = job_consistency;
+    so.staleness = job_staleness;
     so.checkpoint_dir = ckpt;
     so.ckpt_every_steps = every;
     so.keep = 2;
@@ -160,6 +166,7 @@ typedef struct rank_arg {
     int rc, resyncs;
     char err[1024];
     _Atomic int *progress; /* rank 0 publishes its step */
+    int sleep_ms;          /* per step, to make this rank the slow one */
 } rank_arg_t;
 
 static void *rank_main(void *p)
@@ -202,6 +209,8 @@ static void *rank_main(void *p)
             atomic_store(a->progress, (int)s);
         if (a->progress != NULL)
             usleep(20 * 1000); /* slow enough for the test to stop the server mid-run */
+        if (a->sleep_ms > 0)
+            usleep((useconds_t)a->sleep_ms * 1000);
     }
     if (a->rc != FL_OK)
         snprintf(a->err, sizeof a->err, "%s", fl_last_error());
@@ -255,10 +264,12 @@ START_TEST(test_checkpoints_written_kept_and_exact)
         uint64_t steps[8];
         size_t n = 0;
         ck_assert(ps_ckpt_list(tmpdir, s, 2, steps, 8, &n, NULL) == FL_OK);
-        ck_assert_uint_eq(n, 2); /* keep 2 */
+        /* Keep 2: writing 4 removed none (2 and 4), the final 5 prunes nothing. */
+        ck_assert_uint_eq(n, 3);
         ck_assert_uint_eq(steps[0], 5);
         ck_assert_uint_eq(steps[1], 4);
-        for (size_t k = 0; k < n; k++) {
+        ck_assert_uint_eq(steps[2], 2);
+        for (size_t k = 0; k < 2; k++) {
             ps_ckpt_t c;
             ck_assert_msg(ps_ckpt_open(tmpdir, s, 2, steps[k], &c) == FL_OK, "%s",
                           fl_last_error());
@@ -284,7 +295,7 @@ START_TEST(test_checkpoints_written_kept_and_exact)
     uint64_t valid[8], params = 0;
     size_t nv = 0;
     ck_assert(ps_ckpt_valid_steps(tmpdir, 0, 2, NULL, valid, 8, &nv, &params) == FL_OK);
-    ck_assert_uint_eq(nv, 1);
+    ck_assert_uint_eq(nv, 2);
     ck_assert_uint_eq(valid[0], 4);
     ck_assert_uint_eq(params, N);
     ps_ckpt_t c;
@@ -309,6 +320,14 @@ START_TEST(test_checkpoints_written_kept_and_exact)
     /* Another shard count cannot resume from these files. */
     ck_assert_int_eq(job_start_rc(&k, NULL, W, 3, tmpdir, 2, true, NULL, 0), FL_EINVAL);
     ASSERT_HAS(fl_last_error(), "2 shards");
+    /* Shard 1 lost its files: --resume refuses to start over rather than lose the run. */
+    for (int st2 = 0; st2 <= 5; st2++) {
+        snprintf(path, sizeof path, "%s/shard-1-of-2.step-%012d.safetensors", tmpdir, st2);
+        unlink(path);
+    }
+    ck_assert_int_eq(job_start_rc(&k, NULL, W, 2, tmpdir, 2, true, NULL, 0), FL_EINVAL);
+    ASSERT_HAS(fl_last_error(), "no valid step common");
+    ASSERT_HAS(fl_last_error(), "shard 1: 0 valid");
     remove_tree(tmpdir);
 }
 END_TEST
@@ -349,6 +368,88 @@ START_TEST(test_restart_resumes_exactly)
     ck_assert_int_eq(memcmp(a[0].params, ref, sizeof ref), 0);
     ck_assert_int_eq(memcmp(a[1].params, ref, sizeof ref), 0);
     job_end(&j);
+    remove_tree(tmpdir);
+}
+END_TEST
+
+/* SSP with the ranks apart: rank 1 is slow, so a checkpoint keeps rank 0 ahead of it; after
+ * the restart both go on within the staleness bound (none of rank 0's pushes is refused as
+ * beyond it) and finish. */
+START_TEST(test_restart_ssp_with_ranks_apart)
+{
+    make_tmpdir();
+    enum { W = 2, STEPS = 9 };
+    job_consistency = FL_PS_SSP;
+    job_staleness = 2;
+    job_t j;
+    job_start(&j, NULL, W, 2, tmpdir, 2, false, NULL);
+    char ep[FL_ENDPOINT_MAX];
+    snprintf(ep, sizeof ep, "%s", j.endpoint);
+    static rank_arg_t a[W];
+    pthread_t th[W];
+    setup(a, W, ep, STEPS);
+    static _Atomic int progress;
+    atomic_store(&progress, 0);
+    a[0].progress = &progress;
+    a[1].sleep_ms = 60;
+    run_ranks(a, W, th);
+    int64_t until = fl_now_ms() + 10000;
+    while (atomic_load(&progress) < 4 && fl_now_ms() < until)
+        usleep(2000);
+    job_end(&j);
+    usleep(200 * 1000);
+    job_start(&j, ep, W, 2, tmpdir, 2, true, NULL);
+    join_ranks(a, W, th);
+    ck_assert_int_ge(a[0].resyncs + a[1].resyncs, 1);
+    job_end(&j);
+    job_consistency = FL_PS_SYNC;
+    job_staleness = 0;
+    remove_tree(tmpdir);
+}
+END_TEST
+
+/* Checkpoints whose clocks are apart (rank 0 at step 5, rank 1 at 2, staleness bound 2): the
+ * joining rank 0 waits for rank 1 to be within the bound before its first push, which then is
+ * taken, and both ranks finish. */
+START_TEST(test_resume_ssp_clocks_apart)
+{
+    make_tmpdir();
+    enum { W = 2 };
+    static float p[N], zeros[N];
+    init_of(p);
+    uint64_t clocks[W] = {5, 2};
+    for (uint32_t i = 0; i < 2; i++) {
+        fl_ps_range_t r;
+        fl_ps_map_range(N, 2, i, &r);
+        ps_ckpt_meta_t m;
+        ps_ckpt_meta_init(&m);
+        m.shard = i;
+        m.num_shards = 2;
+        m.offset = r.offset;
+        m.count = r.count;
+        m.param_count = N;
+        m.step = 4;
+        m.version = 7;
+        m.opt_steps = 7;
+        m.opt = FL_OPT_ADAM;
+        m.consistency = FL_PS_SSP;
+        ck_assert_msg(ps_ckpt_write(tmpdir, &m, p + r.offset, zeros, zeros, clocks, W, 2) ==
+                          FL_OK,
+                      "%s", fl_last_error());
+    }
+    job_consistency = FL_PS_SSP;
+    job_staleness = 2;
+    job_t j;
+    job_start(&j, NULL, W, 2, tmpdir, 0, true, NULL);
+    static rank_arg_t a[W];
+    pthread_t th[W];
+    setup(a, W, j.endpoint, 9);
+    a[1].sleep_ms = 30;
+    run_ranks(a, W, th);
+    join_ranks(a, W, th);
+    job_end(&j);
+    job_consistency = FL_PS_SYNC;
+    job_staleness = 0;
     remove_tree(tmpdir);
 }
 END_TEST
@@ -493,6 +594,8 @@ static Suite *suite(void)
     tcase_set_timeout(t, 60);
     tcase_add_test(t, test_checkpoints_written_kept_and_exact);
     tcase_add_test(t, test_restart_resumes_exactly);
+    tcase_add_test(t, test_restart_ssp_with_ranks_apart);
+    tcase_add_test(t, test_resume_ssp_clocks_apart);
     tcase_add_test(t, test_init_file);
     tcase_add_test(t, test_missing_init_names_rank0);
     tcase_add_test(t, test_dead_rank_fails_waiting_pulls);

@@ -228,12 +228,15 @@ START_TEST(test_sync_pull_waits_for_the_slow_rank)
     ck_assert_int_eq(ps_state_check_pull(st, 1, 1, false, &blocker, &bstep, why, sizeof why),
                      FL_EINVAL);
     ck_assert_msg(strstr(why, "rank 1") != NULL && strstr(why, "(none)") != NULL, "%s", why);
-    /* Duplicate and future pushes are refused and change nothing. */
-    ck_assert_int_eq(ps_state_check_push(st, 0, 0, why, sizeof why), FL_EINVAL);
-    ck_assert_msg(strstr(why, "already") != NULL, "%s", why);
+    /* The step pushed last, again, is a retry (acknowledged, ignored); the next step before
+     * this one completes, and a future one, are refused and change nothing. */
+    ck_assert_int_eq(ps_state_check_push(st, 0, 0, why, sizeof why), PS_PUSH_DUPLICATE);
+    ck_assert_int_eq(ps_state_check_push(st, 0, 1, why, sizeof why), FL_EINVAL);
+    ck_assert_msg(strstr(why, "staleness bound 0") != NULL, "%s", why);
     ck_assert_int_eq(ps_state_check_push(st, 1, 1, why, sizeof why), FL_EINVAL);
     ck_assert_msg(strstr(why, "staleness bound 0") != NULL, "%s", why);
     ck_assert_uint_eq(ps_state_version(st), 0);
+    ck_assert_int_eq(released, 0);
 
     ps_src_t c;
     dense_src(&c, g, 1);
@@ -243,6 +246,11 @@ START_TEST(test_sync_pull_waits_for_the_slow_rank)
     ck_assert_int_eq(released, 3);
     ck_assert_int_eq(ps_state_check_pull(st, 0, 1, false, &blocker, &bstep, why, sizeof why),
                      FL_OK);
+    /* Steps before the last one are refused. */
+    dense_src(&a, g, 1);
+    push_ok(st, 0, 1, &a, &updated);
+    ck_assert_int_eq(ps_state_check_push(st, 0, 0, why, sizeof why), FL_EINVAL);
+    ck_assert_msg(strstr(why, "already") != NULL, "%s", why);
     ps_state_destroy(&st);
 }
 END_TEST
@@ -280,10 +288,16 @@ START_TEST(test_async_applies_each_push)
     }
     ck_assert_uint_eq(ps_state_version(st), 6);
     ck_assert_int_eq(memcmp(ps_params_data(ps_state_params(st)), ref, sizeof ref), 0);
-    /* Going back is refused; jumping ahead is allowed. */
+    /* Going back is refused, the last step again is a retry, jumping ahead is allowed within
+     * reason. */
     char why[256];
     ck_assert_int_eq(ps_state_check_push(st, 0, 2, why, sizeof why), FL_EINVAL);
+    ck_assert_int_eq(ps_state_check_push(st, 0, 3, why, sizeof why), PS_PUSH_DUPLICATE);
     ck_assert_int_eq(ps_state_check_push(st, 1, 40, why, sizeof why), FL_OK);
+    ck_assert_int_eq(ps_state_check_push(st, 1, UINT64_MAX, why, sizeof why), FL_EINVAL);
+    ck_assert_int_eq(ps_state_check_push(st, 1, 2 + PS_MAX_STEP_JUMP + 1, why, sizeof why),
+                     FL_EINVAL);
+    ck_assert_msg(strstr(why, "beyond its last") != NULL, "%s", why);
     fl_opt_destroy(&opt);
     ps_state_destroy(&st);
 }

@@ -55,6 +55,7 @@ struct fl_tp_member {
     fl_tp_sock_t *coord; /* DEALER; owned by the control thread once it runs */
     fl_tp_sock_t *ev_tx, *ev_rx;
     fl_tp_sock_t *cmd_tx, *cmd_rx;
+    pthread_mutex_t cmd_lock; /* cmd_tx is used by cancel (any thread) and stop */
     pthread_t thread;
     bool started;
 
@@ -105,6 +106,7 @@ int fl_tp_member_create(fl_ctx_t *ctx, const fl_tp_member_opts_t *o, fl_tp_membe
     if (m == NULL)
         return fl_fail(FL_ENOMEM, "%s: out of memory", o->name);
     m->ctx = ctx;
+    pthread_mutex_init(&m->cmd_lock, NULL);
     snprintf(m->coordinator, sizeof m->coordinator, "%s", o->coordinator);
     snprintf(m->job_id, sizeof m->job_id, "%s", o->job_id);
     snprintf(m->name, sizeof m->name, "%s", o->name);
@@ -302,7 +304,9 @@ void fl_tp_member_cancel(fl_tp_member_t *m)
     fl_msg_hdr_init(&h, FL_MSG_SHUTDOWN, m->sender);
     h.u.shutdown.code = 1;
     put_text(h.u.shutdown.text, sizeof h.u.shutdown.text, "cancelled");
+    pthread_mutex_lock(&m->cmd_lock);
     fl_tp_send(m->cmd_tx, NULL, &h, NULL, 0, fl_deadline_in(1000));
+    pthread_mutex_unlock(&m->cmd_lock);
 }
 
 static void post(fl_tp_member_t *m, fl_msg_hdr_t *h)
@@ -501,7 +505,10 @@ void fl_tp_member_stop(fl_tp_member_t *m, int code, const char *text)
     fl_msg_hdr_init(&h, FL_MSG_SHUTDOWN, m->sender);
     h.u.shutdown.code = code;
     put_text(h.u.shutdown.text, sizeof h.u.shutdown.text, text ? text : "");
-    if (fl_tp_send(m->cmd_tx, NULL, &h, NULL, 0, fl_deadline_in(5000)) != FL_OK)
+    pthread_mutex_lock(&m->cmd_lock);
+    int rc = fl_tp_send(m->cmd_tx, NULL, &h, NULL, 0, fl_deadline_in(5000));
+    pthread_mutex_unlock(&m->cmd_lock);
+    if (rc != FL_OK)
         FL_ERROR(m->ctx, "%s: could not stop the control thread: %s", m->name, fl_last_error());
     pthread_join(m->thread, NULL);
     m->started = false;
@@ -523,6 +530,7 @@ void fl_tp_member_destroy(fl_tp_member_t **pm)
     fl_tp_sock_destroy(&m->cmd_rx);
     fl_tp_sock_destroy(&m->cmd_tx);
     fl_msg_hdr_deinit(&m->reg);
+    pthread_mutex_destroy(&m->cmd_lock);
     free(m);
     *pm = NULL;
 }

@@ -126,7 +126,12 @@ int fl_ps_client_push(fl_ps_client_t *client, const fl_ps_grad_t *grad);
  * parameters and the step was reset to its step. Other errors as fl_ps_client_push. */
 int fl_ps_client_pull(fl_ps_client_t *client, float *params);
 
-/* fl_ps_client_push then fl_ps_client_pull in one round trip per shard. */
+/* fl_ps_client_push then fl_ps_client_pull in one round trip per shard. When every shard took
+ * the push but the pull failed (a wait past the deadline), the step has advanced
+ * (fl_ps_client_step says so): retry with fl_ps_client_pull. A push that failed before every
+ * shard took it may be retried as it is: shards that took it already acknowledge the repeat
+ * and ignore it. A gradient holding NaN or Inf is refused (FL_ENONFINITE) before anything is
+ * sent. */
 int fl_ps_client_push_pull(fl_ps_client_t *client, const fl_ps_grad_t *grad, float *params);
 
 typedef struct fl_ps_client_stats {
