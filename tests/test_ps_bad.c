@@ -389,6 +389,17 @@ START_TEST(test_bad_pushes_and_pulls_are_refused)
         push(x1, s1, FL_PUSH_GRADIENT, t, g + s1->offset, (size_t)s1->count * 4, FL_FLOAT32,
              FL_CODEC_RAW, (size_t)s1->count * 4);
         expect_ack(x1);
+        /* As a real client: the next push only once this step is complete (sync). */
+        fl_tp_sock_t *xs[2] = {x, x1};
+        const fl_msg_shard_t *ss[2] = {s0, s1};
+        for (int k = 0; k < 2; k++) {
+            hp.u.pull = (fl_msg_pull_t){ss[k]->index, ss[k]->offset, ss[k]->count, t + 1, false,
+                                        10000, false};
+            hp.seq = ++seq_no;
+            ck_assert(fl_tp_send(xs[k], NULL, &hp, NULL, 0, fl_deadline_in(1000)) == FL_OK);
+            fl_test_expect_msg(xs[k], FL_MSG_PULL_REPLY, 15000, &m);
+            fl_tp_msg_close(&m);
+        }
     }
     for (int r = 0; r < 2; r++)
         pthread_join(th[r], NULL);
