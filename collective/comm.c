@@ -76,8 +76,7 @@ static void data_opts(fl_tp_opts_t *t)
     t->rcvhwm = DATA_HWM;
 }
 
-/* Binds the data socket on `stripes` endpoints and records what peers should dial. */
-static int bind_data(fl_comm_t *c, const char *bind, int stripes)
+int fl_comm_bind_data(fl_comm_t *c, const char *bind, int stripes)
 {
     fl_tp_opts_t t;
     data_opts(&t);
@@ -157,7 +156,7 @@ int fl_comm_init(const fl_comm_opts_t *o, fl_comm_t **out)
         rc = fl_fail(FL_ENOMEM, "comm: out of memory for %d peers", c->size);
         goto fail;
     }
-    if ((rc = bind_data(c, o->bind, o->stripes)) != FL_OK)
+    if ((rc = fl_comm_bind_data(c, o->bind, o->stripes)) != FL_OK)
         goto fail;
     if ((rc = fl_comm_rendezvous(c, o->rendezvous_timeout_ms)) != FL_OK)
         goto fail;
@@ -212,13 +211,16 @@ void fl_comm_destroy(fl_comm_t **pc)
         fl_tp_sock_set_linger(c->data_in, 0);
     fl_tp_sock_destroy(&c->data_in);
     fl_tp_member_destroy(&c->member);
+    if (c->tapped != NULL)
+        fl_tp_member_untap(c->tapped, &c->events);
     while (c->stash != NULL) {
         stash_ent_t *e = c->stash;
         c->stash = e->next;
         fl_tp_msg_close(&e->msg);
         free(e);
     }
-    fl_ctx_destroy(&c->ctx);
+    if (c->tapped == NULL)
+        fl_ctx_destroy(&c->ctx); /* a sub-communicator borrows its parent's */
     free(c->peers);
     free(c->data_out);
     free((void *)c->inflight);

@@ -47,8 +47,14 @@ struct fl_comm {
     /* Membership: the rendezvous, then a control thread that heartbeats the coordinator and
      * posts failures (a dead peer, an aborted job, a silent coordinator) on `events`. */
     fl_tp_member_t *member;
-    fl_tp_sock_t *events;   /* owned by member */
+    fl_tp_sock_t *events;   /* owned by member (or by tapped) */
     fl_tp_status_t *status; /* what the caller is doing, for the heartbeats; owned by member */
+
+    /* A sub-communicator (comm_split.c) has no membership: it borrows its parent's context,
+     * hears the parent's failure events on a tap of the parent's member, and keeps its status
+     * here. NULL tapped: a communicator of its own. */
+    fl_tp_member_t *tapped;
+    fl_tp_status_t own_status;
 
     /* Sequence of collectives; every rank numbers them the same. */
     uint64_t seq;
@@ -85,6 +91,10 @@ struct fl_comm {
 /* Registers with the coordinator and takes the peer table from the welcome
  * (comm_rendezvous.c). */
 int fl_comm_rendezvous(fl_comm_t *c, int timeout_ms);
+
+/* Binds the data socket on `stripes` endpoints (bind: the base endpoint, NULL for tcp on this
+ * rank's host with ephemeral ports) and records what peers should dial (comm.c). */
+int fl_comm_bind_data(fl_comm_t *c, const char *bind, int stripes);
 
 /* The tuning string every rank must share ("seg=1048576,small=65536,algo=0"). */
 void fl_comm_tuning(const fl_comm_t *c, char *out, size_t cap);

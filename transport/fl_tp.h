@@ -254,6 +254,15 @@ int fl_tp_member_start(fl_tp_member_t *m);
  * After an ERROR or a SHUTDOWN with code 0 nothing more is posted. */
 fl_tp_sock_t *fl_tp_member_events(fl_tp_member_t *m);
 
+/* A further pipe that hears the fatal events (ERROR, SHUTDOWN with code 0) the control thread
+ * posts, for another thread to poll: a sub-communicator used by its own thread. A fatal event
+ * posted before the tap was made is replayed on it at once. The pipe is owned by m; the caller
+ * reads it from one thread and gives it back with fl_tp_member_untap before destroying m.
+ * FL_OK, FL_EINVAL (more than FL_TP_MEMBER_MAX_TAPS taps), FL_EIO. */
+#define FL_TP_MEMBER_MAX_TAPS 64
+int fl_tp_member_tap(fl_tp_member_t *m, fl_tp_sock_t **out);
+void fl_tp_member_untap(fl_tp_member_t *m, fl_tp_sock_t **tap);
+
 /* The status heartbeats carry; owned by m. */
 fl_tp_status_t *fl_tp_member_status(fl_tp_member_t *m);
 

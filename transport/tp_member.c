@@ -59,6 +59,15 @@ struct fl_tp_member {
     pthread_t thread;
     bool started;
 
+    /* Taps: more event pipes (sub-communicators, one per thread) that hear the fatal events.
+     * The control thread sends on them under tap_lock; the owners read their own rx end. */
+    pthread_mutex_t tap_lock;
+    fl_tp_sock_t *tap_tx[FL_TP_MEMBER_MAX_TAPS];
+    fl_tp_sock_t *tap_rx[FL_TP_MEMBER_MAX_TAPS];
+    fl_msg_hdr_t fatal; /* the first fatal event posted, replayed to later taps */
+    bool have_fatal;
+    unsigned tap_serial;
+
     fl_tp_status_t status;
 };
 
@@ -107,6 +116,7 @@ int fl_tp_member_create(fl_ctx_t *ctx, const fl_tp_member_opts_t *o, fl_tp_membe
         return fl_fail(FL_ENOMEM, "%s: out of memory", o->name);
     m->ctx = ctx;
     pthread_mutex_init(&m->cmd_lock, NULL);
+    pthread_mutex_init(&m->tap_lock, NULL);
     snprintf(m->coordinator, sizeof m->coordinator, "%s", o->coordinator);
     snprintf(m->job_id, sizeof m->job_id, "%s", o->job_id);
     snprintf(m->name, sizeof m->name, "%s", o->name);
@@ -309,11 +319,69 @@ void fl_tp_member_cancel(fl_tp_member_t *m)
     pthread_mutex_unlock(&m->cmd_lock);
 }
 
+static bool is_fatal(const fl_msg_hdr_t *h)
+{
+    return h->type == FL_MSG_ERROR || (h->type == FL_MSG_SHUTDOWN && h->u.shutdown.code == 0);
+}
+
 static void post(fl_tp_member_t *m, fl_msg_hdr_t *h)
 {
     if (fl_tp_send(m->ev_tx, NULL, h, NULL, 0, fl_deadline_in(1000)) != FL_OK)
         FL_ERROR(m->ctx, "%s: could not pass on a %s event: %s", m->name,
                  fl_msg_type_name(h->type), fl_last_error());
+    if (!is_fatal(h))
+        return;
+    pthread_mutex_lock(&m->tap_lock);
+    if (!m->have_fatal) {
+        m->fatal = *h; /* error and shutdown events own no heap memory */
+        m->have_fatal = true;
+    }
+    for (int t = 0; t < FL_TP_MEMBER_MAX_TAPS; t++)
+        if (m->tap_tx[t] != NULL)
+            fl_tp_send(m->tap_tx[t], NULL, h, NULL, 0, fl_deadline_in(1000));
+    pthread_mutex_unlock(&m->tap_lock);
+}
+
+int fl_tp_member_tap(fl_tp_member_t *m, fl_tp_sock_t **out)
+{
+    *out = NULL;
+    pthread_mutex_lock(&m->tap_lock);
+    int t = 0;
+    while (t < FL_TP_MEMBER_MAX_TAPS && m->tap_tx[t] != NULL)
+        t++;
+    if (t == FL_TP_MEMBER_MAX_TAPS) {
+        pthread_mutex_unlock(&m->tap_lock);
+        return fl_fail(FL_EINVAL, "%s: more than %d taps on the control thread's events",
+                       m->name, FL_TP_MEMBER_MAX_TAPS);
+    }
+    char what[32];
+    snprintf(what, sizeof what, "tap-%u", m->tap_serial++);
+    int rc = make_pipe(m, what, &m->tap_rx[t], &m->tap_tx[t]);
+    if (rc == FL_OK && m->have_fatal)
+        rc = fl_tp_send(m->tap_tx[t], NULL, &m->fatal, NULL, 0, fl_deadline_in(1000));
+    if (rc != FL_OK) {
+        fl_tp_sock_destroy(&m->tap_rx[t]);
+        fl_tp_sock_destroy(&m->tap_tx[t]);
+    } else {
+        *out = m->tap_rx[t];
+    }
+    pthread_mutex_unlock(&m->tap_lock);
+    return rc;
+}
+
+void fl_tp_member_untap(fl_tp_member_t *m, fl_tp_sock_t **tap)
+{
+    if (tap == NULL || *tap == NULL)
+        return;
+    pthread_mutex_lock(&m->tap_lock);
+    for (int t = 0; t < FL_TP_MEMBER_MAX_TAPS; t++) {
+        if (m->tap_rx[t] == *tap) {
+            fl_tp_sock_destroy(&m->tap_tx[t]);
+            fl_tp_sock_destroy(&m->tap_rx[t]);
+        }
+    }
+    pthread_mutex_unlock(&m->tap_lock);
+    *tap = NULL;
 }
 
 static void post_error(fl_tp_member_t *m, int code, int about, const char *host,
@@ -529,8 +597,13 @@ void fl_tp_member_destroy(fl_tp_member_t **pm)
     fl_tp_sock_destroy(&m->ev_tx);
     fl_tp_sock_destroy(&m->cmd_rx);
     fl_tp_sock_destroy(&m->cmd_tx);
+    for (int t = 0; t < FL_TP_MEMBER_MAX_TAPS; t++) {
+        fl_tp_sock_destroy(&m->tap_tx[t]);
+        fl_tp_sock_destroy(&m->tap_rx[t]);
+    }
     fl_msg_hdr_deinit(&m->reg);
     pthread_mutex_destroy(&m->cmd_lock);
+    pthread_mutex_destroy(&m->tap_lock);
     free(m);
     *pm = NULL;
 }

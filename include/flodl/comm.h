@@ -119,6 +119,18 @@ int fl_broadcast(fl_comm_t *comm, void *buf, size_t count, fl_dtype_t dtype, int
 /* Returns once every rank has entered the barrier. Errors as fl_allreduce. */
 int fl_barrier(fl_comm_t *comm);
 
+/* Sub-communicators, as MPI_Comm_split, with n members per rank (one per local device, each
+ * driven by its own thread; n = 1 is MPI's split). Member t of this rank joins group colors[t]
+ * (negative: none, out[t] = NULL), ordered by keys[t] (NULL: all 0), ties broken by parent
+ * rank then t. Collective over comm: every rank calls it with the same n. Each member has its
+ * own data connections (so members move data in parallel), the parent's job, deadlines and
+ * tuning, and fails at once with the parent's failure events (a dead peer, a lost
+ * coordinator). A member is used by one thread at a time, independently of the others and of
+ * comm, and is destroyed with fl_comm_destroy before comm. Hosts in its error texts are the
+ * parent's. FL_OK and out[0..n); FL_EINVAL (n outside 1..64, or ranks asking for different
+ * n: the detail names them), or the parent's collective errors. */
+int fl_comm_split(fl_comm_t *comm, int n, const int *colors, const int *keys, fl_comm_t **out);
+
 /* ---- sparse allreduce (top-k pairs, see compress.h) ---- */
 
 typedef struct fl_sparse_opts {

@@ -1,0 +1,342 @@
+/* Sub-communicators (fl_comm_split): groups by color ordered by key, several members per rank
+ * each driven by its own thread (the two-level exchange's columns, and the flat ring of every
+ * device), refusals, and the parent's failure events reaching a member's collective. */
+#include <check.h>
+#include <pthread.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#include <flodl/comm.h>
+#include <flodl/coordinator.h>
+
+#include "fl_core.h"
+#include "testutil.h"
+
+#define TEST_EBAD (-1000)
+
+static int bad(char *err, size_t cap, const char *fmt, ...) FL_PRINTF(3, 4);
+static int bad(char *err, size_t cap, const char *fmt, ...)
+{
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(err, cap, fmt, ap);
+    va_end(ap);
+    return fl_fail(TEST_EBAD, "%s", err);
+}
+
+/* Element i of parent rank r's member t. */
+static float val(int r, int t, size_t i)
+{
+    return (float)((r * 7 + t * 3 + (int)(i % 13)) % 16) / 4.0f;
+}
+
+/* ---- one member per rank: MPI's split ---- */
+
+static int split_one_rank(fl_comm_t *comm, void *arg)
+{
+    (void)arg;
+    char err[256];
+    int r = fl_comm_rank(comm);
+    int world = fl_comm_size(comm);
+    int color = r % 2;
+    int key = -r; /* reversed order inside each group */
+    fl_comm_t *sub = NULL;
+    int rc = fl_comm_split(comm, 1, &color, &key, &sub);
+    if (rc != FL_OK)
+        return rc;
+    int size = (world + 1 - color) / 2;
+    int want_rank = size - 1 - r / 2;
+    if (fl_comm_size(sub) != size || fl_comm_rank(sub) != want_rank)
+        rc = bad(err, sizeof err, "rank %d: group %d of size %d, rank %d; expected size %d, "
+                                  "rank %d",
+                 r, color, fl_comm_size(sub), fl_comm_rank(sub), size, want_rank);
+    enum { N = 70001 };
+    float *buf = malloc(N * sizeof *buf);
+    for (size_t i = 0; i < N; i++)
+        buf[i] = val(r, 0, i);
+    if (rc == FL_OK)
+        rc = fl_allreduce(sub, buf, buf, N, FL_FLOAT32, FL_SUM);
+    for (size_t i = 0; rc == FL_OK && i < N; i++) {
+        float want = 0.0f;
+        for (int q = color; q < world; q += 2)
+            want += val(q, 0, i);
+        if (buf[i] != want)
+            rc = bad(err, sizeof err, "rank %d: element %zu is %g, the group's sum is %g", r, i,
+                     buf[i], want);
+    }
+    /* The parent still works, alongside. */
+    float one = 1.0f;
+    if (rc == FL_OK && (rc = fl_allreduce(comm, &one, &one, 1, FL_FLOAT32, FL_SUM)) == FL_OK &&
+        one != (float)world)
+        rc = bad(err, sizeof err, "rank %d: parent sum %g", r, one);
+    free(buf);
+    fl_comm_destroy(&sub);
+    return rc;
+}
+
+START_TEST(test_split_by_color_and_key)
+{
+    char err[1024] = "";
+    int rc = fl_test_run_ranks(5, NULL, split_one_rank, NULL, err, sizeof err);
+    ck_assert_msg(rc == FL_OK, "%s: %s", fl_strerror(rc), err);
+}
+END_TEST
+
+/* ---- several members per rank, each on its own thread ---- */
+
+enum { L = 2, COUNT = 50003 };
+
+typedef struct member_job {
+    fl_comm_t *sub;
+    int parent_rank;
+    int t;
+    bool flat; /* one group of every member; else one group per t (columns) */
+    int world;
+    int rc;
+    char err[512];
+} member_job_t;
+
+static void *member_main(void *p)
+{
+    member_job_t *j = p;
+    int n = j->flat ? j->world * L : j->world;
+    int want_rank = j->flat ? j->parent_rank * L + j->t : j->parent_rank;
+    if (fl_comm_size(j->sub) != n || fl_comm_rank(j->sub) != want_rank) {
+        j->rc = bad(j->err, sizeof j->err, "member %d of rank %d: size %d rank %d, expected %d "
+                                           "and %d",
+                    j->t, j->parent_rank, fl_comm_size(j->sub), fl_comm_rank(j->sub), n,
+                    want_rank);
+        return NULL;
+    }
+    float *buf = malloc(COUNT * sizeof *buf);
+    for (size_t i = 0; i < COUNT; i++)
+        buf[i] = val(j->parent_rank, j->t, i);
+    for (int round = 0; round < 3 && j->rc == FL_OK; round++) {
+        if (round > 0)
+            for (size_t i = 0; i < COUNT; i++)
+                buf[i] = val(j->parent_rank, j->t, i);
+        j->rc = fl_allreduce(j->sub, buf, buf, COUNT, FL_FLOAT32, FL_SUM);
+        if (j->rc != FL_OK) {
+            snprintf(j->err, sizeof j->err, "%s", fl_last_error());
+            break;
+        }
+        for (size_t i = 0; i < COUNT; i++) {
+            float want = 0.0f;
+            for (int r = 0; r < j->world; r++)
+                for (int t = 0; t < L; t++)
+                    if (j->flat || t == j->t)
+                        want += val(r, t, i);
+            if (buf[i] != want) {
+                j->rc = bad(j->err, sizeof j->err, "member %d of rank %d: element %zu is %g, "
+                                                   "expected %g",
+                            j->t, j->parent_rank, i, buf[i], want);
+                break;
+            }
+        }
+    }
+    free(buf);
+    return NULL;
+}
+
+static int members_rank(fl_comm_t *comm, void *arg)
+{
+    bool flat = *(bool *)arg;
+    int r = fl_comm_rank(comm);
+    int world = fl_comm_size(comm);
+    int colors[L];
+    int keys[L];
+    for (int t = 0; t < L; t++) {
+        colors[t] = flat ? 0 : t;
+        keys[t] = flat ? r * L + t : r;
+    }
+    fl_comm_t *subs[L];
+    int rc = fl_comm_split(comm, L, colors, keys, subs);
+    if (rc != FL_OK)
+        return rc;
+    member_job_t jobs[L];
+    pthread_t th[L];
+    for (int t = 0; t < L; t++) {
+        jobs[t] = (member_job_t){.sub = subs[t], .parent_rank = r, .t = t, .flat = flat,
+                                 .world = world};
+        ck_assert(pthread_create(&th[t], NULL, member_main, &jobs[t]) == 0);
+    }
+    for (int t = 0; t < L; t++)
+        pthread_join(th[t], NULL);
+    for (int t = 0; t < L; t++) {
+        if (rc == FL_OK && jobs[t].rc != FL_OK)
+            rc = fl_fail(jobs[t].rc, "%s", jobs[t].err);
+        fl_comm_destroy(&subs[t]);
+    }
+    return rc;
+}
+
+START_TEST(test_members_as_columns)
+{
+    bool flat = false;
+    char err[1024] = "";
+    int rc = fl_test_run_ranks(3, NULL, members_rank, &flat, err, sizeof err);
+    ck_assert_msg(rc == FL_OK, "%s: %s", fl_strerror(rc), err);
+}
+END_TEST
+
+START_TEST(test_members_in_one_flat_ring)
+{
+    bool flat = true;
+    char err[1024] = "";
+    int rc = fl_test_run_ranks(3, NULL, members_rank, &flat, err, sizeof err);
+    ck_assert_msg(rc == FL_OK, "%s: %s", fl_strerror(rc), err);
+}
+END_TEST
+
+/* ---- refusals ---- */
+
+static int mismatch_rank(fl_comm_t *comm, void *arg)
+{
+    (void)arg;
+    int r = fl_comm_rank(comm);
+    int colors[2] = {0, 0};
+    fl_comm_t *subs[2] = {NULL, NULL};
+    int rc = fl_comm_split(comm, r == 1 ? 2 : 1, colors, NULL, subs);
+    if (rc == FL_OK) {
+        fl_comm_destroy(&subs[0]);
+        fl_comm_destroy(&subs[1]);
+        char err[128];
+        return bad(err, sizeof err, "rank %d: a split with different member counts worked", r);
+    }
+    if (rc != FL_EINVAL || strstr(fl_last_error(), "asks for") == NULL) {
+        char err[1200];
+        return bad(err, sizeof err, "rank %d: %s: %s", r, fl_strerror(rc), fl_last_error());
+    }
+    if (subs[0] != NULL)
+        return bad((char[64]){0}, 64, "rank %d: a member handed out after a failure", r);
+    return FL_OK;
+}
+
+START_TEST(test_ranks_asking_for_different_counts_are_refused)
+{
+    char err[1024] = "";
+    int rc = fl_test_run_ranks(3, NULL, mismatch_rank, NULL, err, sizeof err);
+    ck_assert_msg(rc == FL_OK, "%s: %s", fl_strerror(rc), err);
+}
+END_TEST
+
+static int count_rank(fl_comm_t *comm, void *arg)
+{
+    (void)arg;
+    int colors[1] = {0};
+    fl_comm_t *sub = NULL;
+    int rc = fl_comm_split(comm, 0, colors, NULL, &sub);
+    if (rc != FL_EINVAL || strstr(fl_last_error(), "0 members") == NULL)
+        return bad((char[256]){0}, 256, "n = 0: %s %s", fl_strerror(rc), fl_last_error());
+    return FL_OK;
+}
+
+START_TEST(test_zero_members_refused)
+{
+    char err[1024] = "";
+    int rc = fl_test_run_ranks(2, NULL, count_rank, NULL, err, sizeof err);
+    ck_assert_msg(rc == FL_OK, "%s: %s", fl_strerror(rc), err);
+}
+END_TEST
+
+/* ---- the parent's failure events reach a member's collective ---- */
+
+typedef struct fail_rank {
+    fl_coord_t *coord;
+    int rank;
+    int world;
+    volatile int *split_done;
+    pthread_mutex_t *mu;
+    int rc;
+    int64_t waited_ms;
+    char err[1024];
+} fail_rank_t;
+
+static void *fail_main(void *p)
+{
+    fail_rank_t *a = p;
+    fl_comm_opts_t o;
+    fl_test_comm_opts(&o, a->coord, a->rank, a->world);
+    o.timeout_ms = 20000;
+    fl_comm_t *comm = NULL;
+    a->rc = fl_comm_init(&o, &comm);
+    fl_comm_t *sub = NULL;
+    int color = 0;
+    if (a->rc == FL_OK)
+        a->rc = fl_comm_split(comm, 1, &color, NULL, &sub);
+    pthread_mutex_lock(a->mu);
+    (*a->split_done)++;
+    pthread_mutex_unlock(a->mu);
+    if (a->rc == FL_OK && a->rank == 0) {
+        /* Rank 1 never joins this allreduce: only the failure event can end it early. */
+        float x = 1.0f;
+        int64_t t0 = fl_now_ms();
+        a->rc = fl_allreduce(sub, &x, &x, 1, FL_FLOAT32, FL_SUM);
+        a->waited_ms = fl_now_ms() - t0;
+    } else if (a->rc == FL_OK) {
+        usleep(3000 * 1000); /* stays alive, silent in the sub-communicator */
+    }
+    if (a->rc != FL_OK)
+        snprintf(a->err, sizeof a->err, "%s", fl_last_error());
+    fl_comm_destroy(&sub);
+    fl_comm_destroy(&comm);
+    return NULL;
+}
+
+START_TEST(test_member_hears_the_parents_failure)
+{
+    fl_coord_t *coord = fl_test_coord(2, 0);
+    volatile int done = 0;
+    pthread_mutex_t mu = PTHREAD_MUTEX_INITIALIZER;
+    fail_rank_t ranks[2];
+    pthread_t th[2];
+    for (int r = 0; r < 2; r++) {
+        ranks[r] = (fail_rank_t){.coord = coord, .rank = r, .world = 2, .split_done = &done,
+                                 .mu = &mu};
+        ck_assert(pthread_create(&th[r], NULL, fail_main, &ranks[r]) == 0);
+    }
+    for (int i = 0; i < 1000; i++) {
+        pthread_mutex_lock(&mu);
+        int d = done;
+        pthread_mutex_unlock(&mu);
+        if (d == 2)
+            break;
+        usleep(10000);
+    }
+    usleep(300 * 1000); /* rank 0 is waiting in its allreduce */
+    fl_coord_stop(coord);
+    for (int r = 0; r < 2; r++)
+        pthread_join(th[r], NULL);
+    fl_coord_destroy(&coord);
+    ck_assert_msg(ranks[0].rc == FL_EPEER, "rank 0: %s: %s", fl_strerror(ranks[0].rc),
+                  ranks[0].err);
+    ck_assert_msg(strstr(ranks[0].err, "coordinator") != NULL, "%s", ranks[0].err);
+    ck_assert_msg(strstr(ranks[0].err, "waiting for rank 1 (127.0.0.1)") != NULL, "%s",
+                  ranks[0].err);
+    /* Well before the member's own 20 s deadline. */
+    ck_assert_msg(ranks[0].waited_ms < 10000, "waited %lld ms",
+                  (long long)ranks[0].waited_ms);
+}
+END_TEST
+
+static Suite *suite(void)
+{
+    Suite *s = suite_create("comm_split");
+    TCase *t = tcase_create("split");
+    tcase_set_timeout(t, 120);
+    tcase_add_test(t, test_split_by_color_and_key);
+    tcase_add_test(t, test_members_as_columns);
+    tcase_add_test(t, test_members_in_one_flat_ring);
+    tcase_add_test(t, test_ranks_asking_for_different_counts_are_refused);
+    tcase_add_test(t, test_zero_members_refused);
+    tcase_add_test(t, test_member_hears_the_parents_failure);
+    suite_add_tcase(s, t);
+    return s;
+}
+
+int main(void)
+{
+    return fl_test_run(suite());
+}
