@@ -324,6 +324,14 @@ int coll_recv(coll_op_t *op, fl_tp_msg_t *m)
     }
 }
 
+/* Counts payload sent to peer, and apart what crossed to another host (another address). */
+static void count_sent(fl_comm_t *c, int peer, size_t bytes)
+{
+    c->bytes_sent += bytes;
+    if (strcmp(c->peers[peer].host, c->host) != 0)
+        c->bytes_sent_remote += bytes;
+}
+
 int coll_send(coll_op_t *op, int peer, const fl_msg_chunk_t *ck, const void *data, size_t bytes,
               fl_dtype_t wire, int region)
 {
@@ -354,7 +362,7 @@ int coll_send(coll_op_t *op, int peer, const fl_msg_chunk_t *ck, const void *dat
         return coll_fail(op, rc, "send to %s: %s", fl_comm_peer_name(c, peer, who, sizeof who),
                          fl_last_error());
     }
-    c->bytes_sent += bytes;
+    count_sent(c, peer, bytes);
     return FL_OK;
 }
 
@@ -382,7 +390,7 @@ int coll_send_block(coll_op_t *op, int peer, const fl_msg_chunk_t *ck, const voi
         return coll_fail(op, rc, "send to %s: %s", fl_comm_peer_name(c, peer, who, sizeof who),
                          fl_last_error());
     }
-    c->bytes_sent += bytes;
+    count_sent(c, peer, bytes);
     return FL_OK;
 }
 

@@ -305,6 +305,7 @@ void fl_comm_get_stats(const fl_comm_t *c, fl_comm_stats_t *out)
     memset(out, 0, sizeof *out);
     out->ops = c->ops;
     out->bytes_sent = c->bytes_sent;
+    out->bytes_sent_remote = c->bytes_sent_remote;
     out->bytes_recv = c->bytes_recv;
     out->bad_msgs = fl_ctx_stat(c->ctx, FL_STAT_BAD_HEADER) +
                     fl_ctx_stat(c->ctx, FL_STAT_BAD_MAGIC) +

@@ -82,6 +82,7 @@ struct fl_comm {
     /* Counters. */
     uint64_t ops;
     uint64_t bytes_sent;
+    uint64_t bytes_sent_remote; /* to peers with another host address */
     uint64_t bytes_recv;
     fl_algo_t last_algo;
 };

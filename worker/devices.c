@@ -1,8 +1,9 @@
 /* The devices of one worker process (CPU replicas, as threads): each draws its batch from the
- * distributed sampler (device j of rank k is data-parallel replica k * L + j of world * L),
- * computes its gradient, and the process keeps their mean. With a single device, the caller
- * hears as each layer's gradient completes, so the exchange can start during the backward
- * pass. Both training loops (collectives and parameter server) use it. */
+ * distributed sampler (device j of rank k is data-parallel replica k * L + j of world * L) and
+ * computes its gradient; then the first level of the exchange, inside the host: their mean
+ * (for the parameter server), a reduce-scatter in shared memory (device j sums shard j of all
+ * devices' gradients, for the two-level exchange), or nothing (every device a member of the
+ * flat exchange, telling layer by layer). Both training loops use it. */
 #include "wk_int.h"
 
 #include <pthread.h>
@@ -23,6 +24,7 @@ typedef struct replica {
     size_t correct;
     int rc;
     char err[512];
+    int j;
 } replica_t;
 
 struct fl_wk_devices {
@@ -32,6 +34,14 @@ struct fl_wk_devices {
     int n;
     int rank;
     size_t np;
+    fl_wk_local_t local;
+    /* FL_WK_LOCAL_SHARDS: a barrier once every gradient is there (abortable, for a step whose
+     * threads did not all start) */
+    pthread_mutex_t mu;
+    pthread_cond_t cv;
+    int arrived;
+    bool aborted;
+    bool have_barrier;
     replica_t rep[MAX_DEVICES];
     /* the step in progress */
     const float *params;
@@ -41,8 +51,8 @@ struct fl_wk_devices {
 };
 
 int fl_wk_devices_create(const fl_wk_mlp_shape_t *m, const fl_wk_dataset_t *train,
-                         const fl_wk_train_opts_t *o, int rank, int world, float *grad,
-                         fl_wk_devices_t **out)
+                         const fl_wk_train_opts_t *o, int rank, int world, fl_wk_local_t local,
+                         float *grad, fl_wk_devices_t **out)
 {
     *out = NULL;
     int L = o->replicas;
@@ -57,9 +67,16 @@ int fl_wk_devices_create(const fl_wk_mlp_shape_t *m, const fl_wk_dataset_t *trai
     d->n = L;
     d->rank = rank;
     d->np = fl_wk_mlp_nparams(m);
+    d->local = local;
+    if (local == FL_WK_LOCAL_SHARDS && (size_t)L > d->np)
+        return fl_fail(FL_EINVAL, "%d devices cannot share %zu parameters", L, d->np);
     int rc = FL_OK;
+    pthread_mutex_init(&d->mu, NULL);
+    pthread_cond_init(&d->cv, NULL);
+    d->have_barrier = true;
     for (int j = 0; j < L; j++) {
         replica_t *r = &d->rep[j];
+        r->j = j;
         if ((rc = fl_wk_sampler_init(&r->smp, train->n, world * L, rank * L + j, o->batch,
                                      o->shuffle, o->seed)) != FL_OK ||
             (rc = fl_wk_mlp_ws_create(m, o->batch, &r->ws)) != FL_OK)
@@ -95,6 +112,10 @@ void fl_wk_devices_destroy(fl_wk_devices_t **pd)
         if (j > 0)
             free(r->grad);
     }
+    if (d->have_barrier) {
+        pthread_mutex_destroy(&d->mu);
+        pthread_cond_destroy(&d->cv);
+    }
     free(d);
     *pd = NULL;
 }
@@ -115,6 +136,11 @@ fl_wk_mlp_ws_t *fl_wk_devices_ws(fl_wk_devices_t *d)
     return d->rep[0].ws;
 }
 
+float *fl_wk_devices_grad(fl_wk_devices_t *d, int j)
+{
+    return j >= 0 && j < d->n ? d->rep[j].grad : NULL;
+}
+
 /* Copies the batch's samples next to each other for the GEMMs. */
 static void gather(const fl_wk_dataset_t *data, const uint32_t *idx, size_t b, float *x,
                    int32_t *y)
@@ -126,31 +152,75 @@ static void gather(const fl_wk_dataset_t *data, const uint32_t *idx, size_t b, f
     }
 }
 
-static void layer_done(int layer, void *ud)
-{
-    fl_wk_devices_t *d = ud;
-    d->ready(fl_wk_mlp_weight_at(d->m, layer), d->ud);
-}
-
-static int replica_step(fl_wk_devices_t *d, replica_t *r, bool overlap)
-{
-    fl_wk_sampler_batch(&r->smp, d->cur_batch, r->idx);
-    gather(d->train, r->idx, d->batch, r->x, r->y);
-    return fl_wk_mlp_grad(d->m, r->ws, d->params, r->x, r->y, d->batch, r->grad, &r->loss,
-                          &r->correct, overlap && d->ready != NULL ? layer_done : NULL, d);
-}
-
 typedef struct rep_arg {
     fl_wk_devices_t *d;
     replica_t *r;
 } rep_arg_t;
 
+static void layer_done(int layer, void *ud)
+{
+    rep_arg_t *a = ud;
+    a->d->ready(a->r->j, fl_wk_mlp_weight_at(a->d->m, layer), a->d->ud);
+}
+
+/* Device j's shard of the devices' mean into device 0's buffer (grad), summed in device order
+ * so every rank adds alike. Device 0 reads and writes the same elements only. */
+static void reduce_shard(fl_wk_devices_t *d, int j)
+{
+    int L = d->n;
+    size_t from = fl_shard_offset(d->np, L, j);
+    size_t end = from + fl_shard_count(d->np, L, j);
+    float inv = 1.0f / (float)L;
+    float *grad = d->rep[0].grad;
+    for (size_t i = from; i < end; i++) {
+        float s = grad[i];
+        for (int k = 1; k < L; k++)
+            s += d->rep[k].grad[i];
+        grad[i] = s * inv;
+    }
+}
+
+/* Waits until all devices computed their gradients. False when the step was aborted. */
+static bool all_computed(fl_wk_devices_t *d)
+{
+    pthread_mutex_lock(&d->mu);
+    d->arrived++;
+    if (d->arrived == d->n)
+        pthread_cond_broadcast(&d->cv);
+    while (d->arrived < d->n && !d->aborted)
+        pthread_cond_wait(&d->cv, &d->mu);
+    bool ok = !d->aborted;
+    pthread_mutex_unlock(&d->mu);
+    return ok;
+}
+
+/* One device's step: its gradient, then its part of the reduction inside the host. */
+static void replica_step(rep_arg_t *a)
+{
+    fl_wk_devices_t *d = a->d;
+    replica_t *r = a->r;
+    bool tell = d->ready != NULL && (d->n == 1 || d->local == FL_WK_LOCAL_NONE);
+    fl_wk_sampler_batch(&r->smp, d->cur_batch, r->idx);
+    gather(d->train, r->idx, d->batch, r->x, r->y);
+    r->rc = fl_wk_mlp_grad(d->m, r->ws, d->params, r->x, r->y, d->batch, r->grad, &r->loss,
+                           &r->correct, tell ? layer_done : NULL, a);
+    if (r->rc != FL_OK)
+        snprintf(r->err, sizeof r->err, "%s", fl_last_error());
+    if (d->n == 1 || d->local != FL_WK_LOCAL_SHARDS)
+        return;
+    if (!all_computed(d))
+        return;
+    for (int k = 0; k < d->n; k++)
+        if (d->rep[k].rc != FL_OK)
+            return; /* the step failed: no reduction, nothing to exchange */
+    reduce_shard(d, r->j);
+    if (d->ready != NULL)
+        d->ready(r->j, fl_shard_offset(d->np, d->n, r->j), d->ud);
+}
+
 static void *replica_main(void *p)
 {
-    rep_arg_t *a = p;
-    a->r->rc = replica_step(a->d, a->r, false);
-    if (a->r->rc != FL_OK)
-        snprintf(a->r->err, sizeof a->r->err, "%s", fl_last_error());
+    replica_step(p);
     return NULL;
 }
 
@@ -162,45 +232,40 @@ int fl_wk_devices_step(fl_wk_devices_t *d, const float *params, size_t batch_ind
     d->ready = ready;
     d->ud = ud;
     int L = d->n;
-    if (L == 1) {
-        int rc = replica_step(d, &d->rep[0], true);
-        *loss = d->rep[0].loss;
-        *correct = d->rep[0].correct;
-        return rc;
-    }
     pthread_t th[MAX_DEVICES];
     rep_arg_t args[MAX_DEVICES];
-    for (int j = 1; j < L; j++) {
+    for (int j = 0; j < L; j++)
         args[j] = (rep_arg_t){d, &d->rep[j]};
+    d->arrived = 0;
+    d->aborted = false;
+    for (int j = 1; j < L; j++) {
         if (pthread_create(&th[j], NULL, replica_main, &args[j]) != 0) {
+            /* Those started must not wait at the barrier for the missing ones. */
+            pthread_mutex_lock(&d->mu);
+            d->aborted = true;
+            pthread_cond_broadcast(&d->cv);
+            pthread_mutex_unlock(&d->mu);
             for (int k = 1; k < j; k++)
                 pthread_join(th[k], NULL);
             return fl_fail(FL_EIO, "rank %d: cannot start CPU replica %d", d->rank, j);
         }
     }
-    int rc = replica_step(d, &d->rep[0], false);
+    replica_step(&args[0]);
     for (int j = 1; j < L; j++)
         pthread_join(th[j], NULL);
     *loss = 0.0;
     *correct = 0;
-    for (int j = 0; j < L && rc == FL_OK; j++) {
+    for (int j = 0; j < L; j++) {
         if (d->rep[j].rc != FL_OK)
             return fl_fail(d->rep[j].rc, "replica %d: %s", j, d->rep[j].err);
         *loss += d->rep[j].loss / L;
         *correct += d->rep[j].correct;
     }
-    if (rc != FL_OK)
-        return rc;
-    /* The replicas' mean, summed in replica order so every rank adds alike. */
-    float inv = 1.0f / (float)L;
-    float *grad = d->rep[0].grad;
-    for (size_t i = 0; i < d->np; i++) {
-        float s = grad[i];
-        for (int j = 1; j < L; j++)
-            s += d->rep[j].grad[i];
-        grad[i] = s * inv;
+    if (L > 1 && d->local == FL_WK_LOCAL_MEAN) {
+        for (int j = 0; j < L; j++)
+            reduce_shard(d, j);
+        if (ready != NULL)
+            ready(0, 0, ud);
     }
-    if (ready != NULL)
-        ready(0, ud);
     return FL_OK;
 }

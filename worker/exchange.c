@@ -39,35 +39,36 @@ struct fl_wk_xchg {
 };
 
 /* Exchanges one bucket in place. Runs on the exchange thread only. */
-static int exchange(fl_wk_xchg_t *x, size_t b, uint64_t *sent, uint64_t *raw)
+static int exchange(fl_wk_xchg_t *x, size_t b, fl_wk_xchg_stats_t *st)
 {
     float *g = x->grad + x->start[b];
     size_t n = x->len[b];
     int world = fl_comm_size(x->comm);
-    *raw = world > 1 ? (uint64_t)(2.0 * (world - 1) / world * (double)n * sizeof(float)) : 0;
+    st->raw_bytes = world > 1 ? (uint64_t)(2.0 * (world - 1) / world * (double)n * sizeof(float))
+                              : 0;
+    fl_comm_stats_t s0;
+    fl_comm_stats_t s1;
+    fl_comm_get_stats(x->comm, &s0);
+    int rc;
     if (x->ef == NULL) {
-        fl_comm_stats_t s0;
-        fl_comm_stats_t s1;
-        fl_comm_get_stats(x->comm, &s0);
-        int rc = fl_allreduce(x->comm, g, g, n, FL_FLOAT32, FL_AVG);
-        fl_comm_get_stats(x->comm, &s1);
-        *sent = s1.bytes_sent - s0.bytes_sent;
-        return rc;
+        rc = fl_allreduce(x->comm, g, g, n, FL_FLOAT32, FL_AVG);
+    } else {
+        fl_cmp_topk_opts_t to;
+        fl_cmp_topk_opts_init(&to);
+        to.density = x->density;
+        size_t k = 0;
+        rc = fl_cmp_ef_step(x->ef[b], x->cws, g, &to, x->kidx, x->kval, &k, NULL);
+        if (rc == FL_OK) {
+            fl_sparse_opts_t so;
+            fl_sparse_opts_init(&so);
+            so.values = x->o->topk_values;
+            so.k_max = k; /* every rank asks for the same density: the same k, no round */
+            rc = fl_sparse_allreduce(x->comm, x->kidx, x->kval, k, g, n, FL_AVG, &so, NULL);
+        }
     }
-    fl_cmp_topk_opts_t to;
-    fl_cmp_topk_opts_init(&to);
-    to.density = x->density;
-    size_t k = 0;
-    int rc = fl_cmp_ef_step(x->ef[b], x->cws, g, &to, x->kidx, x->kval, &k, NULL);
-    if (rc != FL_OK)
-        return rc;
-    fl_sparse_opts_t so;
-    fl_sparse_opts_init(&so);
-    so.values = x->o->topk_values;
-    so.k_max = k; /* every rank asks for the same density: the same k, no round to agree */
-    fl_sparse_stats_t ss;
-    rc = fl_sparse_allreduce(x->comm, x->kidx, x->kval, k, g, n, FL_AVG, &so, &ss);
-    *sent = ss.wire_bytes;
+    fl_comm_get_stats(x->comm, &s1);
+    st->bytes_sent = s1.bytes_sent - s0.bytes_sent;
+    st->remote_bytes = s1.bytes_sent_remote - s0.bytes_sent_remote;
     return rc;
 }
 
@@ -85,12 +86,11 @@ static void *xchg_main(void *arg)
         pthread_mutex_unlock(&x->mu);
 
         int rc = FL_OK;
-        uint64_t sent = 0;
-        uint64_t raw = 0;
+        fl_wk_xchg_stats_t one = {0};
         int64_t t0 = fl_now_ns();
         /* After a failure the communicator is broken: the rest of the step is skipped. */
         if (!failed)
-            rc = exchange(x, b, &sent, &raw);
+            rc = exchange(x, b, &one);
         double ms = (double)(fl_now_ns() - t0) / 1e6;
 
         pthread_mutex_lock(&x->mu);
@@ -98,8 +98,9 @@ static void *xchg_main(void *arg)
             x->rc = rc;
             snprintf(x->err, sizeof x->err, "%s", fl_last_error());
         }
-        x->st.bytes_sent += sent;
-        x->st.raw_bytes += raw;
+        x->st.bytes_sent += one.bytes_sent;
+        x->st.remote_bytes += one.remote_bytes;
+        x->st.raw_bytes += one.raw_bytes;
         x->st.busy_ms += ms;
         x->done++;
         pthread_cond_broadcast(&x->cv);
@@ -108,21 +109,21 @@ static void *xchg_main(void *arg)
     return NULL;
 }
 
-/* Bucket boundaries: from the end of the flat buffer backwards, bucket_bytes each (a single
+/* Bucket boundaries: from the end of the range backwards, bucket_bytes each (a single
  * bucket when 0), so that the first bucket is complete as soon as the last layer is. */
-static int plan(fl_wk_xchg_t *x, size_t np, size_t bucket_bytes)
+static int plan(fl_wk_xchg_t *x, size_t from, size_t np, size_t bucket_bytes)
 {
     size_t per = bucket_bytes / sizeof(float);
     if (per == 0 || per > np)
         per = np;
-    x->nb = (np + per - 1) / per;
-    x->start = calloc(x->nb, sizeof *x->start);
-    x->len = calloc(x->nb, sizeof *x->len);
+    x->nb = np ? (np + per - 1) / per : 0;
+    x->start = calloc(x->nb + 1, sizeof *x->start);
+    x->len = calloc(x->nb + 1, sizeof *x->len);
     if (x->start == NULL || x->len == NULL)
         return fl_fail(FL_ENOMEM, "exchange: out of memory for %zu buckets", x->nb);
-    size_t end = np;
+    size_t end = from + np;
     for (size_t b = 0; b < x->nb; b++) {
-        size_t s = end > per ? end - per : 0;
+        size_t s = end - from > per ? end - per : from;
         x->start[b] = s;
         x->len[b] = end - s;
         end = s;
@@ -133,7 +134,7 @@ static int plan(fl_wk_xchg_t *x, size_t np, size_t bucket_bytes)
 static int setup_topk(fl_wk_xchg_t *x)
 {
     size_t widest = 0;
-    x->ef = calloc(x->nb, sizeof *x->ef);
+    x->ef = calloc(x->nb + 1, sizeof *x->ef);
     if (x->ef == NULL)
         return fl_fail(FL_ENOMEM, "exchange: out of memory");
     for (size_t b = 0; b < x->nb; b++) {
@@ -158,8 +159,8 @@ static int setup_topk(fl_wk_xchg_t *x)
     return FL_OK;
 }
 
-int fl_wk_xchg_create(fl_comm_t *comm, const fl_wk_mlp_shape_t *m, const fl_wk_train_opts_t *o,
-                      float *grad, fl_wk_xchg_t **out)
+int fl_wk_xchg_create(fl_comm_t *comm, const fl_wk_train_opts_t *o, float *grad, size_t from,
+                      size_t n, fl_wk_xchg_t **out)
 {
     *out = NULL;
     fl_wk_xchg_t *x = calloc(1, sizeof *x);
@@ -171,7 +172,7 @@ int fl_wk_xchg_create(fl_comm_t *comm, const fl_wk_mlp_shape_t *m, const fl_wk_t
     x->density = o->topk;
     pthread_mutex_init(&x->mu, NULL);
     pthread_cond_init(&x->cv, NULL);
-    int rc = plan(x, fl_wk_mlp_nparams(m), o->bucket_bytes);
+    int rc = plan(x, from, n, o->bucket_bytes);
     if (rc == FL_OK && comm != NULL && o->topk > 0.0)
         rc = setup_topk(x);
     if (rc == FL_OK && comm != NULL) {

@@ -148,8 +148,16 @@ typedef enum fl_wk_mode {
     FL_WK_MODE_PS = 2,    /* push gradients, pull parameters (the parameter server, #4) */
 } fl_wk_mode_t;
 
+/* How the devices of several hosts exchange (--hierarchy). */
+typedef enum fl_wk_hier {
+    FL_WK_HIER_HYBRID = 0, /* two levels: reduce-scatter inside the host, device j's shard
+                              across hosts on its own connection, all-gather inside the host */
+    FL_WK_HIER_FLAT = 1,   /* every device its own member of one exchange across all hosts */
+} fl_wk_hier_t;
+
 typedef struct fl_wk_train_opts {
     fl_wk_mode_t mode;
+    fl_wk_hier_t hierarchy; /* with several devices per process (--mode ring) */
     fl_wk_mlp_shape_t shape;
     size_t batch;          /* per device */
     int epochs;
@@ -182,7 +190,8 @@ typedef struct fl_wk_train_result {
     double test_acc;      /* after the last epoch */
     double seconds;
     double samples_per_s; /* of the whole job */
-    uint64_t bytes_sent;  /* gradient exchange, this rank */
+    uint64_t bytes_sent;  /* gradient exchange, this rank (all its devices) */
+    uint64_t remote_bytes; /* of which to other hosts (another host address) */
     uint64_t raw_bytes;   /* what dense exchange would have sent */
     double comm_ms;       /* per step: time spent exchanging */
     double exposed_ms;    /* per step: of which the compute did not hide */

@@ -1,6 +1,8 @@
 /* The training loop: each step every device (the process's CPU replicas, as threads) computes
- * the gradient of its batch, the process averages them, the exchange averages across ranks
- * (buckets leave while the backward pass goes on), then clipping and the optimizer update the
+ * the gradient of its batch and the exchange averages them over all devices of all ranks
+ * (buckets leave while the backward pass goes on): in two levels (reduce-scatter inside the
+ * host, device j's shard across hosts on its own sub-communicator, all-gather in shared memory)
+ * or flat (every device a member of one exchange); then clipping and the optimizer update the
  * parameters, identically on every rank. Progress lines, one JSON line per step with
  * --metrics, an evaluation on the test split each epoch, checkpoints with --save. */
 #include "wk_int.h"
@@ -21,7 +23,9 @@ typedef struct trainer {
     float *params;
     float *grad;
     fl_wk_devices_t *dev;
-    fl_wk_xchg_t *xchg;
+    int nx;                    /* exchanges: one, or one per device (its own connection) */
+    fl_comm_t *subs[64];       /* their sub-communicators, when nx > 1 */
+    fl_wk_xchg_t *xchg[64];
     fl_opt_t *opt;
     FILE *metrics;
 } trainer_t;
@@ -44,9 +48,10 @@ void fl_wk_train_opts_init(fl_wk_train_opts_t *o)
     o->progress_s = 2.0;
 }
 
-static void ready(size_t from, void *ud)
+static void ready(int device, size_t from, void *ud)
 {
-    fl_wk_xchg_ready_from(ud, from);
+    trainer_t *tr = ud;
+    fl_wk_xchg_ready_from(tr->xchg[tr->nx > 1 ? device : 0], from);
 }
 
 static double l2(const float *g, size_t n)
@@ -74,6 +79,34 @@ int fl_wk_check_model(const fl_wk_mlp_shape_t *m, const fl_wk_dataset_t *d,
     return FL_OK;
 }
 
+/* One exchange per device, each on its own sub-communicator. */
+static int per_device_exchanges(trainer_t *tr, fl_wk_local_t local)
+{
+    const fl_wk_train_opts_t *o = tr->o;
+    int L = o->replicas;
+    int rc;
+    /* Device j's connection: column j of every rank (hybrid), or member r * L + j of one ring
+     * of all devices (flat, the sampler's replica order). */
+    int colors[64];
+    int keys[64];
+    for (int j = 0; j < L; j++) {
+        colors[j] = local == FL_WK_LOCAL_NONE ? 0 : j;
+        keys[j] = local == FL_WK_LOCAL_NONE ? tr->rank * L + j : tr->rank;
+    }
+    if ((rc = fl_comm_split(tr->comm, L, colors, keys, tr->subs)) != FL_OK)
+        return rc;
+    tr->nx = L;
+    for (int j = 0; j < L && rc == FL_OK; j++) {
+        if (local == FL_WK_LOCAL_NONE)
+            rc = fl_wk_xchg_create(tr->subs[j], o, fl_wk_devices_grad(tr->dev, j), 0, tr->np,
+                                   &tr->xchg[j]);
+        else
+            rc = fl_wk_xchg_create(tr->subs[j], o, tr->grad, fl_shard_offset(tr->np, L, j),
+                                   fl_shard_count(tr->np, L, j), &tr->xchg[j]);
+    }
+    return rc;
+}
+
 static int setup(trainer_t *tr)
 {
     const fl_wk_train_opts_t *o = tr->o;
@@ -89,12 +122,23 @@ static int setup(trainer_t *tr)
     } else {
         fl_wk_mlp_init(tr->m, tr->params, o->seed);
     }
-    if ((rc = fl_wk_devices_create(tr->m, tr->train, o, tr->rank, tr->world, tr->grad,
+    int L = o->replicas;
+    bool per_device = tr->comm != NULL && L > 1;
+    fl_wk_local_t local = !per_device                           ? FL_WK_LOCAL_MEAN
+                          : o->hierarchy == FL_WK_HIER_FLAT ? FL_WK_LOCAL_NONE
+                                                                : FL_WK_LOCAL_SHARDS;
+    if ((rc = fl_wk_devices_create(tr->m, tr->train, o, tr->rank, tr->world, local, tr->grad,
                                    &tr->dev)) != FL_OK)
         return rc;
-    if ((rc = fl_opt_create(&o->opt, tr->np, &tr->opt)) != FL_OK ||
-        (rc = fl_wk_xchg_create(tr->comm, tr->m, o, tr->grad, &tr->xchg)) != FL_OK)
+    if ((rc = fl_opt_create(&o->opt, tr->np, &tr->opt)) != FL_OK)
         return rc;
+    if (!per_device) {
+        tr->nx = 1;
+        if ((rc = fl_wk_xchg_create(tr->comm, o, tr->grad, 0, tr->np, &tr->xchg[0])) != FL_OK)
+            return rc;
+    } else if ((rc = per_device_exchanges(tr, local)) != FL_OK) {
+        return rc;
+    }
     if (o->metrics_path != NULL) {
         char path[1024];
         if (tr->world > 1)
@@ -108,9 +152,49 @@ static int setup(trainer_t *tr)
     return FL_OK;
 }
 
+/* The step's exchanges: begin, wait (the first error), and their figures summed. */
+static void xchg_begin(trainer_t *tr, double density)
+{
+    for (int j = 0; j < tr->nx; j++)
+        fl_wk_xchg_begin(tr->xchg[j], density);
+}
+
+static int xchg_wait(trainer_t *tr)
+{
+    int rc = FL_OK;
+    char err[1024] = "";
+    for (int j = 0; j < tr->nx; j++) {
+        int r = fl_wk_xchg_wait(tr->xchg[j]);
+        if (r != FL_OK && rc == FL_OK) {
+            rc = r;
+            snprintf(err, sizeof err, "%s", fl_last_error());
+        }
+    }
+    if (rc != FL_OK)
+        fl_fail(rc, "%s", err);
+    return rc;
+}
+
+static void xchg_stats(trainer_t *tr, fl_wk_xchg_stats_t *out)
+{
+    memset(out, 0, sizeof *out);
+    for (int j = 0; j < tr->nx; j++) {
+        fl_wk_xchg_stats_t s;
+        fl_wk_xchg_stats(tr->xchg[j], &s);
+        out->bytes_sent += s.bytes_sent;
+        out->remote_bytes += s.remote_bytes;
+        out->raw_bytes += s.raw_bytes;
+        /* The exchanges run side by side: the step waited for the longest. */
+        out->busy_ms = s.busy_ms > out->busy_ms ? s.busy_ms : out->busy_ms;
+    }
+}
+
 static void teardown(trainer_t *tr)
 {
-    fl_wk_xchg_destroy(&tr->xchg);
+    for (int j = 0; j < tr->nx; j++)
+        fl_wk_xchg_destroy(&tr->xchg[j]);
+    for (int j = 0; j < tr->nx; j++)
+        fl_comm_destroy(&tr->subs[j]);
     fl_opt_destroy(&tr->opt);
     fl_wk_devices_destroy(&tr->dev);
     free(tr->params);
@@ -178,13 +262,13 @@ int fl_wk_train(fl_comm_t *comm, const fl_wk_dataset_t *train, const fl_wk_datas
         size_t ep_correct = 0;
         for (size_t bi = 0; bi < nbatches && rc == FL_OK; bi++, step++) {
             int64_t t0 = fl_now_ns();
-            fl_wk_xchg_begin(tr.xchg, density);
+            xchg_begin(&tr, density);
             double loss = 0.0;
             size_t correct = 0;
-            rc = fl_wk_devices_step(tr.dev, tr.params, bi, ready, tr.xchg, &loss, &correct);
+            rc = fl_wk_devices_step(tr.dev, tr.params, bi, ready, &tr, &loss, &correct);
             int64_t t1 = fl_now_ns();
             if (rc == FL_OK)
-                rc = fl_wk_xchg_wait(tr.xchg);
+                rc = xchg_wait(&tr);
             int64_t t2 = fl_now_ns();
             if (rc != FL_OK)
                 break;
@@ -203,7 +287,7 @@ int fl_wk_train(fl_comm_t *comm, const fl_wk_dataset_t *train, const fl_wk_datas
             ep_loss += loss;
             ep_correct += correct;
             fl_wk_xchg_stats_t xs;
-            fl_wk_xchg_stats(tr.xchg, &xs);
+            xchg_stats(&tr, &xs);
             if (tr.metrics != NULL)
                 fprintf(tr.metrics,
                         "{\"rank\":%d,\"epoch\":%d,\"step\":%ld,\"loss\":%.6f,\"acc\":%.5f,"
@@ -263,11 +347,12 @@ int fl_wk_train(fl_comm_t *comm, const fl_wk_dataset_t *train, const fl_wk_datas
         }
     }
     fl_wk_xchg_stats_t xs;
-    fl_wk_xchg_stats(tr.xchg, &xs);
+    xchg_stats(&tr, &xs);
     res->steps = step;
     res->seconds = (double)(fl_now_ns() - t_start) / 1e9;
     res->samples_per_s = res->seconds > 0 ? (double)step * (double)global_batch / res->seconds : 0;
     res->bytes_sent = xs.bytes_sent;
+    res->remote_bytes = xs.remote_bytes;
     res->raw_bytes = xs.raw_bytes;
     res->compute_ms = step ? compute_ms / (double)step : 0.0;
     res->comm_ms = step ? xs.busy_ms / (double)step : 0.0;

@@ -46,7 +46,8 @@ static int setup(ps_trainer_t *t, const fl_wk_dataset_t *train)
     } else {
         fl_wk_mlp_init(t->m, t->params, o->seed);
     }
-    if ((rc = fl_wk_devices_create(t->m, train, o, t->rank, t->world, t->grad, &t->dev)) !=
+    if ((rc = fl_wk_devices_create(t->m, train, o, t->rank, t->world, FL_WK_LOCAL_MEAN,
+                                     t->grad, &t->dev)) !=
         FL_OK)
         return rc;
     if (o->topk > 0) {

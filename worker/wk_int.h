@@ -15,15 +15,28 @@ int fl_wk_check_model(const fl_wk_mlp_shape_t *m, const fl_wk_dataset_t *train,
 
 typedef struct fl_wk_devices fl_wk_devices_t;
 
-/* Told that the gradient of parameters [from, n) is complete. */
-typedef void (*fl_wk_ready_fn)(size_t from, void *ud);
+/* Told that device `device`'s gradient of parameters [from, n) is complete (or, with
+ * FL_WK_LOCAL_SHARDS, that its shard of the local mean starting at `from` is). */
+typedef void (*fl_wk_ready_fn)(int device, size_t from, void *ud);
+
+/* What the devices of a process do with their gradients before the exchange across hosts. */
+typedef enum fl_wk_local {
+    FL_WK_LOCAL_MEAN = 0,   /* their mean lands in grad (device 0 tells, after the mean) */
+    FL_WK_LOCAL_SHARDS = 1, /* reduce-scatter: device j writes shard j of the mean into grad and
+                               tells; the caller exchanges each shard on its own connection, and
+                               every device sees the whole of grad after (all-gather in shared
+                               memory) */
+    FL_WK_LOCAL_NONE = 2,   /* each device keeps its own gradient (device 0's is grad) and tells
+                               layer by layer during its backward pass: every device is a member
+                               of the flat exchange */
+} fl_wk_local_t;
 
 /* o->replicas CPU devices of rank (of world ranks) on the training data, device 0 writing its
- * gradient (the mean of all devices, after a step) into grad (n parameters). FL_OK,
- * FL_EINVAL (replicas out of range, a batch larger than a replica's share), FL_ENOMEM. */
+ * gradient into grad (n parameters). FL_OK, FL_EINVAL (replicas out of range, a batch larger
+ * than a replica's share), FL_ENOMEM. */
 int fl_wk_devices_create(const fl_wk_mlp_shape_t *m, const fl_wk_dataset_t *train,
-                         const fl_wk_train_opts_t *o, int rank, int world, float *grad,
-                         fl_wk_devices_t **out);
+                         const fl_wk_train_opts_t *o, int rank, int world, fl_wk_local_t local,
+                         float *grad, fl_wk_devices_t **out);
 void fl_wk_devices_destroy(fl_wk_devices_t **d);
 
 void fl_wk_devices_set_epoch(fl_wk_devices_t *d, long epoch);
@@ -32,10 +45,13 @@ size_t fl_wk_devices_batches(const fl_wk_devices_t *d);
 /* A workspace for evaluation (device 0's). */
 fl_wk_mlp_ws_t *fl_wk_devices_ws(fl_wk_devices_t *d);
 
-/* Every device computes the gradient of its batch batch_index on params; the mean lands in
- * grad. ready (may be NULL) hears which parameters' gradients are complete: layer by layer
- * during the backward pass with one device, all at once after the mean with several. Mean loss
- * and correct predictions of the step. FL_OK or the model's error. */
+/* Device j's gradient buffer (device 0's is the caller's grad). */
+float *fl_wk_devices_grad(fl_wk_devices_t *d, int j);
+
+/* Every device computes the gradient of its batch batch_index on params, then does what its
+ * fl_wk_local_t says; ready (may be NULL) hears which gradients are complete: with one device
+ * layer by layer during the backward pass. Mean loss and correct predictions of the step.
+ * FL_OK or the model's error (no ready call for a step that failed before its reduction). */
 int fl_wk_devices_step(fl_wk_devices_t *d, const float *params, size_t batch_index,
                        fl_wk_ready_fn ready, void *ud, double *loss, size_t *correct);
 
@@ -47,13 +63,15 @@ typedef struct fl_wk_xchg fl_wk_xchg_t;
 
 typedef struct fl_wk_xchg_stats {
     uint64_t bytes_sent; /* this rank, all buckets, since creation */
+    uint64_t remote_bytes; /* of which to other hosts */
     uint64_t raw_bytes;  /* what dense ring exchange would have sent */
     double busy_ms;      /* time spent exchanging, since creation */
 } fl_wk_xchg_stats_t;
 
-/* comm NULL: no exchange (local mode); the buckets still pass through in order. */
-int fl_wk_xchg_create(fl_comm_t *comm, const fl_wk_mlp_shape_t *m, const fl_wk_train_opts_t *o,
-                      float *grad, fl_wk_xchg_t **out);
+/* Exchanges grad[from, from + n) (buckets planned over that range). comm NULL: no exchange
+ * (local mode); the buckets still pass through in order. */
+int fl_wk_xchg_create(fl_comm_t *comm, const fl_wk_train_opts_t *o, float *grad, size_t from,
+                      size_t n, fl_wk_xchg_t **out);
 void fl_wk_xchg_destroy(fl_wk_xchg_t **x);
 
 /* Starts a step with top-k density d (ignored when dense). */

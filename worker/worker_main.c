@@ -32,6 +32,8 @@ static const char usage[] =
     "  --lr-schedule constant|step|cosine  --warmup-steps 0  --lr-step-size N  --lr-gamma 0.1\n"
     "  --total-steps N  --min-lr 0   (in --mode ps the optimizer runs on flodl-ps: set it there)\n"
     "  --scale-lr (linear scaling rule)  --max-grad-norm X  --cpu-replicas L  --device auto|cpu\n"
+    "  --hierarchy hybrid|flat (several devices per host, --mode ring: two-level exchange, the\n"
+    "    default, or every device its own ring member)\n"
     "  --topk DENSITY (top-k with error feedback; 0: dense)  --topk-warmup EPOCHS\n"
     "  --topk-values float32|float16|bfloat16  --bucket-mb 1\n"
     "  --init FILE.safetensors  --save FILE.safetensors  --save-every STEPS\n"
@@ -47,7 +49,7 @@ static const char usage[] =
 enum {
     O_MODE = 1000, O_TRAIN_IMAGES, O_TRAIN_LABELS, O_TEST_IMAGES, O_TEST_LABELS, O_TRAIN_CSV,
     O_TEST_CSV, O_DATA_SEED, O_LAYERS, O_BATCH, O_EPOCHS, O_SEED, O_NO_SHUFFLE, O_OPTIM,
-    O_SCALE_LR, O_LZ4, O_RECONNECT, O_MAX_NORM, O_REPLICAS, O_DEVICE, O_TOPK, O_TOPK_WARMUP, O_TOPK_VALUES, O_BUCKET, O_INIT,
+    O_SCALE_LR, O_LZ4, O_RECONNECT, O_MAX_NORM, O_REPLICAS, O_HIER, O_DEVICE, O_TOPK, O_TOPK_WARMUP, O_TOPK_VALUES, O_BUCKET, O_INIT,
     O_SAVE, O_SAVE_EVERY, O_METRICS, O_PROGRESS, O_QUIET, O_SIZE, O_STEPS, O_DTYPE, O_OP, O_HELP
 };
 
@@ -158,6 +160,14 @@ static int apply(wargs_t *a, int ch, const char *name, const char *v)
     case O_REPLICAS:
         if ((rc = fl_cli_long("--cpu-replicas", v, 1, 64, &n)) == FL_OK)
             t->replicas = (int)n;
+        break;
+    case O_HIER:
+        if (strcmp(v, "hybrid") == 0)
+            t->hierarchy = FL_WK_HIER_HYBRID;
+        else if (strcmp(v, "flat") == 0)
+            t->hierarchy = FL_WK_HIER_FLAT;
+        else
+            rc = fl_fail(FL_EINVAL, "--hierarchy: '%s' is not one of hybrid|flat", v);
         break;
     case O_DEVICE:
         if (strcmp(v, "cuda") == 0)
@@ -316,7 +326,8 @@ int main(int argc, char **argv)
         {"epochs", 1, NULL, O_EPOCHS}, {"seed", 1, NULL, O_SEED},
         {"no-shuffle", 0, NULL, O_NO_SHUFFLE}, {"lz4", 0, NULL, O_LZ4},
         {"reconnect-timeout", 1, NULL, O_RECONNECT}, {"scale-lr", 0, NULL, O_SCALE_LR}, {"max-grad-norm", 1, NULL, O_MAX_NORM},
-        {"cpu-replicas", 1, NULL, O_REPLICAS}, {"device", 1, NULL, O_DEVICE},
+        {"cpu-replicas", 1, NULL, O_REPLICAS}, {"hierarchy", 1, NULL, O_HIER},
+        {"device", 1, NULL, O_DEVICE},
         {"topk", 1, NULL, O_TOPK}, {"topk-warmup", 1, NULL, O_TOPK_WARMUP},
         {"topk-values", 1, NULL, O_TOPK_VALUES}, {"bucket-mb", 1, NULL, O_BUCKET},
         {"init", 1, NULL, O_INIT}, {"save", 1, NULL, O_SAVE},

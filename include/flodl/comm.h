@@ -170,6 +170,8 @@ int fl_sparse_allreduce(fl_comm_t *comm, const uint32_t *idx, const float *val, 
 typedef struct fl_comm_stats {
     uint64_t ops;        /* collectives completed */
     uint64_t bytes_sent; /* payload bytes this rank sent */
+    uint64_t bytes_sent_remote; /* of which to ranks on another host (another host address:
+                                   what crosses the network between hosts) */
     uint64_t bytes_recv; /* payload bytes this rank received */
     uint64_t bad_msgs;   /* messages refused (malformed, wrong job, out of place) */
     fl_algo_t last_algo; /* algorithm of the last allreduce */

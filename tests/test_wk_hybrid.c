@@ -1,0 +1,317 @@
+/* The two-level exchange of several devices per host (CPU replicas as threads): hybrid
+ * (reduce-scatter inside the host, each device's shard across hosts on its own connection,
+ * all-gather in shared memory) and flat (every device a ring member) train the same parameters
+ * as one worker with the global batch; hybrid sends fewer bytes across hosts (every rank has
+ * its own loopback address here, 127.0.0.<r+1>, so bytes to other hosts are told apart); top-k
+ * over the hybrid legs learns; hosts with different device counts are refused at start. */
+#include <math.h>
+#include <pthread.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#include <flodl/coordinator.h>
+
+#include "fl_wk.h"
+#include "testutil.h"
+
+#define N 512
+#define DIM 6
+#define CLASSES 3
+#define MAX_RANKS 4
+
+static char dir[64];
+
+/* Three noisy clusters; the label is the nearest cluster centre. */
+static void make_data(fl_wk_dataset_t *d)
+{
+    memset(d, 0, sizeof *d);
+    d->n = N;
+    d->dim = DIM;
+    d->classes = CLASSES;
+    d->x = malloc(N * DIM * sizeof *d->x);
+    d->y = malloc(N * sizeof *d->y);
+    snprintf(d->source, sizeof d->source, "test clusters");
+    uint64_t s = 7;
+    for (size_t i = 0; i < N; i++) {
+        int c = (int)(i % CLASSES);
+        d->y[i] = c;
+        for (size_t j = 0; j < DIM; j++)
+            d->x[i * DIM + j] = (float)((j % CLASSES == (size_t)c ? 1.5 : -0.5) +
+                                        0.8 * fl_test_uniform(&s));
+    }
+}
+
+static void base_opts(fl_wk_train_opts_t *o, const char *layers, const char *save)
+{
+    fl_wk_train_opts_init(o);
+    fl_wk_mlp_parse(layers, &o->shape);
+    o->epochs = 2;
+    o->shuffle = false;
+    o->seed = 5;
+    o->lr.lr = 0.1;
+    o->quiet = true;
+    o->save_path = save;
+    o->bucket_bytes = 256; /* several buckets per shard */
+}
+
+static void expect_close(const char *layers, const char *a, const char *b, const char *what)
+{
+    fl_wk_mlp_shape_t m;
+    fl_wk_mlp_parse(layers, &m);
+    size_t n = fl_wk_mlp_nparams(&m);
+    float *pa = malloc(n * sizeof *pa);
+    float *pb = malloc(n * sizeof *pb);
+    ck_assert_msg(fl_wk_mlp_load(&m, pa, a) == FL_OK, "%s", fl_last_error());
+    ck_assert_msg(fl_wk_mlp_load(&m, pb, b) == FL_OK, "%s", fl_last_error());
+    double worst = 0;
+    for (size_t i = 0; i < n; i++) {
+        double d = fabs((double)pa[i] - pb[i]) / (1e-3 + fabs((double)pa[i]));
+        worst = d > worst ? d : worst;
+    }
+    ck_assert_msg(worst < 1e-4, "%s: parameters differ by %.3g (relative)", what, worst);
+    free(pa);
+    free(pb);
+}
+
+/* ---- W ranks as threads, each its own host address ---- */
+
+typedef struct host_arg {
+    fl_comm_opts_t co;
+    char host[32];
+    fl_wk_train_opts_t o;
+    const fl_wk_dataset_t *data;
+    fl_wk_train_result_t res;
+    int rc;
+    char err[1024];
+} host_arg_t;
+
+static void *host_main(void *p)
+{
+    host_arg_t *a = p;
+    fl_comm_t *comm = NULL;
+    a->rc = fl_comm_init(&a->co, &comm);
+    if (a->rc == FL_OK)
+        a->rc = fl_wk_train(comm, a->data, a->data, &a->o, &a->res);
+    if (a->rc != FL_OK)
+        snprintf(a->err, sizeof a->err, "%s", fl_last_error());
+    fl_comm_destroy(&comm);
+    return NULL;
+}
+
+/* Trains on W "hosts" with the options o (replicas[r] devices on rank r when replicas is not
+ * NULL); res[r] gets each rank's result. Returns the first error (its text in err). */
+static int run_hosts(int W, const fl_wk_train_opts_t *o, const int *replicas,
+                     const fl_wk_dataset_t *d, fl_wk_train_result_t *res, char *err, size_t cap)
+{
+    fl_coord_t *coord = fl_test_coord(W, 0);
+    static host_arg_t args[MAX_RANKS];
+    pthread_t th[MAX_RANKS];
+    for (int r = 0; r < W; r++) {
+        host_arg_t *a = &args[r];
+        memset(a, 0, sizeof *a);
+        fl_test_comm_opts(&a->co, coord, r, W);
+        snprintf(a->host, sizeof a->host, "127.0.0.%d", r + 1);
+        a->co.host = a->host;
+        a->co.timeout_ms = 15000;
+        a->o = *o;
+        if (replicas != NULL)
+            a->o.replicas = replicas[r];
+        a->data = d;
+        ck_assert(pthread_create(&th[r], NULL, host_main, a) == 0);
+    }
+    for (int r = 0; r < W; r++)
+        pthread_join(th[r], NULL);
+    fl_coord_stop(coord);
+    fl_coord_destroy(&coord);
+    int rc = FL_OK;
+    for (int r = 0; r < W; r++) {
+        if (res != NULL)
+            res[r] = args[r].res;
+        if (args[r].rc != FL_OK && rc == FL_OK) {
+            rc = args[r].rc;
+            snprintf(err, cap, "rank %d: %s", r, args[r].err);
+        }
+    }
+    return rc;
+}
+
+/* One worker with the global batch, against W hosts x L devices of batch b, hybrid and flat. */
+static void check_equivalence(int W, int L, size_t b, fl_opt_kind_t kind, double lr)
+{
+    fl_wk_dataset_t d;
+    make_data(&d);
+    const char *layers = "6,16,3";
+    char one[128], hyb[128], flat[128], what[128];
+    snprintf(one, sizeof one, "%s/one.safetensors", dir);
+    snprintf(hyb, sizeof hyb, "%s/hybrid.safetensors", dir);
+    snprintf(flat, sizeof flat, "%s/flat.safetensors", dir);
+    fl_wk_train_opts_t o;
+    base_opts(&o, layers, one);
+    o.batch = (size_t)W * (size_t)L * b;
+    o.opt.kind = kind;
+    if (kind != FL_OPT_SGD)
+        o.opt.momentum = 0;
+    o.lr.lr = lr;
+    fl_wk_train_result_t res;
+    ck_assert_msg(fl_wk_train(NULL, &d, &d, &o, &res) == FL_OK, "%s", fl_last_error());
+
+    o.mode = FL_WK_MODE_RING;
+    o.batch = b;
+    o.replicas = L;
+    char err[1200] = "";
+    fl_wk_train_result_t rr[MAX_RANKS];
+    for (int h = 0; h < 2; h++) {
+        o.hierarchy = h == 0 ? FL_WK_HIER_HYBRID : FL_WK_HIER_FLAT;
+        o.save_path = h == 0 ? hyb : flat;
+        int rc = run_hosts(W, &o, NULL, &d, rr, err, sizeof err);
+        ck_assert_msg(rc == FL_OK, "%s: %s", fl_strerror(rc), err);
+        ck_assert_int_eq(rr[0].steps, res.steps);
+        ck_assert_msg(rr[0].bytes_sent > 0, "nothing exchanged");
+    }
+    snprintf(what, sizeof what, "hybrid %d hosts x %d devices x batch %zu vs 1 x %zu", W, L, b,
+             (size_t)W * L * b);
+    expect_close(layers, one, hyb, what);
+    snprintf(what, sizeof what, "flat %d hosts x %d devices x batch %zu vs 1 x %zu", W, L, b,
+             (size_t)W * L * b);
+    expect_close(layers, one, flat, what);
+    unlink(one);
+    unlink(hyb);
+    unlink(flat);
+    fl_wk_dataset_free(&d);
+}
+
+START_TEST(test_two_hosts_two_devices_equal_one_worker)
+{
+    check_equivalence(2, 2, 8, FL_OPT_SGD, 0.1);
+}
+END_TEST
+
+START_TEST(test_three_hosts_two_devices_equal_one_worker)
+{
+    check_equivalence(3, 2, 8, FL_OPT_ADAM, 0.01);
+}
+END_TEST
+
+/* Bytes to other hosts per step, per host: hybrid's columns carry 2 (W-1)/W of the model
+ * together; a flat ring ordered by host crosses hosts on one link per host, carrying
+ * 2 (WL-1)/(WL) of it; top-k 1% over the hybrid legs a small fraction. */
+START_TEST(test_hybrid_sends_fewer_bytes_across_hosts)
+{
+    enum { W = 2, L = 2 };
+    fl_wk_dataset_t d;
+    make_data(&d);
+    const char *layers = "6,512,512,3"; /* ~1 MiB: ring-sized shards */
+    fl_wk_train_opts_t o;
+    base_opts(&o, layers, NULL);
+    o.mode = FL_WK_MODE_RING;
+    o.epochs = 1;
+    o.batch = 8;
+    o.replicas = L;
+    o.bucket_bytes = (size_t)4 << 20; /* one bucket per shard */
+    double np = (double)fl_wk_mlp_nparams(&o.shape);
+    char err[1200] = "";
+    fl_wk_train_result_t rr[MAX_RANKS];
+    double per_step[3];
+    for (int c = 0; c < 3; c++) {
+        o.hierarchy = c == 1 ? FL_WK_HIER_FLAT : FL_WK_HIER_HYBRID;
+        o.topk = c == 2 ? 0.01 : 0.0;
+        int rc = run_hosts(W, &o, NULL, &d, rr, err, sizeof err);
+        ck_assert_msg(rc == FL_OK, "%s: %s", fl_strerror(rc), err);
+        per_step[c] = (double)rr[0].remote_bytes / (double)rr[0].steps;
+        /* A hybrid column's members are on different hosts: all its bytes cross; the flat
+         * ring's links inside a host do not. */
+        if (c == 1)
+            ck_assert_msg(rr[0].remote_bytes < rr[0].bytes_sent, "every byte counted remote");
+        else
+            ck_assert_uint_eq(rr[0].remote_bytes, rr[0].bytes_sent);
+    }
+    double hybrid_want = 2.0 * (W - 1) / W * np * 4;
+    double flat_want = 2.0 * (W * L - 1) / (W * L) * np * 4;
+    ck_assert_msg(fabs(per_step[0] - hybrid_want) < 0.02 * hybrid_want,
+                  "hybrid sent %.0f bytes per step across hosts, expected %.0f", per_step[0],
+                  hybrid_want);
+    ck_assert_msg(fabs(per_step[1] - flat_want) < 0.02 * flat_want,
+                  "flat sent %.0f bytes per step across hosts, expected %.0f", per_step[1],
+                  flat_want);
+    ck_assert_msg(per_step[2] * 20 < per_step[1],
+                  "hybrid top-k 1%% sent %.0f bytes per step across hosts, flat dense %.0f",
+                  per_step[2], per_step[1]);
+    fl_wk_dataset_free(&d);
+}
+END_TEST
+
+START_TEST(test_topk_over_hybrid_legs_learns)
+{
+    fl_wk_dataset_t d;
+    make_data(&d);
+    fl_wk_train_opts_t o;
+    base_opts(&o, "6,16,3", NULL);
+    o.mode = FL_WK_MODE_RING;
+    o.batch = 8;
+    o.replicas = 2;
+    o.epochs = 8;
+    o.shuffle = true;
+    o.topk = 0.1;
+    char err[1200] = "";
+    fl_wk_train_result_t rr[MAX_RANKS];
+    int rc = run_hosts(3, &o, NULL, &d, rr, err, sizeof err);
+    ck_assert_msg(rc == FL_OK, "%s: %s", fl_strerror(rc), err);
+    ck_assert_msg(rr[0].test_acc > 0.9, "top-k hybrid reached only %.1f%%",
+                  100 * rr[0].test_acc);
+    ck_assert_msg(rr[0].bytes_sent < rr[0].raw_bytes, "sent %llu of %llu dense bytes",
+                  (unsigned long long)rr[0].bytes_sent, (unsigned long long)rr[0].raw_bytes);
+    fl_wk_dataset_free(&d);
+}
+END_TEST
+
+START_TEST(test_hosts_with_different_device_counts_refused)
+{
+    fl_wk_dataset_t d;
+    make_data(&d);
+    fl_wk_train_opts_t o;
+    base_opts(&o, "6,16,3", NULL);
+    o.mode = FL_WK_MODE_RING;
+    o.batch = 8;
+    int replicas[2] = {2, 3};
+    char err[1200] = "";
+    int rc = run_hosts(2, &o, replicas, &d, NULL, err, sizeof err);
+    ck_assert_msg(rc == FL_EINVAL, "%s: %s", fl_strerror(rc), err);
+    ck_assert_msg(strstr(err, "127.0.0.") != NULL && strstr(err, "asks for 3") != NULL &&
+                      strstr(err, "2 members") != NULL,
+                  "%s", err);
+    fl_wk_dataset_free(&d);
+}
+END_TEST
+
+static void setup_dir(void)
+{
+    snprintf(dir, sizeof dir, "/tmp/flodl-wk-hybrid-XXXXXX");
+    ck_assert(mkdtemp(dir) != NULL);
+}
+
+static void teardown_dir(void)
+{
+    rmdir(dir);
+}
+
+static Suite *suite(void)
+{
+    Suite *s = suite_create("wk_hybrid");
+    TCase *t = tcase_create("hybrid");
+    tcase_set_timeout(t, 240);
+    tcase_add_checked_fixture(t, setup_dir, teardown_dir);
+    tcase_add_test(t, test_two_hosts_two_devices_equal_one_worker);
+    tcase_add_test(t, test_three_hosts_two_devices_equal_one_worker);
+    tcase_add_test(t, test_hybrid_sends_fewer_bytes_across_hosts);
+    tcase_add_test(t, test_topk_over_hybrid_legs_learns);
+    tcase_add_test(t, test_hosts_with_different_device_counts_refused);
+    suite_add_tcase(s, t);
+    return s;
+}
+
+int main(void)
+{
+    return fl_test_run(suite());
+}
