@@ -152,12 +152,14 @@ static void parse_summary(tr_run_t *r, const char *line)
         double sent;
         double raw;
         double ratio;
+        double remote;
         if (sscanf(p,
                    "rank %d summary: %d epochs, %ld steps, test accuracy %lf%% (loss %lf), %lf s, "
                    "%lf samples/s; per step compute %lf ms, exchange %lf ms (exposed %lf ms, "
-                   "%lf%% hidden); sent %lf MiB, dense would send %lf MiB (%lfx less)",
+                   "%lf%% hidden); sent %lf MiB (%lf MiB to other hosts), dense would send %lf "
+                   "MiB (%lfx less)",
                    &rank, &epochs, &steps, &acc, &loss, &secs, &sps, &comp, &comm, &exposed,
-                   &hidden, &sent, &raw, &ratio) != 14)
+                   &hidden, &sent, &remote, &raw, &ratio) != 15)
             continue;
         /* The summary prints MiB to one decimal, too coarse for a sparse rank's few hundred KiB;
          * the ratio keeps three or more digits, so raw over it is the finer figure. */

@@ -130,53 +130,18 @@ if [ ! -x "$ps_bin" ] || [ ! -x "$wk_bin" ]; then
   die "--build $build: no server/flodl-ps or worker/flodl-worker"
 fi
 
-# Setup, and the teardown that undoes it. Background processes are started with a plain
+# Setup and teardown (netns-lib.sh). Background processes are started with a plain
 # `ip netns exec NS timeout ...` (ip and timeout exec, no shell in between), so $! is the
 # process to stop; pids holds only processes not yet reaped.
 pfx="netnsb$$"
 sw="$pfx-sw"
-nss=()
-pids=()
 tmp=$(mktemp -d)
-cleanup() {
-  local p ns
-  for p in "${pids[@]}"; do kill "$p" 2>/dev/null || true; done
-  for p in "${pids[@]}"; do wait "$p" 2>/dev/null || true; done
-  for ns in "${nss[@]}"; do ip netns del "$ns" 2>/dev/null || true; done
-  rm -rf "$tmp"
-}
-trap cleanup EXIT
+# shellcheck source=netns-lib.sh
+. "$root/scripts/netns-lib.sh"
+trap netns_cleanup EXIT
 trap 'echo "$me: interrupted" >&2; exit 130' INT TERM
 
-addr() { echo "10.77.0.$(($1 + 1))"; }
-ns_of() { echo "$pfx-r$1"; }
-shape() {  # shape NS DEV: tbf on DEV's egress, offloads off first when asked
-  if [ "$offload" = off ]; then
-    ip netns exec "$1" ethtool -K "$2" gso off tso off gro off >/dev/null
-  fi
-  ip netns exec "$1" tc qdisc add dev "$2" root tbf rate "$rate" burst "$burst" \
-    latency "$latency" overhead "$overhead"
-}
-
-ip netns add "$sw"
-nss+=("$sw")
-ip -n "$sw" link set lo up
-ip -n "$sw" link add br0 type bridge
-ip -n "$sw" addr add 10.77.0.254/24 dev br0
-ip -n "$sw" link set br0 up
-for ((r = 0; r < ranks; r++)); do
-  ns=$(ns_of "$r")
-  ip netns add "$ns"
-  nss+=("$ns")
-  ip -n "$ns" link set lo up
-  ip -n "$sw" link add "p$r" type veth peer name eth0 netns "$ns"
-  ip -n "$sw" link set "p$r" master br0
-  ip -n "$sw" link set "p$r" up
-  ip -n "$ns" addr add "$(addr "$r")/24" dev eth0
-  ip -n "$ns" link set eth0 up
-  shape "$ns" eth0
-  shape "$sw" "p$r"
-done
+netns_setup "$ranks"
 echo "network: $ranks namespaces $pfx-r0..$((ranks - 1)) on bridge br0 in $sw (10.77.0.0/24);" \
   "tbf rate $rate burst $burst latency $latency overhead $overhead on both ends of every" \
   "port; offloads $offload"
@@ -244,14 +209,8 @@ echo "ideal ring time: 2($ranks-1)/$ranks x $size_bytes bytes: $ideal_raw ms at 
 
 # flodl: the coordinator in the switch namespace, one worker per rank namespace.
 wk_timeout=300
-ip netns exec "$sw" timeout $((wk_timeout + 60)) "$ps_bin" --bind tcp://10.77.0.254:0 \
-  --world-size "$ranks" --endpoint-file "$tmp/ep" --log-level warn \
-  > >(sed -u 's/^/[ps] /') 2>&1 &
-ps_pid=$!
-pids+=("$ps_pid")
-for _ in $(seq 100); do [ -s "$tmp/ep" ] && break; sleep 0.1; done
-[ -s "$tmp/ep" ] || { echo "$me: flodl-ps did not start" >&2; exit 1; }
-ep=$(cat "$tmp/ep")
+netns_start_ps "$ps_bin" "$ranks" $((wk_timeout + 60)) || exit 1
+ep=$ps_ep
 
 wpids=()
 for ((r = 0; r < ranks; r++)); do

@@ -126,6 +126,8 @@ START_TEST(test_configuration_errors)
     expect_usage_error(g, "--topk");
     const char *h[] = {"--mode", "local", "--device", "tpu", NULL};
     expect_usage_error(h, "--device");
+    const char *hh[] = {"--mode", "local", "--hierarchy", "tree", NULL};
+    expect_usage_error(hh, "hybrid|flat");
     const char *i[] = {"--mode", "ring", NULL};
     expect_usage_error(i, "--world-size");
 }

@@ -246,9 +246,13 @@ int fl_wk_train(fl_comm_t *comm, const fl_wk_dataset_t *train, const fl_wk_datas
     bool lead = tr.rank == 0 && !o->quiet;
     if (lead)
         printf("training: %s, %d ranks x %d device(s), batch %zu per device (global %ld), %zu "
-               "parameters, %s exchange, %zu steps per epoch\n",
+               "parameters, %s exchange%s, %zu steps per epoch\n",
                train->source, tr.world, o->replicas, o->batch, global_batch, tr.np,
-               o->mode == FL_WK_MODE_LOCAL ? "no" : o->topk > 0 ? "top-k" : "dense", nbatches);
+               o->mode == FL_WK_MODE_LOCAL ? "no" : o->topk > 0 ? "top-k" : "dense",
+               tr.nx <= 1                            ? ""
+               : o->hierarchy == FL_WK_HIER_FLAT ? " (flat: every device a ring member)"
+                                                 : " (hybrid: device shards across hosts)",
+               nbatches);
 
     int64_t t_start = fl_now_ns();
     int64_t t_last = t_start;

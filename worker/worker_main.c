@@ -268,10 +268,11 @@ static void summary(int rank, const fl_wk_train_result_t *r)
         snprintf(acc, sizeof acc, "test accuracy %.2f%% (loss %.4f)", 100.0 * r->test_acc,
                  r->test_loss);
     printf("rank %d summary: %d epochs, %ld steps, %s, %.1f s, %.0f samples/s; per step compute "
-           "%.2f ms, exchange %.2f ms (exposed %.2f ms, %.0f%% hidden); sent %.1f MiB, dense "
-           "would send %.1f MiB (%.1fx less)\n",
+           "%.2f ms, exchange %.2f ms (exposed %.2f ms, %.0f%% hidden); sent %.1f MiB (%.3f MiB "
+           "to other hosts), dense would send %.1f MiB (%.1fx less)\n",
            rank, r->epochs, r->steps, acc, r->seconds, r->samples_per_s, r->compute_ms,
            r->comm_ms, r->exposed_ms, hidden < 0 ? 0 : hidden, (double)r->bytes_sent / 1048576.0,
+           (double)r->remote_bytes / 1048576.0,
            (double)r->raw_bytes / 1048576.0,
            r->bytes_sent ? (double)r->raw_bytes / (double)r->bytes_sent : 0.0);
     fflush(stdout);
