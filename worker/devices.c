@@ -6,8 +6,10 @@
  * flat exchange, telling layer by layer). Both training loops use it. */
 #include "wk_int.h"
 
+#include <math.h>
 #include <pthread.h>
 #include <stdio.h>
+#include <time.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -25,6 +27,13 @@ typedef struct replica {
     int rc;
     char err[512];
     int j;
+    double throttle;
+    /* El Che: this sync's batches, their first index in the host's sequence, the gradient of
+     * one batch before it is added (NULL until needed), mean seconds per batch */
+    int count;
+    size_t first;
+    float *one;
+    double batch_s;
 } replica_t;
 
 struct fl_wk_devices {
@@ -35,6 +44,11 @@ struct fl_wk_devices {
     int rank;
     size_t np;
     fl_wk_local_t local;
+    double max_norm;
+    /* El Che: the host's share of each epoch, in one sequence the devices take batches from */
+    fl_wk_sampler_t host;
+    bool have_host;
+    bool cadence; /* the step in progress is a cadence step */
     /* FL_WK_LOCAL_SHARDS: a barrier once every gradient is there (abortable, for a step whose
      * threads did not all start) */
     pthread_mutex_t mu;
@@ -68,6 +82,7 @@ int fl_wk_devices_create(const fl_wk_mlp_shape_t *m, const fl_wk_dataset_t *trai
     d->rank = rank;
     d->np = fl_wk_mlp_nparams(m);
     d->local = local;
+    d->max_norm = o->max_norm;
     if (local == FL_WK_LOCAL_SHARDS && (size_t)L > d->np)
         return fl_fail(FL_EINVAL, "%d devices cannot share %zu parameters", L, d->np);
     int rc = FL_OK;
@@ -77,6 +92,7 @@ int fl_wk_devices_create(const fl_wk_mlp_shape_t *m, const fl_wk_dataset_t *trai
     for (int j = 0; j < L; j++) {
         replica_t *r = &d->rep[j];
         r->j = j;
+        r->throttle = o->throttle[j];
         if ((rc = fl_wk_sampler_init(&r->smp, train->n, world * L, rank * L + j, o->batch,
                                      o->shuffle, o->seed)) != FL_OK ||
             (rc = fl_wk_mlp_ws_create(m, o->batch, &r->ws)) != FL_OK)
@@ -89,6 +105,12 @@ int fl_wk_devices_create(const fl_wk_mlp_shape_t *m, const fl_wk_dataset_t *trai
             rc = fl_fail(FL_ENOMEM, "out of memory for device %d", j);
             goto fail;
         }
+    }
+    if (o->max_anchor > 0) {
+        if ((rc = fl_wk_sampler_init(&d->host, train->n, world, rank, o->batch, o->shuffle,
+                                     o->seed)) != FL_OK)
+            goto fail;
+        d->have_host = true;
     }
     *out = d;
     return FL_OK;
@@ -111,7 +133,10 @@ void fl_wk_devices_destroy(fl_wk_devices_t **pd)
         free(r->y);
         if (j > 0)
             free(r->grad);
+        free(r->one);
     }
+    if (d->have_host)
+        fl_wk_sampler_deinit(&d->host);
     if (d->have_barrier) {
         pthread_mutex_destroy(&d->mu);
         pthread_cond_destroy(&d->cv);
@@ -124,6 +149,13 @@ void fl_wk_devices_set_epoch(fl_wk_devices_t *d, long epoch)
 {
     for (int j = 0; j < d->n; j++)
         fl_wk_sampler_set_epoch(&d->rep[j].smp, epoch);
+    if (d->have_host)
+        fl_wk_sampler_set_epoch(&d->host, epoch);
+}
+
+size_t fl_wk_devices_host_batches(const fl_wk_devices_t *d)
+{
+    return d->have_host ? fl_wk_sampler_batches(&d->host) : 0;
 }
 
 size_t fl_wk_devices_batches(const fl_wk_devices_t *d)
@@ -194,16 +226,86 @@ static bool all_computed(fl_wk_devices_t *d)
     return ok;
 }
 
+/* --throttle: the device takes `throttle` times its compute time (a slower device). */
+static void throttle(const replica_t *r, int64_t t0)
+{
+    if (r->throttle <= 1.0)
+        return;
+    double ns = (double)(fl_now_ns() - t0) * (r->throttle - 1.0);
+    struct timespec ts = {(time_t)(ns / 1e9), (long)fmod(ns, 1e9)};
+    nanosleep(&ts, NULL);
+}
+
+static double l2(const float *g, size_t n)
+{
+    double s = 0.0;
+    for (size_t i = 0; i < n; i++)
+        s += (double)g[i] * g[i];
+    return sqrt(s);
+}
+
+/* El Che: r->count batches of the host's sequence from r->first, their gradients summed into
+ * r->grad (the device's mean clipped to max_norm first, when set), loss and correct summed. */
+static void cadence_batches(fl_wk_devices_t *d, replica_t *r)
+{
+    r->loss = 0.0;
+    r->correct = 0;
+    r->batch_s = 0.0;
+    r->rc = FL_OK;
+    if (r->count == 0) {
+        memset(r->grad, 0, d->np * sizeof(float));
+        return;
+    }
+    if (r->count > 1 && r->one == NULL && (r->one = malloc(d->np * sizeof(float))) == NULL) {
+        r->rc = fl_fail(FL_ENOMEM, "device %d: out of memory", r->j);
+        snprintf(r->err, sizeof r->err, "%s", fl_last_error());
+        return;
+    }
+    int64_t t_start = fl_now_ns();
+    for (int b = 0; b < r->count && r->rc == FL_OK; b++) {
+        int64_t t0 = fl_now_ns();
+        fl_wk_sampler_batch(&d->host, r->first + (size_t)b, r->idx);
+        gather(d->train, r->idx, d->batch, r->x, r->y);
+        float *g = b == 0 ? r->grad : r->one;
+        double loss = 0.0;
+        size_t correct = 0;
+        r->rc = fl_wk_mlp_grad(d->m, r->ws, d->params, r->x, r->y, d->batch, g, &loss, &correct,
+                               NULL, NULL);
+        throttle(r, t0);
+        r->loss += loss;
+        r->correct += correct;
+        if (b > 0)
+            for (size_t i = 0; i < d->np; i++)
+                r->grad[i] += g[i];
+    }
+    if (r->rc != FL_OK) {
+        snprintf(r->err, sizeof r->err, "%s", fl_last_error());
+        return;
+    }
+    r->batch_s = (double)(fl_now_ns() - t_start) / 1e9 / r->count;
+    if (d->max_norm > 0.0) {
+        double f = fl_cmp_clip_factor(l2(r->grad, d->np) / r->count, d->max_norm);
+        for (size_t i = 0; f != 1.0 && i < d->np; i++)
+            r->grad[i] *= (float)f;
+    }
+}
+
 /* One device's step: its gradient, then its part of the reduction inside the host. */
 static void replica_step(rep_arg_t *a)
 {
     fl_wk_devices_t *d = a->d;
     replica_t *r = a->r;
+    if (d->cadence) {
+        cadence_batches(d, r);
+        return;
+    }
     bool tell = d->ready != NULL && (d->n == 1 || d->local == FL_WK_LOCAL_NONE);
+    int64_t t0 = fl_now_ns();
     fl_wk_sampler_batch(&r->smp, d->cur_batch, r->idx);
     gather(d->train, r->idx, d->batch, r->x, r->y);
     r->rc = fl_wk_mlp_grad(d->m, r->ws, d->params, r->x, r->y, d->batch, r->grad, &r->loss,
                            &r->correct, tell ? layer_done : NULL, a);
+    throttle(r, t0);
     if (r->rc != FL_OK)
         snprintf(r->err, sizeof r->err, "%s", fl_last_error());
     if (d->n == 1 || d->local != FL_WK_LOCAL_SHARDS)
@@ -261,11 +363,54 @@ int fl_wk_devices_step(fl_wk_devices_t *d, const float *params, size_t batch_ind
         *loss += d->rep[j].loss / L;
         *correct += d->rep[j].correct;
     }
-    if (L > 1 && d->local == FL_WK_LOCAL_MEAN) {
+    if (L > 1 && d->local == FL_WK_LOCAL_MEAN && !d->cadence) {
         for (int j = 0; j < L; j++)
             reduce_shard(d, j);
         if (ready != NULL)
             ready(0, 0, ud);
     }
     return FL_OK;
+}
+
+int fl_wk_devices_cadence_step(fl_wk_devices_t *d, const float *params, const int *counts,
+                               size_t first, double *batch_s, double *loss, size_t *correct)
+{
+    if (!d->have_host)
+        return fl_fail(FL_EINVAL, "devices made without a cadence (max_anchor 0)");
+    size_t at = first;
+    for (int j = 0; j < d->n; j++) {
+        d->rep[j].count = counts[j];
+        d->rep[j].first = at;
+        at += (size_t)counts[j];
+    }
+    d->cadence = true;
+    fl_wk_local_t keep = d->local;
+    d->local = FL_WK_LOCAL_MEAN; /* no reduction inside the step: fl_wk_devices_combine does it */
+    int rc = fl_wk_devices_step(d, params, 0, NULL, NULL, loss, correct);
+    d->local = keep;
+    d->cadence = false;
+    size_t total = at - first;
+    /* fl_wk_devices_step averaged the devices' loss sums: make it the mean per batch. */
+    *loss = total ? *loss * d->n / (double)total : 0.0;
+    for (int j = 0; j < d->n; j++)
+        batch_s[j] = d->rep[j].batch_s;
+    return rc;
+}
+
+void fl_wk_devices_combine(fl_wk_devices_t *d, float scale, fl_wk_ready_fn ready, void *ud)
+{
+    float *grad = d->rep[0].grad;
+    for (size_t i = 0; i < d->np; i++) {
+        float s = grad[i];
+        for (int k = 1; k < d->n; k++)
+            s += d->rep[k].grad[i];
+        grad[i] = s * scale;
+    }
+    if (ready == NULL)
+        return;
+    if (d->local == FL_WK_LOCAL_SHARDS && d->n > 1)
+        for (int j = 0; j < d->n; j++)
+            ready(j, fl_shard_offset(d->np, d->n, j), ud);
+    else
+        ready(0, 0, ud);
 }

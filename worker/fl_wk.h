@@ -158,6 +158,12 @@ typedef enum fl_wk_hier {
 typedef struct fl_wk_train_opts {
     fl_wk_mode_t mode;
     fl_wk_hier_t hierarchy; /* with several devices per process (--mode ring) */
+    int max_anchor;         /* El Che: > 0 lets faster devices do more batches between syncs
+                               (the slowest does up to max_anchor); 0: one batch each */
+    double overhead_target; /* El Che: exchange time / compute time to stay under (0.1) */
+    double speed_hint[64];  /* El Che: relative speed per device for the first plan (0: 1) */
+    double throttle[64];    /* testing: device j takes this many times its compute time per
+                               batch (a sleep after each; 0 or 1: none) */
     fl_wk_mlp_shape_t shape;
     size_t batch;          /* per device */
     int epochs;

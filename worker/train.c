@@ -28,7 +28,22 @@ typedef struct trainer {
     fl_wk_xchg_t *xchg[64];
     fl_opt_t *opt;
     FILE *metrics;
+    /* El Che (o->max_anchor > 0) */
+    fl_wk_cadence_t cad;
+    size_t next;        /* the host's next batch this epoch */
+    double exch_ema_s;  /* exchange seconds per sync */
+    long syncs;
 } trainer_t;
+
+/* What one step computed. */
+typedef struct step_out {
+    double loss;
+    size_t correct;
+    size_t host_batches; /* this host's batches in the step */
+    double job_batches;  /* the whole job's */
+} step_out_t;
+
+#define REPLAN_EVERY 4
 
 void fl_wk_train_opts_init(fl_wk_train_opts_t *o)
 {
@@ -46,6 +61,7 @@ void fl_wk_train_opts_init(fl_wk_train_opts_t *o)
     o->topk_values = FL_FLOAT32;
     o->bucket_bytes = (size_t)1 << 20;
     o->progress_s = 2.0;
+    o->overhead_target = 0.1;
 }
 
 static void ready(int device, size_t from, void *ud)
@@ -124,6 +140,10 @@ static int setup(trainer_t *tr)
     }
     int L = o->replicas;
     bool per_device = tr->comm != NULL && L > 1;
+    if (o->max_anchor > 0 && per_device && o->hierarchy == FL_WK_HIER_FLAT)
+        return fl_fail(FL_EINVAL, "--max-anchor (El Che) needs --hierarchy hybrid: a flat ring "
+                                  "exchanges every device's gradient on its own");
+    fl_wk_cadence_init(&tr->cad, L, o->max_anchor, o->overhead_target, o->speed_hint);
     fl_wk_local_t local = !per_device                           ? FL_WK_LOCAL_MEAN
                           : o->hierarchy == FL_WK_HIER_FLAT ? FL_WK_LOCAL_NONE
                                                                 : FL_WK_LOCAL_SHARDS;
@@ -213,6 +233,102 @@ static int save(trainer_t *tr, long step, int epoch)
     return fl_wk_mlp_save(tr->m, tr->params, tr->o->save_path, meta, 3);
 }
 
+/* El Che: the plan cut to the batches the host has left, in proportion. Returns the total. */
+static size_t fit_counts(const int *plan, int n, size_t left, int *out)
+{
+    size_t want = 0;
+    for (int j = 0; j < n; j++)
+        want += (size_t)plan[j];
+    size_t total = 0;
+    for (int j = 0; j < n; j++) {
+        out[j] = want <= left ? plan[j] : (int)((size_t)plan[j] * left / want);
+        total += (size_t)out[j];
+    }
+    for (int j = 0; total < left && total < want; j = (j + 1) % n) {
+        if (out[j] < plan[j]) {
+            out[j]++;
+            total++;
+        }
+    }
+    return total;
+}
+
+/* One step's compute: batch *bi of every device, or El Che's sync (the devices' planned
+ * batches; the job's total agreed with one small allreduce). *t1: when the compute ended.
+ * *more false: the epoch is over (nothing computed). */
+static int compute(trainer_t *tr, size_t *bi, size_t nbatches, step_out_t *so, bool *more,
+                   int64_t *t1)
+{
+    const fl_wk_train_opts_t *o = tr->o;
+    memset(so, 0, sizeof *so);
+    int rc;
+    if (o->max_anchor == 0) {
+        if (*bi >= nbatches) {
+            *more = false;
+            return FL_OK;
+        }
+        rc = fl_wk_devices_step(tr->dev, tr->params, (*bi)++, ready, tr, &so->loss,
+                                &so->correct);
+        so->host_batches = (size_t)o->replicas;
+        so->job_batches = (double)o->replicas * tr->world;
+        *t1 = fl_now_ns();
+        return rc;
+    }
+    int counts[64];
+    size_t left = fl_wk_devices_host_batches(tr->dev) - tr->next;
+    size_t mine = fit_counts(tr->cad.counts, o->replicas, left, counts);
+    double total = (double)mine;
+    if (tr->comm != NULL &&
+        (rc = fl_allreduce(tr->comm, &total, &total, 1, FL_FLOAT64, FL_SUM)) != FL_OK)
+        return rc;
+    if (total == 0) {
+        *more = false;
+        return FL_OK;
+    }
+    double batch_s[64];
+    rc = fl_wk_devices_cadence_step(tr->dev, tr->params, counts, tr->next, batch_s, &so->loss,
+                                    &so->correct);
+    if (rc != FL_OK)
+        return rc;
+    tr->next += mine;
+    fl_wk_cadence_observe(&tr->cad, batch_s);
+    /* Every batch of the job weighs the same: the exchange averages over ranks. */
+    fl_wk_devices_combine(tr->dev, (float)((double)tr->world / total), ready, tr);
+    so->host_batches = mine;
+    so->job_batches = total;
+    *t1 = fl_now_ns();
+    return FL_OK;
+}
+
+/* El Che's learning rate: the schedule follows the job's batches in units of a per-batch
+ * sync's (world x devices), and a sync of more batches takes a larger step: the linear scaling
+ * rule for SGD, its square root for Adam and AdamW. */
+static double cadence_lr(const trainer_t *tr, const fl_lr_sched_t *sched, double samples_before,
+                         double job_batches)
+{
+    const fl_wk_train_opts_t *o = tr->o;
+    double per_sync = (double)o->replicas * tr->world;
+    long step = (long)(samples_before / ((double)o->batch * per_sync));
+    double r = job_batches / per_sync;
+    double f = sqrt(r);
+    return fl_lr_at(sched, step) * f;
+}
+
+/* El Che after a sync: the exchange time folded in, and every few syncs a new plan from the
+ * job's slowest device and longest exchange (the same on every rank). */
+static int cadence_after(trainer_t *tr, double exchange_s)
+{
+    tr->exch_ema_s = tr->syncs == 0 ? exchange_s : 0.7 * tr->exch_ema_s + 0.3 * exchange_s;
+    if (++tr->syncs % REPLAN_EVERY != 0)
+        return FL_OK;
+    double v[2] = {fl_wk_cadence_slowest(&tr->cad), tr->exch_ema_s};
+    int rc;
+    if (tr->comm != NULL && (rc = fl_allreduce(tr->comm, v, v, 2, FL_FLOAT64, FL_MAX)) != FL_OK)
+        return rc;
+    fl_wk_cadence_plan(&tr->cad, v[0], v[1]);
+    return FL_OK;
+}
+
 int fl_wk_train(fl_comm_t *comm, const fl_wk_dataset_t *train, const fl_wk_dataset_t *test,
                 const fl_wk_train_opts_t *o, fl_wk_train_result_t *res)
 {
@@ -257,6 +373,7 @@ int fl_wk_train(fl_comm_t *comm, const fl_wk_dataset_t *train, const fl_wk_datas
     int64_t t_start = fl_now_ns();
     int64_t t_last = t_start;
     long step = 0;
+    double samples = 0.0; /* the job's, trained on */
     double compute_ms = 0.0;
     double exposed_ms = 0.0;
     for (int ep = 0; ep < o->epochs && rc == FL_OK; ep++) {
@@ -264,31 +381,44 @@ int fl_wk_train(fl_comm_t *comm, const fl_wk_dataset_t *train, const fl_wk_datas
         double density = o->topk > 0 ? fl_cmp_schedule_density(&dgc, ep) : 0.0;
         double ep_loss = 0.0;
         size_t ep_correct = 0;
-        for (size_t bi = 0; bi < nbatches && rc == FL_OK; bi++, step++) {
+        size_t ep_batches = 0;
+        size_t bi = 0;
+        tr.next = 0;
+        for (; rc == FL_OK; step++) {
             int64_t t0 = fl_now_ns();
             xchg_begin(&tr, density);
-            double loss = 0.0;
-            size_t correct = 0;
-            rc = fl_wk_devices_step(tr.dev, tr.params, bi, ready, &tr, &loss, &correct);
-            int64_t t1 = fl_now_ns();
+            step_out_t so;
+            bool more = true;
+            int64_t t1 = t0;
+            if ((rc = compute(&tr, &bi, nbatches, &so, &more, &t1)) != FL_OK || !more)
+                break;
             if (rc == FL_OK)
                 rc = xchg_wait(&tr);
             int64_t t2 = fl_now_ns();
             if (rc != FL_OK)
                 break;
-            if (o->max_norm > 0.0 && !(o->topk > 0 && tr.comm != NULL)) {
+            double loss = so.loss;
+            size_t correct = so.correct;
+            ep_batches += so.host_batches;
+            samples += so.job_batches * (double)o->batch;
+            if (o->max_anchor > 0 && (rc = cadence_after(&tr, (double)(t2 - t1) / 1e9)) != FL_OK)
+                break;
+            if (o->max_norm > 0.0 && o->max_anchor == 0 && !(o->topk > 0 && tr.comm != NULL)) {
                 double f = fl_cmp_clip_factor(l2(tr.grad, tr.np), o->max_norm);
                 for (size_t i = 0; f != 1.0 && i < tr.np; i++)
                     tr.grad[i] *= (float)f;
             }
-            double lr = fl_lr_at(&sched, step);
+            double lr = o->max_anchor > 0 ? cadence_lr(&tr, &sched, samples - so.job_batches *
+                                                                            (double)o->batch,
+                                                       so.job_batches)
+                                          : fl_lr_at(&sched, step);
             if ((rc = fl_opt_step(tr.opt, tr.params, tr.grad, lr)) != FL_OK)
                 break;
             double c_ms = (double)(t1 - t0) / 1e6;
             double x_ms = (double)(t2 - t1) / 1e6;
             compute_ms += c_ms;
             exposed_ms += x_ms;
-            ep_loss += loss;
+            ep_loss += loss * (double)so.host_batches;
             ep_correct += correct;
             fl_wk_xchg_stats_t xs;
             xchg_stats(&tr, &xs);
@@ -298,18 +428,17 @@ int fl_wk_train(fl_comm_t *comm, const fl_wk_dataset_t *train, const fl_wk_datas
                         "\"lr\":%.6g,\"density\":%.6g,\"compute_ms\":%.3f,\"exposed_comm_ms\":"
                         "%.3f,\"bytes_sent\":%llu,\"raw_bytes\":%llu}\n",
                         tr.rank, ep, step, loss,
-                        (double)correct / (double)(o->batch * (size_t)o->replicas), lr, density,
+                        (double)correct / (double)(o->batch * so.host_batches), lr, density,
                         c_ms, x_ms, (unsigned long long)xs.bytes_sent,
                         (unsigned long long)xs.raw_bytes);
             int64_t now = fl_now_ns();
             if (lead && (double)(now - t_last) / 1e9 >= o->progress_s) {
                 double secs = (double)(now - t_start) / 1e9;
-                printf("epoch %d/%d step %zu/%zu loss %.4f acc %.1f%% %.0f samples/s compute "
+                printf("epoch %d/%d step %ld loss %.4f acc %.1f%% %.0f samples/s compute "
                        "%.1f ms exchange %.1f ms (exposed %.1f ms) sent %.1f MiB ratio %.1fx\n",
-                       ep + 1, o->epochs, bi + 1, nbatches, ep_loss / (double)(bi + 1),
-                       100.0 * (double)ep_correct /
-                           (double)((bi + 1) * o->batch * (size_t)o->replicas),
-                       (double)(step + 1) * (double)global_batch / secs,
+                       ep + 1, o->epochs, step + 1, ep_loss / (double)ep_batches,
+                       100.0 * (double)ep_correct / (double)(ep_batches * o->batch),
+                       samples / secs,
                        compute_ms / (double)(step + 1), xs.busy_ms / (double)(step + 1),
                        exposed_ms / (double)(step + 1), (double)xs.bytes_sent / 1048576.0,
                        xs.bytes_sent ? (double)xs.raw_bytes / (double)xs.bytes_sent : 0.0);
@@ -322,7 +451,7 @@ int fl_wk_train(fl_comm_t *comm, const fl_wk_dataset_t *train, const fl_wk_datas
         }
         if (rc != FL_OK)
             break;
-        res->train_loss = nbatches ? ep_loss / (double)nbatches : 0.0;
+        res->train_loss = ep_batches ? ep_loss / (double)ep_batches : 0.0;
         res->epochs = ep + 1;
         if (test != NULL && tr.rank == 0) {
             size_t ok;
@@ -354,7 +483,7 @@ int fl_wk_train(fl_comm_t *comm, const fl_wk_dataset_t *train, const fl_wk_datas
     xchg_stats(&tr, &xs);
     res->steps = step;
     res->seconds = (double)(fl_now_ns() - t_start) / 1e9;
-    res->samples_per_s = res->seconds > 0 ? (double)step * (double)global_batch / res->seconds : 0;
+    res->samples_per_s = res->seconds > 0 ? samples / res->seconds : 0;
     res->bytes_sent = xs.bytes_sent;
     res->remote_bytes = xs.remote_bytes;
     res->raw_bytes = xs.raw_bytes;

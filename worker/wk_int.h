@@ -55,6 +55,51 @@ float *fl_wk_devices_grad(fl_wk_devices_t *d, int j);
 int fl_wk_devices_step(fl_wk_devices_t *d, const float *params, size_t batch_index,
                        fl_wk_ready_fn ready, void *ud, double *loss, size_t *correct);
 
+/* ---- El Che's cadence (cadence.c): batches per device between synchronisations ---- */
+
+typedef struct fl_wk_cadence {
+    int n;            /* devices of this host */
+    int max_anchor;   /* 0: off (one batch per device per sync) */
+    double overhead;  /* exchange time target, as a share of a sync's compute time */
+    int anchor;       /* batches of the job's slowest device per sync */
+    double slowest_s; /* the job's slowest seconds per batch at the last plan */
+    double hint[64];  /* relative speeds seeding the first plan */
+    double ema_s[64]; /* seconds per batch, per device (0: not measured yet) */
+    int counts[64];   /* the plan: batches per device per sync */
+} fl_wk_cadence_t;
+
+/* n devices; hint (may be NULL) gives relative speeds (2: twice as fast) for the first plan. */
+void fl_wk_cadence_init(fl_wk_cadence_t *c, int n, int max_anchor, double overhead,
+                        const double *hint);
+
+/* Folds one sync's mean seconds per batch of each device (0: it did none) into the EMAs. */
+void fl_wk_cadence_observe(fl_wk_cadence_t *c, const double *batch_s);
+
+/* This host's slowest device's EMA of seconds per batch. */
+double fl_wk_cadence_slowest(const fl_wk_cadence_t *c);
+
+/* Plans counts from the job's slowest seconds per batch and its longest exchange of a sync
+ * (both the same on every rank; 0 when unknown): anchor = the smallest that keeps the exchange
+ * under overhead x compute, within 1..max_anchor; each device the batches that fit in anchor x
+ * the slowest time, at least 5% of the host's total. */
+void fl_wk_cadence_plan(fl_wk_cadence_t *c, double job_slowest_s, double job_exchange_s);
+
+/* El Che (o->max_anchor > 0): the host's batches per epoch, one sequence for all its devices
+ * (rank's share of the epoch, as a sampler of world ranks with the per-device batch). */
+size_t fl_wk_devices_host_batches(const fl_wk_devices_t *d);
+
+/* El Che's step: device j does counts[j] batches (0 allowed) of the host's sequence, taking
+ * them after devices 0..j-1's, from batch `first`; each sums its gradients (its mean clipped
+ * per device to o->max_norm when set). batch_s[j]: its mean seconds per batch (0 when it did
+ * none). Loss: mean per batch; correct: over all batches. Then fl_wk_devices_combine. */
+int fl_wk_devices_cadence_step(fl_wk_devices_t *d, const float *params, const int *counts,
+                               size_t first, double *batch_s, double *loss, size_t *correct);
+
+/* grad = scale x the sum of the devices' gradient sums (scale: world / the job's batches this
+ * sync, so that the exchange's average over ranks weighs every batch alike); then tells ready
+ * (every shard with FL_WK_LOCAL_SHARDS, else device 0 from 0). */
+void fl_wk_devices_combine(fl_wk_devices_t *d, float scale, fl_wk_ready_fn ready, void *ud);
+
 /* The flat gradient cut into buckets, ordered the way the backward pass fills them: bucket 0
  * holds the last parameters. An exchange thread owns the communicator and exchanges a bucket
  * as soon as it is queued (dense allreduce, or top-k with error feedback then sparse

@@ -34,6 +34,10 @@ static const char usage[] =
     "  --scale-lr (linear scaling rule)  --max-grad-norm X  --cpu-replicas L  --device auto|cpu\n"
     "  --hierarchy hybrid|flat (several devices per host, --mode ring: two-level exchange, the\n"
     "    default, or every device its own ring member)\n"
+    "  --max-anchor N (El Che: faster devices do more batches between syncs, the slowest up to\n"
+    "    N; 0, the default: one batch each)  --overhead-target 0.1 (exchange / compute)\n"
+    "  --speed-hint DEVICE:RATIO (relative speed seeding El Che)  --throttle DEVICE:FACTOR\n"
+    "    (testing: the device takes FACTOR times its compute time per batch)\n"
     "  --topk DENSITY (top-k with error feedback; 0: dense)  --topk-warmup EPOCHS\n"
     "  --topk-values float32|float16|bfloat16  --bucket-mb 1\n"
     "  --init FILE.safetensors  --save FILE.safetensors  --save-every STEPS\n"
@@ -49,7 +53,7 @@ static const char usage[] =
 enum {
     O_MODE = 1000, O_TRAIN_IMAGES, O_TRAIN_LABELS, O_TEST_IMAGES, O_TEST_LABELS, O_TRAIN_CSV,
     O_TEST_CSV, O_DATA_SEED, O_LAYERS, O_BATCH, O_EPOCHS, O_SEED, O_NO_SHUFFLE, O_OPTIM,
-    O_SCALE_LR, O_LZ4, O_RECONNECT, O_MAX_NORM, O_REPLICAS, O_HIER, O_DEVICE, O_TOPK, O_TOPK_WARMUP, O_TOPK_VALUES, O_BUCKET, O_INIT,
+    O_SCALE_LR, O_LZ4, O_RECONNECT, O_MAX_NORM, O_REPLICAS, O_HIER, O_ANCHOR, O_OVERHEAD, O_HINT, O_THROTTLE, O_DEVICE, O_TOPK, O_TOPK_WARMUP, O_TOPK_VALUES, O_BUCKET, O_INIT,
     O_SAVE, O_SAVE_EVERY, O_METRICS, O_PROGRESS, O_QUIET, O_SIZE, O_STEPS, O_DTYPE, O_OP, O_HELP
 };
 
@@ -102,6 +106,16 @@ static int num(const char *flag, const char *v, double lo, double hi, double *ou
         return fl_fail(FL_EINVAL, "%s: '%s' is not a number in [%g, %g]", flag, v, lo, hi);
     *out = x;
     return FL_OK;
+}
+
+/* DEVICE:RATIO (--speed-hint, --throttle) into table[DEVICE]. */
+static int device_ratio(const char *flag, const char *v, double *table)
+{
+    char *end = NULL;
+    long dev = strtol(v, &end, 10);
+    if (end == v || *end != ':' || dev < 0 || dev > 63)
+        return fl_fail(FL_EINVAL, "%s: '%s' is not DEVICE:RATIO with DEVICE in 0..63", flag, v);
+    return num(flag, end + 1, 0.01, 1000.0, &table[dev]);
 }
 
 /* Applies one training or drill flag; FL_OK or FL_EINVAL with the detail set. */
@@ -169,6 +183,13 @@ static int apply(wargs_t *a, int ch, const char *name, const char *v)
         else
             rc = fl_fail(FL_EINVAL, "--hierarchy: '%s' is not one of hybrid|flat", v);
         break;
+    case O_ANCHOR:
+        if ((rc = fl_cli_long("--max-anchor", v, 0, 4096, &n)) == FL_OK)
+            t->max_anchor = (int)n;
+        break;
+    case O_OVERHEAD: rc = num("--overhead-target", v, 1e-4, 100.0, &t->overhead_target); break;
+    case O_HINT: rc = device_ratio("--speed-hint", v, t->speed_hint); break;
+    case O_THROTTLE: rc = device_ratio("--throttle", v, t->throttle); break;
     case O_DEVICE:
         if (strcmp(v, "cuda") == 0)
             rc = fl_fail(FL_EINVAL, "--device cuda: GPU training is not built yet; use --device "
@@ -328,6 +349,8 @@ int main(int argc, char **argv)
         {"no-shuffle", 0, NULL, O_NO_SHUFFLE}, {"lz4", 0, NULL, O_LZ4},
         {"reconnect-timeout", 1, NULL, O_RECONNECT}, {"scale-lr", 0, NULL, O_SCALE_LR}, {"max-grad-norm", 1, NULL, O_MAX_NORM},
         {"cpu-replicas", 1, NULL, O_REPLICAS}, {"hierarchy", 1, NULL, O_HIER},
+        {"max-anchor", 1, NULL, O_ANCHOR}, {"overhead-target", 1, NULL, O_OVERHEAD},
+        {"speed-hint", 1, NULL, O_HINT}, {"throttle", 1, NULL, O_THROTTLE},
         {"device", 1, NULL, O_DEVICE},
         {"topk", 1, NULL, O_TOPK}, {"topk-warmup", 1, NULL, O_TOPK_WARMUP},
         {"topk-values", 1, NULL, O_TOPK_VALUES}, {"bucket-mb", 1, NULL, O_BUCKET},
