@@ -281,6 +281,13 @@ START_TEST(test_hosts_with_different_device_counts_refused)
     ck_assert_msg(strstr(err, "127.0.0.") != NULL && strstr(err, "asks for 3") != NULL &&
                       strstr(err, "2 members") != NULL,
                   "%s", err);
+    /* El Che weighs a host's devices before its exchange: not with a flat ring. */
+    o.replicas = 2;
+    o.max_anchor = 2;
+    o.hierarchy = FL_WK_HIER_FLAT;
+    rc = run_hosts(2, &o, NULL, &d, NULL, err, sizeof err);
+    ck_assert_msg(rc == FL_EINVAL && strstr(err, "--hierarchy hybrid") != NULL, "%s: %s",
+                  fl_strerror(rc), err);
     fl_wk_dataset_free(&d);
 }
 END_TEST
