@@ -8,6 +8,7 @@
 #include <string.h>
 
 #include "testutil.h"
+#include "wkdata.h"
 #include "wk_int.h"
 
 START_TEST(test_plan_follows_speed)
@@ -68,30 +69,10 @@ START_TEST(test_plan_floor_hints_and_off)
 }
 END_TEST
 
-/* Three noisy clusters. */
-static void make_data(fl_wk_dataset_t *d, size_t n)
-{
-    memset(d, 0, sizeof *d);
-    d->n = n;
-    d->dim = 6;
-    d->classes = 3;
-    d->x = malloc(n * 6 * sizeof *d->x);
-    d->y = malloc(n * sizeof *d->y);
-    snprintf(d->source, sizeof d->source, "test clusters");
-    uint64_t s = 11;
-    for (size_t i = 0; i < n; i++) {
-        int c = (int)(i % 3);
-        d->y[i] = c;
-        for (size_t j = 0; j < 6; j++)
-            d->x[i * 6 + j] = (float)((j % 3 == (size_t)c ? 1.5 : -0.5) +
-                                      0.8 * fl_test_uniform(&s));
-    }
-}
-
 START_TEST(test_cadence_step_weighs_every_batch_alike)
 {
     fl_wk_dataset_t d;
-    make_data(&d, 480);
+    fl_test_clusters(&d, 480, 11);
     fl_wk_train_opts_t o;
     fl_wk_train_opts_init(&o);
     fl_wk_mlp_parse("6,16,3", &o.shape);
@@ -163,7 +144,7 @@ END_TEST
 START_TEST(test_slow_device_does_fewer_batches_and_the_job_learns)
 {
     fl_wk_dataset_t d;
-    make_data(&d, 3072);
+    fl_test_clusters(&d, 3072, 11);
     fl_wk_train_opts_t o;
     fl_wk_train_opts_init(&o);
     fl_wk_mlp_parse("6,64,3", &o.shape);

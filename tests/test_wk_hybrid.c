@@ -15,33 +15,12 @@
 
 #include "fl_wk.h"
 #include "testutil.h"
+#include "wkdata.h"
 
 #define N 512
-#define DIM 6
-#define CLASSES 3
 #define MAX_RANKS 4
 
 static char dir[64];
-
-/* Three noisy clusters; the label is the nearest cluster centre. */
-static void make_data(fl_wk_dataset_t *d)
-{
-    memset(d, 0, sizeof *d);
-    d->n = N;
-    d->dim = DIM;
-    d->classes = CLASSES;
-    d->x = malloc(N * DIM * sizeof *d->x);
-    d->y = malloc(N * sizeof *d->y);
-    snprintf(d->source, sizeof d->source, "test clusters");
-    uint64_t s = 7;
-    for (size_t i = 0; i < N; i++) {
-        int c = (int)(i % CLASSES);
-        d->y[i] = c;
-        for (size_t j = 0; j < DIM; j++)
-            d->x[i * DIM + j] = (float)((j % CLASSES == (size_t)c ? 1.5 : -0.5) +
-                                        0.8 * fl_test_uniform(&s));
-    }
-}
 
 static void base_opts(fl_wk_train_opts_t *o, const char *layers, const char *save)
 {
@@ -54,25 +33,6 @@ static void base_opts(fl_wk_train_opts_t *o, const char *layers, const char *sav
     o->quiet = true;
     o->save_path = save;
     o->bucket_bytes = 256; /* several buckets per shard */
-}
-
-static void expect_close(const char *layers, const char *a, const char *b, const char *what)
-{
-    fl_wk_mlp_shape_t m;
-    fl_wk_mlp_parse(layers, &m);
-    size_t n = fl_wk_mlp_nparams(&m);
-    float *pa = malloc(n * sizeof *pa);
-    float *pb = malloc(n * sizeof *pb);
-    ck_assert_msg(fl_wk_mlp_load(&m, pa, a) == FL_OK, "%s", fl_last_error());
-    ck_assert_msg(fl_wk_mlp_load(&m, pb, b) == FL_OK, "%s", fl_last_error());
-    double worst = 0;
-    for (size_t i = 0; i < n; i++) {
-        double d = fabs((double)pa[i] - pb[i]) / (1e-3 + fabs((double)pa[i]));
-        worst = d > worst ? d : worst;
-    }
-    ck_assert_msg(worst < 1e-4, "%s: parameters differ by %.3g (relative)", what, worst);
-    free(pa);
-    free(pb);
 }
 
 /* ---- W ranks as threads, each its own host address ---- */
@@ -141,7 +101,7 @@ static int run_hosts(int W, const fl_wk_train_opts_t *o, const int *replicas,
 static void check_equivalence(int W, int L, size_t b, fl_opt_kind_t kind, double lr)
 {
     fl_wk_dataset_t d;
-    make_data(&d);
+    fl_test_clusters(&d, N, 7);
     const char *layers = "6,16,3";
     char one[128], hyb[128], flat[128], what[128];
     snprintf(one, sizeof one, "%s/one.safetensors", dir);
@@ -172,10 +132,10 @@ static void check_equivalence(int W, int L, size_t b, fl_opt_kind_t kind, double
     }
     snprintf(what, sizeof what, "hybrid %d hosts x %d devices x batch %zu vs 1 x %zu", W, L, b,
              (size_t)W * L * b);
-    expect_close(layers, one, hyb, what);
+    fl_test_params_close(layers, one, hyb, what);
     snprintf(what, sizeof what, "flat %d hosts x %d devices x batch %zu vs 1 x %zu", W, L, b,
              (size_t)W * L * b);
-    expect_close(layers, one, flat, what);
+    fl_test_params_close(layers, one, flat, what);
     unlink(one);
     unlink(hyb);
     unlink(flat);
@@ -201,7 +161,7 @@ START_TEST(test_hybrid_sends_fewer_bytes_across_hosts)
 {
     enum { W = 2, L = 2 };
     fl_wk_dataset_t d;
-    make_data(&d);
+    fl_test_clusters(&d, N, 7);
     const char *layers = "6,512,512,3"; /* ~1 MiB: ring-sized shards */
     fl_wk_train_opts_t o;
     base_opts(&o, layers, NULL);
@@ -245,7 +205,7 @@ END_TEST
 START_TEST(test_topk_over_hybrid_legs_learns)
 {
     fl_wk_dataset_t d;
-    make_data(&d);
+    fl_test_clusters(&d, N, 7);
     fl_wk_train_opts_t o;
     base_opts(&o, "6,16,3", NULL);
     o.mode = FL_WK_MODE_RING;
@@ -269,7 +229,7 @@ END_TEST
 START_TEST(test_hosts_with_different_device_counts_refused)
 {
     fl_wk_dataset_t d;
-    make_data(&d);
+    fl_test_clusters(&d, N, 7);
     fl_wk_train_opts_t o;
     base_opts(&o, "6,16,3", NULL);
     o.mode = FL_WK_MODE_RING;

@@ -12,31 +12,11 @@
 #include "fl_ps.h"
 #include "fl_wk.h"
 #include "testutil.h"
+#include "wkdata.h"
 
 #define N 512
-#define DIM 6
-#define CLASSES 3
 
 static char dir[64];
-
-static void make_data(fl_wk_dataset_t *d)
-{
-    memset(d, 0, sizeof *d);
-    d->n = N;
-    d->dim = DIM;
-    d->classes = CLASSES;
-    d->x = malloc(N * DIM * sizeof *d->x);
-    d->y = malloc(N * sizeof *d->y);
-    snprintf(d->source, sizeof d->source, "test clusters");
-    uint64_t s = 99;
-    for (size_t i = 0; i < N; i++) {
-        int c = (int)(i % CLASSES);
-        d->y[i] = c;
-        for (size_t j = 0; j < DIM; j++)
-            d->x[i * DIM + j] = (float)((j % CLASSES == (size_t)c ? 1.5 : -0.5) +
-                                        0.8 * fl_test_uniform(&s));
-    }
-}
 
 static void base_opts(fl_wk_train_opts_t *o, const char *save)
 {
@@ -48,31 +28,6 @@ static void base_opts(fl_wk_train_opts_t *o, const char *save)
     o->lr.lr = 0.1;
     o->quiet = true;
     o->save_path = save;
-}
-
-static float *load_params(const char *path, size_t *n)
-{
-    fl_wk_mlp_shape_t m;
-    fl_wk_mlp_parse("6,16,3", &m);
-    *n = fl_wk_mlp_nparams(&m);
-    float *p = malloc(*n * sizeof *p);
-    ck_assert_msg(fl_wk_mlp_load(&m, p, path) == FL_OK, "%s", fl_last_error());
-    return p;
-}
-
-static double max_rel_diff(const char *a, const char *b)
-{
-    size_t n, n2;
-    float *pa = load_params(a, &n);
-    float *pb = load_params(b, &n2);
-    double worst = 0;
-    for (size_t i = 0; i < n; i++) {
-        double d = fabs((double)pa[i] - pb[i]) / (1e-3 + fabs((double)pa[i]));
-        worst = d > worst ? d : worst;
-    }
-    free(pa);
-    free(pb);
-    return worst;
 }
 
 typedef struct ps_job {
@@ -173,7 +128,7 @@ static void run_ps(int world, const fl_wk_train_opts_t *base, const fl_wk_datase
 START_TEST(test_ps_data_parallel_equivalence)
 {
     fl_wk_dataset_t d;
-    make_data(&d);
+    fl_test_clusters(&d, N, 99);
     char one[128], ps[128];
     snprintf(one, sizeof one, "%s/one.safetensors", dir);
     snprintf(ps, sizeof ps, "%s/ps.safetensors", dir);
@@ -192,7 +147,7 @@ START_TEST(test_ps_data_parallel_equivalence)
     ck_assert_int_eq(args[0].res.epochs, 2);
     ck_assert(args[0].res.test_acc > 0.8);
     ck_assert(isnan(args[1].res.test_acc)); /* rank 0 evaluates */
-    double diff = max_rel_diff(one, ps);
+    double diff = fl_test_params_diff("6,16,3", one, ps);
     ck_assert_msg(diff < 1e-4, "2 ranks through the server vs 1 local: %.3g", diff);
 
     /* Adam, four ranks of batch 8. */
@@ -208,7 +163,7 @@ START_TEST(test_ps_data_parallel_equivalence)
     o.opt.momentum = 0;
     o.lr.lr = 0.01;
     run_ps(4, &o, &d, args);
-    diff = max_rel_diff(one, ps);
+    diff = fl_test_params_diff("6,16,3", one, ps);
     ck_assert_msg(diff < 1e-4, "Adam, 4 ranks through the server vs 1 local: %.3g", diff);
     unlink(one);
     unlink(ps);
@@ -219,7 +174,7 @@ END_TEST
 START_TEST(test_ps_topk_learns)
 {
     fl_wk_dataset_t d;
-    make_data(&d);
+    fl_test_clusters(&d, N, 99);
     fl_wk_train_opts_t o;
     base_opts(&o, NULL);
     o.batch = 16;

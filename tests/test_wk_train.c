@@ -11,32 +11,11 @@
 
 #include "fl_wk.h"
 #include "testutil.h"
+#include "wkdata.h"
 
 #define N 512
-#define DIM 6
-#define CLASSES 3
 
 static char dir[64];
-
-/* Three noisy clusters; the label is the nearest cluster centre. */
-static void make_data(fl_wk_dataset_t *d)
-{
-    memset(d, 0, sizeof *d);
-    d->n = N;
-    d->dim = DIM;
-    d->classes = CLASSES;
-    d->x = malloc(N * DIM * sizeof *d->x);
-    d->y = malloc(N * sizeof *d->y);
-    snprintf(d->source, sizeof d->source, "test clusters");
-    uint64_t s = 99;
-    for (size_t i = 0; i < N; i++) {
-        int c = (int)(i % CLASSES);
-        d->y[i] = c;
-        for (size_t j = 0; j < DIM; j++)
-            d->x[i * DIM + j] = (float)((j % CLASSES == (size_t)c ? 1.5 : -0.5) +
-                                        0.8 * fl_test_uniform(&s));
-    }
-}
 
 static void base_opts(fl_wk_train_opts_t *o, const char *save)
 {
@@ -49,32 +28,6 @@ static void base_opts(fl_wk_train_opts_t *o, const char *save)
     o->quiet = true;
     o->save_path = save;
     o->bucket_bytes = 256; /* several buckets, exchanged while the backward pass runs */
-}
-
-static float *load_params(const char *path, size_t *n)
-{
-    fl_wk_mlp_shape_t m;
-    fl_wk_mlp_parse("6,16,3", &m);
-    *n = fl_wk_mlp_nparams(&m);
-    float *p = malloc(*n * sizeof *p);
-    ck_assert_msg(fl_wk_mlp_load(&m, p, path) == FL_OK, "%s", fl_last_error());
-    return p;
-}
-
-static void expect_close(const char *a, const char *b, const char *what)
-{
-    size_t n;
-    size_t n2;
-    float *pa = load_params(a, &n);
-    float *pb = load_params(b, &n2);
-    double worst = 0;
-    for (size_t i = 0; i < n; i++) {
-        double d = fabs((double)pa[i] - pb[i]) / (1e-3 + fabs((double)pa[i]));
-        worst = d > worst ? d : worst;
-    }
-    ck_assert_msg(worst < 1e-4, "%s: parameters differ by %.3g (relative)", what, worst);
-    free(pa);
-    free(pb);
 }
 
 typedef struct ring_arg {
@@ -96,7 +49,7 @@ static int ring_rank(fl_comm_t *comm, void *p)
 START_TEST(test_data_parallel_equivalence)
 {
     fl_wk_dataset_t d;
-    make_data(&d);
+    fl_test_clusters(&d, N, 99);
     char one[128], ring[128], reps[128];
     snprintf(one, sizeof one, "%s/one.safetensors", dir);
     snprintf(ring, sizeof ring, "%s/ring.safetensors", dir);
@@ -119,14 +72,14 @@ START_TEST(test_data_parallel_equivalence)
     char err[512] = "";
     ck_assert_msg(fl_test_run_ranks(2, NULL, ring_rank, &a, err, sizeof err) == FL_OK, "%s",
                   err);
-    expect_close(one, ring, "2 ranks x batch 16 vs 1 x 32");
+    fl_test_params_close("6,16,3", one, ring, "2 ranks x batch 16 vs 1 x 32");
 
     /* one process, two CPU replicas of batch 16 */
     base_opts(&o, reps);
     o.batch = 16;
     o.replicas = 2;
     ck_assert_msg(fl_wk_train(NULL, &d, &d, &o, &res) == FL_OK, "%s", fl_last_error());
-    expect_close(one, reps, "2 replicas x batch 16 vs 1 x 32");
+    fl_test_params_close("6,16,3", one, reps, "2 replicas x batch 16 vs 1 x 32");
 
     /* four ranks of batch 8 with Adam, against one of 32 */
     base_opts(&o, one);
@@ -143,7 +96,7 @@ START_TEST(test_data_parallel_equivalence)
     a.o.lr.lr = 0.01;
     ck_assert_msg(fl_test_run_ranks(4, NULL, ring_rank, &a, err, sizeof err) == FL_OK, "%s",
                   err);
-    expect_close(one, ring, "Adam, 4 ranks x batch 8 vs 1 x 32");
+    fl_test_params_close("6,16,3", one, ring, "Adam, 4 ranks x batch 8 vs 1 x 32");
     unlink(one);
     unlink(ring);
     unlink(reps);
@@ -154,7 +107,7 @@ END_TEST
 START_TEST(test_topk_learns)
 {
     fl_wk_dataset_t d;
-    make_data(&d);
+    fl_test_clusters(&d, N, 99);
     ring_arg_t a;
     base_opts(&a.o, NULL);
     a.o.mode = FL_WK_MODE_RING;
@@ -177,7 +130,7 @@ END_TEST
 START_TEST(test_metrics_file)
 {
     fl_wk_dataset_t d;
-    make_data(&d);
+    fl_test_clusters(&d, N, 99);
     char path[128];
     snprintf(path, sizeof path, "%s/metrics.jsonl", dir);
     fl_wk_train_opts_t o;
@@ -205,7 +158,7 @@ END_TEST
 START_TEST(test_model_must_fit_data)
 {
     fl_wk_dataset_t d;
-    make_data(&d);
+    fl_test_clusters(&d, N, 99);
     fl_wk_train_opts_t o;
     base_opts(&o, NULL);
     fl_wk_mlp_parse("7,16,3", &o.shape);
