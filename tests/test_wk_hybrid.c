@@ -14,6 +14,7 @@
 #include <flodl/coordinator.h>
 
 #include "fl_wk.h"
+#include "wk_int.h"
 #include "testutil.h"
 #include "wkdata.h"
 
@@ -252,6 +253,84 @@ START_TEST(test_hosts_with_different_device_counts_refused)
 }
 END_TEST
 
+/* --shard none, hybrid and grad on 2 hosts x 2 devices: the same parameters (the optimizer is
+ * elementwise; clipping by the global norm from the pieces), optimizer state per device 1,
+ * 1/L and 1/(W L) of it. */
+static void check_shards(fl_opt_kind_t kind, double lr, double max_norm)
+{
+    enum { W = 2, L = 2 };
+    fl_wk_dataset_t d;
+    fl_test_clusters(&d, N, 7);
+    const char *layers = "6,16,3";
+    fl_wk_train_opts_t o;
+    base_opts(&o, layers, NULL);
+    o.mode = FL_WK_MODE_RING;
+    o.batch = 8;
+    o.replicas = L;
+    o.opt.kind = kind;
+    if (kind != FL_OPT_SGD)
+        o.opt.momentum = 0;
+    o.lr.lr = lr;
+    o.max_norm = max_norm;
+    size_t np = fl_wk_mlp_nparams(&o.shape);
+    size_t per_param = kind == FL_OPT_SGD ? 1 : 2; /* momentum; Adam's two moments */
+    const fl_wk_shard_t modes[3] = {FL_WK_SHARD_NONE, FL_WK_SHARD_HYBRID, FL_WK_SHARD_GRAD};
+    const size_t owned[3] = {np, (np + 1) / 2, ((np + 1) / 2 + 1) / 2};
+    char path[3][128];
+    char err[1200] = "";
+    fl_wk_train_result_t rr[MAX_RANKS];
+    for (int m = 0; m < 3; m++) {
+        snprintf(path[m], sizeof path[m], "%s/shard-%s.safetensors", dir,
+                 fl_wk_shard_name(modes[m]));
+        o.shard = modes[m];
+        o.save_path = path[m];
+        int rc = run_hosts(W, &o, NULL, &d, rr, err, sizeof err);
+        ck_assert_msg(rc == FL_OK, "--shard %s: %s: %s", fl_wk_shard_name(modes[m]),
+                      fl_strerror(rc), err);
+        ck_assert_uint_eq(rr[0].mem_opt_state, per_param * owned[m] * sizeof(float));
+        ck_assert_uint_eq(rr[1].mem_opt_state, per_param * owned[m] * sizeof(float));
+        ck_assert_uint_eq(rr[0].mem_params, np * sizeof(float));
+    }
+    fl_test_params_close(layers, path[0], path[1], "--shard hybrid vs none");
+    fl_test_params_close(layers, path[0], path[2], "--shard grad vs none");
+    for (int m = 0; m < 3; m++)
+        unlink(path[m]);
+    fl_wk_dataset_free(&d);
+}
+
+START_TEST(test_sharded_state_trains_the_same_parameters)
+{
+    check_shards(FL_OPT_SGD, 0.1, 0.0);
+    check_shards(FL_OPT_ADAM, 0.01, 0.5); /* clipped by the global norm */
+}
+END_TEST
+
+START_TEST(test_shard_combinations_refused)
+{
+    fl_wk_dataset_t d;
+    fl_test_clusters(&d, N, 7);
+    fl_wk_train_opts_t o;
+    base_opts(&o, "6,16,3", NULL);
+    o.mode = FL_WK_MODE_RING;
+    o.batch = 8;
+    o.replicas = 2;
+    char err[1200] = "";
+    o.shard = FL_WK_SHARD_FULL;
+    int rc = run_hosts(2, &o, NULL, &d, NULL, err, sizeof err);
+    ck_assert_msg(rc == FL_EINVAL && strstr(err, "not built yet") != NULL, "%s", err);
+    o.shard = FL_WK_SHARD_GRAD;
+    o.topk = 0.1;
+    rc = run_hosts(2, &o, NULL, &d, NULL, err, sizeof err);
+    ck_assert_msg(rc == FL_EINVAL && strstr(err, "--topk") != NULL, "%s", err);
+    o.topk = 0;
+    o.shard = FL_WK_SHARD_HYBRID;
+    o.hierarchy = FL_WK_HIER_FLAT;
+    rc = run_hosts(2, &o, NULL, &d, NULL, err, sizeof err);
+    ck_assert_msg(rc == FL_EINVAL && strstr(err, "--hierarchy hybrid") != NULL, "%s", err);
+    fl_wk_dataset_free(&d);
+}
+END_TEST
+
 static void setup_dir(void)
 {
     snprintf(dir, sizeof dir, "/tmp/flodl-wk-hybrid-XXXXXX");
@@ -274,6 +353,8 @@ static Suite *suite(void)
     tcase_add_test(t, test_hybrid_sends_fewer_bytes_across_hosts);
     tcase_add_test(t, test_topk_over_hybrid_legs_learns);
     tcase_add_test(t, test_hosts_with_different_device_counts_refused);
+    tcase_add_test(t, test_sharded_state_trains_the_same_parameters);
+    tcase_add_test(t, test_shard_combinations_refused);
     suite_add_tcase(s, t);
     return s;
 }

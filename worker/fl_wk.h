@@ -155,8 +155,19 @@ typedef enum fl_wk_hier {
     FL_WK_HIER_FLAT = 1,   /* every device its own member of one exchange across all hosts */
 } fl_wk_hier_t;
 
+/* How optimizer state is split among the devices (--shard). */
+typedef enum fl_wk_shard {
+    FL_WK_SHARD_NONE = 0,   /* every device holds all of it (DDP) */
+    FL_WK_SHARD_GRAD = 1,   /* gradients reduce-scattered, optimizer state 1/(W L) per device
+                               across all hosts, updated parameters all-gathered (ZeRO-2) */
+    FL_WK_SHARD_HYBRID = 2, /* 1/L per device inside the host, replicated across hosts
+                               (FSDP's HYBRID_SHARD) */
+    FL_WK_SHARD_FULL = 3,   /* parameters sharded too (ZeRO-3): not built yet, refused */
+} fl_wk_shard_t;
+
 typedef struct fl_wk_train_opts {
     fl_wk_mode_t mode;
+    fl_wk_shard_t shard;
     fl_wk_hier_t hierarchy; /* with several devices per process (--mode ring) */
     int max_anchor;         /* El Che: > 0 lets faster devices do more batches between syncs
                                (the slowest does up to max_anchor); 0: one batch each */
@@ -202,6 +213,12 @@ typedef struct fl_wk_train_result {
     double comm_ms;       /* per step: time spent exchanging */
     double exposed_ms;    /* per step: of which the compute did not hide */
     double compute_ms;    /* per step */
+    /* Memory per device, bytes (the largest device's): parameters it holds for compute, its
+     * gradient buffer, its optimizer state, its error-feedback residuals. */
+    uint64_t mem_params;
+    uint64_t mem_grads;
+    uint64_t mem_opt_state;
+    uint64_t mem_residual;
 } fl_wk_train_result_t;
 
 /* Trains on train and evaluates on test each epoch. comm is NULL for FL_WK_MODE_LOCAL.

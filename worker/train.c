@@ -24,9 +24,10 @@ typedef struct trainer {
     float *grad;
     fl_wk_devices_t *dev;
     int nx;                    /* exchanges: one, or one per device (its own connection) */
+    int nsubs;
     fl_comm_t *subs[64];       /* their sub-communicators, when nx > 1 */
     fl_wk_xchg_t *xchg[64];
-    fl_opt_t *opt;
+    fl_wk_shards_t *shards;
     FILE *metrics;
     /* El Che (o->max_anchor > 0) */
     fl_wk_cadence_t cad;
@@ -67,15 +68,8 @@ void fl_wk_train_opts_init(fl_wk_train_opts_t *o)
 static void ready(int device, size_t from, void *ud)
 {
     trainer_t *tr = ud;
-    fl_wk_xchg_ready_from(tr->xchg[tr->nx > 1 ? device : 0], from);
-}
-
-static double l2(const float *g, size_t n)
-{
-    double s = 0.0;
-    for (size_t i = 0; i < n; i++)
-        s += (double)g[i] * g[i];
-    return sqrt(s);
+    if (tr->nx > 0) /* none with --shard grad: the columns reduce-scatter after the step */
+        fl_wk_xchg_ready_from(tr->xchg[tr->nx > 1 ? device : 0], from);
 }
 
 int fl_wk_check_model(const fl_wk_mlp_shape_t *m, const fl_wk_dataset_t *d,
@@ -96,7 +90,7 @@ int fl_wk_check_model(const fl_wk_mlp_shape_t *m, const fl_wk_dataset_t *d,
 }
 
 /* One exchange per device, each on its own sub-communicator. */
-static int per_device_exchanges(trainer_t *tr, fl_wk_local_t local)
+static int per_device_exchanges(trainer_t *tr, fl_wk_local_t local, bool pieces)
 {
     const fl_wk_train_opts_t *o = tr->o;
     int L = o->replicas;
@@ -111,6 +105,9 @@ static int per_device_exchanges(trainer_t *tr, fl_wk_local_t local)
     }
     if ((rc = fl_comm_split(tr->comm, L, colors, keys, tr->subs)) != FL_OK)
         return rc;
+    tr->nsubs = L;
+    if (pieces)
+        return FL_OK; /* --shard grad: the columns carry pieces (shard.c), no buckets */
     tr->nx = L;
     for (int j = 0; j < L && rc == FL_OK; j++) {
         if (local == FL_WK_LOCAL_NONE)
@@ -121,6 +118,25 @@ static int per_device_exchanges(trainer_t *tr, fl_wk_local_t local)
                                    fl_shard_count(tr->np, L, j), &tr->xchg[j]);
     }
     return rc;
+}
+
+/* What --shard can be combined with. */
+static int check_shard(const trainer_t *tr, bool per_device)
+{
+    const fl_wk_train_opts_t *o = tr->o;
+    if (o->shard == FL_WK_SHARD_NONE)
+        return FL_OK;
+    if (o->shard == FL_WK_SHARD_FULL)
+        return fl_fail(FL_EINVAL, "--shard full (parameters sharded too, ZeRO-3) is not built "
+                                  "yet: use none, grad or hybrid");
+    if (per_device && o->hierarchy == FL_WK_HIER_FLAT)
+        return fl_fail(FL_EINVAL, "--shard %s needs --hierarchy hybrid: a device's shard is its "
+                                  "column's",
+                       fl_wk_shard_name(o->shard));
+    if (o->shard == FL_WK_SHARD_GRAD && o->topk > 0 && tr->comm != NULL)
+        return fl_fail(FL_EINVAL, "--shard grad reduce-scatters dense gradients: it does not "
+                                  "combine with --topk (use --shard hybrid)");
+    return FL_OK;
 }
 
 static int setup(trainer_t *tr)
@@ -150,15 +166,20 @@ static int setup(trainer_t *tr)
     if ((rc = fl_wk_devices_create(tr->m, tr->train, o, tr->rank, tr->world, local, tr->grad,
                                    &tr->dev)) != FL_OK)
         return rc;
-    if ((rc = fl_opt_create(&o->opt, tr->np, &tr->opt)) != FL_OK)
+    if ((rc = check_shard(tr, per_device)) != FL_OK)
         return rc;
+    bool pieces = o->shard == FL_WK_SHARD_GRAD && tr->comm != NULL;
     if (!per_device) {
-        tr->nx = 1;
-        if ((rc = fl_wk_xchg_create(tr->comm, o, tr->grad, 0, tr->np, &tr->xchg[0])) != FL_OK)
+        tr->nx = pieces ? 0 : 1;
+        if (!pieces &&
+            (rc = fl_wk_xchg_create(tr->comm, o, tr->grad, 0, tr->np, &tr->xchg[0])) != FL_OK)
             return rc;
-    } else if ((rc = per_device_exchanges(tr, local)) != FL_OK) {
+    } else if ((rc = per_device_exchanges(tr, local, pieces)) != FL_OK) {
         return rc;
     }
+    fl_comm_t **cols = !pieces ? NULL : per_device ? tr->subs : &tr->comm;
+    if ((rc = fl_wk_shards_create(o, tr->np, tr->rank, tr->world, cols, &tr->shards)) != FL_OK)
+        return rc;
     if (o->metrics_path != NULL) {
         char path[1024];
         if (tr->world > 1)
@@ -198,6 +219,15 @@ static int xchg_wait(trainer_t *tr)
 static void xchg_stats(trainer_t *tr, fl_wk_xchg_stats_t *out)
 {
     memset(out, 0, sizeof *out);
+    if (tr->shards != NULL) {
+        uint64_t sent;
+        uint64_t remote;
+        fl_wk_shards_bytes(tr->shards, &sent, &remote);
+        out->bytes_sent = sent;
+        out->remote_bytes = remote;
+        /* The dense ring would have sent as much: reduce-scatter plus all-gather. */
+        out->raw_bytes = sent;
+    }
     for (int j = 0; j < tr->nx; j++) {
         fl_wk_xchg_stats_t s;
         fl_wk_xchg_stats(tr->xchg[j], &s);
@@ -213,9 +243,9 @@ static void teardown(trainer_t *tr)
 {
     for (int j = 0; j < tr->nx; j++)
         fl_wk_xchg_destroy(&tr->xchg[j]);
-    for (int j = 0; j < tr->nx; j++)
+    fl_wk_shards_destroy(&tr->shards);
+    for (int j = 0; j < tr->nsubs; j++)
         fl_comm_destroy(&tr->subs[j]);
-    fl_opt_destroy(&tr->opt);
     fl_wk_devices_destroy(&tr->dev);
     free(tr->params);
     free(tr->grad);
@@ -329,6 +359,21 @@ static int cadence_after(trainer_t *tr, double exchange_s)
     return FL_OK;
 }
 
+/* Memory per device as --shard and the exchange split it: parameters held for compute, the
+ * gradient each device's backward pass fills, optimizer state, error-feedback residuals (one
+ * per exchanged range, with top-k). */
+static void memory(const trainer_t *tr, fl_wk_train_result_t *res)
+{
+    const fl_wk_train_opts_t *o = tr->o;
+    res->mem_params = tr->np * sizeof(float);
+    res->mem_grads = tr->np * sizeof(float);
+    res->mem_opt_state = tr->shards != NULL ? fl_wk_shards_state_bytes(tr->shards) : 0;
+    size_t widest = tr->np;
+    if (tr->nx > 1 && o->hierarchy == FL_WK_HIER_HYBRID)
+        widest = fl_shard_count(tr->np, tr->nx, 0); /* shard 0 is the widest */
+    res->mem_residual = o->topk > 0 && tr->nx > 0 ? widest * sizeof(float) : 0;
+}
+
 int fl_wk_train(fl_comm_t *comm, const fl_wk_dataset_t *train, const fl_wk_dataset_t *test,
                 const fl_wk_train_opts_t *o, fl_wk_train_result_t *res)
 {
@@ -403,19 +448,25 @@ int fl_wk_train(fl_comm_t *comm, const fl_wk_dataset_t *train, const fl_wk_datas
             samples += so.job_batches * (double)o->batch;
             if (o->max_anchor > 0 && (rc = cadence_after(&tr, (double)(t2 - t1) / 1e9)) != FL_OK)
                 break;
-            if (o->max_norm > 0.0 && o->max_anchor == 0 && !(o->topk > 0 && tr.comm != NULL)) {
-                double f = fl_cmp_clip_factor(l2(tr.grad, tr.np), o->max_norm);
-                for (size_t i = 0; f != 1.0 && i < tr.np; i++)
-                    tr.grad[i] *= (float)f;
-            }
+            int64_t t_rs = fl_now_ns();
+            if ((rc = fl_wk_shards_reduce(tr.shards, tr.grad)) != FL_OK)
+                break;
+            double legs_ms = (double)(fl_now_ns() - t_rs) / 1e6;
+            if (o->max_norm > 0.0 && o->max_anchor == 0 && !(o->topk > 0 && tr.comm != NULL) &&
+                (rc = fl_wk_shards_clip(tr.shards, tr.grad, o->max_norm)) != FL_OK)
+                break;
             double lr = o->max_anchor > 0 ? cadence_lr(&tr, &sched, samples - so.job_batches *
                                                                             (double)o->batch,
                                                        so.job_batches)
                                           : fl_lr_at(&sched, step);
-            if ((rc = fl_opt_step(tr.opt, tr.params, tr.grad, lr)) != FL_OK)
+            if ((rc = fl_wk_shards_step(tr.shards, tr.params, tr.grad, lr)) != FL_OK)
                 break;
+            int64_t t_ag = fl_now_ns();
+            if ((rc = fl_wk_shards_gather(tr.shards, tr.params)) != FL_OK)
+                break;
+            legs_ms += (double)(fl_now_ns() - t_ag) / 1e6;
             double c_ms = (double)(t1 - t0) / 1e6;
-            double x_ms = (double)(t2 - t1) / 1e6;
+            double x_ms = (double)(t2 - t1) / 1e6 + legs_ms; /* --shard grad's legs too */
             compute_ms += c_ms;
             exposed_ms += x_ms;
             ep_loss += loss * (double)so.host_batches;
@@ -488,6 +539,7 @@ int fl_wk_train(fl_comm_t *comm, const fl_wk_dataset_t *train, const fl_wk_datas
     res->remote_bytes = xs.remote_bytes;
     res->raw_bytes = xs.raw_bytes;
     res->compute_ms = step ? compute_ms / (double)step : 0.0;
+    memory(&tr, res);
     res->comm_ms = step ? xs.busy_ms / (double)step : 0.0;
     res->exposed_ms = step ? exposed_ms / (double)step : 0.0;
     teardown(&tr);

@@ -100,6 +100,40 @@ int fl_wk_devices_cadence_step(fl_wk_devices_t *d, const float *params, const in
  * (every shard with FL_WK_LOCAL_SHARDS, else device 0 from 0). */
 void fl_wk_devices_combine(fl_wk_devices_t *d, float scale, fl_wk_ready_fn ready, void *ud);
 
+/* ---- the optimizer state as --shard splits it (shard.c) ---- */
+
+typedef struct fl_wk_shards fl_wk_shards_t;
+
+/* o->shard over np parameters for rank of world; cols: device t's column communicator across
+ * hosts (o->replicas of them; NULL on one host), borrowed until destroy. FL_OK, FL_EINVAL (a
+ * device would own nothing), FL_ENOMEM. */
+int fl_wk_shards_create(const fl_wk_train_opts_t *o, size_t np, int rank, int world,
+                        fl_comm_t **cols, fl_wk_shards_t **out);
+void fl_wk_shards_destroy(fl_wk_shards_t **s);
+const char *fl_wk_shard_name(fl_wk_shard_t m);
+
+/* True when gradients and parameters travel as pieces across hosts (--shard grad). */
+bool fl_wk_shards_across_hosts(const fl_wk_shards_t *s);
+
+/* --shard grad: each column reduce-scatters its device's shard of grad (averaged) in place,
+ * so this host holds its pieces; nothing otherwise. Collective errors. */
+int fl_wk_shards_reduce(fl_wk_shards_t *s, float *grad);
+
+/* Clips the averaged gradient by its global norm, computed from the owned pieces. */
+int fl_wk_shards_clip(fl_wk_shards_t *s, float *grad, double max_norm);
+
+/* The optimizer step on every owned piece (all or nothing: FL_ENONFINITE naming the index). */
+int fl_wk_shards_step(fl_wk_shards_t *s, float *params, const float *grad, double lr);
+
+/* --shard grad: each column all-gathers its device's shard of params from the pieces. */
+int fl_wk_shards_gather(fl_wk_shards_t *s, float *params);
+
+/* Optimizer-state bytes of the device that holds the most. */
+size_t fl_wk_shards_state_bytes(const fl_wk_shards_t *s);
+
+/* Bytes the column legs sent, and of them to other hosts. */
+void fl_wk_shards_bytes(const fl_wk_shards_t *s, uint64_t *sent, uint64_t *remote);
+
 /* The flat gradient cut into buckets, ordered the way the backward pass fills them: bucket 0
  * holds the last parameters. An exchange thread owns the communicator and exchanges a bucket
  * as soon as it is queued (dense allreduce, or top-k with error feedback then sparse

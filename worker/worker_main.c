@@ -34,6 +34,9 @@ static const char usage[] =
     "  --scale-lr (linear scaling rule)  --max-grad-norm X  --cpu-replicas L  --device auto|cpu\n"
     "  --hierarchy hybrid|flat (several devices per host, --mode ring: two-level exchange, the\n"
     "    default, or every device its own ring member)\n"
+    "  --shard none|grad|hybrid (optimizer state: on every device; 1/(hosts x devices) each,\n"
+    "    gradients reduce-scattered and parameters all-gathered across hosts; 1/devices each,\n"
+    "    replicated across hosts)\n"
     "  --max-anchor N (El Che: faster devices do more batches between syncs, the slowest up to\n"
     "    N; 0, the default: one batch each)  --overhead-target 0.1 (exchange / compute)\n"
     "  --speed-hint DEVICE:RATIO (relative speed seeding El Che)  --throttle DEVICE:FACTOR\n"
@@ -53,7 +56,7 @@ static const char usage[] =
 enum {
     O_MODE = 1000, O_TRAIN_IMAGES, O_TRAIN_LABELS, O_TEST_IMAGES, O_TEST_LABELS, O_TRAIN_CSV,
     O_TEST_CSV, O_DATA_SEED, O_LAYERS, O_BATCH, O_EPOCHS, O_SEED, O_NO_SHUFFLE, O_OPTIM,
-    O_SCALE_LR, O_LZ4, O_RECONNECT, O_MAX_NORM, O_REPLICAS, O_HIER, O_ANCHOR, O_OVERHEAD, O_HINT, O_THROTTLE, O_DEVICE, O_TOPK, O_TOPK_WARMUP, O_TOPK_VALUES, O_BUCKET, O_INIT,
+    O_SCALE_LR, O_LZ4, O_RECONNECT, O_MAX_NORM, O_REPLICAS, O_HIER, O_SHARD, O_ANCHOR, O_OVERHEAD, O_HINT, O_THROTTLE, O_DEVICE, O_TOPK, O_TOPK_WARMUP, O_TOPK_VALUES, O_BUCKET, O_INIT,
     O_SAVE, O_SAVE_EVERY, O_METRICS, O_PROGRESS, O_QUIET, O_SIZE, O_STEPS, O_DTYPE, O_OP, O_HELP
 };
 
@@ -183,6 +186,18 @@ static int apply(wargs_t *a, int ch, const char *name, const char *v)
         else
             rc = fl_fail(FL_EINVAL, "--hierarchy: '%s' is not one of hybrid|flat", v);
         break;
+    case O_SHARD:
+        if (strcmp(v, "none") == 0)
+            t->shard = FL_WK_SHARD_NONE;
+        else if (strcmp(v, "grad") == 0)
+            t->shard = FL_WK_SHARD_GRAD;
+        else if (strcmp(v, "hybrid") == 0)
+            t->shard = FL_WK_SHARD_HYBRID;
+        else if (strcmp(v, "full") == 0)
+            t->shard = FL_WK_SHARD_FULL;
+        else
+            rc = fl_fail(FL_EINVAL, "--shard: '%s' is not one of none|grad|full|hybrid", v);
+        break;
     case O_ANCHOR:
         if ((rc = fl_cli_long("--max-anchor", v, 0, 4096, &n)) == FL_OK)
             t->max_anchor = (int)n;
@@ -296,6 +311,10 @@ static void summary(int rank, const fl_wk_train_result_t *r)
            (double)r->remote_bytes / 1048576.0,
            (double)r->raw_bytes / 1048576.0,
            r->bytes_sent ? (double)r->raw_bytes / (double)r->bytes_sent : 0.0);
+    printf("rank %d memory per device: parameters %.2f MiB, gradients %.2f MiB, optimizer state "
+           "%.2f MiB, residuals %.2f MiB\n",
+           rank, (double)r->mem_params / 1048576.0, (double)r->mem_grads / 1048576.0,
+           (double)r->mem_opt_state / 1048576.0, (double)r->mem_residual / 1048576.0);
     fflush(stdout);
 }
 
@@ -349,6 +368,7 @@ int main(int argc, char **argv)
         {"no-shuffle", 0, NULL, O_NO_SHUFFLE}, {"lz4", 0, NULL, O_LZ4},
         {"reconnect-timeout", 1, NULL, O_RECONNECT}, {"scale-lr", 0, NULL, O_SCALE_LR}, {"max-grad-norm", 1, NULL, O_MAX_NORM},
         {"cpu-replicas", 1, NULL, O_REPLICAS}, {"hierarchy", 1, NULL, O_HIER},
+        {"shard", 1, NULL, O_SHARD},
         {"max-anchor", 1, NULL, O_ANCHOR}, {"overhead-target", 1, NULL, O_OVERHEAD},
         {"speed-hint", 1, NULL, O_HINT}, {"throttle", 1, NULL, O_THROTTLE},
         {"device", 1, NULL, O_DEVICE},
@@ -436,6 +456,9 @@ int main(int argc, char **argv)
                    a.optim_flag);
     if (a.ps_flag != NULL && a.mode != FL_WK_MODE_PS)
         return bad("--%s applies to --mode ps only", a.ps_flag);
+    if (a.mode == FL_WK_MODE_PS && (a.to.shard != FL_WK_SHARD_NONE || a.to.max_anchor > 0))
+        return bad("--shard and --max-anchor: in --mode ps the optimizer state lives on the "
+                   "parameter server's shards and the devices' mean is pushed every step");
     if (fl_cli_optim_check(&a.to.opt, &a.to.lr) != FL_OK)
         return usage_error();
     if (a.mode < 0)
