@@ -130,6 +130,8 @@ START_TEST(test_configuration_errors)
     expect_usage_error(hh, "hybrid|flat");
     const char *sh[] = {"--mode", "local", "--shard", "zero", NULL};
     expect_usage_error(sh, "none|grad|full|hybrid");
+    const char *ps[] = {"--mode", "ps", "--shard", "grad", NULL};
+    expect_usage_error(ps, "parameter server");
     const char *th[] = {"--mode", "local", "--throttle", "3", NULL};
     expect_usage_error(th, "DEVICE:RATIO");
     const char *ma[] = {"--mode", "local", "--max-anchor", "-1", NULL};

@@ -36,68 +36,6 @@ static void base_opts(fl_wk_train_opts_t *o, const char *layers, const char *sav
     o->bucket_bytes = 256; /* several buckets per shard */
 }
 
-/* ---- W ranks as threads, each its own host address ---- */
-
-typedef struct host_arg {
-    fl_comm_opts_t co;
-    char host[32];
-    fl_wk_train_opts_t o;
-    const fl_wk_dataset_t *data;
-    fl_wk_train_result_t res;
-    int rc;
-    char err[1024];
-} host_arg_t;
-
-static void *host_main(void *p)
-{
-    host_arg_t *a = p;
-    fl_comm_t *comm = NULL;
-    a->rc = fl_comm_init(&a->co, &comm);
-    if (a->rc == FL_OK)
-        a->rc = fl_wk_train(comm, a->data, a->data, &a->o, &a->res);
-    if (a->rc != FL_OK)
-        snprintf(a->err, sizeof a->err, "%s", fl_last_error());
-    fl_comm_destroy(&comm);
-    return NULL;
-}
-
-/* Trains on W "hosts" with the options o (replicas[r] devices on rank r when replicas is not
- * NULL); res[r] gets each rank's result. Returns the first error (its text in err). */
-static int run_hosts(int W, const fl_wk_train_opts_t *o, const int *replicas,
-                     const fl_wk_dataset_t *d, fl_wk_train_result_t *res, char *err, size_t cap)
-{
-    fl_coord_t *coord = fl_test_coord(W, 0);
-    static host_arg_t args[MAX_RANKS];
-    pthread_t th[MAX_RANKS];
-    for (int r = 0; r < W; r++) {
-        host_arg_t *a = &args[r];
-        memset(a, 0, sizeof *a);
-        fl_test_comm_opts(&a->co, coord, r, W);
-        snprintf(a->host, sizeof a->host, "127.0.0.%d", r + 1);
-        a->co.host = a->host;
-        a->co.timeout_ms = 15000;
-        a->o = *o;
-        if (replicas != NULL)
-            a->o.replicas = replicas[r];
-        a->data = d;
-        ck_assert(pthread_create(&th[r], NULL, host_main, a) == 0);
-    }
-    for (int r = 0; r < W; r++)
-        pthread_join(th[r], NULL);
-    fl_coord_stop(coord);
-    fl_coord_destroy(&coord);
-    int rc = FL_OK;
-    for (int r = 0; r < W; r++) {
-        if (res != NULL)
-            res[r] = args[r].res;
-        if (args[r].rc != FL_OK && rc == FL_OK) {
-            rc = args[r].rc;
-            snprintf(err, cap, "rank %d: %s", r, args[r].err);
-        }
-    }
-    return rc;
-}
-
 /* One worker with the global batch, against W hosts x L devices of batch b, hybrid and flat. */
 static void check_equivalence(int W, int L, size_t b, fl_opt_kind_t kind, double lr)
 {
@@ -126,7 +64,7 @@ static void check_equivalence(int W, int L, size_t b, fl_opt_kind_t kind, double
     for (int h = 0; h < 2; h++) {
         o.hierarchy = h == 0 ? FL_WK_HIER_HYBRID : FL_WK_HIER_FLAT;
         o.save_path = h == 0 ? hyb : flat;
-        int rc = run_hosts(W, &o, NULL, &d, rr, err, sizeof err);
+        int rc = fl_test_run_hosts(W, &o, NULL, &d, rr, err, sizeof err);
         ck_assert_msg(rc == FL_OK, "%s: %s", fl_strerror(rc), err);
         ck_assert_int_eq(rr[0].steps, res.steps);
         ck_assert_msg(rr[0].bytes_sent > 0, "nothing exchanged");
@@ -178,7 +116,7 @@ START_TEST(test_hybrid_sends_fewer_bytes_across_hosts)
     for (int c = 0; c < 3; c++) {
         o.hierarchy = c == 1 ? FL_WK_HIER_FLAT : FL_WK_HIER_HYBRID;
         o.topk = c == 2 ? 0.01 : 0.0;
-        int rc = run_hosts(W, &o, NULL, &d, rr, err, sizeof err);
+        int rc = fl_test_run_hosts(W, &o, NULL, &d, rr, err, sizeof err);
         ck_assert_msg(rc == FL_OK, "%s: %s", fl_strerror(rc), err);
         per_step[c] = (double)rr[0].remote_bytes / (double)rr[0].steps;
         /* A hybrid column's members are on different hosts: all its bytes cross; the flat
@@ -217,7 +155,7 @@ START_TEST(test_topk_over_hybrid_legs_learns)
     o.topk = 0.1;
     char err[1200] = "";
     fl_wk_train_result_t rr[MAX_RANKS];
-    int rc = run_hosts(3, &o, NULL, &d, rr, err, sizeof err);
+    int rc = fl_test_run_hosts(3, &o, NULL, &d, rr, err, sizeof err);
     ck_assert_msg(rc == FL_OK, "%s: %s", fl_strerror(rc), err);
     ck_assert_msg(rr[0].test_acc > 0.9, "top-k hybrid reached only %.1f%%",
                   100 * rr[0].test_acc);
@@ -237,7 +175,7 @@ START_TEST(test_hosts_with_different_device_counts_refused)
     o.batch = 8;
     int replicas[2] = {2, 3};
     char err[1200] = "";
-    int rc = run_hosts(2, &o, replicas, &d, NULL, err, sizeof err);
+    int rc = fl_test_run_hosts(2, &o, replicas, &d, NULL, err, sizeof err);
     ck_assert_msg(rc == FL_EINVAL, "%s: %s", fl_strerror(rc), err);
     ck_assert_msg(strstr(err, "127.0.0.") != NULL && strstr(err, "asks for 3") != NULL &&
                       strstr(err, "2 members") != NULL,
@@ -246,7 +184,7 @@ START_TEST(test_hosts_with_different_device_counts_refused)
     o.replicas = 2;
     o.max_anchor = 2;
     o.hierarchy = FL_WK_HIER_FLAT;
-    rc = run_hosts(2, &o, NULL, &d, NULL, err, sizeof err);
+    rc = fl_test_run_hosts(2, &o, NULL, &d, NULL, err, sizeof err);
     ck_assert_msg(rc == FL_EINVAL && strstr(err, "--hierarchy hybrid") != NULL, "%s: %s",
                   fl_strerror(rc), err);
     fl_wk_dataset_free(&d);
@@ -284,7 +222,7 @@ static void check_shards(fl_opt_kind_t kind, double lr, double max_norm)
                  fl_wk_shard_name(modes[m]));
         o.shard = modes[m];
         o.save_path = path[m];
-        int rc = run_hosts(W, &o, NULL, &d, rr, err, sizeof err);
+        int rc = fl_test_run_hosts(W, &o, NULL, &d, rr, err, sizeof err);
         ck_assert_msg(rc == FL_OK, "--shard %s: %s: %s", fl_wk_shard_name(modes[m]),
                       fl_strerror(rc), err);
         ck_assert_uint_eq(rr[0].mem_opt_state, per_param * owned[m] * sizeof(float));
@@ -316,16 +254,16 @@ START_TEST(test_shard_combinations_refused)
     o.replicas = 2;
     char err[1200] = "";
     o.shard = FL_WK_SHARD_FULL;
-    int rc = run_hosts(2, &o, NULL, &d, NULL, err, sizeof err);
+    int rc = fl_test_run_hosts(2, &o, NULL, &d, NULL, err, sizeof err);
     ck_assert_msg(rc == FL_EINVAL && strstr(err, "not built yet") != NULL, "%s", err);
     o.shard = FL_WK_SHARD_GRAD;
     o.topk = 0.1;
-    rc = run_hosts(2, &o, NULL, &d, NULL, err, sizeof err);
+    rc = fl_test_run_hosts(2, &o, NULL, &d, NULL, err, sizeof err);
     ck_assert_msg(rc == FL_EINVAL && strstr(err, "--topk") != NULL, "%s", err);
     o.topk = 0;
     o.shard = FL_WK_SHARD_HYBRID;
     o.hierarchy = FL_WK_HIER_FLAT;
-    rc = run_hosts(2, &o, NULL, &d, NULL, err, sizeof err);
+    rc = fl_test_run_hosts(2, &o, NULL, &d, NULL, err, sizeof err);
     ck_assert_msg(rc == FL_EINVAL && strstr(err, "--hierarchy hybrid") != NULL, "%s", err);
     fl_wk_dataset_free(&d);
 }

@@ -2,10 +2,13 @@
 #include "wkdata.h"
 
 #include <check.h>
+#include <pthread.h>
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+
+#include <flodl/coordinator.h>
 
 #include "testutil.h"
 
@@ -55,3 +58,66 @@ void fl_test_params_close(const char *layers, const char *a, const char *b, cons
     double worst = fl_test_params_diff(layers, a, b);
     ck_assert_msg(worst < 1e-4, "%s: parameters differ by %.3g (relative)", what, worst);
 }
+
+/* ---- W ranks as threads, each its own host address ---- */
+
+typedef struct host_arg {
+    fl_comm_opts_t co;
+    char host[32];
+    fl_wk_train_opts_t o;
+    const fl_wk_dataset_t *data;
+    fl_wk_train_result_t res;
+    int rc;
+    char err[1024];
+} host_arg_t;
+
+static void *host_main(void *p)
+{
+    host_arg_t *a = p;
+    fl_comm_t *comm = NULL;
+    a->rc = fl_comm_init(&a->co, &comm);
+    if (a->rc == FL_OK)
+        a->rc = fl_wk_train(comm, a->data, a->data, &a->o, &a->res);
+    if (a->rc != FL_OK)
+        snprintf(a->err, sizeof a->err, "%s", fl_last_error());
+    fl_comm_destroy(&comm);
+    return NULL;
+}
+
+/* Trains on W "hosts" with the options o (replicas[r] devices on rank r when replicas is not
+ * NULL); res[r] gets each rank's result. Returns the first error (its text in err). */
+int fl_test_run_hosts(int W, const fl_wk_train_opts_t *o, const int *replicas,
+                     const fl_wk_dataset_t *d, fl_wk_train_result_t *res, char *err, size_t cap)
+{
+    fl_coord_t *coord = fl_test_coord(W, 0);
+    static host_arg_t args[FL_TEST_MAX_HOSTS];
+    pthread_t th[FL_TEST_MAX_HOSTS];
+    for (int r = 0; r < W; r++) {
+        host_arg_t *a = &args[r];
+        memset(a, 0, sizeof *a);
+        fl_test_comm_opts(&a->co, coord, r, W);
+        snprintf(a->host, sizeof a->host, "127.0.0.%d", r + 1);
+        a->co.host = a->host;
+        a->co.timeout_ms = 15000;
+        a->o = *o;
+        if (replicas != NULL)
+            a->o.replicas = replicas[r];
+        a->data = d;
+        ck_assert(pthread_create(&th[r], NULL, host_main, a) == 0);
+    }
+    for (int r = 0; r < W; r++)
+        pthread_join(th[r], NULL);
+    fl_coord_stop(coord);
+    fl_coord_destroy(&coord);
+    int rc = FL_OK;
+    for (int r = 0; r < W; r++) {
+        if (res != NULL)
+            res[r] = args[r].res;
+        if (args[r].rc != FL_OK && rc == FL_OK) {
+            rc = args[r].rc;
+            snprintf(err, cap, "rank %d: %s", r, args[r].err);
+        }
+    }
+    return rc;
+}
+

@@ -192,6 +192,8 @@ typedef struct fl_wk_train_opts {
     const char *init_path; /* parameters to start from (NULL: seeded init) */
     const char *save_path; /* parameters written at the end (and every save_every steps) */
     long save_every;
+    const char *checkpoint_dir; /* sharded training state written after every epoch */
+    const char *resume_dir;     /* ... and read back, into any hosts, devices and --shard */
     const char *metrics_path; /* one JSON line per step */
     double progress_s;     /* seconds between progress lines (rank 0) */
     bool quiet;

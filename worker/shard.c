@@ -42,8 +42,7 @@ int fl_wk_shards_create(const fl_wk_train_opts_t *o, size_t np, int rank, int wo
     for (int t = 0; t < L && rc == FL_OK; t++) {
         s->shard_off[t] = fl_shard_offset(np, L, t);
         s->shard_len[t] = fl_shard_count(np, L, t);
-        s->off[t] = s->shard_off[t] + fl_shard_offset(s->shard_len[t], pieces, pieces > 1 ? rank : 0);
-        s->len[t] = fl_shard_count(s->shard_len[t], pieces, pieces > 1 ? rank : 0);
+        fl_wk_shards_layout(o, np, cols != NULL ? world : 1, rank, t, &s->off[t], &s->len[t]);
         if (s->len[t] == 0)
             rc = fl_fail(FL_EINVAL, "--shard %s: %zu parameters do not give each of %d x %d "
                                     "devices a piece",
@@ -206,4 +205,31 @@ void fl_wk_shards_bytes(const fl_wk_shards_t *s, uint64_t *sent, uint64_t *remot
 {
     *sent = s->sent;
     *remote = s->remote;
+}
+
+int fl_wk_shards_count(const fl_wk_shards_t *s)
+{
+    return s->n;
+}
+
+void fl_wk_shards_range(const fl_wk_shards_t *s, int t, size_t *off, size_t *len)
+{
+    *off = s->off[t];
+    *len = s->len[t];
+}
+
+fl_opt_t *fl_wk_shards_opt(fl_wk_shards_t *s, int t)
+{
+    return s->opt[t];
+}
+
+void fl_wk_shards_layout(const fl_wk_train_opts_t *o, size_t np, int world, int rank, int t,
+                         size_t *off, size_t *len)
+{
+    int L = o->shard == FL_WK_SHARD_NONE ? 1 : o->replicas;
+    int pieces = o->shard == FL_WK_SHARD_GRAD && world > 1 ? world : 1;
+    size_t so = fl_shard_offset(np, L, t);
+    size_t sl = fl_shard_count(np, L, t);
+    *off = so + fl_shard_offset(sl, pieces, pieces > 1 ? rank : 0);
+    *len = fl_shard_count(sl, pieces, pieces > 1 ? rank : 0);
 }

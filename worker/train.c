@@ -148,6 +148,8 @@ static int setup(trainer_t *tr)
     if (tr->params == NULL || tr->grad == NULL)
         return fl_fail(FL_ENOMEM, "out of memory for %zu parameters", tr->np);
     int rc;
+    if (o->init_path != NULL && o->resume_dir != NULL)
+        return fl_fail(FL_EINVAL, "--init and --resume: the checkpoint holds the parameters");
     if (o->init_path != NULL) {
         if ((rc = fl_wk_mlp_load(tr->m, tr->params, o->init_path)) != FL_OK)
             return rc;
@@ -418,10 +420,21 @@ int fl_wk_train(fl_comm_t *comm, const fl_wk_dataset_t *train, const fl_wk_datas
     int64_t t_start = fl_now_ns();
     int64_t t_last = t_start;
     long step = 0;
+    int first_epoch = 0;
+    if (o->resume_dir != NULL &&
+        (rc = fl_wk_ckpt_load(o->resume_dir, o, tr.params, tr.shards, &step, &first_epoch)) !=
+            FL_OK) {
+        teardown(&tr);
+        return rc;
+    }
+    if (lead && o->resume_dir != NULL)
+        printf("resumed from %s: step %ld, %d epoch(s) done\n", o->resume_dir, step,
+               first_epoch);
+    res->epochs = first_epoch;
     double samples = 0.0; /* the job's, trained on */
     double compute_ms = 0.0;
     double exposed_ms = 0.0;
-    for (int ep = 0; ep < o->epochs && rc == FL_OK; ep++) {
+    for (int ep = first_epoch; ep < o->epochs && rc == FL_OK; ep++) {
         fl_wk_devices_set_epoch(tr.dev, ep);
         double density = o->topk > 0 ? fl_cmp_schedule_density(&dgc, ep) : 0.0;
         double ep_loss = 0.0;
@@ -519,6 +532,9 @@ int fl_wk_train(fl_comm_t *comm, const fl_wk_dataset_t *train, const fl_wk_datas
                 fflush(stdout);
             }
         }
+        if (rc == FL_OK && o->checkpoint_dir != NULL)
+            rc = fl_wk_ckpt_save(o->checkpoint_dir, tr.comm, tr.rank, tr.world, o, tr.params,
+                                 tr.shards, step, ep + 1);
     }
     if (rc == FL_OK && o->save_path != NULL && tr.rank == 0)
         rc = save(&tr, step, res->epochs);

@@ -134,6 +134,35 @@ size_t fl_wk_shards_state_bytes(const fl_wk_shards_t *s);
 /* Bytes the column legs sent, and of them to other hosts. */
 void fl_wk_shards_bytes(const fl_wk_shards_t *s, uint64_t *sent, uint64_t *remote);
 
+/* The owned ranges: how many, range t's [off, off + len), its optimizer. */
+int fl_wk_shards_count(const fl_wk_shards_t *s);
+void fl_wk_shards_range(const fl_wk_shards_t *s, int t, size_t *off, size_t *len);
+fl_opt_t *fl_wk_shards_opt(fl_wk_shards_t *s, int t);
+
+/* Range t of rank (of world ranks exchanging pieces; 1 on one host) under o->shard: a pure
+ * function, so rank 0 can name every rank's ranges. */
+void fl_wk_shards_layout(const fl_wk_train_opts_t *o, size_t np, int world, int rank, int t,
+                         size_t *off, size_t *len);
+
+/* ---- sharded checkpoints (shard_ckpt.c) ---- */
+
+/* Writes this rank's ranges (parameters and optimizer state) to dir/shard-s<step>-r<rank>-d<t>
+ * .safetensors, then (after every rank wrote, comm may be NULL on one host) rank 0 writes
+ * dir/manifest.safetensors naming every range of the job, atomically; older steps' files of
+ * this rank are removed, the previous step's kept. FL_OK, FL_EIO naming the path, or a
+ * collective's error. */
+int fl_wk_ckpt_save(const char *dir, fl_comm_t *comm, int rank, int world,
+                    const fl_wk_train_opts_t *o, const float *params, fl_wk_shards_t *s,
+                    long step, int epoch);
+
+/* Loads the checkpoint in dir into another layout if need be (other hosts, devices or
+ * --shard): all parameters, and the optimizer state of this rank's ranges assembled from the
+ * saved ranges that overlap them. *step and *epoch: where it was taken. FL_OK; FL_EINVAL (a
+ * model or optimizer that differs, naming both); FL_EPROTO (a missing or corrupt file, ranges
+ * that do not cover the parameters); FL_EIO. */
+int fl_wk_ckpt_load(const char *dir, const fl_wk_train_opts_t *o, float *params,
+                    fl_wk_shards_t *s, long *step, int *epoch);
+
 /* The flat gradient cut into buckets, ordered the way the backward pass fills them: bucket 0
  * holds the last parameters. An exchange thread owns the communicator and exchanges a bucket
  * as soon as it is queued (dense allreduce, or top-k with error feedback then sparse

@@ -1,0 +1,180 @@
+/* Sharded checkpoints: training state saved as a file per range plus a manifest, loaded into
+ * another layout (other hosts, devices and --shard) so that the resumed run trains the same
+ * parameters as one that never stopped; a checkpoint of another model or optimizer, or with a
+ * range missing, is refused with the reason. */
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#include "testutil.h"
+#include "wk_int.h"
+#include "wkdata.h"
+
+#define N 512
+#define LAYERS "6,16,3"
+
+static char dir[64];
+
+static void base_opts(fl_wk_train_opts_t *o)
+{
+    fl_wk_train_opts_init(o);
+    fl_wk_mlp_parse(LAYERS, &o->shape);
+    o->mode = FL_WK_MODE_RING;
+    o->epochs = 2;
+    o->shuffle = true; /* the sampler's epoch permutation must continue too */
+    o->seed = 5;
+    o->lr.lr = 0.1;
+    o->quiet = true;
+    o->batch = 8;
+}
+
+static void rm_dir(const char *path)
+{
+    char cmd[256];
+    snprintf(cmd, sizeof cmd, "rm -rf '%s'", path);
+    ck_assert(system(cmd) == 0);
+}
+
+/* 2 hosts x 2 devices with --shard grad for one epoch, then 1 host x 4 devices with --shard
+ * hybrid (or 4 hosts x 1 device with none) for the second, against 2 x 2 straight through. */
+static void resume_into(int W2, int L2, fl_wk_shard_t shard2, fl_opt_kind_t kind)
+{
+    fl_wk_dataset_t d;
+    fl_test_clusters(&d, N, 13);
+    char straight[128], resumed[128], ck[128], err[1200] = "";
+    snprintf(straight, sizeof straight, "%s/straight.safetensors", dir);
+    snprintf(resumed, sizeof resumed, "%s/resumed.safetensors", dir);
+    snprintf(ck, sizeof ck, "%s/ck", dir);
+    fl_wk_train_opts_t o;
+    base_opts(&o);
+    o.opt.kind = kind;
+    if (kind != FL_OPT_SGD) {
+        o.opt.momentum = 0;
+        o.lr.lr = 0.01;
+    }
+    o.replicas = 2;
+    o.shard = FL_WK_SHARD_GRAD;
+    o.save_path = straight;
+    int rc = fl_test_run_hosts(2, &o, NULL, &d, NULL, err, sizeof err);
+    ck_assert_msg(rc == FL_OK, "straight: %s", err);
+
+    o.epochs = 1;
+    o.save_path = NULL;
+    o.checkpoint_dir = ck;
+    rc = fl_test_run_hosts(2, &o, NULL, &d, NULL, err, sizeof err);
+    ck_assert_msg(rc == FL_OK, "first epoch: %s", err);
+    char path[256];
+    snprintf(path, sizeof path, "%s/manifest.safetensors", ck);
+    ck_assert_msg(access(path, R_OK) == 0, "no manifest");
+    /* One file per piece: 2 hosts x 2 devices. */
+    for (int r = 0; r < 2; r++)
+        for (int t = 0; t < 2; t++) {
+            snprintf(path, sizeof path, "%s/shard-s%d-r%d-d%d.safetensors", ck, N / 32, r, t);
+            ck_assert_msg(access(path, R_OK) == 0, "missing %s", path);
+        }
+
+    o.epochs = 2;
+    o.checkpoint_dir = NULL;
+    o.resume_dir = ck;
+    o.replicas = L2;
+    o.shard = shard2;
+    o.save_path = resumed;
+    fl_wk_train_result_t res[FL_TEST_MAX_HOSTS];
+    rc = fl_test_run_hosts(W2, &o, NULL, &d, res, err, sizeof err);
+    ck_assert_msg(rc == FL_OK, "resumed: %s", err);
+    ck_assert_int_eq(res[0].steps, 2 * N / 32);
+    char what[128];
+    snprintf(what, sizeof what, "resumed into %d x %d --shard %s", W2, L2,
+             fl_wk_shard_name(shard2));
+    fl_test_params_close(LAYERS, straight, resumed, what);
+    rm_dir(ck);
+    unlink(straight);
+    unlink(resumed);
+    fl_wk_dataset_free(&d);
+}
+
+START_TEST(test_resume_into_one_host_of_four_devices)
+{
+    resume_into(1, 4, FL_WK_SHARD_HYBRID, FL_OPT_SGD);
+}
+END_TEST
+
+START_TEST(test_resume_into_four_hosts_adam)
+{
+    resume_into(4, 1, FL_WK_SHARD_GRAD, FL_OPT_ADAM);
+}
+END_TEST
+
+START_TEST(test_bad_checkpoints_refused)
+{
+    fl_wk_dataset_t d;
+    fl_test_clusters(&d, N, 13);
+    char ck[128], err[1200] = "", path[256];
+    snprintf(ck, sizeof ck, "%s/ck", dir);
+    fl_wk_train_opts_t o;
+    base_opts(&o);
+    o.epochs = 1;
+    o.replicas = 2;
+    o.shard = FL_WK_SHARD_HYBRID;
+    o.checkpoint_dir = ck;
+    ck_assert_msg(fl_test_run_hosts(1, &o, NULL, &d, NULL, err, sizeof err) == FL_OK, "%s", err);
+    o.checkpoint_dir = NULL;
+    o.resume_dir = ck;
+    o.epochs = 2;
+
+    /* Another model. */
+    fl_wk_mlp_parse("6,17,3", &o.shape);
+    int rc = fl_test_run_hosts(1, &o, NULL, &d, NULL, err, sizeof err);
+    ck_assert_msg(rc == FL_EINVAL && strstr(err, "another model") != NULL, "%s", err);
+    fl_wk_mlp_parse(LAYERS, &o.shape);
+    /* Another optimizer. */
+    o.opt.kind = FL_OPT_ADAMW;
+    o.opt.momentum = 0;
+    rc = fl_test_run_hosts(1, &o, NULL, &d, NULL, err, sizeof err);
+    ck_assert_msg(rc == FL_EINVAL && strstr(err, "adamw") != NULL, "%s", err);
+    o.opt.kind = FL_OPT_SGD;
+    o.opt.momentum = 0.9;
+    /* A range missing. */
+    snprintf(path, sizeof path, "%s/shard-s%d-r0-d1.safetensors", ck, N / 16);
+    ck_assert_msg(unlink(path) == 0, "no %s", path);
+    rc = fl_test_run_hosts(1, &o, NULL, &d, NULL, err, sizeof err);
+    ck_assert_msg(rc == FL_EIO || rc == FL_EPROTO, "%s: %s", fl_strerror(rc), err);
+    ck_assert_msg(strstr(err, "shard-s") != NULL, "%s", err);
+    /* --init and --resume together. */
+    o.init_path = path;
+    rc = fl_test_run_hosts(1, &o, NULL, &d, NULL, err, sizeof err);
+    ck_assert_msg(rc == FL_EINVAL && strstr(err, "--init and --resume") != NULL, "%s", err);
+    rm_dir(ck);
+    fl_wk_dataset_free(&d);
+}
+END_TEST
+
+static void setup_dir(void)
+{
+    snprintf(dir, sizeof dir, "/tmp/flodl-wk-ckpt-XXXXXX");
+    ck_assert(mkdtemp(dir) != NULL);
+}
+
+static void teardown_dir(void)
+{
+    rm_dir(dir);
+}
+
+static Suite *suite(void)
+{
+    Suite *s = suite_create("wk_ckpt");
+    TCase *t = tcase_create("ckpt");
+    tcase_set_timeout(t, 240);
+    tcase_add_checked_fixture(t, setup_dir, teardown_dir);
+    tcase_add_test(t, test_resume_into_one_host_of_four_devices);
+    tcase_add_test(t, test_resume_into_four_hosts_adam);
+    tcase_add_test(t, test_bad_checkpoints_refused);
+    suite_add_tcase(s, t);
+    return s;
+}
+
+int main(void)
+{
+    return fl_test_run(suite());
+}

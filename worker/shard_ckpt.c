@@ -1,0 +1,356 @@
+/* Checkpoints of sharded training state: one safetensors file per owned range (its parameters
+ * and optimizer buffers) and a manifest naming every range of the job, so that a checkpoint
+ * taken with some hosts, devices and --shard loads into others (resharding): the parameters
+ * from all ranges, each new range's optimizer state from the saved ranges that overlap it.
+ * Ranges replicated across hosts (--shard none, hybrid) are written by rank 0 only. Files carry
+ * their step in the name and the manifest is written last, atomically, once every rank wrote:
+ * a crash leaves the previous manifest and its files in place. */
+#include "wk_int.h"
+
+#include <dirent.h>
+#include <errno.h>
+#include <inttypes.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#define MANIFEST "manifest.safetensors"
+#define MAX_FILE_BYTES ((size_t)1 << 40)
+
+static void shard_name(char *out, size_t cap, long step, int rank, int t)
+{
+    snprintf(out, cap, "shard-s%ld-r%d-d%d.safetensors", step, rank, t);
+}
+
+/* Ranks whose ranges the checkpoint holds: every rank when pieces differ across hosts. */
+static int writers(const fl_wk_train_opts_t *o, int world)
+{
+    return o->shard == FL_WK_SHARD_GRAD ? world : 1;
+}
+
+static int write_range(const char *dir, int rank, int t, long step, int epoch,
+                       const fl_wk_train_opts_t *o, const float *params, fl_wk_shards_t *s)
+{
+    size_t off;
+    size_t len;
+    fl_wk_shards_range(s, t, &off, &len);
+    const float *b1;
+    const float *b2;
+    uint64_t steps;
+    fl_opt_state(fl_wk_shards_opt(s, t), &b1, &b2, &steps);
+    fl_st_tensor_t ts[3];
+    size_t nt = 0;
+    ts[nt++] = (fl_st_tensor_t){"params", FL_FLOAT32, 1, {len}, params + off, len * 4};
+    if (b1 != NULL)
+        ts[nt++] = (fl_st_tensor_t){"opt.0", FL_FLOAT32, 1, {len}, b1, len * 4};
+    if (b2 != NULL)
+        ts[nt++] = (fl_st_tensor_t){"opt.1", FL_FLOAT32, 1, {len}, b2, len * 4};
+    char so[32], sl[32], ss[32], st[32], se[32];
+    snprintf(so, sizeof so, "%zu", off);
+    snprintf(sl, sizeof sl, "%zu", len);
+    snprintf(ss, sizeof ss, "%" PRIu64, steps);
+    snprintf(st, sizeof st, "%ld", step);
+    snprintf(se, sizeof se, "%d", epoch);
+    fl_st_meta_t meta[6] = {{"flodl.offset", so},   {"flodl.length", sl},
+                            {"flodl.opt_steps", ss}, {"flodl.step", st},
+                            {"flodl.epoch", se},     {"flodl.optimizer", fl_opt_kind_name(o->opt.kind)}};
+    char name[128];
+    char path[4096];
+    shard_name(name, sizeof name, step, rank, t);
+    snprintf(path, sizeof path, "%s/%s", dir, name);
+    return fl_st_write(path, ts, nt, meta, 6);
+}
+
+static int write_manifest(const char *dir, int world, const fl_wk_train_opts_t *o, size_t np,
+                          long step, int epoch)
+{
+    int W = writers(o, world);
+    int L = o->shard == FL_WK_SHARD_NONE ? 1 : o->replicas;
+    size_t n = (size_t)W * (size_t)L;
+    int64_t *ranges = malloc(n * 4 * sizeof *ranges);
+    if (ranges == NULL)
+        return fl_fail(FL_ENOMEM, "checkpoint: out of memory");
+    for (int r = 0; r < W; r++) {
+        for (int t = 0; t < L; t++) {
+            size_t off;
+            size_t len;
+            fl_wk_shards_layout(o, np, W, r, t, &off, &len);
+            int64_t *e = &ranges[((size_t)r * L + (size_t)t) * 4];
+            e[0] = r;
+            e[1] = t;
+            e[2] = (int64_t)off;
+            e[3] = (int64_t)len;
+        }
+    }
+    fl_st_tensor_t ts = {"ranges", FL_INT64, 2, {n, 4}, ranges, n * 4 * sizeof *ranges};
+    char sig[32], snp[32], st[32], se[32], sw[32], sl[32];
+    snprintf(sig, sizeof sig, "%016" PRIx64, fl_wk_mlp_signature(&o->shape));
+    snprintf(snp, sizeof snp, "%zu", np);
+    snprintf(st, sizeof st, "%ld", step);
+    snprintf(se, sizeof se, "%d", epoch);
+    snprintf(sw, sizeof sw, "%d", world);
+    snprintf(sl, sizeof sl, "%d", o->replicas);
+    fl_st_meta_t meta[8] = {{"flodl.model_signature", sig}, {"flodl.parameters", snp},
+                            {"flodl.step", st},             {"flodl.epoch", se},
+                            {"flodl.hosts", sw},            {"flodl.devices", sl},
+                            {"flodl.shard", fl_wk_shard_name(o->shard)},
+                            {"flodl.optimizer", fl_opt_kind_name(o->opt.kind)}};
+    char path[4096];
+    snprintf(path, sizeof path, "%s/%s", dir, MANIFEST);
+    int rc = fl_st_write(path, &ts, 1, meta, 8);
+    free(ranges);
+    return rc;
+}
+
+/* Removes this rank's files of steps other than step and keep. */
+static void prune(const char *dir, int rank, long step, long keep)
+{
+    DIR *d = opendir(dir);
+    if (d == NULL)
+        return;
+    struct dirent *e;
+    while ((e = readdir(d)) != NULL) {
+        long s;
+        int r;
+        int t;
+        char tail[32];
+        if (sscanf(e->d_name, "shard-s%ld-r%d-d%d.%31s", &s, &r, &t, tail) != 4 ||
+            strcmp(tail, "safetensors") != 0 || r != rank || s == step || s == keep)
+            continue;
+        char path[4096];
+        snprintf(path, sizeof path, "%s/%s", dir, e->d_name);
+        unlink(path);
+    }
+    closedir(d);
+}
+
+/* The step of the manifest in dir, or -1. */
+static long manifest_step(const char *dir)
+{
+    char path[4096];
+    snprintf(path, sizeof path, "%s/%s", dir, MANIFEST);
+    fl_st_file_t *f = NULL;
+    if (fl_st_open(path, MAX_FILE_BYTES, &f) != FL_OK)
+        return -1;
+    const char *v = fl_st_meta_get(f, "flodl.step");
+    long s = v != NULL ? strtol(v, NULL, 10) : -1;
+    fl_st_close(&f);
+    return s;
+}
+
+int fl_wk_ckpt_save(const char *dir, fl_comm_t *comm, int rank, int world,
+                    const fl_wk_train_opts_t *o, const float *params, fl_wk_shards_t *s,
+                    long step, int epoch)
+{
+    if (mkdir(dir, 0755) != 0 && errno != EEXIST)
+        return fl_fail(FL_EIO, "--checkpoint: cannot make %s: %s", dir, strerror(errno));
+    long previous = manifest_step(dir);
+    int rc = FL_OK;
+    if (rank < writers(o, world))
+        for (int t = 0; t < fl_wk_shards_count(s) && rc == FL_OK; t++)
+            rc = write_range(dir, rank, t, step, epoch, o, params, s);
+    /* Every rank says whether it wrote, so the manifest names only complete steps. */
+    double failed = rc != FL_OK;
+    char detail[1024] = "";
+    if (rc != FL_OK)
+        snprintf(detail, sizeof detail, "%s", fl_last_error());
+    int crc;
+    if (comm != NULL &&
+        (crc = fl_allreduce(comm, &failed, &failed, 1, FL_FLOAT64, FL_MAX)) != FL_OK)
+        return crc;
+    if (rc != FL_OK)
+        return fl_fail(rc, "%s", detail);
+    if (failed > 0)
+        return fl_fail(FL_EIO, "--checkpoint: another rank could not write its shards of step "
+                               "%ld to %s",
+                       step, dir);
+    if (rank == 0)
+        rc = write_manifest(dir, world, o, fl_wk_mlp_nparams(&o->shape), step, epoch);
+    /* Everyone hears how the manifest went before pruning, and the next checkpoint reads it. */
+    failed = rc != FL_OK;
+    if (rc != FL_OK)
+        snprintf(detail, sizeof detail, "%s", fl_last_error());
+    if (comm != NULL &&
+        (crc = fl_allreduce(comm, &failed, &failed, 1, FL_FLOAT64, FL_MAX)) != FL_OK)
+        return crc;
+    if (rc != FL_OK)
+        return fl_fail(rc, "%s", detail);
+    if (failed > 0)
+        return fl_fail(FL_EIO, "--checkpoint: rank 0 could not write the manifest of step %ld "
+                               "in %s",
+                       step, dir);
+    prune(dir, rank, step, previous);
+    return FL_OK;
+}
+
+/* ---- loading ---- */
+
+static int meta_long(const fl_st_file_t *f, const char *path, const char *key, long *out)
+{
+    const char *v = fl_st_meta_get(f, key);
+    char *end = NULL;
+    if (v != NULL)
+        *out = strtol(v, &end, 10);
+    if (v == NULL || end == v || *end != '\0')
+        return fl_fail(FL_EPROTO, "--resume: %s has no valid %s", path, key);
+    return FL_OK;
+}
+
+/* Copies what saved range [soff, soff + slen) of src holds of [off, off + len) into dst
+ * (indexed from off). */
+static void overlap(size_t off, size_t len, size_t soff, size_t slen, const float *src,
+                    float *dst)
+{
+    size_t a = off > soff ? off : soff;
+    size_t b = off + len < soff + slen ? off + len : soff + slen;
+    if (a < b)
+        memcpy(dst + (a - off), src + (a - soff), (b - a) * sizeof(float));
+}
+
+typedef struct loaded {
+    float *b1[64];
+    float *b2[64];
+    uint64_t steps;
+    bool has1;
+    bool has2;
+} loaded_t;
+
+/* One saved range: its parameters into params, its optimizer buffers into the ranges we own. */
+static int take_file(const char *path, size_t np, fl_wk_shards_t *s, float *params,
+                     uint8_t *pcov, loaded_t *ld, bool first)
+{
+    fl_st_file_t *f = NULL;
+    int rc = fl_st_open(path, MAX_FILE_BYTES, &f);
+    if (rc != FL_OK)
+        return rc;
+    long off = 0;
+    long len = 0;
+    long steps = 0;
+    const fl_st_tensor_t *p = fl_st_find(f, "params");
+    const fl_st_tensor_t *o1 = fl_st_find(f, "opt.0");
+    const fl_st_tensor_t *o2 = fl_st_find(f, "opt.1");
+    if ((rc = meta_long(f, path, "flodl.offset", &off)) != FL_OK ||
+        (rc = meta_long(f, path, "flodl.length", &len)) != FL_OK ||
+        (rc = meta_long(f, path, "flodl.opt_steps", &steps)) != FL_OK)
+        goto out;
+    if (off < 0 || len < 0 || (size_t)off + (size_t)len > np || p == NULL ||
+        p->dtype != FL_FLOAT32 || p->bytes != (size_t)len * 4 ||
+        (o1 != NULL && o1->bytes != p->bytes) || (o2 != NULL && o2->bytes != p->bytes)) {
+        rc = fl_fail(FL_EPROTO, "--resume: %s: range %ld+%ld or its tensors do not fit %zu "
+                                "parameters",
+                     path, off, len, np);
+        goto out;
+    }
+    if (first) {
+        ld->has1 = o1 != NULL;
+        ld->has2 = o2 != NULL;
+        ld->steps = (uint64_t)steps;
+    } else if (ld->has1 != (o1 != NULL) || ld->has2 != (o2 != NULL) ||
+               ld->steps != (uint64_t)steps) {
+        rc = fl_fail(FL_EPROTO, "--resume: %s holds other optimizer state than the other "
+                                "shards",
+                     path);
+        goto out;
+    }
+    memcpy(params + off, p->data, p->bytes);
+    for (long i = 0; i < len; i++)
+        pcov[off + i]++;
+    for (int t = 0; t < fl_wk_shards_count(s); t++) {
+        size_t mo;
+        size_t ml;
+        fl_wk_shards_range(s, t, &mo, &ml);
+        if (o1 != NULL)
+            overlap(mo, ml, (size_t)off, (size_t)len, o1->data, ld->b1[t]);
+        if (o2 != NULL)
+            overlap(mo, ml, (size_t)off, (size_t)len, o2->data, ld->b2[t]);
+    }
+out:
+    fl_st_close(&f);
+    return rc;
+}
+
+static int check_manifest(const fl_st_file_t *m, const char *path, const fl_wk_train_opts_t *o,
+                          size_t np)
+{
+    char sig[32];
+    snprintf(sig, sizeof sig, "%016" PRIx64, fl_wk_mlp_signature(&o->shape));
+    const char *msig = fl_st_meta_get(m, "flodl.model_signature");
+    if (msig == NULL || strcmp(msig, sig) != 0)
+        return fl_fail(FL_EINVAL, "--resume: %s is of another model (signature %s, this model "
+                                  "%s with %zu parameters)",
+                       path, msig ? msig : "none", sig, np);
+    const char *opt = fl_st_meta_get(m, "flodl.optimizer");
+    if (opt == NULL || strcmp(opt, fl_opt_kind_name(o->opt.kind)) != 0)
+        return fl_fail(FL_EINVAL, "--resume: %s was trained with optimizer %s, this run uses %s",
+                       path, opt ? opt : "none", fl_opt_kind_name(o->opt.kind));
+    return FL_OK;
+}
+
+int fl_wk_ckpt_load(const char *dir, const fl_wk_train_opts_t *o, float *params,
+                    fl_wk_shards_t *s, long *step, int *epoch)
+{
+    size_t np = fl_wk_mlp_nparams(&o->shape);
+    char path[4096];
+    snprintf(path, sizeof path, "%s/%s", dir, MANIFEST);
+    fl_st_file_t *m = NULL;
+    int rc = fl_st_open(path, MAX_FILE_BYTES, &m);
+    if (rc != FL_OK)
+        return rc;
+    long ep = 0;
+    const fl_st_tensor_t *rt = fl_st_find(m, "ranges");
+    if ((rc = check_manifest(m, path, o, np)) != FL_OK ||
+        (rc = meta_long(m, path, "flodl.step", step)) != FL_OK ||
+        (rc = meta_long(m, path, "flodl.epoch", &ep)) != FL_OK) {
+        fl_st_close(&m);
+        return rc;
+    }
+    if (rt == NULL || rt->dtype != FL_INT64 || rt->ndim != 2 || rt->shape[1] != 4) {
+        fl_st_close(&m);
+        return fl_fail(FL_EPROTO, "--resume: %s has no ranges table", path);
+    }
+    *epoch = (int)ep;
+    loaded_t ld;
+    memset(&ld, 0, sizeof ld);
+    uint8_t *pcov = calloc(np, 1);
+    int n = fl_wk_shards_count(s);
+    for (int t = 0; t < n && pcov != NULL; t++) {
+        size_t mo;
+        size_t ml;
+        fl_wk_shards_range(s, t, &mo, &ml);
+        ld.b1[t] = calloc(ml, sizeof(float));
+        ld.b2[t] = calloc(ml, sizeof(float));
+        if (ld.b1[t] == NULL || ld.b2[t] == NULL)
+            rc = fl_fail(FL_ENOMEM, "--resume: out of memory");
+    }
+    if (pcov == NULL)
+        rc = fl_fail(FL_ENOMEM, "--resume: out of memory");
+    const int64_t *e = rt->data;
+    for (uint64_t i = 0; i < rt->shape[0] && rc == FL_OK; i++) {
+        char name[128];
+        shard_name(name, sizeof name, *step, (int)e[i * 4], (int)e[i * 4 + 1]);
+        char fpath[4096];
+        snprintf(fpath, sizeof fpath, "%s/%s", dir, name);
+        rc = take_file(fpath, np, s, params, pcov, &ld, i == 0);
+    }
+    fl_st_close(&m);
+    /* Every parameter in exactly one saved range: then every owned range is covered too. */
+    for (size_t i = 0; rc == FL_OK && i < np; i++)
+        if (pcov[i] != 1)
+            rc = fl_fail(FL_EPROTO, "--resume: %s: parameter %zu is in %d saved ranges", dir, i,
+                         pcov[i]);
+    for (int t = 0; t < n && rc == FL_OK; t++) {
+        size_t mo;
+        size_t ml;
+        fl_wk_shards_range(s, t, &mo, &ml);
+        rc = fl_opt_restore(fl_wk_shards_opt(s, t), ld.has1 ? ld.b1[t] : NULL,
+                            ld.has2 ? ld.b2[t] : NULL, ml, ld.steps);
+    }
+    for (int t = 0; t < n; t++) {
+        free(ld.b1[t]);
+        free(ld.b2[t]);
+    }
+    free(pcov);
+    return rc;
+}
