@@ -6,6 +6,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
 #include "testutil.h"
 #include "wkdata.h"
@@ -171,6 +172,100 @@ START_TEST(test_slow_device_does_fewer_batches_and_the_job_learns)
 }
 END_TEST
 
+/* Local SGD with a period of one batch and plain SGD is the synchronous step: every device
+ * steps from the same parameters, and the average of P - lr g_j is P - lr mean(g_j). */
+START_TEST(test_local_sgd_of_one_batch_is_the_sync_step)
+{
+    fl_wk_dataset_t d;
+    fl_test_clusters(&d, 512, 11);
+    char dir[] = "/tmp/flodl-cadence-XXXXXX";
+    ck_assert(mkdtemp(dir) != NULL);
+    char a[96], b[96];
+    snprintf(a, sizeof a, "%s/sync.safetensors", dir);
+    snprintf(b, sizeof b, "%s/local.safetensors", dir);
+    fl_wk_train_opts_t o;
+    fl_wk_train_opts_init(&o);
+    fl_wk_mlp_parse("6,16,3", &o.shape);
+    o.batch = 8;
+    o.replicas = 2;
+    o.epochs = 2;
+    o.quiet = true;
+    o.opt.momentum = 0;
+    o.lr.lr = 0.1;
+    o.max_anchor = 1;
+    o.replan_every = 0; /* one batch per device per round, whatever the timings */
+    fl_wk_train_result_t ra;
+    fl_wk_train_result_t rb;
+    o.save_path = a;
+    ck_assert_msg(fl_wk_train(NULL, &d, &d, &o, &ra) == FL_OK, "%s", fl_last_error());
+    o.save_path = b;
+    o.policy = FL_WK_POLICY_CADENCE;
+    ck_assert_msg(fl_wk_train(NULL, &d, &d, &o, &rb) == FL_OK, "%s", fl_last_error());
+    ck_assert_int_eq(ra.steps, rb.steps);
+    fl_test_params_close("6,16,3", a, b, "local SGD of one batch vs the sync step");
+    ck_assert_msg(rb.divergence > 0 && rb.divergence < 1, "divergence %g", rb.divergence);
+    unlink(a);
+    unlink(b);
+    rmdir(dir);
+    fl_wk_dataset_free(&d);
+}
+END_TEST
+
+START_TEST(test_local_sgd_across_hosts_learns)
+{
+    fl_wk_dataset_t d;
+    fl_test_clusters(&d, 1024, 11);
+    fl_wk_train_opts_t o;
+    fl_wk_train_opts_init(&o);
+    fl_wk_mlp_parse("6,16,3", &o.shape);
+    o.mode = FL_WK_MODE_RING;
+    o.batch = 8;
+    o.replicas = 2;
+    o.epochs = 3;
+    o.quiet = true;
+    o.policy = FL_WK_POLICY_CADENCE;
+    o.max_anchor = 4;
+    o.replan_every = 0;
+    char err[1200] = "";
+    fl_wk_train_result_t res[FL_TEST_MAX_HOSTS];
+    int rc = fl_test_run_hosts(2, &o, NULL, &d, res, err, sizeof err);
+    ck_assert_msg(rc == FL_OK, "%s: %s", fl_strerror(rc), err);
+    /* 1024 samples, 4 devices of batch 8, 4 batches each per round: 8 rounds an epoch. */
+    ck_assert_int_eq(res[0].steps, 3 * 8);
+    ck_assert_msg(res[0].test_acc > 0.9, "local SGD reached %.1f%%", 100 * res[0].test_acc);
+    ck_assert_msg(res[0].divergence > 0 && res[0].divergence < 1, "divergence %g",
+                  res[0].divergence);
+    /* Both hosts hold the same parameters after every averaging: the same evaluation. */
+    ck_assert(res[0].test_loss == res[1].test_loss);
+    fl_wk_dataset_free(&d);
+}
+END_TEST
+
+START_TEST(test_policy_combinations_refused)
+{
+    fl_wk_dataset_t d;
+    fl_test_clusters(&d, 512, 11);
+    fl_wk_train_opts_t o;
+    fl_wk_train_opts_init(&o);
+    fl_wk_mlp_parse("6,16,3", &o.shape);
+    o.batch = 8;
+    o.replicas = 2;
+    o.quiet = true;
+    fl_wk_train_result_t r;
+    o.policy = FL_WK_POLICY_ASYNC;
+    ck_assert_int_eq(fl_wk_train(NULL, &d, &d, &o, &r), FL_EINVAL);
+    ck_assert_msg(strstr(fl_last_error(), "not built yet") != NULL, "%s", fl_last_error());
+    o.policy = FL_WK_POLICY_CADENCE;
+    ck_assert_int_eq(fl_wk_train(NULL, &d, &d, &o, &r), FL_EINVAL);
+    ck_assert_msg(strstr(fl_last_error(), "--max-anchor") != NULL, "%s", fl_last_error());
+    o.max_anchor = 2;
+    o.shard = FL_WK_SHARD_HYBRID;
+    ck_assert_int_eq(fl_wk_train(NULL, &d, &d, &o, &r), FL_EINVAL);
+    ck_assert_msg(strstr(fl_last_error(), "--shard") != NULL, "%s", fl_last_error());
+    fl_wk_dataset_free(&d);
+}
+END_TEST
+
 static Suite *suite(void)
 {
     Suite *s = suite_create("wk_cadence");
@@ -180,6 +275,9 @@ static Suite *suite(void)
     tcase_add_test(t, test_plan_floor_hints_and_off);
     tcase_add_test(t, test_cadence_step_weighs_every_batch_alike);
     tcase_add_test(t, test_slow_device_does_fewer_batches_and_the_job_learns);
+    tcase_add_test(t, test_local_sgd_of_one_batch_is_the_sync_step);
+    tcase_add_test(t, test_local_sgd_across_hosts_learns);
+    tcase_add_test(t, test_policy_combinations_refused);
     suite_add_tcase(s, t);
     return s;
 }

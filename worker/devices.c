@@ -34,6 +34,10 @@ typedef struct replica {
     size_t first;
     float *one;
     double batch_s;
+    /* --policy cadence (local SGD): the device's own parameters (during a round; its delta from
+     * the round's start after) and optimizer */
+    float *own;
+    fl_opt_t *opt;
 } replica_t;
 
 struct fl_wk_devices {
@@ -49,6 +53,11 @@ struct fl_wk_devices {
     fl_wk_sampler_t host;
     bool have_host;
     bool cadence; /* the step in progress is a cadence step */
+    /* the local round in progress */
+    bool local_sgd;
+    const float *round_start;
+    const fl_lr_sched_t *sched;
+    double step0;
     /* FL_WK_LOCAL_SHARDS: a barrier once every gradient is there (abortable, for a step whose
      * threads did not all start) */
     pthread_mutex_t mu;
@@ -134,6 +143,8 @@ void fl_wk_devices_destroy(fl_wk_devices_t **pd)
         if (j > 0)
             free(r->grad);
         free(r->one);
+        free(r->own);
+        fl_opt_destroy(&r->opt);
     }
     if (d->have_host)
         fl_wk_sampler_deinit(&d->host);
@@ -252,8 +263,12 @@ static void cadence_batches(fl_wk_devices_t *d, replica_t *r)
     r->correct = 0;
     r->batch_s = 0.0;
     r->rc = FL_OK;
+    if (d->local_sgd)
+        memcpy(r->own, d->round_start, d->np * sizeof(float));
     if (r->count == 0) {
         memset(r->grad, 0, d->np * sizeof(float));
+        if (d->local_sgd)
+            memset(r->own, 0, d->np * sizeof(float));
         return;
     }
     if (r->count > 1 && r->one == NULL && (r->one = malloc(d->np * sizeof(float))) == NULL) {
@@ -266,24 +281,39 @@ static void cadence_batches(fl_wk_devices_t *d, replica_t *r)
         int64_t t0 = fl_now_ns();
         fl_wk_sampler_batch(&d->host, r->first + (size_t)b, r->idx);
         gather(d->train, r->idx, d->batch, r->x, r->y);
-        float *g = b == 0 ? r->grad : r->one;
+        float *g = b == 0 || d->local_sgd ? r->grad : r->one;
         double loss = 0.0;
         size_t correct = 0;
-        r->rc = fl_wk_mlp_grad(d->m, r->ws, d->params, r->x, r->y, d->batch, g, &loss, &correct,
-                               NULL, NULL);
+        r->rc = fl_wk_mlp_grad(d->m, r->ws, d->local_sgd ? r->own : d->params, r->x, r->y,
+                               d->batch, g, &loss, &correct, NULL, NULL);
+        if (r->rc == FL_OK && d->local_sgd) {
+            if (d->max_norm > 0.0) {
+                double f = fl_cmp_clip_factor(l2(g, d->np), d->max_norm);
+                for (size_t i = 0; f != 1.0 && i < d->np; i++)
+                    g[i] *= (float)f;
+            }
+            r->rc = fl_opt_step(r->opt, r->own, g, fl_lr_at(d->sched, (long)(d->step0 + b)));
+        }
         throttle(r, t0);
         r->loss += loss;
         r->correct += correct;
-        if (b > 0)
+        if (b > 0 && !d->local_sgd)
             for (size_t i = 0; i < d->np; i++)
                 r->grad[i] += g[i];
+    }
+    if (d->local_sgd && r->rc == FL_OK) {
+        /* The device's delta from the round's start, and count x delta for the average. */
+        for (size_t i = 0; i < d->np; i++) {
+            r->own[i] -= d->round_start[i];
+            r->grad[i] = r->own[i] * (float)r->count;
+        }
     }
     if (r->rc != FL_OK) {
         snprintf(r->err, sizeof r->err, "%s", fl_last_error());
         return;
     }
     r->batch_s = (double)(fl_now_ns() - t_start) / 1e9 / r->count;
-    if (d->max_norm > 0.0) {
+    if (d->max_norm > 0.0 && !d->local_sgd) {
         double f = fl_cmp_clip_factor(l2(r->grad, d->np) / r->count, d->max_norm);
         for (size_t i = 0; f != 1.0 && i < d->np; i++)
             r->grad[i] *= (float)f;
@@ -413,4 +443,50 @@ void fl_wk_devices_combine(fl_wk_devices_t *d, float scale, fl_wk_ready_fn ready
             ready(j, fl_shard_offset(d->np, d->n, j), ud);
     else
         ready(0, 0, ud);
+}
+
+int fl_wk_devices_local_create(fl_wk_devices_t *d, const fl_opt_opts_t *opt)
+{
+    for (int j = 0; j < d->n; j++) {
+        replica_t *r = &d->rep[j];
+        if ((r->own = malloc(d->np * sizeof(float))) == NULL)
+            return fl_fail(FL_ENOMEM, "device %d: out of memory for its parameters", j);
+        int rc = fl_opt_create(opt, d->np, &r->opt);
+        if (rc != FL_OK)
+            return rc;
+    }
+    return FL_OK;
+}
+
+int fl_wk_devices_local_round(fl_wk_devices_t *d, const float *start, const int *counts,
+                              size_t first, const fl_lr_sched_t *sched, double step0,
+                              double *batch_s, double *loss, size_t *correct)
+{
+    d->local_sgd = true;
+    d->round_start = start;
+    d->sched = sched;
+    d->step0 = step0;
+    int rc = fl_wk_devices_cadence_step(d, start, counts, first, batch_s, loss, correct);
+    d->local_sgd = false;
+    return rc;
+}
+
+double fl_wk_devices_divergence(const fl_wk_devices_t *d, const float *params,
+                                const float *avg_delta)
+{
+    double norm = l2(params, d->np);
+    double worst = 0.0;
+    for (int j = 0; j < d->n; j++) {
+        const replica_t *r = &d->rep[j];
+        if (r->count == 0)
+            continue;
+        double s = 0.0;
+        for (size_t i = 0; i < d->np; i++) {
+            double x = (double)r->own[i] - avg_delta[i];
+            s += x * x;
+        }
+        double v = norm > 0 ? sqrt(s) / norm : 0.0;
+        worst = v > worst ? v : worst;
+    }
+    return worst;
 }

@@ -165,9 +165,20 @@ typedef enum fl_wk_shard {
     FL_WK_SHARD_FULL = 3,   /* parameters sharded too (ZeRO-3): not built yet, refused */
 } fl_wk_shard_t;
 
+/* When the devices' work is combined (--policy). */
+typedef enum fl_wk_policy {
+    FL_WK_POLICY_SYNC = 0,    /* gradients averaged every step (El Che's counts with anchor) */
+    FL_WK_POLICY_CADENCE = 1, /* local SGD: each device trains its own copy, parameters averaged
+                                 every round of El Che's counts (the anchor: --max-anchor) */
+    FL_WK_POLICY_ASYNC = 2,   /* bounded run-ahead: not built yet, refused */
+} fl_wk_policy_t;
+
 typedef struct fl_wk_train_opts {
     fl_wk_mode_t mode;
     fl_wk_shard_t shard;
+    fl_wk_policy_t policy;
+    int replan_every;       /* El Che re-plans every this many syncs (default 4; 0: never, the
+                               first plan stays: for tests) */
     fl_wk_hier_t hierarchy; /* with several devices per process (--mode ring) */
     int max_anchor;         /* El Che: > 0 lets faster devices do more batches between syncs
                                (the slowest does up to max_anchor); 0: one batch each */
@@ -221,6 +232,8 @@ typedef struct fl_wk_train_result {
     uint64_t mem_grads;
     uint64_t mem_opt_state;
     uint64_t mem_residual;
+    double divergence;     /* --policy cadence: the last averaging's ||before - after|| /
+                              ||after|| (the device that strayed most) */
 } fl_wk_train_result_t;
 
 /* Trains on train and evaluates on test each epoch. comm is NULL for FL_WK_MODE_LOCAL.

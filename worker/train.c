@@ -34,6 +34,8 @@ typedef struct trainer {
     size_t next;        /* the host's next batch this epoch */
     double exch_ema_s;  /* exchange seconds per sync */
     long syncs;
+    const fl_lr_sched_t *sched;
+    double samples;     /* the job's, trained on */
 } trainer_t;
 
 /* What one step computed. */
@@ -44,7 +46,6 @@ typedef struct step_out {
     double job_batches;  /* the whole job's */
 } step_out_t;
 
-#define REPLAN_EVERY 4
 
 void fl_wk_train_opts_init(fl_wk_train_opts_t *o)
 {
@@ -63,6 +64,7 @@ void fl_wk_train_opts_init(fl_wk_train_opts_t *o)
     o->bucket_bytes = (size_t)1 << 20;
     o->progress_s = 2.0;
     o->overhead_target = 0.1;
+    o->replan_every = 4;
 }
 
 static void ready(int device, size_t from, void *ud)
@@ -161,14 +163,30 @@ static int setup(trainer_t *tr)
     if (o->max_anchor > 0 && per_device && o->hierarchy == FL_WK_HIER_FLAT)
         return fl_fail(FL_EINVAL, "--max-anchor (El Che) needs --hierarchy hybrid: a flat ring "
                                   "exchanges every device's gradient on its own");
+    if (o->policy == FL_WK_POLICY_ASYNC)
+        return fl_fail(FL_EINVAL, "--policy async (bounded run-ahead) is not built yet: use sync "
+                                  "or cadence");
+    if (o->policy == FL_WK_POLICY_CADENCE && o->max_anchor < 1)
+        return fl_fail(FL_EINVAL, "--policy cadence needs --max-anchor N: the slowest device's "
+                                  "batches between averages");
+    if (o->policy == FL_WK_POLICY_CADENCE && o->shard != FL_WK_SHARD_NONE)
+        return fl_fail(FL_EINVAL, "--policy cadence: every device keeps its own optimizer, "
+                                  "--shard must be none");
     fl_wk_cadence_init(&tr->cad, L, o->max_anchor, o->overhead_target, o->speed_hint);
+    if (o->policy == FL_WK_POLICY_CADENCE) {
+        /* Local SGD starts at the chosen period; the overhead target may shorten it. */
+        tr->cad.anchor = o->max_anchor;
+        fl_wk_cadence_plan(&tr->cad, 0.0, 0.0);
+    }
     fl_wk_local_t local = !per_device                           ? FL_WK_LOCAL_MEAN
                           : o->hierarchy == FL_WK_HIER_FLAT ? FL_WK_LOCAL_NONE
                                                                 : FL_WK_LOCAL_SHARDS;
     if ((rc = fl_wk_devices_create(tr->m, tr->train, o, tr->rank, tr->world, local, tr->grad,
                                    &tr->dev)) != FL_OK)
         return rc;
-    if ((rc = check_shard(tr, per_device)) != FL_OK)
+    if ((rc = check_shard(tr, per_device)) != FL_OK ||
+        (o->policy == FL_WK_POLICY_CADENCE &&
+         (rc = fl_wk_devices_local_create(tr->dev, &o->opt)) != FL_OK))
         return rc;
     bool pieces = o->shard == FL_WK_SHARD_GRAD && tr->comm != NULL;
     if (!per_device) {
@@ -318,8 +336,16 @@ static int compute(trainer_t *tr, size_t *bi, size_t nbatches, step_out_t *so, b
         return FL_OK;
     }
     double batch_s[64];
-    rc = fl_wk_devices_cadence_step(tr->dev, tr->params, counts, tr->next, batch_s, &so->loss,
-                                    &so->correct);
+    if (o->policy == FL_WK_POLICY_CADENCE) {
+        /* Local SGD: the schedule's step is the job's batches at the last averaging, in units
+         * of a per-batch sync's, plus the device's batches since. */
+        double per_sync = (double)o->replicas * tr->world * (double)o->batch;
+        rc = fl_wk_devices_local_round(tr->dev, tr->params, counts, tr->next, tr->sched,
+                                       tr->samples / per_sync, batch_s, &so->loss, &so->correct);
+    } else {
+        rc = fl_wk_devices_cadence_step(tr->dev, tr->params, counts, tr->next, batch_s,
+                                        &so->loss, &so->correct);
+    }
     if (rc != FL_OK)
         return rc;
     tr->next += mine;
@@ -351,7 +377,7 @@ static double cadence_lr(const trainer_t *tr, const fl_lr_sched_t *sched, double
 static int cadence_after(trainer_t *tr, double exchange_s)
 {
     tr->exch_ema_s = tr->syncs == 0 ? exchange_s : 0.7 * tr->exch_ema_s + 0.3 * exchange_s;
-    if (++tr->syncs % REPLAN_EVERY != 0)
+    if (++tr->syncs, tr->o->replan_every <= 0 || tr->syncs % tr->o->replan_every != 0)
         return FL_OK;
     double v[2] = {fl_wk_cadence_slowest(&tr->cad), tr->exch_ema_s};
     int rc;
@@ -431,7 +457,7 @@ int fl_wk_train(fl_comm_t *comm, const fl_wk_dataset_t *train, const fl_wk_datas
         printf("resumed from %s: step %ld, %d epoch(s) done\n", o->resume_dir, step,
                first_epoch);
     res->epochs = first_epoch;
-    double samples = 0.0; /* the job's, trained on */
+    tr.sched = &sched;
     double compute_ms = 0.0;
     double exposed_ms = 0.0;
     for (int ep = first_epoch; ep < o->epochs && rc == FL_OK; ep++) {
@@ -458,7 +484,7 @@ int fl_wk_train(fl_comm_t *comm, const fl_wk_dataset_t *train, const fl_wk_datas
             double loss = so.loss;
             size_t correct = so.correct;
             ep_batches += so.host_batches;
-            samples += so.job_batches * (double)o->batch;
+            tr.samples += so.job_batches * (double)o->batch;
             if (o->max_anchor > 0 && (rc = cadence_after(&tr, (double)(t2 - t1) / 1e9)) != FL_OK)
                 break;
             int64_t t_rs = fl_now_ns();
@@ -468,12 +494,18 @@ int fl_wk_train(fl_comm_t *comm, const fl_wk_dataset_t *train, const fl_wk_datas
             if (o->max_norm > 0.0 && o->max_anchor == 0 && !(o->topk > 0 && tr.comm != NULL) &&
                 (rc = fl_wk_shards_clip(tr.shards, tr.grad, o->max_norm)) != FL_OK)
                 break;
-            double lr = o->max_anchor > 0 ? cadence_lr(&tr, &sched, samples - so.job_batches *
-                                                                            (double)o->batch,
+            double lr = o->max_anchor > 0 ? cadence_lr(&tr, &sched, tr.samples - so.job_batches *
+                                                                               (double)o->batch,
                                                        so.job_batches)
                                           : fl_lr_at(&sched, step);
-            if ((rc = fl_wk_shards_step(tr.shards, tr.params, tr.grad, lr)) != FL_OK)
+            if (o->policy == FL_WK_POLICY_CADENCE) {
+                /* The averaged delta of the round lands on the parameters. */
+                for (size_t i = 0; i < tr.np; i++)
+                    tr.params[i] += tr.grad[i];
+                res->divergence = fl_wk_devices_divergence(tr.dev, tr.params, tr.grad);
+            } else if ((rc = fl_wk_shards_step(tr.shards, tr.params, tr.grad, lr)) != FL_OK) {
                 break;
+            }
             int64_t t_ag = fl_now_ns();
             if ((rc = fl_wk_shards_gather(tr.shards, tr.params)) != FL_OK)
                 break;
@@ -490,11 +522,11 @@ int fl_wk_train(fl_comm_t *comm, const fl_wk_dataset_t *train, const fl_wk_datas
                 fprintf(tr.metrics,
                         "{\"rank\":%d,\"epoch\":%d,\"step\":%ld,\"loss\":%.6f,\"acc\":%.5f,"
                         "\"lr\":%.6g,\"density\":%.6g,\"compute_ms\":%.3f,\"exposed_comm_ms\":"
-                        "%.3f,\"bytes_sent\":%llu,\"raw_bytes\":%llu}\n",
+                        "%.3f,\"bytes_sent\":%llu,\"raw_bytes\":%llu,\"divergence\":%.6g}\n",
                         tr.rank, ep, step, loss,
                         (double)correct / (double)(o->batch * so.host_batches), lr, density,
                         c_ms, x_ms, (unsigned long long)xs.bytes_sent,
-                        (unsigned long long)xs.raw_bytes);
+                        (unsigned long long)xs.raw_bytes, res->divergence);
             int64_t now = fl_now_ns();
             if (lead && (double)(now - t_last) / 1e9 >= o->progress_s) {
                 double secs = (double)(now - t_start) / 1e9;
@@ -502,7 +534,7 @@ int fl_wk_train(fl_comm_t *comm, const fl_wk_dataset_t *train, const fl_wk_datas
                        "%.1f ms exchange %.1f ms (exposed %.1f ms) sent %.1f MiB ratio %.1fx\n",
                        ep + 1, o->epochs, step + 1, ep_loss / (double)ep_batches,
                        100.0 * (double)ep_correct / (double)(ep_batches * o->batch),
-                       samples / secs,
+                       tr.samples / secs,
                        compute_ms / (double)(step + 1), xs.busy_ms / (double)(step + 1),
                        exposed_ms / (double)(step + 1), (double)xs.bytes_sent / 1048576.0,
                        xs.bytes_sent ? (double)xs.raw_bytes / (double)xs.bytes_sent : 0.0);
@@ -550,7 +582,7 @@ int fl_wk_train(fl_comm_t *comm, const fl_wk_dataset_t *train, const fl_wk_datas
     xchg_stats(&tr, &xs);
     res->steps = step;
     res->seconds = (double)(fl_now_ns() - t_start) / 1e9;
-    res->samples_per_s = res->seconds > 0 ? samples / res->seconds : 0;
+    res->samples_per_s = res->seconds > 0 ? tr.samples / res->seconds : 0;
     res->bytes_sent = xs.bytes_sent;
     res->remote_bytes = xs.remote_bytes;
     res->raw_bytes = xs.raw_bytes;

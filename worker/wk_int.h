@@ -163,6 +163,23 @@ int fl_wk_ckpt_save(const char *dir, fl_comm_t *comm, int rank, int world,
 int fl_wk_ckpt_load(const char *dir, const fl_wk_train_opts_t *o, float *params,
                     fl_wk_shards_t *s, long *step, int *epoch);
 
+/* --policy cadence (local SGD): every device gets its own parameters and optimizer. */
+int fl_wk_devices_local_create(fl_wk_devices_t *d, const fl_opt_opts_t *opt);
+
+/* A local round: device j starts from `start`, trains counts[j] batches of the host's sequence
+ * (from batch `first`, after devices 0..j-1's) with its own optimizer at the schedule's rate of
+ * step step0 + its batch index, and ends holding its delta from start; its gradient buffer gets
+ * counts[j] x delta, for fl_wk_devices_combine to weigh the average. Other results as
+ * fl_wk_devices_cadence_step. */
+int fl_wk_devices_local_round(fl_wk_devices_t *d, const float *start, const int *counts,
+                              size_t first, const fl_lr_sched_t *sched, double step0,
+                              double *batch_s, double *loss, size_t *correct);
+
+/* After the round's average (params, the averaged delta avg_delta): the weight-space divergence
+ * ||before - after|| / ||after|| of the device that strayed most. */
+double fl_wk_devices_divergence(const fl_wk_devices_t *d, const float *params,
+                                const float *avg_delta);
+
 /* The flat gradient cut into buckets, ordered the way the backward pass fills them: bucket 0
  * holds the last parameters. An exchange thread owns the communicator and exchanges a bucket
  * as soon as it is queued (dense allreduce, or top-k with error feedback then sparse

@@ -37,6 +37,8 @@ static const char usage[] =
     "  --shard none|grad|hybrid (optimizer state: on every device; 1/(hosts x devices) each,\n"
     "    gradients reduce-scattered and parameters all-gathered across hosts; 1/devices each,\n"
     "    replicated across hosts)\n"
+    "  --policy sync|cadence (gradients averaged every step; or local SGD: each device trains\n"
+    "    its own copy and parameters are averaged every --max-anchor batches of the slowest)\n"
     "  --checkpoint DIR (training state after every epoch: a file per shard and a manifest)\n"
     "  --resume DIR (from such a checkpoint, into any hosts, devices and --shard)\n"
     "  --max-anchor N (El Che: faster devices do more batches between syncs, the slowest up to\n"
@@ -58,7 +60,7 @@ static const char usage[] =
 enum {
     O_MODE = 1000, O_TRAIN_IMAGES, O_TRAIN_LABELS, O_TEST_IMAGES, O_TEST_LABELS, O_TRAIN_CSV,
     O_TEST_CSV, O_DATA_SEED, O_LAYERS, O_BATCH, O_EPOCHS, O_SEED, O_NO_SHUFFLE, O_OPTIM,
-    O_SCALE_LR, O_LZ4, O_RECONNECT, O_MAX_NORM, O_REPLICAS, O_HIER, O_SHARD, O_CKPT, O_RESUME, O_ANCHOR, O_OVERHEAD, O_HINT, O_THROTTLE, O_DEVICE, O_TOPK, O_TOPK_WARMUP, O_TOPK_VALUES, O_BUCKET, O_INIT,
+    O_SCALE_LR, O_LZ4, O_RECONNECT, O_MAX_NORM, O_REPLICAS, O_HIER, O_SHARD, O_POLICY, O_CKPT, O_RESUME, O_ANCHOR, O_OVERHEAD, O_HINT, O_THROTTLE, O_DEVICE, O_TOPK, O_TOPK_WARMUP, O_TOPK_VALUES, O_BUCKET, O_INIT,
     O_SAVE, O_SAVE_EVERY, O_METRICS, O_PROGRESS, O_QUIET, O_SIZE, O_STEPS, O_DTYPE, O_OP, O_HELP
 };
 
@@ -187,6 +189,16 @@ static int apply(wargs_t *a, int ch, const char *name, const char *v)
             t->hierarchy = FL_WK_HIER_FLAT;
         else
             rc = fl_fail(FL_EINVAL, "--hierarchy: '%s' is not one of hybrid|flat", v);
+        break;
+    case O_POLICY:
+        if (strcmp(v, "sync") == 0)
+            t->policy = FL_WK_POLICY_SYNC;
+        else if (strcmp(v, "cadence") == 0)
+            t->policy = FL_WK_POLICY_CADENCE;
+        else if (strcmp(v, "async") == 0)
+            t->policy = FL_WK_POLICY_ASYNC;
+        else
+            rc = fl_fail(FL_EINVAL, "--policy: '%s' is not one of sync|cadence|async", v);
         break;
     case O_CKPT: t->checkpoint_dir = v; break;
     case O_RESUME: t->resume_dir = v; break;
@@ -319,6 +331,10 @@ static void summary(int rank, const fl_wk_train_result_t *r)
            "%.2f MiB, residuals %.2f MiB\n",
            rank, (double)r->mem_params / 1048576.0, (double)r->mem_grads / 1048576.0,
            (double)r->mem_opt_state / 1048576.0, (double)r->mem_residual / 1048576.0);
+    if (r->divergence > 0)
+        printf("rank %d last averaging: weight-space divergence %.4g (||before - after|| / "
+               "||after||, the device that strayed most)\n",
+               rank, r->divergence);
     fflush(stdout);
 }
 
@@ -372,7 +388,7 @@ int main(int argc, char **argv)
         {"no-shuffle", 0, NULL, O_NO_SHUFFLE}, {"lz4", 0, NULL, O_LZ4},
         {"reconnect-timeout", 1, NULL, O_RECONNECT}, {"scale-lr", 0, NULL, O_SCALE_LR}, {"max-grad-norm", 1, NULL, O_MAX_NORM},
         {"cpu-replicas", 1, NULL, O_REPLICAS}, {"hierarchy", 1, NULL, O_HIER},
-        {"shard", 1, NULL, O_SHARD}, {"checkpoint", 1, NULL, O_CKPT},
+        {"shard", 1, NULL, O_SHARD}, {"policy", 1, NULL, O_POLICY}, {"checkpoint", 1, NULL, O_CKPT},
         {"resume", 1, NULL, O_RESUME},
         {"max-anchor", 1, NULL, O_ANCHOR}, {"overhead-target", 1, NULL, O_OVERHEAD},
         {"speed-hint", 1, NULL, O_HINT}, {"throttle", 1, NULL, O_THROTTLE},
@@ -462,8 +478,9 @@ int main(int argc, char **argv)
     if (a.ps_flag != NULL && a.mode != FL_WK_MODE_PS)
         return bad("--%s applies to --mode ps only", a.ps_flag);
     if (a.mode == FL_WK_MODE_PS && (a.to.shard != FL_WK_SHARD_NONE || a.to.max_anchor > 0 ||
+                                    a.to.policy != FL_WK_POLICY_SYNC ||
                                     a.to.checkpoint_dir != NULL || a.to.resume_dir != NULL))
-        return bad("--shard, --max-anchor, --checkpoint and --resume: in --mode ps the optimizer "
+        return bad("--shard, --max-anchor, --policy, --checkpoint and --resume: in --mode ps the optimizer "
                    "state and checkpoints live on the parameter server (flodl-ps --checkpoint-dir)"
                    " and the devices' mean is pushed every step");
     if (fl_cli_optim_check(&a.to.opt, &a.to.lr) != FL_OK)
