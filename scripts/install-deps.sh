@@ -7,7 +7,7 @@
 set -euo pipefail
 
 build_pkgs=(build-essential cmake pkg-config libzmq3-dev libprotobuf-c-dev protobuf-c-compiler
-            liblz4-dev libcjson-dev zlib1g-dev libopenblas-dev check libsubunit-dev iproute2
+            liblz4-dev libcjson-dev zlib1g-dev libopenblas-dev libmicrohttpd-dev check libsubunit-dev iproute2
             clang libclang-rt-14-dev)
 bench_pkgs=(openmpi-bin libopenmpi-dev iperf3 python3-torch)
 
