@@ -89,7 +89,9 @@ int fl_coord_create(const fl_coord_opts_t *o, fl_coord_t **out)
     if ((rc = fl_ctx_create(&co, &c->ctx)) != FL_OK)
         goto fail;
     c->ranks = calloc((size_t)c->world, sizeof *c->ranks);
-    if (c->ranks == NULL) {
+    c->rank_info = calloc((size_t)c->world, sizeof *c->rank_info);
+    c->info.world = c->world;
+    if (c->ranks == NULL || c->rank_info == NULL) {
         rc = fl_fail(FL_ENOMEM, "coordinator: out of memory for %d ranks", c->world);
         goto fail;
     }
@@ -194,6 +196,7 @@ static void *coord_main(void *arg)
         int64_t now = fl_now_ms();
         if (now >= next_tick) {
             fl_coord_tick(c, now);
+            fl_coord_publish(c, now);
             next_tick = now + (c->hb_ms / 2 > 0 ? c->hb_ms / 2 : 1);
         }
         bool ready[2] = {false, false};
@@ -291,6 +294,7 @@ void fl_coord_destroy(fl_coord_t **pc)
     fl_ctx_destroy(&c->ctx);
     fl_tp_live_destroy(&c->live);
     free(c->ranks);
+    free(c->rank_info);
     fl_coord_ps_free(c);
     pthread_mutex_destroy(&c->lock);
     pthread_cond_destroy(&c->cond);

@@ -400,6 +400,57 @@ static void send_heartbeats(fl_coord_t *c)
     fl_coord_ps_send_all(c, &h);
 }
 
+void fl_coord_publish(fl_coord_t *c, int64_t now)
+{
+    fl_coord_info_t in;
+    memset(&in, 0, sizeof in);
+    in.world = c->world;
+    in.started = c->phase != PHASE_RENDEZVOUS;
+    in.generation = c->generation;
+    in.bad_msgs = fl_ctx_stat(c->ctx, FL_STAT_BAD_HEADER) + fl_ctx_stat(c->ctx, FL_STAT_BAD_MAGIC) +
+                  fl_ctx_stat(c->ctx, FL_STAT_BAD_VERSION) + fl_ctx_stat(c->ctx, FL_STAT_BAD_JOB) +
+                  fl_ctx_stat(c->ctx, FL_STAT_BAD_FRAMES) + fl_ctx_stat(c->ctx, FL_STAT_OVERSIZED) +
+                  fl_ctx_stat(c->ctx, FL_STAT_UNEXPECTED);
+    pthread_mutex_lock(&c->lock);
+    for (int r = 0; r < c->world; r++) {
+        const coord_rank_t *k = &c->ranks[r];
+        fl_coord_rank_info_t *ri = &c->rank_info[r];
+        memset(ri, 0, sizeof *ri);
+        if (!k->registered) {
+            ri->state = FL_COORD_RANK_ABSENT;
+            continue;
+        }
+        in.registered++;
+        snprintf(ri->host, sizeof ri->host, "%s", k->reg.host);
+        ri->op = k->op;
+        ri->op_seq = k->op_seq;
+        if (k->left) {
+            ri->state = FL_COORD_RANK_LEFT;
+            in.left++;
+        } else if (fl_tp_live_state(c->live, r) == FL_PEER_DEAD) {
+            ri->state = FL_COORD_RANK_DEAD;
+            in.dead++;
+        } else {
+            ri->state = FL_COORD_RANK_ALIVE;
+            in.alive++;
+            int64_t last = fl_tp_live_last(c->live, r);
+            ri->silent_s = last > 0 ? (double)(now - last) / 1e3 : 0.0;
+        }
+    }
+    c->info = in;
+    pthread_mutex_unlock(&c->lock);
+}
+
+void fl_coord_get_info(fl_coord_t *c, fl_coord_info_t *info, fl_coord_rank_info_t *ranks,
+                       int cap)
+{
+    pthread_mutex_lock(&c->lock);
+    *info = c->info;
+    for (int r = 0; ranks != NULL && r < cap && r < c->world; r++)
+        ranks[r] = c->rank_info[r];
+    pthread_mutex_unlock(&c->lock);
+}
+
 void fl_coord_tick(fl_coord_t *c, int64_t now)
 {
     if (now - c->last_hb_ms >= c->hb_ms) {

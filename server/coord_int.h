@@ -79,7 +79,13 @@ struct fl_coord {
     char result_text[1024];
     _Atomic int nregistered;
     _Atomic int nactive; /* registered, not left, not dead */
+    /* published by the coordinator thread at every tick (under lock) */
+    fl_coord_info_t info;
+    fl_coord_rank_info_t *rank_info;
 };
+
+/* Publishes what fl_coord_get_info returns (coordinator thread). */
+void fl_coord_publish(fl_coord_t *c, int64_t now);
 
 /* Handles one message from the ROUTER socket (coord_handle.c). */
 void fl_coord_on_message(fl_coord_t *c, fl_tp_msg_t *m);

@@ -12,6 +12,7 @@
 #include <time.h>
 
 #include "fl_ps.h"
+#include "ps_metrics.h"
 #include "fl_tp.h"
 
 static const char usage[] =
@@ -42,12 +43,16 @@ static const char usage[] =
     "  --checkpoint-every N|Ns     every N steps, or every N seconds (rank 0 decides)\n"
     "  --keep K                    checkpoints kept per shard (default 3)\n"
     "  --resume                    start from the newest checkpoint every shard holds\n"
-    "  --max-wait MS               the longest a pull is held (default 3600000)\n";
+    "  --max-wait MS               the longest a pull is held (default 3600000)\n"
+    "observability:\n"
+    "  --metrics-port N            serve Prometheus metrics (/metrics) and /healthz on port N\n"
+    "                              (0: any free port, printed at start; default: off)\n"
+    "  --metrics-bind ADDR         IPv4 address to serve them on (default 0.0.0.0)\n";
 
 enum {
     O_BIND = 1000, O_WORLD, O_JOB, O_HBT, O_RDV, O_EPFILE, O_LOG, O_HELP, O_SHARDS, O_NUM,
     O_INDEX, O_COORD, O_HOST, O_CONS, O_STALE, O_SCALE, O_INIT, O_CKDIR, O_CKEVERY, O_KEEP,
-    O_RESUME, O_MAXWAIT, O_OPTIM
+    O_RESUME, O_MAXWAIT, O_OPTIM, O_MPORT, O_MBIND
 };
 
 typedef struct args {
@@ -57,6 +62,8 @@ typedef struct args {
     const char *coordinator; /* server-only mode */
     int shards, num_shards, shard_index; /* -1: not given */
     bool any_ps_flag;
+    int metrics_port; /* -1: off */
+    const char *metrics_bind;
 } args_t;
 
 static const char *env_get(const char *name, void *ud)
@@ -94,7 +101,7 @@ static int apply(args_t *a, int ch, const char *name, const char *v)
 {
     long x;
     fl_ps_server_opts_t *so = &a->so;
-    if (ch >= O_SHARDS)
+    if (ch >= O_SHARDS && ch < O_MPORT) /* the metrics flags are not the server's */
         a->any_ps_flag = true;
     switch (ch) {
     case O_BIND: a->co.bind = v; return FL_OK;
@@ -153,6 +160,13 @@ static int apply(args_t *a, int ch, const char *name, const char *v)
     case O_SCALE: return fl_cli_double("--async-scale", v, 1e-9, 1e6, &so->async_scale);
     case O_INIT: so->init_path = v; return FL_OK;
     case O_CKDIR: so->checkpoint_dir = v; return FL_OK;
+    case O_MPORT: {
+        long n;
+        int rc = fl_cli_long("--metrics-port", v, 0, 65535, &n);
+        a->metrics_port = (int)n;
+        return rc;
+    }
+    case O_MBIND: a->metrics_bind = v; return FL_OK;
     case O_CKEVERY: return every(v, so);
     case O_KEEP:
         if (fl_cli_long("--keep", v, 1, 1000, &x) != FL_OK)
@@ -247,6 +261,7 @@ static int parse(args_t *a, int argc, char **argv)
         {"host", 1, NULL, O_HOST},           {"consistency", 1, NULL, O_CONS},
         {"staleness", 1, NULL, O_STALE},     {"async-scale", 1, NULL, O_SCALE},
         {"init", 1, NULL, O_INIT},           {"checkpoint-dir", 1, NULL, O_CKDIR},
+        {"metrics-port", 1, NULL, O_MPORT},  {"metrics-bind", 1, NULL, O_MBIND},
         {"checkpoint-every", 1, NULL, O_CKEVERY}, {"keep", 1, NULL, O_KEEP},
         {"resume", 0, NULL, O_RESUME},       {"max-wait", 1, NULL, O_MAXWAIT},
     };
@@ -309,6 +324,7 @@ int main(int argc, char **argv)
     a.co.bind = "tcp://0.0.0.0:29500";
     fl_ps_server_opts_init(&a.so);
     a.shards = a.num_shards = a.shard_index = -1;
+    a.metrics_port = -1;
 
     fl_launch_info_t env;
     if (fl_launch_from_env(env_get, NULL, &env) != FL_OK)
@@ -363,9 +379,22 @@ int main(int argc, char **argv)
             return rc == FL_EINVAL ? 2 : 1;
         }
     }
+    ps_metrics_t *metrics = NULL;
+    if (a.metrics_port >= 0) {
+        if ((rc = ps_metrics_start(a.metrics_bind, a.metrics_port, coord, srv, a.co.world_size,
+                                   &metrics)) != FL_OK) {
+            fprintf(stderr, "flodl-ps: %s\n", fl_last_error());
+            fl_ps_server_destroy(&srv);
+            fl_coord_destroy(&coord);
+            return rc == FL_EINVAL ? 2 : 1;
+        }
+        fprintf(stderr, "flodl-ps: metrics on http://%s:%d/metrics\n",
+                a.metrics_bind ? a.metrics_bind : "0.0.0.0", ps_metrics_port(metrics));
+    }
     if ((coord != NULL && (rc = fl_coord_start(coord)) != FL_OK) ||
         (srv != NULL && (rc = fl_ps_server_start(srv)) != FL_OK)) {
         fprintf(stderr, "flodl-ps: %s\n", fl_last_error());
+        ps_metrics_stop(&metrics);
         fl_ps_server_destroy(&srv);
         fl_coord_destroy(&coord);
         return 1;
@@ -397,6 +426,7 @@ int main(int argc, char **argv)
                     break;
         }
     }
+    ps_metrics_stop(&metrics); /* it reads the coordinator and the server: before either goes */
     int server_rc = FL_OK;
     char server_detail[1024] = "";
     if (srv != NULL) {

@@ -49,6 +49,7 @@ struct fl_wk_devices {
     size_t np;
     fl_wk_local_t local;
     double max_norm;
+    fl_obs_timeline_t *tl;
     /* El Che: the host's share of each epoch, in one sequence the devices take batches from */
     fl_wk_sampler_t host;
     bool have_host;
@@ -92,6 +93,7 @@ int fl_wk_devices_create(const fl_wk_mlp_shape_t *m, const fl_wk_dataset_t *trai
     d->np = fl_wk_mlp_nparams(m);
     d->local = local;
     d->max_norm = o->max_norm;
+    d->tl = o->timeline;
     if (local == FL_WK_LOCAL_SHARDS && (size_t)L > d->np)
         return fl_fail(FL_EINVAL, "%d devices cannot share %zu parameters", L, d->np);
     int rc = FL_OK;
@@ -286,6 +288,8 @@ static void cadence_batches(fl_wk_devices_t *d, replica_t *r)
         size_t correct = 0;
         r->rc = fl_wk_mlp_grad(d->m, r->ws, d->local_sgd ? r->own : d->params, r->x, r->y,
                                d->batch, g, &loss, &correct, NULL, NULL);
+        fl_obs_timeline_span(d->tl, FL_WK_TRACK_DEVICE + r->j, "compute", "device", t0,
+                             fl_now_ns());
         if (r->rc == FL_OK && d->local_sgd) {
             if (d->max_norm > 0.0) {
                 double f = fl_cmp_clip_factor(l2(g, d->np), d->max_norm);
@@ -335,6 +339,8 @@ static void replica_step(rep_arg_t *a)
     gather(d->train, r->idx, d->batch, r->x, r->y);
     r->rc = fl_wk_mlp_grad(d->m, r->ws, d->params, r->x, r->y, d->batch, r->grad, &r->loss,
                            &r->correct, tell ? layer_done : NULL, a);
+    fl_obs_timeline_span(d->tl, FL_WK_TRACK_DEVICE + r->j, "compute", "device", t0,
+                         fl_now_ns());
     throttle(r, t0);
     if (r->rc != FL_OK)
         snprintf(r->err, sizeof r->err, "%s", fl_last_error());

@@ -6,6 +6,7 @@
  * queues buckets and waits for the step's end, through a mutex and condition variable. */
 #include "wk_int.h"
 
+#include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -36,6 +37,7 @@ struct fl_wk_xchg {
     int rc;
     char err[1024];
     fl_wk_xchg_stats_t st;
+    int tid;
 };
 
 /* Exchanges one bucket in place. Runs on the exchange thread only. */
@@ -91,7 +93,12 @@ static void *xchg_main(void *arg)
         /* After a failure the communicator is broken: the rest of the step is skipped. */
         if (!failed)
             rc = exchange(x, b, &one);
-        double ms = (double)(fl_now_ns() - t0) / 1e6;
+        int64_t t1 = fl_now_ns();
+        double ms = (double)(t1 - t0) / 1e6;
+        if (!failed)
+            fl_obs_timeline_span(x->o->timeline, x->tid,
+                                 x->ef != NULL ? "top-k + sparse allreduce" : "allreduce",
+                                 "exchange", t0, t1);
 
         pthread_mutex_lock(&x->mu);
         if (rc != FL_OK && x->rc == FL_OK) {
@@ -263,4 +270,19 @@ void fl_wk_xchg_stats(const fl_wk_xchg_t *x, fl_wk_xchg_stats_t *out)
     pthread_mutex_lock(&m->mu);
     *out = m->st;
     pthread_mutex_unlock(&m->mu);
+}
+
+double fl_wk_xchg_residual_norm(const fl_wk_xchg_t *x)
+{
+    double s = 0.0;
+    for (size_t b = 0; x->ef != NULL && b < x->nb; b++) {
+        double r = fl_cmp_ef_residual_norm(x->ef[b]);
+        s += r * r;
+    }
+    return sqrt(s);
+}
+
+void fl_wk_xchg_set_track(fl_wk_xchg_t *x, int tid)
+{
+    x->tid = tid;
 }

@@ -206,6 +206,8 @@ typedef struct fl_wk_train_opts {
     const char *checkpoint_dir; /* sharded training state written after every epoch */
     const char *resume_dir;     /* ... and read back, into any hosts, devices and --shard */
     const char *metrics_path; /* one JSON line per step */
+    struct fl_obs *obs;       /* Prometheus series updated every step (NULL: none) */
+    struct fl_obs_timeline *timeline; /* phases of every device, exchange and step (NULL) */
     double progress_s;     /* seconds between progress lines (rank 0) */
     bool quiet;
 } fl_wk_train_opts_t;

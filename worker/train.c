@@ -36,6 +36,7 @@ typedef struct trainer {
     long syncs;
     const fl_lr_sched_t *sched;
     double samples;     /* the job's, trained on */
+    fl_wk_obs_t obs;
 } trainer_t;
 
 /* What one step computed. */
@@ -200,6 +201,22 @@ static int setup(trainer_t *tr)
     fl_comm_t **cols = !pieces ? NULL : per_device ? tr->subs : &tr->comm;
     if ((rc = fl_wk_shards_create(o, tr->np, tr->rank, tr->world, cols, &tr->shards)) != FL_OK)
         return rc;
+    fl_wk_obs_init(&tr->obs, o->obs, tr->rank);
+    for (int j = 0; j < tr->nx; j++)
+        fl_wk_xchg_set_track(tr->xchg[j], FL_WK_TRACK_EXCHANGE + j);
+    if (o->timeline != NULL) {
+        char name[64];
+        for (int j = 0; j < L; j++) {
+            snprintf(name, sizeof name, "rank %d device %d", tr->rank, j);
+            fl_obs_timeline_track(o->timeline, FL_WK_TRACK_DEVICE + j, name);
+        }
+        for (int j = 0; j < tr->nx; j++) {
+            snprintf(name, sizeof name, "rank %d exchange %d", tr->rank, j);
+            fl_obs_timeline_track(o->timeline, FL_WK_TRACK_EXCHANGE + j, name);
+        }
+        snprintf(name, sizeof name, "rank %d step", tr->rank);
+        fl_obs_timeline_track(o->timeline, FL_WK_TRACK_STEP, name);
+    }
     if (o->metrics_path != NULL) {
         char path[1024];
         if (tr->world > 1)
@@ -402,6 +419,41 @@ static void memory(const trainer_t *tr, fl_wk_train_result_t *res)
     res->mem_residual = o->topk > 0 && tr->nx > 0 ? widest * sizeof(float) : 0;
 }
 
+/* The step's figures into the metrics registry. */
+static void observe_step(trainer_t *tr, const fl_wk_xchg_stats_t *xs, double loss, double c_ms,
+                         double x_ms, double divergence, int64_t t_start)
+{
+    fl_wk_obs_step_t st;
+    memset(&st, 0, sizeof st);
+    st.samples = tr->samples;
+    st.sent = xs->bytes_sent;
+    st.remote = xs->remote_bytes;
+    st.raw = xs->raw_bytes;
+    double r2 = 0.0;
+    for (int j = 0; j < tr->nx; j++) {
+        double r = fl_wk_xchg_residual_norm(tr->xchg[j]);
+        r2 += r * r;
+    }
+    st.residual = sqrt(r2);
+    st.loss = loss;
+    double secs = (double)(fl_now_ns() - t_start) / 1e9;
+    st.samples_per_s = secs > 0 ? tr->samples / secs : 0.0;
+    st.compute_s = c_ms / 1e3;
+    st.exposed_s = x_ms / 1e3;
+    st.divergence = divergence;
+    if (tr->comm != NULL) {
+        fl_comm_stats_t cs;
+        fl_comm_get_stats(tr->comm, &cs);
+        st.recv = cs.bytes_recv;
+        st.bad_msgs = cs.bad_msgs; /* the sub-communicators share its context and counters */
+        for (int j = 0; j < tr->nsubs; j++) {
+            fl_comm_get_stats(tr->subs[j], &cs);
+            st.recv += cs.bytes_recv;
+        }
+    }
+    fl_wk_obs_step(&tr->obs, &st);
+}
+
 int fl_wk_train(fl_comm_t *comm, const fl_wk_dataset_t *train, const fl_wk_dataset_t *test,
                 const fl_wk_train_opts_t *o, fl_wk_train_result_t *res)
 {
@@ -518,6 +570,12 @@ int fl_wk_train(fl_comm_t *comm, const fl_wk_dataset_t *train, const fl_wk_datas
             ep_correct += correct;
             fl_wk_xchg_stats_t xs;
             xchg_stats(&tr, &xs);
+            int64_t t_end = fl_now_ns();
+            fl_obs_timeline_span(o->timeline, FL_WK_TRACK_STEP, "wait for the exchange", "step",
+                                 t1, t2);
+            fl_obs_timeline_span(o->timeline, FL_WK_TRACK_STEP, "update", "step", t2, t_end);
+            if (o->obs != NULL)
+                observe_step(&tr, &xs, loss, c_ms, x_ms, res->divergence, t_start);
             if (tr.metrics != NULL)
                 fprintf(tr.metrics,
                         "{\"rank\":%d,\"epoch\":%d,\"step\":%ld,\"loss\":%.6f,\"acc\":%.5f,"
@@ -564,6 +622,7 @@ int fl_wk_train(fl_comm_t *comm, const fl_wk_dataset_t *train, const fl_wk_datas
                 fflush(stdout);
             }
         }
+        fl_wk_obs_epoch(&tr.obs, ep + 1);
         if (rc == FL_OK && o->checkpoint_dir != NULL)
             rc = fl_wk_ckpt_save(o->checkpoint_dir, tr.comm, tr.rank, tr.world, o, tr.params,
                                  tr.shards, step, ep + 1);
@@ -578,6 +637,8 @@ int fl_wk_train(fl_comm_t *comm, const fl_wk_dataset_t *train, const fl_wk_datas
             res->test_acc = ev[1];
         }
     }
+    if (rc != FL_OK)
+        fl_wk_obs_error(&tr.obs);
     fl_wk_xchg_stats_t xs;
     xchg_stats(&tr, &xs);
     res->steps = step;

@@ -5,6 +5,7 @@
 #include <pthread.h>
 
 #include "fl_wk.h"
+#include "fl_obs.h"
 
 /* Checks the model against the data (inputs, classes) and the test split against the training
  * data: FL_EINVAL saying what differs. */
@@ -180,6 +181,38 @@ int fl_wk_devices_local_round(fl_wk_devices_t *d, const float *start, const int 
 double fl_wk_devices_divergence(const fl_wk_devices_t *d, const float *params,
                                 const float *avg_delta);
 
+/* ---- metrics and timeline of the training (wk_obs.c) ---- */
+
+/* Timeline tracks: device j, exchange j, and the step's own (the training thread). */
+#define FL_WK_TRACK_DEVICE 0
+#define FL_WK_TRACK_EXCHANGE 100
+#define FL_WK_TRACK_STEP 1000
+
+typedef struct fl_wk_obs {
+    fl_obs_t *obs; /* NULL: nothing is recorded */
+    char labels[32];
+    int steps, samples, sent, remote, recv, ratio, residual, loss, sps, compute, exposed, last,
+        epoch, divergence, bad, errors;
+} fl_wk_obs_t;
+
+typedef struct fl_wk_obs_step {
+    double samples;       /* the job's, so far */
+    uint64_t sent, remote, recv, raw;
+    double residual;
+    double loss;
+    double samples_per_s;
+    double compute_s;
+    double exposed_s;
+    double divergence;
+    uint64_t bad_msgs;
+} fl_wk_obs_step_t;
+
+/* Registers the series (labelled with the rank) in obs (NULL: a no-op recorder). */
+void fl_wk_obs_init(fl_wk_obs_t *m, fl_obs_t *obs, int rank);
+void fl_wk_obs_step(fl_wk_obs_t *m, const fl_wk_obs_step_t *s);
+void fl_wk_obs_epoch(fl_wk_obs_t *m, int epochs);
+void fl_wk_obs_error(fl_wk_obs_t *m);
+
 /* The flat gradient cut into buckets, ordered the way the backward pass fills them: bucket 0
  * holds the last parameters. An exchange thread owns the communicator and exchanges a bucket
  * as soon as it is queued (dense allreduce, or top-k with error feedback then sparse
@@ -210,5 +243,11 @@ void fl_wk_xchg_ready_from(fl_wk_xchg_t *x, size_t from);
 int fl_wk_xchg_wait(fl_wk_xchg_t *x);
 
 void fl_wk_xchg_stats(const fl_wk_xchg_t *x, fl_wk_xchg_stats_t *out);
+
+/* The L2 norm of the error-feedback residuals (0 when dense). Between steps only. */
+double fl_wk_xchg_residual_norm(const fl_wk_xchg_t *x);
+
+/* Records each bucket's exchange on timeline track tid (o->timeline). */
+void fl_wk_xchg_set_track(fl_wk_xchg_t *x, int tid);
 
 #endif

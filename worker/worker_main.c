@@ -10,9 +10,11 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 
 #include "fl_coll.h"
 #include "fl_core.h"
+#include "fl_obs.h"
 #include "fl_wk.h"
 
 static const char usage[] =
@@ -49,6 +51,8 @@ static const char usage[] =
     "  --topk-values float32|float16|bfloat16  --bucket-mb 1\n"
     "  --init FILE.safetensors  --save FILE.safetensors  --save-every STEPS\n"
     "  --metrics FILE (JSON lines)  --progress SECONDS  --quiet\n"
+    "  --metrics-port N (Prometheus /metrics and /healthz; 0: any free port, printed)\n"
+    "  --metrics-bind ADDR (default 0.0.0.0)  --timeline FILE (Chrome trace of every phase)\n"
     "communicator:\n"
     "  --host ADDR  --bind ENDPOINT  --job-id ID  --timeout MS  --rendezvous-timeout MS\n"
     "  --stripes K  --segment BYTES  --small BYTES  --algo auto|ring|rd|direct\n"
@@ -60,7 +64,7 @@ static const char usage[] =
 enum {
     O_MODE = 1000, O_TRAIN_IMAGES, O_TRAIN_LABELS, O_TEST_IMAGES, O_TEST_LABELS, O_TRAIN_CSV,
     O_TEST_CSV, O_DATA_SEED, O_LAYERS, O_BATCH, O_EPOCHS, O_SEED, O_NO_SHUFFLE, O_OPTIM,
-    O_SCALE_LR, O_LZ4, O_RECONNECT, O_MAX_NORM, O_REPLICAS, O_HIER, O_SHARD, O_POLICY, O_CKPT, O_RESUME, O_ANCHOR, O_OVERHEAD, O_HINT, O_THROTTLE, O_DEVICE, O_TOPK, O_TOPK_WARMUP, O_TOPK_VALUES, O_BUCKET, O_INIT,
+    O_SCALE_LR, O_LZ4, O_RECONNECT, O_MAX_NORM, O_REPLICAS, O_HIER, O_SHARD, O_POLICY, O_MPORT, O_MBIND, O_TIMELINE, O_CKPT, O_RESUME, O_ANCHOR, O_OVERHEAD, O_HINT, O_THROTTLE, O_DEVICE, O_TOPK, O_TOPK_WARMUP, O_TOPK_VALUES, O_BUCKET, O_INIT,
     O_SAVE, O_SAVE_EVERY, O_METRICS, O_PROGRESS, O_QUIET, O_SIZE, O_STEPS, O_DTYPE, O_OP, O_HELP
 };
 
@@ -77,7 +81,70 @@ typedef struct wargs {
     const char *train_images, *train_labels, *test_images, *test_labels;
     const char *train_csv, *test_csv;
     uint64_t data_seed;
+    int metrics_port; /* -1: off */
+    const char *metrics_bind;
+    const char *timeline_path;
 } wargs_t;
+
+/* The worker's observability: a metrics endpoint and a timeline, when asked for. */
+typedef struct wobs {
+    fl_obs_t *obs;
+    fl_obs_http_t *http;
+    fl_obs_timeline_t *tl;
+    int last_id;
+    double deadline_s;
+} wobs_t;
+
+/* /healthz: healthy until a step is overdue (none for longer than the collective deadline). */
+static bool worker_healthy(void *ud, char *why, size_t cap)
+{
+    wobs_t *w = ud;
+    double last = fl_obs_get(w->obs, w->last_id);
+    if (last <= 0)
+        return true; /* not training yet: rendezvous and data loading have their own deadlines */
+    struct timespec ts;
+    clock_gettime(CLOCK_REALTIME, &ts);
+    double ago = (double)ts.tv_sec + ts.tv_nsec / 1e9 - last;
+    if (ago <= w->deadline_s)
+        return true;
+    snprintf(why, cap, "no step completed for %.0f s (deadline %.0f s)", ago, w->deadline_s);
+    return false;
+}
+
+static int wobs_start(wargs_t *a, int rank, wobs_t *w)
+{
+    memset(w, 0, sizeof *w);
+    int rc;
+    if (a->timeline_path != NULL) {
+        if ((rc = fl_obs_timeline_open(a->timeline_path, rank, &w->tl)) != FL_OK)
+            return rc;
+        a->to.timeline = w->tl;
+    }
+    if (a->metrics_port < 0)
+        return FL_OK;
+    if ((rc = fl_obs_create(&w->obs)) != FL_OK)
+        return rc;
+    char labels[32];
+    snprintf(labels, sizeof labels, "rank=\"%d\"", rank);
+    w->last_id = fl_obs_add(w->obs, "flodl_last_step_timestamp_seconds",
+                            "Unix time of the last step", FL_OBS_GAUGE, labels);
+    w->deadline_s = a->co.timeout_ms / 1e3;
+    if ((rc = fl_obs_http_start(w->obs, a->metrics_bind, a->metrics_port, worker_healthy, w,
+                                &w->http)) != FL_OK)
+        return rc;
+    a->to.obs = w->obs;
+    printf("rank %d: metrics on http://%s:%d/metrics\n", rank,
+           a->metrics_bind ? a->metrics_bind : "0.0.0.0", fl_obs_http_port(w->http));
+    fflush(stdout);
+    return FL_OK;
+}
+
+static int wobs_stop(wobs_t *w)
+{
+    fl_obs_http_stop(&w->http);
+    fl_obs_destroy(&w->obs);
+    return fl_obs_timeline_close(&w->tl);
+}
 
 static const char *env_get(const char *name, void *ud)
 {
@@ -201,6 +268,12 @@ static int apply(wargs_t *a, int ch, const char *name, const char *v)
             rc = fl_fail(FL_EINVAL, "--policy: '%s' is not one of sync|cadence|async", v);
         break;
     case O_CKPT: t->checkpoint_dir = v; break;
+    case O_MPORT:
+        if ((rc = fl_cli_long("--metrics-port", v, 0, 65535, &n)) == FL_OK)
+            a->metrics_port = (int)n;
+        break;
+    case O_MBIND: a->metrics_bind = v; break;
+    case O_TIMELINE: a->timeline_path = v; break;
     case O_RESUME: t->resume_dir = v; break;
     case O_SHARD:
         if (strcmp(v, "none") == 0)
@@ -388,7 +461,9 @@ int main(int argc, char **argv)
         {"no-shuffle", 0, NULL, O_NO_SHUFFLE}, {"lz4", 0, NULL, O_LZ4},
         {"reconnect-timeout", 1, NULL, O_RECONNECT}, {"scale-lr", 0, NULL, O_SCALE_LR}, {"max-grad-norm", 1, NULL, O_MAX_NORM},
         {"cpu-replicas", 1, NULL, O_REPLICAS}, {"hierarchy", 1, NULL, O_HIER},
-        {"shard", 1, NULL, O_SHARD}, {"policy", 1, NULL, O_POLICY}, {"checkpoint", 1, NULL, O_CKPT},
+        {"shard", 1, NULL, O_SHARD}, {"policy", 1, NULL, O_POLICY},
+        {"metrics-port", 1, NULL, O_MPORT}, {"metrics-bind", 1, NULL, O_MBIND},
+        {"timeline", 1, NULL, O_TIMELINE}, {"checkpoint", 1, NULL, O_CKPT},
         {"resume", 1, NULL, O_RESUME},
         {"max-anchor", 1, NULL, O_ANCHOR}, {"overhead-target", 1, NULL, O_OVERHEAD},
         {"speed-hint", 1, NULL, O_HINT}, {"throttle", 1, NULL, O_THROTTLE},
@@ -418,6 +493,7 @@ int main(int argc, char **argv)
     memset(&a, 0, sizeof a);
     a.mode = -1;
     a.data_seed = 1;
+    a.metrics_port = -1;
     a.reconnect_ms = 600000;
     fl_comm_opts_init(&a.co);
     fl_wk_train_opts_init(&a.to);
@@ -540,7 +616,10 @@ int main(int argc, char **argv)
     }
     int rc;
     int code = 0;
-    if (a.mode == 99) {
+    wobs_t wo;
+    if ((rc = wobs_start(&a, comm ? fl_comm_rank(comm) : 0, &wo)) != FL_OK) {
+        code = rc == FL_EINVAL ? 2 : 1;
+    } else if (a.mode == 99) {
         rc = fl_wk_drill_run(comm, &a.d);
     } else {
         fl_wk_train_result_t res;
@@ -554,6 +633,10 @@ int main(int argc, char **argv)
         fprintf(stderr, "flodl-worker: %s\n", fl_last_error());
         if (code == 0)
             code = 1;
+    }
+    if (wobs_stop(&wo) != FL_OK) {
+        fprintf(stderr, "flodl-worker: %s\n", fl_last_error());
+        code = code ? code : 1;
     }
     fl_comm_destroy(&comm);
     fl_wk_dataset_free(&train);

@@ -3,6 +3,9 @@
 #ifndef FLODL_COORDINATOR_H
 #define FLODL_COORDINATOR_H
 
+#include <stdbool.h>
+#include <stdint.h>
+
 #include <flodl/flodl.h>
 
 #ifdef __cplusplus
@@ -44,6 +47,38 @@ int fl_coord_start(fl_coord_t *coord);
  * left cleanly (parameter-server processes are then told the job is over), FL_EPEER when a rank died or the rendezvous failed (detail says which),
  * FL_ETIMEDOUT when the job is still running. */
 int fl_coord_wait(fl_coord_t *coord, int timeout_ms);
+
+/* What the coordinator knows of the job, for metrics and stall reports: refreshed by its
+ * thread every half heartbeat period. */
+typedef enum fl_coord_rank_state {
+    FL_COORD_RANK_ABSENT = 0, /* not registered (yet) */
+    FL_COORD_RANK_ALIVE = 1,
+    FL_COORD_RANK_DEAD = 2,   /* silent past the heartbeat timeout */
+    FL_COORD_RANK_LEFT = 3,
+} fl_coord_rank_state_t;
+
+typedef struct fl_coord_rank_info {
+    fl_coord_rank_state_t state;
+    char host[256];
+    double silent_s;   /* since its last message (alive ranks) */
+    uint64_t op_seq;   /* its collectives so far, as its heartbeats say */
+    uint32_t op;       /* the collective in flight (0: none) */
+} fl_coord_rank_info_t;
+
+typedef struct fl_coord_info {
+    int world;
+    int registered;
+    int alive;
+    int dead;
+    int left;
+    bool started;       /* the rendezvous completed */
+    uint64_t generation;
+    uint64_t bad_msgs;  /* messages refused (malformed, foreign job, out of place) */
+} fl_coord_info_t;
+
+/* Fills info and up to cap ranks' entries (ranks may be NULL). Thread-safe. */
+void fl_coord_get_info(fl_coord_t *coord, fl_coord_info_t *info, fl_coord_rank_info_t *ranks,
+                       int cap);
 
 /* Stops the thread (joins it). Safe to call twice. */
 void fl_coord_stop(fl_coord_t *coord);

@@ -1,0 +1,19 @@
+/* flodl-ps's metrics endpoint (ps_metrics.c), private to the flodl-ps binary. */
+#ifndef FL_PS_METRICS_H
+#define FL_PS_METRICS_H
+
+#include <flodl/coordinator.h>
+
+#include "fl_ps.h"
+
+typedef struct ps_metrics ps_metrics_t;
+
+/* Serves /metrics and /healthz on bind:port for the coordinator (may be NULL) of world ranks
+ * and the server (may be NULL), both borrowed until ps_metrics_stop. FL_OK or the endpoint's
+ * error. */
+int ps_metrics_start(const char *bind, int port, fl_coord_t *coord, fl_ps_server_t *srv,
+                     int world, ps_metrics_t **out);
+int ps_metrics_port(const ps_metrics_t *m);
+void ps_metrics_stop(ps_metrics_t **m);
+
+#endif

@@ -1,0 +1,172 @@
+/* The binaries' observability, end to end: flodl-ps and two flodl-worker ranks with
+ * --metrics-port, scraped while they train (every line valid exposition format, counters that
+ * increase, the coordinator's view of the ranks), the workers' --timeline files (JSON with the
+ * phases), and /healthz turning 503 on flodl-ps when a rank is killed. */
+#include <check.h>
+#include <cjson/cJSON.h>
+#include <math.h>
+#include <signal.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#include "fl_core.h"
+#include "obsutil.h"
+#include "testproc.h"
+#include "testutil.h"
+
+#define PS_BIN FLODL_BIN_DIR "/server/flodl-ps"
+#define WK_BIN FLODL_BIN_DIR "/worker/flodl-worker"
+
+static void start_worker(proc_t *p, const char *ep, int rank, int port, const char *timeline)
+{
+    char r[16], mp[16];
+    snprintf(r, sizeof r, "%d", rank);
+    snprintf(mp, sizeof mp, "%d", port);
+    const char *argv[MAX_ARGS] = {WK_BIN,          "--mode",        "ring",       "--rank",
+                                  r,               "--world-size",  "2",          "--coordinator",
+                                  ep,              "--host",        "127.0.0.1",  "--epochs",
+                                  "40",            "--topk",        "0.01",       "--progress",
+                                  "1000",          "--metrics-port", mp,          "--metrics-bind",
+                                  "127.0.0.1",     "--timeline",    timeline,     "--timeout",
+                                  "20000",         NULL};
+    proc_start(p, WK_BIN, argv, NULL);
+}
+
+/* Scrapes port until it answers a valid exposition with series (deadline 20 s). */
+static char *scrape(int port)
+{
+    int64_t until = fl_deadline_in(20000);
+    while (fl_deadline_left_ms(until) > 0) {
+        char *body = NULL;
+        if (fl_test_http_get(port, "/metrics", &body) == 200) {
+            char err[256];
+            ck_assert_msg(fl_test_exposition_valid(body, err, sizeof err), "%s\n%s", err, body);
+            return body;
+        }
+        free(body);
+        usleep(100000);
+    }
+    ck_abort_msg("no metrics on port %d", port);
+    return NULL;
+}
+
+static void check_timeline(const char *path, const char *want)
+{
+    FILE *f = fopen(path, "r");
+    ck_assert_msg(f != NULL, "no timeline %s", path);
+    fseek(f, 0, SEEK_END);
+    long n = ftell(f);
+    fseek(f, 0, SEEK_SET);
+    char *buf = malloc((size_t)n + 1);
+    ck_assert(fread(buf, 1, (size_t)n, f) == (size_t)n);
+    buf[n] = '\0';
+    fclose(f);
+    cJSON *j = cJSON_Parse(buf);
+    ck_assert_msg(j != NULL && cJSON_IsArray(j), "%s is not a JSON array", path);
+    int compute = 0, exchange = 0, wait = 0;
+    cJSON *e;
+    cJSON_ArrayForEach(e, j)
+    {
+        const char *name = cJSON_GetStringValue(cJSON_GetObjectItem(e, "name"));
+        ck_assert(name != NULL);
+        compute += strcmp(name, "compute") == 0;
+        exchange += strcmp(name, want) == 0;
+        wait += strcmp(name, "wait for the exchange") == 0;
+    }
+    ck_assert_msg(compute > 0 && exchange > 0 && wait > 0, "%s: %d compute, %d %s, %d wait",
+                  path, compute, exchange, want, wait);
+    cJSON_Delete(j);
+    free(buf);
+}
+
+START_TEST(test_scraped_while_training)
+{
+    proc_t p[3];
+    memset(p, 0, sizeof p);
+    char ep[FL_ENDPOINT_MAX], out[8192];
+    int ps_port = free_port();
+    int wk_port[2] = {free_port(), free_port()};
+    char ps_mp[16];
+    snprintf(ps_mp, sizeof ps_mp, "%d", ps_port);
+    const char *extra[] = {"--metrics-port", ps_mp, "--metrics-bind", "127.0.0.1",
+                           "--heartbeat-timeout", "1500", NULL};
+    ck_assert(start_ps(&p[0], 2, extra, NULL, ep, sizeof ep, 1));
+    char tl[2][64];
+    for (int r = 0; r < 2; r++) {
+        snprintf(tl[r], sizeof tl[r], "/tmp/flodl-tl-%d-%d.json", (int)getpid(), r);
+        start_worker(&p[1 + r], ep, r, wk_port[r], tl[r]);
+    }
+    /* Workers: steps counted and growing, compression above 1, everything rank-labelled. */
+    char *a = scrape(wk_port[0]);
+    double s0 = fl_test_metric_value(a, "flodl_steps_total{rank=\"0\"}");
+    usleep(400000);
+    char *b = scrape(wk_port[0]);
+    double s1 = fl_test_metric_value(b, "flodl_steps_total{rank=\"0\"}");
+    double ratio = fl_test_metric_value(b, "flodl_compression_ratio{rank=\"0\"}");
+    ck_assert_msg(s1 > s0 && s0 >= 0, "steps %g then %g:\n%s", s0, s1, b);
+    ck_assert_msg(ratio > 5, "compression %g:\n%s", ratio, b);
+    ck_assert_msg(fl_test_metric_value(b, "flodl_residual_norm{rank=\"0\"}") > 0, "%s", b);
+    free(a);
+    free(b);
+    char *w1 = scrape(wk_port[1]);
+    ck_assert_msg(!isnan(fl_test_metric_value(w1, "flodl_bytes_sent_total{rank=\"1\"}")), "%s",
+                  w1);
+    free(w1);
+    /* The coordinator: both ranks alive, job started, healthy. */
+    char *c = scrape(ps_port);
+    ck_assert_msg(fl_test_metric_value(c, "flodl_ps_ranks{state=\"alive\"}") == 2, "%s", c);
+    ck_assert_msg(fl_test_metric_value(c, "flodl_ps_job_started") == 1, "%s", c);
+    ck_assert_msg(fl_test_metric_value(c, "flodl_ps_rank_up{rank=\"1\"}") == 1, "%s", c);
+    free(c);
+    char *body = NULL;
+    ck_assert_int_eq(fl_test_http_get(ps_port, "/healthz", &body), 200);
+    free(body);
+    ck_assert_int_eq(fl_test_http_get(wk_port[1], "/healthz", &body), 200);
+    free(body);
+    body = NULL;
+
+    /* Rank 1 dies: the coordinator's /healthz says so until flodl-ps ends the failed job
+     * (rank 0 leaves at once, so the window is short: poll fast). */
+    kill(p[2].pid, SIGKILL);
+    int code = 0;
+    int64_t until = fl_deadline_in(15000);
+    while (fl_deadline_left_ms(until) > 0) {
+        free(body);
+        body = NULL;
+        if ((code = fl_test_http_get(ps_port, "/healthz", &body)) == 503 || code < 0)
+            break;
+        usleep(5000);
+    }
+    procs_wait(p, 3, fl_deadline_in(20000));
+    procs_stop(p, 3);
+    show(p, 3, out, sizeof out);
+    if (code == 503)
+        ck_assert_msg(strstr(body, "rank 1 (127.0.0.1) is dead") != NULL, "healthz: %s", body);
+    else /* it ended before a poll landed: it must still have said why */
+        ck_assert_msg(strstr(p[0].buf[1], "rank 1") != NULL && proc_code(&p[0]) == 1,
+                      "healthz %d, and flodl-ps did not report rank 1:%s", code, out);
+    free(body);
+    /* Rank 0 failed on the dead peer, and still closed its timeline. */
+    check_timeline(tl[0], "top-k + sparse allreduce");
+    for (int r = 0; r < 2; r++)
+        unlink(tl[r]);
+    procs_free(p, 3);
+}
+END_TEST
+
+static Suite *suite(void)
+{
+    Suite *s = suite_create("obs_proc");
+    TCase *t = tcase_create("obs_proc");
+    tcase_set_timeout(t, 120);
+    tcase_add_test(t, test_scraped_while_training);
+    suite_add_tcase(s, t);
+    return s;
+}
+
+int main(void)
+{
+    return fl_test_run(suite());
+}
