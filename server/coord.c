@@ -15,6 +15,7 @@ void fl_coord_opts_init(fl_coord_opts_t *o)
     o->heartbeat_timeout_ms = 5000;
     o->heartbeat_ms = 0;
     o->rendezvous_timeout_ms = 300000;
+    o->stall_report_ms = 60000;
     o->log_level = FL_LOG_INFO;
 }
 
@@ -23,6 +24,9 @@ static int check_opts(const fl_coord_opts_t *o)
     fl_tp_endpoint_t ep;
     if (o->bind == NULL)
         return fl_fail(FL_EINVAL, "coordinator: no bind endpoint given");
+    if (o->stall_report_ms < 0)
+        return fl_fail(FL_EINVAL, "coordinator: stall_report_ms %d is negative",
+                       o->stall_report_ms);
     if (fl_tp_endpoint_parse(o->bind, &ep) != FL_OK)
         return fl_fail_ctx(FL_EINVAL, "coordinator: bind");
     if (o->world_size < 1 || o->world_size > FL_MSG_MAX_PEERS)
@@ -73,6 +77,7 @@ int fl_coord_create(const fl_coord_opts_t *o, fl_coord_t **out)
     snprintf(c->job_id, sizeof c->job_id, "%s", o->job_id);
     c->world = o->world_size;
     c->hb_timeout_ms = o->heartbeat_timeout_ms;
+    c->stall_ms = o->stall_report_ms;
     c->hb_ms = o->heartbeat_ms > 0 ? o->heartbeat_ms : o->heartbeat_timeout_ms / 5;
     if (c->hb_ms < 1)
         c->hb_ms = 1;
@@ -196,6 +201,7 @@ static void *coord_main(void *arg)
         int64_t now = fl_now_ms();
         if (now >= next_tick) {
             fl_coord_tick(c, now);
+            fl_coord_stall_check(c, now);
             fl_coord_publish(c, now);
             next_tick = now + (c->hb_ms / 2 > 0 ? c->hb_ms / 2 : 1);
         }

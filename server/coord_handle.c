@@ -250,6 +250,10 @@ static void on_register(fl_coord_t *c, fl_tp_msg_t *m)
 static void on_heartbeat(fl_coord_t *c, fl_tp_msg_t *m, int r)
 {
     coord_rank_t *k = &c->ranks[r];
+    const fl_msg_heartbeat_t *hb = &m->hdr.u.heartbeat;
+    if (hb->op != k->op || hb->op_seq != k->op_seq || hb->op_step != k->op_step ||
+        k->progress_ms == 0)
+        k->progress_ms = fl_now_ms();
     k->op = m->hdr.u.heartbeat.op;
     k->op_seq = m->hdr.u.heartbeat.op_seq;
     k->op_step = m->hdr.u.heartbeat.op_step;
@@ -340,7 +344,7 @@ void fl_coord_on_message(fl_coord_t *c, fl_tp_msg_t *m)
     }
 }
 
-static void describe_op(const coord_rank_t *k, char *out, size_t cap)
+void fl_coord_describe_op(const coord_rank_t *k, char *out, size_t cap)
 {
     if (k->op == 0)
         snprintf(out, cap, "not in a collective (last was #%llu)",
@@ -358,7 +362,7 @@ static void declare_dead(fl_coord_t *c, int dead, int64_t silent)
     coord_rank_t *k = &c->ranks[dead];
     char op[160];
     char text[FL_MSG_TEXT_MAX];
-    describe_op(k, op, sizeof op);
+    fl_coord_describe_op(k, op, sizeof op);
     snprintf(text, sizeof text, "rank %d (host %s, pid %d) declared dead: silent for %lld ms "
                                 "(timeout %d ms); it was %s",
              dead, k->reg.host, k->reg.pid, (long long)silent, c->hb_timeout_ms, op);

@@ -27,6 +27,7 @@ typedef struct coord_rank {
     uint64_t op_seq;
     uint32_t op_step;
     int32_t waiting_on;
+    int64_t progress_ms; /* when its collective (sequence or step) last changed */
 } coord_rank_t;
 
 /* A parameter-server process: it serves shards [reg.rank, reg.rank + reg.shard_count). */
@@ -70,6 +71,8 @@ struct fl_coord {
     int nleft;
     int ndead;
     int64_t last_hb_ms;
+    int stall_ms;
+    int64_t last_stall_ms; /* when the last stall report was written */
 
     /* shared with fl_coord_wait / fl_coord_registered */
     pthread_mutex_t lock;
@@ -83,6 +86,13 @@ struct fl_coord {
     fl_coord_info_t info;
     fl_coord_rank_info_t *rank_info;
 };
+
+/* Writes a stall report when a collective has made no progress for stall_ms: every rank's
+ * collective, step, whom it waits for and when it was last heard from (coord_stall.c). */
+void fl_coord_stall_check(fl_coord_t *c, int64_t now);
+
+/* Describes what a rank was doing, from its last heartbeat. */
+void fl_coord_describe_op(const coord_rank_t *k, char *out, size_t cap);
 
 /* Publishes what fl_coord_get_info returns (coordinator thread). */
 void fl_coord_publish(fl_coord_t *c, int64_t now);

@@ -47,12 +47,15 @@ static const char usage[] =
     "observability:\n"
     "  --metrics-port N            serve Prometheus metrics (/metrics) and /healthz on port N\n"
     "                              (0: any free port, printed at start; default: off)\n"
-    "  --metrics-bind ADDR         IPv4 address to serve them on (default 0.0.0.0)\n";
+    "  --metrics-bind ADDR         IPv4 address to serve them on (default 0.0.0.0)\n"
+    "  --stall-report MS           log every rank's state when a collective makes no progress\n"
+    "                              this long, and again every MS while it lasts (default\n"
+    "                              60000; 0: never)\n";
 
 enum {
     O_BIND = 1000, O_WORLD, O_JOB, O_HBT, O_RDV, O_EPFILE, O_LOG, O_HELP, O_SHARDS, O_NUM,
     O_INDEX, O_COORD, O_HOST, O_CONS, O_STALE, O_SCALE, O_INIT, O_CKDIR, O_CKEVERY, O_KEEP,
-    O_RESUME, O_MAXWAIT, O_OPTIM, O_MPORT, O_MBIND
+    O_RESUME, O_MAXWAIT, O_OPTIM, O_MPORT, O_MBIND, O_STALL
 };
 
 typedef struct args {
@@ -101,7 +104,7 @@ static int apply(args_t *a, int ch, const char *name, const char *v)
 {
     long x;
     fl_ps_server_opts_t *so = &a->so;
-    if (ch >= O_SHARDS && ch < O_MPORT) /* the metrics flags are not the server's */
+    if (ch >= O_SHARDS && ch < O_MPORT) /* the metrics and stall flags are not the server's */
         a->any_ps_flag = true;
     switch (ch) {
     case O_BIND: a->co.bind = v; return FL_OK;
@@ -167,6 +170,12 @@ static int apply(args_t *a, int ch, const char *name, const char *v)
         return rc;
     }
     case O_MBIND: a->metrics_bind = v; return FL_OK;
+    case O_STALL: {
+        long n;
+        int rc = fl_cli_long("--stall-report", v, 0, 86400000, &n);
+        a->co.stall_report_ms = (int)n;
+        return rc;
+    }
     case O_CKEVERY: return every(v, so);
     case O_KEEP:
         if (fl_cli_long("--keep", v, 1, 1000, &x) != FL_OK)
@@ -262,6 +271,7 @@ static int parse(args_t *a, int argc, char **argv)
         {"staleness", 1, NULL, O_STALE},     {"async-scale", 1, NULL, O_SCALE},
         {"init", 1, NULL, O_INIT},           {"checkpoint-dir", 1, NULL, O_CKDIR},
         {"metrics-port", 1, NULL, O_MPORT},  {"metrics-bind", 1, NULL, O_MBIND},
+        {"stall-report", 1, NULL, O_STALL},
         {"checkpoint-every", 1, NULL, O_CKEVERY}, {"keep", 1, NULL, O_KEEP},
         {"resume", 0, NULL, O_RESUME},       {"max-wait", 1, NULL, O_MAXWAIT},
     };

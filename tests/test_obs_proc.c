@@ -156,12 +156,48 @@ START_TEST(test_scraped_while_training)
 }
 END_TEST
 
+/* A rank that does not arrive (slowed 1000x on a larger model: seconds per batch): the coordinator's stall report names it, what
+ * the others are waiting in, and when each was last heard from. */
+START_TEST(test_stall_report_names_the_missing_rank)
+{
+    proc_t p[3];
+    memset(p, 0, sizeof p);
+    char ep[FL_ENDPOINT_MAX], out[16384];
+    const char *extra[] = {"--stall-report", "500", NULL};
+    ck_assert(start_ps(&p[0], 2, extra, NULL, ep, sizeof ep, 2));
+    for (int r = 0; r < 2; r++) {
+        char rank[8];
+        snprintf(rank, sizeof rank, "%d", r);
+        const char *argv[] = {WK_BIN, "--mode", "ring", "--rank", rank, "--world-size", "2",
+                              "--coordinator", ep, "--host", "127.0.0.1", "--epochs", "1",
+                              "--progress", "1000", "--layers", "64,1024,1024,10",
+                              "--throttle", r == 1 ? "0:1000" : "0:1", NULL};
+        proc_start(&p[1 + r], WK_BIN, argv, NULL);
+    }
+    bool seen = proc_wait_text(p, 3, 0, 1, "stall:", 1, fl_deadline_in(30000));
+    procs_stop(p, 3);
+    show(p, 3, out, sizeof out);
+    ck_assert_msg(seen, "no stall report:%s", out);
+    const char *rep = strstr(p[0].buf[1], "stall:");
+    ck_assert_msg(strstr(rep, "rank 0 (127.0.0.1) has made no progress in collective #") != NULL,
+                  "%s", rep);
+    ck_assert_msg(strstr(rep, "rank 1 (127.0.0.1): not in a collective") != NULL &&
+                      strstr(rep, "has not arrived") != NULL,
+                  "%s", rep);
+    ck_assert_msg(strstr(rep, "rank 0 (127.0.0.1): in collective #") != NULL &&
+                      strstr(rep, "last heard") != NULL,
+                  "%s", rep);
+    procs_free(p, 3);
+}
+END_TEST
+
 static Suite *suite(void)
 {
     Suite *s = suite_create("obs_proc");
     TCase *t = tcase_create("obs_proc");
     tcase_set_timeout(t, 120);
     tcase_add_test(t, test_scraped_while_training);
+    tcase_add_test(t, test_stall_report_names_the_missing_rank);
     suite_add_tcase(s, t);
     return s;
 }

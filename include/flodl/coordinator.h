@@ -25,6 +25,9 @@ typedef struct fl_coord_opts {
     int num_shards;            /* parameter-server shards of the job, served by flodl-ps
                                   processes that register with this coordinator; the job
                                   starts once every shard is served (default 0: none) */
+    int stall_report_ms;       /* a collective that makes no progress this long gets a report
+                                  of every rank's state in the log, repeated at this period
+                                  while it lasts (default 60000; 0: never) */
     uint64_t param_count;      /* parameters the parameter server holds, when known up front
                                   (an --init file); 0 (default): workers and servers tell.
                                   Every member that tells must agree. */
