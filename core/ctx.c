@@ -59,6 +59,8 @@ void fl_ctx_destroy(fl_ctx_t **ctx)
     if (ctx == NULL || *ctx == NULL)
         return;
     fl_ctx_t *c = *ctx;
+    if (c->security_free != NULL)
+        c->security_free(c->security); /* it owns sockets (a ZAP handler): close them first */
     /* zmq_ctx_term blocks until every socket is closed and lingering messages are sent; the
      * sockets' own linger options bound that time. */
     while (zmq_ctx_term(c->zmq) != 0 && errno == EINTR) {
@@ -71,6 +73,17 @@ void fl_ctx_destroy(fl_ctx_t **ctx)
 void *fl_ctx_zmq(const fl_ctx_t *ctx)
 {
     return ctx->zmq;
+}
+
+void *fl_ctx_security(const fl_ctx_t *ctx)
+{
+    return ctx->security;
+}
+
+void fl_ctx_set_security(fl_ctx_t *ctx, void *security, void (*free_fn)(void *))
+{
+    ctx->security = security;
+    ctx->security_free = free_fn;
 }
 
 size_t fl_ctx_max_msg_bytes(const fl_ctx_t *ctx)
@@ -122,6 +135,7 @@ const char *fl_stat_name(fl_stat_t stat)
         [FL_STAT_BAD_VERSION] = "bad_version", [FL_STAT_BAD_JOB] = "bad_job",
         [FL_STAT_BAD_FRAMES] = "bad_frames",   [FL_STAT_OVERSIZED] = "oversized",
         [FL_STAT_UNEXPECTED] = "unexpected",   [FL_STAT_ERRORS_SENT] = "errors_sent",
+        [FL_STAT_AUTH_REFUSED] = "auth_refused",
     };
     if (stat < 0 || stat >= FL_STAT_COUNT)
         return "unknown";

@@ -17,6 +17,8 @@ struct fl_ctx {
     pthread_mutex_t name_lock; /* guards log_name, which another thread may rename */
     char log_name[LOG_NAME_MAX];
     _Atomic uint64_t stats[FL_STAT_COUNT];
+    void *security; /* transport's CURVE state, freed before the ZeroMQ context ends */
+    void (*security_free)(void *);
 };
 
 #endif

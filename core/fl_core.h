@@ -62,6 +62,7 @@ typedef enum fl_stat {
     FL_STAT_OVERSIZED,    /* over the size limit */
     FL_STAT_UNEXPECTED,   /* well-formed but out of place (wrong sender, step, duplicate) */
     FL_STAT_ERRORS_SENT,  /* error replies sent to peers */
+    FL_STAT_AUTH_REFUSED, /* connections refused by CURVE authentication (unknown key) */
     FL_STAT_COUNT
 } fl_stat_t;
 
@@ -85,6 +86,11 @@ void fl_ctx_destroy(fl_ctx_t **ctx);
 
 /* The ZeroMQ context (void * so that core's header does not need zmq.h). */
 void *fl_ctx_zmq(const fl_ctx_t *ctx);
+
+/* A slot for the transport's security state (CURVE keys and the ZAP handler): set once, before
+ * any socket is made; fl_ctx_destroy calls free_fn on it before ending the ZeroMQ context. */
+void *fl_ctx_security(const fl_ctx_t *ctx);
+void fl_ctx_set_security(fl_ctx_t *ctx, void *security, void (*free_fn)(void *));
 
 size_t fl_ctx_max_msg_bytes(const fl_ctx_t *ctx);
 size_t fl_ctx_max_frames(const fl_ctx_t *ctx);

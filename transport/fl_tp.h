@@ -276,6 +276,31 @@ void fl_tp_member_stop(fl_tp_member_t *m, int code, const char *text);
 /* Stops (code 1) if still running and frees. NULL-safe; sets *m = NULL. */
 void fl_tp_member_destroy(fl_tp_member_t **m);
 
+/* ---- CurveZMQ (tp_curve.c) ---- */
+
+typedef struct fl_tp_curve fl_tp_curve_t;
+
+/* Loads a key directory: server.key (the job's server key pair: every bound socket of the job
+ * uses it; clients trust its public half), client.key (this process's key pair), authorized/
+ * (*.pub: the client public keys allowed in; at least one). Key files hold Z85 lines
+ * `public-key = "..."` / `secret-key = "..."` (czmq's certificates work). FL_OK, or FL_EINVAL
+ * naming the file: missing, malformed, a secret key readable by group or others, an empty
+ * allowlist, a libzmq without CURVE. */
+int fl_tp_curve_load(const char *dir, fl_tp_curve_t **out);
+void fl_tp_curve_free(fl_tp_curve_t *c);
+
+/* Every TCP and IPC socket of ctx made after this uses CURVE: bound ones as servers checked by
+ * a ZAP handler thread (started here) against the allowlist, connecting ones as clients. ctx
+ * takes c (freed with the context, also on failure). FL_OK, FL_EINVAL, FL_EIO. */
+int fl_tp_curve_attach(fl_ctx_t *ctx, fl_tp_curve_t *c);
+
+/* True when ctx's sockets use CURVE. */
+bool fl_tp_curve_on(const fl_ctx_t *ctx);
+
+/* Writes base.key (a new key pair, mode 600) and base.pub (its public key, mode 644), each
+ * atomically; comment goes into the files' first line. FL_OK or FL_EIO naming the path. */
+int fl_tp_curve_keygen(const char *base, const char *comment);
+
 #ifdef __cplusplus
 }
 #endif

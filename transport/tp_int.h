@@ -21,4 +21,9 @@ struct fl_tp_sock {
     uint64_t expect_gen;
 };
 
+/* Sets a ZeroMQ socket up as a CURVE server (before bind) or client (before connect) when
+ * ctx has keys and the endpoint is not inproc (tp_curve.c). FL_OK or FL_EIO. */
+int fl_tp_curve_server(void *zs, const fl_ctx_t *ctx, const char *endpoint);
+int fl_tp_curve_client(void *zs, const fl_ctx_t *ctx, const char *endpoint);
+
 #endif

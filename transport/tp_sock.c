@@ -120,6 +120,8 @@ int fl_tp_sock_bind(fl_tp_sock_t *s, const char *endpoint, char *bound, size_t c
     int rc = fl_tp_endpoint_parse(endpoint, &ep);
     if (rc != FL_OK)
         return fl_fail_ctx(rc, "%s socket: bind", s->name);
+    if ((rc = fl_tp_curve_server(s->zs, s->ctx, endpoint)) != FL_OK)
+        return fl_fail_ctx(rc, "%s socket: bind %s", s->name, endpoint);
     if (zmq_bind(s->zs, endpoint) != 0)
         return fl_fail(FL_EIO, "%s socket: bind %s: %s", s->name, endpoint,
                        zmq_strerror(zmq_errno()));
@@ -138,6 +140,8 @@ int fl_tp_sock_connect(fl_tp_sock_t *s, const char *endpoint)
     int rc = fl_tp_endpoint_parse(endpoint, &ep);
     if (rc != FL_OK)
         return fl_fail_ctx(rc, "%s socket: connect", s->name);
+    if ((rc = fl_tp_curve_client(s->zs, s->ctx, endpoint)) != FL_OK)
+        return fl_fail_ctx(rc, "%s socket: connect %s", s->name, endpoint);
     if (zmq_connect(s->zs, endpoint) != 0)
         return fl_fail(FL_EIO, "%s socket: connect %s: %s", s->name, endpoint,
                        zmq_strerror(zmq_errno()));

@@ -1,0 +1,401 @@
+/* CurveZMQ for every TCP and IPC connection of a context: bound sockets are CURVE servers with
+ * the job's server key, connecting sockets CURVE clients with this process's client key and
+ * the server's public key, and a ZAP handler thread answers the servers' authentication
+ * requests from an allowlist of client public keys. A client with an unknown key is refused
+ * (and counted); one with no key or plain text fails ZeroMQ's handshake: neither gets a message
+ * through. Keys are Z85 text in files ZeroMQ's and czmq's tools also read:
+ *     public-key = "<40 characters>"
+ *     secret-key = "<40 characters>"
+ * A key directory holds server.key (the job's server key pair), client.key (this process's),
+ * and authorized/ (*.pub: the client keys allowed in). Secret key files must not be readable
+ * by group or others. inproc sockets (inside one process) are left as they are. */
+#include "tp_int.h"
+
+#include <dirent.h>
+#include <errno.h>
+#include <fcntl.h>
+#include <pthread.h>
+#include <stdatomic.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <unistd.h>
+#include <zmq.h>
+
+#define ZAP_ENDPOINT "inproc://zeromq.zap.01"
+#define KEY_TEXT 41 /* 40 characters of Z85 and the NUL */
+#define MAX_ALLOWED 4096
+
+struct fl_tp_curve {
+    char server_public[KEY_TEXT];
+    char server_secret[KEY_TEXT];
+    char client_public[KEY_TEXT];
+    char client_secret[KEY_TEXT];
+    uint8_t (*allowed)[32];
+    size_t nallowed;
+    /* the ZAP handler, once attached to a context */
+    fl_ctx_t *ctx;
+    void *zap;  /* REP at ZAP_ENDPOINT, owned by the thread */
+    void *stop_tx, *stop_rx;
+    pthread_t thread;
+    bool running;
+};
+
+/* Finds `name = "<40 chars>"` in text. */
+static bool find_key(const char *text, const char *name, char *out)
+{
+    const char *p = text;
+    size_t nl = strlen(name);
+    while ((p = strstr(p, name)) != NULL) {
+        const char *q = p + nl;
+        while (*q == ' ' || *q == '\t')
+            q++;
+        if (*q == '=') {
+            q++;
+            while (*q == ' ' || *q == '\t')
+                q++;
+            if (*q == '"' && strlen(q) >= 42 && q[41] == '"') {
+                memcpy(out, q + 1, 40);
+                out[40] = '\0';
+                uint8_t bin[32];
+                return zmq_z85_decode(bin, out) != NULL;
+            }
+        }
+        p += nl;
+    }
+    return false;
+}
+
+/* Reads a key file; a secret key must not be readable by group or others. */
+static int read_key_file(const char *path, bool secret, char *pub, char *sec)
+{
+    struct stat st;
+    if (stat(path, &st) != 0)
+        return fl_fail(FL_EINVAL, "CURVE: %s: %s", path, strerror(errno));
+    if (secret && (st.st_mode & 077) != 0)
+        return fl_fail(FL_EINVAL, "CURVE: %s holds a secret key and is readable by others (mode "
+                                  "%03o): chmod 600 it",
+                       path, (unsigned)(st.st_mode & 0777));
+    if (st.st_size > 8192)
+        return fl_fail(FL_EINVAL, "CURVE: %s is too large for a key file", path);
+    FILE *f = fopen(path, "r");
+    if (f == NULL)
+        return fl_fail(FL_EINVAL, "CURVE: %s: %s", path, strerror(errno));
+    char text[8193];
+    size_t n = fread(text, 1, sizeof text - 1, f);
+    fclose(f);
+    text[n] = '\0';
+    if (!find_key(text, "public-key", pub))
+        return fl_fail(FL_EINVAL, "CURVE: %s has no valid public-key = \"...\" (40 Z85 "
+                                  "characters)",
+                       path);
+    if (secret && !find_key(text, "secret-key", sec))
+        return fl_fail(FL_EINVAL, "CURVE: %s has no valid secret-key = \"...\"", path);
+    return FL_OK;
+}
+
+static int read_allowlist(const char *dir, fl_tp_curve_t *c)
+{
+    char path[4096];
+    snprintf(path, sizeof path, "%s/authorized", dir);
+    DIR *d = opendir(path);
+    if (d == NULL)
+        return fl_fail(FL_EINVAL, "CURVE: no allowlist %s (the client public keys allowed in, "
+                                  "*.pub): %s",
+                       path, strerror(errno));
+    c->allowed = calloc(MAX_ALLOWED, sizeof *c->allowed);
+    if (c->allowed == NULL) {
+        closedir(d);
+        return fl_fail(FL_ENOMEM, "CURVE: out of memory");
+    }
+    int rc = FL_OK;
+    struct dirent *e;
+    while (rc == FL_OK && (e = readdir(d)) != NULL) {
+        size_t len = strlen(e->d_name);
+        if (len < 5 || strcmp(e->d_name + len - 4, ".pub") != 0)
+            continue;
+        if (c->nallowed == MAX_ALLOWED) {
+            rc = fl_fail(FL_EINVAL, "CURVE: %s holds more than %d keys", path, MAX_ALLOWED);
+            break;
+        }
+        char file[4352];
+        char pub[KEY_TEXT];
+        snprintf(file, sizeof file, "%s/%s", path, e->d_name);
+        if ((rc = read_key_file(file, false, pub, NULL)) == FL_OK)
+            zmq_z85_decode(c->allowed[c->nallowed++], pub);
+    }
+    closedir(d);
+    if (rc == FL_OK && c->nallowed == 0)
+        rc = fl_fail(FL_EINVAL, "CURVE: the allowlist %s holds no *.pub key: nobody could "
+                                "connect",
+                     path);
+    return rc;
+}
+
+int fl_tp_curve_load(const char *dir, fl_tp_curve_t **out)
+{
+    *out = NULL;
+    if (!zmq_has("curve"))
+        return fl_fail(FL_EINVAL, "CURVE: this libzmq was built without CURVE support");
+    fl_tp_curve_t *c = calloc(1, sizeof *c);
+    if (c == NULL)
+        return fl_fail(FL_ENOMEM, "CURVE: out of memory");
+    char path[4096];
+    snprintf(path, sizeof path, "%s/server.key", dir);
+    int rc = read_key_file(path, true, c->server_public, c->server_secret);
+    if (rc == FL_OK) {
+        snprintf(path, sizeof path, "%s/client.key", dir);
+        rc = read_key_file(path, true, c->client_public, c->client_secret);
+    }
+    if (rc == FL_OK)
+        rc = read_allowlist(dir, c);
+    if (rc != FL_OK) {
+        fl_tp_curve_free(c);
+        return rc;
+    }
+    *out = c;
+    return FL_OK;
+}
+
+/* ---- the ZAP handler ---- */
+
+static bool allowed(const fl_tp_curve_t *c, const uint8_t *key)
+{
+    for (size_t i = 0; i < c->nallowed; i++)
+        if (memcmp(c->allowed[i], key, 32) == 0)
+            return true;
+    return false;
+}
+
+static void zap_reply(void *s, const char *version, zmq_msg_t *id, const char *code,
+                      const char *text)
+{
+    zmq_send(s, version, strlen(version), ZMQ_SNDMORE);
+    zmq_send(s, zmq_msg_data(id), zmq_msg_size(id), ZMQ_SNDMORE);
+    zmq_send(s, code, strlen(code), ZMQ_SNDMORE);
+    zmq_send(s, text, strlen(text), ZMQ_SNDMORE);
+    zmq_send(s, "", 0, ZMQ_SNDMORE); /* user id */
+    zmq_send(s, "", 0, 0);           /* metadata */
+}
+
+/* One request: version, request id, domain, address, routing id, mechanism, credentials. */
+static void zap_serve(fl_tp_curve_t *c)
+{
+    zmq_msg_t f[8];
+    int n = 0;
+    int more = 1;
+    while (more && n < 8) {
+        zmq_msg_init(&f[n]);
+        if (zmq_msg_recv(&f[n], c->zap, 0) < 0) {
+            zmq_msg_close(&f[n]);
+            break;
+        }
+        more = zmq_msg_more(&f[n]);
+        n++;
+    }
+    while (more) { /* a request longer than any ZAP request: drain it */
+        zmq_msg_t x;
+        zmq_msg_init(&x);
+        if (zmq_msg_recv(&x, c->zap, 0) < 0)
+            more = 0;
+        else
+            more = zmq_msg_more(&x);
+        zmq_msg_close(&x);
+    }
+    if (n >= 2) {
+        char address[64] = "";
+        if (n >= 4)
+            snprintf(address, sizeof address, "%.*s", (int)zmq_msg_size(&f[3]),
+                     (const char *)zmq_msg_data(&f[3]));
+        bool curve = n >= 7 && zmq_msg_size(&f[5]) == 5 &&
+                     memcmp(zmq_msg_data(&f[5]), "CURVE", 5) == 0 && zmq_msg_size(&f[6]) == 32;
+        bool ok = curve && allowed(c, zmq_msg_data(&f[6]));
+        if (!ok) {
+            char key[KEY_TEXT] = "none";
+            if (curve)
+                zmq_z85_encode(key, zmq_msg_data(&f[6]), 32);
+            fl_ctx_count(c->ctx, FL_STAT_AUTH_REFUSED, 1);
+            FL_WARN(c->ctx, "CURVE: refused a connection from %s: client key %s is not in the "
+                            "allowlist",
+                    address[0] ? address : "an unknown address", key);
+        }
+        zap_reply(c->zap, "1.0", &f[1], ok ? "200" : "400",
+                  ok ? "OK" : "client key not allowed");
+    }
+    for (int i = 0; i < n; i++)
+        zmq_msg_close(&f[i]);
+}
+
+static void *zap_main(void *arg)
+{
+    fl_tp_curve_t *c = arg;
+    for (;;) {
+        zmq_pollitem_t items[2] = {{c->zap, 0, ZMQ_POLLIN, 0}, {c->stop_rx, 0, ZMQ_POLLIN, 0}};
+        if (zmq_poll(items, 2, -1) < 0) {
+            if (zmq_errno() == EINTR)
+                continue;
+            break;
+        }
+        if (items[1].revents & ZMQ_POLLIN)
+            break;
+        if (items[0].revents & ZMQ_POLLIN)
+            zap_serve(c);
+    }
+    int zero = 0;
+    zmq_setsockopt(c->zap, ZMQ_LINGER, &zero, sizeof zero);
+    zmq_close(c->zap);
+    c->zap = NULL;
+    return NULL;
+}
+
+static void curve_free_cb(void *p)
+{
+    fl_tp_curve_free(p);
+}
+
+int fl_tp_curve_attach(fl_ctx_t *ctx, fl_tp_curve_t *c)
+{
+    if (fl_ctx_security(ctx) != NULL) {
+        fl_tp_curve_free(c);
+        return fl_fail(FL_EINVAL, "CURVE: the context has its keys already");
+    }
+    c->ctx = ctx;
+    void *z = fl_ctx_zmq(ctx);
+    int zero = 0;
+    char stop_ep[64];
+    snprintf(stop_ep, sizeof stop_ep, "inproc://flodl-zap-stop-%p", (void *)c);
+    c->zap = zmq_socket(z, ZMQ_REP);
+    c->stop_rx = zmq_socket(z, ZMQ_PAIR);
+    c->stop_tx = zmq_socket(z, ZMQ_PAIR);
+    int rc = FL_OK;
+    if (c->zap == NULL || c->stop_rx == NULL || c->stop_tx == NULL ||
+        zmq_bind(c->zap, ZAP_ENDPOINT) != 0 || zmq_bind(c->stop_rx, stop_ep) != 0 ||
+        zmq_connect(c->stop_tx, stop_ep) != 0)
+        rc = fl_fail(FL_EIO, "CURVE: cannot start the authentication handler: %s",
+                     zmq_strerror(zmq_errno()));
+    if (c->stop_rx != NULL)
+        zmq_setsockopt(c->stop_rx, ZMQ_LINGER, &zero, sizeof zero);
+    if (c->stop_tx != NULL)
+        zmq_setsockopt(c->stop_tx, ZMQ_LINGER, &zero, sizeof zero);
+    if (rc == FL_OK && pthread_create(&c->thread, NULL, zap_main, c) != 0)
+        rc = fl_fail(FL_EIO, "CURVE: cannot start the authentication thread");
+    if (rc != FL_OK) {
+        if (c->zap != NULL) {
+            zmq_setsockopt(c->zap, ZMQ_LINGER, &zero, sizeof zero);
+            zmq_close(c->zap);
+            c->zap = NULL;
+        }
+        fl_tp_curve_free(c);
+        return rc;
+    }
+    c->running = true;
+    fl_ctx_set_security(ctx, c, curve_free_cb);
+    return FL_OK;
+}
+
+void fl_tp_curve_free(fl_tp_curve_t *c)
+{
+    if (c == NULL)
+        return;
+    if (c->running) {
+        zmq_send(c->stop_tx, "", 0, 0);
+        pthread_join(c->thread, NULL);
+        c->running = false;
+    }
+    if (c->stop_tx != NULL)
+        zmq_close(c->stop_tx);
+    if (c->stop_rx != NULL)
+        zmq_close(c->stop_rx);
+    /* Secrets do not outlive their use in freed memory. */
+    memset(c->server_secret, 0, sizeof c->server_secret);
+    memset(c->client_secret, 0, sizeof c->client_secret);
+    free(c->allowed);
+    free(c);
+}
+
+/* ---- sockets ---- */
+
+static bool secured(const char *endpoint)
+{
+    return strncmp(endpoint, "inproc://", 9) != 0;
+}
+
+int fl_tp_curve_server(void *zs, const fl_ctx_t *ctx, const char *endpoint)
+{
+    const fl_tp_curve_t *c = fl_ctx_security(ctx);
+    if (c == NULL || !secured(endpoint))
+        return FL_OK;
+    int one = 1;
+    if (zmq_setsockopt(zs, ZMQ_CURVE_SERVER, &one, sizeof one) != 0 ||
+        zmq_setsockopt(zs, ZMQ_CURVE_SECRETKEY, c->server_secret, 40) != 0 ||
+        zmq_setsockopt(zs, ZMQ_ZAP_DOMAIN, "flodl", 5) != 0)
+        return fl_fail(FL_EIO, "CURVE: server options: %s", zmq_strerror(zmq_errno()));
+    return FL_OK;
+}
+
+int fl_tp_curve_client(void *zs, const fl_ctx_t *ctx, const char *endpoint)
+{
+    const fl_tp_curve_t *c = fl_ctx_security(ctx);
+    if (c == NULL || !secured(endpoint))
+        return FL_OK;
+    if (zmq_setsockopt(zs, ZMQ_CURVE_SERVERKEY, c->server_public, 40) != 0 ||
+        zmq_setsockopt(zs, ZMQ_CURVE_PUBLICKEY, c->client_public, 40) != 0 ||
+        zmq_setsockopt(zs, ZMQ_CURVE_SECRETKEY, c->client_secret, 40) != 0)
+        return fl_fail(FL_EIO, "CURVE: client options: %s", zmq_strerror(zmq_errno()));
+    return FL_OK;
+}
+
+bool fl_tp_curve_on(const fl_ctx_t *ctx)
+{
+    return fl_ctx_security(ctx) != NULL;
+}
+
+/* ---- keys ---- */
+
+static int write_file(const char *path, const char *text, mode_t mode)
+{
+    char tmp[4200];
+    snprintf(tmp, sizeof tmp, "%s.tmp", path);
+    FILE *f = NULL;
+    int fd = open(tmp, O_WRONLY | O_CREAT | O_TRUNC, mode);
+    if (fd >= 0)
+        f = fdopen(fd, "w");
+    if (f == NULL) {
+        if (fd >= 0)
+            close(fd);
+        return fl_fail(FL_EIO, "flodl-keygen: cannot write %s: %s", tmp, strerror(errno));
+    }
+    bool ok = fputs(text, f) != EOF && fflush(f) == 0 && fsync(fileno(f)) == 0;
+    ok = fclose(f) == 0 && ok;
+    if (!ok || chmod(tmp, mode) != 0 || rename(tmp, path) != 0) {
+        unlink(tmp);
+        return fl_fail(FL_EIO, "flodl-keygen: cannot write %s: %s", path, strerror(errno));
+    }
+    return FL_OK;
+}
+
+int fl_tp_curve_keygen(const char *base, const char *comment)
+{
+    char pub[KEY_TEXT];
+    char sec[KEY_TEXT];
+    if (zmq_curve_keypair(pub, sec) != 0)
+        return fl_fail(FL_EIO, "flodl-keygen: zmq_curve_keypair: %s", zmq_strerror(zmq_errno()));
+    char text[512];
+    char path[4096];
+    snprintf(text, sizeof text,
+             "#   flodl CURVE key pair (%s): keep this file secret (mode 600)\n"
+             "metadata\ncurve\n    public-key = \"%s\"\n    secret-key = \"%s\"\n",
+             comment, pub, sec);
+    snprintf(path, sizeof path, "%s.key", base);
+    int rc = write_file(path, text, 0600);
+    memset(sec, 0, sizeof sec);
+    memset(text, 0, sizeof text);
+    if (rc != FL_OK)
+        return rc;
+    snprintf(text, sizeof text,
+             "#   flodl CURVE public key (%s)\nmetadata\ncurve\n    public-key = \"%s\"\n",
+             comment, pub);
+    snprintf(path, sizeof path, "%s.pub", base);
+    return write_file(path, text, 0644);
+}
