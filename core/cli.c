@@ -163,3 +163,33 @@ int fl_cli_optim_check(const fl_opt_opts_t *o, const fl_lr_sched_t *s)
                        fl_opt_kind_name(o->kind));
     return FL_OK;
 }
+
+int fl_cli_security(const char *flag_dir, bool flag_insecure, const char *env_dir,
+                    bool env_insecure, const char **dir)
+{
+    *dir = NULL;
+    if (flag_dir != NULL && flag_insecure)
+        return fl_fail(FL_EINVAL, "--curve-dir and --insecure: choose one");
+    if (flag_dir != NULL || flag_insecure) {
+        *dir = flag_dir;
+        return FL_OK;
+    }
+    if (env_dir != NULL && env_dir[0] != '\0' && env_insecure)
+        return fl_fail(FL_EINVAL, "FLODL_CURVE_DIR and FLODL_INSECURE=1: choose one");
+    if (env_dir != NULL && env_dir[0] != '\0') {
+        *dir = env_dir;
+        return FL_OK;
+    }
+    if (env_insecure)
+        return FL_OK;
+    return fl_fail(FL_EINVAL, "no --curve-dir (or FLODL_CURVE_DIR): give the job's CURVE keys "
+                              "(flodl-keygen DIR makes them), or --insecure (FLODL_INSECURE=1) "
+                              "to run in plain text");
+}
+
+void fl_cli_security_notice(const char *prog)
+{
+    fprintf(stderr, "%s: running in plain text (--insecure): anyone who reaches these ports can "
+                    "join or read the job\n",
+            prog);
+}

@@ -290,6 +290,8 @@ typedef struct fl_launch_info {
     char host[FL_HOST_MAX];            /* "" when unset */
     char job_id[FL_JOB_MAX];           /* "" when unset */
     int log_level;                     /* -1 when unset, else an fl_log_level_t */
+    char curve_dir[1024];              /* FLODL_CURVE_DIR, "" when unset */
+    bool insecure;                     /* FLODL_INSECURE=1 */
     const char *rank_var;              /* the variable the rank came from, or NULL */
     const char *world_var;             /* the variable the world size came from, or NULL */
 } fl_launch_info_t;
@@ -298,10 +300,19 @@ typedef struct fl_launch_info {
  * wins: FLODL_RANK, RANK (torchrun), OMPI_COMM_WORLD_RANK (Open MPI), JOB_COMPLETION_INDEX
  * (Kubernetes Indexed Job); FLODL_WORLD_SIZE, WORLD_SIZE, OMPI_COMM_WORLD_SIZE;
  * FLODL_COORDINATOR, else tcp://MASTER_ADDR:MASTER_PORT (port 29500 when unset). Also
- * FLODL_HOST, FLODL_JOB_ID, FLODL_LOG. Returns FL_OK or FL_EINVAL naming the variable. */
+ * FLODL_HOST, FLODL_JOB_ID, FLODL_LOG, FLODL_CURVE_DIR, FLODL_INSECURE (1 or 0). Returns FL_OK
+ * or FL_EINVAL naming the variable. */
 int fl_launch_from_env(fl_env_get_fn get, void *ud, fl_launch_info_t *out);
 
 /* ---- flag values for the binaries (cli.c) ---- */
+
+/* The binaries' choice between CurveZMQ keys and plain text. Flags (--curve-dir, --insecure)
+ * win over the environment (FLODL_CURVE_DIR, FLODL_INSECURE); within either, exactly one of the
+ * two. *dir gets the key directory, or NULL for plain text. FL_OK, or FL_EINVAL saying what to
+ * give. fl_cli_security_notice prints, once, that the job runs in plain text. */
+int fl_cli_security(const char *flag_dir, bool flag_insecure, const char *env_dir,
+                    bool env_insecure, const char **dir);
+void fl_cli_security_notice(const char *prog);
 
 /* Parses a decimal integer in [lo, hi]; FL_EINVAL with "FLAG: ..." detail otherwise. */
 int fl_cli_long(const char *flag, const char *val, long lo, long hi, long *out);

@@ -106,5 +106,17 @@ int fl_launch_from_env(fl_env_get_fn get, void *ud, fl_launch_info_t *out)
                            v);
         out->log_level = (int)level;
     }
+    v = get("FLODL_CURVE_DIR", ud);
+    if (v != NULL && v[0] != '\0') {
+        if (strlen(v) >= sizeof out->curve_dir)
+            return fl_fail(FL_EINVAL, "environment FLODL_CURVE_DIR is too long");
+        snprintf(out->curve_dir, sizeof out->curve_dir, "%s", v);
+    }
+    v = get("FLODL_INSECURE", ud);
+    if (v != NULL && v[0] != '\0') {
+        if (strcmp(v, "1") != 0 && strcmp(v, "0") != 0)
+            return fl_fail(FL_EINVAL, "environment FLODL_INSECURE='%s' is not 1 or 0", v);
+        out->insecure = v[0] == '1';
+    }
     return FL_OK;
 }

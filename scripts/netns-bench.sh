@@ -215,7 +215,7 @@ ep=$ps_ep
 wpids=()
 for ((r = 0; r < ranks; r++)); do
   ip netns exec "$(ns_of "$r")" timeout "$wk_timeout" "$wk_bin" --rank "$r" \
-    --world-size "$ranks" --coordinator "$ep" --host "$(addr "$r")" --size "$size" \
+    --world-size "$ranks" --coordinator "$ep" --host "$(addr "$r")" "${security[@]}" --size "$size" \
     --steps "$steps" "${extra[@]}" > >(tee "$tmp/rank$r.log" | sed -u "s/^/[rank $r] /") 2>&1 &
   wpids+=($!)
   pids+=($!)

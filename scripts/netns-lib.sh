@@ -7,6 +7,9 @@
 
 nss=()
 pids=()
+# Plain text unless the caller sets security=(--curve-dir DIR): the benchmarks compare
+# exchanges, and the emulated links are private to this machine.
+if [ -z "${security+x}" ]; then security=(--insecure); fi
 
 netns_cleanup() {
   local p ns
@@ -59,7 +62,7 @@ netns_start_ps() {
   shift 3
   rm -f "$tmp/ep"
   ip netns exec "$(sw_ns)" timeout "$secs" "$bin" --bind tcp://10.77.0.254:0 \
-    --world-size "$n" --endpoint-file "$tmp/ep" --log-level warn "$@" \
+    --world-size "$n" --endpoint-file "$tmp/ep" --log-level warn "${security[@]}" "$@" \
     > >(sed -u 's/^/[ps] /') 2>&1 &
   ps_pid=$!
   pids+=("$ps_pid")

@@ -87,7 +87,7 @@ run() {  # run NAME [worker flags]
   netns_start_ps "$ps_bin" "$hosts" 900 || return 1
   for ((r = 0; r < hosts; r++)); do
     ip netns exec "$(ns_of "$r")" timeout 800 "$wk_bin" --rank "$r" --world-size "$hosts" \
-      --coordinator "$ps_ep" --host "$(addr "$r")" --mode ring --cpu-replicas "$replicas" \
+      --coordinator "$ps_ep" --host "$(addr "$r")" "${security[@]}" --mode ring --cpu-replicas "$replicas" \
       --layers "$layers" --batch-size "$batch" --epochs "$epochs" --progress 1000 \
       "$@" "${extra[@]}" >"$tmp/$name.rank$r.log" 2>&1 &
     wpids+=($!)

@@ -91,7 +91,8 @@ int fl_coord_create(const fl_coord_opts_t *o, fl_coord_t **out)
     co.log_level = o->log_level;
     co.log_name = "coordinator";
     co.max_msg_bytes = FL_COORD_MAX_MSG;
-    if ((rc = fl_ctx_create(&co, &c->ctx)) != FL_OK)
+    if ((rc = fl_ctx_create(&co, &c->ctx)) != FL_OK ||
+        (rc = fl_tp_curve_use(c->ctx, o->curve_dir)) != FL_OK)
         goto fail;
     c->ranks = calloc((size_t)c->world, sizeof *c->ranks);
     c->rank_info = calloc((size_t)c->world, sizeof *c->rank_info);

@@ -52,6 +52,7 @@ typedef struct fl_ps_server fl_ps_server_t;
 typedef struct fl_ps_server_opts {
     const char *coordinator;         /* the job's coordinator (required) */
     const char *job_id;              /* default "flodl" */
+    const char *curve_dir;           /* CurveZMQ keys (see fl_comm_opts_t); NULL: plain */
     const char *host;                /* the address ranks dial (NULL: the local address of the
                                         route to the coordinator) */
     const char *bind_host;           /* interface the shards listen on (NULL: host when it is

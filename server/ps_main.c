@@ -44,6 +44,10 @@ static const char usage[] =
     "  --keep K                    checkpoints kept per shard (default 3)\n"
     "  --resume                    start from the newest checkpoint every shard holds\n"
     "  --max-wait MS               the longest a pull is held (default 3600000)\n"
+    "security (one of them is required):\n"
+    "  --curve-dir DIR             CurveZMQ keys (flodl-keygen): every connection\n"
+    "                              authenticated and encrypted (or FLODL_CURVE_DIR)\n"
+    "  --insecure                  plain text (or FLODL_INSECURE=1)\n"
     "observability:\n"
     "  --metrics-port N            serve Prometheus metrics (/metrics) and /healthz on port N\n"
     "                              (0: any free port, printed at start; default: off)\n"
@@ -55,7 +59,7 @@ static const char usage[] =
 enum {
     O_BIND = 1000, O_WORLD, O_JOB, O_HBT, O_RDV, O_EPFILE, O_LOG, O_HELP, O_SHARDS, O_NUM,
     O_INDEX, O_COORD, O_HOST, O_CONS, O_STALE, O_SCALE, O_INIT, O_CKDIR, O_CKEVERY, O_KEEP,
-    O_RESUME, O_MAXWAIT, O_OPTIM, O_MPORT, O_MBIND, O_STALL
+    O_RESUME, O_MAXWAIT, O_OPTIM, O_MPORT, O_MBIND, O_STALL, O_CURVE, O_INSECURE
 };
 
 typedef struct args {
@@ -67,6 +71,8 @@ typedef struct args {
     bool any_ps_flag;
     int metrics_port; /* -1: off */
     const char *metrics_bind;
+    const char *curve_dir;
+    bool insecure;
 } args_t;
 
 static const char *env_get(const char *name, void *ud)
@@ -104,7 +110,8 @@ static int apply(args_t *a, int ch, const char *name, const char *v)
 {
     long x;
     fl_ps_server_opts_t *so = &a->so;
-    if (ch >= O_SHARDS && ch < O_MPORT) /* the metrics and stall flags are not the server's */
+    if (ch >= O_SHARDS && ch < O_MPORT) /* the metrics, stall and security flags are not the
+                                           server's */
         a->any_ps_flag = true;
     switch (ch) {
     case O_BIND: a->co.bind = v; return FL_OK;
@@ -170,6 +177,8 @@ static int apply(args_t *a, int ch, const char *name, const char *v)
         return rc;
     }
     case O_MBIND: a->metrics_bind = v; return FL_OK;
+    case O_CURVE: a->curve_dir = v; return FL_OK;
+    case O_INSECURE: a->insecure = true; return FL_OK;
     case O_STALL: {
         long n;
         int rc = fl_cli_long("--stall-report", v, 0, 86400000, &n);
@@ -271,7 +280,8 @@ static int parse(args_t *a, int argc, char **argv)
         {"staleness", 1, NULL, O_STALE},     {"async-scale", 1, NULL, O_SCALE},
         {"init", 1, NULL, O_INIT},           {"checkpoint-dir", 1, NULL, O_CKDIR},
         {"metrics-port", 1, NULL, O_MPORT},  {"metrics-bind", 1, NULL, O_MBIND},
-        {"stall-report", 1, NULL, O_STALL},
+        {"stall-report", 1, NULL, O_STALL},  {"curve-dir", 1, NULL, O_CURVE},
+        {"insecure", 0, NULL, O_INSECURE},
         {"checkpoint-every", 1, NULL, O_CKEVERY}, {"keep", 1, NULL, O_KEEP},
         {"resume", 0, NULL, O_RESUME},       {"max-wait", 1, NULL, O_MAXWAIT},
     };
@@ -345,11 +355,16 @@ int main(int argc, char **argv)
         a.co.job_id = a.so.job_id = env.job_id;
     if (env.log_level >= 0)
         a.co.log_level = a.so.log_level = (fl_log_level_t)env.log_level;
+    const char *env_curve = env.curve_dir;
+    bool env_insecure = env.insecure;
     int rc = parse(&a, argc, argv);
     if (rc == 1)
         return 0; /* --help */
     if (rc != FL_OK)
         return bad_flag();
+    if (fl_cli_security(a.curve_dir, a.insecure, env_curve, env_insecure, &a.curve_dir) != FL_OK)
+        return bad_flag();
+    a.co.curve_dir = a.so.curve_dir = a.curve_dir;
 
     /* Signals are taken synchronously by this thread; the others never see them. */
     sigset_t sigs;
@@ -389,6 +404,8 @@ int main(int argc, char **argv)
             return rc == FL_EINVAL ? 2 : 1;
         }
     }
+    if (a.curve_dir == NULL)
+        fl_cli_security_notice("flodl-ps"); /* once everything is valid: about to serve */
     ps_metrics_t *metrics = NULL;
     if (a.metrics_port >= 0) {
         if ((rc = ps_metrics_start(a.metrics_bind, a.metrics_port, coord, srv, a.co.world_size,

@@ -25,7 +25,7 @@ cmake --build "$tmp/exbuild" >/dev/null
 run_job() {
   local prog="$1"
   "$prefix/bin/flodl-ps" --bind tcp://127.0.0.1:0 --world-size 2 --endpoint-file "$tmp/ep" \
-    --log-level warn &
+    --log-level warn --insecure &
   local ps=$!
   pids+=("$ps")
   for _ in $(seq 100); do [ -s "$tmp/ep" ] && break; sleep 0.05; done

@@ -728,7 +728,7 @@ static pid_t start_ps(int world, char *ep, size_t cap)
         }
         execl(PS_BIN, PS_BIN, "--bind", "tcp://127.0.0.1:0", "--endpoint-file", path,
               "--world-size", ws, "--heartbeat-timeout", hb, "--log-level", "error",
-              (char *)NULL);
+              "--insecure", (char *)NULL);
         _exit(127);
     }
     if (pid < 0)

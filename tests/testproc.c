@@ -25,7 +25,8 @@
 static const char *const launcher_vars[] = {
     "FLODL_RANK", "FLODL_WORLD_SIZE", "FLODL_COORDINATOR", "FLODL_HOST", "FLODL_JOB_ID",
     "FLODL_LOG", "RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT",
-    "OMPI_COMM_WORLD_RANK", "OMPI_COMM_WORLD_SIZE", "JOB_COMPLETION_INDEX", NULL,
+    "OMPI_COMM_WORLD_RANK", "OMPI_COMM_WORLD_SIZE", "JOB_COMPLETION_INDEX", "FLODL_CURVE_DIR",
+    "FLODL_INSECURE", NULL,
 };
 
 /* Starts path with argv (NULL-terminated) and env ("NAME=value" strings, NULL-terminated or
@@ -68,6 +69,9 @@ void proc_start(proc_t *p, const char *path, const char *const *argv,
         signal(SIGPIPE, SIG_DFL);
         for (size_t i = 0; launcher_vars[i] != NULL; i++)
             unsetenv(launcher_vars[i]);
+        /* Plain text unless the test says otherwise (its env comes on top): the security tests
+         * give keys or unset it. */
+        putenv((char *)"FLODL_INSECURE=1");
         for (size_t i = 0; env != NULL && env[i] != NULL; i++)
             putenv((char *)env[i]);
         execv(path, (char *const *)argv);

@@ -25,7 +25,8 @@ typedef struct proc {
 } proc_t;
 
 /* Starts path with argv (NULL-terminated) and env ("NAME=value", NULL-terminated, or NULL) on
- * top of this environment minus every launcher variable. pid stays -1 when it cannot start. */
+ * top of this environment minus every launcher variable, plus FLODL_INSECURE=1 (plain text;
+ * env may override it, e.g. "FLODL_INSECURE=0"). pid stays -1 when it cannot start. */
 void proc_start(proc_t *p, const char *path, const char *const *argv, const char *const *env);
 
 /* Reads what the children printed (waiting up to timeout_ms for something) and reaps those

@@ -294,6 +294,9 @@ void fl_tp_curve_free(fl_tp_curve_t *c);
  * takes c (freed with the context, also on failure). FL_OK, FL_EINVAL, FL_EIO. */
 int fl_tp_curve_attach(fl_ctx_t *ctx, fl_tp_curve_t *c);
 
+/* fl_tp_curve_load then fl_tp_curve_attach; dir NULL: nothing (plain text). */
+int fl_tp_curve_use(fl_ctx_t *ctx, const char *dir);
+
 /* True when ctx's sockets use CURVE. */
 bool fl_tp_curve_on(const fl_ctx_t *ctx);
 

@@ -399,3 +399,12 @@ int fl_tp_curve_keygen(const char *base, const char *comment)
     snprintf(path, sizeof path, "%s.pub", base);
     return write_file(path, text, 0644);
 }
+
+int fl_tp_curve_use(fl_ctx_t *ctx, const char *dir)
+{
+    if (dir == NULL)
+        return FL_OK;
+    fl_tp_curve_t *c = NULL;
+    int rc = fl_tp_curve_load(dir, &c);
+    return rc == FL_OK ? fl_tp_curve_attach(ctx, c) : rc;
+}

@@ -274,8 +274,12 @@ static int join_loop(fl_tp_member_t *m, int64_t deadline, int timeout_ms, fl_tp_
                                              "after %d ms: %s",
                                m->name, m->coordinator, timeout_ms, progress);
             return fl_fail(FL_ETIMEDOUT, "%s: no answer from the coordinator at %s within %d "
-                                         "ms (is flodl-ps running and reachable?)",
-                           m->name, m->coordinator, timeout_ms);
+                                         "ms (is flodl-ps running and reachable, and does its "
+                                         "security match: this process uses %s?)",
+                           m->name, m->coordinator, timeout_ms,
+                           fl_tp_curve_on(m->ctx) ? "CURVE keys whose client key must be in "
+                                                    "its allowlist"
+                                                  : "plain text");
         }
         if (now - last_heard >= resend_ms) {
             /* A coordinator that restarted has forgotten us; one that is merely slow ignores

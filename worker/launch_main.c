@@ -3,6 +3,7 @@
  * stops everything when one process fails, naming it. Flags and policy live here; fork/exec,
  * the output relay and reaping in launch_proc.c. Exit 0 / 1 (a process failed) / 2 (bad flags)
  * / 128+signal. */
+#include <errno.h>
 #include <limits.h>
 #include <sched.h>
 #include <signal.h>
@@ -14,6 +15,7 @@
 #include <unistd.h>
 
 #include "fl_core.h"
+#include "fl_tp.h"
 #include "launch_int.h"
 
 #define MAX_WORKERS 1024
@@ -32,6 +34,10 @@ static const char usage[] =
     "                           rank K runs on CPU K mod ncpus\n"
     "  --ps-flag FLAG           one more argument for flodl-ps (repeat it), e.g. to run the\n"
     "                           parameter server: --ps-flag=--shards=2 -- --mode ps\n"
+    "  --curve-dir DIR          the job's CurveZMQ keys (flodl-keygen), for flodl-ps and every\n"
+    "                           worker; by default flodl-launch makes throw-away keys for the\n"
+    "                           job (removed at the end), so it is authenticated and encrypted\n"
+    "  --insecure               plain text instead (flodl-ps and every worker)\n"
     "  --ps PATH                flodl-ps to run (default: the one next to flodl-launch)\n"
     "  --worker PATH            flodl-worker to run (default: the one next to flodl-launch)\n"
     "  --help                   this text\n"
@@ -49,6 +55,8 @@ typedef struct launch_opts {
     const char *job_id;      /* seen among the worker flags, or NULL */
     bool pin;
     bool help;
+    bool insecure;          /* --insecure */
+    const char *curve_dir;  /* --curve-dir, or the throw-away keys */
     const char **wargs; /* the workers' own flags, in order */
     size_t nwargs;
     const char **pargs; /* --ps-flag values, in order */
@@ -138,6 +146,17 @@ static int parse_flags(int argc, char **argv, launch_opts_t *o)
         }
         if (!rest && (strcmp(a, "--help") == 0 || strcmp(a, "-h") == 0)) {
             o->help = true;
+            continue;
+        }
+        /* Security is the job's: it goes to flodl-ps and every worker, wherever it was given. */
+        if (opt_value(argc, argv, &i, "--curve-dir", &v)) {
+            if (v == NULL || v[0] == '\0')
+                return fl_fail(FL_EINVAL, "--curve-dir: missing value");
+            o->curve_dir = v;
+            continue;
+        }
+        if (strcmp(a, "--insecure") == 0) {
+            o->insecure = true;
             continue;
         }
         for (size_t k = 0; owned[k] != NULL; k++)
@@ -328,11 +347,61 @@ static bool wait_endpoint(job_t *j, const char *file, char *ep, size_t cap)
     }
 }
 
+/* --curve-dir DIR or --insecure, for flodl-ps and the workers. */
+static size_t security_args(const launch_opts_t *o, const char **argv, size_t a)
+{
+    if (o->insecure) {
+        argv[a++] = "--insecure";
+    } else {
+        argv[a++] = "--curve-dir";
+        argv[a++] = o->curve_dir;
+    }
+    return a;
+}
+
+/* Throw-away keys for one job in dir/keys: a server key pair, a client key pair, and the
+ * client allowed in. */
+static int make_keys(const char *dir, char *keys, size_t cap)
+{
+    snprintf(keys, cap, "%s/keys", dir);
+    char path[PATH_MAX + 64];
+    snprintf(path, sizeof path, "%s/authorized", keys);
+    if (mkdir(keys, 0700) != 0 || mkdir(path, 0700) != 0)
+        return fl_fail(FL_EIO, "cannot make %s: %s", path, strerror(errno));
+    int rc;
+    snprintf(path, sizeof path, "%s/server", keys);
+    if ((rc = fl_tp_curve_keygen(path, "flodl-launch, this job only")) != FL_OK)
+        return rc;
+    snprintf(path, sizeof path, "%s/authorized/client", keys);
+    if ((rc = fl_tp_curve_keygen(path, "flodl-launch, this job only")) != FL_OK)
+        return rc;
+    /* The client's key pair is client.key beside server.key; its public half stays allowed. */
+    char from[PATH_MAX + 64];
+    snprintf(from, sizeof from, "%s/authorized/client.key", keys);
+    snprintf(path, sizeof path, "%s/client.key", keys);
+    if (rename(from, path) != 0)
+        return fl_fail(FL_EIO, "cannot move %s: %s", from, strerror(errno));
+    return FL_OK;
+}
+
+static void remove_keys(const char *keys)
+{
+    static const char *const files[] = {"server.key", "server.pub", "client.key",
+                                        "authorized/client.pub", "authorized", NULL};
+    char path[PATH_MAX + 64];
+    for (size_t i = 0; files[i] != NULL; i++) {
+        snprintf(path, sizeof path, "%s/%s", keys, files[i]);
+        if (unlink(path) != 0)
+            rmdir(path);
+    }
+    rmdir(keys);
+}
+
 static void start_ps(job_t *j, const launch_opts_t *o, const char *path, const char *epfile)
 {
     char world[24];
     snprintf(world, sizeof world, "%ld", o->workers);
-    const char **argv = calloc(o->npargs + 16, sizeof *argv);
+    const char **argv = calloc(o->npargs + 20, sizeof *argv);
     if (argv == NULL) {
         fprintf(stderr, "flodl-launch: no memory for flodl-ps's arguments\n");
         j->code = 1;
@@ -360,6 +429,7 @@ static void start_ps(job_t *j, const launch_opts_t *o, const char *path, const c
         argv[a++] = "--job-id";
         argv[a++] = o->job_id;
     }
+    a = security_args(o, argv, a);
     for (size_t i = 0; i < o->npargs; i++)
         argv[a++] = o->pargs[i];
     argv[a] = NULL;
@@ -395,7 +465,7 @@ static int pin_cpu(const launch_opts_t *o, long rank)
 
 static void start_workers(job_t *j, const launch_opts_t *o, const char *path, const char *ep)
 {
-    const char **argv = calloc(o->nwargs + 8, sizeof *argv);
+    const char **argv = calloc(o->nwargs + 12, sizeof *argv);
     if (argv == NULL) {
         fprintf(stderr, "flodl-launch: no memory for the workers' arguments\n");
         j->code = 1;
@@ -413,6 +483,7 @@ static void start_workers(job_t *j, const launch_opts_t *o, const char *path, co
     argv[a++] = world;
     argv[a++] = "--coordinator";
     argv[a++] = ep;
+    a = security_args(o, argv, a);
     for (size_t i = 0; i < o->nwargs; i++)
         argv[a++] = o->wargs[i];
     argv[a] = NULL;
@@ -436,8 +507,9 @@ static void start_workers(job_t *j, const launch_opts_t *o, const char *path, co
     free(argv);
 }
 
-static int run_job(const launch_opts_t *o, const char *ps_path, const char *wk_path)
+static int run_job(const launch_opts_t *o_in, const char *ps_path, const char *wk_path)
 {
+    const launch_opts_t *o = o_in;
     const char *tmp = getenv("TMPDIR");
     char dir[PATH_MAX];
     char epfile[PATH_MAX + 8];
@@ -449,9 +521,23 @@ static int run_job(const launch_opts_t *o, const char *ps_path, const char *wk_p
         return 1;
     }
     snprintf(epfile, sizeof epfile, "%s/ep", dir);
+    char keys[PATH_MAX + 8] = "";
+    launch_opts_t ob = *o;
+    if (!o->insecure && o->curve_dir == NULL) {
+        if (make_keys(dir, keys, sizeof keys) != FL_OK) {
+            fprintf(stderr, "flodl-launch: throw-away keys: %s\n", fl_last_error());
+            remove_keys(keys);
+            rmdir(dir);
+            return 1;
+        }
+        ob.curve_dir = keys;
+    }
+    o = &ob;
     job_t j = {.nworkers = (size_t)o->workers, .code = -1, .deadline = INT64_MAX};
     if (fl_wk_procs_create((size_t)o->workers + 1, &j.procs) != FL_OK) {
         fprintf(stderr, "flodl-launch: %s\n", fl_last_error());
+        if (keys[0] != '\0')
+            remove_keys(keys);
         rmdir(dir);
         return 1;
     }
@@ -464,6 +550,8 @@ static int run_job(const launch_opts_t *o, const char *ps_path, const char *wk_p
     fl_wk_procs_drain(j.procs, fl_deadline_in(DRAIN_MS));
     fl_wk_procs_destroy(&j.procs);
     unlink(epfile);
+    if (keys[0] != '\0')
+        remove_keys(keys);
     rmdir(dir);
     return j.code < 0 ? 0 : j.code;
 }
@@ -477,7 +565,18 @@ int main(int argc, char **argv)
         fprintf(stderr, "flodl-launch: no memory\n");
         return 1;
     }
+    /* The security variables the binaries read are the job's choice here too (flags win). */
+    const char *env_dir = getenv("FLODL_CURVE_DIR");
+    const char *env_insecure = getenv("FLODL_INSECURE");
     int rc = parse_flags(argc, argv, &o);
+    if (rc == FL_OK && o.curve_dir == NULL && !o.insecure) {
+        if (env_dir != NULL && env_dir[0] != '\0')
+            o.curve_dir = env_dir;
+        else if (env_insecure != NULL && strcmp(env_insecure, "1") == 0)
+            o.insecure = true;
+    }
+    if (rc == FL_OK && o.curve_dir != NULL && o.insecure)
+        rc = fl_fail(FL_EINVAL, "--curve-dir and --insecure: choose one");
     if (rc == FL_OK && o.help) {
         fputs(usage, stdout);
         free(o.wargs);

@@ -53,6 +53,9 @@ static const char usage[] =
     "  --metrics FILE (JSON lines)  --progress SECONDS  --quiet\n"
     "  --metrics-port N (Prometheus /metrics and /healthz; 0: any free port, printed)\n"
     "  --metrics-bind ADDR (default 0.0.0.0)  --timeline FILE (Chrome trace of every phase)\n"
+    "security (networked modes; one of them is required):\n"
+    "  --curve-dir DIR (CurveZMQ keys from flodl-keygen: every connection authenticated and\n"
+    "    encrypted; or FLODL_CURVE_DIR)  --insecure (plain text; or FLODL_INSECURE=1)\n"
     "communicator:\n"
     "  --host ADDR  --bind ENDPOINT  --job-id ID  --timeout MS  --rendezvous-timeout MS\n"
     "  --stripes K  --segment BYTES  --small BYTES  --algo auto|ring|rd|direct\n"
@@ -64,7 +67,7 @@ static const char usage[] =
 enum {
     O_MODE = 1000, O_TRAIN_IMAGES, O_TRAIN_LABELS, O_TEST_IMAGES, O_TEST_LABELS, O_TRAIN_CSV,
     O_TEST_CSV, O_DATA_SEED, O_LAYERS, O_BATCH, O_EPOCHS, O_SEED, O_NO_SHUFFLE, O_OPTIM,
-    O_SCALE_LR, O_LZ4, O_RECONNECT, O_MAX_NORM, O_REPLICAS, O_HIER, O_SHARD, O_POLICY, O_MPORT, O_MBIND, O_TIMELINE, O_CKPT, O_RESUME, O_ANCHOR, O_OVERHEAD, O_HINT, O_THROTTLE, O_DEVICE, O_TOPK, O_TOPK_WARMUP, O_TOPK_VALUES, O_BUCKET, O_INIT,
+    O_SCALE_LR, O_LZ4, O_RECONNECT, O_MAX_NORM, O_REPLICAS, O_HIER, O_SHARD, O_POLICY, O_MPORT, O_MBIND, O_TIMELINE, O_CURVE, O_INSECURE, O_CKPT, O_RESUME, O_ANCHOR, O_OVERHEAD, O_HINT, O_THROTTLE, O_DEVICE, O_TOPK, O_TOPK_WARMUP, O_TOPK_VALUES, O_BUCKET, O_INIT,
     O_SAVE, O_SAVE_EVERY, O_METRICS, O_PROGRESS, O_QUIET, O_SIZE, O_STEPS, O_DTYPE, O_OP, O_HELP
 };
 
@@ -83,6 +86,9 @@ typedef struct wargs {
     uint64_t data_seed;
     int metrics_port; /* -1: off */
     const char *metrics_bind;
+    bool insecure;             /* --insecure */
+    const char *env_curve;     /* FLODL_CURVE_DIR */
+    bool env_insecure;         /* FLODL_INSECURE=1 */
     const char *timeline_path;
 } wargs_t;
 
@@ -274,6 +280,8 @@ static int apply(wargs_t *a, int ch, const char *name, const char *v)
         break;
     case O_MBIND: a->metrics_bind = v; break;
     case O_TIMELINE: a->timeline_path = v; break;
+    case O_CURVE: a->co.curve_dir = v; break;
+    case O_INSECURE: a->insecure = true; break;
     case O_RESUME: t->resume_dir = v; break;
     case O_SHARD:
         if (strcmp(v, "none") == 0)
@@ -420,6 +428,7 @@ static int run_ps(wargs_t *a, fl_wk_dataset_t *train, fl_wk_dataset_t *test)
     po.world_size = a->co.world_size;
     po.coordinator = a->co.coordinator;
     po.job_id = a->co.job_id;
+    po.curve_dir = a->co.curve_dir;
     po.host = a->co.host;
     po.param_count = fl_wk_mlp_nparams(&a->to.shape);
     po.model_signature = a->co.model_signature;
@@ -463,7 +472,8 @@ int main(int argc, char **argv)
         {"cpu-replicas", 1, NULL, O_REPLICAS}, {"hierarchy", 1, NULL, O_HIER},
         {"shard", 1, NULL, O_SHARD}, {"policy", 1, NULL, O_POLICY},
         {"metrics-port", 1, NULL, O_MPORT}, {"metrics-bind", 1, NULL, O_MBIND},
-        {"timeline", 1, NULL, O_TIMELINE}, {"checkpoint", 1, NULL, O_CKPT},
+        {"timeline", 1, NULL, O_TIMELINE}, {"curve-dir", 1, NULL, O_CURVE},
+        {"insecure", 0, NULL, O_INSECURE}, {"checkpoint", 1, NULL, O_CKPT},
         {"resume", 1, NULL, O_RESUME},
         {"max-anchor", 1, NULL, O_ANCHOR}, {"overhead-target", 1, NULL, O_OVERHEAD},
         {"speed-hint", 1, NULL, O_HINT}, {"throttle", 1, NULL, O_THROTTLE},
@@ -512,6 +522,8 @@ int main(int argc, char **argv)
         a.co.host = env.host;
     if (env.job_id[0] != '\0')
         a.co.job_id = env.job_id;
+    a.env_curve = env.curve_dir;
+    a.env_insecure = env.insecure;
     if (env.log_level >= 0)
         a.co.log_level = (fl_log_level_t)env.log_level;
 
@@ -578,6 +590,9 @@ int main(int argc, char **argv)
         }
         if (a.co.coordinator == NULL)
             return bad("--coordinator: missing (or set FLODL_COORDINATOR / MASTER_ADDR)");
+        if (fl_cli_security(a.co.curve_dir, a.insecure, a.env_curve, a.env_insecure,
+                            &a.co.curve_dir) != FL_OK)
+            return usage_error();
     }
     /* One BLAS thread per process: the devices are threads of their own and the ranks share
      * the machine's cores. */
@@ -600,6 +615,8 @@ int main(int argc, char **argv)
         a.co.model_signature = fl_wk_mlp_signature(&a.to.shape);
     }
 
+    if (networked && a.co.curve_dir == NULL)
+        fl_cli_security_notice("flodl-worker");
     if (a.mode == FL_WK_MODE_PS)
         return run_ps(&a, &train, have_test ? &test : NULL);
     fl_comm_t *comm = NULL;

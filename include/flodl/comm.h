@@ -45,6 +45,10 @@ typedef struct fl_comm_opts {
     uint64_t model_signature;  /* ranks of one job must agree (e.g. a hash of the parameter
                                   shapes); the coordinator refuses a rank whose signature
                                   differs, naming both. 0 (default): not checked. */
+    const char *curve_dir;     /* CurveZMQ keys: server.key, client.key and authorized/ with the
+                                  allowed clients' .pub files (flodl-keygen makes them): every
+                                  connection authenticated and encrypted. NULL (default): plain
+                                  text. */
     int tune_malloc;           /* 1 (default): keep glibc from returning ZeroMQ's receive
                                   buffers to the kernel after every segment (sets the process's
                                   M_MMAP_THRESHOLD to 32 MiB and M_TRIM_THRESHOLD to 512 MiB;

@@ -25,6 +25,7 @@ typedef struct fl_coord_opts {
     int num_shards;            /* parameter-server shards of the job, served by flodl-ps
                                   processes that register with this coordinator; the job
                                   starts once every shard is served (default 0: none) */
+    const char *curve_dir;     /* CurveZMQ keys (see fl_comm_opts_t.curve_dir); NULL: plain */
     int stall_report_ms;       /* a collective that makes no progress this long gets a report
                                   of every rank's state in the log, repeated at this period
                                   while it lasts (default 60000; 0: never) */

@@ -49,6 +49,7 @@ typedef struct fl_ps_client_opts {
     int world_size;            /* ranks of the job (required) */
     const char *coordinator;   /* the coordinator's endpoint, "tcp://host:port" (required) */
     const char *job_id;        /* default "flodl" */
+    const char *curve_dir;     /* CurveZMQ keys (see fl_comm_opts_t.curve_dir); NULL: plain */
     const char *host;          /* how the job names this rank's host; NULL: the local address
                                   of the route to the coordinator */
     size_t param_count;        /* parameters of the model, flat float32 (required) */

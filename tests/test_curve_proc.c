@@ -1,0 +1,147 @@
+/* The binaries with CurveZMQ: a job whose flodl-ps and workers share keys trains; a worker with
+ * a key nobody allowed and a plain-text worker get nothing through (they time out saying why,
+ * flodl-ps logs the refused key) while the job goes on with an allowed one; unsafe keys and a
+ * missing security choice are refused at start. */
+#include <check.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include "fl_core.h"
+#include "testproc.h"
+#include "testutil.h"
+
+#define PS_BIN FLODL_BIN_DIR "/server/flodl-ps"
+#define WK_BIN FLODL_BIN_DIR "/worker/flodl-worker"
+#define KEYGEN_BIN FLODL_BIN_DIR "/server/flodl-keygen"
+
+static char root[64];
+static char keys[96];
+static char strange[96];
+
+static void sys(const char *cmd)
+{
+    ck_assert_msg(system(cmd) == 0, "%s", cmd);
+}
+
+static void setup(void)
+{
+    snprintf(root, sizeof root, "/tmp/flodl-curvep-XXXXXX");
+    ck_assert(mkdtemp(root) != NULL);
+    snprintf(keys, sizeof keys, "%s/keys", root);
+    snprintf(strange, sizeof strange, "%s/strange", root);
+    char cmd[1024];
+    /* The job's keys from flodl-keygen; the stranger made its own and copied the server's. */
+    snprintf(cmd, sizeof cmd, "%s %s > /dev/null && %s %s > /dev/null && cp %s/server.key %s/",
+             KEYGEN_BIN, keys, KEYGEN_BIN, strange, keys, strange);
+    sys(cmd);
+}
+
+static void teardown(void)
+{
+    char cmd[128];
+    snprintf(cmd, sizeof cmd, "rm -rf %s", root);
+    sys(cmd);
+}
+
+static const char *const secure_env[] = {"FLODL_INSECURE=0", NULL};
+
+static void start_worker(proc_t *p, const char *ep, const char *rank, const char *sec,
+                         const char *dir, const char *rdv_ms)
+{
+    const char *argv[MAX_ARGS] = {WK_BIN,  "--mode",      "ring",  "--rank",  rank,
+                                  "--world-size", "2",   "--coordinator", ep, "--host",
+                                  "127.0.0.1", "--epochs", "1", "--progress", "1000",
+                                  "--rendezvous-timeout", rdv_ms, sec, dir, NULL};
+    proc_start(p, WK_BIN, argv, secure_env);
+}
+
+START_TEST(test_strangers_get_nothing_through)
+{
+    proc_t p[5];
+    memset(p, 0, sizeof p);
+    char ep[FL_ENDPOINT_MAX], out[16384];
+    const char *extra[] = {"--curve-dir", keys, "--log-level", "warn", NULL};
+    ck_assert(start_ps(&p[0], 2, extra, secure_env, ep, sizeof ep, 3));
+    start_worker(&p[1], ep, "0", "--curve-dir", keys, "30000");
+    /* Rank 1 first as a stranger, then in plain text: both refused. */
+    start_worker(&p[2], ep, "1", "--curve-dir", strange, "2500");
+    const char *argv[MAX_ARGS] = {WK_BIN, "--mode", "ring", "--rank", "1", "--world-size", "2",
+                                  "--coordinator", ep, "--host", "127.0.0.1", "--epochs", "1",
+                                  "--rendezvous-timeout", "2500", "--insecure", NULL};
+    proc_start(&p[3], WK_BIN, argv, NULL);
+    procs_wait(&p[2], 2, fl_deadline_in(20000));
+    show(p, 4, out, sizeof out);
+    ck_assert_msg(proc_code(&p[2]) == 1 && strstr(p[2].buf[1], "no answer from the coordinator") &&
+                      strstr(p[2].buf[1], "allowlist"),
+                  "stranger:%s", out);
+    ck_assert_msg(proc_code(&p[3]) == 1 && strstr(p[3].buf[1], "plain text"), "plain:%s", out);
+    bool logged = proc_wait_text(p, 1, 0, 1, "not in the allowlist", 1, fl_deadline_in(5000));
+    ck_assert_msg(logged && strstr(p[0].buf[1], "CURVE: refused a connection") != NULL,
+                  "flodl-ps did not log the refusal:%s", out);
+    /* The job goes on with the allowed rank 1. */
+    start_worker(&p[4], ep, "1", "--curve-dir", keys, "30000");
+    bool done = procs_wait(p, 5, fl_deadline_in(90000));
+    procs_stop(p, 5);
+    show(p, 5, out, sizeof out);
+    ck_assert_msg(done && proc_code(&p[0]) == 0 && proc_code(&p[1]) == 0 &&
+                      proc_code(&p[4]) == 0,
+                  "the allowed job did not finish:%s", out);
+    ck_assert_msg(strstr(p[1].buf[0], "rank 0 summary:") != NULL, "%s", out);
+    procs_free(p, 5);
+}
+END_TEST
+
+START_TEST(test_unsafe_keys_and_no_choice_refused)
+{
+    char path[160];
+    snprintf(path, sizeof path, "%s/client.key", keys);
+    ck_assert(chmod(path, 0644) == 0);
+    proc_t p;
+    const char *a[] = {PS_BIN, "--world-size", "1", "--bind", "tcp://127.0.0.1:0",
+                       "--curve-dir", keys, NULL};
+    run_sync(&p, PS_BIN, a, secure_env);
+    ck_assert_msg(proc_code(&p) == 2 && strstr(p.buf[1], "readable by others"), "%d: %s",
+                  proc_code(&p), p.buf[1]);
+    procs_free(&p, 1);
+    ck_assert(chmod(path, 0600) == 0);
+    /* Neither keys nor --insecure: refused, saying how to choose. */
+    const char *b[] = {PS_BIN, "--world-size", "1", "--bind", "tcp://127.0.0.1:0", NULL};
+    run_sync(&p, PS_BIN, b, secure_env);
+    ck_assert_msg(proc_code(&p) == 2 && strstr(p.buf[1], "flodl-keygen") &&
+                      strstr(p.buf[1], "--insecure"),
+                  "%d: %s", proc_code(&p), p.buf[1]);
+    procs_free(&p, 1);
+    const char *c[] = {WK_BIN, "--rank", "0", "--world-size", "2", "--coordinator",
+                       "tcp://127.0.0.1:1", NULL};
+    run_sync(&p, WK_BIN, c, secure_env);
+    ck_assert_msg(proc_code(&p) == 2 && strstr(p.buf[1], "--curve-dir"), "%d: %s",
+                  proc_code(&p), p.buf[1]);
+    procs_free(&p, 1);
+    /* Both: refused too. */
+    const char *d[] = {PS_BIN, "--world-size", "1", "--curve-dir", keys, "--insecure", NULL};
+    run_sync(&p, PS_BIN, d, secure_env);
+    ck_assert_msg(proc_code(&p) == 2 && strstr(p.buf[1], "choose one"), "%d: %s", proc_code(&p),
+                  p.buf[1]);
+    procs_free(&p, 1);
+}
+END_TEST
+
+static Suite *suite(void)
+{
+    Suite *s = suite_create("curve_proc");
+    TCase *t = tcase_create("curve_proc");
+    tcase_set_timeout(t, 150);
+    tcase_add_checked_fixture(t, setup, teardown);
+    tcase_add_test(t, test_strangers_get_nothing_through);
+    tcase_add_test(t, test_unsafe_keys_and_no_choice_refused);
+    suite_add_tcase(s, t);
+    return s;
+}
+
+int main(void)
+{
+    return fl_test_run(suite());
+}
