@@ -4,11 +4,16 @@
 #   scripts/install-deps.sh            build and test dependencies
 #   scripts/install-deps.sh bench      also Open MPI and PyTorch (for the side-by-side benchmarks)
 #                                      and iperf3
+#   scripts/install-deps.sh image      only what building the binaries needs (container images:
+#                                      no test, fuzz or deployment-check tools)
 set -euo pipefail
 
-build_pkgs=(build-essential cmake pkg-config libzmq3-dev libprotobuf-c-dev protobuf-c-compiler
-            liblz4-dev libcjson-dev zlib1g-dev libopenblas-dev libmicrohttpd-dev check libsubunit-dev iproute2
-            clang libclang-rt-14-dev)
+image_pkgs=(build-essential cmake pkg-config libzmq3-dev libprotobuf-c-dev protobuf-c-compiler
+            liblz4-dev libcjson-dev zlib1g-dev libopenblas-dev libmicrohttpd-dev)
+# Tests: Check, network namespaces, the fuzzer, and the deployment checks (Compose's parser,
+# YAML and JSON Schema for the Kubernetes manifests).
+build_pkgs=("${image_pkgs[@]}" check libsubunit-dev iproute2 clang libclang-rt-14-dev
+            docker-compose python3-yaml python3-jsonschema)
 bench_pkgs=(openmpi-bin libopenmpi-dev iperf3 python3-torch)
 
 pkgs=("${build_pkgs[@]}")
@@ -16,7 +21,8 @@ for group in "$@"; do
   case "$group" in
     bench) pkgs+=("${bench_pkgs[@]}") ;;
     build) ;;
-    *) echo "install-deps.sh: unknown group '$group' (build|bench)" >&2; exit 2 ;;
+    image) pkgs=("${image_pkgs[@]}") ;;
+    *) echo "install-deps.sh: unknown group '$group' (build|bench|image)" >&2; exit 2 ;;
   esac
 done
 

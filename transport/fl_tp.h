@@ -284,7 +284,8 @@ typedef struct fl_tp_curve fl_tp_curve_t;
  * uses it; clients trust its public half), client.key (this process's key pair), authorized/
  * (*.pub: the client public keys allowed in; at least one). Key files hold Z85 lines
  * `public-key = "..."` / `secret-key = "..."` (czmq's certificates work). FL_OK, or FL_EINVAL
- * naming the file: missing, malformed, a secret key readable by group or others, an empty
+ * naming the file: missing, malformed, a secret key readable by others or writable by its
+ * group, an empty
  * allowlist, a libzmq without CURVE. */
 int fl_tp_curve_load(const char *dir, fl_tp_curve_t **out);
 void fl_tp_curve_free(fl_tp_curve_t *c);

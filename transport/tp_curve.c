@@ -8,7 +8,7 @@
  *     secret-key = "<40 characters>"
  * A key directory holds server.key (the job's server key pair), client.key (this process's),
  * and authorized/ (*.pub: the client keys allowed in). Secret key files must not be readable
- * by group or others. inproc sockets (inside one process) are left as they are. */
+ * by others nor writable by their group. inproc sockets (inside one process) are left as they are. */
 #include "tp_int.h"
 
 #include <dirent.h>
@@ -73,9 +73,10 @@ static int read_key_file(const char *path, bool secret, char *pub, char *sec)
     struct stat st;
     if (stat(path, &st) != 0)
         return fl_fail(FL_EINVAL, "CURVE: %s: %s", path, strerror(errno));
-    if (secret && (st.st_mode & 077) != 0)
-        return fl_fail(FL_EINVAL, "CURVE: %s holds a secret key and is readable by others (mode "
-                                  "%03o): chmod 600 it",
+    /* Group read is allowed: Kubernetes adds it to Secret files when the pod sets fsGroup. */
+    if (secret && (st.st_mode & 027) != 0)
+        return fl_fail(FL_EINVAL, "CURVE: %s holds a secret key and is readable by others or "
+                                  "writable by its group (mode %03o): chmod 600 it",
                        path, (unsigned)(st.st_mode & 0777));
     if (st.st_size > 8192)
         return fl_fail(FL_EINVAL, "CURVE: %s is too large for a key file", path);

@@ -140,11 +140,27 @@ static long manifest_step(const char *dir)
     return s;
 }
 
+/* mkdir -p. 0 or -1 with errno. */
+static int make_dirs(const char *dir)
+{
+    char p[4096];
+    snprintf(p, sizeof p, "%s", dir);
+    for (char *c = p + 1; *c; c++) {
+        if (*c != '/')
+            continue;
+        *c = '\0';
+        if (mkdir(p, 0755) != 0 && errno != EEXIST)
+            return -1;
+        *c = '/';
+    }
+    return mkdir(p, 0755) != 0 && errno != EEXIST ? -1 : 0;
+}
+
 int fl_wk_ckpt_save(const char *dir, fl_comm_t *comm, int rank, int world,
                     const fl_wk_train_opts_t *o, const float *params, fl_wk_shards_t *s,
                     long step, int epoch)
 {
-    if (mkdir(dir, 0755) != 0 && errno != EEXIST)
+    if (make_dirs(dir) != 0)
         return fl_fail(FL_EIO, "--checkpoint: cannot make %s: %s", dir, strerror(errno));
     long previous = manifest_step(dir);
     int rc = FL_OK;
