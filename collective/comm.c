@@ -317,3 +317,8 @@ void fl_comm_get_stats(const fl_comm_t *c, fl_comm_stats_t *out)
                     fl_ctx_stat(c->ctx, FL_STAT_UNEXPECTED);
     out->last_algo = c->last_algo;
 }
+
+fl_ctx_t *fl_comm_ctx(const fl_comm_t *c)
+{
+    return c->ctx;
+}

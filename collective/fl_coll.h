@@ -39,6 +39,10 @@ typedef enum fl_coll_phase {
 } fl_coll_phase_t;
 
 const char *fl_coll_kind_name(int kind);
+
+/* The communicator's context (its counters by kind, for the binaries' metrics); sub-
+ * communicators share their parent's. */
+fl_ctx_t *fl_comm_ctx(const fl_comm_t *comm);
 const char *fl_coll_phase_name(int phase);
 
 /* ---- options by name (comm_opts.c) ---- */

@@ -415,6 +415,7 @@ void fl_coord_publish(fl_coord_t *c, int64_t now)
                   fl_ctx_stat(c->ctx, FL_STAT_BAD_VERSION) + fl_ctx_stat(c->ctx, FL_STAT_BAD_JOB) +
                   fl_ctx_stat(c->ctx, FL_STAT_BAD_FRAMES) + fl_ctx_stat(c->ctx, FL_STAT_OVERSIZED) +
                   fl_ctx_stat(c->ctx, FL_STAT_UNEXPECTED);
+    in.auth_refused = fl_ctx_stat(c->ctx, FL_STAT_AUTH_REFUSED);
     pthread_mutex_lock(&c->lock);
     for (int r = 0; r < c->world; r++) {
         const coord_rank_t *k = &c->ranks[r];

@@ -20,7 +20,7 @@ struct ps_metrics {
     int world;
     fl_coord_rank_info_t *ranks;
     int state_ids[4];
-    int started, bad, pushes, pulls, refused, ckpts, timeouts, srv_bad;
+    int started, bad, auth, pushes, pulls, refused, ckpts, timeouts, srv_bad;
     int up[MAX_RANK_SERIES], silent[MAX_RANK_SERIES], seq[MAX_RANK_SERIES],
         lag[MAX_RANK_SERIES];
 };
@@ -39,6 +39,7 @@ static void refresh(fl_obs_t *o, void *ud)
         fl_obs_set(o, m->state_ids[FL_COORD_RANK_LEFT], in.left);
         fl_obs_set(o, m->started, in.started);
         fl_obs_set(o, m->bad, (double)in.bad_msgs);
+        fl_obs_set(o, m->auth, (double)in.auth_refused);
         uint64_t furthest = 0;
         for (int r = 0; r < m->world; r++)
             furthest = m->ranks[r].op_seq > furthest ? m->ranks[r].op_seq : furthest;
@@ -96,6 +97,9 @@ static void register_all(ps_metrics_t *m)
     m->bad = add(m, "flodl_ps_bad_messages_total",
                  "Messages the coordinator refused (malformed, foreign job, out of place)",
                  FL_OBS_COUNTER, NULL);
+    m->auth = add(m, "flodl_ps_auth_refused_total",
+                  "Connections to the coordinator refused by CURVE (a client key not allowed)",
+                  FL_OBS_COUNTER, NULL);
     for (int r = 0; r < m->world && r < MAX_RANK_SERIES; r++) {
         snprintf(l, sizeof l, "rank=\"%d\"", r);
         m->up[r] = add(m, "flodl_ps_rank_up", "1 while the rank is alive", FL_OBS_GAUGE, l);

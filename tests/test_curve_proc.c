@@ -10,6 +10,7 @@
 #include <unistd.h>
 
 #include "fl_core.h"
+#include "obsutil.h"
 #include "testproc.h"
 #include "testutil.h"
 
@@ -63,7 +64,11 @@ START_TEST(test_strangers_get_nothing_through)
     proc_t p[5];
     memset(p, 0, sizeof p);
     char ep[FL_ENDPOINT_MAX], out[16384];
-    const char *extra[] = {"--curve-dir", keys, "--log-level", "warn", NULL};
+    int mport = free_port();
+    char mp[16];
+    snprintf(mp, sizeof mp, "%d", mport);
+    const char *extra[] = {"--curve-dir", keys, "--log-level", "warn", "--metrics-port", mp,
+                           "--metrics-bind", "127.0.0.1", NULL};
     ck_assert(start_ps(&p[0], 2, extra, secure_env, ep, sizeof ep, 3));
     start_worker(&p[1], ep, "0", "--curve-dir", keys, "30000");
     /* Rank 1 first as a stranger, then in plain text: both refused. */
@@ -81,6 +86,12 @@ START_TEST(test_strangers_get_nothing_through)
     bool logged = proc_wait_text(p, 1, 0, 1, "not in the allowlist", 1, fl_deadline_in(5000));
     ck_assert_msg(logged && strstr(p[0].buf[1], "CURVE: refused a connection") != NULL,
                   "flodl-ps did not log the refusal:%s", out);
+    /* ... and counts it where monitoring sees it. */
+    char *body = NULL;
+    ck_assert_int_eq(fl_test_http_get(mport, "/metrics", &body), 200);
+    double refused = fl_test_metric_value(body, "flodl_ps_auth_refused_total");
+    ck_assert_msg(refused >= 1, "flodl_ps_auth_refused_total %g:\n%s", refused, body);
+    free(body);
     /* The job goes on with the allowed rank 1. */
     start_worker(&p[4], ep, "1", "--curve-dir", keys, "30000");
     bool done = procs_wait(p, 5, fl_deadline_in(90000));

@@ -149,7 +149,8 @@ START_TEST(test_scraped_while_training)
                       "healthz %d, and flodl-ps did not report rank 1:%s", code, out);
     free(body);
     /* Rank 0 failed on the dead peer, and still closed its timeline. */
-    check_timeline(tl[0], "top-k + sparse allreduce");
+    check_timeline(tl[0], "sparse allreduce");
+    check_timeline(tl[0], "compress (top-k, error feedback)");
     for (int r = 0; r < 2; r++)
         unlink(tl[r]);
     procs_free(p, 3);

@@ -6,6 +6,7 @@
  * parameters, identically on every rank. Progress lines, one JSON line per step with
  * --metrics, an evaluation on the test split each epoch, checkpoints with --save. */
 #include "wk_int.h"
+#include "fl_coll.h"
 
 #include <math.h>
 #include <stdio.h>
@@ -445,7 +446,7 @@ static void observe_step(trainer_t *tr, const fl_wk_xchg_stats_t *xs, double los
         fl_comm_stats_t cs;
         fl_comm_get_stats(tr->comm, &cs);
         st.recv = cs.bytes_recv;
-        st.bad_msgs = cs.bad_msgs; /* the sub-communicators share its context and counters */
+        st.ctx = fl_comm_ctx(tr->comm); /* the sub-communicators share its counters */
         for (int j = 0; j < tr->nsubs; j++) {
             fl_comm_get_stats(tr->subs[j], &cs);
             st.recv += cs.bytes_recv;

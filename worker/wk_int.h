@@ -192,7 +192,8 @@ typedef struct fl_wk_obs {
     fl_obs_t *obs; /* NULL: nothing is recorded */
     char labels[32];
     int steps, samples, sent, remote, recv, ratio, residual, loss, sps, compute, exposed, last,
-        epoch, divergence, bad, errors;
+        epoch, divergence, errors;
+    int bad[FL_STAT_COUNT]; /* refused messages by kind (the bad_* stats); -1 for the others */
 } fl_wk_obs_t;
 
 typedef struct fl_wk_obs_step {
@@ -204,7 +205,7 @@ typedef struct fl_wk_obs_step {
     double compute_s;
     double exposed_s;
     double divergence;
-    uint64_t bad_msgs;
+    const fl_ctx_t *ctx; /* the communicator's, for its counters by kind (NULL: none) */
 } fl_wk_obs_step_t;
 
 /* Registers the series (labelled with the rank) in obs (NULL: a no-op recorder). */

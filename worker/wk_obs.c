@@ -41,8 +41,17 @@ void fl_wk_obs_init(fl_wk_obs_t *m, fl_obs_t *obs, int rank)
     m->epoch = add(m, "flodl_epoch", "Epochs done", FL_OBS_GAUGE);
     m->divergence = add(m, "flodl_divergence", "Weight-space divergence of the last averaging",
                         FL_OBS_GAUGE);
-    m->bad = add(m, "flodl_bad_messages_total", "Messages refused (malformed, foreign, late)",
-                 FL_OBS_COUNTER);
+    for (int k = 0; k < FL_STAT_COUNT; k++) {
+        m->bad[k] = -1;
+        if (k < FL_STAT_BAD_HEADER || k == FL_STAT_ERRORS_SENT)
+            continue; /* traffic counters, not refusals */
+        char labels[96];
+        snprintf(labels, sizeof labels, "%s,kind=\"%s\"", m->labels, fl_stat_name((fl_stat_t)k));
+        m->bad[k] = fl_obs_add(m->obs, "flodl_bad_messages_total",
+                               "Messages refused, by kind (malformed, foreign job, oversized, out "
+                               "of place, unknown key)",
+                               FL_OBS_COUNTER, labels);
+    }
     m->errors = add(m, "flodl_errors_total", "Training steps that failed", FL_OBS_COUNTER);
 }
 
@@ -62,7 +71,9 @@ void fl_wk_obs_step(fl_wk_obs_t *m, const fl_wk_obs_step_t *s)
     fl_obs_set(m->obs, m->compute, s->compute_s);
     fl_obs_set(m->obs, m->exposed, s->exposed_s);
     fl_obs_set(m->obs, m->divergence, s->divergence);
-    fl_obs_set(m->obs, m->bad, (double)s->bad_msgs);
+    for (int k = 0; s->ctx != NULL && k < FL_STAT_COUNT; k++)
+        if (m->bad[k] >= 0)
+            fl_obs_set(m->obs, m->bad[k], (double)fl_ctx_stat(s->ctx, (fl_stat_t)k));
     struct timespec ts;
     clock_gettime(CLOCK_REALTIME, &ts);
     fl_obs_set(m->obs, m->last, (double)ts.tv_sec + ts.tv_nsec / 1e9);

@@ -78,6 +78,7 @@ typedef struct fl_coord_info {
     bool started;       /* the rendezvous completed */
     uint64_t generation;
     uint64_t bad_msgs;  /* messages refused (malformed, foreign job, out of place) */
+    uint64_t auth_refused; /* connections refused by CURVE (a client key not allowed) */
 } fl_coord_info_t;
 
 /* Fills info and up to cap ranks' entries (ranks may be NULL). Thread-safe. */
