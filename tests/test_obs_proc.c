@@ -99,11 +99,19 @@ START_TEST(test_scraped_while_training)
         start_worker(&p[1 + r], ep, r, wk_port[r], tl[r]);
     }
     /* Workers: steps counted and growing, compression above 1, everything rank-labelled. */
+    /* The series appear once training starts (after the rendezvous and data loading). */
+    const char *steps = "flodl_steps_total{rank=\"0\"}";
     char *a = scrape(wk_port[0]);
-    double s0 = fl_test_metric_value(a, "flodl_steps_total{rank=\"0\"}");
+    double s0 = fl_test_metric_value(a, steps);
+    for (int64_t until = fl_deadline_in(20000); isnan(s0) && fl_deadline_left_ms(until) > 0;) {
+        free(a);
+        usleep(50000);
+        a = scrape(wk_port[0]);
+        s0 = fl_test_metric_value(a, steps);
+    }
     usleep(400000);
     char *b = scrape(wk_port[0]);
-    double s1 = fl_test_metric_value(b, "flodl_steps_total{rank=\"0\"}");
+    double s1 = fl_test_metric_value(b, steps);
     double ratio = fl_test_metric_value(b, "flodl_compression_ratio{rank=\"0\"}");
     ck_assert_msg(s1 > s0 && s0 >= 0, "steps %g then %g:\n%s", s0, s1, b);
     ck_assert_msg(ratio > 5, "compression %g:\n%s", ratio, b);
