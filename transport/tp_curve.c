@@ -204,7 +204,14 @@ static void zap_serve(fl_tp_curve_t *c)
             more = zmq_msg_more(&x);
         zmq_msg_close(&x);
     }
-    if (n >= 2) {
+    if (n < 2) {
+        /* Not a ZAP request (libzmq sends well-formed ones): still answer, or the REP socket
+         * would refuse every later request. */
+        zmq_msg_t empty;
+        zmq_msg_init(&empty);
+        zap_reply(c->zap, "1.0", &empty, "500", "malformed ZAP request");
+        zmq_msg_close(&empty);
+    } else {
         char address[64] = "";
         if (n >= 4)
             snprintf(address, sizeof address, "%.*s", (int)zmq_msg_size(&f[3]),
