@@ -224,7 +224,20 @@ void fl_comm_destroy(fl_comm_t **pc)
         fl_ctx_destroy(&c->ctx); /* a sub-communicator borrows its parent's */
     free(c->peers);
     free(c->data_out);
-    free((void *)c->inflight);
+    /* ZeroMQ's release hooks of zero-copy sends decrement inflight. A communicator of its own
+     * ended its context above, which waits for every message; a sub-communicator's context lives
+     * on, so wait here (bounded), and leave the counters allocated if sends are still held. */
+    bool held = false;
+    if (c->tapped != NULL && c->inflight != NULL) {
+        int64_t until = fl_deadline_in(2000);
+        for (int r = 0; r <= c->size; r++)
+            while (atomic_load(&c->inflight[r]) > 0 && fl_deadline_left_ms(until) > 0)
+                usleep(1000);
+        for (int r = 0; r <= c->size; r++)
+            held = held || atomic_load(&c->inflight[r]) > 0;
+    }
+    if (!held)
+        free((void *)c->inflight);
     free(c->scratch);
     free(c->stage);
     fl_cmp_ws_destroy(&c->cmp_ws);

@@ -52,9 +52,8 @@ struct fl_comm {
 
     /* A sub-communicator (comm_split.c) has no membership: it borrows its parent's context,
      * hears the parent's failure events on a tap of the parent's member, and keeps its status
-     * here. NULL tapped: a communicator of its own. */
+     * status in the parent's member. NULL tapped: a communicator of its own. */
     fl_tp_member_t *tapped;
-    fl_tp_status_t own_status;
 
     /* Sequence of collectives; every rank numbers them the same. */
     uint64_t seq;

@@ -71,8 +71,9 @@ static int member_create(fl_comm_t *p, int t, fl_comm_t **out)
     c->hb_timeout_ms = p->hb_timeout_ms;
     c->gpus = p->gpus;
     c->last_algo = FL_ALGO_AUTO;
-    c->status = &c->own_status;
-    atomic_store(&c->own_status.waiting_on, -1);
+    /* The member's status, so heartbeats (and the coordinator's stall report) see a collective
+     * a sub-communicator is in; with several in flight, the one that wrote last. */
+    c->status = p->status;
     int rc = FL_OK;
     if (p->member != NULL)
         rc = fl_tp_member_tap(p->member, &c->events);

@@ -25,7 +25,7 @@ typedef enum fl_obs_kind {
     FL_OBS_GAUGE = 1,   /* any value (rates, timestamps, states) */
 } fl_obs_kind_t;
 
-#define FL_OBS_MAX_SERIES 512
+#define FL_OBS_MAX_SERIES 4096
 
 int fl_obs_create(fl_obs_t **out);
 void fl_obs_destroy(fl_obs_t **o);

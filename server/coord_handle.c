@@ -129,6 +129,7 @@ static void send_welcome(fl_coord_t *c, const fl_tp_route_t *to)
     if (to != NULL)
         return;
     c->phase = PHASE_RUNNING;
+    c->ran = true;
     if (c->nshards > 0)
         FL_INFO(c->ctx, "all %d ranks and %d shards registered after %lld ms; job '%s' running",
                 c->world, c->nshards, (long long)(fl_now_ms() - c->started_ms), c->job_id);
@@ -409,7 +410,7 @@ void fl_coord_publish(fl_coord_t *c, int64_t now)
     fl_coord_info_t in;
     memset(&in, 0, sizeof in);
     in.world = c->world;
-    in.started = c->phase != PHASE_RENDEZVOUS;
+    in.started = c->ran;
     in.generation = c->generation;
     in.bad_msgs = fl_ctx_stat(c->ctx, FL_STAT_BAD_HEADER) + fl_ctx_stat(c->ctx, FL_STAT_BAD_MAGIC) +
                   fl_ctx_stat(c->ctx, FL_STAT_BAD_VERSION) + fl_ctx_stat(c->ctx, FL_STAT_BAD_JOB) +

@@ -72,6 +72,7 @@ struct fl_coord {
     int ndead;
     int64_t last_hb_ms;
     int stall_ms;
+    bool ran; /* the rendezvous completed (the job started) */
     int64_t last_stall_ms; /* when the last stall report was written */
 
     /* shared with fl_coord_wait / fl_coord_registered */

@@ -10,7 +10,7 @@
 
 #include "fl_obs.h"
 
-#define MAX_RANK_SERIES 128 /* per-rank series for the first ranks; totals cover all */
+#define MAX_RANK_SERIES 1000 /* per-rank series for the first ranks; totals cover all */
 
 struct ps_metrics {
     fl_obs_t *obs;
@@ -19,6 +19,8 @@ struct ps_metrics {
     fl_ps_server_t *srv;
     int world;
     fl_coord_rank_info_t *ranks;
+    bool failed; /* a series could not be registered */
+    uint64_t auth_coord;
     int state_ids[4];
     int started, bad, auth, pushes, pulls, refused, ckpts, timeouts, srv_bad;
     int up[MAX_RANK_SERIES], silent[MAX_RANK_SERIES], seq[MAX_RANK_SERIES],
@@ -30,6 +32,7 @@ static const char *const state_name[4] = {"absent", "alive", "dead", "left"};
 static void refresh(fl_obs_t *o, void *ud)
 {
     ps_metrics_t *m = ud;
+    uint64_t auth_shards = 0;
     if (m->coord != NULL) {
         fl_coord_info_t in;
         fl_coord_get_info(m->coord, &in, m->ranks, m->world);
@@ -39,7 +42,7 @@ static void refresh(fl_obs_t *o, void *ud)
         fl_obs_set(o, m->state_ids[FL_COORD_RANK_LEFT], in.left);
         fl_obs_set(o, m->started, in.started);
         fl_obs_set(o, m->bad, (double)in.bad_msgs);
-        fl_obs_set(o, m->auth, (double)in.auth_refused);
+        m->auth_coord = in.auth_refused;
         uint64_t furthest = 0;
         for (int r = 0; r < m->world; r++)
             furthest = m->ranks[r].op_seq > furthest ? m->ranks[r].op_seq : furthest;
@@ -60,7 +63,9 @@ static void refresh(fl_obs_t *o, void *ud)
         fl_obs_set(o, m->ckpts, (double)st.checkpoints);
         fl_obs_set(o, m->timeouts, (double)st.timeouts);
         fl_obs_set(o, m->srv_bad, (double)st.bad_msgs);
+        auth_shards = st.auth_refused;
     }
+    fl_obs_set(o, m->auth, (double)(m->auth_coord + auth_shards));
 }
 
 static bool healthy(void *ud, char *why, size_t cap)
@@ -82,7 +87,10 @@ static bool healthy(void *ud, char *why, size_t cap)
 static int add(ps_metrics_t *m, const char *name, const char *help, fl_obs_kind_t kind,
                const char *labels)
 {
-    return fl_obs_add(m->obs, name, help, kind, labels);
+    int id = fl_obs_add(m->obs, name, help, kind, labels);
+    if (id < 0)
+        m->failed = true;
+    return id;
 }
 
 static void register_all(ps_metrics_t *m)
@@ -98,18 +106,8 @@ static void register_all(ps_metrics_t *m)
                  "Messages the coordinator refused (malformed, foreign job, out of place)",
                  FL_OBS_COUNTER, NULL);
     m->auth = add(m, "flodl_ps_auth_refused_total",
-                  "Connections to the coordinator refused by CURVE (a client key not allowed)",
+                  "Connections refused by CURVE (a client key not allowed), coordinator and shards",
                   FL_OBS_COUNTER, NULL);
-    for (int r = 0; r < m->world && r < MAX_RANK_SERIES; r++) {
-        snprintf(l, sizeof l, "rank=\"%d\"", r);
-        m->up[r] = add(m, "flodl_ps_rank_up", "1 while the rank is alive", FL_OBS_GAUGE, l);
-        m->silent[r] = add(m, "flodl_ps_rank_silent_seconds",
-                           "Seconds since the rank was last heard from", FL_OBS_GAUGE, l);
-        m->seq[r] = add(m, "flodl_ps_rank_collectives", "Collectives the rank has started",
-                        FL_OBS_GAUGE, l);
-        m->lag[r] = add(m, "flodl_ps_rank_lag", "Collectives behind the furthest rank",
-                        FL_OBS_GAUGE, l);
-    }
     m->pushes = add(m, "flodl_ps_pushes_total", "Pushes the shards took", FL_OBS_COUNTER, NULL);
     m->pulls = add(m, "flodl_ps_pulls_total", "Pull replies sent", FL_OBS_COUNTER, NULL);
     m->refused = add(m, "flodl_ps_refused_total", "Requests refused with an error reply",
@@ -120,6 +118,16 @@ static void register_all(ps_metrics_t *m)
                       FL_OBS_COUNTER, NULL);
     m->srv_bad = add(m, "flodl_ps_shard_bad_messages_total",
                      "Messages the shards' transport refused", FL_OBS_COUNTER, NULL);
+    for (int r = 0; r < m->world && r < MAX_RANK_SERIES; r++) {
+        snprintf(l, sizeof l, "rank=\"%d\"", r);
+        m->up[r] = add(m, "flodl_ps_rank_up", "1 while the rank is alive", FL_OBS_GAUGE, l);
+        m->silent[r] = add(m, "flodl_ps_rank_silent_seconds",
+                           "Seconds since the rank was last heard from", FL_OBS_GAUGE, l);
+        m->seq[r] = add(m, "flodl_ps_rank_collectives", "Collectives the rank has started",
+                        FL_OBS_GAUGE, l);
+        m->lag[r] = add(m, "flodl_ps_rank_lag", "Collectives behind the furthest rank",
+                        FL_OBS_GAUGE, l);
+    }
 }
 
 int ps_metrics_start(const char *bind, int port, fl_coord_t *coord, fl_ps_server_t *srv,
@@ -136,6 +144,11 @@ int ps_metrics_start(const char *bind, int port, fl_coord_t *coord, fl_ps_server
     int rc = m->ranks != NULL ? fl_obs_create(&m->obs) : fl_fail(FL_ENOMEM, "out of memory");
     if (rc == FL_OK) {
         register_all(m);
+        if (m->failed)
+            rc = fl_fail(FL_EINVAL, "metrics: could not register every series: %s",
+                         fl_last_error());
+    }
+    if (rc == FL_OK) {
         fl_obs_on_render(m->obs, refresh, m);
         rc = fl_obs_http_start(m->obs, bind, port, healthy, m, &m->http);
     }

@@ -173,6 +173,16 @@ START_TEST(test_unsafe_or_incomplete_keys_refused)
     ck_assert(chmod(path, 0644) == 0);
     expect_refused("readable by others");
     ck_assert(chmod(path, 0600) == 0);
+    /* Whoever may write the allowlist decides who gets in. */
+    char auth[160];
+    snprintf(auth, sizeof auth, "%s/keys/authorized", root);
+    ck_assert(chmod(auth, 0777) == 0);
+    expect_refused("writable by its group or others");
+    ck_assert(chmod(auth, 0755) == 0);
+    snprintf(auth, sizeof auth, "%s/keys/authorized/client.pub", root);
+    ck_assert(chmod(auth, 0666) == 0);
+    expect_refused("client.pub decides who may connect");
+    ck_assert(chmod(auth, 0644) == 0);
     SH("rm %s/keys/authorized/client.pub", root);
     expect_refused("holds no *.pub key");
     SH("rmdir %s/keys/authorized", root);

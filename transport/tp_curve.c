@@ -96,11 +96,28 @@ static int read_key_file(const char *path, bool secret, char *pub, char *sec)
     return FL_OK;
 }
 
+/* Who may change the allowlist decides who gets in: no write for group or others. */
+static int check_not_writable(const char *path)
+{
+    struct stat st;
+    if (stat(path, &st) != 0)
+        return fl_fail(FL_EINVAL, "CURVE: %s: %s", path, strerror(errno));
+    if ((st.st_mode & 022) != 0)
+        return fl_fail(FL_EINVAL, "CURVE: %s decides who may connect and is writable by its group "
+                                  "or others (mode %03o): chmod go-w it",
+                       path, (unsigned)(st.st_mode & 0777));
+    return FL_OK;
+}
+
 static int read_allowlist(const char *dir, fl_tp_curve_t *c)
 {
     char path[4096];
     snprintf(path, sizeof path, "%s/authorized", dir);
     DIR *d = opendir(path);
+    if (d != NULL && check_not_writable(path) != FL_OK) {
+        closedir(d);
+        return FL_EINVAL;
+    }
     if (d == NULL)
         return fl_fail(FL_EINVAL, "CURVE: no allowlist %s (the client public keys allowed in, "
                                   "*.pub): %s",
@@ -123,7 +140,8 @@ static int read_allowlist(const char *dir, fl_tp_curve_t *c)
         char file[4352];
         char pub[KEY_TEXT];
         snprintf(file, sizeof file, "%s/%s", path, e->d_name);
-        if ((rc = read_key_file(file, false, pub, NULL)) == FL_OK)
+        if ((rc = check_not_writable(file)) == FL_OK &&
+            (rc = read_key_file(file, false, pub, NULL)) == FL_OK)
             zmq_z85_decode(c->allowed[c->nallowed++], pub);
     }
     closedir(d);
@@ -316,8 +334,8 @@ void fl_tp_curve_free(fl_tp_curve_t *c)
     if (c->stop_rx != NULL)
         zmq_close(c->stop_rx);
     /* Secrets do not outlive their use in freed memory. */
-    memset(c->server_secret, 0, sizeof c->server_secret);
-    memset(c->client_secret, 0, sizeof c->client_secret);
+    explicit_bzero(c->server_secret, sizeof c->server_secret);
+    explicit_bzero(c->client_secret, sizeof c->client_secret);
     free(c->allowed);
     free(c);
 }
@@ -366,7 +384,12 @@ static int write_file(const char *path, const char *text, mode_t mode)
     char tmp[4200];
     snprintf(tmp, sizeof tmp, "%s.tmp", path);
     FILE *f = NULL;
-    int fd = open(tmp, O_WRONLY | O_CREAT | O_TRUNC, mode);
+    unlink(tmp); /* a leftover, or a planted link: never written through */
+    int fd = open(tmp, O_WRONLY | O_CREAT | O_EXCL | O_NOFOLLOW | O_CLOEXEC, 0600);
+    if (fd >= 0 && fchmod(fd, mode) != 0) {
+        close(fd);
+        fd = -1;
+    }
     if (fd >= 0)
         f = fdopen(fd, "w");
     if (f == NULL) {
@@ -376,7 +399,7 @@ static int write_file(const char *path, const char *text, mode_t mode)
     }
     bool ok = fputs(text, f) != EOF && fflush(f) == 0 && fsync(fileno(f)) == 0;
     ok = fclose(f) == 0 && ok;
-    if (!ok || chmod(tmp, mode) != 0 || rename(tmp, path) != 0) {
+    if (!ok || rename(tmp, path) != 0) {
         unlink(tmp);
         return fl_fail(FL_EIO, "flodl-keygen: cannot write %s: %s", path, strerror(errno));
     }
@@ -397,8 +420,8 @@ int fl_tp_curve_keygen(const char *base, const char *comment)
              comment, pub, sec);
     snprintf(path, sizeof path, "%s.key", base);
     int rc = write_file(path, text, 0600);
-    memset(sec, 0, sizeof sec);
-    memset(text, 0, sizeof text);
+    explicit_bzero(sec, sizeof sec);
+    explicit_bzero(text, sizeof text);
     if (rc != FL_OK)
         return rc;
     snprintf(text, sizeof text,
