@@ -106,6 +106,44 @@ START_TEST(test_resume_into_four_hosts_adam)
 }
 END_TEST
 
+/* El Che's schedule follows the job's samples: a resumed run takes up the schedule where the
+ * checkpoint left it (warm-up included), not from its first step. */
+START_TEST(test_el_che_resume_keeps_the_schedule)
+{
+    fl_wk_dataset_t d;
+    fl_test_clusters(&d, N, 13);
+    char straight[128], resumed[128], ck[128], err[1200] = "";
+    snprintf(straight, sizeof straight, "%s/straight.safetensors", dir);
+    snprintf(resumed, sizeof resumed, "%s/resumed.safetensors", dir);
+    snprintf(ck, sizeof ck, "%s/ck", dir);
+    fl_wk_train_opts_t o;
+    base_opts(&o);
+    o.mode = FL_WK_MODE_LOCAL;
+    o.replicas = 2;
+    o.max_anchor = 2;
+    o.replan_every = 0; /* fixed counts: the two runs see the same batches */
+    o.lr.warmup_steps = 40;
+    o.save_path = straight;
+    fl_wk_train_result_t res;
+    ck_assert_msg(fl_wk_train(NULL, &d, &d, &o, &res) == FL_OK, "%s", fl_last_error());
+    o.epochs = 1;
+    o.save_path = NULL;
+    o.checkpoint_dir = ck;
+    ck_assert_msg(fl_wk_train(NULL, &d, &d, &o, &res) == FL_OK, "%s", fl_last_error());
+    o.epochs = 2;
+    o.checkpoint_dir = NULL;
+    o.resume_dir = ck;
+    o.save_path = resumed;
+    ck_assert_msg(fl_wk_train(NULL, &d, &d, &o, &res) == FL_OK, "%s", fl_last_error());
+    fl_test_params_close(LAYERS, straight, resumed, "El Che resumed vs straight");
+    (void)err;
+    rm_dir(ck);
+    unlink(straight);
+    unlink(resumed);
+    fl_wk_dataset_free(&d);
+}
+END_TEST
+
 START_TEST(test_bad_checkpoints_refused)
 {
     fl_wk_dataset_t d;
@@ -169,6 +207,7 @@ static Suite *suite(void)
     tcase_add_checked_fixture(t, setup_dir, teardown_dir);
     tcase_add_test(t, test_resume_into_one_host_of_four_devices);
     tcase_add_test(t, test_resume_into_four_hosts_adam);
+    tcase_add_test(t, test_el_che_resume_keeps_the_schedule);
     tcase_add_test(t, test_bad_checkpoints_refused);
     suite_add_tcase(s, t);
     return s;

@@ -94,8 +94,10 @@ int fl_wk_devices_create(const fl_wk_mlp_shape_t *m, const fl_wk_dataset_t *trai
     d->local = local;
     d->max_norm = o->max_norm;
     d->tl = o->timeline;
-    if (local == FL_WK_LOCAL_SHARDS && (size_t)L > d->np)
+    if (local == FL_WK_LOCAL_SHARDS && (size_t)L > d->np) {
+        free(d);
         return fl_fail(FL_EINVAL, "%d devices cannot share %zu parameters", L, d->np);
+    }
     int rc = FL_OK;
     pthread_mutex_init(&d->mu, NULL);
     pthread_cond_init(&d->cv, NULL);

@@ -187,12 +187,29 @@ int fl_wk_shards_clip(fl_wk_shards_t *s, float *grad, double max_norm)
 
 int fl_wk_shards_step(fl_wk_shards_t *s, float *params, const float *grad, double lr)
 {
-    /* All or nothing: a non-finite gradient anywhere leaves every piece as it was. */
-    for (int t = 0; t < s->n; t++)
-        for (size_t i = 0; i < s->len[t]; i++)
-            if (!isfinite(grad[s->off[t] + i]))
-                return fl_fail(FL_ENONFINITE, "gradient %zu is %g: no parameter updated",
-                               s->off[t] + i, (double)grad[s->off[t] + i]);
+    /* All or nothing: a non-finite gradient anywhere leaves every piece as it was. With pieces
+     * across hosts, every host must hear it (or the others would wait in the all-gather): one
+     * column's allreduce reaches every rank. */
+    double bad = 0.0;
+    size_t where = 0;
+    for (int t = 0; t < s->n && bad == 0.0; t++)
+        for (size_t i = 0; i < s->len[t] && bad == 0.0; i++)
+            if (!isfinite(grad[s->off[t] + i])) {
+                bad = 1.0;
+                where = s->off[t] + i;
+            }
+    if (fl_wk_shards_across_hosts(s)) {
+        double any = bad;
+        int rc = fl_allreduce(s->cols[0], &any, &any, 1, FL_FLOAT64, FL_MAX);
+        if (rc != FL_OK)
+            return rc;
+        if (any != 0.0 && bad == 0.0)
+            return fl_fail(FL_ENONFINITE, "another rank's gradient piece is not finite: no "
+                                          "parameter updated");
+    }
+    if (bad != 0.0)
+        return fl_fail(FL_ENONFINITE, "gradient %zu is %g: no parameter updated", where,
+                       (double)grad[where]);
     for (int t = 0; t < s->n; t++) {
         int rc = fl_opt_step(s->opt[t], params + s->off[t], grad + s->off[t], lr);
         if (rc != FL_OK)

@@ -64,7 +64,7 @@ static int write_range(const char *dir, int rank, int t, long step, int epoch,
 }
 
 static int write_manifest(const char *dir, int world, const fl_wk_train_opts_t *o, size_t np,
-                          long step, int epoch)
+                          long step, int epoch, double samples)
 {
     int W = writers(o, world);
     int L = o->shard == FL_WK_SHARD_NONE ? 1 : o->replicas;
@@ -85,27 +85,30 @@ static int write_manifest(const char *dir, int world, const fl_wk_train_opts_t *
         }
     }
     fl_st_tensor_t ts = {"ranges", FL_INT64, 2, {n, 4}, ranges, n * 4 * sizeof *ranges};
-    char sig[32], snp[32], st[32], se[32], sw[32], sl[32];
+    char sig[32], snp[32], st[32], se[32], sw[32], sl[32], ss[40];
+    snprintf(ss, sizeof ss, "%.0f", samples);
     snprintf(sig, sizeof sig, "%016" PRIx64, fl_wk_mlp_signature(&o->shape));
     snprintf(snp, sizeof snp, "%zu", np);
     snprintf(st, sizeof st, "%ld", step);
     snprintf(se, sizeof se, "%d", epoch);
     snprintf(sw, sizeof sw, "%d", world);
     snprintf(sl, sizeof sl, "%d", o->replicas);
-    fl_st_meta_t meta[8] = {{"flodl.model_signature", sig}, {"flodl.parameters", snp},
+    fl_st_meta_t meta[9] = {{"flodl.model_signature", sig}, {"flodl.parameters", snp},
                             {"flodl.step", st},             {"flodl.epoch", se},
                             {"flodl.hosts", sw},            {"flodl.devices", sl},
                             {"flodl.shard", fl_wk_shard_name(o->shard)},
-                            {"flodl.optimizer", fl_opt_kind_name(o->opt.kind)}};
+                            {"flodl.optimizer", fl_opt_kind_name(o->opt.kind)},
+                            {"flodl.samples", ss}};
     char path[4096];
     snprintf(path, sizeof path, "%s/%s", dir, MANIFEST);
-    int rc = fl_st_write(path, &ts, 1, meta, 8);
+    int rc = fl_st_write(path, &ts, 1, meta, 9);
     free(ranges);
     return rc;
 }
 
-/* Removes this rank's files of steps other than step and keep. */
-static void prune(const char *dir, int rank, long step, long keep)
+/* Removes every rank's files of steps other than step and keep (rank 0, once the manifest of
+ * step is written: the ranks of an earlier layout included). */
+static void prune(const char *dir, long step, long keep)
 {
     DIR *d = opendir(dir);
     if (d == NULL)
@@ -117,7 +120,7 @@ static void prune(const char *dir, int rank, long step, long keep)
         int t;
         char tail[32];
         if (sscanf(e->d_name, "shard-s%ld-r%d-d%d.%31s", &s, &r, &t, tail) != 4 ||
-            strcmp(tail, "safetensors") != 0 || r != rank || s == step || s == keep)
+            strcmp(tail, "safetensors") != 0 || s == step || s == keep)
             continue;
         char path[4096];
         snprintf(path, sizeof path, "%s/%s", dir, e->d_name);
@@ -158,13 +161,15 @@ static int make_dirs(const char *dir)
 
 int fl_wk_ckpt_save(const char *dir, fl_comm_t *comm, int rank, int world,
                     const fl_wk_train_opts_t *o, const float *params, fl_wk_shards_t *s,
-                    long step, int epoch)
+                    long step, int epoch, double samples)
 {
-    if (make_dirs(dir) != 0)
-        return fl_fail(FL_EIO, "--checkpoint: cannot make %s: %s", dir, strerror(errno));
-    long previous = manifest_step(dir);
+    /* A failure here is still reported through the ranks' agreement below, so that no rank
+     * is left waiting in it. */
     int rc = FL_OK;
-    if (rank < writers(o, world))
+    if (make_dirs(dir) != 0)
+        rc = fl_fail(FL_EIO, "--checkpoint: cannot make %s: %s", dir, strerror(errno));
+    long previous = manifest_step(dir);
+    if (rc == FL_OK && rank < writers(o, world))
         for (int t = 0; t < fl_wk_shards_count(s) && rc == FL_OK; t++)
             rc = write_range(dir, rank, t, step, epoch, o, params, s);
     /* Every rank says whether it wrote, so the manifest names only complete steps. */
@@ -183,7 +188,7 @@ int fl_wk_ckpt_save(const char *dir, fl_comm_t *comm, int rank, int world,
                                "%ld to %s",
                        step, dir);
     if (rank == 0)
-        rc = write_manifest(dir, world, o, fl_wk_mlp_nparams(&o->shape), step, epoch);
+        rc = write_manifest(dir, world, o, fl_wk_mlp_nparams(&o->shape), step, epoch, samples);
     /* Everyone hears how the manifest went before pruning, and the next checkpoint reads it. */
     failed = rc != FL_OK;
     if (rc != FL_OK)
@@ -197,7 +202,8 @@ int fl_wk_ckpt_save(const char *dir, fl_comm_t *comm, int rank, int world,
         return fl_fail(FL_EIO, "--checkpoint: rank 0 could not write the manifest of step %ld "
                                "in %s",
                        step, dir);
-    prune(dir, rank, step, previous);
+    if (rank == 0)
+        prune(dir, step, previous);
     return FL_OK;
 }
 
@@ -305,7 +311,7 @@ static int check_manifest(const fl_st_file_t *m, const char *path, const fl_wk_t
 }
 
 int fl_wk_ckpt_load(const char *dir, const fl_wk_train_opts_t *o, float *params,
-                    fl_wk_shards_t *s, long *step, int *epoch)
+                    fl_wk_shards_t *s, long *step, int *epoch, double *samples)
 {
     size_t np = fl_wk_mlp_nparams(&o->shape);
     char path[4096];
@@ -327,6 +333,8 @@ int fl_wk_ckpt_load(const char *dir, const fl_wk_train_opts_t *o, float *params,
         return fl_fail(FL_EPROTO, "--resume: %s has no ranges table", path);
     }
     *epoch = (int)ep;
+    const char *sv = fl_st_meta_get(m, "flodl.samples");
+    *samples = sv != NULL ? strtod(sv, NULL) : 0.0;
     loaded_t ld;
     memset(&ld, 0, sizeof ld);
     uint8_t *pcov = calloc(np, 1);

@@ -171,6 +171,11 @@ static int setup(trainer_t *tr)
     if (o->policy == FL_WK_POLICY_CADENCE && o->max_anchor < 1)
         return fl_fail(FL_EINVAL, "--policy cadence needs --max-anchor N: the slowest device's "
                                   "batches between averages");
+    if (o->policy == FL_WK_POLICY_CADENCE &&
+        (o->checkpoint_dir != NULL || o->resume_dir != NULL))
+        return fl_fail(FL_EINVAL, "--policy cadence keeps an optimizer per device, which "
+                                  "--checkpoint does not save yet: use it without --checkpoint "
+                                  "and --resume");
     if (o->policy == FL_WK_POLICY_CADENCE && o->shard != FL_WK_SHARD_NONE)
         return fl_fail(FL_EINVAL, "--policy cadence: every device keeps its own optimizer, "
                                   "--shard must be none");
@@ -301,6 +306,29 @@ static int save(trainer_t *tr, long step, int epoch)
     return fl_wk_mlp_save(tr->m, tr->params, tr->o->save_path, meta, 3);
 }
 
+/* Every rank learns whether any rank failed (one small allreduce), so a failure one rank meets
+ * alone (its disk, its evaluation) ends the others now, not at their next collective's
+ * deadline. Every rank calls it at the same point. */
+static int agree(trainer_t *tr, int rc)
+{
+    if (tr->comm == NULL)
+        return rc;
+    char detail[1024] = "";
+    if (rc != FL_OK)
+        snprintf(detail, sizeof detail, "%s", fl_last_error());
+    double failed = rc != FL_OK;
+    int crc = fl_allreduce(tr->comm, &failed, &failed, 1, FL_FLOAT64, FL_MAX);
+    if (rc != FL_OK)
+        return fl_fail(rc, "%s", detail);
+    if (crc != FL_OK)
+        return crc;
+    if (failed > 0)
+        return fl_fail(FL_EPEER, "rank %d: another rank failed (its log says why); stopping with "
+                                 "it",
+                       tr->rank);
+    return FL_OK;
+}
+
 /* El Che: the plan cut to the batches the host has left, in proportion. Returns the total. */
 static size_t fit_counts(const int *plan, int n, size_t left, int *out)
 {
@@ -377,8 +405,8 @@ static int compute(trainer_t *tr, size_t *bi, size_t nbatches, step_out_t *so, b
 }
 
 /* El Che's learning rate: the schedule follows the job's batches in units of a per-batch
- * sync's (world x devices), and a sync of more batches takes a larger step: the linear scaling
- * rule for SGD, its square root for Adam and AdamW. */
+ * sync's (world x devices), and a sync of r times more batches steps sqrt(r) times further (the
+ * square-root scaling rule, for every optimizer: linear scaling diverged on large anchors). */
 static double cadence_lr(const trainer_t *tr, const fl_lr_sched_t *sched, double samples_before,
                          double job_batches)
 {
@@ -501,8 +529,8 @@ int fl_wk_train(fl_comm_t *comm, const fl_wk_dataset_t *train, const fl_wk_datas
     long step = 0;
     int first_epoch = 0;
     if (o->resume_dir != NULL &&
-        (rc = fl_wk_ckpt_load(o->resume_dir, o, tr.params, tr.shards, &step, &first_epoch)) !=
-            FL_OK) {
+        (rc = fl_wk_ckpt_load(o->resume_dir, o, tr.params, tr.shards, &step, &first_epoch,
+                              &tr.samples)) != FL_OK) {
         teardown(&tr);
         return rc;
     }
@@ -511,6 +539,8 @@ int fl_wk_train(fl_comm_t *comm, const fl_wk_dataset_t *train, const fl_wk_datas
                first_epoch);
     res->epochs = first_epoch;
     tr.sched = &sched;
+    long first_step = step;           /* this run's averages count from here */
+    double first_samples = tr.samples; /* and its samples/s */
     double compute_ms = 0.0;
     double exposed_ms = 0.0;
     for (int ep = first_epoch; ep < o->epochs && rc == FL_OK; ep++) {
@@ -538,8 +568,6 @@ int fl_wk_train(fl_comm_t *comm, const fl_wk_dataset_t *train, const fl_wk_datas
             size_t correct = so.correct;
             ep_batches += so.host_batches;
             tr.samples += so.job_batches * (double)o->batch;
-            if (o->max_anchor > 0 && (rc = cadence_after(&tr, (double)(t2 - t1) / 1e9)) != FL_OK)
-                break;
             int64_t t_rs = fl_now_ns();
             if ((rc = fl_wk_shards_reduce(tr.shards, tr.grad)) != FL_OK)
                 break;
@@ -563,6 +591,10 @@ int fl_wk_train(fl_comm_t *comm, const fl_wk_dataset_t *train, const fl_wk_datas
             if ((rc = fl_wk_shards_gather(tr.shards, tr.params)) != FL_OK)
                 break;
             legs_ms += (double)(fl_now_ns() - t_ag) / 1e6;
+            /* El Che's exchange time: the buckets' wait and --shard grad's legs. */
+            if (o->max_anchor > 0 &&
+                (rc = cadence_after(&tr, (double)(t2 - t1) / 1e9 + legs_ms / 1e3)) != FL_OK)
+                break;
             double c_ms = (double)(t1 - t0) / 1e6;
             double x_ms = (double)(t2 - t1) / 1e6 + legs_ms; /* --shard grad's legs too */
             compute_ms += c_ms;
@@ -583,7 +615,9 @@ int fl_wk_train(fl_comm_t *comm, const fl_wk_dataset_t *train, const fl_wk_datas
                         "\"lr\":%.6g,\"density\":%.6g,\"compute_ms\":%.3f,\"exposed_comm_ms\":"
                         "%.3f,\"bytes_sent\":%llu,\"raw_bytes\":%llu,\"divergence\":%.6g}\n",
                         tr.rank, ep, step, loss,
-                        (double)correct / (double)(o->batch * so.host_batches), lr, density,
+                        so.host_batches ? (double)correct / (double)(o->batch * so.host_batches)
+                                        : 0.0,
+                        lr, density,
                         c_ms, x_ms, (unsigned long long)xs.bytes_sent,
                         (unsigned long long)xs.raw_bytes, res->divergence);
             int64_t now = fl_now_ns();
@@ -593,15 +627,17 @@ int fl_wk_train(fl_comm_t *comm, const fl_wk_dataset_t *train, const fl_wk_datas
                        "%.1f ms exchange %.1f ms (exposed %.1f ms) sent %.1f MiB ratio %.1fx\n",
                        ep + 1, o->epochs, step + 1, ep_loss / (double)ep_batches,
                        100.0 * (double)ep_correct / (double)(ep_batches * o->batch),
-                       tr.samples / secs,
-                       compute_ms / (double)(step + 1), xs.busy_ms / (double)(step + 1),
-                       exposed_ms / (double)(step + 1), (double)xs.bytes_sent / 1048576.0,
+                       (tr.samples - first_samples) / secs,
+                       compute_ms / (double)(step + 1 - first_step),
+                       xs.busy_ms / (double)(step + 1 - first_step),
+                       exposed_ms / (double)(step + 1 - first_step),
+                       (double)xs.bytes_sent / 1048576.0,
                        xs.bytes_sent ? (double)xs.raw_bytes / (double)xs.bytes_sent : 0.0);
                 fflush(stdout);
                 t_last = now;
             }
             if (o->save_path != NULL && o->save_every > 0 && (step + 1) % o->save_every == 0 &&
-                tr.rank == 0 && (rc = save(&tr, step + 1, ep)) != FL_OK)
+                (rc = agree(&tr, tr.rank == 0 ? save(&tr, step + 1, ep) : FL_OK)) != FL_OK)
                 break;
         }
         if (rc != FL_OK)
@@ -609,11 +645,9 @@ int fl_wk_train(fl_comm_t *comm, const fl_wk_dataset_t *train, const fl_wk_datas
         res->train_loss = ep_batches ? ep_loss / (double)ep_batches : 0.0;
         res->epochs = ep + 1;
         if (test != NULL && tr.rank == 0) {
-            size_t ok;
-            if ((rc = fl_wk_mlp_eval(tr.m, fl_wk_devices_ws(tr.dev), tr.params, test->x, test->y,
-                                     test->n,
-                                     &res->test_loss, &ok)) != FL_OK)
-                break;
+            size_t ok = 0;
+            rc = fl_wk_mlp_eval(tr.m, fl_wk_devices_ws(tr.dev), tr.params, test->x, test->y,
+                                test->n, &res->test_loss, &ok);
             res->test_acc = test->n ? (double)ok / (double)test->n : 0.0;
             if (lead) {
                 printf("epoch %d/%d done: train loss %.4f, test loss %.4f, test accuracy %.2f%% "
@@ -623,13 +657,16 @@ int fl_wk_train(fl_comm_t *comm, const fl_wk_dataset_t *train, const fl_wk_datas
                 fflush(stdout);
             }
         }
+        /* Rank 0's evaluation may fail alone: the others must not wait for it. */
+        if (test != NULL && (rc = agree(&tr, rc)) != FL_OK)
+            break;
         fl_wk_obs_epoch(&tr.obs, ep + 1);
         if (rc == FL_OK && o->checkpoint_dir != NULL)
             rc = fl_wk_ckpt_save(o->checkpoint_dir, tr.comm, tr.rank, tr.world, o, tr.params,
-                                 tr.shards, step, ep + 1);
+                                 tr.shards, step, ep + 1, tr.samples);
     }
-    if (rc == FL_OK && o->save_path != NULL && tr.rank == 0)
-        rc = save(&tr, step, res->epochs);
+    if (rc == FL_OK && o->save_path != NULL)
+        rc = agree(&tr, tr.rank == 0 ? save(&tr, step, res->epochs) : FL_OK);
     if (rc == FL_OK && tr.comm != NULL && test != NULL) {
         /* Rank 0 evaluated; every rank reports its figures. */
         double ev[2] = {res->test_loss, res->test_acc};
@@ -644,14 +681,15 @@ int fl_wk_train(fl_comm_t *comm, const fl_wk_dataset_t *train, const fl_wk_datas
     xchg_stats(&tr, &xs);
     res->steps = step;
     res->seconds = (double)(fl_now_ns() - t_start) / 1e9;
-    res->samples_per_s = res->seconds > 0 ? tr.samples / res->seconds : 0;
+    res->samples_per_s = res->seconds > 0 ? (tr.samples - first_samples) / res->seconds : 0;
     res->bytes_sent = xs.bytes_sent;
     res->remote_bytes = xs.remote_bytes;
     res->raw_bytes = xs.raw_bytes;
-    res->compute_ms = step ? compute_ms / (double)step : 0.0;
+    long run_steps = step - first_step;
+    res->compute_ms = run_steps ? compute_ms / (double)run_steps : 0.0;
     memory(&tr, res);
-    res->comm_ms = step ? xs.busy_ms / (double)step : 0.0;
-    res->exposed_ms = step ? exposed_ms / (double)step : 0.0;
+    res->comm_ms = run_steps ? xs.busy_ms / (double)run_steps : 0.0;
+    res->exposed_ms = run_steps ? exposed_ms / (double)run_steps : 0.0;
     teardown(&tr);
     return rc;
 }

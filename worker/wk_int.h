@@ -149,20 +149,21 @@ void fl_wk_shards_layout(const fl_wk_train_opts_t *o, size_t np, int world, int 
 
 /* Writes this rank's ranges (parameters and optimizer state) to dir/shard-s<step>-r<rank>-d<t>
  * .safetensors, then (after every rank wrote, comm may be NULL on one host) rank 0 writes
- * dir/manifest.safetensors naming every range of the job, atomically; older steps' files of
- * this rank are removed, the previous step's kept. FL_OK, FL_EIO naming the path, or a
+ * dir/manifest.safetensors naming every range of the job and the job's samples so far (the
+ * schedule's position), atomically; rank 0 then removes older steps' files, the previous
+ * step's kept. Every rank learns whether every rank succeeded. FL_OK, FL_EIO naming the path, or a
  * collective's error. */
 int fl_wk_ckpt_save(const char *dir, fl_comm_t *comm, int rank, int world,
                     const fl_wk_train_opts_t *o, const float *params, fl_wk_shards_t *s,
-                    long step, int epoch);
+                    long step, int epoch, double samples);
 
 /* Loads the checkpoint in dir into another layout if need be (other hosts, devices or
  * --shard): all parameters, and the optimizer state of this rank's ranges assembled from the
- * saved ranges that overlap them. *step and *epoch: where it was taken. FL_OK; FL_EINVAL (a
+ * saved ranges that overlap them. *step, *epoch and *samples: where it was taken. FL_OK; FL_EINVAL (a
  * model or optimizer that differs, naming both); FL_EPROTO (a missing or corrupt file, ranges
  * that do not cover the parameters); FL_EIO. */
 int fl_wk_ckpt_load(const char *dir, const fl_wk_train_opts_t *o, float *params,
-                    fl_wk_shards_t *s, long *step, int *epoch);
+                    fl_wk_shards_t *s, long *step, int *epoch, double *samples);
 
 /* --policy cadence (local SGD): every device gets its own parameters and optimizer. */
 int fl_wk_devices_local_create(fl_wk_devices_t *d, const fl_opt_opts_t *opt);
