@@ -36,9 +36,10 @@ static void rm_dir(const char *path)
     ck_assert(system(cmd) == 0);
 }
 
-/* 2 hosts x 2 devices with --shard grad for one epoch, then 1 host x 4 devices with --shard
- * hybrid (or 4 hosts x 1 device with none) for the second, against 2 x 2 straight through. */
-static void resume_into(int W2, int L2, fl_wk_shard_t shard2, fl_opt_kind_t kind)
+/* 2 hosts x 2 devices with --shard shard1 for one epoch, then W2 hosts x L2 devices with
+ * shard2 for the second, against 2 x 2 straight through. */
+static void resume_into(fl_wk_shard_t shard1, int W2, int L2, fl_wk_shard_t shard2,
+                        fl_opt_kind_t kind)
 {
     fl_wk_dataset_t d;
     fl_test_clusters(&d, N, 13);
@@ -54,7 +55,7 @@ static void resume_into(int W2, int L2, fl_wk_shard_t shard2, fl_opt_kind_t kind
         o.lr.lr = 0.01;
     }
     o.replicas = 2;
-    o.shard = FL_WK_SHARD_GRAD;
+    o.shard = shard1;
     o.save_path = straight;
     int rc = fl_test_run_hosts(2, &o, NULL, &d, NULL, err, sizeof err);
     ck_assert_msg(rc == FL_OK, "straight: %s", err);
@@ -67,12 +68,15 @@ static void resume_into(int W2, int L2, fl_wk_shard_t shard2, fl_opt_kind_t kind
     char path[256];
     snprintf(path, sizeof path, "%s/manifest.safetensors", ck);
     ck_assert_msg(access(path, R_OK) == 0, "no manifest");
-    /* One file per piece: 2 hosts x 2 devices. */
+    /* One file per piece: 2 hosts x 2 devices (x 2 layers under --shard full). */
     for (int r = 0; r < 2; r++)
-        for (int t = 0; t < 2; t++) {
-            snprintf(path, sizeof path, "%s/shard-s%d-r%d-d%d.safetensors", ck, N / 32, r, t);
-            ck_assert_msg(access(path, R_OK) == 0, "missing %s", path);
-        }
+        for (int t = 0; t < 2; t++)
+            for (int u = 0; u < (shard1 == FL_WK_SHARD_FULL ? 2 : 1); u++) {
+                int id = shard1 == FL_WK_SHARD_FULL ? t * FL_WK_MAX_LAYERS + u : t;
+                snprintf(path, sizeof path, "%s/shard-s%d-r%d-d%d.safetensors", ck, N / 32, r,
+                         id);
+                ck_assert_msg(access(path, R_OK) == 0, "missing %s", path);
+            }
 
     o.epochs = 2;
     o.checkpoint_dir = NULL;
@@ -85,8 +89,8 @@ static void resume_into(int W2, int L2, fl_wk_shard_t shard2, fl_opt_kind_t kind
     ck_assert_msg(rc == FL_OK, "resumed: %s", err);
     ck_assert_int_eq(res[0].steps, 2 * N / 32);
     char what[128];
-    snprintf(what, sizeof what, "resumed into %d x %d --shard %s", W2, L2,
-             fl_wk_shard_name(shard2));
+    snprintf(what, sizeof what, "--shard %s resumed into %d x %d --shard %s",
+             fl_wk_shard_name(shard1), W2, L2, fl_wk_shard_name(shard2));
     fl_test_params_close(LAYERS, straight, resumed, what);
     rm_dir(ck);
     unlink(straight);
@@ -96,13 +100,23 @@ static void resume_into(int W2, int L2, fl_wk_shard_t shard2, fl_opt_kind_t kind
 
 START_TEST(test_resume_into_one_host_of_four_devices)
 {
-    resume_into(1, 4, FL_WK_SHARD_HYBRID, FL_OPT_SGD);
+    resume_into(FL_WK_SHARD_GRAD, 1, 4, FL_WK_SHARD_HYBRID, FL_OPT_SGD);
+}
+END_TEST
+
+/* --shard full's pieces (a range per device and layer) load into other layouts, and other
+ * layouts into its pieces. */
+START_TEST(test_full_resumes_into_other_layouts)
+{
+    resume_into(FL_WK_SHARD_FULL, 1, 4, FL_WK_SHARD_HYBRID, FL_OPT_SGD);
+    resume_into(FL_WK_SHARD_FULL, 4, 1, FL_WK_SHARD_GRAD, FL_OPT_ADAM);
+    resume_into(FL_WK_SHARD_GRAD, 1, 4, FL_WK_SHARD_FULL, FL_OPT_ADAM);
 }
 END_TEST
 
 START_TEST(test_resume_into_four_hosts_adam)
 {
-    resume_into(4, 1, FL_WK_SHARD_GRAD, FL_OPT_ADAM);
+    resume_into(FL_WK_SHARD_GRAD, 4, 1, FL_WK_SHARD_GRAD, FL_OPT_ADAM);
 }
 END_TEST
 
@@ -207,6 +221,7 @@ static Suite *suite(void)
     tcase_add_checked_fixture(t, setup_dir, teardown_dir);
     tcase_add_test(t, test_resume_into_one_host_of_four_devices);
     tcase_add_test(t, test_resume_into_four_hosts_adam);
+    tcase_add_test(t, test_full_resumes_into_other_layouts);
     tcase_add_test(t, test_el_che_resume_keeps_the_schedule);
     tcase_add_test(t, test_bad_checkpoints_refused);
     suite_add_tcase(s, t);

@@ -67,6 +67,7 @@ struct fl_wk_devices {
     bool aborted;
     bool have_barrier;
     replica_t rep[MAX_DEVICES];
+    fl_wk_full_t *full; /* --shard full: layers gathered from their shards (NULL: params) */
     /* the step in progress */
     const float *params;
     size_t cur_batch;
@@ -339,8 +340,15 @@ static void replica_step(rep_arg_t *a)
     int64_t t0 = fl_now_ns();
     fl_wk_sampler_batch(&r->smp, d->cur_batch, r->idx);
     gather(d->train, r->idx, d->batch, r->x, r->y);
-    r->rc = fl_wk_mlp_grad(d->m, r->ws, d->params, r->x, r->y, d->batch, r->grad, &r->loss,
-                           &r->correct, tell ? layer_done : NULL, a);
+    if (d->full != NULL) {
+        r->rc = fl_wk_mlp_grad_src(d->m, r->ws, fl_wk_full_src(d->full, r->j), r->x, r->y,
+                                   d->batch, r->grad, &r->loss, &r->correct,
+                                   tell ? layer_done : NULL, a);
+        fl_wk_full_device_done(d->full, r->j);
+    } else {
+        r->rc = fl_wk_mlp_grad(d->m, r->ws, d->params, r->x, r->y, d->batch, r->grad, &r->loss,
+                               &r->correct, tell ? layer_done : NULL, a);
+    }
     fl_obs_timeline_span(d->tl, FL_WK_TRACK_DEVICE + r->j, "compute", "device", t0,
                          fl_now_ns());
     throttle(r, t0);
@@ -378,6 +386,9 @@ int fl_wk_devices_step(fl_wk_devices_t *d, const float *params, size_t batch_ind
         args[j] = (rep_arg_t){d, &d->rep[j]};
     d->arrived = 0;
     d->aborted = false;
+    int rc = d->full != NULL && !d->cadence ? fl_wk_full_begin(d->full) : FL_OK;
+    if (rc != FL_OK)
+        return rc;
     for (int j = 1; j < L; j++) {
         if (pthread_create(&th[j], NULL, replica_main, &args[j]) != 0) {
             /* Those started must not wait at the barrier for the missing ones. */
@@ -387,12 +398,21 @@ int fl_wk_devices_step(fl_wk_devices_t *d, const float *params, size_t batch_ind
             pthread_mutex_unlock(&d->mu);
             for (int k = 1; k < j; k++)
                 pthread_join(th[k], NULL);
+            if (d->full != NULL && !d->cadence)
+                fl_wk_full_end(d->full);
             return fl_fail(FL_EIO, "rank %d: cannot start CPU replica %d", d->rank, j);
         }
     }
     replica_step(&args[0]);
     for (int j = 1; j < L; j++)
         pthread_join(th[j], NULL);
+    if (d->full != NULL && !d->cadence && (rc = fl_wk_full_end(d->full)) != FL_OK) {
+        /* A device's own error says more than the gathers' "stopped early". */
+        for (int j = 0; j < L; j++)
+            if (d->rep[j].rc != FL_OK)
+                return fl_fail(d->rep[j].rc, "replica %d: %s", j, d->rep[j].err);
+        return rc;
+    }
     *loss = 0.0;
     *correct = 0;
     for (int j = 0; j < L; j++) {
@@ -451,6 +471,11 @@ void fl_wk_devices_combine(fl_wk_devices_t *d, float scale, fl_wk_ready_fn ready
             ready(j, fl_shard_offset(d->np, d->n, j), ud);
     else
         ready(0, 0, ud);
+}
+
+void fl_wk_devices_set_full(fl_wk_devices_t *d, fl_wk_full_t *z)
+{
+    d->full = z;
 }
 
 int fl_wk_devices_local_create(fl_wk_devices_t *d, const fl_opt_opts_t *opt)

@@ -122,6 +122,23 @@ int fl_wk_mlp_grad(const fl_wk_mlp_shape_t *m, fl_wk_mlp_ws_t *ws, const float *
                    const float *x, const int32_t *y, size_t b, float *grad, double *loss,
                    size_t *correct, fl_wk_layer_done_fn done, void *ud);
 
+/* Where the layers' parameters come from when they are not in one flat buffer (--shard full:
+ * each layer gathered from its shards when needed). get returns layer's weight with its bias
+ * right after (as in the flat buffer), or NULL when it cannot (fl_last_error says why); put
+ * says the layer is no longer needed. The forward pass gets layers 0..n-1 and puts each after
+ * use but the last; the backward pass puts n-1, then gets and puts n-2..1 (layer 0's weight
+ * gradient needs no weight). */
+typedef struct fl_wk_mlp_src {
+    const float *(*get)(void *ud, int layer);
+    void (*put)(void *ud, int layer);
+    void *ud;
+} fl_wk_mlp_src_t;
+
+/* fl_wk_mlp_grad with the parameters from src. A failed get: FL_EPEER with its detail. */
+int fl_wk_mlp_grad_src(const fl_wk_mlp_shape_t *m, fl_wk_mlp_ws_t *ws, const fl_wk_mlp_src_t *src,
+                       const float *x, const int32_t *y, size_t b, float *grad, double *loss,
+                       size_t *correct, fl_wk_layer_done_fn done, void *ud);
+
 /* Forward only, in batches of the workspace's size: mean loss and correct predictions over n
  * samples. */
 int fl_wk_mlp_eval(const fl_wk_mlp_shape_t *m, fl_wk_mlp_ws_t *ws, const float *params,
@@ -162,7 +179,9 @@ typedef enum fl_wk_shard {
                                across all hosts, updated parameters all-gathered (ZeRO-2) */
     FL_WK_SHARD_HYBRID = 2, /* 1/L per device inside the host, replicated across hosts
                                (FSDP's HYBRID_SHARD) */
-    FL_WK_SHARD_FULL = 3,   /* parameters sharded too (ZeRO-3): not built yet, refused */
+    FL_WK_SHARD_FULL = 3,   /* parameters sharded too (ZeRO-3): each layer padded and split
+                               over all devices of all hosts, gathered only while it computes
+                               (the next layer's gather overlapping the current one) */
 } fl_wk_shard_t;
 
 /* When the devices' work is combined (--policy). */
@@ -236,6 +255,9 @@ typedef struct fl_wk_train_result {
     uint64_t mem_residual;
     double divergence;     /* --policy cadence: the last averaging's ||before - after|| /
                               ||after|| (the device that strayed most) */
+    uint64_t gathers;       /* --shard full: layers the devices asked for */
+    uint64_t gathers_ready; /* of which already gathered (the prefetch hid the gather) */
+    double gather_wait_ms;  /* per step: the devices' wait for the others (summed) */
 } fl_wk_train_result_t;
 
 /* Trains on train and evaluates on test each epoch. comm is NULL for FL_WK_MODE_LOCAL.

@@ -149,16 +149,40 @@ void fl_wk_mlp_ws_destroy(fl_wk_mlp_ws_t **ws)
     *ws = NULL;
 }
 
-/* act[l+1] = act[l] W_l^T + b_l, with ReLU except after the last layer. */
-static void forward(const fl_wk_mlp_shape_t *m, fl_wk_mlp_ws_t *ws, const float *params,
-                    const float *x, size_t b)
+/* Layer l's weight (bias after it) from the flat buffer or the source; put releases it. */
+typedef struct layers {
+    const fl_wk_mlp_shape_t *m;
+    const float *flat;
+    const fl_wk_mlp_src_t *src;
+    const float *last; /* the last layer, held from the forward pass into the backward */
+} layers_t;
+
+static const float *get_layer(const layers_t *p, int l)
 {
+    if (p->src == NULL)
+        return p->flat + fl_wk_mlp_weight_at(p->m, l);
+    return p->src->get(p->src->ud, l);
+}
+
+static void put_layer(const layers_t *p, int l)
+{
+    if (p->src != NULL)
+        p->src->put(p->src->ud, l);
+}
+
+/* act[l+1] = act[l] W_l^T + b_l, with ReLU except after the last layer. The last layer stays
+ * held (the backward pass starts with it). */
+static int forward(layers_t *p, fl_wk_mlp_ws_t *ws, const float *x, size_t b)
+{
+    const fl_wk_mlp_shape_t *m = p->m;
     for (int l = 0; l < m->nlayers; l++) {
         int in = m->sizes[l];
         int out = m->sizes[l + 1];
         const float *a = l == 0 ? x : ws->act[l];
-        const float *w = params + fl_wk_mlp_weight_at(m, l);
-        const float *bias = params + fl_wk_mlp_bias_at(m, l);
+        const float *w = get_layer(p, l);
+        if (w == NULL)
+            return fl_fail(FL_EPEER, "model: layer %d's parameters: %s", l, fl_last_error());
+        const float *bias = w + (size_t)out * (size_t)in;
         float *z = ws->act[l + 1];
         for (size_t r = 0; r < b; r++)
             memcpy(z + r * (size_t)out, bias, (size_t)out * sizeof(float));
@@ -168,8 +192,12 @@ static void forward(const fl_wk_mlp_shape_t *m, fl_wk_mlp_ws_t *ws, const float 
             size_t cnt = b * (size_t)out;
             for (size_t i = 0; i < cnt; i++)
                 z[i] = z[i] > 0.0f ? z[i] : 0.0f;
+            put_layer(p, l);
+        } else {
+            p->last = w;
         }
     }
+    return FL_OK;
 }
 
 /* Mean cross-entropy of the logits; its gradient (softmax - onehot) / b into dz. */
@@ -213,15 +241,17 @@ static int loss_grad(const fl_wk_mlp_shape_t *m, fl_wk_mlp_ws_t *ws, const int32
     return FL_OK;
 }
 
-int fl_wk_mlp_grad(const fl_wk_mlp_shape_t *m, fl_wk_mlp_ws_t *ws, const float *params,
-                   const float *x, const int32_t *y, size_t b, float *grad, double *loss,
-                   size_t *correct, fl_wk_layer_done_fn done, void *ud)
+static int grad_of(layers_t *p, fl_wk_mlp_ws_t *ws, const float *x, const int32_t *y,
+                   size_t b, float *grad, double *loss, size_t *correct,
+                   fl_wk_layer_done_fn done, void *ud)
 {
+    const fl_wk_mlp_shape_t *m = p->m;
     if (b == 0 || b > ws->batch)
         return fl_fail(FL_EINVAL, "model: batch of %zu samples, the workspace holds %zu", b,
                        ws->batch);
-    forward(m, ws, params, x, b);
-    int rc = loss_grad(m, ws, y, b, ws->dz, loss, correct);
+    int rc = forward(p, ws, x, b);
+    if (rc == FL_OK)
+        rc = loss_grad(m, ws, y, b, ws->dz, loss, correct);
     if (rc != FL_OK)
         return rc;
     float *dz = ws->dz;
@@ -230,7 +260,6 @@ int fl_wk_mlp_grad(const fl_wk_mlp_shape_t *m, fl_wk_mlp_ws_t *ws, const float *
         int in = m->sizes[l];
         int out = m->sizes[l + 1];
         const float *a = l == 0 ? x : ws->act[l];
-        const float *w = params + fl_wk_mlp_weight_at(m, l);
         float *gw = grad + fl_wk_mlp_weight_at(m, l);
         float *gb = grad + fl_wk_mlp_bias_at(m, l);
         /* dW = dz^T a: [out, b] x [b, in] */
@@ -244,7 +273,12 @@ int fl_wk_mlp_grad(const fl_wk_mlp_shape_t *m, fl_wk_mlp_ws_t *ws, const float *
                 gb[j] += row[j];
         }
         if (l > 0) {
-            /* da = dz W: [b, out] x [out, in]; through the ReLU: zero where the unit was off */
+            /* da = dz W: [b, out] x [out, in]; through the ReLU: zero where the unit was off.
+             * The last layer is still held from the forward pass. */
+            const float *w = l == m->nlayers - 1 ? p->last : get_layer(p, l);
+            if (w == NULL)
+                return fl_fail(FL_EPEER, "model: layer %d's parameters: %s", l,
+                               fl_last_error());
             cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, (int)b, in, out, 1.0f, dz,
                         out, w, in, 0.0f, da, in);
             size_t cnt = b * (size_t)in;
@@ -255,10 +289,28 @@ int fl_wk_mlp_grad(const fl_wk_mlp_shape_t *m, fl_wk_mlp_ws_t *ws, const float *
             dz = da;
             da = t;
         }
+        if (l > 0 || m->nlayers == 1)
+            put_layer(p, l);
         if (done != NULL)
             done(l, ud);
     }
     return FL_OK;
+}
+
+int fl_wk_mlp_grad(const fl_wk_mlp_shape_t *m, fl_wk_mlp_ws_t *ws, const float *params,
+                   const float *x, const int32_t *y, size_t b, float *grad, double *loss,
+                   size_t *correct, fl_wk_layer_done_fn done, void *ud)
+{
+    layers_t p = {.m = m, .flat = params};
+    return grad_of(&p, ws, x, y, b, grad, loss, correct, done, ud);
+}
+
+int fl_wk_mlp_grad_src(const fl_wk_mlp_shape_t *m, fl_wk_mlp_ws_t *ws, const fl_wk_mlp_src_t *src,
+                       const float *x, const int32_t *y, size_t b, float *grad, double *loss,
+                       size_t *correct, fl_wk_layer_done_fn done, void *ud)
+{
+    layers_t p = {.m = m, .src = src};
+    return grad_of(&p, ws, x, y, b, grad, loss, correct, done, ud);
 }
 
 int fl_wk_mlp_eval(const fl_wk_mlp_shape_t *m, fl_wk_mlp_ws_t *ws, const float *params,
@@ -269,10 +321,12 @@ int fl_wk_mlp_eval(const fl_wk_mlp_shape_t *m, fl_wk_mlp_ws_t *ws, const float *
     size_t dim = (size_t)m->sizes[0];
     for (size_t at = 0; at < n; at += ws->batch) {
         size_t b = n - at < ws->batch ? n - at : ws->batch;
-        forward(m, ws, params, x + at * dim, b);
+        layers_t p = {.m = m, .flat = params};
+        int rc = forward(&p, ws, x + at * dim, b);
         double l;
         size_t c;
-        int rc = loss_grad(m, ws, y + at, b, NULL, &l, &c);
+        if (rc == FL_OK)
+            rc = loss_grad(m, ws, y + at, b, NULL, &l, &c);
         if (rc != FL_OK)
             return rc;
         sum += l * (double)b;

@@ -70,7 +70,10 @@ void fl_wk_shards_destroy(fl_wk_shards_t **ps)
 
 const char *fl_wk_shard_name(fl_wk_shard_t m)
 {
-    return m == FL_WK_SHARD_HYBRID ? "hybrid" : m == FL_WK_SHARD_GRAD ? "grad" : "none";
+    return m == FL_WK_SHARD_HYBRID ? "hybrid"
+           : m == FL_WK_SHARD_GRAD ? "grad"
+           : m == FL_WK_SHARD_FULL ? "full"
+                                   : "none";
 }
 
 size_t fl_wk_shards_state_bytes(const fl_wk_shards_t *s)

@@ -1,5 +1,6 @@
 /* Checkpoints of sharded training state: one safetensors file per owned range (its parameters
- * and optimizer buffers) and a manifest naming every range of the job, so that a checkpoint
+ * and optimizer buffers; under --shard full a device owns a range of every layer) and a
+ * manifest naming every range of the job, so that a checkpoint
  * taken with some hosts, devices and --shard loads into others (resharding): the parameters
  * from all ranges, each new range's optimizer state from the saved ranges that overlap it.
  * Ranges replicated across hosts (--shard none, hybrid) are written by rank 0 only. Files carry
@@ -27,26 +28,71 @@ static void shard_name(char *out, size_t cap, long step, int rank, int t)
 /* Ranks whose ranges the checkpoint holds: every rank when pieces differ across hosts. */
 static int writers(const fl_wk_train_opts_t *o, int world)
 {
-    return o->shard == FL_WK_SHARD_GRAD ? world : 1;
+    return o->shard == FL_WK_SHARD_GRAD || o->shard == FL_WK_SHARD_FULL ? world : 1;
 }
 
-static int write_range(const char *dir, int rank, int t, long step, int epoch,
-                       const fl_wk_train_opts_t *o, const float *params, fl_wk_shards_t *s)
+int fl_wk_ranges(const fl_wk_train_opts_t *o, size_t np, int world, int rank, fl_wk_range_t *out)
 {
-    size_t off;
-    size_t len;
-    fl_wk_shards_range(s, t, &off, &len);
+    int n = 0;
+    if (o->shard != FL_WK_SHARD_FULL) {
+        int L = o->shard == FL_WK_SHARD_NONE ? 1 : o->replicas;
+        for (int t = 0; t < L; t++) {
+            fl_wk_range_t *r = &out[n++];
+            fl_wk_shards_layout(o, np, world, rank, t, &r->off, &r->len);
+            r->id = t;
+            r->dev = t;
+            r->at = 0;
+            r->opt_len = r->len;
+        }
+        return n;
+    }
+    /* --shard full: device t's piece t W + rank of every layer (padding is not saved). */
+    const fl_wk_mlp_shape_t *m = &o->shape;
+    size_t per_dev = 0;
+    for (int u = 0; u < m->nlayers; u++) {
+        size_t cnt;
+        size_t c;
+        fl_wk_full_layout(m, world, o->replicas, u, &cnt, &c);
+        per_dev += c;
+    }
+    for (int t = 0; t < o->replicas; t++) {
+        size_t at = 0;
+        for (int u = 0; u < m->nlayers; u++) {
+            size_t cnt;
+            size_t c;
+            fl_wk_full_layout(m, world, o->replicas, u, &cnt, &c);
+            size_t first = ((size_t)t * (size_t)world + (size_t)rank) * c;
+            if (first < cnt) {
+                fl_wk_range_t *r = &out[n++];
+                r->id = t * FL_WK_MAX_LAYERS + u;
+                r->dev = t;
+                r->off = fl_wk_mlp_weight_at(m, u) + first;
+                r->len = cnt - first < c ? cnt - first : c;
+                r->at = at;
+                r->opt_len = per_dev;
+            }
+            at += c;
+        }
+    }
+    return n;
+}
+
+static int write_range(const char *dir, int rank, const fl_wk_range_t *r, long step, int epoch,
+                       const fl_wk_train_opts_t *o, const float *params, fl_opt_t *const *opts)
+{
+    size_t off = r->off;
+    size_t len = r->len;
     const float *b1;
     const float *b2;
     uint64_t steps;
-    fl_opt_state(fl_wk_shards_opt(s, t), &b1, &b2, &steps);
+    fl_opt_state(opts[r->dev], &b1, &b2, &steps);
     fl_st_tensor_t ts[3];
     size_t nt = 0;
     ts[nt++] = (fl_st_tensor_t){"params", FL_FLOAT32, 1, {len}, params + off, len * 4};
     if (b1 != NULL)
-        ts[nt++] = (fl_st_tensor_t){"opt.0", FL_FLOAT32, 1, {len}, b1, len * 4};
+        ts[nt++] = (fl_st_tensor_t){"opt.0", FL_FLOAT32, 1, {len}, b1 + r->at, len * 4};
     if (b2 != NULL)
-        ts[nt++] = (fl_st_tensor_t){"opt.1", FL_FLOAT32, 1, {len}, b2, len * 4};
+        ts[nt++] = (fl_st_tensor_t){"opt.1", FL_FLOAT32, 1, {len}, b2 + r->at, len * 4};
     char so[32], sl[32], ss[32], st[32], se[32];
     snprintf(so, sizeof so, "%zu", off);
     snprintf(sl, sizeof sl, "%zu", len);
@@ -58,7 +104,7 @@ static int write_range(const char *dir, int rank, int t, long step, int epoch,
                             {"flodl.epoch", se},     {"flodl.optimizer", fl_opt_kind_name(o->opt.kind)}};
     char name[128];
     char path[4096];
-    shard_name(name, sizeof name, step, rank, t);
+    shard_name(name, sizeof name, step, rank, r->id);
     snprintf(path, sizeof path, "%s/%s", dir, name);
     return fl_st_write(path, ts, nt, meta, 6);
 }
@@ -67,23 +113,25 @@ static int write_manifest(const char *dir, int world, const fl_wk_train_opts_t *
                           long step, int epoch, double samples)
 {
     int W = writers(o, world);
-    int L = o->shard == FL_WK_SHARD_NONE ? 1 : o->replicas;
-    size_t n = (size_t)W * (size_t)L;
-    int64_t *ranges = malloc(n * 4 * sizeof *ranges);
-    if (ranges == NULL)
+    fl_wk_range_t *one = malloc(FL_WK_MAX_RANGES * sizeof *one);
+    int64_t *ranges = malloc((size_t)W * FL_WK_MAX_RANGES * 4 * sizeof *ranges);
+    if (ranges == NULL || one == NULL) {
+        free(one);
+        free(ranges);
         return fl_fail(FL_ENOMEM, "checkpoint: out of memory");
+    }
+    size_t n = 0;
     for (int r = 0; r < W; r++) {
-        for (int t = 0; t < L; t++) {
-            size_t off;
-            size_t len;
-            fl_wk_shards_layout(o, np, W, r, t, &off, &len);
-            int64_t *e = &ranges[((size_t)r * L + (size_t)t) * 4];
+        int k = fl_wk_ranges(o, np, world, r, one);
+        for (int i = 0; i < k; i++, n++) {
+            int64_t *e = &ranges[n * 4];
             e[0] = r;
-            e[1] = t;
-            e[2] = (int64_t)off;
-            e[3] = (int64_t)len;
+            e[1] = one[i].id;
+            e[2] = (int64_t)one[i].off;
+            e[3] = (int64_t)one[i].len;
         }
     }
+    free(one);
     fl_st_tensor_t ts = {"ranges", FL_INT64, 2, {n, 4}, ranges, n * 4 * sizeof *ranges};
     char sig[32], snp[32], st[32], se[32], sw[32], sl[32], ss[40];
     snprintf(ss, sizeof ss, "%.0f", samples);
@@ -160,7 +208,7 @@ static int make_dirs(const char *dir)
 }
 
 int fl_wk_ckpt_save(const char *dir, fl_comm_t *comm, int rank, int world,
-                    const fl_wk_train_opts_t *o, const float *params, fl_wk_shards_t *s,
+                    const fl_wk_train_opts_t *o, const float *params, fl_opt_t *const *opts,
                     long step, int epoch, double samples)
 {
     /* A failure here is still reported through the ranks' agreement below, so that no rank
@@ -169,9 +217,15 @@ int fl_wk_ckpt_save(const char *dir, fl_comm_t *comm, int rank, int world,
     if (make_dirs(dir) != 0)
         rc = fl_fail(FL_EIO, "--checkpoint: cannot make %s: %s", dir, strerror(errno));
     long previous = manifest_step(dir);
-    if (rc == FL_OK && rank < writers(o, world))
-        for (int t = 0; t < fl_wk_shards_count(s) && rc == FL_OK; t++)
-            rc = write_range(dir, rank, t, step, epoch, o, params, s);
+    fl_wk_range_t *mine = malloc(FL_WK_MAX_RANGES * sizeof *mine);
+    if (rc == FL_OK && mine == NULL)
+        rc = fl_fail(FL_ENOMEM, "--checkpoint: out of memory");
+    if (rc == FL_OK && rank < writers(o, world)) {
+        int k = fl_wk_ranges(o, fl_wk_mlp_nparams(&o->shape), world, rank, mine);
+        for (int i = 0; i < k && rc == FL_OK; i++)
+            rc = write_range(dir, rank, &mine[i], step, epoch, o, params, opts);
+    }
+    free(mine);
     /* Every rank says whether it wrote, so the manifest names only complete steps. */
     double failed = rc != FL_OK;
     char detail[1024] = "";
@@ -232,7 +286,10 @@ static void overlap(size_t off, size_t len, size_t soff, size_t slen, const floa
 }
 
 typedef struct loaded {
-    float *b1[64];
+    fl_wk_range_t *mine; /* this rank's ranges */
+    int nmine;
+    int ndev;
+    float *b1[64]; /* device t's optimizer buffers, assembled */
     float *b2[64];
     uint64_t steps;
     bool has1;
@@ -240,8 +297,8 @@ typedef struct loaded {
 } loaded_t;
 
 /* One saved range: its parameters into params, its optimizer buffers into the ranges we own. */
-static int take_file(const char *path, size_t np, fl_wk_shards_t *s, float *params,
-                     uint8_t *pcov, loaded_t *ld, bool first)
+static int take_file(const char *path, size_t np, float *params, uint8_t *pcov, loaded_t *ld,
+                     bool first)
 {
     fl_st_file_t *f = NULL;
     int rc = fl_st_open(path, MAX_FILE_BYTES, &f);
@@ -279,14 +336,12 @@ static int take_file(const char *path, size_t np, fl_wk_shards_t *s, float *para
     memcpy(params + off, p->data, p->bytes);
     for (long i = 0; i < len; i++)
         pcov[off + i]++;
-    for (int t = 0; t < fl_wk_shards_count(s); t++) {
-        size_t mo;
-        size_t ml;
-        fl_wk_shards_range(s, t, &mo, &ml);
+    for (int i = 0; i < ld->nmine; i++) {
+        const fl_wk_range_t *r = &ld->mine[i];
         if (o1 != NULL)
-            overlap(mo, ml, (size_t)off, (size_t)len, o1->data, ld->b1[t]);
+            overlap(r->off, r->len, (size_t)off, (size_t)len, o1->data, ld->b1[r->dev] + r->at);
         if (o2 != NULL)
-            overlap(mo, ml, (size_t)off, (size_t)len, o2->data, ld->b2[t]);
+            overlap(r->off, r->len, (size_t)off, (size_t)len, o2->data, ld->b2[r->dev] + r->at);
     }
 out:
     fl_st_close(&f);
@@ -310,8 +365,9 @@ static int check_manifest(const fl_st_file_t *m, const char *path, const fl_wk_t
     return FL_OK;
 }
 
-int fl_wk_ckpt_load(const char *dir, const fl_wk_train_opts_t *o, float *params,
-                    fl_wk_shards_t *s, long *step, int *epoch, double *samples)
+int fl_wk_ckpt_load(const char *dir, const fl_wk_train_opts_t *o, int world, int rank,
+                    float *params, fl_opt_t *const *opts, long *step, int *epoch,
+                    double *samples)
 {
     size_t np = fl_wk_mlp_nparams(&o->shape);
     char path[4096];
@@ -338,25 +394,29 @@ int fl_wk_ckpt_load(const char *dir, const fl_wk_train_opts_t *o, float *params,
     loaded_t ld;
     memset(&ld, 0, sizeof ld);
     uint8_t *pcov = calloc(np, 1);
-    int n = fl_wk_shards_count(s);
-    for (int t = 0; t < n && pcov != NULL; t++) {
-        size_t mo;
-        size_t ml;
-        fl_wk_shards_range(s, t, &mo, &ml);
-        ld.b1[t] = calloc(ml, sizeof(float));
-        ld.b2[t] = calloc(ml, sizeof(float));
-        if (ld.b1[t] == NULL || ld.b2[t] == NULL)
+    ld.mine = malloc(FL_WK_MAX_RANGES * sizeof *ld.mine);
+    if (pcov == NULL || ld.mine == NULL)
+        rc = fl_fail(FL_ENOMEM, "--resume: out of memory");
+    else
+        ld.nmine = fl_wk_ranges(o, np, world, rank, ld.mine);
+    /* Each device's optimizer buffers whole (padding stays zero). */
+    for (int i = 0; i < ld.nmine && rc == FL_OK; i++) {
+        const fl_wk_range_t *r = &ld.mine[i];
+        ld.ndev = r->dev + 1 > ld.ndev ? r->dev + 1 : ld.ndev;
+        if (ld.b1[r->dev] != NULL)
+            continue;
+        ld.b1[r->dev] = calloc(r->opt_len, sizeof(float));
+        ld.b2[r->dev] = calloc(r->opt_len, sizeof(float));
+        if (ld.b1[r->dev] == NULL || ld.b2[r->dev] == NULL)
             rc = fl_fail(FL_ENOMEM, "--resume: out of memory");
     }
-    if (pcov == NULL)
-        rc = fl_fail(FL_ENOMEM, "--resume: out of memory");
     const int64_t *e = rt->data;
     for (uint64_t i = 0; i < rt->shape[0] && rc == FL_OK; i++) {
         char name[128];
         shard_name(name, sizeof name, *step, (int)e[i * 4], (int)e[i * 4 + 1]);
         char fpath[4096];
         snprintf(fpath, sizeof fpath, "%s/%s", dir, name);
-        rc = take_file(fpath, np, s, params, pcov, &ld, i == 0);
+        rc = take_file(fpath, np, params, pcov, &ld, i == 0);
     }
     fl_st_close(&m);
     /* Every parameter in exactly one saved range: then every owned range is covered too. */
@@ -364,17 +424,14 @@ int fl_wk_ckpt_load(const char *dir, const fl_wk_train_opts_t *o, float *params,
         if (pcov[i] != 1)
             rc = fl_fail(FL_EPROTO, "--resume: %s: parameter %zu is in %d saved ranges", dir, i,
                          pcov[i]);
-    for (int t = 0; t < n && rc == FL_OK; t++) {
-        size_t mo;
-        size_t ml;
-        fl_wk_shards_range(s, t, &mo, &ml);
-        rc = fl_opt_restore(fl_wk_shards_opt(s, t), ld.has1 ? ld.b1[t] : NULL,
-                            ld.has2 ? ld.b2[t] : NULL, ml, ld.steps);
-    }
-    for (int t = 0; t < n; t++) {
+    for (int t = 0; t < ld.ndev && rc == FL_OK; t++)
+        rc = fl_opt_restore(opts[t], ld.has1 ? ld.b1[t] : NULL, ld.has2 ? ld.b2[t] : NULL,
+                            fl_opt_size(opts[t]), ld.steps);
+    for (int t = 0; t < ld.ndev; t++) {
         free(ld.b1[t]);
         free(ld.b2[t]);
     }
+    free(ld.mine);
     free(pcov);
     return rc;
 }

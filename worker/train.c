@@ -29,6 +29,7 @@ typedef struct trainer {
     fl_comm_t *subs[64];       /* their sub-communicators, when nx > 1 */
     fl_wk_xchg_t *xchg[64];
     fl_wk_shards_t *shards;
+    fl_wk_full_t *full;        /* --shard full: the parameters' pieces (NULL otherwise) */
     FILE *metrics;
     /* El Che (o->max_anchor > 0) */
     fl_wk_cadence_t cad;
@@ -130,16 +131,18 @@ static int check_shard(const trainer_t *tr, bool per_device)
     const fl_wk_train_opts_t *o = tr->o;
     if (o->shard == FL_WK_SHARD_NONE)
         return FL_OK;
-    if (o->shard == FL_WK_SHARD_FULL)
-        return fl_fail(FL_EINVAL, "--shard full (parameters sharded too, ZeRO-3) is not built "
-                                  "yet: use none, grad or hybrid");
+    if (o->shard == FL_WK_SHARD_FULL && o->max_anchor > 0)
+        return fl_fail(FL_EINVAL, "--shard full gathers every layer in the same order on every "
+                                  "device: it does not combine with --max-anchor (El Che)");
     if (per_device && o->hierarchy == FL_WK_HIER_FLAT)
         return fl_fail(FL_EINVAL, "--shard %s needs --hierarchy hybrid: a device's shard is its "
                                   "column's",
                        fl_wk_shard_name(o->shard));
-    if (o->shard == FL_WK_SHARD_GRAD && o->topk > 0 && tr->comm != NULL)
-        return fl_fail(FL_EINVAL, "--shard grad reduce-scatters dense gradients: it does not "
-                                  "combine with --topk (use --shard hybrid)");
+    if ((o->shard == FL_WK_SHARD_GRAD || o->shard == FL_WK_SHARD_FULL) && o->topk > 0 &&
+        tr->comm != NULL)
+        return fl_fail(FL_EINVAL, "--shard %s reduce-scatters dense gradients: it does not "
+                                  "combine with --topk (use --shard hybrid)",
+                       fl_wk_shard_name(o->shard));
     return FL_OK;
 }
 
@@ -195,7 +198,8 @@ static int setup(trainer_t *tr)
         (o->policy == FL_WK_POLICY_CADENCE &&
          (rc = fl_wk_devices_local_create(tr->dev, &o->opt)) != FL_OK))
         return rc;
-    bool pieces = o->shard == FL_WK_SHARD_GRAD && tr->comm != NULL;
+    bool full = o->shard == FL_WK_SHARD_FULL;
+    bool pieces = (o->shard == FL_WK_SHARD_GRAD || full) && tr->comm != NULL;
     if (!per_device) {
         tr->nx = pieces ? 0 : 1;
         if (!pieces &&
@@ -205,8 +209,15 @@ static int setup(trainer_t *tr)
         return rc;
     }
     fl_comm_t **cols = !pieces ? NULL : per_device ? tr->subs : &tr->comm;
-    if ((rc = fl_wk_shards_create(o, tr->np, tr->rank, tr->world, cols, &tr->shards)) != FL_OK)
+    if (full) {
+        if ((rc = fl_wk_full_create(o, tr->rank, tr->world, cols, tr->params, &tr->full)) !=
+            FL_OK)
+            return rc;
+        fl_wk_devices_set_full(tr->dev, tr->full);
+    } else if ((rc = fl_wk_shards_create(o, tr->np, tr->rank, tr->world, cols,
+                                         &tr->shards)) != FL_OK) {
         return rc;
+    }
     fl_wk_obs_init(&tr->obs, o->obs, tr->rank);
     for (int j = 0; j < tr->nx; j++)
         fl_wk_xchg_set_track(tr->xchg[j], FL_WK_TRACK_EXCHANGE + j);
@@ -271,6 +282,13 @@ static void xchg_stats(trainer_t *tr, fl_wk_xchg_stats_t *out)
         /* The dense ring would have sent as much: reduce-scatter plus all-gather. */
         out->raw_bytes = sent;
     }
+    if (tr->full != NULL) {
+        fl_wk_full_stats_t fs;
+        fl_wk_full_stats(tr->full, &fs);
+        out->bytes_sent = fs.sent;
+        out->remote_bytes = fs.remote;
+        out->raw_bytes = fs.sent;
+    }
     for (int j = 0; j < tr->nx; j++) {
         fl_wk_xchg_stats_t s;
         fl_wk_xchg_stats(tr->xchg[j], &s);
@@ -287,6 +305,7 @@ static void teardown(trainer_t *tr)
     for (int j = 0; j < tr->nx; j++)
         fl_wk_xchg_destroy(&tr->xchg[j]);
     fl_wk_shards_destroy(&tr->shards);
+    fl_wk_full_destroy(&tr->full);
     for (int j = 0; j < tr->nsubs; j++)
         fl_comm_destroy(&tr->subs[j]);
     fl_wk_devices_destroy(&tr->dev);
@@ -294,6 +313,27 @@ static void teardown(trainer_t *tr)
     free(tr->grad);
     if (tr->metrics != NULL)
         fclose(tr->metrics);
+}
+
+/* Device t's optimizer, whichever --shard holds it (checkpoints). */
+static void optimizers(trainer_t *tr, fl_opt_t **opts)
+{
+    for (int t = 0; t < 64; t++)
+        opts[t] = tr->full != NULL ? (t < tr->o->replicas ? fl_wk_full_opt(tr->full, t) : NULL)
+                  : t < fl_wk_shards_count(tr->shards) ? fl_wk_shards_opt(tr->shards, t)
+                                                       : NULL;
+}
+
+/* Hosts that exchange pieces (1 on one host): the layouts' world. */
+static int piece_world(const trainer_t *tr)
+{
+    return tr->comm != NULL ? tr->world : 1;
+}
+
+/* --shard full: the whole model gathered into params, on every rank (a collective). */
+static int materialize(trainer_t *tr)
+{
+    return tr->full != NULL ? fl_wk_full_materialize(tr->full, tr->params) : FL_OK;
 }
 
 static int save(trainer_t *tr, long step, int epoch)
@@ -442,6 +482,20 @@ static void memory(const trainer_t *tr, fl_wk_train_result_t *res)
     res->mem_params = tr->np * sizeof(float);
     res->mem_grads = tr->np * sizeof(float);
     res->mem_opt_state = tr->shards != NULL ? fl_wk_shards_state_bytes(tr->shards) : 0;
+    if (tr->full != NULL) {
+        /* Its pieces and the layers gathered at most at once; the gradient each device's
+         * backward pass fills is still whole. */
+        size_t params;
+        size_t state;
+        fl_wk_full_memory(tr->full, &params, &state);
+        res->mem_params = params;
+        res->mem_opt_state = state;
+        fl_wk_full_stats_t fs;
+        fl_wk_full_stats(tr->full, &fs);
+        res->gathers = fs.gets;
+        res->gathers_ready = fs.ready;
+        res->gather_wait_ms = res->steps > 0 ? fs.wait_s * 1e3 / (double)res->steps : 0.0;
+    }
     size_t widest = tr->np;
     if (tr->nx > 1 && o->hierarchy == FL_WK_HIER_HYBRID)
         widest = fl_shard_count(tr->np, tr->nx, 0); /* shard 0 is the widest */
@@ -528,12 +582,16 @@ int fl_wk_train(fl_comm_t *comm, const fl_wk_dataset_t *train, const fl_wk_datas
     int64_t t_last = t_start;
     long step = 0;
     int first_epoch = 0;
+    fl_opt_t *opts[64];
+    optimizers(&tr, opts);
     if (o->resume_dir != NULL &&
-        (rc = fl_wk_ckpt_load(o->resume_dir, o, tr.params, tr.shards, &step, &first_epoch,
-                              &tr.samples)) != FL_OK) {
+        (rc = fl_wk_ckpt_load(o->resume_dir, o, piece_world(&tr), tr.rank, tr.params, opts,
+                              &step, &first_epoch, &tr.samples)) != FL_OK) {
         teardown(&tr);
         return rc;
     }
+    if (o->resume_dir != NULL && tr.full != NULL)
+        fl_wk_full_scatter(tr.full, tr.params);
     if (lead && o->resume_dir != NULL)
         printf("resumed from %s: step %ld, %d epoch(s) done\n", o->resume_dir, step,
                first_epoch);
@@ -569,11 +627,14 @@ int fl_wk_train(fl_comm_t *comm, const fl_wk_dataset_t *train, const fl_wk_datas
             ep_batches += so.host_batches;
             tr.samples += so.job_batches * (double)o->batch;
             int64_t t_rs = fl_now_ns();
-            if ((rc = fl_wk_shards_reduce(tr.shards, tr.grad)) != FL_OK)
+            if ((rc = tr.full != NULL ? fl_wk_full_reduce(tr.full, tr.grad)
+                                      : fl_wk_shards_reduce(tr.shards, tr.grad)) != FL_OK)
                 break;
             double legs_ms = (double)(fl_now_ns() - t_rs) / 1e6;
             if (o->max_norm > 0.0 && o->max_anchor == 0 && !(o->topk > 0 && tr.comm != NULL) &&
-                (rc = fl_wk_shards_clip(tr.shards, tr.grad, o->max_norm)) != FL_OK)
+                (rc = tr.full != NULL ? fl_wk_full_clip(tr.full, o->max_norm)
+                                      : fl_wk_shards_clip(tr.shards, tr.grad, o->max_norm)) !=
+                    FL_OK)
                 break;
             double lr = o->max_anchor > 0 ? cadence_lr(&tr, &sched, tr.samples - so.job_batches *
                                                                                (double)o->batch,
@@ -584,11 +645,15 @@ int fl_wk_train(fl_comm_t *comm, const fl_wk_dataset_t *train, const fl_wk_datas
                 for (size_t i = 0; i < tr.np; i++)
                     tr.params[i] += tr.grad[i];
                 res->divergence = fl_wk_devices_divergence(tr.dev, tr.params, tr.grad);
-            } else if ((rc = fl_wk_shards_step(tr.shards, tr.params, tr.grad, lr)) != FL_OK) {
+            } else if ((rc = tr.full != NULL
+                                 ? fl_wk_full_step(tr.full, lr)
+                                 : fl_wk_shards_step(tr.shards, tr.params, tr.grad, lr)) !=
+                       FL_OK) {
                 break;
             }
             int64_t t_ag = fl_now_ns();
-            if ((rc = fl_wk_shards_gather(tr.shards, tr.params)) != FL_OK)
+            /* --shard full: the next forward pass gathers each layer as it needs it. */
+            if (tr.full == NULL && (rc = fl_wk_shards_gather(tr.shards, tr.params)) != FL_OK)
                 break;
             legs_ms += (double)(fl_now_ns() - t_ag) / 1e6;
             /* El Che's exchange time: the buckets' wait and --shard grad's legs. */
@@ -637,13 +702,16 @@ int fl_wk_train(fl_comm_t *comm, const fl_wk_dataset_t *train, const fl_wk_datas
                 t_last = now;
             }
             if (o->save_path != NULL && o->save_every > 0 && (step + 1) % o->save_every == 0 &&
-                (rc = agree(&tr, tr.rank == 0 ? save(&tr, step + 1, ep) : FL_OK)) != FL_OK)
+                ((rc = materialize(&tr)) != FL_OK ||
+                 (rc = agree(&tr, tr.rank == 0 ? save(&tr, step + 1, ep) : FL_OK)) != FL_OK))
                 break;
         }
         if (rc != FL_OK)
             break;
         res->train_loss = ep_batches ? ep_loss / (double)ep_batches : 0.0;
         res->epochs = ep + 1;
+        if (test != NULL && (rc = materialize(&tr)) != FL_OK)
+            break;
         if (test != NULL && tr.rank == 0) {
             size_t ok = 0;
             rc = fl_wk_mlp_eval(tr.m, fl_wk_devices_ws(tr.dev), tr.params, test->x, test->y,
@@ -661,11 +729,11 @@ int fl_wk_train(fl_comm_t *comm, const fl_wk_dataset_t *train, const fl_wk_datas
         if (test != NULL && (rc = agree(&tr, rc)) != FL_OK)
             break;
         fl_wk_obs_epoch(&tr.obs, ep + 1);
-        if (rc == FL_OK && o->checkpoint_dir != NULL)
-            rc = fl_wk_ckpt_save(o->checkpoint_dir, tr.comm, tr.rank, tr.world, o, tr.params,
-                                 tr.shards, step, ep + 1, tr.samples);
+        if (rc == FL_OK && o->checkpoint_dir != NULL && (rc = materialize(&tr)) == FL_OK)
+            rc = fl_wk_ckpt_save(o->checkpoint_dir, tr.comm, tr.rank, piece_world(&tr), o,
+                                 tr.params, opts, step, ep + 1, tr.samples);
     }
-    if (rc == FL_OK && o->save_path != NULL)
+    if (rc == FL_OK && o->save_path != NULL && (rc = materialize(&tr)) == FL_OK)
         rc = agree(&tr, tr.rank == 0 ? save(&tr, step, res->epochs) : FL_OK);
     if (rc == FL_OK && tr.comm != NULL && test != NULL) {
         /* Rank 0 evaluated; every rank reports its figures. */

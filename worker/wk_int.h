@@ -145,25 +145,102 @@ fl_opt_t *fl_wk_shards_opt(fl_wk_shards_t *s, int t);
 void fl_wk_shards_layout(const fl_wk_train_opts_t *o, size_t np, int world, int rank, int t,
                          size_t *off, size_t *len);
 
+/* ---- --shard full (shard_full.c): parameters sharded too (ZeRO-3) ---- */
+
+typedef struct fl_wk_full fl_wk_full_t;
+
+typedef struct fl_wk_full_stats {
+    uint64_t sent, remote; /* bytes of the gathers and reduce-scatters, and to other hosts */
+    uint64_t gets;         /* layers the devices asked for */
+    uint64_t ready;        /* of which the gather had finished before (the prefetch hid it) */
+    double wait_s;         /* devices' time waiting for gathers, summed */
+    size_t peak_gathered;  /* most bytes of gathered layers alive at once */
+    size_t pieces;         /* parameters a device owns (its pieces, padding included) */
+} fl_wk_full_stats_t;
+
+/* Layer `unit`'s elements and the piece each of world x replicas devices owns (padded up). */
+void fl_wk_full_layout(const fl_wk_mlp_shape_t *m, int world, int replicas, int unit,
+                       size_t *count, size_t *piece);
+
+/* o->replicas devices of rank (of world hosts) own their pieces of params (the same on every
+ * rank); cols: device t's column across hosts (NULL on one host), borrowed until destroy. */
+int fl_wk_full_create(const fl_wk_train_opts_t *o, int rank, int world, fl_comm_t **cols,
+                      const float *params, fl_wk_full_t **out);
+void fl_wk_full_destroy(fl_wk_full_t **z);
+
+/* Replaces the pieces with params' (a resumed or loaded model). */
+void fl_wk_full_scatter(fl_wk_full_t *z, const float *params);
+
+/* Device t's layers for fl_wk_mlp_grad_src during a step. */
+const fl_wk_mlp_src_t *fl_wk_full_src(fl_wk_full_t *z, int t);
+
+/* A step: begin starts the gathers (a thread per column, at most one layer ahead of what every
+ * device put back); each device calls device_done when its pass ended, failed or not; end waits
+ * for the gathers and returns the first error (FL_ECLOSED when the devices stopped early). */
+int fl_wk_full_begin(fl_wk_full_t *z);
+void fl_wk_full_device_done(fl_wk_full_t *z, int t);
+int fl_wk_full_end(fl_wk_full_t *z);
+
+/* grad (the host's mean gradient, flat): each column reduce-scatters its shard of every layer
+ * across hosts (averaged) into its device's gradient pieces. */
+int fl_wk_full_reduce(fl_wk_full_t *z, const float *grad);
+
+/* Clips the pieces by the global norm of the averaged gradient. */
+int fl_wk_full_clip(fl_wk_full_t *z, double max_norm);
+
+/* Every device steps its pieces (all or nothing across hosts, as fl_wk_shards_step). */
+int fl_wk_full_step(fl_wk_full_t *z, double lr);
+
+/* Every layer gathered into the flat params (evaluation, saving): every rank calls it. */
+int fl_wk_full_materialize(fl_wk_full_t *z, float *params);
+
+/* Per device: parameter bytes (its pieces plus the most gathered at once), optimizer state. */
+void fl_wk_full_memory(const fl_wk_full_t *z, size_t *params, size_t *state);
+void fl_wk_full_stats(const fl_wk_full_t *z, fl_wk_full_stats_t *out);
+
+/* Devices compute their steps from z's gathered layers instead of a flat buffer (NULL: flat). */
+void fl_wk_devices_set_full(fl_wk_devices_t *d, fl_wk_full_t *z);
+
 /* ---- sharded checkpoints (shard_ckpt.c) ---- */
 
-/* Writes this rank's ranges (parameters and optimizer state) to dir/shard-s<step>-r<rank>-d<t>
- * .safetensors, then (after every rank wrote, comm may be NULL on one host) rank 0 writes
- * dir/manifest.safetensors naming every range of the job and the job's samples so far (the
- * schedule's position), atomically; rank 0 then removes older steps' files, the previous
- * step's kept. Every rank learns whether every rank succeeded. FL_OK, FL_EIO naming the path, or a
- * collective's error. */
+/* A range of the flat parameters a rank owns with its optimizer state, as checkpoints name
+ * them: under --shard none, grad and hybrid one per device; under full one per device and
+ * layer (the padding left out). */
+typedef struct fl_wk_range {
+    int id;          /* its file in a checkpoint */
+    int dev;         /* the device whose optimizer holds its state */
+    size_t off;      /* [off, off + len) of the flat parameters */
+    size_t len;
+    size_t at;       /* where it starts in that optimizer's buffers */
+    size_t opt_len;  /* the optimizer's length */
+} fl_wk_range_t;
+#define FL_WK_MAX_RANGES (64 * FL_WK_MAX_LAYERS)
+
+/* Rank's ranges under o->shard (world: hosts exchanging pieces, 1 on one host), into out
+ * (FL_WK_MAX_RANGES entries): how many. A pure function, so rank 0 can name every rank's. */
+int fl_wk_ranges(const fl_wk_train_opts_t *o, size_t np, int world, int rank, fl_wk_range_t *out);
+
+/* Writes this rank's ranges (parameters from params, optimizer state from opts[device]) to
+ * dir/shard-s<step>-r<rank>-d<id>.safetensors, then (after every rank wrote, comm may be NULL on
+ * one host) rank 0 writes dir/manifest.safetensors naming every range of the job and the job's
+ * samples so far (the schedule's position), atomically; rank 0 then removes older steps' files,
+ * the previous step's kept. Every rank learns whether every rank succeeded. FL_OK, FL_EIO naming
+ * the path, or a collective's error. */
 int fl_wk_ckpt_save(const char *dir, fl_comm_t *comm, int rank, int world,
-                    const fl_wk_train_opts_t *o, const float *params, fl_wk_shards_t *s,
+                    const fl_wk_train_opts_t *o, const float *params, fl_opt_t *const *opts,
                     long step, int epoch, double samples);
 
 /* Loads the checkpoint in dir into another layout if need be (other hosts, devices or
- * --shard): all parameters, and the optimizer state of this rank's ranges assembled from the
- * saved ranges that overlap them. *step, *epoch and *samples: where it was taken. FL_OK; FL_EINVAL (a
- * model or optimizer that differs, naming both); FL_EPROTO (a missing or corrupt file, ranges
- * that do not cover the parameters); FL_EIO. */
-int fl_wk_ckpt_load(const char *dir, const fl_wk_train_opts_t *o, float *params,
-                    fl_wk_shards_t *s, long *step, int *epoch, double *samples);
+ * --shard): all parameters, and the optimizer state of this rank's ranges (opts[device])
+ * assembled from the saved ranges that overlap them. *step, *epoch and *samples: where it was
+ * taken. FL_OK; FL_EINVAL (a model or optimizer that differs, naming both); FL_EPROTO (a missing
+ * or corrupt file, ranges that do not cover the parameters); FL_EIO. */
+int fl_wk_ckpt_load(const char *dir, const fl_wk_train_opts_t *o, int world, int rank,
+                    float *params, fl_opt_t *const *opts, long *step, int *epoch,
+                    double *samples);
+
+/* Device t's optimizer under --shard full (over its pieces, padding included). */
+fl_opt_t *fl_wk_full_opt(fl_wk_full_t *z, int t);
 
 /* --policy cadence (local SGD): every device gets its own parameters and optimizer. */
 int fl_wk_devices_local_create(fl_wk_devices_t *d, const fl_opt_opts_t *opt);

@@ -36,9 +36,10 @@ static const char usage[] =
     "  --scale-lr (linear scaling rule)  --max-grad-norm X  --cpu-replicas L  --device auto|cpu\n"
     "  --hierarchy hybrid|flat (several devices per host, --mode ring: two-level exchange, the\n"
     "    default, or every device its own ring member)\n"
-    "  --shard none|grad|hybrid (optimizer state: on every device; 1/(hosts x devices) each,\n"
-    "    gradients reduce-scattered and parameters all-gathered across hosts; 1/devices each,\n"
-    "    replicated across hosts)\n"
+    "  --shard none|grad|hybrid|full (optimizer state: on every device; 1/(hosts x devices)\n"
+    "    each, gradients reduce-scattered and parameters all-gathered across hosts; 1/devices\n"
+    "    each, replicated across hosts; full: parameters too, each layer gathered only while it\n"
+    "    computes, the next one's gather overlapping it)\n"
     "  --policy sync|cadence (gradients averaged every step; or local SGD: each device trains\n"
     "    its own copy and parameters are averaged every --max-anchor batches of the slowest)\n"
     "  --checkpoint DIR (training state after every epoch: a file per shard and a manifest)\n"
@@ -412,6 +413,11 @@ static void summary(int rank, const fl_wk_train_result_t *r)
            "%.2f MiB, residuals %.2f MiB\n",
            rank, (double)r->mem_params / 1048576.0, (double)r->mem_grads / 1048576.0,
            (double)r->mem_opt_state / 1048576.0, (double)r->mem_residual / 1048576.0);
+    if (r->gathers > 0)
+        printf("rank %d --shard full: %llu layer gathers, %.0f%% ready before the device asked "
+               "(prefetch), devices waited %.2f ms per step for the rest\n",
+               rank, (unsigned long long)r->gathers,
+               100.0 * (double)r->gathers_ready / (double)r->gathers, r->gather_wait_ms);
     if (r->divergence > 0)
         printf("rank %d last averaging: weight-space divergence %.4g (||before - after|| / "
                "||after||, the device that strayed most)\n",
