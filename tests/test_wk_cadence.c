@@ -252,9 +252,6 @@ START_TEST(test_policy_combinations_refused)
     o.replicas = 2;
     o.quiet = true;
     fl_wk_train_result_t r;
-    o.policy = FL_WK_POLICY_ASYNC;
-    ck_assert_int_eq(fl_wk_train(NULL, &d, &d, &o, &r), FL_EINVAL);
-    ck_assert_msg(strstr(fl_last_error(), "not built yet") != NULL, "%s", fl_last_error());
     o.policy = FL_WK_POLICY_CADENCE;
     ck_assert_int_eq(fl_wk_train(NULL, &d, &d, &o, &r), FL_EINVAL);
     ck_assert_msg(strstr(fl_last_error(), "--max-anchor") != NULL, "%s", fl_last_error());

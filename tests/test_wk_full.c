@@ -4,7 +4,7 @@
  * whose layers are smaller than the device count is padded, not refused; a device owns
  * 1/(W L) of parameters and optimizer state, and at most two layers are gathered at once; the
  * gathers follow the program the devices ask in, and a step whose devices stop early ends
- * without waiting. */
+ * without waiting, naming the device's own error. */
 #include <math.h>
 #include <pthread.h>
 #include <stdio.h>
@@ -185,8 +185,8 @@ static void *device_main(void *p)
         int u = order[i];
         if (i == n) /* the backward pass is done with the last layer before it asks for more */
             src->put(src->ud, n - 1);
-        const float *w = src->get(src->ud, u);
-        if (w == NULL) {
+        const float *w = NULL;
+        if (src->get(src->ud, u, &w) != FL_OK) {
             a->bad++;
             break;
         }
@@ -260,6 +260,29 @@ START_TEST(test_gathers_follow_the_devices)
 }
 END_TEST
 
+/* A device that meets a bad label stops the step midway (the others were gathering ahead):
+ * the run ends with that device's error, at once. */
+START_TEST(test_failing_device_names_its_error)
+{
+    fl_wk_dataset_t d;
+    fl_test_clusters(&d, N, 7);
+    d.y[300] = 7; /* the model has 3 classes */
+    fl_wk_train_opts_t o;
+    base_opts(&o, "6,16,16,16,3");
+    o.mode = FL_WK_MODE_LOCAL;
+    o.replicas = 3;
+    o.shard = FL_WK_SHARD_FULL;
+    fl_wk_train_result_t r;
+    int64_t t0 = fl_now_ns();
+    int rc = fl_wk_train(NULL, &d, NULL, &o, &r);
+    ck_assert_int_eq(rc, FL_EINVAL);
+    ck_assert_msg(strstr(fl_last_error(), "label 7") != NULL, "%s", fl_last_error());
+    ck_assert_msg(fl_now_ns() - t0 < 10000000000LL, "took %lld ns",
+                  (long long)(fl_now_ns() - t0));
+    fl_wk_dataset_free(&d);
+}
+END_TEST
+
 START_TEST(test_full_combinations_refused)
 {
     fl_wk_dataset_t d;
@@ -306,6 +329,7 @@ static Suite *suite(void)
     tcase_add_test(t, test_layers_smaller_than_the_devices_are_padded);
     tcase_add_test(t, test_full_holds_less_than_the_model);
     tcase_add_test(t, test_gathers_follow_the_devices);
+    tcase_add_test(t, test_failing_device_names_its_error);
     tcase_add_test(t, test_full_combinations_refused);
     suite_add_tcase(s, t);
     return s;

@@ -93,3 +93,23 @@ void fl_wk_cadence_plan(fl_wk_cadence_t *c, double job_slowest_s, double job_exc
         if (c->counts[j] < floor_count)
             c->counts[j] = floor_count;
 }
+
+/* El Che: the plan cut to the batches the host has left, in proportion. Returns the total. */
+size_t fl_wk_fit_counts(const int *plan, int n, size_t left, int *out)
+{
+    size_t want = 0;
+    for (int j = 0; j < n; j++)
+        want += (size_t)plan[j];
+    size_t total = 0;
+    for (int j = 0; j < n; j++) {
+        out[j] = want <= left ? plan[j] : (int)((size_t)plan[j] * left / want);
+        total += (size_t)out[j];
+    }
+    for (int j = 0; total < left && total < want; j = (j + 1) % n) {
+        if (out[j] < plan[j]) {
+            out[j]++;
+            total++;
+        }
+    }
+    return total;
+}

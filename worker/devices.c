@@ -396,6 +396,12 @@ int fl_wk_devices_step(fl_wk_devices_t *d, const float *params, size_t batch_ind
             d->aborted = true;
             pthread_cond_broadcast(&d->cv);
             pthread_mutex_unlock(&d->mu);
+            /* The devices that will not run release their layers, so the others do not
+             * wait for them. */
+            if (d->full != NULL && !d->cadence)
+                for (int k = 0; k < L; k++)
+                    if (k == 0 || k >= j)
+                        fl_wk_full_device_done(d->full, k);
             for (int k = 1; k < j; k++)
                 pthread_join(th[k], NULL);
             if (d->full != NULL && !d->cadence)
@@ -407,10 +413,11 @@ int fl_wk_devices_step(fl_wk_devices_t *d, const float *params, size_t batch_ind
     for (int j = 1; j < L; j++)
         pthread_join(th[j], NULL);
     if (d->full != NULL && !d->cadence && (rc = fl_wk_full_end(d->full)) != FL_OK) {
-        /* A device's own error says more than the gathers' "stopped early". */
-        for (int j = 0; j < L; j++)
-            if (d->rep[j].rc != FL_OK)
-                return fl_fail(d->rep[j].rc, "replica %d: %s", j, d->rep[j].err);
+        /* The device that stopped the step says why (the others only saw it stopped); a
+         * gather's own failure says it itself. */
+        int f = fl_wk_full_first_failed(d->full);
+        if (f >= 0 && d->rep[f].rc != FL_OK)
+            return fl_fail(d->rep[f].rc, "replica %d: %s", f, d->rep[f].err);
         return rc;
     }
     *loss = 0.0;
@@ -471,6 +478,27 @@ void fl_wk_devices_combine(fl_wk_devices_t *d, float scale, fl_wk_ready_fn ready
             ready(j, fl_shard_offset(d->np, d->n, j), ud);
     else
         ready(0, 0, ud);
+}
+
+int fl_wk_devices_host_batch(fl_wk_devices_t *d, int j, const float *params, size_t index,
+                             float *grad, double *loss, size_t *correct)
+{
+    if (!d->have_host)
+        return fl_fail(FL_EINVAL, "devices made without a cadence (max_anchor 0)");
+    replica_t *r = &d->rep[j];
+    int64_t t0 = fl_now_ns();
+    fl_wk_sampler_batch(&d->host, index, r->idx);
+    gather(d->train, r->idx, d->batch, r->x, r->y);
+    int rc = fl_wk_mlp_grad(d->m, r->ws, params, r->x, r->y, d->batch, grad, loss, correct,
+                            NULL, NULL);
+    fl_obs_timeline_span(d->tl, FL_WK_TRACK_DEVICE + j, "compute", "device", t0, fl_now_ns());
+    throttle(r, t0);
+    if (rc == FL_OK && d->max_norm > 0.0) {
+        double f = fl_cmp_clip_factor(l2(grad, d->np), d->max_norm);
+        for (size_t i = 0; f != 1.0 && i < d->np; i++)
+            grad[i] *= (float)f;
+    }
+    return rc;
 }
 
 void fl_wk_devices_set_full(fl_wk_devices_t *d, fl_wk_full_t *z)

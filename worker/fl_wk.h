@@ -123,18 +123,18 @@ int fl_wk_mlp_grad(const fl_wk_mlp_shape_t *m, fl_wk_mlp_ws_t *ws, const float *
                    size_t *correct, fl_wk_layer_done_fn done, void *ud);
 
 /* Where the layers' parameters come from when they are not in one flat buffer (--shard full:
- * each layer gathered from its shards when needed). get returns layer's weight with its bias
- * right after (as in the flat buffer), or NULL when it cannot (fl_last_error says why); put
- * says the layer is no longer needed. The forward pass gets layers 0..n-1 and puts each after
+ * each layer gathered from its shards when needed). get sets *w to layer's weight with its bias
+ * right after (as in the flat buffer) and returns FL_OK, or returns why it cannot (the detail in
+ * fl_last_error); put says the layer is no longer needed. The forward pass gets layers 0..n-1 and puts each after
  * use but the last; the backward pass puts n-1, then gets and puts n-2..1 (layer 0's weight
  * gradient needs no weight). */
 typedef struct fl_wk_mlp_src {
-    const float *(*get)(void *ud, int layer);
+    int (*get)(void *ud, int layer, const float **w);
     void (*put)(void *ud, int layer);
     void *ud;
 } fl_wk_mlp_src_t;
 
-/* fl_wk_mlp_grad with the parameters from src. A failed get: FL_EPEER with its detail. */
+/* fl_wk_mlp_grad with the parameters from src. A failed get: its error, the layer named. */
 int fl_wk_mlp_grad_src(const fl_wk_mlp_shape_t *m, fl_wk_mlp_ws_t *ws, const fl_wk_mlp_src_t *src,
                        const float *x, const int32_t *y, size_t b, float *grad, double *loss,
                        size_t *correct, fl_wk_layer_done_fn done, void *ud);
@@ -189,13 +189,17 @@ typedef enum fl_wk_policy {
     FL_WK_POLICY_SYNC = 0,    /* gradients averaged every step (El Che's counts with anchor) */
     FL_WK_POLICY_CADENCE = 1, /* local SGD: each device trains its own copy, parameters averaged
                                  every round of El Che's counts (the anchor: --max-anchor) */
-    FL_WK_POLICY_ASYNC = 2,   /* bounded run-ahead: not built yet, refused */
+    FL_WK_POLICY_ASYNC = 2,   /* local SGD whose devices and hosts go on while a round is
+                                 averaged, at most run_ahead rounds ahead of the last completed
+                                 averaging */
 } fl_wk_policy_t;
 
 typedef struct fl_wk_train_opts {
     fl_wk_mode_t mode;
     fl_wk_shard_t shard;
     fl_wk_policy_t policy;
+    int run_ahead;          /* --policy async: rounds a device may start beyond the last
+                               completed averaging (default 1; 0: --policy cadence) */
     int replan_every;       /* El Che re-plans every this many syncs (default 4; 0: never, the
                                first plan stays: for tests) */
     fl_wk_hier_t hierarchy; /* with several devices per process (--mode ring) */
@@ -258,6 +262,10 @@ typedef struct fl_wk_train_result {
     uint64_t gathers;       /* --shard full: layers the devices asked for */
     uint64_t gathers_ready; /* of which already gathered (the prefetch hid the gather) */
     double gather_wait_ms;  /* per step: the devices' wait for the others (summed) */
+    int run_ahead_max;      /* --policy async: most rounds a device started beyond the last
+                               completed averaging */
+    long throttles;         /* ... round starts that waited at the bound */
+    double throttled_ms;    /* ... and their wait, summed over devices */
 } fl_wk_train_result_t;
 
 /* Trains on train and evaluates on test each epoch. comm is NULL for FL_WK_MODE_LOCAL.

@@ -157,11 +157,14 @@ typedef struct layers {
     const float *last; /* the last layer, held from the forward pass into the backward */
 } layers_t;
 
-static const float *get_layer(const layers_t *p, int l)
+static int get_layer(const layers_t *p, int l, const float **w)
 {
-    if (p->src == NULL)
-        return p->flat + fl_wk_mlp_weight_at(p->m, l);
-    return p->src->get(p->src->ud, l);
+    if (p->src == NULL) {
+        *w = p->flat + fl_wk_mlp_weight_at(p->m, l);
+        return FL_OK;
+    }
+    int rc = p->src->get(p->src->ud, l, w);
+    return rc == FL_OK ? FL_OK : fl_fail_ctx(rc, "model: layer %d's parameters: ", l);
 }
 
 static void put_layer(const layers_t *p, int l)
@@ -179,9 +182,10 @@ static int forward(layers_t *p, fl_wk_mlp_ws_t *ws, const float *x, size_t b)
         int in = m->sizes[l];
         int out = m->sizes[l + 1];
         const float *a = l == 0 ? x : ws->act[l];
-        const float *w = get_layer(p, l);
-        if (w == NULL)
-            return fl_fail(FL_EPEER, "model: layer %d's parameters: %s", l, fl_last_error());
+        const float *w = NULL;
+        int rc = get_layer(p, l, &w);
+        if (rc != FL_OK)
+            return rc;
         const float *bias = w + (size_t)out * (size_t)in;
         float *z = ws->act[l + 1];
         for (size_t r = 0; r < b; r++)
@@ -275,10 +279,9 @@ static int grad_of(layers_t *p, fl_wk_mlp_ws_t *ws, const float *x, const int32_
         if (l > 0) {
             /* da = dz W: [b, out] x [out, in]; through the ReLU: zero where the unit was off.
              * The last layer is still held from the forward pass. */
-            const float *w = l == m->nlayers - 1 ? p->last : get_layer(p, l);
-            if (w == NULL)
-                return fl_fail(FL_EPEER, "model: layer %d's parameters: %s", l,
-                               fl_last_error());
+            const float *w = p->last;
+            if (l != m->nlayers - 1 && (rc = get_layer(p, l, &w)) != FL_OK)
+                return rc;
             cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, (int)b, in, out, 1.0f, dz,
                         out, w, in, 0.0f, da, in);
             size_t cnt = b * (size_t)in;

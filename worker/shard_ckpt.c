@@ -424,6 +424,9 @@ int fl_wk_ckpt_load(const char *dir, const fl_wk_train_opts_t *o, int world, int
         if (pcov[i] != 1)
             rc = fl_fail(FL_EPROTO, "--resume: %s: parameter %zu is in %d saved ranges", dir, i,
                          pcov[i]);
+    /* Every device's optimizer, also one whose pieces are all padding (its step count). */
+    if (o->shard == FL_WK_SHARD_FULL)
+        ld.ndev = o->replicas;
     for (int t = 0; t < ld.ndev && rc == FL_OK; t++)
         rc = fl_opt_restore(opts[t], ld.has1 ? ld.b1[t] : NULL, ld.has2 ? ld.b2[t] : NULL,
                             fl_opt_size(opts[t]), ld.steps);

@@ -68,6 +68,7 @@ struct fl_wk_full {
     int upto; /* instances every device put back */
     bool running;
     bool stop;
+    int first_failed; /* the device that stopped the step (-1: none) */
     int rc;
     char err[1024];
     pthread_t th[MAX_DEV];
@@ -80,7 +81,7 @@ struct fl_wk_full {
     fl_wk_mlp_src_t src[MAX_DEV];
 };
 
-static const float *src_get(void *ud, int layer);
+static int src_get(void *ud, int layer, const float **w);
 static void src_put(void *ud, int layer);
 
 void fl_wk_full_layout(const fl_wk_mlp_shape_t *m, int world, int replicas, int unit,
@@ -236,8 +237,8 @@ static int gather_shard(fl_wk_full_t *z, int t, int u, float *shard, uint64_t *s
     *sent += s1.bytes_sent - s0.bytes_sent;
     *remote += s1.bytes_sent_remote - s0.bytes_sent_remote;
     if (rc != FL_OK)
-        return fl_fail(rc, "--shard full: gathering layer %d on device %d's column: %s", u, t,
-                       fl_last_error());
+        return fl_fail_ctx(rc, "--shard full: gathering layer %d on device %d's column: ", u,
+                           t);
     return FL_OK;
 }
 
@@ -301,6 +302,7 @@ int fl_wk_full_begin(fl_wk_full_t *z)
     }
     z->upto = 0;
     z->stop = false;
+    z->first_failed = -1;
     z->rc = FL_OK;
     z->err[0] = '\0';
     z->nth = 0;
@@ -326,7 +328,9 @@ static void advance(fl_wk_full_t *z)
         least = z->released[t] < least ? z->released[t] : least;
     for (; z->upto < least; z->upto++) {
         inst_t *in = &z->prog[z->upto];
-        if (in->buf != NULL) {
+        /* One a column is still writing (devices that stopped early) waits for free_prog,
+         * after the columns are joined. */
+        if (in->buf != NULL && in->filled == z->L) {
             z->live -= padded(z, in->unit) * sizeof(float);
             free(in->buf);
             in->buf = NULL;
@@ -335,16 +339,18 @@ static void advance(fl_wk_full_t *z)
     pthread_cond_broadcast(&z->cv);
 }
 
-static const float *src_get(void *ud, int layer)
+static int src_get(void *ud, int layer, const float **w)
 {
     dev_src_t *s = ud;
     fl_wk_full_t *z = s->z;
     pthread_mutex_lock(&z->mu);
     int i = z->next_get[s->t]++;
-    const float *buf = NULL;
+    int rc = FL_OK;
+    *w = NULL;
     if (i >= z->nprog || z->prog[i].unit != layer) {
-        fl_fail(FL_EINVAL, "--shard full: device %d asked for layer %d out of the gathers' order",
-                s->t, layer);
+        rc = fl_fail(FL_EINVAL, "--shard full: device %d asked for layer %d out of the gathers' "
+                                "order",
+                     s->t, layer);
     } else {
         z->st.gets++;
         if (z->prog[i].filled == z->L)
@@ -358,14 +364,15 @@ static const float *src_get(void *ud, int layer)
         if (!ok)
             set_error(z, FL_ETIMEDOUT, "--shard full: layer not gathered within 600 s");
         if (z->rc != FL_OK)
-            fl_fail(z->rc, "%s", z->err);
+            rc = fl_fail(z->rc, "%s", z->err);
         else if (z->stop)
-            fl_fail(FL_ECLOSED, "--shard full: the step was stopped");
+            rc = fl_fail(FL_ECLOSED, "--shard full: the step was stopped (another device "
+                                     "failed)");
         else
-            buf = z->prog[i].buf;
+            *w = z->prog[i].buf;
     }
     pthread_mutex_unlock(&z->mu);
-    return buf;
+    return rc;
 }
 
 static void src_put(void *ud, int layer)
@@ -385,8 +392,10 @@ void fl_wk_full_device_done(fl_wk_full_t *z, int t)
     /* A device that failed midway will not put back what it holds or get the rest: the
      * gathers still queued are not needed. */
     pthread_mutex_lock(&z->mu);
-    if (z->next_get[t] < z->nprog)
+    if (z->next_get[t] < z->nprog && !z->stop) {
         z->stop = true;
+        z->first_failed = t;
+    }
     z->released[t] = z->nprog;
     advance(z);
     pthread_mutex_unlock(&z->mu);
@@ -448,8 +457,8 @@ static int reduce_column(fl_wk_full_t *z, int t, const float *grad, uint64_t *se
         *sent += s1.bytes_sent - s0.bytes_sent;
         *remote += s1.bytes_sent_remote - s0.bytes_sent_remote;
         if (rc != FL_OK)
-            return fl_fail(rc, "--shard full: reducing layer %d on device %d's column: %s", u,
-                           t, fl_last_error());
+            return fl_fail_ctx(rc, "--shard full: reducing layer %d on device %d's column: ",
+                               u, t);
     }
     return FL_OK;
 }
@@ -578,6 +587,11 @@ void fl_wk_full_memory(const fl_wk_full_t *z, size_t *params, size_t *state)
     uint64_t steps;
     fl_opt_state(z->opt[0], &b1, &b2, &steps);
     *state = ((b1 != NULL) + (b2 != NULL)) * z->per_dev * sizeof(float);
+}
+
+int fl_wk_full_first_failed(const fl_wk_full_t *z)
+{
+    return z->first_failed;
 }
 
 fl_opt_t *fl_wk_full_opt(fl_wk_full_t *z, int t)

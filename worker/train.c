@@ -30,6 +30,7 @@ typedef struct trainer {
     fl_wk_xchg_t *xchg[64];
     fl_wk_shards_t *shards;
     fl_wk_full_t *full;        /* --shard full: the parameters' pieces (NULL otherwise) */
+    fl_wk_async_t *async;      /* --policy async (NULL otherwise) */
     FILE *metrics;
     /* El Che (o->max_anchor > 0) */
     fl_wk_cadence_t cad;
@@ -68,6 +69,7 @@ void fl_wk_train_opts_init(fl_wk_train_opts_t *o)
     o->progress_s = 2.0;
     o->overhead_target = 0.1;
     o->replan_every = 4;
+    o->run_ahead = 1;
 }
 
 static void ready(int device, size_t from, void *ud)
@@ -168,22 +170,26 @@ static int setup(trainer_t *tr)
     if (o->max_anchor > 0 && per_device && o->hierarchy == FL_WK_HIER_FLAT)
         return fl_fail(FL_EINVAL, "--max-anchor (El Che) needs --hierarchy hybrid: a flat ring "
                                   "exchanges every device's gradient on its own");
-    if (o->policy == FL_WK_POLICY_ASYNC)
-        return fl_fail(FL_EINVAL, "--policy async (bounded run-ahead) is not built yet: use sync "
-                                  "or cadence");
-    if (o->policy == FL_WK_POLICY_CADENCE && o->max_anchor < 1)
-        return fl_fail(FL_EINVAL, "--policy cadence needs --max-anchor N: the slowest device's "
-                                  "batches between averages");
-    if (o->policy == FL_WK_POLICY_CADENCE &&
-        (o->checkpoint_dir != NULL || o->resume_dir != NULL))
-        return fl_fail(FL_EINVAL, "--policy cadence keeps an optimizer per device, which "
+    bool local_sgd = o->policy == FL_WK_POLICY_CADENCE || o->policy == FL_WK_POLICY_ASYNC;
+    const char *pname = o->policy == FL_WK_POLICY_ASYNC ? "async" : "cadence";
+    if (local_sgd && o->max_anchor < 1)
+        return fl_fail(FL_EINVAL, "--policy %s needs --max-anchor N: the slowest device's "
+                                  "batches between averages",
+                       pname);
+    if (local_sgd && (o->checkpoint_dir != NULL || o->resume_dir != NULL))
+        return fl_fail(FL_EINVAL, "--policy %s keeps an optimizer per device, which "
                                   "--checkpoint does not save yet: use it without --checkpoint "
-                                  "and --resume");
-    if (o->policy == FL_WK_POLICY_CADENCE && o->shard != FL_WK_SHARD_NONE)
-        return fl_fail(FL_EINVAL, "--policy cadence: every device keeps its own optimizer, "
-                                  "--shard must be none");
+                                  "and --resume",
+                       pname);
+    if (local_sgd && o->shard != FL_WK_SHARD_NONE)
+        return fl_fail(FL_EINVAL, "--policy %s: every device keeps its own optimizer, "
+                                  "--shard must be none",
+                       pname);
+    if (o->policy == FL_WK_POLICY_ASYNC && o->topk > 0)
+        return fl_fail(FL_EINVAL, "--policy async averages dense deltas: it does not combine "
+                                  "with --topk (use --policy cadence)");
     fl_wk_cadence_init(&tr->cad, L, o->max_anchor, o->overhead_target, o->speed_hint);
-    if (o->policy == FL_WK_POLICY_CADENCE) {
+    if (local_sgd) {
         /* Local SGD starts at the chosen period; the overhead target may shorten it. */
         tr->cad.anchor = o->max_anchor;
         fl_wk_cadence_plan(&tr->cad, 0.0, 0.0);
@@ -200,7 +206,12 @@ static int setup(trainer_t *tr)
         return rc;
     bool full = o->shard == FL_WK_SHARD_FULL;
     bool pieces = (o->shard == FL_WK_SHARD_GRAD || full) && tr->comm != NULL;
-    if (!per_device) {
+    if (o->policy == FL_WK_POLICY_ASYNC) {
+        /* Its own averaging on the job's communicator: no buckets. */
+        tr->nx = 0;
+        if ((rc = fl_wk_async_create(tr->dev, o, tr->comm, tr->np, &tr->async)) != FL_OK)
+            return rc;
+    } else if (!per_device) {
         tr->nx = pieces ? 0 : 1;
         if (!pieces &&
             (rc = fl_wk_xchg_create(tr->comm, o, tr->grad, 0, tr->np, &tr->xchg[0])) != FL_OK)
@@ -289,6 +300,14 @@ static void xchg_stats(trainer_t *tr, fl_wk_xchg_stats_t *out)
         out->remote_bytes = fs.remote;
         out->raw_bytes = fs.sent;
     }
+    if (tr->async != NULL) {
+        fl_wk_async_stats_t as;
+        fl_wk_async_stats(tr->async, &as);
+        out->bytes_sent = as.sent;
+        out->remote_bytes = as.remote;
+        out->raw_bytes = as.sent;
+        out->busy_ms = as.exchange_s * 1e3;
+    }
     for (int j = 0; j < tr->nx; j++) {
         fl_wk_xchg_stats_t s;
         fl_wk_xchg_stats(tr->xchg[j], &s);
@@ -306,6 +325,7 @@ static void teardown(trainer_t *tr)
         fl_wk_xchg_destroy(&tr->xchg[j]);
     fl_wk_shards_destroy(&tr->shards);
     fl_wk_full_destroy(&tr->full);
+    fl_wk_async_destroy(&tr->async);
     for (int j = 0; j < tr->nsubs; j++)
         fl_comm_destroy(&tr->subs[j]);
     fl_wk_devices_destroy(&tr->dev);
@@ -369,26 +389,6 @@ static int agree(trainer_t *tr, int rc)
     return FL_OK;
 }
 
-/* El Che: the plan cut to the batches the host has left, in proportion. Returns the total. */
-static size_t fit_counts(const int *plan, int n, size_t left, int *out)
-{
-    size_t want = 0;
-    for (int j = 0; j < n; j++)
-        want += (size_t)plan[j];
-    size_t total = 0;
-    for (int j = 0; j < n; j++) {
-        out[j] = want <= left ? plan[j] : (int)((size_t)plan[j] * left / want);
-        total += (size_t)out[j];
-    }
-    for (int j = 0; total < left && total < want; j = (j + 1) % n) {
-        if (out[j] < plan[j]) {
-            out[j]++;
-            total++;
-        }
-    }
-    return total;
-}
-
 /* One step's compute: batch *bi of every device, or El Che's sync (the devices' planned
  * batches; the job's total agreed with one small allreduce). *t1: when the compute ended.
  * *more false: the epoch is over (nothing computed). */
@@ -412,7 +412,7 @@ static int compute(trainer_t *tr, size_t *bi, size_t nbatches, step_out_t *so, b
     }
     int counts[64];
     size_t left = fl_wk_devices_host_batches(tr->dev) - tr->next;
-    size_t mine = fit_counts(tr->cad.counts, o->replicas, left, counts);
+    size_t mine = fl_wk_fit_counts(tr->cad.counts, o->replicas, left, counts);
     double total = (double)mine;
     if (tr->comm != NULL &&
         (rc = fl_allreduce(tr->comm, &total, &total, 1, FL_FLOAT64, FL_SUM)) != FL_OK)
@@ -537,6 +537,83 @@ static void observe_step(trainer_t *tr, const fl_wk_xchg_stats_t *xs, double los
     fl_wk_obs_step(&tr->obs, &st);
 }
 
+/* --policy async: what the averagings of an epoch report to. */
+typedef struct async_ctx {
+    trainer_t *tr;
+    int ep;
+    long *step;
+    long first_step;
+    int64_t t_start;
+    int64_t t_last;
+    double first_samples;
+    double comm_ms;
+    double divergence;
+} async_ctx_t;
+
+static void on_average(const fl_wk_async_avg_t *av, void *ud)
+{
+    async_ctx_t *c = ud;
+    trainer_t *tr = c->tr;
+    const fl_wk_train_opts_t *o = tr->o;
+    long step = (*c->step)++;
+    c->divergence = av->divergence;
+    c->comm_ms += av->exchange_s * 1e3;
+    tr->exch_ema_s = tr->syncs++ == 0 ? av->exchange_s
+                                      : 0.7 * tr->exch_ema_s + 0.3 * av->exchange_s;
+    double acc = av->host_batches > 0 ? (double)av->correct / (av->host_batches * (double)o->batch)
+                                      : 0.0;
+    int64_t now = fl_now_ns();
+    double secs = (double)(now - c->t_start) / 1e9;
+    double sps = secs > 0 ? (tr->samples - c->first_samples) / secs : 0.0;
+    if (o->obs != NULL) {
+        fl_wk_obs_step_t st;
+        memset(&st, 0, sizeof st);
+        st.samples = tr->samples;
+        st.loss = av->loss;
+        st.samples_per_s = sps;
+        st.exposed_s = av->exchange_s;
+        st.divergence = av->divergence;
+        st.ctx = tr->comm != NULL ? fl_comm_ctx(tr->comm) : NULL;
+        fl_wk_obs_step(&tr->obs, &st);
+    }
+    if (tr->metrics != NULL)
+        fprintf(tr->metrics,
+                "{\"rank\":%d,\"epoch\":%d,\"step\":%ld,\"loss\":%.6f,\"acc\":%.5f,"
+                "\"job_batches\":%.0f,\"exchange_ms\":%.3f,\"wait_ms\":%.3f,"
+                "\"divergence\":%.6g}\n",
+                tr->rank, c->ep, step, av->loss, acc, av->job_batches, av->exchange_s * 1e3,
+                av->wait_s * 1e3, av->divergence);
+    if (tr->rank == 0 && !o->quiet && (double)(now - c->t_last) / 1e9 >= o->progress_s) {
+        printf("epoch %d/%d averaging %ld loss %.4f acc %.1f%% %.0f samples/s exchange %.1f ms "
+               "(hidden: the devices go on) divergence %.4f\n",
+               c->ep + 1, o->epochs, step + 1, av->loss, 100.0 * acc, sps,
+               c->comm_ms / (double)(step + 1 - c->first_step), av->divergence);
+        fflush(stdout);
+        c->t_last = now;
+    }
+}
+
+/* --policy async: one epoch, then El Che's next plan from its timings (the job's slowest device
+ * and longest averaging, the same on every rank). */
+static int async_epoch(trainer_t *tr, async_ctx_t *c, double *loss, size_t *correct,
+                       size_t *batches)
+{
+    int rc = fl_wk_async_epoch(tr->async, tr->params, tr->cad.counts, tr->sched, &tr->samples,
+                               on_average, c);
+    if (rc != FL_OK)
+        return rc;
+    double batch_s[64];
+    fl_wk_async_epoch_figures(tr->async, loss, correct, batches, batch_s);
+    fl_wk_cadence_observe(&tr->cad, batch_s);
+    if (tr->o->replan_every <= 0)
+        return FL_OK;
+    double v[2] = {fl_wk_cadence_slowest(&tr->cad), tr->exch_ema_s};
+    if (tr->comm != NULL && (rc = fl_allreduce(tr->comm, v, v, 2, FL_FLOAT64, FL_MAX)) != FL_OK)
+        return rc;
+    fl_wk_cadence_plan(&tr->cad, v[0], v[1]);
+    return FL_OK;
+}
+
 int fl_wk_train(fl_comm_t *comm, const fl_wk_dataset_t *train, const fl_wk_dataset_t *test,
                 const fl_wk_train_opts_t *o, fl_wk_train_result_t *res)
 {
@@ -609,7 +686,17 @@ int fl_wk_train(fl_comm_t *comm, const fl_wk_dataset_t *train, const fl_wk_datas
         size_t ep_batches = 0;
         size_t bi = 0;
         tr.next = 0;
-        for (; rc == FL_OK; step++) {
+        if (tr.async != NULL) {
+            async_ctx_t ac = {.tr = &tr, .ep = ep, .step = &step, .first_step = first_step,
+                              .t_start = t_start, .t_last = t_last,
+                              .first_samples = first_samples};
+            double mean = 0.0;
+            rc = async_epoch(&tr, &ac, &mean, &ep_correct, &ep_batches);
+            ep_loss = mean * (double)ep_batches;
+            t_last = ac.t_last;
+            res->divergence = ac.divergence;
+        }
+        for (; rc == FL_OK && tr.async == NULL; step++) {
             int64_t t0 = fl_now_ns();
             xchg_begin(&tr, density);
             step_out_t so;
@@ -756,6 +843,17 @@ int fl_wk_train(fl_comm_t *comm, const fl_wk_dataset_t *train, const fl_wk_datas
     long run_steps = step - first_step;
     res->compute_ms = run_steps ? compute_ms / (double)run_steps : 0.0;
     memory(&tr, res);
+    if (tr.async != NULL) {
+        /* Per averaging: the devices' compute, and their idle time at the run-ahead bound (the
+         * averaging the compute did not hide), each per device. */
+        fl_wk_async_stats_t as;
+        fl_wk_async_stats(tr.async, &as);
+        res->compute_ms = run_steps ? as.busy_s * 1e3 / o->replicas / (double)run_steps : 0.0;
+        exposed_ms = as.throttled_s * 1e3 / o->replicas;
+        res->run_ahead_max = as.max_lead;
+        res->throttles = as.throttles;
+        res->throttled_ms = as.throttled_s * 1e3;
+    }
     res->comm_ms = run_steps ? xs.busy_ms / (double)run_steps : 0.0;
     res->exposed_ms = run_steps ? exposed_ms / (double)run_steps : 0.0;
     teardown(&tr);

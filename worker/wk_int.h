@@ -85,6 +85,10 @@ double fl_wk_cadence_slowest(const fl_wk_cadence_t *c);
  * the slowest time, at least 5% of the host's total. */
 void fl_wk_cadence_plan(fl_wk_cadence_t *c, double job_slowest_s, double job_exchange_s);
 
+/* The plan (n devices' counts) cut to the `left` batches the host has, in proportion, into
+ * out. Returns the total. */
+size_t fl_wk_fit_counts(const int *plan, int n, size_t left, int *out);
+
 /* El Che (o->max_anchor > 0): the host's batches per epoch, one sequence for all its devices
  * (rank's share of the epoch, as a sampler of world ranks with the per-device batch). */
 size_t fl_wk_devices_host_batches(const fl_wk_devices_t *d);
@@ -179,6 +183,8 @@ const fl_wk_mlp_src_t *fl_wk_full_src(fl_wk_full_t *z, int t);
  * for the gathers and returns the first error (FL_ECLOSED when the devices stopped early). */
 int fl_wk_full_begin(fl_wk_full_t *z);
 void fl_wk_full_device_done(fl_wk_full_t *z, int t);
+/* The device whose early end stopped the step, or -1 (after fl_wk_full_end). */
+int fl_wk_full_first_failed(const fl_wk_full_t *z);
 int fl_wk_full_end(fl_wk_full_t *z);
 
 /* grad (the host's mean gradient, flat): each column reduce-scatters its shard of every layer
@@ -200,6 +206,57 @@ void fl_wk_full_stats(const fl_wk_full_t *z, fl_wk_full_stats_t *out);
 
 /* Devices compute their steps from z's gathered layers instead of a flat buffer (NULL: flat). */
 void fl_wk_devices_set_full(fl_wk_devices_t *d, fl_wk_full_t *z);
+
+/* Device j computes the gradient of the host's batch `index` (El Che's sequence) on params
+ * into grad, clipped to o->max_norm when set (its workspace; --throttle applies). */
+int fl_wk_devices_host_batch(fl_wk_devices_t *d, int j, const float *params, size_t index,
+                             float *grad, double *loss, size_t *correct);
+
+/* ---- --policy async (async.c): local SGD with bounded run-ahead ---- */
+
+typedef struct fl_wk_async fl_wk_async_t;
+
+typedef struct fl_wk_async_avg { /* one averaging */
+    long index;          /* in the epoch */
+    double job_batches;  /* the job's batches it averaged */
+    double host_batches; /* of which this host's */
+    double loss;         /* their mean loss (this host's) */
+    size_t correct;      /* their correct predictions (this host's) */
+    double exchange_s;   /* its allreduce */
+    double wait_s;       /* the training thread's wait for this host's devices */
+    double divergence;   /* ||before - after|| / ||after||, this host's device that strayed most */
+} fl_wk_async_avg_t;
+
+typedef struct fl_wk_async_stats {
+    long averagings;
+    int max_lead;        /* most rounds a device started ahead of the last completed averaging */
+    long throttles;      /* round starts that waited at the run-ahead bound */
+    double throttled_s;  /* the devices' time waiting there, summed */
+    double busy_s;       /* the devices' time computing, summed */
+    double exchange_s;   /* the averagings' allreduces */
+    uint64_t sent, remote; /* their bytes, and of them to other hosts */
+} fl_wk_async_stats_t;
+
+typedef void (*fl_wk_async_fn)(const fl_wk_async_avg_t *avg, void *ud);
+
+/* The devices of d (made with o->max_anchor > 0), each with its own parameters and optimizer
+ * (o->opt), averaging over comm (NULL: one host) with at most o->run_ahead rounds in flight. */
+int fl_wk_async_create(fl_wk_devices_t *d, const fl_wk_train_opts_t *o, fl_comm_t *comm,
+                       size_t np, fl_wk_async_t **out);
+void fl_wk_async_destroy(fl_wk_async_t **a);
+
+/* One epoch from params (the job's, the same on every rank) in rounds of plan's counts; params
+ * end as the last averaging left them and *samples counts the job's samples. on_avg hears every
+ * averaging (on the calling thread). FL_OK, a device's error, a collective's error. */
+int fl_wk_async_epoch(fl_wk_async_t *a, float *params, const int *plan,
+                      const fl_lr_sched_t *sched, double *samples, fl_wk_async_fn on_avg,
+                      void *ud);
+
+/* The epoch's mean loss per batch, correct predictions and batches of this host, and each
+ * device's mean seconds per batch (for El Che's next plan). */
+void fl_wk_async_epoch_figures(const fl_wk_async_t *a, double *loss, size_t *correct,
+                               size_t *batches, double *batch_s);
+void fl_wk_async_stats(const fl_wk_async_t *a, fl_wk_async_stats_t *out);
 
 /* ---- sharded checkpoints (shard_ckpt.c) ---- */
 

@@ -40,8 +40,10 @@ static const char usage[] =
     "    each, gradients reduce-scattered and parameters all-gathered across hosts; 1/devices\n"
     "    each, replicated across hosts; full: parameters too, each layer gathered only while it\n"
     "    computes, the next one's gather overlapping it)\n"
-    "  --policy sync|cadence (gradients averaged every step; or local SGD: each device trains\n"
-    "    its own copy and parameters are averaged every --max-anchor batches of the slowest)\n"
+    "  --policy sync|cadence|async (gradients averaged every step; or local SGD: each device\n"
+    "    trains its own copy and parameters are averaged every --max-anchor batches of the\n"
+    "    slowest; async: the devices go on while a round is averaged, at most --run-ahead N\n"
+    "    rounds (default 1) beyond the last completed averaging)\n"
     "  --checkpoint DIR (training state after every epoch: a file per shard and a manifest)\n"
     "  --resume DIR (from such a checkpoint, into any hosts, devices and --shard)\n"
     "  --max-anchor N (El Che: faster devices do more batches between syncs, the slowest up to\n"
@@ -68,7 +70,7 @@ static const char usage[] =
 enum {
     O_MODE = 1000, O_TRAIN_IMAGES, O_TRAIN_LABELS, O_TEST_IMAGES, O_TEST_LABELS, O_TRAIN_CSV,
     O_TEST_CSV, O_DATA_SEED, O_LAYERS, O_BATCH, O_EPOCHS, O_SEED, O_NO_SHUFFLE, O_OPTIM,
-    O_SCALE_LR, O_LZ4, O_RECONNECT, O_MAX_NORM, O_REPLICAS, O_HIER, O_SHARD, O_POLICY, O_MPORT, O_MBIND, O_TIMELINE, O_CURVE, O_INSECURE, O_CKPT, O_RESUME, O_ANCHOR, O_OVERHEAD, O_HINT, O_THROTTLE, O_DEVICE, O_TOPK, O_TOPK_WARMUP, O_TOPK_VALUES, O_BUCKET, O_INIT,
+    O_SCALE_LR, O_LZ4, O_RECONNECT, O_MAX_NORM, O_REPLICAS, O_HIER, O_SHARD, O_POLICY, O_MPORT, O_MBIND, O_TIMELINE, O_CURVE, O_INSECURE, O_CKPT, O_RESUME, O_ANCHOR, O_RUN_AHEAD, O_OVERHEAD, O_HINT, O_THROTTLE, O_DEVICE, O_TOPK, O_TOPK_WARMUP, O_TOPK_VALUES, O_BUCKET, O_INIT,
     O_SAVE, O_SAVE_EVERY, O_METRICS, O_PROGRESS, O_QUIET, O_SIZE, O_STEPS, O_DTYPE, O_OP, O_HELP
 };
 
@@ -300,6 +302,10 @@ static int apply(wargs_t *a, int ch, const char *name, const char *v)
         if ((rc = fl_cli_long("--max-anchor", v, 0, 4096, &n)) == FL_OK)
             t->max_anchor = (int)n;
         break;
+    case O_RUN_AHEAD:
+        if ((rc = fl_cli_long("--run-ahead", v, 0, 16, &n)) == FL_OK)
+            t->run_ahead = (int)n;
+        break;
     case O_OVERHEAD: rc = num("--overhead-target", v, 1e-4, 100.0, &t->overhead_target); break;
     case O_HINT: rc = device_ratio("--speed-hint", v, t->speed_hint); break;
     case O_THROTTLE: rc = device_ratio("--throttle", v, t->throttle); break;
@@ -418,6 +424,10 @@ static void summary(int rank, const fl_wk_train_result_t *r)
                "(prefetch), devices waited %.2f ms per step for the rest\n",
                rank, (unsigned long long)r->gathers,
                100.0 * (double)r->gathers_ready / (double)r->gathers, r->gather_wait_ms);
+    if (r->run_ahead_max > 0 || r->throttles > 0)
+        printf("rank %d --policy async: devices started up to %d round(s) beyond the last "
+               "completed averaging; %ld round starts waited at the bound, %.1f ms in all\n",
+               rank, r->run_ahead_max, r->throttles, r->throttled_ms);
     if (r->divergence > 0)
         printf("rank %d last averaging: weight-space divergence %.4g (||before - after|| / "
                "||after||, the device that strayed most)\n",
@@ -481,7 +491,7 @@ int main(int argc, char **argv)
         {"timeline", 1, NULL, O_TIMELINE}, {"curve-dir", 1, NULL, O_CURVE},
         {"insecure", 0, NULL, O_INSECURE}, {"checkpoint", 1, NULL, O_CKPT},
         {"resume", 1, NULL, O_RESUME},
-        {"max-anchor", 1, NULL, O_ANCHOR}, {"overhead-target", 1, NULL, O_OVERHEAD},
+        {"max-anchor", 1, NULL, O_ANCHOR}, {"run-ahead", 1, NULL, O_RUN_AHEAD}, {"overhead-target", 1, NULL, O_OVERHEAD},
         {"speed-hint", 1, NULL, O_HINT}, {"throttle", 1, NULL, O_THROTTLE},
         {"device", 1, NULL, O_DEVICE},
         {"topk", 1, NULL, O_TOPK}, {"topk-warmup", 1, NULL, O_TOPK_WARMUP},
