@@ -2,7 +2,8 @@
  * run-ahead bound of 0 it is --policy cadence (the same parameters); with a bound of 2 and a
  * device three times slower, devices start rounds beyond the last completed averaging but never
  * more than the bound, the job learns, and both hosts end with the same parameters; a device
- * failing midway ends the run with its error instead of a hang; bad combinations are refused. */
+ * failing midway ends the run with its error instead of a hang, on its host and the others;
+ * bad combinations are refused. */
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -137,6 +138,33 @@ START_TEST(test_failing_device_ends_the_run)
 }
 END_TEST
 
+/* The same across hosts: the host whose device fails tells the others through the
+ * averaging, and both stop at once (not at the communicator's 15 s deadline). */
+START_TEST(test_failure_on_one_host_stops_both)
+{
+    fl_wk_dataset_t d;
+    fl_test_clusters(&d, 1024, 11);
+    d.y[700] = 7;
+    fl_wk_train_opts_t o;
+    base_opts(&o);
+    o.run_ahead = 1;
+    o.shuffle = false;
+    char err[1200] = "";
+    fl_wk_train_result_t res[FL_TEST_MAX_HOSTS];
+    int64_t t0 = fl_now_ns();
+    int rc = fl_test_run_hosts(2, &o, NULL, &d, res, err, sizeof err);
+    double secs = (double)(fl_now_ns() - t0) / 1e9;
+    /* Neither host finished its first epoch. */
+    ck_assert_int_eq(res[0].epochs, 0);
+    ck_assert_int_eq(res[1].epochs, 0);
+    ck_assert_msg(rc == FL_EINVAL || rc == FL_EPEER, "%s: %s", fl_strerror(rc), err);
+    ck_assert_msg(strstr(err, "label 7") != NULL || strstr(err, "another rank") != NULL, "%s",
+                  err);
+    ck_assert_msg(secs < 10.0, "stopping took %.1f s", secs);
+    fl_wk_dataset_free(&d);
+}
+END_TEST
+
 START_TEST(test_async_combinations_refused)
 {
     fl_wk_dataset_t d;
@@ -177,6 +205,7 @@ static Suite *suite(void)
     tcase_add_test(t, test_devices_run_ahead_within_the_bound);
     tcase_add_test(t, test_one_host_async_learns);
     tcase_add_test(t, test_failing_device_ends_the_run);
+    tcase_add_test(t, test_failure_on_one_host_stops_both);
     tcase_add_test(t, test_async_combinations_refused);
     suite_add_tcase(s, t);
     return s;

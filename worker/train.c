@@ -167,7 +167,8 @@ static int setup(trainer_t *tr)
     }
     int L = o->replicas;
     bool per_device = tr->comm != NULL && L > 1;
-    if (o->max_anchor > 0 && per_device && o->hierarchy == FL_WK_HIER_FLAT)
+    if (o->max_anchor > 0 && per_device && o->hierarchy == FL_WK_HIER_FLAT &&
+        o->policy != FL_WK_POLICY_ASYNC)
         return fl_fail(FL_EINVAL, "--max-anchor (El Che) needs --hierarchy hybrid: a flat ring "
                                   "exchanges every device's gradient on its own");
     bool local_sgd = o->policy == FL_WK_POLICY_CADENCE || o->policy == FL_WK_POLICY_ASYNC;
@@ -209,7 +210,8 @@ static int setup(trainer_t *tr)
     if (o->policy == FL_WK_POLICY_ASYNC) {
         /* Its own averaging on the job's communicator: no buckets. */
         tr->nx = 0;
-        if ((rc = fl_wk_async_create(tr->dev, o, tr->comm, tr->np, &tr->async)) != FL_OK)
+        if ((rc = fl_wk_async_create(tr->dev, o, tr->comm, tr->np, &tr->cad, &tr->async)) !=
+            FL_OK)
             return rc;
     } else if (!per_device) {
         tr->nx = pieces ? 0 : 1;
@@ -558,8 +560,6 @@ static void on_average(const fl_wk_async_avg_t *av, void *ud)
     long step = (*c->step)++;
     c->divergence = av->divergence;
     c->comm_ms += av->exchange_s * 1e3;
-    tr->exch_ema_s = tr->syncs++ == 0 ? av->exchange_s
-                                      : 0.7 * tr->exch_ema_s + 0.3 * av->exchange_s;
     double acc = av->host_batches > 0 ? (double)av->correct / (av->host_batches * (double)o->batch)
                                       : 0.0;
     int64_t now = fl_now_ns();
@@ -593,25 +593,14 @@ static void on_average(const fl_wk_async_avg_t *av, void *ud)
     }
 }
 
-/* --policy async: one epoch, then El Che's next plan from its timings (the job's slowest device
- * and longest averaging, the same on every rank). */
+/* --policy async: one epoch (El Che re-plans inside it, as the averagings go). */
 static int async_epoch(trainer_t *tr, async_ctx_t *c, double *loss, size_t *correct,
                        size_t *batches)
 {
-    int rc = fl_wk_async_epoch(tr->async, tr->params, tr->cad.counts, tr->sched, &tr->samples,
-                               on_average, c);
-    if (rc != FL_OK)
-        return rc;
-    double batch_s[64];
-    fl_wk_async_epoch_figures(tr->async, loss, correct, batches, batch_s);
-    fl_wk_cadence_observe(&tr->cad, batch_s);
-    if (tr->o->replan_every <= 0)
-        return FL_OK;
-    double v[2] = {fl_wk_cadence_slowest(&tr->cad), tr->exch_ema_s};
-    if (tr->comm != NULL && (rc = fl_allreduce(tr->comm, v, v, 2, FL_FLOAT64, FL_MAX)) != FL_OK)
-        return rc;
-    fl_wk_cadence_plan(&tr->cad, v[0], v[1]);
-    return FL_OK;
+    int rc = fl_wk_async_epoch(tr->async, tr->params, tr->sched, &tr->samples, on_average, c);
+    if (rc == FL_OK)
+        fl_wk_async_epoch_figures(tr->async, loss, correct, batches);
+    return rc;
 }
 
 int fl_wk_train(fl_comm_t *comm, const fl_wk_dataset_t *train, const fl_wk_dataset_t *test,

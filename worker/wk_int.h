@@ -240,22 +240,22 @@ typedef struct fl_wk_async_stats {
 typedef void (*fl_wk_async_fn)(const fl_wk_async_avg_t *avg, void *ud);
 
 /* The devices of d (made with o->max_anchor > 0), each with its own parameters and optimizer
- * (o->opt), averaging over comm (NULL: one host) with at most o->run_ahead rounds in flight. */
+ * (o->opt), averaging over comm (NULL: one host) with at most o->run_ahead rounds in flight,
+ * in rounds of cad's counts (re-planned every o->replan_every averagings; borrowed). */
 int fl_wk_async_create(fl_wk_devices_t *d, const fl_wk_train_opts_t *o, fl_comm_t *comm,
-                       size_t np, fl_wk_async_t **out);
+                       size_t np, fl_wk_cadence_t *cad, fl_wk_async_t **out);
 void fl_wk_async_destroy(fl_wk_async_t **a);
 
-/* One epoch from params (the job's, the same on every rank) in rounds of plan's counts; params
- * end as the last averaging left them and *samples counts the job's samples. on_avg hears every
- * averaging (on the calling thread). FL_OK, a device's error, a collective's error. */
-int fl_wk_async_epoch(fl_wk_async_t *a, float *params, const int *plan,
-                      const fl_lr_sched_t *sched, double *samples, fl_wk_async_fn on_avg,
-                      void *ud);
+/* One epoch from params (the job's, the same on every rank); params end as the last averaging
+ * left them and *samples counts the job's samples. on_avg hears every averaging (on the calling
+ * thread). FL_OK, a device's error, a collective's error, FL_EPEER when another host failed
+ * (every host stops at the same averaging). */
+int fl_wk_async_epoch(fl_wk_async_t *a, float *params, const fl_lr_sched_t *sched,
+                      double *samples, fl_wk_async_fn on_avg, void *ud);
 
-/* The epoch's mean loss per batch, correct predictions and batches of this host, and each
- * device's mean seconds per batch (for El Che's next plan). */
+/* The epoch's mean loss per batch, correct predictions and batches of this host. */
 void fl_wk_async_epoch_figures(const fl_wk_async_t *a, double *loss, size_t *correct,
-                               size_t *batches, double *batch_s);
+                               size_t *batches);
 void fl_wk_async_stats(const fl_wk_async_t *a, fl_wk_async_stats_t *out);
 
 /* ---- sharded checkpoints (shard_ckpt.c) ---- */
