@@ -134,7 +134,6 @@ int fl_comm_init(const fl_comm_opts_t *o, fl_comm_t **out)
     c->algo = o->algo;
     c->model_signature = o->model_signature;
     c->last_algo = FL_ALGO_AUTO;
-    c->gpus = fl_gpu_count();
 
     fl_ctx_opts_t co;
     fl_ctx_opts_init(&co);

@@ -73,8 +73,7 @@ struct fl_comm {
     /* The compressor's scratch for sparse collectives (created on first use). */
     struct fl_cmp_ws *cmp_ws;
 
-    /* CUDA devices seen at creation, and host memory for staging device buffers. */
-    int gpus;
+    /* Host memory for staging device buffers. */
     void *stage;
     size_t stage_cap;
 
@@ -110,7 +109,8 @@ int fl_comm_scratch(fl_comm_t *c, size_t bytes, void **out);
 
 /* ---- device buffers (staging.c) ---- */
 
-/* True when the comm has seen a GPU and a or b is device memory. */
+/* True when a or b is CUDA device memory. Loads no driver: false at once in a process that
+ * never used CUDA. */
 bool fl_comm_on_device(const fl_comm_t *c, const void *a, const void *b);
 
 /* The public collectives with device buffers staged through host memory. */

@@ -69,7 +69,6 @@ static int member_create(fl_comm_t *p, int t, fl_comm_t **out)
     c->generation = p->generation;
     c->hb_ms = p->hb_ms;
     c->hb_timeout_ms = p->hb_timeout_ms;
-    c->gpus = p->gpus;
     c->last_algo = FL_ALGO_AUTO;
     /* The member's status, so heartbeats (and the coordinator's stall report) see a collective
      * a sub-communicator is in; with several in flight, the one that wrote last. */

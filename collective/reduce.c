@@ -13,7 +13,8 @@ typedef double uf64 __attribute__((aligned(1), may_alias));
 typedef int32_t ui32 __attribute__((aligned(1), may_alias));
 typedef int64_t ui64 __attribute__((aligned(1), may_alias));
 
-#if defined(__x86_64__) && defined(__GNUC__) && !defined(__clang__) && !defined(__SANITIZE_ADDRESS__)
+#if defined(__x86_64__) && defined(__GNUC__) && !defined(__clang__) && !defined(__SANITIZE_ADDRESS__) && \
+    !defined(__SANITIZE_THREAD__)
 #define FL_CLONES __attribute__((target_clones("avx2", "default")))
 #else
 #define FL_CLONES

@@ -26,7 +26,8 @@ static int stage(fl_comm_t *c, size_t bytes, uint8_t **out)
 
 bool fl_comm_on_device(const fl_comm_t *c, const void *a, const void *b)
 {
-    return c->gpus > 0 && (fl_gpu_is_device_ptr(a) || fl_gpu_is_device_ptr(b));
+    (void)c;
+    return fl_gpu_is_device_ptr(a) || fl_gpu_is_device_ptr(b);
 }
 
 /* Copies n bytes from src (device or host) into dst (host), skipping host-to-same-host. */

@@ -121,19 +121,14 @@ int fl_cmp_ef_step(fl_cmp_ef_t *e, fl_cmp_ws_t *ws, const float *grad,
     float scale = (float)fl_cmp_clip_factor(e->max_norm > 0.0 ? l2norm(grad, e->n) : 0.0,
                                             e->max_norm);
     float *v = e->residual;
+    /* fl_ef_accum is the device kernels' body too (fl_math.h). */
     if (e->velocity != NULL) {
-        float *u = e->velocity;
-        float m = e->momentum;
-        for (size_t i = 0; i < e->n; i++) {
-            u[i] = m * u[i] + scale * grad[i];
-            v[i] += u[i];
-        }
-    } else if (scale != 1.0f) {
         for (size_t i = 0; i < e->n; i++)
-            v[i] += scale * grad[i];
+            fl_ef_accum(&v[i], &e->velocity[i], grad[i], e->momentum, scale, true);
     } else {
+        float unused = 0.0f; /* no velocity: fl_ef_accum leaves it alone */
         for (size_t i = 0; i < e->n; i++)
-            v[i] += grad[i];
+            fl_ef_accum(&v[i], &unused, grad[i], e->momentum, scale, false);
     }
     if ((rc = fl_cmp_topk(ws, v, e->n, &o, idx, val, k_out)) != FL_OK)
         return rc; /* only a non-finite residual (overflow) gets here; the detail says where */

@@ -74,80 +74,23 @@ int fl_dtype_parse(const char *s, fl_dtype_t *out)
                    s ? s : "(null)");
 }
 
+/* The conversions' bodies are fl_math.h's, shared with the device kernels. */
 uint16_t fl_f32_to_f16(float f)
 {
-    uint32_t x;
-    memcpy(&x, &f, sizeof x);
-    uint32_t sign = (x >> 16) & 0x8000u;
-    uint32_t ax = x & 0x7fffffffu;
-
-    if (ax >= 0x7f800000u) {
-        if (ax > 0x7f800000u) /* NaN: keep it quiet and keep the top payload bits */
-            return (uint16_t)(sign | 0x7e00u | ((ax >> 13) & 0x3ffu));
-        return (uint16_t)(sign | 0x7c00u);
-    }
-    if (ax >= 0x477ff000u) /* >= 65520 rounds to infinity */
-        return (uint16_t)(sign | 0x7c00u);
-    if (ax < 0x38800000u) { /* below 2^-14: subnormal or zero in half precision */
-        if (ax < 0x33000000u) /* <= 2^-25 (the tie rounds to even, zero) */
-            return (uint16_t)sign;
-        uint32_t e = ax >> 23;
-        uint32_t m = (ax & 0x7fffffu) | 0x800000u;
-        uint32_t shift = 126u - e;
-        uint32_t r = m >> shift;
-        uint32_t rem = m & ((1u << shift) - 1u);
-        uint32_t halfway = 1u << (shift - 1u);
-        if (rem > halfway || (rem == halfway && (r & 1u)))
-            r++;
-        return (uint16_t)(sign | r);
-    }
-    uint32_t r = ax - 0x38000000u; /* rebias exponent 127 -> 15 */
-    r += 0xfffu + ((r >> 13) & 1u);
-    return (uint16_t)(sign | (r >> 13));
+    return fl_hd_f32_to_f16(f);
 }
 
 float fl_f16_to_f32(uint16_t h)
 {
-    uint32_t sign = (uint32_t)(h & 0x8000u) << 16;
-    uint32_t e = (h >> 10) & 0x1fu;
-    uint32_t m = h & 0x3ffu;
-    uint32_t x;
-
-    if (e == 0) {
-        if (m == 0) {
-            x = sign;
-        } else {
-            e = 113; /* 127 - 15 + 1: normalise the subnormal */
-            while ((m & 0x400u) == 0) {
-                m <<= 1;
-                e--;
-            }
-            x = sign | (e << 23) | ((m & 0x3ffu) << 13);
-        }
-    } else if (e == 31) {
-        x = sign | 0x7f800000u | (m << 13);
-    } else {
-        x = sign | ((e + 112u) << 23) | (m << 13);
-    }
-    float f;
-    memcpy(&f, &x, sizeof f);
-    return f;
+    return fl_hd_f16_to_f32(h);
 }
 
 uint16_t fl_f32_to_bf16(float f)
 {
-    uint32_t x;
-    memcpy(&x, &f, sizeof x);
-    if ((x & 0x7fffffffu) > 0x7f800000u)
-        return (uint16_t)((x >> 16) | 0x40u);
-    x += 0x7fffu + ((x >> 16) & 1u);
-    return (uint16_t)(x >> 16);
+    return fl_hd_f32_to_bf16(f);
 }
 
 float fl_bf16_to_f32(uint16_t h)
 {
-    uint32_t x = (uint32_t)h << 16;
-    float f;
-    memcpy(&f, &x, sizeof f);
-    return f;
+    return fl_hd_bf16_to_f32(h);
 }

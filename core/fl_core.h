@@ -5,6 +5,7 @@
 #ifndef FL_CORE_H
 #define FL_CORE_H
 
+#include "fl_math.h"
 #include <stdarg.h>
 #include <stdbool.h>
 #include <stddef.h>
@@ -203,6 +204,9 @@ typedef struct fl_opt fl_opt_t;
 /* FL_OK, FL_EINVAL naming the field (negative rates, betas outside [0, 1), nesterov without
  * momentum, n = 0), FL_ENOMEM. */
 int fl_opt_create(const fl_opt_opts_t *opts, size_t n, fl_opt_t **out);
+
+/* The checks fl_opt_create makes, without making anything (the device optimizer uses them). */
+int fl_opt_check(const fl_opt_opts_t *opts, size_t n);
 void fl_opt_destroy(fl_opt_t **opt);
 
 /* One step with learning rate lr: params[i] updated from grad[i] (both n entries).
@@ -216,6 +220,10 @@ int fl_opt_step(fl_opt_t *opt, float *params, const float *grad, double lr);
  * fl_opt_step_range over every index exactly once, params and grad pointing at parameter
  * `off` (the caller has checked the gradient is finite). Same bits as fl_opt_step. */
 int fl_opt_step_begin(fl_opt_t *opt, double lr);
+
+/* The per-step scalars of options o at step count `steps` (1 on the first step) and rate lr,
+ * for the per-element bodies of fl_math.h (the device optimizer uses them too). Pure. */
+void fl_opt_scalars(const fl_opt_opts_t *o, uint64_t steps, double lr, fl_opt_scalars_t *s);
 void fl_opt_step_range(fl_opt_t *opt, float *params, const float *grad, size_t off,
                        size_t len);
 

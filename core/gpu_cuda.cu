@@ -1,6 +1,8 @@
 /* GPU discovery with the CUDA runtime. A machine with the toolkit but no driver or device
- * (this build machine) reports zero devices and the CUDA error text, never fails. */
+ * (this build machine) reports zero devices and the CUDA error text, never fails. Asking
+ * whether a pointer is device memory never loads the driver itself. */
 #include <cuda_runtime.h>
+#include <dlfcn.h>
 #include <stdio.h>
 
 extern "C" {
@@ -22,9 +24,21 @@ extern "C" bool fl_gpu_available(void)
     return fl_gpu_count() > 0;
 }
 
+/* Whether the CUDA driver is loaded in this process. Without it no CUDA context exists, so
+ * no pointer can be device memory; asking the runtime would load and initialise the driver
+ * (hundreds of milliseconds, and device memory) in processes that never use a GPU. */
+static bool driver_loaded(void)
+{
+    void *h = dlopen("libcuda.so.1", RTLD_NOW | RTLD_NOLOAD);
+    if (h == NULL)
+        return false;
+    dlclose(h); /* drops only the reference NOLOAD took */
+    return true;
+}
+
 extern "C" bool fl_gpu_is_device_ptr(const void *p)
 {
-    if (p == NULL)
+    if (p == NULL || !driver_loaded())
         return false;
     cudaPointerAttributes a;
     if (cudaPointerGetAttributes(&a, p) != cudaSuccess) {

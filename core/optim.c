@@ -27,7 +27,9 @@
 /* fmaf() is a library call on baseline x86-64, which keeps the loops scalar and slow; a clone
  * built for x86-64-v3 (AVX2 and FMA) inlines it and vectorises, 2-4x faster on large n. fmaf is
  * correctly rounded in both, so the clone the loader picks changes the speed, never the bits. */
-#if defined(__x86_64__) && defined(__GNUC__) && !defined(__clang__) && __GNUC__ >= 12
+#if defined(__x86_64__) && defined(__GNUC__) && !defined(__clang__) && __GNUC__ >= 12 &&       \
+    !defined(__SANITIZE_THREAD__)
+/* (Not under ThreadSanitizer: the clones' resolver runs at load time, before its runtime is up.) */
 #define FMA_CLONES __attribute__((target_clones("arch=x86-64-v3", "default")))
 #else
 #define FMA_CLONES
@@ -39,9 +41,7 @@ struct fl_opt {
     uint64_t steps;
     float *buf1; /* SGD: momentum buffer; Adam(W): first moment m */
     float *buf2; /* Adam(W): second moment v */
-    /* the step in progress (fl_opt_step_begin) */
-    double lr;
-    bool first; /* SGD: the momentum buffer starts from d */
+    fl_opt_scalars_t sc; /* the step in progress (fl_opt_step_begin) */
 };
 
 void fl_opt_opts_init(fl_opt_opts_t *opts)
@@ -97,7 +97,7 @@ static int check_rate(const char *field, double x)
     return FL_OK;
 }
 
-static int check_opts(const fl_opt_opts_t *o, size_t n)
+int fl_opt_check(const fl_opt_opts_t *o, size_t n)
 {
     int rc;
     if ((unsigned)o->kind >= sizeof kind_names / sizeof kind_names[0])
@@ -125,7 +125,7 @@ int fl_opt_create(const fl_opt_opts_t *opts, size_t n, fl_opt_t **out)
 {
     assert(opts != NULL && out != NULL);
     *out = NULL;
-    int rc = check_opts(opts, n);
+    int rc = fl_opt_check(opts, n);
     if (rc != FL_OK)
         return rc;
     fl_opt_t *opt = calloc(1, sizeof *opt);
@@ -234,66 +234,53 @@ int fl_opt_restore(fl_opt_t *opt, const float *buf1, const float *buf2, size_t n
 /* torch.optim.SGD: d = g + wd * p; buf = d (first step) or momentum * buf + (1 - dampening) * d;
  * d = nesterov ? d + momentum * buf : buf; p -= lr * d. "First step" means steps == 0, so a
  * restore with steps > 0 continues with the momentum formula, and one with steps = 0 starts
- * afresh as torch does without a momentum_buffer in its state. p and g point at parameter off. */
-FMA_CLONES static void sgd_range(fl_opt_t *opt, float *p, const float *g, size_t off, size_t len)
+ * afresh as torch does without a momentum_buffer in its state. The per-element bodies live in
+ * fl_math.h, shared with the device kernels. p and g point at parameter off. */
+FMA_CLONES static void sgd_range(const fl_opt_scalars_t *s, float *buf1, float *p, const float *g,
+                                 size_t off, size_t len)
 {
-    const fl_opt_opts_t *o = &opt->o;
-    const bool decay = o->weight_decay != 0.0;
-    const float wd = (float)o->weight_decay;
-    const float mom = (float)o->momentum;
-    const float keep = (float)(1.0 - o->dampening);
-    const float neg_lr = (float)-opt->lr;
-    float *buf = opt->buf1 != NULL ? opt->buf1 + off : NULL;
-    const bool first = opt->first;
-
-    for (size_t i = 0; i < len; i++) {
-        float d = decay ? fmaf(p[i], wd, g[i]) : g[i];
-        if (buf != NULL) {
-            /* buf.mul_(momentum) rounds before add_(d, alpha=1 - dampening) fuses. */
-            buf[i] = first ? d : fmaf(d, keep, buf[i] * mom);
-            d = o->nesterov ? fmaf(buf[i], mom, d) : buf[i];
-        }
-        p[i] = fmaf(d, neg_lr, p[i]);
-    }
+    float *buf = buf1 != NULL ? buf1 + off : NULL;
+    float none = 0.0f;
+    for (size_t i = 0; i < len; i++)
+        fl_sgd_elem(s, &p[i], g[i], buf != NULL ? &buf[i] : &none);
 }
 
-/* torch.optim.Adam / AdamW (amsgrad off): the scalars in double as Python computes them, the
- * tensor arithmetic in float as ATen does. */
-FMA_CLONES static void adam_range(fl_opt_t *opt, float *p, const float *g, size_t off,
-                                  size_t len)
+FMA_CLONES static void adam_range(const fl_opt_scalars_t *s, float *buf1, float *buf2, float *p,
+                                  const float *g, size_t off, size_t len)
 {
-    const fl_opt_opts_t *o = &opt->o;
-    const double lr = opt->lr;
-    const bool adamw = o->kind == FL_OPT_ADAMW;
-    const bool l2 = !adamw && o->weight_decay != 0.0;
-    const float wd = (float)o->weight_decay;
-    const float shrink = (float)(1.0 - lr * o->weight_decay);
-    const float b1 = (float)o->beta1;
-    const float one_b1 = (float)(1.0 - o->beta1);
-    const float b2 = (float)o->beta2;
-    const float one_b2 = (float)(1.0 - o->beta2);
-    const float eps = (float)o->eps;
-    /* opt->steps was already advanced: t is 1 on the first step. */
-    const double t = (double)opt->steps;
-    const double bias1 = 1.0 - pow(o->beta1, t);
-    const double bias2 = 1.0 - pow(o->beta2, t);
-    const float neg_step = (float)-(lr / bias1);
-    const float bias2_sqrt = (float)sqrt(bias2);
-    float *m = opt->buf1 + off;
-    float *v = opt->buf2 + off;
+    float *m = buf1 + off;
+    float *v = buf2 + off;
+    for (size_t i = 0; i < len; i++)
+        fl_adam_elem(s, &p[i], g[i], &m[i], &v[i]);
+}
 
-    for (size_t i = 0; i < len; i++) {
-        float gi = g[i];
-        /* AdamW decays unconditionally (param.mul_(1 - lr * wd), a no-op multiply by 1 when
-         * wd = 0); Adam adds the L2 term to the gradient only when wd != 0. */
-        if (adamw)
-            p[i] = p[i] * shrink;
-        else if (l2)
-            gi = fmaf(p[i], wd, gi);
-        m[i] = fmaf(gi, one_b1, m[i] * b1);
-        v[i] = fmaf(one_b2 * gi, gi, v[i] * b2);
-        const float denom = sqrtf(v[i]) / bias2_sqrt + eps;
-        p[i] = p[i] + (neg_step * m[i]) / denom;
+/* The scalars in double as Python computes them, the tensor arithmetic in float as ATen does.
+ * steps: the step count after this step (1 on the first). */
+void fl_opt_scalars(const fl_opt_opts_t *o, uint64_t steps, double lr, fl_opt_scalars_t *s)
+{
+    memset(s, 0, sizeof *s);
+    s->kind = (int)o->kind;
+    s->first = steps == 1;
+    s->has_buf = o->kind == FL_OPT_SGD && o->momentum != 0.0;
+    s->nesterov = o->nesterov;
+    s->decay = o->kind == FL_OPT_SGD ? o->weight_decay != 0.0
+                                     : o->kind == FL_OPT_ADAM && o->weight_decay != 0.0;
+    s->wd = (float)o->weight_decay;
+    s->mom = (float)o->momentum;
+    s->keep = (float)(1.0 - o->dampening);
+    s->neg_lr = (float)-lr;
+    s->shrink = (float)(1.0 - lr * o->weight_decay);
+    s->b1 = (float)o->beta1;
+    s->one_b1 = (float)(1.0 - o->beta1);
+    s->b2 = (float)o->beta2;
+    s->one_b2 = (float)(1.0 - o->beta2);
+    s->eps = (float)o->eps;
+    if (o->kind != FL_OPT_SGD) {
+        const double t = (double)steps;
+        const double bias1 = 1.0 - pow(o->beta1, t);
+        const double bias2 = 1.0 - pow(o->beta2, t);
+        s->neg_step = (float)-(lr / bias1);
+        s->bias2_sqrt = (float)sqrt(bias2);
     }
 }
 
@@ -304,9 +291,8 @@ int fl_opt_step_begin(fl_opt_t *opt, double lr)
      * before it corrupts the parameters. */
     if (!(lr >= 0.0) || isinf(lr))
         return fl_fail(FL_EINVAL, "optimizer: lr = %g must be a finite number >= 0", lr);
-    opt->lr = lr;
-    opt->first = opt->steps == 0;
     opt->steps++;
+    fl_opt_scalars(&opt->o, opt->steps, lr, &opt->sc);
     return FL_OK;
 }
 
@@ -314,9 +300,9 @@ void fl_opt_step_range(fl_opt_t *opt, float *params, const float *grad, size_t o
 {
     assert(opt != NULL && off <= opt->n && len <= opt->n - off);
     if (opt->o.kind == FL_OPT_SGD)
-        sgd_range(opt, params, grad, off, len);
+        sgd_range(&opt->sc, opt->buf1, params, grad, off, len);
     else
-        adam_range(opt, params, grad, off, len);
+        adam_range(&opt->sc, opt->buf1, opt->buf2, params, grad, off, len);
 }
 
 int fl_opt_step(fl_opt_t *opt, float *params, const float *grad, double lr)

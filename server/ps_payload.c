@@ -26,7 +26,8 @@ uint64_t ps_chunk_elems(uint64_t count)
 /* The largest |x| of n float32 as bits (|x| orders like its bit pattern) and whether one is
  * NaN or Inf (bits at or above 0x7f800000): integer work the compiler vectorises, one pass at
  * memory speed. */
-#if defined(__x86_64__) && defined(__GNUC__) && !defined(__clang__) && __GNUC__ >= 12
+#if defined(__x86_64__) && defined(__GNUC__) && !defined(__clang__) && __GNUC__ >= 12 && \
+    !defined(__SANITIZE_THREAD__) /* its resolver would run before the TSan runtime */
 __attribute__((target_clones("arch=x86-64-v3", "default")))
 #endif
 uint32_t ps_max_abs_bits(const void *x, size_t n)

@@ -154,8 +154,12 @@ int fl_test_gpu_probe(const char *suite)
         if (!fl_gpu_available()) {
             char why[256];
             fl_gpu_describe(why, sizeof why);
-            printf("SKIP: %s needs a CUDA device: %s\n", suite, why);
-            code = 77;
+            /* On a machine meant to have one (scripts/gpu-check.sh), a skip would hide it. */
+            const char *req = getenv("FLODL_REQUIRE_GPU");
+            bool required = req != NULL && strcmp(req, "1") == 0;
+            printf("%s: %s needs a CUDA device: %s%s\n", required ? "FAIL" : "SKIP", suite, why,
+                   required ? " (FLODL_REQUIRE_GPU=1)" : "");
+            code = required ? 1 : 77;
         }
         fflush(stdout);
         _exit(code);

@@ -35,7 +35,8 @@ int fl_test_run_ranks(int world, const fl_comm_opts_t *base, fl_test_rank_fn fn,
 /* Probes for a usable CUDA device in a child process: CUDA cannot be used in a child forked
  * after its parent initialized it, and Check runs each case in a forked child, so the test
  * process itself must never touch CUDA before the cases run. Returns 0 when a device is
- * usable, 77 after printing "SKIP: <suite> needs a CUDA device: <why>", 1 on a probe failure. */
+ * usable, 77 after printing "SKIP: <suite> needs a CUDA device: <why>", 1 on a probe failure
+ * or when FLODL_REQUIRE_GPU=1 and there is none (a GPU machine's check must not skip). */
 int fl_test_gpu_probe(const char *suite);
 
 /* One line describing a received message: "error -1: text", "shutdown 2: text", "welcome". */

@@ -1,9 +1,11 @@
-/* The devices of one worker process (CPU replicas, as threads): each draws its batch from the
- * distributed sampler (device j of rank k is data-parallel replica k * L + j of world * L) and
- * computes its gradient; then the first level of the exchange, inside the host: their mean
- * (for the parameter server), a reduce-scatter in shared memory (device j sums shard j of all
- * devices' gradients, for the two-level exchange), or nothing (every device a member of the
- * flat exchange, telling layer by layer). Both training loops use it. */
+/* The devices of one worker process (cpu replicas, simulated or CUDA GPUs), each driven by a
+ * thread of its own for the whole run: each draws its batch from the distributed sampler
+ * (device j of rank k is data-parallel replica k * L + j of world * L) and computes its
+ * gradient on its device (replica_dev.c), which lands in host memory layer by layer; then the
+ * first level of the exchange, inside the host: their mean (for the parameter server), a
+ * reduce-scatter in shared memory (device j sums shard j of all devices' gradients, for the
+ * two-level exchange), or nothing (every device a member of the flat exchange, telling layer
+ * by layer). Both training loops use it. */
 #include "wk_int.h"
 
 #include <math.h>
@@ -15,13 +17,15 @@
 
 #define MAX_DEVICES 64
 
+typedef struct fl_wk_devices fl_wk_devices_t;
+
 typedef struct replica {
+    fl_wk_devices_t *d;
     fl_wk_sampler_t smp;
-    fl_wk_mlp_ws_t *ws;
+    fl_wk_rdev_t *rd;
     uint32_t *idx;
-    float *x;
-    int32_t *y;
-    float *grad; /* device 0 writes straight into the caller's gradient */
+    uint32_t *next_idx; /* the batch after, staged while this one computes */
+    float *grad; /* device 0's gradient lands straight in the caller's */
     double loss;
     size_t correct;
     int rc;
@@ -38,6 +42,10 @@ typedef struct replica {
      * the round's start after) and optimizer */
     float *own;
     fl_opt_t *opt;
+    /* its thread, alive for the run */
+    pthread_t th;
+    bool started;
+    uint64_t seen; /* the last work generation it took */
 } replica_t;
 
 struct fl_wk_devices {
@@ -73,7 +81,17 @@ struct fl_wk_devices {
     size_t cur_batch;
     fl_wk_ready_fn ready;
     void *ud;
+    long epoch;
+    /* the device threads: work generation gen, finished of them done with it */
+    pthread_mutex_t pool_mu;
+    pthread_cond_t pool_cv;
+    uint64_t gen;
+    int finished;
+    bool quit;
+    bool have_pool;
 };
+
+static void *device_main(void *arg);
 
 int fl_wk_devices_create(const fl_wk_mlp_shape_t *m, const fl_wk_dataset_t *train,
                          const fl_wk_train_opts_t *o, int rank, int world, fl_wk_local_t local,
@@ -103,22 +121,32 @@ int fl_wk_devices_create(const fl_wk_mlp_shape_t *m, const fl_wk_dataset_t *trai
     pthread_mutex_init(&d->mu, NULL);
     pthread_cond_init(&d->cv, NULL);
     d->have_barrier = true;
+    pthread_mutex_init(&d->pool_mu, NULL);
+    pthread_cond_init(&d->pool_cv, NULL);
+    d->have_pool = true;
     for (int j = 0; j < L; j++) {
         replica_t *r = &d->rep[j];
+        r->d = d;
         r->j = j;
         r->throttle = o->throttle[j];
         if ((rc = fl_wk_sampler_init(&r->smp, train->n, world * L, rank * L + j, o->batch,
                                      o->shuffle, o->seed)) != FL_OK ||
-            (rc = fl_wk_mlp_ws_create(m, o->batch, &r->ws)) != FL_OK)
+            (rc = fl_wk_rdev_create(o, j, train->dim, &r->rd)) != FL_OK)
             goto fail;
         r->idx = malloc(o->batch * sizeof *r->idx);
-        r->x = malloc(o->batch * train->dim * sizeof *r->x);
-        r->y = malloc(o->batch * sizeof *r->y);
+        r->next_idx = malloc(o->batch * sizeof *r->next_idx);
         r->grad = j == 0 ? grad : calloc(d->np, sizeof(float));
-        if (r->idx == NULL || r->x == NULL || r->y == NULL || r->grad == NULL) {
+        if (r->idx == NULL || r->next_idx == NULL || r->grad == NULL) {
             rc = fl_fail(FL_ENOMEM, "out of memory for device %d", j);
             goto fail;
         }
+    }
+    for (int j = 0; j < L; j++) {
+        if (pthread_create(&d->rep[j].th, NULL, device_main, &d->rep[j]) != 0) {
+            rc = fl_fail(FL_EIO, "rank %d: cannot start the thread of device %d", rank, j);
+            goto fail;
+        }
+        d->rep[j].started = true;
     }
     if (o->max_anchor > 0) {
         if ((rc = fl_wk_sampler_init(&d->host, train->n, world, rank, o->batch, o->shuffle,
@@ -138,13 +166,23 @@ void fl_wk_devices_destroy(fl_wk_devices_t **pd)
     if (pd == NULL || *pd == NULL)
         return;
     fl_wk_devices_t *d = *pd;
+    if (d->have_pool) {
+        pthread_mutex_lock(&d->pool_mu);
+        d->quit = true;
+        pthread_cond_broadcast(&d->pool_cv);
+        pthread_mutex_unlock(&d->pool_mu);
+        for (int j = 0; j < d->n; j++)
+            if (d->rep[j].started)
+                pthread_join(d->rep[j].th, NULL);
+        pthread_mutex_destroy(&d->pool_mu);
+        pthread_cond_destroy(&d->pool_cv);
+    }
     for (int j = 0; j < d->n; j++) {
         replica_t *r = &d->rep[j];
         fl_wk_sampler_deinit(&r->smp);
-        fl_wk_mlp_ws_destroy(&r->ws);
+        fl_wk_rdev_destroy(&r->rd);
         free(r->idx);
-        free(r->x);
-        free(r->y);
+        free(r->next_idx);
         if (j > 0)
             free(r->grad);
         free(r->one);
@@ -163,6 +201,7 @@ void fl_wk_devices_destroy(fl_wk_devices_t **pd)
 
 void fl_wk_devices_set_epoch(fl_wk_devices_t *d, long epoch)
 {
+    d->epoch = epoch;
     for (int j = 0; j < d->n; j++)
         fl_wk_sampler_set_epoch(&d->rep[j].smp, epoch);
     if (d->have_host)
@@ -181,7 +220,8 @@ size_t fl_wk_devices_batches(const fl_wk_devices_t *d)
 
 fl_wk_mlp_ws_t *fl_wk_devices_ws(fl_wk_devices_t *d)
 {
-    return d->rep[0].ws;
+    fl_wk_rdev_bind(d->rep[0].rd);
+    return fl_wk_rdev_ws(d->rep[0].rd);
 }
 
 float *fl_wk_devices_grad(fl_wk_devices_t *d, int j)
@@ -189,26 +229,17 @@ float *fl_wk_devices_grad(fl_wk_devices_t *d, int j)
     return j >= 0 && j < d->n ? d->rep[j].grad : NULL;
 }
 
-/* Copies the batch's samples next to each other for the GEMMs. */
-static void gather(const fl_wk_dataset_t *data, const uint32_t *idx, size_t b, float *x,
-                   int32_t *y)
+/* A layer of the device's gradient has landed: the exchange may take it. */
+static void layer_tell(int layer, void *ud)
 {
-    for (size_t t = 0; t < b; t++) {
-        memcpy(x + t * data->dim, data->x + (size_t)idx[t] * data->dim,
-               data->dim * sizeof(float));
-        y[t] = data->y[idx[t]];
-    }
+    replica_t *r = ud;
+    r->d->ready(r->j, fl_wk_mlp_weight_at(r->d->m, layer), r->d->ud);
 }
 
-typedef struct rep_arg {
-    fl_wk_devices_t *d;
-    replica_t *r;
-} rep_arg_t;
-
-static void layer_done(int layer, void *ud)
+/* A batch's tag: its epoch and index, so a batch staged ahead is never used in another epoch. */
+static long batch_tag(long epoch, size_t index)
 {
-    rep_arg_t *a = ud;
-    a->d->ready(a->r->j, fl_wk_mlp_weight_at(a->d->m, layer), a->d->ud);
+    return (long)(((uint64_t)epoch << 32) | (uint64_t)index);
 }
 
 /* Device j's shard of the devices' mean into device 0's buffer (grad), summed in device order
@@ -285,12 +316,11 @@ static void cadence_batches(fl_wk_devices_t *d, replica_t *r)
     for (int b = 0; b < r->count && r->rc == FL_OK; b++) {
         int64_t t0 = fl_now_ns();
         fl_wk_sampler_batch(&d->host, r->first + (size_t)b, r->idx);
-        gather(d->train, r->idx, d->batch, r->x, r->y);
         float *g = b == 0 || d->local_sgd ? r->grad : r->one;
         double loss = 0.0;
         size_t correct = 0;
-        r->rc = fl_wk_mlp_grad(d->m, r->ws, d->local_sgd ? r->own : d->params, r->x, r->y,
-                               d->batch, g, &loss, &correct, NULL, NULL);
+        r->rc = fl_wk_rdev_grad(r->rd, d->local_sgd ? r->own : d->params, NULL, d->train,
+                                r->idx, FL_WK_NO_TAG, NULL, 0, g, NULL, NULL, &loss, &correct);
         fl_obs_timeline_span(d->tl, FL_WK_TRACK_DEVICE + r->j, "compute", "device", t0,
                              fl_now_ns());
         if (r->rc == FL_OK && d->local_sgd) {
@@ -328,10 +358,9 @@ static void cadence_batches(fl_wk_devices_t *d, replica_t *r)
 }
 
 /* One device's step: its gradient, then its part of the reduction inside the host. */
-static void replica_step(rep_arg_t *a)
+static void replica_step(replica_t *r)
 {
-    fl_wk_devices_t *d = a->d;
-    replica_t *r = a->r;
+    fl_wk_devices_t *d = r->d;
     if (d->cadence) {
         cadence_batches(d, r);
         return;
@@ -339,16 +368,16 @@ static void replica_step(rep_arg_t *a)
     bool tell = d->ready != NULL && (d->n == 1 || d->local == FL_WK_LOCAL_NONE);
     int64_t t0 = fl_now_ns();
     fl_wk_sampler_batch(&r->smp, d->cur_batch, r->idx);
-    gather(d->train, r->idx, d->batch, r->x, r->y);
-    if (d->full != NULL) {
-        r->rc = fl_wk_mlp_grad_src(d->m, r->ws, fl_wk_full_src(d->full, r->j), r->x, r->y,
-                                   d->batch, r->grad, &r->loss, &r->correct,
-                                   tell ? layer_done : NULL, a);
+    bool ahead = d->cur_batch + 1 < fl_wk_sampler_batches(&r->smp);
+    if (ahead)
+        fl_wk_sampler_batch(&r->smp, d->cur_batch + 1, r->next_idx);
+    long tag = batch_tag(d->epoch, d->cur_batch);
+    const fl_wk_mlp_src_t *src = d->full != NULL ? fl_wk_full_src(d->full, r->j) : NULL;
+    r->rc = fl_wk_rdev_grad(r->rd, src != NULL ? NULL : d->params, src, d->train, r->idx, tag,
+                            ahead ? r->next_idx : NULL, tag + 1, r->grad,
+                            tell ? layer_tell : NULL, r, &r->loss, &r->correct);
+    if (d->full != NULL)
         fl_wk_full_device_done(d->full, r->j);
-    } else {
-        r->rc = fl_wk_mlp_grad(d->m, r->ws, d->params, r->x, r->y, d->batch, r->grad, &r->loss,
-                               &r->correct, tell ? layer_done : NULL, a);
-    }
     fl_obs_timeline_span(d->tl, FL_WK_TRACK_DEVICE + r->j, "compute", "device", t0,
                          fl_now_ns());
     throttle(r, t0);
@@ -366,10 +395,48 @@ static void replica_step(rep_arg_t *a)
         d->ready(r->j, fl_shard_offset(d->np, d->n, r->j), d->ud);
 }
 
-static void *replica_main(void *p)
+static void *device_main(void *arg)
 {
-    replica_step(p);
+    replica_t *r = arg;
+    fl_wk_devices_t *d = r->d;
+    /* The device is this thread's for the run (CUDA: current here once). */
+    int brc = fl_wk_rdev_bind(r->rd);
+    char berr[512] = "";
+    if (brc != FL_OK)
+        snprintf(berr, sizeof berr, "%s", fl_last_error());
+    pthread_mutex_lock(&d->pool_mu);
+    for (;;) {
+        while (r->seen == d->gen && !d->quit)
+            pthread_cond_wait(&d->pool_cv, &d->pool_mu);
+        if (d->quit)
+            break;
+        r->seen = d->gen;
+        pthread_mutex_unlock(&d->pool_mu);
+        if (brc == FL_OK) {
+            replica_step(r);
+        } else {
+            r->rc = brc;
+            snprintf(r->err, sizeof r->err, "%s", berr);
+        }
+        pthread_mutex_lock(&d->pool_mu);
+        d->finished++;
+        pthread_cond_broadcast(&d->pool_cv);
+    }
+    pthread_mutex_unlock(&d->pool_mu);
     return NULL;
+}
+
+/* Every device thread runs replica_step once; returns when all have. Each step's own waits are
+ * bounded (the devices' and the collectives' deadlines), so this one is too. */
+static void run_all(fl_wk_devices_t *d)
+{
+    pthread_mutex_lock(&d->pool_mu);
+    d->gen++;
+    d->finished = 0;
+    pthread_cond_broadcast(&d->pool_cv);
+    while (d->finished < d->n)
+        pthread_cond_wait(&d->pool_cv, &d->pool_mu);
+    pthread_mutex_unlock(&d->pool_mu);
 }
 
 int fl_wk_devices_step(fl_wk_devices_t *d, const float *params, size_t batch_index,
@@ -380,38 +447,12 @@ int fl_wk_devices_step(fl_wk_devices_t *d, const float *params, size_t batch_ind
     d->ready = ready;
     d->ud = ud;
     int L = d->n;
-    pthread_t th[MAX_DEVICES];
-    rep_arg_t args[MAX_DEVICES];
-    for (int j = 0; j < L; j++)
-        args[j] = (rep_arg_t){d, &d->rep[j]};
     d->arrived = 0;
     d->aborted = false;
     int rc = d->full != NULL && !d->cadence ? fl_wk_full_begin(d->full) : FL_OK;
     if (rc != FL_OK)
         return rc;
-    for (int j = 1; j < L; j++) {
-        if (pthread_create(&th[j], NULL, replica_main, &args[j]) != 0) {
-            /* Those started must not wait at the barrier for the missing ones. */
-            pthread_mutex_lock(&d->mu);
-            d->aborted = true;
-            pthread_cond_broadcast(&d->cv);
-            pthread_mutex_unlock(&d->mu);
-            /* The devices that will not run release their layers, so the others do not
-             * wait for them. */
-            if (d->full != NULL && !d->cadence)
-                for (int k = 0; k < L; k++)
-                    if (k == 0 || k >= j)
-                        fl_wk_full_device_done(d->full, k);
-            for (int k = 1; k < j; k++)
-                pthread_join(th[k], NULL);
-            if (d->full != NULL && !d->cadence)
-                fl_wk_full_end(d->full);
-            return fl_fail(FL_EIO, "rank %d: cannot start CPU replica %d", d->rank, j);
-        }
-    }
-    replica_step(&args[0]);
-    for (int j = 1; j < L; j++)
-        pthread_join(th[j], NULL);
+    run_all(d);
     if (d->full != NULL && !d->cadence && (rc = fl_wk_full_end(d->full)) != FL_OK) {
         /* The device that stopped the step says why (the others only saw it stopped); a
          * gather's own failure says it itself. */
@@ -488,9 +529,11 @@ int fl_wk_devices_host_batch(fl_wk_devices_t *d, int j, const float *params, siz
     replica_t *r = &d->rep[j];
     int64_t t0 = fl_now_ns();
     fl_wk_sampler_batch(&d->host, index, r->idx);
-    gather(d->train, r->idx, d->batch, r->x, r->y);
-    int rc = fl_wk_mlp_grad(d->m, r->ws, params, r->x, r->y, d->batch, grad, loss, correct,
-                            NULL, NULL);
+    /* The calling thread (--policy async's, device j's) computes on the device. */
+    int rc = fl_wk_rdev_bind(r->rd);
+    if (rc == FL_OK)
+        rc = fl_wk_rdev_grad(r->rd, params, NULL, d->train, r->idx, FL_WK_NO_TAG, NULL, 0, grad,
+                             NULL, NULL, loss, correct);
     fl_obs_timeline_span(d->tl, FL_WK_TRACK_DEVICE + j, "compute", "device", t0, fl_now_ns());
     throttle(r, t0);
     if (rc == FL_OK && d->max_norm > 0.0) {

@@ -13,6 +13,7 @@
 #include <flodl/ps.h>
 
 #include "fl_core.h"
+#include "fl_dev.h"
 
 #ifdef __cplusplus
 extern "C" {
@@ -140,9 +141,53 @@ int fl_wk_mlp_grad_src(const fl_wk_mlp_shape_t *m, fl_wk_mlp_ws_t *ws, const fl_
                        size_t *correct, fl_wk_layer_done_fn done, void *ud);
 
 /* Forward only, in batches of the workspace's size: mean loss and correct predictions over n
- * samples. */
+ * samples. Works on a workspace of any device (the parameters and samples are copied in). */
 int fl_wk_mlp_eval(const fl_wk_mlp_shape_t *m, fl_wk_mlp_ws_t *ws, const float *params,
                    const float *x, const int32_t *y, size_t n, double *loss, size_t *correct);
+
+/* ---- the model on a device (mlp_dev.c) ---- */
+
+/* A workspace on device dev, with its own stream (the device's compute stream): the host entry
+ * points above use a workspace made by fl_wk_mlp_ws_create, on a cpu device of its own. */
+int fl_wk_mlp_ws_create_on(fl_dev_t *dev, const fl_wk_mlp_shape_t *m, size_t batch,
+                           fl_wk_mlp_ws_t **out);
+fl_dev_t *fl_wk_mlp_ws_dev(const fl_wk_mlp_ws_t *ws);
+fl_stream_t *fl_wk_mlp_ws_stream(const fl_wk_mlp_ws_t *ws);
+
+/* FL_EINVAL naming the first label outside 0..classes-1 (checked on the host before a batch
+ * goes to a device). */
+int fl_wk_mlp_check_labels(const fl_wk_mlp_shape_t *m, const int32_t *y, size_t b);
+
+/* Layers on the device when they are not in one flat buffer: as fl_wk_mlp_src_t, with device
+ * addresses valid until put. */
+typedef struct fl_wk_mlp_dsrc {
+    int (*get)(void *ud, int layer, fl_dptr_t *w);
+    void (*put)(void *ud, int layer);
+    void *ud;
+} fl_wk_mlp_dsrc_t;
+
+/* Queues forward and backward of b samples (x, y: device addresses; labels checked) on the
+ * workspace's stream, gradients into grad; parameters from params, or from src when src is not
+ * NULL. done(l) is called once layer l's gradient is queued (the caller records an event there
+ * to know when it is computed). Nothing is waited for: fl_wk_mlp_dresult reads the results.
+ * FL_OK, FL_EINVAL (b above the workspace), a source's error, a device's error. */
+int fl_wk_mlp_dgrad(const fl_wk_mlp_shape_t *m, fl_wk_mlp_ws_t *ws, fl_dptr_t params,
+                    const fl_wk_mlp_dsrc_t *src, fl_dptr_t x, fl_dptr_t y, size_t b,
+                    fl_dptr_t grad, fl_wk_layer_done_fn done, void *ud);
+
+/* fl_wk_mlp_dgrad with the layers from a host source (--shard full's gathers): each layer is
+ * copied in (wrapped on cpu) and the copy waited for before the source hears put. */
+int fl_wk_mlp_dgrad_hsrc(const fl_wk_mlp_shape_t *m, fl_wk_mlp_ws_t *ws,
+                         const fl_wk_mlp_src_t *src, fl_dptr_t x, fl_dptr_t y, size_t b,
+                         fl_dptr_t grad, fl_wk_layer_done_fn done, void *ud);
+
+/* Waits for the last pass of b samples: mean loss and correct predictions. FL_ENONFINITE for a
+ * diverged loss, or the stream's error. */
+int fl_wk_mlp_dresult(fl_wk_mlp_ws_t *ws, size_t b, double *loss, size_t *correct);
+
+/* fl_wk_mlp_eval with the parameters already on the device (the samples are host memory). */
+int fl_wk_mlp_deval(const fl_wk_mlp_shape_t *m, fl_wk_mlp_ws_t *ws, fl_dptr_t params,
+                    const float *x, const int32_t *y, size_t n, double *loss, size_t *correct);
 
 /* ---- parameters on disk (model_io.c): safetensors, PyTorch's names ---- */
 
@@ -214,7 +259,12 @@ typedef struct fl_wk_train_opts {
     int epochs;
     bool shuffle;
     uint64_t seed;         /* initialisation and sampling */
-    int replicas;          /* CPU replicas (devices) of this process, as threads (default 1) */
+    int replicas;          /* devices of this process, each with a thread (default 1) */
+    fl_dev_kind_t device;  /* what they are: cpu (default), sim or cuda */
+    int gpus[64];          /* sim and cuda: device j's id (default j; --gpus 0,0 gives two
+                              logical devices on one GPU) */
+    int sim_jitter_us;     /* sim: random delay before each device operation (tests) */
+    size_t sim_mem_bytes;  /* sim: each device's memory (0: the default) */
     fl_opt_opts_t opt;
     fl_lr_sched_t lr;
     bool scale_lr;         /* linear scaling rule: lr * global batch / batch */
@@ -236,6 +286,14 @@ typedef struct fl_wk_train_opts {
 } fl_wk_train_opts_t;
 
 void fl_wk_train_opts_init(fl_wk_train_opts_t *o);
+
+/* Resolves --device (NULL: auto) and --gpus (NULL: not given) into o->device, o->replicas and
+ * o->gpus; replicas_given: --cpu-replicas was (o->replicas holds it). FL_OK, or FL_EINVAL with
+ * one line naming the flag and what is missing (no GPU and why, an id beyond the host's
+ * count, flags that do not go together). */
+int fl_wk_device_select(const char *device, const char *gpus, bool replicas_given,
+                        fl_wk_train_opts_t *o);
+
 
 typedef struct fl_wk_train_result {
     int epochs;

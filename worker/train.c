@@ -61,6 +61,9 @@ void fl_wk_train_opts_init(fl_wk_train_opts_t *o)
     o->shuffle = true;
     o->seed = 1;
     o->replicas = 1;
+    o->device = FL_DEV_CPU;
+    for (int j = 0; j < 64; j++)
+        o->gpus[j] = j;
     fl_opt_opts_init(&o->opt);
     o->opt.momentum = 0.9;
     fl_lr_sched_init(&o->lr, 0.05);

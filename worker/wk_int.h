@@ -12,6 +12,39 @@
 int fl_wk_check_model(const fl_wk_mlp_shape_t *m, const fl_wk_dataset_t *train,
                       const fl_wk_dataset_t *test);
 
+/* ---- one device (replica_dev.c): its streams, staging and the gradient's way out ---- */
+
+typedef struct fl_wk_rdev fl_wk_rdev_t;
+
+/* Opens device j of o (o->device, id o->gpus[j]) for batches of o->batch samples of dim
+ * features. FL_OK, or the device's error (FL_EGPU, FL_EINVAL, FL_ENOMEM) naming device j. */
+int fl_wk_rdev_create(const fl_wk_train_opts_t *o, int j, size_t dim, fl_wk_rdev_t **out);
+void fl_wk_rdev_destroy(fl_wk_rdev_t **r);
+fl_dev_t *fl_wk_rdev_dev(const fl_wk_rdev_t *r);
+fl_wk_mlp_ws_t *fl_wk_rdev_ws(fl_wk_rdev_t *r);
+
+/* Makes the device current for the calling thread (a thread that computes on it calls it). */
+int fl_wk_rdev_bind(fl_wk_rdev_t *r);
+
+/* No batch tag: stage now, keep nothing for later. */
+#define FL_WK_NO_TAG (-2L)
+
+/* Told that layer's gradient (weight and bias) has landed in host memory. */
+typedef void (*fl_wk_rdev_layer_fn)(int layer, void *ud);
+
+/* The gradient of batch `tag` (samples idx of data; staged now unless the last call staged it
+ * as its next) into the host buffer grad (every parameter written; on cpu computed there), on the host
+ * parameters params (copied in; NULL with src: the layers from src). tell (may be NULL) hears
+ * each layer as its copy lands, last layer first, during the backward pass where it can. When
+ * this returns every layer has landed and nothing queued touches grad any more. FL_OK, a bad
+ * label (FL_EINVAL), a non-finite loss (FL_ENONFINITE), a source's or the device's error.
+ * next (may be NULL): the samples of batch next_tag, staged on the copy stream while this one
+ * computes (the batch after, one ahead). */
+int fl_wk_rdev_grad(fl_wk_rdev_t *r, const float *params, const fl_wk_mlp_src_t *src,
+                    const fl_wk_dataset_t *data, const uint32_t *idx, long tag,
+                    const uint32_t *next, long next_tag, float *grad, fl_wk_rdev_layer_fn tell,
+                    void *ud, double *loss, size_t *correct);
+
 /* ---- the process's devices (devices.c) ---- */
 
 typedef struct fl_wk_devices fl_wk_devices_t;

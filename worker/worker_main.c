@@ -33,7 +33,10 @@ static const char usage[] =
     "  --weight-decay 0  --beta1 0.9  --beta2 0.999  --eps 1e-8\n"
     "  --lr-schedule constant|step|cosine  --warmup-steps 0  --lr-step-size N  --lr-gamma 0.1\n"
     "  --total-steps N  --min-lr 0   (in --mode ps the optimizer runs on flodl-ps: set it there)\n"
-    "  --scale-lr (linear scaling rule)  --max-grad-norm X  --cpu-replicas L  --device auto|cpu\n"
+    "  --scale-lr (linear scaling rule)  --max-grad-norm X\n"
+    "  --device auto|cpu|sim|cuda (auto: cuda when a GPU is usable, else cpu; sim: a simulated\n"
+    "    GPU for machines without one)  --gpus 0,1,... (the local GPUs, one device each; a\n"
+    "    repeated id gives two devices on one GPU)  --cpu-replicas L (devices on the CPU)\n"
     "  --hierarchy hybrid|flat (several devices per host, --mode ring: two-level exchange, the\n"
     "    default, or every device its own ring member)\n"
     "  --shard none|grad|hybrid|full (optimizer state: on every device; 1/(hosts x devices)\n"
@@ -70,7 +73,7 @@ static const char usage[] =
 enum {
     O_MODE = 1000, O_TRAIN_IMAGES, O_TRAIN_LABELS, O_TEST_IMAGES, O_TEST_LABELS, O_TRAIN_CSV,
     O_TEST_CSV, O_DATA_SEED, O_LAYERS, O_BATCH, O_EPOCHS, O_SEED, O_NO_SHUFFLE, O_OPTIM,
-    O_SCALE_LR, O_LZ4, O_RECONNECT, O_MAX_NORM, O_REPLICAS, O_HIER, O_SHARD, O_POLICY, O_MPORT, O_MBIND, O_TIMELINE, O_CURVE, O_INSECURE, O_CKPT, O_RESUME, O_ANCHOR, O_RUN_AHEAD, O_OVERHEAD, O_HINT, O_THROTTLE, O_DEVICE, O_TOPK, O_TOPK_WARMUP, O_TOPK_VALUES, O_BUCKET, O_INIT,
+    O_SCALE_LR, O_LZ4, O_RECONNECT, O_MAX_NORM, O_REPLICAS, O_HIER, O_SHARD, O_POLICY, O_MPORT, O_MBIND, O_TIMELINE, O_CURVE, O_INSECURE, O_CKPT, O_RESUME, O_ANCHOR, O_RUN_AHEAD, O_OVERHEAD, O_HINT, O_THROTTLE, O_DEVICE, O_GPUS, O_TOPK, O_TOPK_WARMUP, O_TOPK_VALUES, O_BUCKET, O_INIT,
     O_SAVE, O_SAVE_EVERY, O_METRICS, O_PROGRESS, O_QUIET, O_SIZE, O_STEPS, O_DTYPE, O_OP, O_HELP
 };
 
@@ -93,6 +96,9 @@ typedef struct wargs {
     const char *env_curve;     /* FLODL_CURVE_DIR */
     bool env_insecure;         /* FLODL_INSECURE=1 */
     const char *timeline_path;
+    const char *device;        /* --device (NULL: auto) */
+    const char *gpus;          /* --gpus */
+    bool replicas_given;       /* --cpu-replicas */
 } wargs_t;
 
 /* The worker's observability: a metrics endpoint and a timeline, when asked for. */
@@ -162,6 +168,19 @@ static const char *env_get(const char *name, void *ud)
 }
 
 /* Prints the current detail text as the one line of a usage error; returns exit code 2. */
+/* The simulated GPU's testing knobs, from the environment: FLODL_SIM_JITTER_US (a random delay
+ * before each device operation, widening the window of a missing event) and FLODL_SIM_MEM
+ * (each device's memory, bytes). */
+static void sim_env(fl_wk_train_opts_t *t)
+{
+    const char *j = getenv("FLODL_SIM_JITTER_US");
+    const char *m = getenv("FLODL_SIM_MEM");
+    if (j != NULL)
+        t->sim_jitter_us = atoi(j);
+    if (m != NULL)
+        t->sim_mem_bytes = (size_t)strtoull(m, NULL, 10);
+}
+
 static int usage_error(void)
 {
     fprintf(stderr, "flodl-worker: %s\n", fl_last_error());
@@ -255,8 +274,10 @@ static int apply(wargs_t *a, int ch, const char *name, const char *v)
     case O_SCALE_LR: t->scale_lr = true; break;
     case O_MAX_NORM: rc = num("--max-grad-norm", v, 0.0, 1e12, &t->max_norm); break;
     case O_REPLICAS:
-        if ((rc = fl_cli_long("--cpu-replicas", v, 1, 64, &n)) == FL_OK)
+        if ((rc = fl_cli_long("--cpu-replicas", v, 1, 64, &n)) == FL_OK) {
             t->replicas = (int)n;
+            a->replicas_given = true;
+        }
         break;
     case O_HIER:
         if (strcmp(v, "hybrid") == 0)
@@ -309,13 +330,8 @@ static int apply(wargs_t *a, int ch, const char *name, const char *v)
     case O_OVERHEAD: rc = num("--overhead-target", v, 1e-4, 100.0, &t->overhead_target); break;
     case O_HINT: rc = device_ratio("--speed-hint", v, t->speed_hint); break;
     case O_THROTTLE: rc = device_ratio("--throttle", v, t->throttle); break;
-    case O_DEVICE:
-        if (strcmp(v, "cuda") == 0)
-            rc = fl_fail(FL_EINVAL, "--device cuda: GPU training is not built yet; use --device "
-                                    "cpu or auto");
-        else if (strcmp(v, "cpu") != 0 && strcmp(v, "auto") != 0)
-            rc = fl_fail(FL_EINVAL, "--device: '%s' is not one of auto|cpu|cuda", v);
-        break;
+    case O_DEVICE: a->device = v; break;
+    case O_GPUS: a->gpus = v; break;
     case O_TOPK: rc = num("--topk", v, 0.0, 1.0, &t->topk); break;
     case O_TOPK_WARMUP:
         if ((rc = fl_cli_long("--topk-warmup", v, 0, 1000, &n)) == FL_OK)
@@ -493,7 +509,7 @@ int main(int argc, char **argv)
         {"resume", 1, NULL, O_RESUME},
         {"max-anchor", 1, NULL, O_ANCHOR}, {"run-ahead", 1, NULL, O_RUN_AHEAD}, {"overhead-target", 1, NULL, O_OVERHEAD},
         {"speed-hint", 1, NULL, O_HINT}, {"throttle", 1, NULL, O_THROTTLE},
-        {"device", 1, NULL, O_DEVICE},
+        {"device", 1, NULL, O_DEVICE}, {"gpus", 1, NULL, O_GPUS},
         {"topk", 1, NULL, O_TOPK}, {"topk-warmup", 1, NULL, O_TOPK_WARMUP},
         {"topk-values", 1, NULL, O_TOPK_VALUES}, {"bucket-mb", 1, NULL, O_BUCKET},
         {"init", 1, NULL, O_INIT}, {"save", 1, NULL, O_SAVE},
@@ -610,6 +626,9 @@ int main(int argc, char **argv)
                             &a.co.curve_dir) != FL_OK)
             return usage_error();
     }
+    if (a.mode != 99 && fl_wk_device_select(a.device, a.gpus, a.replicas_given, &a.to) != FL_OK)
+        return usage_error();
+    sim_env(&a.to);
     /* One BLAS thread per process: the devices are threads of their own and the ranks share
      * the machine's cores. */
     openblas_set_num_threads(1);
