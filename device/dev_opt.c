@@ -62,7 +62,7 @@ int fl_dev_opt_create(fl_dev_t *d, const fl_opt_opts_t *o, size_t n, fl_dev_opt_
     return FL_OK;
 fail:
     fl_dev_opt_destroy(&t);
-    return fl_fail_ctx(rc, "optimizer state of %zu parameters: ", n);
+    return fl_fail_ctx(rc, "optimizer state of %zu parameters", n);
 }
 
 void fl_dev_opt_destroy(fl_dev_opt_t **po)

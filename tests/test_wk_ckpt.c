@@ -69,8 +69,10 @@ static void resume_into(fl_wk_shard_t shard1, int W2, int L2, fl_wk_shard_t shar
     snprintf(path, sizeof path, "%s/manifest.safetensors", ck);
     ck_assert_msg(access(path, R_OK) == 0, "no manifest");
     /* One file per piece: 2 hosts x 2 devices (x 2 layers under --shard full). */
-    for (int r = 0; r < 2; r++)
-        for (int t = 0; t < 2; t++)
+    /* none: one range, rank 0's device 0's (every device holds the same state). */
+    int files = shard1 == FL_WK_SHARD_NONE ? 1 : 2;
+    for (int r = 0; r < files; r++)
+        for (int t = 0; t < files; t++)
             for (int u = 0; u < (shard1 == FL_WK_SHARD_FULL ? 2 : 1); u++) {
                 int id = shard1 == FL_WK_SHARD_FULL ? t * FL_WK_MAX_LAYERS + u : t;
                 snprintf(path, sizeof path, "%s/shard-s%d-r%d-d%d.safetensors", ck, N / 32, r,
@@ -111,6 +113,16 @@ START_TEST(test_full_resumes_into_other_layouts)
     resume_into(FL_WK_SHARD_FULL, 1, 4, FL_WK_SHARD_HYBRID, FL_OPT_SGD);
     resume_into(FL_WK_SHARD_FULL, 4, 1, FL_WK_SHARD_GRAD, FL_OPT_ADAM);
     resume_into(FL_WK_SHARD_GRAD, 1, 4, FL_WK_SHARD_FULL, FL_OPT_ADAM);
+}
+END_TEST
+
+/* --shard none keeps parameters and optimizer state on the devices (copied out for the
+ * checkpoint, back in on resume), and hands them to and from the host's layouts. */
+START_TEST(test_resident_state_resumes)
+{
+    resume_into(FL_WK_SHARD_NONE, 1, 4, FL_WK_SHARD_NONE, FL_OPT_ADAM);
+    resume_into(FL_WK_SHARD_NONE, 4, 1, FL_WK_SHARD_GRAD, FL_OPT_SGD);
+    resume_into(FL_WK_SHARD_GRAD, 2, 2, FL_WK_SHARD_NONE, FL_OPT_ADAM);
 }
 END_TEST
 
@@ -221,6 +233,7 @@ static Suite *suite(void)
     tcase_add_checked_fixture(t, setup_dir, teardown_dir);
     tcase_add_test(t, test_resume_into_one_host_of_four_devices);
     tcase_add_test(t, test_resume_into_four_hosts_adam);
+    tcase_add_test(t, test_resident_state_resumes);
     tcase_add_test(t, test_full_resumes_into_other_layouts);
     tcase_add_test(t, test_el_che_resume_keeps_the_schedule);
     tcase_add_test(t, test_bad_checkpoints_refused);

@@ -82,6 +82,15 @@ struct fl_wk_devices {
     fl_wk_ready_fn ready;
     void *ud;
     long epoch;
+    /* resident parameters (fl_wk_devices_keep) */
+    bool resident;
+    bool keep_grad;
+    bool shared; /* cpu: the devices' parameters are one host buffer, device 0 steps it */
+    /* the update in progress */
+    bool updating;
+    const float *upd_grad;
+    double upd_norm;
+    double upd_lr;
     /* the device threads: work generation gen, finished of them done with it */
     pthread_mutex_t pool_mu;
     pthread_cond_t pool_cv;
@@ -374,7 +383,7 @@ static void replica_step(replica_t *r)
     long tag = batch_tag(d->epoch, d->cur_batch);
     const fl_wk_mlp_src_t *src = d->full != NULL ? fl_wk_full_src(d->full, r->j) : NULL;
     r->rc = fl_wk_rdev_grad(r->rd, src != NULL ? NULL : d->params, src, d->train, r->idx, tag,
-                            ahead ? r->next_idx : NULL, tag + 1, r->grad,
+                            ahead ? r->next_idx : NULL, tag + 1, d->keep_grad ? NULL : r->grad,
                             tell ? layer_tell : NULL, r, &r->loss, &r->correct);
     if (d->full != NULL)
         fl_wk_full_device_done(d->full, r->j);
@@ -412,7 +421,13 @@ static void *device_main(void *arg)
             break;
         r->seen = d->gen;
         pthread_mutex_unlock(&d->pool_mu);
-        if (brc == FL_OK) {
+        if (brc == FL_OK && d->updating) {
+            r->rc = d->shared && r->j > 0
+                        ? FL_OK
+                        : fl_wk_rdev_update(r->rd, d->upd_grad, d->upd_norm, d->upd_lr);
+            if (r->rc != FL_OK)
+                snprintf(r->err, sizeof r->err, "%s", fl_last_error());
+        } else if (brc == FL_OK) {
             replica_step(r);
         } else {
             r->rc = brc;
@@ -542,6 +557,85 @@ int fl_wk_devices_host_batch(fl_wk_devices_t *d, int j, const float *params, siz
             grad[i] *= (float)f;
     }
     return rc;
+}
+
+int fl_wk_devices_keep(fl_wk_devices_t *d, const fl_opt_opts_t *opt, float *params,
+                       bool keep_grad)
+{
+    if (keep_grad && d->n > 1)
+        return fl_fail(FL_EINVAL, "a gradient kept on the device needs one device, not %d",
+                       d->n);
+    d->shared = fl_dev_kind(fl_wk_rdev_dev(d->rep[0].rd)) == FL_DEV_CPU;
+    for (int j = 0; j < d->n; j++) {
+        replica_t *r = &d->rep[j];
+        int rc = fl_wk_rdev_bind(r->rd);
+        if (rc == FL_OK)
+            rc = fl_wk_rdev_keep(r->rd, d->shared && j > 0 ? NULL : opt, params);
+        if (rc != FL_OK)
+            return rc;
+    }
+    d->resident = true;
+    d->keep_grad = keep_grad;
+    return FL_OK;
+}
+
+bool fl_wk_devices_keeps_grad(const fl_wk_devices_t *d)
+{
+    return d->keep_grad;
+}
+
+int fl_wk_devices_update(fl_wk_devices_t *d, const float *grad, double max_norm, double lr)
+{
+    d->updating = true;
+    d->upd_grad = grad;
+    d->upd_norm = max_norm;
+    d->upd_lr = lr;
+    run_all(d);
+    d->updating = false;
+    for (int j = 0; j < d->n; j++)
+        if (d->rep[j].rc != FL_OK)
+            return fl_fail(d->rep[j].rc, "device %d: %s", j, d->rep[j].err);
+    return FL_OK;
+}
+
+int fl_wk_devices_get_params(fl_wk_devices_t *d, float *params)
+{
+    int rc = fl_wk_rdev_bind(d->rep[0].rd);
+    return rc == FL_OK ? fl_wk_rdev_get_params(d->rep[0].rd, params) : rc;
+}
+
+int fl_wk_devices_put_params(fl_wk_devices_t *d, const float *params)
+{
+    for (int j = 0; j < d->n; j++) {
+        int rc = fl_wk_rdev_bind(d->rep[j].rd);
+        if (rc == FL_OK)
+            rc = fl_wk_rdev_put_params(d->rep[j].rd, params);
+        if (rc != FL_OK)
+            return rc;
+    }
+    return FL_OK;
+}
+
+int fl_wk_devices_opt_save(fl_wk_devices_t *d, fl_opt_t *host)
+{
+    fl_wk_rdev_t *rd = d->rep[0].rd;
+    int rc = fl_wk_rdev_bind(rd);
+    return rc == FL_OK ? fl_dev_opt_save(fl_wk_rdev_opt(rd), fl_wk_rdev_stream(rd), host) : rc;
+}
+
+int fl_wk_devices_opt_load(fl_wk_devices_t *d, const fl_opt_t *host)
+{
+    for (int j = 0; j < d->n; j++) {
+        fl_wk_rdev_t *rd = d->rep[j].rd;
+        if (fl_wk_rdev_opt(rd) == NULL)
+            continue;
+        int rc = fl_wk_rdev_bind(rd);
+        if (rc == FL_OK)
+            rc = fl_dev_opt_load(fl_wk_rdev_opt(rd), fl_wk_rdev_stream(rd), host);
+        if (rc != FL_OK)
+            return rc;
+    }
+    return FL_OK;
 }
 
 void fl_wk_devices_set_full(fl_wk_devices_t *d, fl_wk_full_t *z)

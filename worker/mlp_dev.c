@@ -69,7 +69,7 @@ int fl_wk_mlp_ws_create_on(fl_dev_t *dev, const fl_wk_mlp_shape_t *m, size_t bat
         rc = fl_dev_host_alloc(dev, 2 * sizeof(double), (void **)&w->hout);
     if (rc != FL_OK) {
         fl_wk_mlp_ws_destroy(&w);
-        return fl_fail_ctx(rc, "model: activations for a batch of %zu: ", batch);
+        return fl_fail_ctx(rc, "model: activations for a batch of %zu", batch);
     }
     *out = w;
     return FL_OK;
@@ -142,7 +142,7 @@ static int get_layer(const layers_t *p, int l, fl_dptr_t *w)
         return FL_OK;
     }
     int rc = p->src->get(p->src->ud, l, w);
-    return rc == FL_OK ? FL_OK : fl_fail_ctx(rc, "model: layer %d's parameters: ", l);
+    return rc == FL_OK ? FL_OK : fl_fail_ctx(rc, "model: layer %d's parameters", l);
 }
 
 static void put_layer(const layers_t *p, int l)

@@ -7,6 +7,7 @@
  * buffer is the host's own, so the copies cost nothing. devices.c drives the replicas. */
 #include "wk_int.h"
 
+#include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -33,9 +34,11 @@ struct fl_wk_rdev {
     fl_stream_t *in; /* copies to the device */
     fl_stream_t *out;/* gradient copies to the host */
     fl_dptr_t dparams;
-    fl_dptr_t dgrad;
+    fl_dptr_t gbuf;  /* the device's gradient buffer (on cpu only while it stays there) */
+    fl_dptr_t dgrad; /* where the pass in flight writes its gradient */
     slot_t slot[2];
     int cur;         /* the slot the next step computes from */
+    fl_event_t *grad_in; /* the averaged gradient's copy in has run */
     fl_event_t *layer_done[FL_WK_MAX_LAYERS];
     fl_event_t *copied[FL_WK_MAX_LAYERS];
     /* the gradient in flight: where it goes and whom to tell */
@@ -46,7 +49,47 @@ struct fl_wk_rdev {
     int npending;
     int told;
     int rc;          /* a failure inside the done callback */
+    /* Resident parameters (fl_wk_rdev_keep): they stay on the device between steps and the
+     * optimizer steps them there; on cpu they are the host's buffer itself. */
+    bool resident;
+    fl_dev_opt_t *opt;
+    fl_dptr_t scratch; /* the update's norm and non-finite index */
+    double *hscratch;
 };
+
+/* What a device holds, estimated before anything is allocated: parameters, gradient and the
+ * optimizer's state buffers, the activations and gradients of a batch, the staged batches. */
+static size_t bytes_needed(const fl_wk_train_opts_t *o, size_t dim)
+{
+    const fl_wk_mlp_shape_t *m = &o->shape;
+    size_t np = fl_wk_mlp_nparams(m);
+    size_t state = o->opt.kind != FL_OPT_SGD ? 2 : o->opt.momentum != 0.0 ? 1 : 0;
+    size_t acts = 0;
+    size_t wide = 0;
+    for (int l = 0; l <= m->nlayers; l++) {
+        acts += l > 0 ? (size_t)m->sizes[l] : 0;
+        wide = (size_t)m->sizes[l] > wide ? (size_t)m->sizes[l] : wide;
+    }
+    size_t f = sizeof(float);
+    return np * f * (2 + state) + o->batch * (acts + 2 * wide) * f + o->batch * sizeof(double) +
+           2 * o->batch * (dim * f + sizeof(int32_t));
+}
+
+/* Refuses a model the device cannot hold, before training starts. */
+static int check_fits(fl_dev_t *dev, const fl_wk_train_opts_t *o, size_t dim)
+{
+    size_t free_b = 0;
+    size_t total = 0;
+    int rc = fl_dev_mem_info(dev, &free_b, &total);
+    size_t need = bytes_needed(o, dim);
+    if (rc == FL_OK && total > 0 && need > free_b)
+        return fl_fail(FL_EINVAL, "device %s: the model needs %.1f MiB (parameters, gradient, "
+                                  "optimizer state, a batch of %zu), %.1f MiB of %.1f MiB are "
+                                  "free",
+                       fl_dev_name(dev), need / 1048576.0, o->batch, free_b / 1048576.0,
+                       total / 1048576.0);
+    return rc;
+}
 
 int fl_wk_rdev_create(const fl_wk_train_opts_t *o, int j, size_t dim, fl_wk_rdev_t **out)
 {
@@ -70,6 +113,8 @@ int fl_wk_rdev_create(const fl_wk_train_opts_t *o, int j, size_t dim, fl_wk_rdev
     if (rc == FL_OK)
         rc = fl_dev_bind(r->dev);
     if (rc == FL_OK)
+        rc = check_fits(r->dev, o, dim);
+    if (rc == FL_OK)
         rc = fl_wk_mlp_ws_create_on(r->dev, r->m, r->batch, &r->ws);
     if (rc == FL_OK) {
         r->cs = fl_wk_mlp_ws_stream(r->ws);
@@ -82,7 +127,7 @@ int fl_wk_rdev_create(const fl_wk_train_opts_t *o, int j, size_t dim, fl_wk_rdev
     if (rc == FL_OK && !cpu)
         rc = fl_dev_alloc(r->dev, r->np * sizeof(float), &r->dparams);
     if (rc == FL_OK && !cpu)
-        rc = fl_dev_alloc(r->dev, r->np * sizeof(float), &r->dgrad);
+        rc = fl_dev_alloc(r->dev, r->np * sizeof(float), &r->gbuf);
     for (int s = 0; s < 2 && rc == FL_OK; s++) {
         slot_t *sl = &r->slot[s];
         sl->tag = -1;
@@ -95,12 +140,14 @@ int fl_wk_rdev_create(const fl_wk_train_opts_t *o, int j, size_t dim, fl_wk_rdev
             (rc = fl_event_create(r->dev, &sl->staged)) == FL_OK)
             rc = fl_event_create(r->dev, &sl->consumed);
     }
+    if (rc == FL_OK)
+        rc = fl_event_create(r->dev, &r->grad_in);
     for (int l = 0; l < o->shape.nlayers && rc == FL_OK; l++)
         if ((rc = fl_event_create(r->dev, &r->layer_done[l])) == FL_OK)
             rc = fl_event_create(r->dev, &r->copied[l]);
     if (rc != FL_OK) {
         fl_wk_rdev_destroy(&r);
-        return fl_fail_ctx(rc, "device %d: ", j);
+        return rc; /* the detail names the device */
     }
     *out = r;
     return FL_OK;
@@ -126,13 +173,18 @@ void fl_wk_rdev_destroy(fl_wk_rdev_t **pr)
             fl_dev_host_free(r->dev, sl->hy);
         }
     }
+    fl_event_destroy(&r->grad_in);
     for (int l = 0; l < FL_WK_MAX_LAYERS; l++) {
         fl_event_destroy(&r->layer_done[l]);
         fl_event_destroy(&r->copied[l]);
     }
+    fl_dev_opt_destroy(&r->opt);
     if (r->dev != NULL) {
-        fl_dev_free(r->dev, &r->dparams);
-        fl_dev_free(r->dev, &r->dgrad);
+        if (fl_dev_kind(r->dev) != FL_DEV_CPU)
+            fl_dev_free(r->dev, &r->dparams); /* on cpu the host's */
+        fl_dev_free(r->dev, &r->gbuf);
+        fl_dev_free(r->dev, &r->scratch);
+        fl_dev_host_free(r->dev, r->hscratch);
     }
     fl_dev_destroy(&r->dev);
     free(r);
@@ -240,13 +292,22 @@ int fl_wk_rdev_grad(fl_wk_rdev_t *r, const float *params, const fl_wk_mlp_src_t 
     }
     fl_dptr_t dp = r->dparams;
     bool cpu = fl_dev_kind(r->dev) == FL_DEV_CPU;
+    if (params == NULL && src == NULL && !r->resident)
+        return fl_fail(FL_EINVAL, "device %d: no parameters on the device", r->j);
     if (params != NULL) {
         rc = cpu ? fl_dev_wrap(r->dev, params, &dp)
                  : fl_dev_h2d(r->cs, dp, params, r->np * sizeof(float));
         if (rc != FL_OK)
             return rc;
     }
-    if (cpu && (rc = fl_dev_wrap(r->dev, grad, &r->dgrad)) != FL_OK)
+    /* grad NULL: the gradient stays on the device (for fl_wk_rdev_update), nothing copied. */
+    bool keep = grad == NULL;
+    if (keep && !r->resident)
+        return fl_fail(FL_EINVAL, "device %d: a gradient kept on a device without parameters "
+                                  "there",
+                       r->j);
+    r->dgrad = r->gbuf;
+    if (cpu && !keep && (rc = fl_dev_wrap(r->dev, grad, &r->dgrad)) != FL_OK)
         return rc;
     r->host_grad = grad;
     r->tell = tell;
@@ -256,12 +317,11 @@ int fl_wk_rdev_grad(fl_wk_rdev_t *r, const float *params, const fl_wk_mlp_src_t 
     r->rc = FL_OK;
     if ((rc = fl_stream_wait(r->cs, sl->staged)) != FL_OK)
         return rc;
+    fl_wk_layer_done_fn out = keep ? NULL : layer_queued;
     if (src != NULL)
-        rc = fl_wk_mlp_dgrad_hsrc(r->m, r->ws, src, sl->dx, sl->dy, r->batch, r->dgrad,
-                                  layer_queued, r);
+        rc = fl_wk_mlp_dgrad_hsrc(r->m, r->ws, src, sl->dx, sl->dy, r->batch, r->dgrad, out, r);
     else
-        rc = fl_wk_mlp_dgrad(r->m, r->ws, dp, NULL, sl->dx, sl->dy, r->batch, r->dgrad,
-                             layer_queued, r);
+        rc = fl_wk_mlp_dgrad(r->m, r->ws, dp, NULL, sl->dx, sl->dy, r->batch, r->dgrad, out, r);
     if (rc == FL_OK)
         rc = fl_event_record(sl->consumed, r->cs);
     sl->tag = -1; /* consumed: a later step stages it again */
@@ -279,7 +339,90 @@ int fl_wk_rdev_grad(fl_wk_rdev_t *r, const float *params, const fl_wk_mlp_src_t 
         fl_stream_sync(r->cs, 0);
         fl_stream_sync(r->out, 0);
     }
-    if (cpu)
-        r->dgrad = fl_dptr_null();
+    r->dgrad = fl_dptr_null();
+    return rc;
+}
+
+/* ---- resident parameters and the update on the device ---- */
+
+int fl_wk_rdev_keep(fl_wk_rdev_t *r, const fl_opt_opts_t *opt, float *params)
+{
+    int rc = opt != NULL ? fl_dev_opt_create(r->dev, opt, r->np, &r->opt) : FL_OK;
+    if (rc == FL_OK && r->hscratch == NULL)
+        rc = fl_dev_host_alloc(r->dev, 2 * sizeof(double), (void **)&r->hscratch);
+    if (rc == FL_OK && fl_dptr_is_null(r->scratch))
+        rc = fl_dev_alloc(r->dev, 2 * sizeof(double), &r->scratch);
+    if (rc != FL_OK)
+        return fl_fail_ctx(rc, "device %d", r->j);
+    if (fl_dev_kind(r->dev) == FL_DEV_CPU) {
+        /* The host's parameters are the device's; its gradient buffer is the device's own
+         * while the gradient stays there. */
+        fl_dev_wrap(r->dev, params, &r->dparams);
+        if ((rc = fl_dev_alloc(r->dev, r->np * sizeof(float), &r->gbuf)) != FL_OK)
+            return rc;
+    }
+    r->resident = true;
+    return fl_wk_rdev_put_params(r, params);
+}
+
+int fl_wk_rdev_put_params(fl_wk_rdev_t *r, const float *params)
+{
+    /* Waited for: the host may change its buffer as soon as this returns. */
+    int rc = fl_dev_h2d(r->cs, r->dparams, params, r->np * sizeof(float));
+    return rc == FL_OK ? fl_stream_sync(r->cs, 0) : rc;
+}
+
+int fl_wk_rdev_get_params(fl_wk_rdev_t *r, float *params)
+{
+    int rc = fl_dev_d2h(r->cs, params, r->dparams, r->np * sizeof(float));
+    return rc == FL_OK ? fl_stream_sync(r->cs, 0) : rc;
+}
+
+fl_dev_opt_t *fl_wk_rdev_opt(fl_wk_rdev_t *r)
+{
+    return r->opt;
+}
+
+fl_stream_t *fl_wk_rdev_stream(fl_wk_rdev_t *r)
+{
+    return r->cs;
+}
+
+int fl_wk_rdev_update(fl_wk_rdev_t *r, const float *grad, double max_norm, double lr)
+{
+    int rc = FL_OK;
+    fl_dptr_t g = r->gbuf;
+    if (grad != NULL && fl_dev_kind(r->dev) == FL_DEV_CPU) {
+        rc = fl_dev_wrap(r->dev, grad, &g);
+    } else if (grad != NULL) {
+        /* The averaged gradient in, waited for: the host buffer is device 0's gradient, which
+         * its next step overwrites, and only device 0's own copies are ordered behind this. */
+        rc = fl_dev_h2d(r->cs, g, grad, r->np * sizeof(float));
+        if (rc == FL_OK)
+            rc = fl_event_record(r->grad_in, r->cs);
+        if (rc == FL_OK)
+            rc = fl_event_sync(r->grad_in, 0);
+    } else {
+        /* Kept on the device: the checks the host would have made, made here. */
+        rc = fl_dev_nonfinite(r->cs, g, r->np, r->scratch);
+        if (rc == FL_OK && max_norm > 0.0)
+            rc = fl_dev_sumsq(r->cs, g, r->np, fl_dptr_at(r->scratch, sizeof(double)));
+        if (rc == FL_OK)
+            rc = fl_dev_d2h(r->cs, r->hscratch, r->scratch, 2 * sizeof(double));
+        if (rc == FL_OK)
+            rc = fl_stream_sync(r->cs, 0);
+        if (rc != FL_OK)
+            return rc;
+        int64_t bad;
+        memcpy(&bad, &r->hscratch[0], sizeof bad);
+        if (bad >= 0)
+            return fl_fail(FL_ENONFINITE, "gradient %lld is not finite: no parameter updated",
+                           (long long)bad);
+        double f = max_norm > 0.0 ? fl_cmp_clip_factor(sqrt(r->hscratch[1]), max_norm) : 1.0;
+        if (f != 1.0)
+            rc = fl_dev_scale(r->cs, g, r->np, (float)f);
+    }
+    if (rc == FL_OK)
+        rc = fl_dev_opt_step(r->opt, r->cs, r->dparams, g, lr);
     return rc;
 }

@@ -188,7 +188,7 @@ int fl_wk_shards_clip(fl_wk_shards_t *s, float *grad, double max_norm)
     return FL_OK;
 }
 
-int fl_wk_shards_step(fl_wk_shards_t *s, float *params, const float *grad, double lr)
+int fl_wk_shards_check(fl_wk_shards_t *s, const float *grad)
 {
     /* All or nothing: a non-finite gradient anywhere leaves every piece as it was. With pieces
      * across hosts, every host must hear it (or the others would wait in the all-gather): one
@@ -213,12 +213,17 @@ int fl_wk_shards_step(fl_wk_shards_t *s, float *params, const float *grad, doubl
     if (bad != 0.0)
         return fl_fail(FL_ENONFINITE, "gradient %zu is %g: no parameter updated", where,
                        (double)grad[where]);
-    for (int t = 0; t < s->n; t++) {
-        int rc = fl_opt_step(s->opt[t], params + s->off[t], grad + s->off[t], lr);
-        if (rc != FL_OK)
-            return rc;
-    }
     return FL_OK;
+}
+
+int fl_wk_shards_step(fl_wk_shards_t *s, float *params, const float *grad, double lr)
+{
+    int rc = fl_wk_shards_check(s, grad);
+    if (rc != FL_OK)
+        return rc;
+    for (int t = 0; t < s->n && rc == FL_OK; t++)
+        rc = fl_opt_step(s->opt[t], params + s->off[t], grad + s->off[t], lr);
+    return rc;
 }
 
 void fl_wk_shards_bytes(const fl_wk_shards_t *s, uint64_t *sent, uint64_t *remote)

@@ -237,7 +237,7 @@ static int gather_shard(fl_wk_full_t *z, int t, int u, float *shard, uint64_t *s
     *sent += s1.bytes_sent - s0.bytes_sent;
     *remote += s1.bytes_sent_remote - s0.bytes_sent_remote;
     if (rc != FL_OK)
-        return fl_fail_ctx(rc, "--shard full: gathering layer %d on device %d's column: ", u,
+        return fl_fail_ctx(rc, "--shard full: gathering layer %d on device %d's column", u,
                            t);
     return FL_OK;
 }
@@ -457,7 +457,7 @@ static int reduce_column(fl_wk_full_t *z, int t, const float *grad, uint64_t *se
         *sent += s1.bytes_sent - s0.bytes_sent;
         *remote += s1.bytes_sent_remote - s0.bytes_sent_remote;
         if (rc != FL_OK)
-            return fl_fail_ctx(rc, "--shard full: reducing layer %d on device %d's column: ",
+            return fl_fail_ctx(rc, "--shard full: reducing layer %d on device %d's column",
                                u, t);
     }
     return FL_OK;

@@ -31,6 +31,8 @@ typedef struct trainer {
     fl_wk_shards_t *shards;
     fl_wk_full_t *full;        /* --shard full: the parameters' pieces (NULL otherwise) */
     fl_wk_async_t *async;      /* --policy async (NULL otherwise) */
+    bool resident;             /* parameters and optimizer on the devices (--shard none, sync) */
+    bool keep_grad;            /* ... and the gradient too (one device, no exchange) */
     FILE *metrics;
     /* El Che (o->max_anchor > 0) */
     fl_wk_cadence_t cad;
@@ -355,10 +357,43 @@ static int piece_world(const trainer_t *tr)
     return tr->comm != NULL ? tr->world : 1;
 }
 
-/* --shard full: the whole model gathered into params, on every rank (a collective). */
+/* The whole model into params: --shard full's gathered on every rank (a collective), or the
+ * devices' resident copy. */
 static int materialize(trainer_t *tr)
 {
+    if (tr->resident)
+        return fl_wk_devices_get_params(tr->dev, tr->params);
     return tr->full != NULL ? fl_wk_full_materialize(tr->full, tr->params) : FL_OK;
+}
+
+/* The parameters (and with them the optimizer) go to the devices and stay there: every mode
+ * whose update is the same on every device (DDP: --shard none, --policy sync). */
+static int keep_on_devices(trainer_t *tr, fl_opt_t *const *opts)
+{
+    const fl_wk_train_opts_t *o = tr->o;
+    if (o->policy != FL_WK_POLICY_SYNC || o->shard != FL_WK_SHARD_NONE)
+        return FL_OK;
+    bool keep = tr->comm == NULL && o->replicas == 1 && o->max_anchor == 0;
+    int rc = fl_wk_devices_keep(tr->dev, &o->opt, tr->params, keep);
+    /* A resumed optimizer state goes with them. */
+    if (rc == FL_OK && o->resume_dir != NULL)
+        rc = fl_wk_devices_opt_load(tr->dev, opts[0]);
+    tr->resident = rc == FL_OK;
+    tr->keep_grad = rc == FL_OK && keep;
+    return rc;
+}
+
+/* The update of the step: on the devices, or on the host's shards. */
+static int update(trainer_t *tr, double lr)
+{
+    const fl_wk_train_opts_t *o = tr->o;
+    if (!tr->resident)
+        return tr->full != NULL ? fl_wk_full_step(tr->full, lr)
+                                : fl_wk_shards_step(tr->shards, tr->params, tr->grad, lr);
+    if (tr->keep_grad) /* checked and clipped on the device */
+        return fl_wk_devices_update(tr->dev, NULL, o->max_norm, lr);
+    int rc = fl_wk_shards_check(tr->shards, tr->grad);
+    return rc == FL_OK ? fl_wk_devices_update(tr->dev, tr->grad, 0.0, lr) : rc;
 }
 
 static int save(trainer_t *tr, long step, int epoch)
@@ -408,8 +443,8 @@ static int compute(trainer_t *tr, size_t *bi, size_t nbatches, step_out_t *so, b
             *more = false;
             return FL_OK;
         }
-        rc = fl_wk_devices_step(tr->dev, tr->params, (*bi)++, ready, tr, &so->loss,
-                                &so->correct);
+        rc = fl_wk_devices_step(tr->dev, tr->resident ? NULL : tr->params, (*bi)++, ready, tr,
+                                &so->loss, &so->correct);
         so->host_batches = (size_t)o->replicas;
         so->job_batches = (double)o->replicas * tr->world;
         *t1 = fl_now_ns();
@@ -434,8 +469,8 @@ static int compute(trainer_t *tr, size_t *bi, size_t nbatches, step_out_t *so, b
         rc = fl_wk_devices_local_round(tr->dev, tr->params, counts, tr->next, tr->sched,
                                        tr->samples / per_sync, batch_s, &so->loss, &so->correct);
     } else {
-        rc = fl_wk_devices_cadence_step(tr->dev, tr->params, counts, tr->next, batch_s,
-                                        &so->loss, &so->correct);
+        rc = fl_wk_devices_cadence_step(tr->dev, tr->resident ? NULL : tr->params, counts,
+                                        tr->next, batch_s, &so->loss, &so->correct);
     }
     if (rc != FL_OK)
         return rc;
@@ -661,6 +696,10 @@ int fl_wk_train(fl_comm_t *comm, const fl_wk_dataset_t *train, const fl_wk_datas
     }
     if (o->resume_dir != NULL && tr.full != NULL)
         fl_wk_full_scatter(tr.full, tr.params);
+    if ((rc = keep_on_devices(&tr, opts)) != FL_OK) {
+        teardown(&tr);
+        return rc;
+    }
     if (lead && o->resume_dir != NULL)
         printf("resumed from %s: step %ld, %d epoch(s) done\n", o->resume_dir, step,
                first_epoch);
@@ -711,6 +750,7 @@ int fl_wk_train(fl_comm_t *comm, const fl_wk_dataset_t *train, const fl_wk_datas
                 break;
             double legs_ms = (double)(fl_now_ns() - t_rs) / 1e6;
             if (o->max_norm > 0.0 && o->max_anchor == 0 && !(o->topk > 0 && tr.comm != NULL) &&
+                !tr.keep_grad &&
                 (rc = tr.full != NULL ? fl_wk_full_clip(tr.full, o->max_norm)
                                       : fl_wk_shards_clip(tr.shards, tr.grad, o->max_norm)) !=
                     FL_OK)
@@ -724,10 +764,7 @@ int fl_wk_train(fl_comm_t *comm, const fl_wk_dataset_t *train, const fl_wk_datas
                 for (size_t i = 0; i < tr.np; i++)
                     tr.params[i] += tr.grad[i];
                 res->divergence = fl_wk_devices_divergence(tr.dev, tr.params, tr.grad);
-            } else if ((rc = tr.full != NULL
-                                 ? fl_wk_full_step(tr.full, lr)
-                                 : fl_wk_shards_step(tr.shards, tr.params, tr.grad, lr)) !=
-                       FL_OK) {
+            } else if ((rc = update(&tr, lr)) != FL_OK) {
                 break;
             }
             int64_t t_ag = fl_now_ns();
@@ -808,7 +845,8 @@ int fl_wk_train(fl_comm_t *comm, const fl_wk_dataset_t *train, const fl_wk_datas
         if (test != NULL && (rc = agree(&tr, rc)) != FL_OK)
             break;
         fl_wk_obs_epoch(&tr.obs, ep + 1);
-        if (rc == FL_OK && o->checkpoint_dir != NULL && (rc = materialize(&tr)) == FL_OK)
+        if (rc == FL_OK && o->checkpoint_dir != NULL && (rc = materialize(&tr)) == FL_OK &&
+            (!tr.resident || (rc = fl_wk_devices_opt_save(tr.dev, opts[0])) == FL_OK))
             rc = fl_wk_ckpt_save(o->checkpoint_dir, tr.comm, tr.rank, piece_world(&tr), o,
                                  tr.params, opts, step, ep + 1, tr.samples);
     }

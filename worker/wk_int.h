@@ -45,6 +45,20 @@ int fl_wk_rdev_grad(fl_wk_rdev_t *r, const float *params, const fl_wk_mlp_src_t 
                     const uint32_t *next, long next_tag, float *grad, fl_wk_rdev_layer_fn tell,
                     void *ud, double *loss, size_t *correct);
 
+/* Keeps the parameters on the device from now on (a copy of params; on cpu params itself),
+ * with an optimizer of opt there (NULL: none, for cpu devices sharing another's parameters). */
+int fl_wk_rdev_keep(fl_wk_rdev_t *r, const fl_opt_opts_t *opt, float *params);
+/* The resident parameters from or to the host, waited for. */
+int fl_wk_rdev_put_params(fl_wk_rdev_t *r, const float *params);
+int fl_wk_rdev_get_params(fl_wk_rdev_t *r, float *params);
+fl_dev_opt_t *fl_wk_rdev_opt(fl_wk_rdev_t *r);
+fl_stream_t *fl_wk_rdev_stream(fl_wk_rdev_t *r);
+
+/* Queues the optimizer step of the resident parameters at rate lr from the host's averaged
+ * gradient grad, or (grad NULL) from the gradient the last pass kept on the device, checked for
+ * NaN and Inf there (FL_ENONFINITE, nothing updated) and clipped to max_norm (0: not). */
+int fl_wk_rdev_update(fl_wk_rdev_t *r, const float *grad, double max_norm, double lr);
+
 /* ---- the process's devices (devices.c) ---- */
 
 typedef struct fl_wk_devices fl_wk_devices_t;
@@ -160,6 +174,10 @@ int fl_wk_shards_reduce(fl_wk_shards_t *s, float *grad);
 /* Clips the averaged gradient by its global norm, computed from the owned pieces. */
 int fl_wk_shards_clip(fl_wk_shards_t *s, float *grad, double max_norm);
 
+/* Whether every owned piece of grad is finite, agreed across hosts when pieces travel (one
+ * allreduce): FL_OK, or FL_ENONFINITE naming the index (or another rank's piece). */
+int fl_wk_shards_check(fl_wk_shards_t *s, const float *grad);
+
 /* The optimizer step on every owned piece (all or nothing: FL_ENONFINITE naming the index). */
 int fl_wk_shards_step(fl_wk_shards_t *s, float *params, const float *grad, double lr);
 
@@ -236,6 +254,26 @@ int fl_wk_full_materialize(fl_wk_full_t *z, float *params);
 /* Per device: parameter bytes (its pieces plus the most gathered at once), optimizer state. */
 void fl_wk_full_memory(const fl_wk_full_t *z, size_t *params, size_t *state);
 void fl_wk_full_stats(const fl_wk_full_t *z, fl_wk_full_stats_t *out);
+
+/* Parameters resident on the devices (--shard none, --policy sync): each device keeps its copy
+ * of params and an optimizer of opt (on cpu, where the devices share host memory, params is
+ * that copy and device 0 alone steps it); fl_wk_devices_step and _cadence_step then take NULL
+ * parameters. keep_grad (one device, no exchange): the gradient never leaves the device. */
+int fl_wk_devices_keep(fl_wk_devices_t *d, const fl_opt_opts_t *opt, float *params,
+                       bool keep_grad);
+bool fl_wk_devices_keeps_grad(const fl_wk_devices_t *d);
+
+/* Every device steps its parameters from grad (the host's average; NULL with keep_grad), on its
+ * own thread. The first device error. */
+int fl_wk_devices_update(fl_wk_devices_t *d, const float *grad, double max_norm, double lr);
+
+/* The resident parameters to the host (device 0's), or from it (every device). */
+int fl_wk_devices_get_params(fl_wk_devices_t *d, float *params);
+int fl_wk_devices_put_params(fl_wk_devices_t *d, const float *params);
+
+/* Device 0's optimizer state into host (checkpoints), or host's into every device (resume). */
+int fl_wk_devices_opt_save(fl_wk_devices_t *d, fl_opt_t *host);
+int fl_wk_devices_opt_load(fl_wk_devices_t *d, const fl_opt_t *host);
 
 /* Devices compute their steps from z's gathered layers instead of a flat buffer (NULL: flat). */
 void fl_wk_devices_set_full(fl_wk_devices_t *d, fl_wk_full_t *z);
