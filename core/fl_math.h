@@ -83,7 +83,7 @@ FL_HD uint16_t fl_hd_f32_to_f16(float f)
     }
     if (ax >= 0x477ff000u) /* >= 65520 rounds to infinity */
         return (uint16_t)(sign | 0x7c00u);
-    if (ax < 0x38800000u) { /* below 2^-14: subnormal or zero in half precision */
+    if (ax < 0x38800000u) {   /* below 2^-14: subnormal or zero in half precision */
         if (ax < 0x33000000u) /* <= 2^-25 (the tie rounds to even, zero) */
             return (uint16_t)sign;
         uint32_t e = ax >> 23;
@@ -92,8 +92,7 @@ FL_HD uint16_t fl_hd_f32_to_f16(float f)
         uint32_t r = m >> shift;
         uint32_t rem = m & ((1u << shift) - 1u);
         uint32_t halfway = 1u << (shift - 1u);
-        if (rem > halfway || (rem == halfway && (r & 1u)))
-            r++;
+        if (rem > halfway || (rem == halfway && (r & 1u))) r++;
         return (uint16_t)(sign | r);
     }
     uint32_t r = ax - 0x38000000u; /* rebias exponent 127 -> 15 */
@@ -130,8 +129,7 @@ FL_HD float fl_hd_f16_to_f32(uint16_t h)
 FL_HD uint16_t fl_hd_f32_to_bf16(float f)
 {
     uint32_t x = fl_f2u(f);
-    if ((x & 0x7fffffffu) > 0x7f800000u)
-        return (uint16_t)((x >> 16) | 0x40u);
+    if ((x & 0x7fffffffu) > 0x7f800000u) return (uint16_t)((x >> 16) | 0x40u);
     x += 0x7fffu + ((x >> 16) & 1u);
     return (uint16_t)(x >> 16);
 }
@@ -147,10 +145,8 @@ FL_HD float fl_hd_bf16_to_f32(uint16_t h)
 #define FL_WIRE_BF16 2
 FL_HD float fl_wire_round(float v, int wire)
 {
-    if (wire == FL_WIRE_F16)
-        return fl_hd_f16_to_f32(fl_hd_f32_to_f16(v));
-    if (wire == FL_WIRE_BF16)
-        return fl_hd_bf16_to_f32(fl_hd_f32_to_bf16(v));
+    if (wire == FL_WIRE_F16) return fl_hd_f16_to_f32(fl_hd_f32_to_f16(v));
+    if (wire == FL_WIRE_BF16) return fl_hd_bf16_to_f32(fl_hd_f32_to_bf16(v));
     return v;
 }
 
@@ -176,18 +172,18 @@ FL_HD void fl_ef_accum(float *v, float *u, float g, float m, float scale, bool m
 /* The scalars of one optimizer step, computed once on the host in double as Python does and
  * cast to float; the per-element bodies below use only these. */
 typedef struct fl_opt_scalars {
-    int kind;        /* fl_opt_kind_t */
-    bool first;      /* SGD: the momentum buffer starts from d */
-    bool has_buf;    /* SGD: momentum != 0 */
+    int kind;     /* fl_opt_kind_t */
+    bool first;   /* SGD: the momentum buffer starts from d */
+    bool has_buf; /* SGD: momentum != 0 */
     bool nesterov;
-    bool decay;      /* SGD: weight_decay != 0; Adam: L2 term (not AdamW) */
+    bool decay; /* SGD: weight_decay != 0; Adam: L2 term (not AdamW) */
     float wd;
     float mom;
-    float keep;      /* 1 - dampening */
+    float keep; /* 1 - dampening */
     float neg_lr;
-    float shrink;    /* AdamW: 1 - lr wd */
+    float shrink; /* AdamW: 1 - lr wd */
     float b1, one_b1, b2, one_b2, eps;
-    float neg_step;  /* -(lr / bias1) */
+    float neg_step; /* -(lr / bias1) */
     float bias2_sqrt;
 } fl_opt_scalars_t;
 

@@ -41,8 +41,7 @@ static const dev_backend_t *backend(fl_dev_kind_t kind)
 
 int fl_dev_count(fl_dev_kind_t kind, char *why, size_t cap)
 {
-    if (why != NULL && cap > 0)
-        why[0] = '\0';
+    if (why != NULL && cap > 0) why[0] = '\0';
     const dev_backend_t *be = backend(kind);
     return be != NULL ? be->count(why, cap) : 0;
 }
@@ -61,8 +60,7 @@ int fl_dev_create(const fl_dev_opts_t *o, fl_dev_t **out)
     const dev_backend_t *be = backend(o->kind);
     if (be == NULL)
         return fl_fail(FL_EINVAL, "device: kind %d is not cpu, sim or cuda", (int)o->kind);
-    if (o->id < 0)
-        return fl_fail(FL_EINVAL, "device %s: id %d is negative", be->name, o->id);
+    if (o->id < 0) return fl_fail(FL_EINVAL, "device %s: id %d is negative", be->name, o->id);
     if (o->timeout_ms <= 0)
         return fl_fail(FL_EINVAL, "device %s: timeout_ms %d must be positive", be->name,
                        o->timeout_ms);
@@ -70,8 +68,7 @@ int fl_dev_create(const fl_dev_opts_t *o, fl_dev_t **out)
         return fl_fail(FL_EINVAL, "device %s: sim_jitter_us %d is outside 0..100000", be->name,
                        o->sim_jitter_us);
     fl_dev_t *d = calloc(1, sizeof *d);
-    if (d == NULL)
-        return fl_fail(FL_ENOMEM, "device %s:%d: out of memory", be->name, o->id);
+    if (d == NULL) return fl_fail(FL_ENOMEM, "device %s:%d: out of memory", be->name, o->id);
     d->be = be;
     d->o = *o;
     int rc = be->open(d);
@@ -85,8 +82,7 @@ int fl_dev_create(const fl_dev_opts_t *o, fl_dev_t **out)
 
 void fl_dev_destroy(fl_dev_t **pd)
 {
-    if (pd == NULL || *pd == NULL)
-        return;
+    if (pd == NULL || *pd == NULL) return;
     (*pd)->be->close(*pd);
     free(*pd);
     *pd = NULL;
@@ -124,15 +120,13 @@ int fl_dev_alloc(fl_dev_t *d, size_t bytes, fl_dptr_t *out)
     out->opaque_ = NULL;
     void *p = NULL;
     int rc = d->be->alloc(d, bytes ? bytes : 1, &p);
-    if (rc == FL_OK)
-        out->opaque_ = p;
+    if (rc == FL_OK) out->opaque_ = p;
     return rc;
 }
 
 void fl_dev_free(fl_dev_t *d, fl_dptr_t *p)
 {
-    if (p == NULL || p->opaque_ == NULL)
-        return;
+    if (p == NULL || p->opaque_ == NULL) return;
     d->be->free(d, p->opaque_);
     p->opaque_ = NULL;
 }
@@ -167,8 +161,7 @@ int fl_dev_host_alloc(fl_dev_t *d, size_t bytes, void **out)
 
 void fl_dev_host_free(fl_dev_t *d, void *p)
 {
-    if (p != NULL)
-        d->be->host_free(d, p);
+    if (p != NULL) d->be->host_free(d, p);
 }
 
 /* ---- streams and events ---- */
@@ -177,8 +170,7 @@ int fl_stream_create(fl_dev_t *d, fl_stream_t **out)
 {
     *out = NULL;
     fl_stream_t *s = calloc(1, sizeof *s);
-    if (s == NULL)
-        return fl_fail(FL_ENOMEM, "device %s: out of memory for a stream", d->name);
+    if (s == NULL) return fl_fail(FL_ENOMEM, "device %s: out of memory for a stream", d->name);
     s->d = d;
     int rc = d->be->stream_open(s);
     if (rc != FL_OK) {
@@ -191,8 +183,7 @@ int fl_stream_create(fl_dev_t *d, fl_stream_t **out)
 
 void fl_stream_destroy(fl_stream_t **ps)
 {
-    if (ps == NULL || *ps == NULL)
-        return;
+    if (ps == NULL || *ps == NULL) return;
     (*ps)->d->be->stream_close(*ps);
     free(*ps);
     *ps = NULL;
@@ -212,8 +203,7 @@ int fl_event_create(fl_dev_t *d, fl_event_t **out)
 {
     *out = NULL;
     fl_event_t *e = calloc(1, sizeof *e);
-    if (e == NULL)
-        return fl_fail(FL_ENOMEM, "device %s: out of memory for an event", d->name);
+    if (e == NULL) return fl_fail(FL_ENOMEM, "device %s: out of memory for an event", d->name);
     e->d = d;
     int rc = d->be->event_open(e);
     if (rc != FL_OK) {
@@ -226,8 +216,7 @@ int fl_event_create(fl_dev_t *d, fl_event_t **out)
 
 void fl_event_destroy(fl_event_t **pe)
 {
-    if (pe == NULL || *pe == NULL)
-        return;
+    if (pe == NULL || *pe == NULL) return;
     (*pe)->d->be->event_close(*pe);
     free(*pe);
     *pe = NULL;
@@ -294,8 +283,7 @@ static int submit(fl_stream_t *s, dev_op_t *op, unsigned required)
 static int copy(fl_stream_t *s, dev_opcode_t code, void *dst, const void *src, size_t bytes,
                 bool dst_host, bool src_host)
 {
-    if (bytes == 0)
-        return FL_OK;
+    if (bytes == 0) return FL_OK;
     dev_op_t op = {.code = code, .n = {bytes}};
     op.p[0] = dst;
     op.p[1] = (void *)src;
@@ -322,8 +310,7 @@ int fl_dev_d2d(fl_stream_t *s, fl_dptr_t dst, fl_dptr_t src, size_t bytes)
 
 int fl_dev_memset(fl_stream_t *s, fl_dptr_t dst, int byte, size_t bytes)
 {
-    if (bytes == 0)
-        return FL_OK;
+    if (bytes == 0) return FL_OK;
     dev_op_t op = {.code = DOP_MEMSET, .n = {bytes}, .i0 = byte};
     set_ptr(&op, 0, dst, bytes);
     return submit(s, &op, 1u);
@@ -333,11 +320,10 @@ int fl_dev_memset(fl_stream_t *s, fl_dptr_t dst, int byte, size_t bytes)
 static int gemm(fl_stream_t *s, dev_opcode_t code, size_t b, size_t out, size_t in, fl_dptr_t p0,
                 size_t e0, fl_dptr_t p1, size_t e1, fl_dptr_t p2, size_t e2, float beta)
 {
-    if (b == 0 || out == 0 || in == 0)
-        return FL_OK;
+    if (b == 0 || out == 0 || in == 0) return FL_OK;
     if (b > INT32_MAX || out > INT32_MAX || in > INT32_MAX)
-        return fl_fail(FL_EINVAL, "device %s: %s of %zu x %zu x %zu: a side over 2^31",
-                       s->d->name, fl_dev_op_name(code), b, out, in);
+        return fl_fail(FL_EINVAL, "device %s: %s of %zu x %zu x %zu: a side over 2^31", s->d->name,
+                       fl_dev_op_name(code), b, out, in);
     dev_op_t op = {.code = code, .n = {b, out, in}, .f = {beta}};
     set_ptr(&op, 0, p0, e0);
     set_ptr(&op, 1, p1, e1);
@@ -349,20 +335,19 @@ int fl_dev_gemm_fwd(fl_stream_t *s, size_t b, size_t out, size_t in, fl_dptr_t x
                     float beta, fl_dptr_t z)
 {
     size_t f = sizeof(float);
-    return gemm(s, DOP_GEMM_FWD, b, out, in, x, b * in * f, w, out * in * f, z, b * out * f,
-                beta);
+    return gemm(s, DOP_GEMM_FWD, b, out, in, x, b * in * f, w, out * in * f, z, b * out * f, beta);
 }
 
-int fl_dev_gemm_wgrad(fl_stream_t *s, size_t b, size_t out, size_t in, fl_dptr_t dz,
-                      fl_dptr_t a, fl_dptr_t gw)
+int fl_dev_gemm_wgrad(fl_stream_t *s, size_t b, size_t out, size_t in, fl_dptr_t dz, fl_dptr_t a,
+                      fl_dptr_t gw)
 {
     size_t f = sizeof(float);
     return gemm(s, DOP_GEMM_WGRAD, b, out, in, dz, b * out * f, a, b * in * f, gw, out * in * f,
                 0.0f);
 }
 
-int fl_dev_gemm_igrad(fl_stream_t *s, size_t b, size_t out, size_t in, fl_dptr_t dz,
-                      fl_dptr_t w, fl_dptr_t da)
+int fl_dev_gemm_igrad(fl_stream_t *s, size_t b, size_t out, size_t in, fl_dptr_t dz, fl_dptr_t w,
+                      fl_dptr_t da)
 {
     size_t f = sizeof(float);
     return gemm(s, DOP_GEMM_IGRAD, b, out, in, dz, b * out * f, w, out * in * f, da, b * in * f,
@@ -373,8 +358,7 @@ int fl_dev_bias_rows(fl_stream_t *s, fl_dptr_t z, fl_dptr_t bias, size_t rows, s
 {
     size_t bytes = 0;
     int rc = bytes_of(s, "bias rows", rows * cols, sizeof(float), &bytes);
-    if (rc != FL_OK || rows == 0 || cols == 0)
-        return rc;
+    if (rc != FL_OK || rows == 0 || cols == 0) return rc;
     dev_op_t op = {.code = DOP_BIAS_ROWS, .n = {rows, cols}};
     set_ptr(&op, 0, z, bytes);
     set_ptr(&op, 1, bias, cols * sizeof(float));
@@ -387,8 +371,7 @@ static int elementwise(fl_stream_t *s, dev_opcode_t code, fl_dptr_t p0, fl_dptr_
 {
     size_t bytes = 0;
     int rc = bytes_of(s, fl_dev_op_name(code), n, sizeof(float), &bytes);
-    if (rc != FL_OK || n == 0)
-        return rc;
+    if (rc != FL_OK || n == 0) return rc;
     dev_op_t op = {.code = code, .n = {n}, .f = {f0}};
     set_ptr(&op, 0, p0, bytes);
     set_ptr(&op, 1, p1, (required & 2u) ? bytes : 0);
@@ -419,8 +402,7 @@ int fl_dev_bias_grad(fl_stream_t *s, fl_dptr_t gb, fl_dptr_t dz, size_t rows, si
 {
     size_t bytes = 0;
     int rc = bytes_of(s, "bias gradient", rows * cols, sizeof(float), &bytes);
-    if (rc != FL_OK || cols == 0)
-        return rc;
+    if (rc != FL_OK || cols == 0) return rc;
     dev_op_t op = {.code = DOP_BIAS_GRAD, .n = {rows, cols}};
     set_ptr(&op, 0, gb, cols * sizeof(float));
     set_ptr(&op, 1, dz, bytes);
@@ -432,11 +414,10 @@ int fl_dev_xent(fl_stream_t *s, fl_dptr_t logits, fl_dptr_t labels, size_t rows,
 {
     size_t bytes = 0;
     int rc = bytes_of(s, "cross-entropy", rows * classes, sizeof(float), &bytes);
-    if (rc != FL_OK)
-        return rc;
+    if (rc != FL_OK) return rc;
     if (rows == 0 || classes == 0)
-        return fl_fail(FL_EINVAL, "device %s: cross-entropy of %zu rows x %zu classes",
-                       s->d->name, rows, classes);
+        return fl_fail(FL_EINVAL, "device %s: cross-entropy of %zu rows x %zu classes", s->d->name,
+                       rows, classes);
     dev_op_t op = {.code = DOP_XENT, .n = {rows, classes}};
     set_ptr(&op, 0, logits, bytes);
     set_ptr(&op, 1, labels, rows * sizeof(int32_t));
@@ -465,8 +446,7 @@ int fl_dev_nonfinite(fl_stream_t *s, fl_dptr_t x, size_t n, fl_dptr_t out)
 int fl_dev_opt_update(fl_stream_t *s, const fl_opt_scalars_t *sc, fl_dptr_t p, fl_dptr_t g,
                       fl_dptr_t buf1, fl_dptr_t buf2, size_t n)
 {
-    if (n == 0)
-        return FL_OK;
+    if (n == 0) return FL_OK;
     size_t bytes = n * sizeof(float);
     bool adam = sc->kind != FL_OPT_SGD;
     dev_op_t op = {.code = DOP_OPT, .n = {n}, .sc = *sc};
@@ -480,8 +460,7 @@ int fl_dev_opt_update(fl_stream_t *s, const fl_opt_scalars_t *sc, fl_dptr_t p, f
 int fl_dev_ef_accum(fl_stream_t *s, fl_dptr_t v, fl_dptr_t u, fl_dptr_t g, size_t n, float m,
                     float scale)
 {
-    if (n == 0)
-        return FL_OK;
+    if (n == 0) return FL_OK;
     size_t bytes = n * sizeof(float);
     dev_op_t op = {.code = DOP_EF_ACCUM, .n = {n}, .f = {m, scale}};
     set_ptr(&op, 0, v, bytes);
@@ -490,11 +469,10 @@ int fl_dev_ef_accum(fl_stream_t *s, fl_dptr_t v, fl_dptr_t u, fl_dptr_t g, size_
     return submit(s, &op, m > 0.0f ? 7u : 5u);
 }
 
-int fl_dev_ef_sent(fl_stream_t *s, fl_dptr_t v, fl_dptr_t u, fl_dptr_t idx, fl_dptr_t val,
-                   size_t k, int wire)
+int fl_dev_ef_sent(fl_stream_t *s, fl_dptr_t v, fl_dptr_t u, fl_dptr_t idx, fl_dptr_t val, size_t k,
+                   int wire)
 {
-    if (k == 0)
-        return FL_OK;
+    if (k == 0) return FL_OK;
     if (wire != FL_WIRE_F32 && wire != FL_WIRE_F16 && wire != FL_WIRE_BF16)
         return fl_fail(FL_EINVAL, "device %s: error feedback: wire type %d", s->d->name, wire);
     /* The residual's extent is the caller's: indices were chosen within it by top-k. */
@@ -512,8 +490,8 @@ int fl_dev_topk_create(fl_dev_t *d, size_t n_max, fl_dev_topk_t **out)
 {
     *out = NULL;
     if (n_max == 0 || n_max > UINT32_MAX)
-        return fl_fail(FL_EINVAL, "device %s: top-k workspace for %zu entries (1..2^32-1)",
-                       d->name, n_max);
+        return fl_fail(FL_EINVAL, "device %s: top-k workspace for %zu entries (1..2^32-1)", d->name,
+                       n_max);
     fl_dev_topk_t *t = calloc(1, sizeof *t);
     if (t == NULL)
         return fl_fail(FL_ENOMEM, "device %s: out of memory for a top-k workspace", d->name);
@@ -530,19 +508,17 @@ int fl_dev_topk_create(fl_dev_t *d, size_t n_max, fl_dev_topk_t **out)
 
 void fl_dev_topk_destroy(fl_dev_topk_t **pt)
 {
-    if (pt == NULL || *pt == NULL)
-        return;
+    if (pt == NULL || *pt == NULL) return;
     (*pt)->d->be->topk_close(*pt);
     free(*pt);
     *pt = NULL;
 }
 
-int fl_dev_topk(fl_stream_t *s, fl_dev_topk_t *t, fl_dptr_t x, size_t n, size_t k,
-                fl_dptr_t idx, fl_dptr_t val, fl_dptr_t out)
+int fl_dev_topk(fl_stream_t *s, fl_dev_topk_t *t, fl_dptr_t x, size_t n, size_t k, fl_dptr_t idx,
+                fl_dptr_t val, fl_dptr_t out)
 {
     if (t->d != s->d)
-        return fl_fail(FL_EINVAL, "device %s: a top-k workspace of %s", s->d->name,
-                       t->d->name);
+        return fl_fail(FL_EINVAL, "device %s: a top-k workspace of %s", s->d->name, t->d->name);
     if (n == 0 || n > t->n_max || k > n)
         return fl_fail(FL_EINVAL, "device %s: top-k %zu of %zu entries (workspace for %zu)",
                        s->d->name, k, n, t->n_max);
@@ -558,11 +534,25 @@ int fl_dev_topk(fl_stream_t *s, fl_dev_topk_t *t, fl_dptr_t x, size_t n, size_t 
 
 const char *fl_dev_op_name(dev_opcode_t code)
 {
-    static const char *const names[DOP_COUNT] = {
-        "copy to device", "copy to host", "device copy", "memset", "GEMM (forward)",
-        "GEMM (weight gradient)", "GEMM (input gradient)", "bias broadcast", "ReLU",
-        "ReLU backward", "bias gradient", "cross-entropy", "scale", "axpy", "sum of squares",
-        "non-finite search", "optimizer step", "error feedback (accumulate)",
-        "error feedback (sent)", "top-k"};
+    static const char *const names[DOP_COUNT] = {"copy to device",
+                                                 "copy to host",
+                                                 "device copy",
+                                                 "memset",
+                                                 "GEMM (forward)",
+                                                 "GEMM (weight gradient)",
+                                                 "GEMM (input gradient)",
+                                                 "bias broadcast",
+                                                 "ReLU",
+                                                 "ReLU backward",
+                                                 "bias gradient",
+                                                 "cross-entropy",
+                                                 "scale",
+                                                 "axpy",
+                                                 "sum of squares",
+                                                 "non-finite search",
+                                                 "optimizer step",
+                                                 "error feedback (accumulate)",
+                                                 "error feedback (sent)",
+                                                 "top-k"};
     return (unsigned)code < DOP_COUNT ? names[code] : "unknown operation";
 }

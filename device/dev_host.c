@@ -48,8 +48,7 @@ static void xent(const dev_op_t *op)
         const float *z = logits + r * c;
         size_t arg = 0;
         for (size_t j = 1; j < c; j++)
-            if (z[j] > z[arg])
-                arg = j;
+            if (z[j] > z[arg]) arg = j;
         size_t label = (size_t)y[r];
         ok += arg == label;
         double mx = z[arg];
@@ -112,8 +111,7 @@ static void ef_sent(const dev_op_t *op)
         float sent = fl_wire_round(val[j], op->i0);
         val[j] = sent;
         v[idx[j]] -= sent; /* zero, or the rounding error the wire type could not carry */
-        if (u != NULL)
-            u[idx[j]] = 0.0f;
+        if (u != NULL) u[idx[j]] = 0.0f;
     }
 }
 
@@ -126,8 +124,7 @@ int fl_dev_host_run(const dev_op_t *op)
     case DOP_H2D:
     case DOP_D2H:
     case DOP_D2D:
-        if (op->p[0] != op->p[1])
-            memmove(op->p[0], op->p[1], n);
+        if (op->p[0] != op->p[1]) memmove(op->p[0], op->p[1], n);
         return FL_OK;
     case DOP_MEMSET:
         memset(op->p[0], op->i0, n);
@@ -185,8 +182,7 @@ int fl_dev_host_run(const dev_op_t *op)
     case DOP_NONFINITE: {
         int64_t at = -1;
         for (size_t i = 0; i < n && at < 0; i++)
-            if (!fl_is_finite(x[i]))
-                at = (int64_t)i;
+            if (!fl_is_finite(x[i])) at = (int64_t)i;
         *(int64_t *)op->p[1] = at;
         return FL_OK;
     }
@@ -222,14 +218,12 @@ static uint32_t threshold(const float *x, size_t n, size_t need, size_t *gt)
         memset(hist, 0, sizeof hist);
         for (size_t i = 0; i < n; i++) {
             uint32_t key = fl_mag_key(x[i]);
-            if ((key & pmask) == prefix)
-                hist[(key >> shift[lv]) & mask[lv]]++;
+            if ((key & pmask) == prefix) hist[(key >> shift[lv]) & mask[lv]]++;
         }
         /* From the top bin down until the need-th largest is inside. */
         uint32_t bin = mask[lv];
         for (;;) {
-            if (above + hist[bin] >= need || bin == 0)
-                break;
+            if (above + hist[bin] >= need || bin == 0) break;
             above += hist[bin];
             bin--;
         }
@@ -240,8 +234,7 @@ static uint32_t threshold(const float *x, size_t n, size_t need, size_t *gt)
     return prefix;
 }
 
-void fl_dev_host_topk(const float *x, size_t n, size_t k, uint32_t *idx, float *val,
-                      int64_t *out)
+void fl_dev_host_topk(const float *x, size_t n, size_t k, uint32_t *idx, float *val, int64_t *out)
 {
     out[0] = 0;
     out[1] = -1;
@@ -251,8 +244,7 @@ void fl_dev_host_topk(const float *x, size_t n, size_t k, uint32_t *idx, float *
             return;
         }
     }
-    if (k == 0)
-        return;
+    if (k == 0) return;
     size_t gt = 0;
     uint32_t t = threshold(x, n, k, &gt);
     size_t eq = k - gt; /* entries equal to T taken, lowest indices first */
@@ -260,8 +252,7 @@ void fl_dev_host_topk(const float *x, size_t n, size_t k, uint32_t *idx, float *
     for (size_t i = 0; i < n && w < k; i++) {
         uint32_t key = fl_mag_key(x[i]);
         if (key > t || (key == t && eq > 0)) {
-            if (key == t)
-                eq--;
+            if (key == t) eq--;
             idx[w] = (uint32_t)i;
             val[w] = x[i];
             w++;

@@ -12,10 +12,10 @@ extern "C" {
 #endif
 
 typedef enum dev_opcode {
-    DOP_H2D = 0, /* p[0] device dst, p[1] host src, n[0] bytes */
-    DOP_D2H,     /* p[0] host dst, p[1] device src, n[0] bytes */
-    DOP_D2D,     /* p[0] dst, p[1] src, n[0] bytes */
-    DOP_MEMSET,  /* p[0] dst, n[0] bytes, i0 the byte */
+    DOP_H2D = 0,    /* p[0] device dst, p[1] host src, n[0] bytes */
+    DOP_D2H,        /* p[0] host dst, p[1] device src, n[0] bytes */
+    DOP_D2D,        /* p[0] dst, p[1] src, n[0] bytes */
+    DOP_MEMSET,     /* p[0] dst, n[0] bytes, i0 the byte */
     DOP_GEMM_FWD,   /* n = b, out, in; p = x, w, z; f[0] beta */
     DOP_GEMM_WGRAD, /* n = b, out, in; p = dz, a, gw */
     DOP_GEMM_IGRAD, /* n = b, out, in; p = dz, w, da */
@@ -39,9 +39,9 @@ typedef enum dev_opcode {
 
 typedef struct dev_op {
     dev_opcode_t code;
-    void *p[DEV_NPTR];     /* raw addresses (device or host, as the opcode says) */
-    size_t ext[DEV_NPTR];  /* bytes of each p the operation may touch (sim checks them) */
-    bool host[DEV_NPTR];   /* p[i] is host memory */
+    void *p[DEV_NPTR];    /* raw addresses (device or host, as the opcode says) */
+    size_t ext[DEV_NPTR]; /* bytes of each p the operation may touch (sim checks them) */
+    bool host[DEV_NPTR];  /* p[i] is host memory */
     size_t n[3];
     float f[2];
     int i0;
@@ -109,8 +109,7 @@ int fl_dev_host_run(const dev_op_t *op);
 
 /* The exact top-k of host memory x (n entries) into idx/val; out[0] the count, out[1] the first
  * NaN or Inf (-1: none). */
-void fl_dev_host_topk(const float *x, size_t n, size_t k, uint32_t *idx, float *val,
-                      int64_t *out);
+void fl_dev_host_topk(const float *x, size_t n, size_t k, uint32_t *idx, float *val, int64_t *out);
 
 #ifdef __cplusplus
 }

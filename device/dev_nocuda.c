@@ -18,8 +18,9 @@ static int count(char *why, size_t cap)
 
 static int open_dev(fl_dev_t *d)
 {
-    return fl_fail(FL_EGPU, "device cuda:%d: CUDA not built in (FLODL_CUDA=off or no toolkit "
-                            "at build time)",
+    return fl_fail(FL_EGPU,
+                   "device cuda:%d: CUDA not built in (FLODL_CUDA=off or no toolkit "
+                   "at build time)",
                    d->o.id);
 }
 

@@ -71,8 +71,7 @@ static int count(char *why, size_t cap)
 static int open_dev(fl_dev_t *d)
 {
     sim_dev_t *m = calloc(1, sizeof *m);
-    if (m == NULL)
-        return fl_fail(FL_ENOMEM, "device sim:%d: out of memory", d->o.id);
+    if (m == NULL) return fl_fail(FL_ENOMEM, "device sim:%d: out of memory", d->o.id);
     pthread_mutex_init(&m->mu, NULL);
     d->impl = m;
     snprintf(d->name, sizeof d->name, "sim:%d", d->o.id);
@@ -168,8 +167,7 @@ static void release(fl_dev_t *d, void *p)
         m->nblocks--;
         free(p);
     } else {
-        fl_log(NULL, FL_LOG_ERROR, "device %s: free of %p, which is not device memory", d->name,
-               p);
+        fl_log(NULL, FL_LOG_ERROR, "device %s: free of %p, which is not device memory", d->name, p);
     }
     pthread_mutex_unlock(&m->mu);
 }
@@ -196,14 +194,14 @@ static int check_extents(fl_dev_t *d, const dev_op_t *op)
     int rc = FL_OK;
     pthread_mutex_lock(&m->mu);
     for (int i = 0; i < DEV_NPTR && rc == FL_OK; i++) {
-        if (op->p[i] == NULL || op->host[i])
-            continue;
+        if (op->p[i] == NULL || op->host[i]) continue;
         uintptr_t p = (uintptr_t)op->p[i];
         size_t at = upper(m, p);
         const block_t *b = at > 0 ? &m->blocks[at - 1] : NULL;
         if (b == NULL || p - b->start >= b->len || op->ext[i] > b->len - (p - b->start))
-            rc = fl_fail(FL_EINVAL, "device %s: %s: address %d (%p, %zu bytes) is outside "
-                                    "device memory",
+            rc = fl_fail(FL_EINVAL,
+                         "device %s: %s: address %d (%p, %zu bytes) is outside "
+                         "device memory",
                          d->name, fl_dev_op_name(op->code), i, op->p[i], op->ext[i]);
     }
     pthread_mutex_unlock(&m->mu);
@@ -226,8 +224,7 @@ static struct timespec deadline_in(int ms)
 static void jitter(sim_stream_t *q)
 {
     int max = q->d->o.sim_jitter_us;
-    if (max <= 0)
-        return;
+    if (max <= 0) return;
     q->rng ^= q->rng << 13;
     q->rng ^= q->rng >> 7;
     q->rng ^= q->rng << 17;
@@ -249,8 +246,7 @@ static void fail_stream(sim_stream_t *q, int rc)
 static void execute(sim_stream_t *q, qop_t *it)
 {
     if (it->kind == Q_RUN) {
-        if (q->rc != FL_OK)
-            return;
+        if (q->rc != FL_OK) return;
         int rc = check_extents(q->d, &it->op);
         if (rc == FL_OK) {
             jitter(q);
@@ -287,8 +283,9 @@ static void execute(sim_stream_t *q, qop_t *it)
         pthread_mutex_unlock(&e->mu);
         if (!ok) {
             pthread_mutex_lock(&q->mu);
-            fail_stream(q, fl_fail(FL_ETIMEDOUT, "device %s: a stream waited %d ms for an event "
-                                                 "that never completed",
+            fail_stream(q, fl_fail(FL_ETIMEDOUT,
+                                   "device %s: a stream waited %d ms for an event "
+                                   "that never completed",
                                    q->d->name, q->d->o.timeout_ms));
             pthread_mutex_unlock(&q->mu);
         }
@@ -302,12 +299,10 @@ static void *stream_main(void *arg)
     for (;;) {
         while (q->head == NULL && !q->stop)
             pthread_cond_wait(&q->cv, &q->mu);
-        if (q->head == NULL)
-            break;
+        if (q->head == NULL) break;
         qop_t *it = q->head;
         q->head = it->next;
-        if (q->head == NULL)
-            q->tail = NULL;
+        if (q->head == NULL) q->tail = NULL;
         pthread_mutex_unlock(&q->mu);
         execute(q, it);
         free(it);
@@ -326,8 +321,7 @@ static int enqueue(fl_stream_t *s, int kind, const dev_op_t *op, sim_event_t *ev
     if (it == NULL)
         return fl_fail(FL_ENOMEM, "device %s: out of memory queueing an operation", s->d->name);
     it->kind = kind;
-    if (op != NULL)
-        it->op = *op;
+    if (op != NULL) it->op = *op;
     it->ev = ev;
     it->gen = gen;
     pthread_mutex_lock(&q->mu);
@@ -345,8 +339,7 @@ static int enqueue(fl_stream_t *s, int kind, const dev_op_t *op, sim_event_t *ev
 static int stream_open(fl_stream_t *s)
 {
     sim_stream_t *q = calloc(1, sizeof *q);
-    if (q == NULL)
-        return fl_fail(FL_ENOMEM, "device %s: out of memory for a stream", s->d->name);
+    if (q == NULL) return fl_fail(FL_ENOMEM, "device %s: out of memory for a stream", s->d->name);
     q->d = s->d;
     q->rng = 0x9e3779b97f4a7c15ULL ^ (uint64_t)(uintptr_t)q;
     pthread_mutex_init(&q->mu, NULL);
@@ -398,8 +391,7 @@ static void stream_close(fl_stream_t *s)
 static int event_open(fl_event_t *e)
 {
     sim_event_t *v = calloc(1, sizeof *v);
-    if (v == NULL)
-        return fl_fail(FL_ENOMEM, "device %s: out of memory for an event", e->d->name);
+    if (v == NULL) return fl_fail(FL_ENOMEM, "device %s: out of memory for an event", e->d->name);
     pthread_mutex_init(&v->mu, NULL);
     pthread_cond_init(&v->cv, NULL);
     e->impl = v;

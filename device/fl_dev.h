@@ -70,12 +70,12 @@ typedef struct fl_stream fl_stream_t;
 typedef struct fl_event fl_event_t;
 
 typedef struct fl_dev_opts {
-    fl_dev_kind_t kind;  /* default cpu */
-    int id;              /* cuda: the GPU's ordinal; sim: a label */
-    size_t mem_bytes;    /* sim: the arena's capacity (default 16 GiB, address space only) */
-    int sim_jitter_us;   /* sim: each operation starts after a random 0..N us, widening the
-                            window of a missing event (0: none) */
-    int timeout_ms;      /* bound of every wait inside the backend (default 600000) */
+    fl_dev_kind_t kind; /* default cpu */
+    int id;             /* cuda: the GPU's ordinal; sim: a label */
+    size_t mem_bytes;   /* sim: the arena's capacity (default 16 GiB, address space only) */
+    int sim_jitter_us;  /* sim: each operation starts after a random 0..N us, widening the
+                           window of a missing event (0: none) */
+    int timeout_ms;     /* bound of every wait inside the backend (default 600000) */
 } fl_dev_opts_t;
 
 void fl_dev_opts_init(fl_dev_opts_t *o);
@@ -168,11 +168,11 @@ int fl_dev_memset(fl_stream_t *s, fl_dptr_t dst, int byte, size_t bytes);
 int fl_dev_gemm_fwd(fl_stream_t *s, size_t b, size_t out, size_t in, fl_dptr_t x, fl_dptr_t w,
                     float beta, fl_dptr_t z);
 /* gw[out, in] = dz[b, out]^T a[b, in]. */
-int fl_dev_gemm_wgrad(fl_stream_t *s, size_t b, size_t out, size_t in, fl_dptr_t dz,
-                      fl_dptr_t a, fl_dptr_t gw);
+int fl_dev_gemm_wgrad(fl_stream_t *s, size_t b, size_t out, size_t in, fl_dptr_t dz, fl_dptr_t a,
+                      fl_dptr_t gw);
 /* da[b, in] = dz[b, out] w[out, in]. */
-int fl_dev_gemm_igrad(fl_stream_t *s, size_t b, size_t out, size_t in, fl_dptr_t dz,
-                      fl_dptr_t w, fl_dptr_t da);
+int fl_dev_gemm_igrad(fl_stream_t *s, size_t b, size_t out, size_t in, fl_dptr_t dz, fl_dptr_t w,
+                      fl_dptr_t da);
 
 /* ---- kernels (elementwise results bit for bit the same on every backend) ---- */
 
@@ -211,8 +211,8 @@ int fl_dev_ef_accum(fl_stream_t *s, fl_dptr_t v, fl_dptr_t u, fl_dptr_t g, size_
                     float scale);
 /* Error feedback, after top-k chose k pairs (idx, val): val rounded to the wire (FL_WIRE_*),
  * v[idx] -= the rounded value, u[idx] = 0 (u may be null). */
-int fl_dev_ef_sent(fl_stream_t *s, fl_dptr_t v, fl_dptr_t u, fl_dptr_t idx, fl_dptr_t val,
-                   size_t k, int wire);
+int fl_dev_ef_sent(fl_stream_t *s, fl_dptr_t v, fl_dptr_t u, fl_dptr_t idx, fl_dptr_t val, size_t k,
+                   int wire);
 
 /* ---- top-k by magnitude: the set of compression's exact mode (ties to the lower index,
  *      indices ascending) ---- */
@@ -226,8 +226,8 @@ void fl_dev_topk_destroy(fl_dev_topk_t **t);
 /* Queues the selection of the k largest |x| of n into idx (uint32) and val (float), k entries
  * each. out: two int64, the count written (k, or 0 when x holds a NaN or Inf) and the index
  * of the first NaN or Inf (-1: none). One stream at a time per workspace. */
-int fl_dev_topk(fl_stream_t *s, fl_dev_topk_t *t, fl_dptr_t x, size_t n, size_t k,
-                fl_dptr_t idx, fl_dptr_t val, fl_dptr_t out);
+int fl_dev_topk(fl_stream_t *s, fl_dev_topk_t *t, fl_dptr_t x, size_t n, size_t k, fl_dptr_t idx,
+                fl_dptr_t val, fl_dptr_t out);
 
 /* ---- the optimizer with its state on a device ---- */
 

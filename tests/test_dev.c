@@ -45,10 +45,10 @@ static void close_bench(bench_t *b)
     fl_dev_destroy(&b->d);
 }
 
-#define OK(call)                                                                              \
-    do {                                                                                      \
-        int rc_ = (call);                                                                     \
-        ck_assert_msg(rc_ == FL_OK, "%s: %s: %s", #call, fl_strerror(rc_), fl_last_error()); \
+#define OK(call)                                                                                   \
+    do {                                                                                           \
+        int rc_ = (call);                                                                          \
+        ck_assert_msg(rc_ == FL_OK, "%s: %s: %s", #call, fl_strerror(rc_), fl_last_error());       \
     } while (0)
 
 /* A device buffer holding host data. */
@@ -83,8 +83,7 @@ static void expect_bits(const char *what, const float *got, const float *want, s
                          (double)want[i]);
 }
 
-static void expect_rel(const char *what, const float *got, const double *want, size_t n,
-                       double rel)
+static void expect_rel(const char *what, const float *got, const double *want, size_t n, double rel)
 {
     double scale = 0.0;
     for (size_t i = 0; i < n; i++)
@@ -648,7 +647,7 @@ START_TEST(test_sim_guards)
     ck_assert_int_eq(fl_dev_alloc(d, 1 << 20, &q), FL_ENOMEM);
     ck_assert_msg(strstr(fl_last_error(), "1048576 bytes asked") != NULL, "%s", fl_last_error());
     OK(fl_dev_relu(s, fl_dptr_at(p, 512), 200)); /* 800 bytes from 512: past the end */
-    OK(fl_dev_memset(s, p, 0, 1000));             /* skipped: the stream already failed */
+    OK(fl_dev_memset(s, p, 0, 1000));            /* skipped: the stream already failed */
     ck_assert_int_eq(fl_stream_sync(s, 5000), FL_EINVAL);
     ck_assert_msg(strstr(fl_last_error(), "ReLU") && strstr(fl_last_error(), "outside device"),
                   "%s", fl_last_error());
@@ -697,8 +696,7 @@ int main(void)
 {
 #ifdef DEV_TEST_CUDA
     int probe = fl_test_gpu_probe("device conformance (cuda)");
-    if (probe != 0)
-        return probe;
+    if (probe != 0) return probe;
 #endif
     return fl_test_run(dev_suite());
 }

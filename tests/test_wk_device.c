@@ -40,6 +40,7 @@ typedef struct wk_mode {
     double topk;
     double max_norm;
     int max_anchor;
+    fl_wk_hier_t hierarchy;
 } wk_mode_t;
 
 static void base_opts(fl_wk_train_opts_t *o, const wk_mode_t *m, const char *save)
@@ -62,6 +63,7 @@ static void base_opts(fl_wk_train_opts_t *o, const wk_mode_t *m, const char *sav
     o->topk = m->topk;
     o->max_norm = m->max_norm;
     o->max_anchor = m->max_anchor;
+    o->hierarchy = m->hierarchy;
     o->replan_every = 0; /* El Che's plan from the hints only: the same on both runs */
     o->save_path = save;
 }
@@ -87,20 +89,25 @@ static void train(const wk_mode_t *m, fl_dev_kind_t kind, const fl_wk_dataset_t 
 
 static const wk_mode_t modes[] = {
     {"one device, SGD, clipped (the gradient never leaves it)", 1, 1, FL_WK_SHARD_NONE,
-     FL_WK_POLICY_SYNC, FL_OPT_SGD, 0, 0.5, 0},
-    {"one device, Adam", 1, 1, FL_WK_SHARD_NONE, FL_WK_POLICY_SYNC, FL_OPT_ADAM, 0, 0, 0},
-    {"2 hosts x 2 devices, hybrid, dense", 2, 2, FL_WK_SHARD_NONE, FL_WK_POLICY_SYNC,
-     FL_OPT_SGD, 0, 0, 0},
-    {"2 hosts x 1 device, top-k", 2, 1, FL_WK_SHARD_NONE, FL_WK_POLICY_SYNC, FL_OPT_SGD, 0.1,
-     0, 0},
-    {"2 hosts x 2 devices, --shard grad", 2, 2, FL_WK_SHARD_GRAD, FL_WK_POLICY_SYNC,
-     FL_OPT_ADAM, 0, 0, 0},
-    {"2 hosts x 2 devices, --shard full", 2, 2, FL_WK_SHARD_FULL, FL_WK_POLICY_SYNC, FL_OPT_SGD,
-     0, 0, 0},
-    {"1 host x 3 devices, El Che", 1, 3, FL_WK_SHARD_NONE, FL_WK_POLICY_SYNC, FL_OPT_SGD, 0, 0,
-     2},
-    {"2 hosts x 2 devices, local SGD", 2, 2, FL_WK_SHARD_NONE, FL_WK_POLICY_CADENCE,
-     FL_OPT_SGD, 0, 0, 2},
+     FL_WK_POLICY_SYNC, FL_OPT_SGD, 0, 0.5, 0, FL_WK_HIER_HYBRID},
+    {"one device, Adam", 1, 1, FL_WK_SHARD_NONE, FL_WK_POLICY_SYNC, FL_OPT_ADAM, 0, 0, 0,
+     FL_WK_HIER_HYBRID},
+    {"2 hosts x 2 devices, hybrid, dense", 2, 2, FL_WK_SHARD_NONE, FL_WK_POLICY_SYNC, FL_OPT_SGD, 0,
+     0, 0, FL_WK_HIER_HYBRID},
+    {"2 hosts x 1 device, top-k (on the device), clipped", 2, 1, FL_WK_SHARD_NONE,
+     FL_WK_POLICY_SYNC, FL_OPT_SGD, 0.1, 0.3, 0, FL_WK_HIER_HYBRID},
+    {"2 hosts x 2 devices, flat, top-k (on the devices)", 2, 2, FL_WK_SHARD_NONE, FL_WK_POLICY_SYNC,
+     FL_OPT_SGD, 0.05, 0, 0, FL_WK_HIER_FLAT},
+    {"2 hosts x 2 devices, hybrid, top-k (of the host's shards)", 2, 2, FL_WK_SHARD_NONE,
+     FL_WK_POLICY_SYNC, FL_OPT_ADAM, 0.1, 0, 0, FL_WK_HIER_HYBRID},
+    {"2 hosts x 2 devices, --shard grad", 2, 2, FL_WK_SHARD_GRAD, FL_WK_POLICY_SYNC, FL_OPT_ADAM, 0,
+     0, 0, FL_WK_HIER_HYBRID},
+    {"2 hosts x 2 devices, --shard full", 2, 2, FL_WK_SHARD_FULL, FL_WK_POLICY_SYNC, FL_OPT_SGD, 0,
+     0, 0, FL_WK_HIER_HYBRID},
+    {"1 host x 3 devices, El Che", 1, 3, FL_WK_SHARD_NONE, FL_WK_POLICY_SYNC, FL_OPT_SGD, 0, 0, 2,
+     FL_WK_HIER_HYBRID},
+    {"2 hosts x 2 devices, local SGD", 2, 2, FL_WK_SHARD_NONE, FL_WK_POLICY_CADENCE, FL_OPT_SGD, 0,
+     0, 2, FL_WK_HIER_HYBRID},
 };
 
 START_TEST(test_sim_equals_cpu)
@@ -150,8 +157,8 @@ static void refused(const char *device, const char *gpus, bool replicas, const c
     int rc = fl_wk_device_select(device, gpus, replicas, &o);
     ck_assert_msg(rc == FL_EINVAL, "--device %s --gpus %s: accepted", device ? device : "auto",
                   gpus ? gpus : "-");
-    ck_assert_msg(strstr(fl_last_error(), says) != NULL, "'%s' does not say '%s'",
-                  fl_last_error(), says);
+    ck_assert_msg(strstr(fl_last_error(), says) != NULL, "'%s' does not say '%s'", fl_last_error(),
+                  says);
 }
 
 START_TEST(test_device_choice_refusals)

@@ -579,6 +579,11 @@ int fl_wk_devices_keep(fl_wk_devices_t *d, const fl_opt_opts_t *opt, float *para
     return FL_OK;
 }
 
+fl_wk_rdev_t *fl_wk_devices_rdev(fl_wk_devices_t *d, int j)
+{
+    return j >= 0 && j < d->n ? d->rep[j].rd : NULL;
+}
+
 bool fl_wk_devices_keeps_grad(const fl_wk_devices_t *d)
 {
     return d->keep_grad;

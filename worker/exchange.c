@@ -26,6 +26,8 @@ struct fl_wk_xchg {
     uint32_t *kidx;
     float *kval;
     double density;
+    fl_wk_dcmp_t *dcmp; /* top-k on the device that computed the gradient (NULL: the host) */
+    bool bound;         /* the exchange thread made that device current */
     /* the thread and what it shares with the training thread (under mu) */
     pthread_t thread;
     bool started;
@@ -60,7 +62,22 @@ static int exchange(fl_wk_xchg_t *x, size_t b, fl_wk_xchg_stats_t *st)
         to.density = x->density;
         size_t k = 0;
         int64_t tc = fl_now_ns();
-        rc = fl_cmp_ef_step(x->ef[b], x->cws, g, &to, x->kidx, x->kval, &k, NULL);
+        const uint32_t *kidx = x->kidx;
+        const float *kval = x->kval;
+        if (x->dcmp != NULL) {
+            uint32_t *di = NULL;
+            float *dv = NULL;
+            rc = x->bound ? FL_OK : fl_wk_dcmp_bind(x->dcmp);
+            x->bound = rc == FL_OK;
+            if (rc == FL_OK)
+                rc = fl_cmp_topk_count(n, &to, &k);
+            if (rc == FL_OK)
+                rc = fl_wk_dcmp_bucket(x->dcmp, x->start[b], n, k, &di, &dv);
+            kidx = di;
+            kval = dv;
+        } else {
+            rc = fl_cmp_ef_step(x->ef[b], x->cws, g, &to, x->kidx, x->kval, &k, NULL);
+        }
         fl_obs_timeline_span(x->o->timeline, x->tid, "compress (top-k, error feedback)",
                              "exchange", tc, fl_now_ns());
         if (rc == FL_OK) {
@@ -69,7 +86,7 @@ static int exchange(fl_wk_xchg_t *x, size_t b, fl_wk_xchg_stats_t *st)
             so.values = x->o->topk_values;
             so.k_max = k; /* every rank asks for the same density: the same k, no round */
             int64_t ts = fl_now_ns();
-            rc = fl_sparse_allreduce(x->comm, x->kidx, x->kval, k, g, n, FL_AVG, &so, NULL);
+            rc = fl_sparse_allreduce(x->comm, kidx, kval, k, g, n, FL_AVG, &so, NULL);
             fl_obs_timeline_span(x->o->timeline, x->tid, "sparse allreduce", "exchange", ts,
                                  fl_now_ns());
         }
@@ -216,6 +233,7 @@ void fl_wk_xchg_destroy(fl_wk_xchg_t **px)
         for (size_t b = 0; b < x->nb; b++)
             fl_cmp_ef_destroy(&x->ef[b]);
     free(x->ef);
+    fl_wk_dcmp_destroy(&x->dcmp);
     fl_cmp_ws_destroy(&x->cws);
     free(x->kidx);
     free(x->kval);
@@ -276,8 +294,24 @@ void fl_wk_xchg_stats(const fl_wk_xchg_t *x, fl_wk_xchg_stats_t *out)
     pthread_mutex_unlock(&m->mu);
 }
 
+int fl_wk_xchg_on_device(fl_wk_xchg_t *x, fl_wk_rdev_t *rd)
+{
+    if (x->ef == NULL)
+        return FL_OK; /* dense: the gradient comes to the host anyway */
+    size_t widest = 0;
+    for (size_t b = 0; b < x->nb; b++)
+        widest = x->len[b] > widest ? x->len[b] : widest;
+    size_t from = x->nb > 0 ? x->start[x->nb - 1] : 0;
+    int rc = fl_wk_dcmp_create(rd, x->o, from, x->start[0] + x->len[0] - from, widest, &x->dcmp);
+    if (rc == FL_OK)
+        fl_wk_rdev_set_compress(rd, true);
+    return rc;
+}
+
 double fl_wk_xchg_residual_norm(const fl_wk_xchg_t *x)
 {
+    if (x->dcmp != NULL)
+        return fl_wk_dcmp_residual_norm(x->dcmp);
     double s = 0.0;
     for (size_t b = 0; x->ef != NULL && b < x->nb; b++) {
         double r = fl_cmp_ef_residual_norm(x->ef[b]);

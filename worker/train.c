@@ -236,6 +236,16 @@ static int setup(trainer_t *tr)
                                          &tr->shards)) != FL_OK) {
         return rc;
     }
+    /* Top-k where the gradient is: on the device, when each exchange takes one device's own
+     * gradient (one device per host, or flat) and the step's gradient is not combined on the
+     * host first (El Che, local SGD). On cpu the host's error feedback is the device's. */
+    bool own = (tr->nx == 1 && L == 1) || (tr->nx == L && local == FL_WK_LOCAL_NONE);
+    if (own && o->topk > 0 && o->device != FL_DEV_CPU && o->policy == FL_WK_POLICY_SYNC &&
+        o->max_anchor == 0)
+        for (int j = 0; j < tr->nx && rc == FL_OK; j++)
+            rc = fl_wk_xchg_on_device(tr->xchg[j], fl_wk_devices_rdev(tr->dev, j));
+    if (rc != FL_OK)
+        return rc;
     fl_wk_obs_init(&tr->obs, o->obs, tr->rank);
     for (int j = 0; j < tr->nx; j++)
         fl_wk_xchg_set_track(tr->xchg[j], FL_WK_TRACK_EXCHANGE + j);
@@ -673,9 +683,11 @@ int fl_wk_train(fl_comm_t *comm, const fl_wk_dataset_t *train, const fl_wk_datas
     size_t nbatches = fl_wk_devices_batches(tr.dev);
     bool lead = tr.rank == 0 && !o->quiet;
     if (lead)
-        printf("training: %s, %d ranks x %d device(s), batch %zu per device (global %ld), %zu "
-               "parameters, %s exchange%s, %zu steps per epoch\n",
-               train->source, tr.world, o->replicas, o->batch, global_batch, tr.np,
+        printf("training: %s, %d ranks x %d device(s) (%s%s), batch %zu per device (global "
+               "%ld), %zu parameters, %s exchange%s, %zu steps per epoch\n",
+               train->source, tr.world, o->replicas,
+               fl_dev_name(fl_wk_rdev_dev(fl_wk_devices_rdev(tr.dev, 0))),
+               o->replicas > 1 ? ", ..." : "", o->batch, global_batch, tr.np,
                o->mode == FL_WK_MODE_LOCAL ? "no" : o->topk > 0 ? "top-k" : "dense",
                tr.nx <= 1                            ? ""
                : o->hierarchy == FL_WK_HIER_FLAT ? " (flat: every device a ring member)"

@@ -59,6 +59,34 @@ fl_stream_t *fl_wk_rdev_stream(fl_wk_rdev_t *r);
  * NaN and Inf there (FL_ENONFINITE, nothing updated) and clipped to max_norm (0: not). */
 int fl_wk_rdev_update(fl_wk_rdev_t *r, const float *grad, double max_norm, double lr);
 
+/* The device's gradient buffer and the event recorded where the backward pass finished layer
+ * (valid after fl_wk_rdev_grad, until the next). */
+fl_dptr_t fl_wk_rdev_grad_buf(const fl_wk_rdev_t *r);
+fl_event_t *fl_wk_rdev_layer_event(const fl_wk_rdev_t *r, int layer);
+
+/* on: the gradient stays on the device for the exchange to compress there (xchg_dev.c); tell
+ * hears each layer as soon as it is queued, and the host's gradient buffer is not written. */
+void fl_wk_rdev_set_compress(fl_wk_rdev_t *r, bool on);
+
+/* ---- top-k with error feedback on the device (xchg_dev.c) ---- */
+
+typedef struct fl_wk_dcmp fl_wk_dcmp_t;
+
+/* Residuals for parameters [from, from + n) of device rd's gradient, buckets up to widest. */
+int fl_wk_dcmp_create(fl_wk_rdev_t *rd, const fl_wk_train_opts_t *o, size_t from, size_t n,
+                      size_t widest, fl_wk_dcmp_t **out);
+void fl_wk_dcmp_destroy(fl_wk_dcmp_t **c);
+/* Makes the device current for the calling thread (the exchange's). */
+int fl_wk_dcmp_bind(fl_wk_dcmp_t *c);
+
+/* The k pairs of parameters [start, start + len) after error feedback, into page-locked host
+ * memory (*idx relative to start, valid until the next call), once the layer holding start was
+ * computed. FL_ENONFINITE (a NaN or Inf in the gradient, or a residual that overflowed), or the
+ * device's error. */
+int fl_wk_dcmp_bucket(fl_wk_dcmp_t *c, size_t start, size_t len, size_t k, uint32_t **idx,
+                      float **val);
+double fl_wk_dcmp_residual_norm(fl_wk_dcmp_t *c);
+
 /* ---- the process's devices (devices.c) ---- */
 
 typedef struct fl_wk_devices fl_wk_devices_t;
@@ -453,6 +481,13 @@ void fl_wk_xchg_stats(const fl_wk_xchg_t *x, fl_wk_xchg_stats_t *out);
 
 /* The L2 norm of the error-feedback residuals (0 when dense). Between steps only. */
 double fl_wk_xchg_residual_norm(const fl_wk_xchg_t *x);
+
+/* Compresses on device rd instead of the host (top-k only): the buckets come from rd's
+ * gradient, which must be the range's (one device, or --hierarchy flat). */
+int fl_wk_xchg_on_device(fl_wk_xchg_t *x, fl_wk_rdev_t *rd);
+
+/* Device j's device (for fl_wk_xchg_on_device). */
+fl_wk_rdev_t *fl_wk_devices_rdev(fl_wk_devices_t *d, int j);
 
 /* Records each bucket's exchange on timeline track tid (o->timeline). */
 void fl_wk_xchg_set_track(fl_wk_xchg_t *x, int tid);
