@@ -2,7 +2,8 @@
  * binaries (flodl-worker --mode local for 1 worker, flodl-launch --workers N for more) on the
  * built-in dataset, each run bounded in time, and reads their epoch and summary lines: samples/s,
  * the epoch and seconds at which the test accuracy reached the target, bytes each rank sent and
- * the compute/exchange split. Training itself is the worker's; spawning, bench_util.c's. */
+ * the compute/exchange split. Training itself is the worker's; spawning, bench_util.c's; the
+ * GPU side (--device cuda|sim) is bench_train_dev.c's. */
 #include <getopt.h>
 #include <limits.h>
 #include <sched.h>
@@ -51,6 +52,10 @@ typedef struct tr_bench {
     double dens[BENCH_MAX_LIST];
     int ndens;
     int epochs;
+    bool epochs_given;
+    long batch;         /* 0: the worker's default */
+    const char *device; /* NULL: no --device flag for the workers */
+    int cpu_s;
     double target;
     int timeout_s;
     bool verbose;
@@ -69,6 +74,7 @@ static const char usage[] =
     "usage: flodl-bench train [--workers 1,2,4] [--densities 0.01,0.001] [--epochs 5]\n"
     "                         [--target 0.93] [--layers 64,256,128,10] [--worker-flags \"...\"]\n"
     "                         [--timeout 600] [--launch PATH] [--worker PATH] [--verbose]\n"
+    "                         [--batch-size B] [--device cpu|cuda|sim] [--cpu-seconds 120]\n"
     "Trains on the built-in dataset with the real binaries: 1 worker as flodl-worker --mode\n"
     "local (the baseline), N > 1 as flodl-launch --workers N, once dense and once per top-k\n"
     "density. Reports samples/s (slowest rank), speed-up over 1 worker and over dense, the epoch\n"
@@ -76,7 +82,14 @@ static const char usage[] =
     "bytes sent per rank, the compression and the compute/exchange split per step.\n"
     "--worker-flags is split at spaces (no quoting) and goes to every worker; --timeout is\n"
     "seconds per run (then the run is stopped). flodl-launch and flodl-worker are looked up\n"
-    "next to flodl-bench, then in ../worker/ (the build tree).\n";
+    "next to flodl-bench, then in ../worker/ (the build tree).\n"
+    "--device cpu: the runs above with --device cpu (by default no --device flag goes to the\n"
+    "workers). --device cuda: flodl-worker --mode local --device cuda against PyTorch on the\n"
+    "same GPU (torch_train.py: the same MLP, batch and epochs; default --layers\n"
+    "64,4096,4096,4096,10 --batch-size 512 --epochs 2), against flodl-worker --device cpu (1\n"
+    "epoch, stopped after --cpu-seconds), and a 2-worker job on the GPU for the communication\n"
+    "share. --device sim: the simulated GPU against the CPU, a correctness path (default\n"
+    "--layers 64,256,128,10 --batch-size 64 --epochs 1).\n";
 
 static bool is_executable(const char *path)
 {
@@ -213,7 +226,8 @@ static void run_one(const tr_bench_t *b, tr_run_t *r)
     char nw[16];
     char ep[16];
     char dens[32];
-    char *argv[16 + MAX_EXTRA];
+    char batch[24];
+    char *argv[20 + MAX_EXTRA];
     int a = 0;
     snprintf(nw, sizeof nw, "%d", r->workers);
     snprintf(ep, sizeof ep, "%d", b->epochs);
@@ -232,6 +246,15 @@ static void run_one(const tr_bench_t *b, tr_run_t *r)
     }
     argv[a++] = "--epochs";
     argv[a++] = ep;
+    if (b->device != NULL) {
+        argv[a++] = "--device";
+        argv[a++] = (char *)b->device;
+    }
+    if (b->batch > 0) {
+        snprintf(batch, sizeof batch, "%ld", b->batch);
+        argv[a++] = "--batch-size";
+        argv[a++] = batch;
+    }
     if (r->workers > 1 && r->density > 0) {
         argv[a++] = "--topk";
         argv[a++] = dens;
@@ -300,10 +323,11 @@ static void print_tables(const tr_bench_t *b)
     char tcol[32];
     snprintf(tcol, sizeof tcol, "to %g%%", b->target * 100.0);
     printf("\nflodl-bench train: the built-in dataset (60000 train, 10000 test samples),\n"
-           "model %s, %d epoch%s, batch 64 per worker\n"
-           "(where --worker-flags says nothing else); %d CPUs here\n",
+           "model %s, %d epoch%s, batch %ld per worker\n"
+           "(where --worker-flags says nothing else); %d CPUs here%s\n",
            b->layers ? b->layers : "64,256,128,10 (the worker's default)", b->epochs,
-           b->epochs == 1 ? "" : "s", ncpus());
+           b->epochs == 1 ? "" : "s", b->batch > 0 ? b->batch : 64L, ncpus(),
+           b->device ? "; --device cpu" : "");
     if (b->nextra > 0)
         printf("worker flags: %s\n", b->extra_buf);
     const tr_run_t *base = find_run(b, 1, 0);
@@ -370,39 +394,22 @@ static void print_tables(const tr_bench_t *b)
                maxw, cpus, cpus, cpus);
 }
 
-/* The GPU figures need a worker that trains on the GPU; say why they are missing. */
-static void gpu_part(const tr_bench_t *b)
+/* Where the GPU figures come from. */
+static void gpu_part(void)
 {
     char desc[256];
     fl_gpu_describe(desc, sizeof desc);
-    if (!fl_gpu_available()) {
-        printf("GPU: none here (%s):\nGPU samples/s, GPU against CPU results and the "
-               "communication share on the GPU are skipped.\n",
+    if (fl_gpu_available())
+        printf("GPU: %s: flodl-bench train --device cuda gives the GPU figures (against PyTorch, "
+               "against the CPU, the communication share).\n",
                desc);
-        return;
-    }
-    /* Ask the worker itself, so that this line stays true once it learns --device cuda. */
-    char *argv[] = {(char *)b->worker, "--mode", "local", "--device", "cuda", "--epochs", "0",
-                    "--quiet", NULL};
-    tr_run_t *probe = calloc(1, sizeof *probe);
-    if (probe == NULL)
-        return;
-    int fd;
-    pid_t pid = bench_spawn_group(b->worker, argv, &fd);
-    if (pid >= 0) {
-        int64_t deadline = fl_deadline_in(60000);
-        line_ctx_t c = {probe, b->target, false};
-        bench_read_lines(fd, deadline, on_line, &c);
-        probe->code = bench_wait_group(pid, deadline, GRACE_MS);
-    }
-    printf("GPU: %s, but %s:\nGPU samples/s, GPU against CPU results and the communication "
-           "share on the GPU are skipped.\n",
-           desc,
-           pid >= 0 && probe->code != 0 && probe->ntail > 0
-               ? probe->tail[probe->ntail - 1]
-               : "flodl-bench train has no GPU runs yet");
-    free(probe);
+    else
+        printf("GPU: none here (%s); flodl-bench train --device cuda needs one.\n", desc);
 }
+
+int bench_train_dev(const char *device, const char *worker, const char *launch,
+                    const char *layers, long batch, int epochs, int timeout_s, int cpu_s,
+                    char *const extra[], int nextra, bool verbose);
 
 static int parse_workers(const char *s, tr_bench_t *b)
 {
@@ -442,7 +449,7 @@ int bench_train_main(int argc, char **argv)
 {
     enum {
         O_WORKERS = 1000, O_DENS, O_EPOCHS, O_TARGET, O_LAYERS, O_WFLAGS, O_TIMEOUT, O_LAUNCH,
-        O_WORKER, O_VERBOSE, O_HELP
+        O_WORKER, O_VERBOSE, O_BATCH, O_DEVICE, O_CPU_S, O_HELP
     };
     static const struct option longopts[] = {
         {"workers", required_argument, NULL, O_WORKERS},
@@ -455,6 +462,9 @@ int bench_train_main(int argc, char **argv)
         {"launch", required_argument, NULL, O_LAUNCH},
         {"worker", required_argument, NULL, O_WORKER},
         {"verbose", no_argument, NULL, O_VERBOSE},
+        {"batch-size", required_argument, NULL, O_BATCH},
+        {"device", required_argument, NULL, O_DEVICE},
+        {"cpu-seconds", required_argument, NULL, O_CPU_S},
         {"help", no_argument, NULL, O_HELP},
         {NULL, 0, NULL, 0},
     };
@@ -464,6 +474,7 @@ int bench_train_main(int argc, char **argv)
     b->epochs = 5;
     b->target = 0.93;
     b->timeout_s = 600;
+    b->cpu_s = 120;
     const char *workers_s = "1,2,4";
     const char *dens_s = "0.01,0.001";
     int status = 2;
@@ -478,8 +489,21 @@ int bench_train_main(int argc, char **argv)
         case O_WORKERS: workers_s = optarg; break;
         case O_DENS: dens_s = optarg; break;
         case O_EPOCHS:
-            if ((rc = fl_cli_long("--epochs", optarg, 1, 10000, &v)) == FL_OK)
+            if ((rc = fl_cli_long("--epochs", optarg, 1, 10000, &v)) == FL_OK) {
                 b->epochs = (int)v;
+                b->epochs_given = true;
+            }
+            break;
+        case O_BATCH: rc = fl_cli_long("--batch-size", optarg, 1, 1 << 20, &b->batch); break;
+        case O_CPU_S:
+            if ((rc = fl_cli_long("--cpu-seconds", optarg, 1, 86400, &v)) == FL_OK)
+                b->cpu_s = (int)v;
+            break;
+        case O_DEVICE:
+            if (strcmp(optarg, "cpu") != 0 && strcmp(optarg, "cuda") != 0 &&
+                strcmp(optarg, "sim") != 0)
+                rc = fl_fail(FL_EINVAL, "--device: '%s' is not one of cpu|cuda|sim", optarg);
+            b->device = optarg;
             break;
         case O_TARGET:
             b->target = strtod(optarg, &end);
@@ -524,6 +548,12 @@ int bench_train_main(int argc, char **argv)
         goto out;
     if (b->launch[0] == '\0' && find_binary("flodl-launch", b->launch, sizeof b->launch) != 0)
         goto out;
+    if (b->device != NULL && strcmp(b->device, "cpu") != 0) {
+        status = bench_train_dev(b->device, b->worker, b->launch, b->layers, b->batch,
+                                 b->epochs_given ? b->epochs : 0, b->timeout_s, b->cpu_s,
+                                 b->extra, b->nextra, b->verbose);
+        goto out;
+    }
     for (int i = 0; i < b->nw; i++) {
         int w = b->wlist[i];
         if (find_run(b, w, 0) != NULL)
@@ -557,7 +587,7 @@ int bench_train_main(int argc, char **argv)
         }
     }
     print_tables(b);
-    gpu_part(b);
+    gpu_part();
 out:
     free(b);
     return status;

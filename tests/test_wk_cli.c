@@ -10,6 +10,7 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include "fl_dev.h"
 #include "testutil.h"
 
 #define WORKER FLODL_BIN_DIR "/worker/flodl-worker"
@@ -138,6 +139,36 @@ START_TEST(test_configuration_errors)
     expect_usage_error(ma, "--max-anchor");
     const char *i[] = {"--mode", "ring", NULL};
     expect_usage_error(i, "--world-size");
+    const char *mo[] = {"--mode", "local", "--optimizer", "adam", "--momentum", "0.5", NULL};
+    expect_usage_error(mo, "SGD's");
+}
+END_TEST
+
+/* The devices a worker trains on, as the README's GPU section runs them: simulated GPUs train;
+ * a GPU that is not there, an id beyond the host's and a model too big for a device are
+ * refused before training with one line. */
+START_TEST(test_devices)
+{
+    const char *a[] = {"--mode", "local", "--device", "sim", "--gpus", "0,1", "--epochs", "1",
+                       "--optimizer", "adam", "--lr", "0.001", NULL};
+    run_t r;
+    run(a, 120, &r);
+    ck_assert_msg(r.status == 0, "exit %d: %s", r.status, r.err);
+    ck_assert_msg(strstr(r.out, "2 device(s) (sim:0, ...)") != NULL, "%s", r.out);
+    char why[256];
+    if (fl_dev_count(FL_DEV_CUDA, why, sizeof why) == 0) {
+        const char *b[] = {"--mode", "local", "--device", "cuda", NULL};
+        expect_usage_error(b, "--device cuda: no usable GPU");
+    } else {
+        const char *b[] = {"--mode", "local", "--device", "cuda", "--gpus", "1000", NULL};
+        expect_usage_error(b, "GPU 1000 does not exist");
+    }
+    const char *c[] = {"--mode", "local", "--device", "cpu", "--gpus", "0", NULL};
+    expect_usage_error(c, "--gpus applies to --device cuda or sim");
+    setenv("FLODL_SIM_MEM", "1000000", 1);
+    const char *d[] = {"--mode", "local", "--device", "sim", "--layers", "64,1024,1024,10", NULL};
+    expect_usage_error(d, "the model needs");
+    unsetenv("FLODL_SIM_MEM");
 }
 END_TEST
 
@@ -172,6 +203,7 @@ Suite *wk_cli_suite(void)
     tcase_set_timeout(t, 240);
     tcase_add_test(t, test_local_training_and_checkpoint);
     tcase_add_test(t, test_configuration_errors);
+    tcase_add_test(t, test_devices);
     tcase_add_test(t, test_bad_data_files);
     suite_add_tcase(s, t);
     return s;

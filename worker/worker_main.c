@@ -99,6 +99,7 @@ typedef struct wargs {
     const char *device;        /* --device (NULL: auto) */
     const char *gpus;          /* --gpus */
     bool replicas_given;       /* --cpu-replicas */
+    bool momentum_given;       /* --momentum (the default 0.9 is SGD's alone) */
 } wargs_t;
 
 /* The worker's observability: a metrics endpoint and a timeline, when asked for. */
@@ -265,7 +266,10 @@ static int apply(wargs_t *a, int ch, const char *name, const char *v)
             t->seed = (uint64_t)n;
         break;
     case O_NO_SHUFFLE: t->shuffle = false; break;
-    case O_OPTIM: rc = fl_cli_optim_flag(name, v, &t->opt, &t->lr); break;
+    case O_OPTIM:
+        rc = fl_cli_optim_flag(name, v, &t->opt, &t->lr);
+        a->momentum_given = a->momentum_given || strcmp(name, "momentum") == 0;
+        break;
     case O_LZ4: a->lz4 = 1; break;
     case O_RECONNECT:
         if ((rc = fl_cli_long("--reconnect-timeout", v, 0, 86400000, &n)) == FL_OK)
@@ -603,6 +607,10 @@ int main(int argc, char **argv)
         return bad("--shard, --max-anchor, --policy, --checkpoint and --resume: in --mode ps the optimizer "
                    "state and checkpoints live on the parameter server (flodl-ps --checkpoint-dir)"
                    " and the devices' mean is pushed every step");
+    /* The default momentum belongs to the default SGD: Adam and AdamW have betas instead, and
+     * only a --momentum given with them is a mistake. */
+    if (a.to.opt.kind != FL_OPT_SGD && !a.momentum_given)
+        a.to.opt.momentum = 0.0;
     if (fl_cli_optim_check(&a.to.opt, &a.to.lr) != FL_OK)
         return usage_error();
     if (a.mode < 0)

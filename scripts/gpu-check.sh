@@ -1,0 +1,379 @@
+#!/usr/bin/env bash
+# One command on a GPU machine (CUDA, nvcc, cmake, compute-sanitizer, python3 with PyTorch; no
+# network, none of flodl's Debian libraries: those come unpacked from .deps/debs, see
+# scripts/gpu-deps.sh): builds flodl with CUDA, runs the GPU suites, the sanitizers, the worker
+# on cuda against cpu, a 2-worker top-k job and the GPU benchmark. Prints PASS, FAIL or SKIP per
+# check and a summary; everything also goes to a log (build-gpu/gpu-check.log, or
+# $OUT/gpu-check.log when $OUT is set).
+#   scripts/gpu-check.sh [--steps build,ctest,memcheck,racecheck,parity,ring,bench]
+#                        [--build-dir DIR] [--log FILE] [--cuda-arch ARCH] [--cpu-seconds S]
+#                        [--bench-flags "FLAGS"] [--dry-run] [--allow-no-gpu]
+# Without a usable GPU (nvidia-smi, then the worker itself, say why), or with --dry-run, every
+# check is SKIP with the reason and the command it would run; the exit status is then 0 only
+# with --allow-no-gpu (2 without). Otherwise: 0 when no check failed, 1 when one did.
+# Each step is bounded by `timeout` (GPU_CHECK_T_<STEP> seconds overrides the default); a run
+# limited to 10 minutes can do the build and the suites first, then the rest (--steps), the
+# build directory being kept in between.
+set -uo pipefail
+root=$(cd "$(dirname "$0")/.." && pwd)
+
+all_steps="build,ctest,memcheck,racecheck,parity,ring,bench"
+steps=$all_steps
+build=$root/build-gpu
+log=""
+arch=""
+cpu_s=60
+bench_flags=""
+dry=0
+allow=0
+usage() { sed -n '2,/^set /{/^set /d;s/^# \{0,1\}//;p}' "$0"; }
+while [ $# -gt 0 ]; do
+  case "$1" in
+    --steps) steps=$2; shift ;;
+    --steps=*) steps=${1#*=} ;;
+    --build-dir) build=$2; shift ;;
+    --build-dir=*) build=${1#*=} ;;
+    --log) log=$2; shift ;;
+    --log=*) log=${1#*=} ;;
+    --cuda-arch) arch=$2; shift ;;
+    --cuda-arch=*) arch=${1#*=} ;;
+    --cpu-seconds) cpu_s=$2; shift ;;
+    --cpu-seconds=*) cpu_s=${1#*=} ;;
+    --bench-flags) bench_flags=$2; shift ;;
+    --bench-flags=*) bench_flags=${1#*=} ;;
+    --dry-run) dry=1 ;;
+    --allow-no-gpu) allow=1 ;;
+    -h|--help) usage; exit 0 ;;
+    *) echo "gpu-check.sh: unknown flag '$1'" >&2; usage >&2; exit 2 ;;
+  esac
+  shift
+done
+for s in ${steps//,/ }; do
+  case ",$all_steps," in *",$s,"*) ;; *) echo "gpu-check.sh: unknown step '$s' ($all_steps)" >&2; exit 2 ;; esac
+done
+mkdir -p "$build"
+build=$(cd "$build" && pwd)
+if [ -z "$log" ]; then
+  if [ -n "${OUT:-}" ]; then log=$OUT/gpu-check.log; else log=$build/gpu-check.log; fi
+fi
+mkdir -p "$(dirname "$log")"
+logdir=$(cd "$(dirname "$log")" && pwd)
+work=$build/gpu-check
+mkdir -p "$work"
+
+# Seconds per step.
+t_build=${GPU_CHECK_T_BUILD:-540}
+t_ctest=${GPU_CHECK_T_CTEST:-400}
+t_memcheck=${GPU_CHECK_T_MEMCHECK:-400}
+t_racecheck=${GPU_CHECK_T_RACECHECK:-500}
+t_parity=${GPU_CHECK_T_PARITY:-180}
+t_ring=${GPU_CHECK_T_RING:-300}
+t_bench=${GPU_CHECK_T_BENCH:-560}
+
+results=()
+nofgpu=""   # why no GPU is usable; empty while one may be
+
+say() { printf '%s\n' "$*"; }
+result() { # STATUS NAME DETAIL
+  printf '%-4s  %-34s %s\n' "$1" "$2" "$3"
+  results+=("$1|$2|$3")
+}
+selected() { case ",$steps," in *",$1,"*) return 0 ;; esac; return 1; }
+
+# Runs a command bounded by T seconds, its output to the terminal and the log. Returns its
+# status (124 when the time ran out).
+bounded() {
+  local t=$1; shift
+  say "\$ $*"
+  timeout --kill-after=15 "$t" "$@"
+  local rc=$?
+  [ $rc -eq 124 ] || [ $rc -eq 137 ] && say "(stopped after ${t} s)"
+  return $rc
+}
+
+# bounded, with the output also kept in FILE (for the verdict) as it streams.
+capture() {
+  local file=$1; shift
+  bounded "$@" 2>&1 | tee "$file"
+  return "${PIPESTATUS[0]}"
+}
+
+# --- the environment ---------------------------------------------------------------------
+gpu_probe() {
+  local out rc
+  if command -v nvidia-smi >/dev/null; then
+    out=$(timeout 60 nvidia-smi -L 2>&1); rc=$?
+    if [ $rc -eq 0 ] && grep -q '^GPU ' <<<"$out"; then
+      say "$out"
+      timeout 30 nvidia-smi --query-gpu=name,driver_version,compute_cap,memory.total \
+        --format=csv 2>/dev/null
+    else
+      nofgpu="${nofgpu:+$nofgpu; }nvidia-smi: $(head -n 1 <<<"$out") (exit $rc)"
+    fi
+  elif ls /dev/nvidiactl >/dev/null 2>&1; then
+    say "nvidia-smi: not found, but /dev/nvidiactl exists: the worker will tell"
+  else
+    nofgpu="${nofgpu:+$nofgpu; }nvidia-smi: not found, no /dev/nvidia*"
+  fi
+  # The worker's own word, where a build is already there (it loads the CUDA driver).
+  if [ -n "$nofgpu" ] && [ -x "$build/worker/flodl-worker" ]; then
+    if ! out=$(timeout 60 "$build/worker/flodl-worker" --mode local --device cuda --epochs 0 \
+                 --quiet 2>&1); then
+      nofgpu="$nofgpu; $(tail -n 1 <<<"$out")"
+    fi
+  fi
+}
+
+# flodl's libraries from .deps/debs when the machine lacks them (no apt, no network there).
+deps_setup() {
+  local m missing=()
+  for m in libzmq libprotobuf-c liblz4 libcjson zlib libmicrohttpd openblas check; do
+    pkg-config --exists "$m" 2>/dev/null || missing+=("$m")
+  done
+  command -v protoc-c >/dev/null || missing+=(protoc-c)
+  [ ${#missing[@]} -eq 0 ] && return 0
+  if [ ! -d "$root/.deps/debs" ]; then
+    say "missing ${missing[*]}, and no $root/.deps/debs to unpack (scripts/gpu-deps.sh download, then carry .deps/debs)"
+    return 1
+  fi
+  say "missing ${missing[*]}: unpacking $root/.deps/debs into /tmp/flodl-prefix"
+  local env
+  env=$("$root/scripts/gpu-deps.sh" unpack "$root/.deps/debs" /tmp/flodl-prefix) || return 1
+  say "$env"
+  eval "$env"
+  for m in "${missing[@]}"; do
+    if [ "$m" = protoc-c ]; then command -v protoc-c >/dev/null || { say "protoc-c still missing"; return 1; }
+    else pkg-config --exists "$m" || { say "pkg-config $m still fails"; return 1; }
+    fi
+  done
+}
+
+cuda_arch() {
+  [ -n "$arch" ] && { echo "$arch"; return; }
+  local v
+  v=$(cmake --version 2>/dev/null | awk 'NR == 1 { print $3 }')
+  # "native" needs CMake 3.24; before that, the GPU's compute capability from nvidia-smi.
+  if [ -n "$v" ] && printf '3.24\n%s\n' "$v" | sort -V -C; then
+    echo native
+  else
+    nvidia-smi --query-gpu=compute_cap --format=csv,noheader 2>/dev/null | head -n 1 | tr -d '. '
+  fi
+}
+
+W() { echo "$build/worker/flodl-worker"; }
+
+# --- the checks ------------------------------------------------------------------------------
+step_build() {
+  if ! deps_setup; then
+    result FAIL "build" "flodl's libraries are missing (see above)"
+    return
+  fi
+  local a blog=$logdir/gpu-build.log
+  a=$(cuda_arch)
+  say "building in $build (CUDA architectures: ${a:-the CMake default}; output in $blog)"
+  # shellcheck disable=SC2016 # the script's own arguments, expanded by the inner shell
+  if bounded "$t_build" bash -c '
+      cmake -S "$1" -B "$2" -DFLODL_CUDA=on -DFLODL_WERROR=ON ${3:+-DCMAKE_CUDA_ARCHITECTURES=$3} \
+        -DCMAKE_BUILD_TYPE=RelWithDebInfo && cmake --build "$2" -j"$(nproc)"' _ \
+      "$root" "$build" "$a" >"$blog" 2>&1; then
+    grep -E "flodl: CUDA parts|CUDA compiler identification" "$blog"
+    result PASS "build" "cmake -DFLODL_CUDA=on -DCMAKE_CUDA_ARCHITECTURES=${a:-default}"
+  else
+    tail -n 40 "$blog"
+    result FAIL "build" "see $blog"
+  fi
+}
+
+# nvidia-smi sees a GPU; can flodl use it (driver against the CUDA runtime, say)? The checks
+# after this one fail, not skip, when it cannot: the machine has a GPU.
+step_probe() {
+  local out
+  if [ ! -x "$(W)" ]; then
+    result FAIL "flodl-worker --device cuda" "no $(W) (build first: --steps build)"
+  elif out=$(timeout 120 "$(W)" --mode local --device cuda --epochs 0 --quiet 2>&1); then
+    result PASS "flodl-worker --device cuda" "the worker takes the GPU"
+  else
+    say "$out"
+    result FAIL "flodl-worker --device cuda" "$(tail -n 1 <<<"$out")"
+  fi
+}
+
+step_ctest() {
+  local f=$work/ctest.out rc tally
+  (cd "$build" && capture "$f" "$t_ctest" env FLODL_REQUIRE_GPU=1 ctest -L gpu --output-on-failure)
+  rc=$?
+  tally=$(grep -E "tests passed|tests failed" "$f" | tail -n 1)
+  if [ $rc -eq 0 ] && ! grep -q "No tests were found" "$f"; then
+    result PASS "ctest -L gpu" "$tally"
+  else
+    result FAIL "ctest -L gpu" "${tally:-exit $rc}"
+  fi
+}
+
+sanitizer() {
+  local s
+  s=$(command -v compute-sanitizer) && { echo "$s"; return; }
+  for s in /usr/local/cuda/bin/compute-sanitizer "$(dirname "$(command -v nvcc 2>/dev/null || echo /x/x)")/compute-sanitizer" \
+           /usr/local/cuda/compute-sanitizer/compute-sanitizer; do
+    [ -x "$s" ] && { echo "$s"; return; }
+  done
+  return 1
+}
+
+step_sanitize() { # TOOL
+  local tool=$1 t cs rc f=$work/$1.out
+  [ "$tool" = memcheck ] && t=$t_memcheck || t=$t_racecheck
+  if ! cs=$(sanitizer); then
+    result FAIL "compute-sanitizer $tool" "compute-sanitizer not found"
+    return
+  fi
+  [ -x "$build/tests/test_dev_gpu" ] || { result FAIL "compute-sanitizer $tool" "no $build/tests/test_dev_gpu"; return; }
+  # No fork (Check would run each case in a child) so that the tool sees the kernels.
+  (cd "$build/tests" && capture "$f" "$t" env CK_FORK=no FLODL_REQUIRE_GPU=1 "$cs" \
+     --tool "$tool" --error-exitcode 99 ./test_dev_gpu)
+  rc=$?
+  local sum
+  sum=$(grep -E "ERROR SUMMARY|RACECHECK SUMMARY|Checks:" "$f" | tr '\n' ' ')
+  if [ $rc -eq 0 ]; then
+    result PASS "compute-sanitizer $tool" "$sum"
+  else
+    result FAIL "compute-sanitizer $tool" "exit $rc: $sum"
+  fi
+}
+
+# The same training on cuda and on cpu (same data, seed and init): every parameter within 1e-4
+# relative (tests/wkdata.c fl_test_params_diff).
+step_parity() { # NAME FLAGS...
+  local name=$1; shift
+  local ok=1 d
+  for d in cpu cuda; do
+    rm -f "$work/$name-$d.safetensors"
+    if ! bounded "$t_parity" "$(W)" --mode local --device "$d" --epochs 1 --seed 1 "$@" \
+        --save "$work/$name-$d.safetensors"; then
+      ok=0
+    fi
+  done
+  if [ $ok -eq 0 ]; then
+    result FAIL "cuda = cpu, $name" "a worker failed (above)"
+    return
+  fi
+  local out
+  out=$(python3 "$root/scripts/params_diff.py" "$work/$name-cpu.safetensors" "$work/$name-cuda.safetensors" 2>&1)
+  local rc=$?
+  say "$out"
+  if [ $rc -eq 0 ]; then
+    result PASS "cuda = cpu, $name" "${out#params_diff: }"
+  else
+    result FAIL "cuda = cpu, $name" "${out#params_diff: }"
+  fi
+}
+
+step_ring() {
+  local f=$work/ring.out rc acc
+  capture "$f" "$t_ring" "$build/worker/flodl-launch" --workers 2 -- --device cuda --topk 0.01 \
+    --epochs 2
+  rc=$?
+  acc=$(grep -E "rank 0 summary: " "$f" | sed -n 's/.*test accuracy \([0-9.]*\)%.*/\1/p' | tail -n 1)
+  if [ $rc -eq 0 ] && [ -n "$acc" ] && awk -v a="$acc" 'BEGIN { exit !(a > 85) }'; then
+    result PASS "2-worker ring, top-k 0.01, cuda" "test accuracy $acc% (> 85%)"
+  else
+    result FAIL "2-worker ring, top-k 0.01, cuda" "exit $rc, test accuracy ${acc:-none}% (need > 85%)"
+  fi
+}
+
+step_bench() {
+  local f=$work/bench.out rc
+  local extra
+  read -r -a extra <<<"$bench_flags"
+  capture "$f" "$t_bench" "$build/bench/flodl-bench" train --device cuda --cpu-seconds "$cpu_s" \
+    "${extra[@]}"
+  rc=$?
+  if [ $rc -eq 0 ]; then
+    result PASS "flodl-bench train --device cuda" "$(grep -E "^flodl cuda / torch cuda" "$f" | tr -s ' ')"
+  else
+    result FAIL "flodl-bench train --device cuda" "exit $rc"
+  fi
+  if grep -q "target met" "$f"; then
+    result PASS "throughput: flodl >= torch / 1.2" "$(grep -E "target flodl" "$f" | tr -s ' ')"
+  elif grep -q "NOT met" "$f"; then
+    result FAIL "throughput: flodl >= torch / 1.2" "$(grep -E "target flodl" "$f" | tr -s ' ')"
+  else
+    result SKIP "throughput: flodl >= torch / 1.2" "no PyTorch figure (see the bench's torch row)"
+  fi
+}
+
+# What each check runs, for the SKIP lines.
+plan() {
+  local w="$build/worker/flodl-worker"
+  case "$1" in
+    build) echo "build|cmake -S . -B $build -DFLODL_CUDA=on -DFLODL_WERROR=ON -DCMAKE_CUDA_ARCHITECTURES=native && cmake --build" ;;
+    ctest) echo "ctest -L gpu|FLODL_REQUIRE_GPU=1 ctest -L gpu --output-on-failure (gpu, gpu_topk, dev_gpu)" ;;
+    memcheck) echo "compute-sanitizer memcheck|CK_FORK=no compute-sanitizer --tool memcheck tests/test_dev_gpu" ;;
+    racecheck) echo "compute-sanitizer racecheck|CK_FORK=no compute-sanitizer --tool racecheck tests/test_dev_gpu" ;;
+    parity) echo "cuda = cpu, sgd|$w --device cuda|cpu --epochs 1 --optimizer sgd --save, params_diff.py"
+            echo "cuda = cpu, adam|$w --device cuda|cpu --epochs 1 --optimizer adam --lr 0.001 --save, params_diff.py" ;;
+    ring) echo "2-worker ring, top-k 0.01, cuda|flodl-launch --workers 2 -- --device cuda --topk 0.01 --epochs 2: > 85%" ;;
+    bench) echo "flodl-bench train --device cuda|flodl-bench train --device cuda --cpu-seconds $cpu_s $bench_flags"
+           echo "throughput: flodl >= torch / 1.2|the bench's target line" ;;
+  esac
+}
+
+main() {
+  # The toolkit's home, for nvcc and compute-sanitizer, where PATH lacks it.
+  if ! command -v nvcc >/dev/null && [ -x /usr/local/cuda/bin/nvcc ]; then
+    export PATH=$PATH:/usr/local/cuda/bin
+  fi
+  say "gpu-check.sh: $(date -u '+%Y-%m-%d %H:%M:%S UTC') on $(hostname); steps $steps; build $build; log $log"
+  gpu_probe
+  local s why=""
+  [ -n "$nofgpu" ] && why="no GPU: $nofgpu"
+  [ $dry -eq 1 ] && why="dry run${why:+; $why}"
+  if [ -n "$why" ]; then
+    say "$why"
+    for s in ${all_steps//,/ }; do
+      selected "$s" || continue
+      while IFS='|' read -r name cmd; do
+        result SKIP "$name" "$why; would run: $cmd"
+      done < <(plan "$s")
+    done
+  else
+    # A build from an earlier call (--steps) still needs the libraries' environment.
+    selected build || deps_setup >/dev/null || true
+    selected build || step_probe
+    for s in ${all_steps//,/ }; do
+      selected "$s" || continue
+      say ""
+      say "==== $s"
+      case "$s" in
+        build) step_build; step_probe ;;
+        ctest) step_ctest ;;
+        memcheck) step_sanitize memcheck ;;
+        racecheck) step_sanitize racecheck ;;
+        parity)
+          step_parity sgd --optimizer sgd
+          step_parity adam --optimizer adam --lr 0.001 ;;
+        ring) step_ring ;;
+        bench) step_bench ;;
+      esac
+    done
+  fi
+  local pass=0 fail=0 skip=0 r
+  say ""
+  say "==== summary"
+  for r in "${results[@]}"; do
+    IFS='|' read -r st name detail <<<"$r"
+    printf '%-4s  %-34s %s\n' "$st" "$name" "$detail"
+    case "$st" in PASS) pass=$((pass + 1)) ;; FAIL) fail=$((fail + 1)) ;; *) skip=$((skip + 1)) ;; esac
+  done
+  say "gpu-check.sh: $pass passed, $fail failed, $skip skipped"
+  if [ $fail -gt 0 ]; then return 1; fi
+  if [ -n "$why" ]; then
+    if [ $allow -eq 1 ]; then say "(every check skipped, accepted by --allow-no-gpu)"; return 0; fi
+    say "gpu-check.sh: $why: every check skipped; --allow-no-gpu accepts that"
+    return 2
+  fi
+  return 0
+}
+
+main 2>&1 | tee "$log"
+exit "${PIPESTATUS[0]}"

@@ -1,0 +1,64 @@
+#!/usr/bin/env bash
+# The GPU machine's scripts, as far as a machine without a GPU can run them (ctest gpu_scripts):
+# scripts/gpu-deps.sh downloads flodl's Debian packages and unpacks them into a prefix whose
+# pkg-config files point into it; scripts/params_diff.py tells equal parameters from different
+# ones; scripts/gpu-check.sh without a GPU skips every check, saying why, and exits 0 only with
+# --allow-no-gpu. On a machine with a GPU the last part is left to gpu-check.sh itself.
+#   tests/gpu_scripts.sh BUILD_DIR SOURCE_DIR
+set -uo pipefail
+build=$1
+src=$2
+tmp=$(mktemp -d /tmp/flodl-gpu-scripts-XXXXXX)
+trap 'rm -rf "$tmp"' EXIT
+fail() { echo "FAIL: $*"; exit 1; }
+py=/usr/bin/python3
+[ -x "$py" ] || py=python3
+
+# 1. The packages, fetched and unpacked into a prefix (not /).
+timeout 300 "$src/scripts/gpu-deps.sh" download "$tmp/debs" > "$tmp/dl.log" 2>&1 ||
+  { cat "$tmp/dl.log"; fail "gpu-deps.sh download"; }
+n=$(ls "$tmp/debs"/*.deb | wc -l)
+[ "$n" -ge 20 ] || fail "only $n packages downloaded"
+size=$(du -sm "$tmp/debs" | cut -f1)
+[ "$size" -le 40 ] || fail "the packages take $size MiB, over the 40 MiB the device tool may carry"
+exports=$(timeout 120 "$src/scripts/gpu-deps.sh" unpack "$tmp/debs" "$tmp/pfx") ||
+  fail "gpu-deps.sh unpack"
+eval "$exports"
+[ -x "$tmp/pfx/usr/bin/protoc-c" ] || fail "no protoc-c in the prefix"
+# (pkgconf leaves out -I and -L of the directories the exports put in CPATH and LIBRARY_PATH,
+# so the module's libdir is what tells where it points.)
+for m in libzmq libprotobuf-c liblz4 libcjson libmicrohttpd openblas check; do
+  libdir=$(pkg-config --variable=libdir "$m") || fail "pkg-config $m in the prefix"
+  case "$libdir" in "$tmp/pfx"/*) ;; *) fail "pkg-config $m points outside the prefix: $libdir" ;; esac
+  [ -d "$libdir" ] || fail "pkg-config $m: $libdir does not exist"
+done
+echo "gpu-deps.sh: $n packages, $size MiB, unpacked and found through pkg-config"
+
+# 2. Parameters compared as gpu-check.sh compares cuda with cpu.
+w="$build/worker/flodl-worker"
+for dev in cpu sim; do
+  timeout 120 "$w" --mode local --device "$dev" --epochs 1 --quiet --save "$tmp/$dev.safetensors" ||
+    fail "flodl-worker --device $dev"
+done
+timeout 120 "$w" --mode local --device cpu --epochs 1 --quiet --seed 2 --save "$tmp/other.safetensors" ||
+  fail "flodl-worker --seed 2"
+"$py" "$src/scripts/params_diff.py" "$tmp/cpu.safetensors" "$tmp/sim.safetensors" ||
+  fail "params_diff.py: cpu and sim differ"
+if "$py" "$src/scripts/params_diff.py" "$tmp/cpu.safetensors" "$tmp/other.safetensors"; then
+  fail "params_diff.py accepted parameters of another seed"
+fi
+
+# 3. gpu-check.sh on a machine without a GPU.
+if command -v nvidia-smi > /dev/null 2>&1 && nvidia-smi > /dev/null 2>&1; then
+  echo "a GPU is here: gpu-check.sh runs for real there, not in this test"
+  exit 0
+fi
+out=$("$src/scripts/gpu-check.sh" --build-dir "$tmp/bg" 2>&1)
+[ $? -eq 2 ] || fail "gpu-check.sh without a GPU must exit 2: $out"
+out=$("$src/scripts/gpu-check.sh" --build-dir "$tmp/bg" --allow-no-gpu 2>&1) ||
+  fail "gpu-check.sh --allow-no-gpu: $out"
+skips=$(grep -c '^SKIP' <<< "$out")
+[ "$skips" -ge 7 ] || fail "gpu-check.sh skipped only $skips checks: $out"
+grep -q 'no GPU' <<< "$out" || fail "gpu-check.sh does not say why: $out"
+echo "gpu-check.sh: $skips checks skipped, saying why"
+echo PASS
