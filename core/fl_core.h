@@ -224,6 +224,12 @@ int fl_opt_step_begin(fl_opt_t *opt, double lr);
 /* The per-step scalars of options o at step count `steps` (1 on the first step) and rate lr,
  * for the per-element bodies of fl_math.h (the device optimizer uses them too). Pure. */
 void fl_opt_scalars(const fl_opt_opts_t *o, uint64_t steps, double lr, fl_opt_scalars_t *s);
+
+/* One step over n entries with scalars s (fl_math.h's bodies in the host's vectorised loops):
+ * buf1 is the momentum buffer or Adam's m (NULL for plain SGD), buf2 Adam's v. The cpu and sim
+ * devices run their optimizer through it. */
+void fl_opt_apply(const fl_opt_scalars_t *s, float *p, const float *g, float *buf1, float *buf2,
+                  size_t n);
 void fl_opt_step_range(fl_opt_t *opt, float *params, const float *grad, size_t off,
                        size_t len);
 

@@ -239,19 +239,28 @@ int fl_opt_restore(fl_opt_t *opt, const float *buf1, const float *buf2, size_t n
 FMA_CLONES static void sgd_range(const fl_opt_scalars_t *s, float *buf1, float *p, const float *g,
                                  size_t off, size_t len)
 {
-    float *buf = buf1 != NULL ? buf1 + off : NULL;
-    float none = 0.0f;
-    for (size_t i = 0; i < len; i++)
-        fl_sgd_elem(s, &p[i], g[i], buf != NULL ? &buf[i] : &none);
+    /* A local copy of the scalars: the loop's stores cannot alias it (the build has
+     * -fno-strict-aliasing), so they stay in registers and the loop vectorises. */
+    const fl_opt_scalars_t sc = *s;
+    if (buf1 != NULL) {
+        float *buf = buf1 + off;
+        for (size_t i = 0; i < len; i++)
+            fl_sgd_elem(&sc, &p[i], g[i], &buf[i]);
+    } else {
+        float none = 0.0f; /* never written: no momentum buffer */
+        for (size_t i = 0; i < len; i++)
+            fl_sgd_elem(&sc, &p[i], g[i], &none);
+    }
 }
 
 FMA_CLONES static void adam_range(const fl_opt_scalars_t *s, float *buf1, float *buf2, float *p,
                                   const float *g, size_t off, size_t len)
 {
+    const fl_opt_scalars_t sc = *s;
     float *m = buf1 + off;
     float *v = buf2 + off;
     for (size_t i = 0; i < len; i++)
-        fl_adam_elem(s, &p[i], g[i], &m[i], &v[i]);
+        fl_adam_elem(&sc, &p[i], g[i], &m[i], &v[i]);
 }
 
 /* The scalars in double as Python computes them, the tensor arithmetic in float as ATen does.
@@ -303,6 +312,15 @@ void fl_opt_step_range(fl_opt_t *opt, float *params, const float *grad, size_t o
         sgd_range(&opt->sc, opt->buf1, params, grad, off, len);
     else
         adam_range(&opt->sc, opt->buf1, opt->buf2, params, grad, off, len);
+}
+
+void fl_opt_apply(const fl_opt_scalars_t *s, float *p, const float *g, float *buf1, float *buf2,
+                  size_t n)
+{
+    if (s->kind == FL_OPT_SGD)
+        sgd_range(s, buf1, p, g, 0, n);
+    else
+        adam_range(s, buf1, buf2, p, g, 0, n);
 }
 
 int fl_opt_step(fl_opt_t *opt, float *params, const float *grad, double lr)

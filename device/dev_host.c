@@ -69,20 +69,10 @@ static void xent(const dev_op_t *op)
     out[1] = ok;
 }
 
+/* core/optim.c's loops (vectorised where the CPU has FMA), the same bodies as the kernels. */
 static void opt_step(const dev_op_t *op)
 {
-    float *p = op->p[0];
-    const float *g = op->p[1];
-    float *b1 = op->p[2];
-    float *b2 = op->p[3];
-    size_t n = op->n[0];
-    float none = 0.0f;
-    if (op->sc.kind == FL_OPT_SGD)
-        for (size_t i = 0; i < n; i++)
-            fl_sgd_elem(&op->sc, &p[i], g[i], b1 != NULL ? &b1[i] : &none);
-    else
-        for (size_t i = 0; i < n; i++)
-            fl_adam_elem(&op->sc, &p[i], g[i], &b1[i], &b2[i]);
+    fl_opt_apply(&op->sc, op->p[0], op->p[1], op->p[2], op->p[3], op->n[0]);
 }
 
 static void ef_accum(const dev_op_t *op)

@@ -1,5 +1,5 @@
-/* The devices of one worker process (cpu replicas, simulated or CUDA GPUs), each driven by a
- * thread of its own for the whole run: each draws its batch from the distributed sampler
+/* The devices of one worker process (cpu replicas, simulated or CUDA GPUs), each driven by one
+ * thread for the whole run (device 0 by the training loop's, the others by their own): each draws its batch from the distributed sampler
  * (device j of rank k is data-parallel replica k * L + j of world * L) and computes its
  * gradient on its device (replica_dev.c), which lands in host memory layer by layer; then the
  * first level of the exchange, inside the host: their mean (for the parameter server), a
@@ -150,7 +150,9 @@ int fl_wk_devices_create(const fl_wk_mlp_shape_t *m, const fl_wk_dataset_t *trai
             goto fail;
         }
     }
-    for (int j = 0; j < L; j++) {
+    /* Device 0 is driven by the caller's thread (the training loop's, for the whole run), the
+     * others by threads of their own: with one device no step hands work to another thread. */
+    for (int j = 1; j < L; j++) {
         if (pthread_create(&d->rep[j].th, NULL, device_main, &d->rep[j]) != 0) {
             rc = fl_fail(FL_EIO, "rank %d: cannot start the thread of device %d", rank, j);
             goto fail;
@@ -404,6 +406,24 @@ static void replica_step(replica_t *r)
         d->ready(r->j, fl_shard_offset(d->np, d->n, r->j), d->ud);
 }
 
+/* The work of the current generation on device r (a step, or the update). */
+static void run_one(replica_t *r, int brc, const char *berr)
+{
+    fl_wk_devices_t *d = r->d;
+    if (brc != FL_OK) {
+        r->rc = brc;
+        snprintf(r->err, sizeof r->err, "%s", berr);
+    } else if (d->updating) {
+        r->rc = d->shared && r->j > 0
+                    ? FL_OK
+                    : fl_wk_rdev_update(r->rd, d->upd_grad, d->upd_norm, d->upd_lr);
+        if (r->rc != FL_OK)
+            snprintf(r->err, sizeof r->err, "%s", fl_last_error());
+    } else {
+        replica_step(r);
+    }
+}
+
 static void *device_main(void *arg)
 {
     replica_t *r = arg;
@@ -421,18 +441,7 @@ static void *device_main(void *arg)
             break;
         r->seen = d->gen;
         pthread_mutex_unlock(&d->pool_mu);
-        if (brc == FL_OK && d->updating) {
-            r->rc = d->shared && r->j > 0
-                        ? FL_OK
-                        : fl_wk_rdev_update(r->rd, d->upd_grad, d->upd_norm, d->upd_lr);
-            if (r->rc != FL_OK)
-                snprintf(r->err, sizeof r->err, "%s", fl_last_error());
-        } else if (brc == FL_OK) {
-            replica_step(r);
-        } else {
-            r->rc = brc;
-            snprintf(r->err, sizeof r->err, "%s", berr);
-        }
+        run_one(r, brc, berr);
         pthread_mutex_lock(&d->pool_mu);
         d->finished++;
         pthread_cond_broadcast(&d->pool_cv);
@@ -441,15 +450,21 @@ static void *device_main(void *arg)
     return NULL;
 }
 
-/* Every device thread runs replica_step once; returns when all have. Each step's own waits are
+/* Every device runs the generation's work once; returns when all have. Each step's own waits are
  * bounded (the devices' and the collectives' deadlines), so this one is too. */
 static void run_all(fl_wk_devices_t *d)
 {
     pthread_mutex_lock(&d->pool_mu);
     d->gen++;
     d->finished = 0;
-    pthread_cond_broadcast(&d->pool_cv);
-    while (d->finished < d->n)
+    if (d->n > 1)
+        pthread_cond_broadcast(&d->pool_cv);
+    pthread_mutex_unlock(&d->pool_mu);
+    /* Device 0 on this thread, made current each time (the caller's thread is its driver). */
+    int brc = fl_wk_rdev_bind(d->rep[0].rd);
+    run_one(&d->rep[0], brc, fl_last_error());
+    pthread_mutex_lock(&d->pool_mu);
+    while (d->finished < d->n - 1)
         pthread_cond_wait(&d->pool_cv, &d->pool_mu);
     pthread_mutex_unlock(&d->pool_mu);
 }
