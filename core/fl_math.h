@@ -92,7 +92,8 @@ FL_HD uint16_t fl_hd_f32_to_f16(float f)
         uint32_t r = m >> shift;
         uint32_t rem = m & ((1u << shift) - 1u);
         uint32_t halfway = 1u << (shift - 1u);
-        if (rem > halfway || (rem == halfway && (r & 1u))) r++;
+        if (rem > halfway || (rem == halfway && (r & 1u)))
+            r++;
         return (uint16_t)(sign | r);
     }
     uint32_t r = ax - 0x38000000u; /* rebias exponent 127 -> 15 */
@@ -129,7 +130,8 @@ FL_HD float fl_hd_f16_to_f32(uint16_t h)
 FL_HD uint16_t fl_hd_f32_to_bf16(float f)
 {
     uint32_t x = fl_f2u(f);
-    if ((x & 0x7fffffffu) > 0x7f800000u) return (uint16_t)((x >> 16) | 0x40u);
+    if ((x & 0x7fffffffu) > 0x7f800000u)
+        return (uint16_t)((x >> 16) | 0x40u);
     x += 0x7fffu + ((x >> 16) & 1u);
     return (uint16_t)(x >> 16);
 }
@@ -145,8 +147,10 @@ FL_HD float fl_hd_bf16_to_f32(uint16_t h)
 #define FL_WIRE_BF16 2
 FL_HD float fl_wire_round(float v, int wire)
 {
-    if (wire == FL_WIRE_F16) return fl_hd_f16_to_f32(fl_hd_f32_to_f16(v));
-    if (wire == FL_WIRE_BF16) return fl_hd_bf16_to_f32(fl_hd_f32_to_bf16(v));
+    if (wire == FL_WIRE_F16)
+        return fl_hd_f16_to_f32(fl_hd_f32_to_f16(v));
+    if (wire == FL_WIRE_BF16)
+        return fl_hd_bf16_to_f32(fl_hd_f32_to_bf16(v));
     return v;
 }
 

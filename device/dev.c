@@ -41,7 +41,8 @@ static const dev_backend_t *backend(fl_dev_kind_t kind)
 
 int fl_dev_count(fl_dev_kind_t kind, char *why, size_t cap)
 {
-    if (why != NULL && cap > 0) why[0] = '\0';
+    if (why != NULL && cap > 0)
+        why[0] = '\0';
     const dev_backend_t *be = backend(kind);
     return be != NULL ? be->count(why, cap) : 0;
 }
@@ -60,7 +61,8 @@ int fl_dev_create(const fl_dev_opts_t *o, fl_dev_t **out)
     const dev_backend_t *be = backend(o->kind);
     if (be == NULL)
         return fl_fail(FL_EINVAL, "device: kind %d is not cpu, sim or cuda", (int)o->kind);
-    if (o->id < 0) return fl_fail(FL_EINVAL, "device %s: id %d is negative", be->name, o->id);
+    if (o->id < 0)
+        return fl_fail(FL_EINVAL, "device %s: id %d is negative", be->name, o->id);
     if (o->timeout_ms <= 0)
         return fl_fail(FL_EINVAL, "device %s: timeout_ms %d must be positive", be->name,
                        o->timeout_ms);
@@ -68,7 +70,8 @@ int fl_dev_create(const fl_dev_opts_t *o, fl_dev_t **out)
         return fl_fail(FL_EINVAL, "device %s: sim_jitter_us %d is outside 0..100000", be->name,
                        o->sim_jitter_us);
     fl_dev_t *d = calloc(1, sizeof *d);
-    if (d == NULL) return fl_fail(FL_ENOMEM, "device %s:%d: out of memory", be->name, o->id);
+    if (d == NULL)
+        return fl_fail(FL_ENOMEM, "device %s:%d: out of memory", be->name, o->id);
     d->be = be;
     d->o = *o;
     int rc = be->open(d);
@@ -82,7 +85,8 @@ int fl_dev_create(const fl_dev_opts_t *o, fl_dev_t **out)
 
 void fl_dev_destroy(fl_dev_t **pd)
 {
-    if (pd == NULL || *pd == NULL) return;
+    if (pd == NULL || *pd == NULL)
+        return;
     (*pd)->be->close(*pd);
     free(*pd);
     *pd = NULL;
@@ -120,13 +124,15 @@ int fl_dev_alloc(fl_dev_t *d, size_t bytes, fl_dptr_t *out)
     out->opaque_ = NULL;
     void *p = NULL;
     int rc = d->be->alloc(d, bytes ? bytes : 1, &p);
-    if (rc == FL_OK) out->opaque_ = p;
+    if (rc == FL_OK)
+        out->opaque_ = p;
     return rc;
 }
 
 void fl_dev_free(fl_dev_t *d, fl_dptr_t *p)
 {
-    if (p == NULL || p->opaque_ == NULL) return;
+    if (p == NULL || p->opaque_ == NULL)
+        return;
     d->be->free(d, p->opaque_);
     p->opaque_ = NULL;
 }
@@ -153,6 +159,19 @@ void fl_dev_unmirror(fl_dev_t *d, fl_dptr_t *p)
         fl_dev_free(d, p);
 }
 
+int fl_dev_host_register(fl_dev_t *d, void *p, size_t bytes)
+{
+    return d->be->host_register != NULL && p != NULL && bytes > 0
+               ? d->be->host_register(d, p, bytes)
+               : FL_OK;
+}
+
+void fl_dev_host_unregister(fl_dev_t *d, void *p)
+{
+    if (d->be->host_unregister != NULL && p != NULL)
+        d->be->host_unregister(d, p);
+}
+
 int fl_dev_host_alloc(fl_dev_t *d, size_t bytes, void **out)
 {
     *out = NULL;
@@ -161,7 +180,8 @@ int fl_dev_host_alloc(fl_dev_t *d, size_t bytes, void **out)
 
 void fl_dev_host_free(fl_dev_t *d, void *p)
 {
-    if (p != NULL) d->be->host_free(d, p);
+    if (p != NULL)
+        d->be->host_free(d, p);
 }
 
 /* ---- streams and events ---- */
@@ -170,7 +190,8 @@ int fl_stream_create(fl_dev_t *d, fl_stream_t **out)
 {
     *out = NULL;
     fl_stream_t *s = calloc(1, sizeof *s);
-    if (s == NULL) return fl_fail(FL_ENOMEM, "device %s: out of memory for a stream", d->name);
+    if (s == NULL)
+        return fl_fail(FL_ENOMEM, "device %s: out of memory for a stream", d->name);
     s->d = d;
     int rc = d->be->stream_open(s);
     if (rc != FL_OK) {
@@ -183,7 +204,8 @@ int fl_stream_create(fl_dev_t *d, fl_stream_t **out)
 
 void fl_stream_destroy(fl_stream_t **ps)
 {
-    if (ps == NULL || *ps == NULL) return;
+    if (ps == NULL || *ps == NULL)
+        return;
     (*ps)->d->be->stream_close(*ps);
     free(*ps);
     *ps = NULL;
@@ -203,7 +225,8 @@ int fl_event_create(fl_dev_t *d, fl_event_t **out)
 {
     *out = NULL;
     fl_event_t *e = calloc(1, sizeof *e);
-    if (e == NULL) return fl_fail(FL_ENOMEM, "device %s: out of memory for an event", d->name);
+    if (e == NULL)
+        return fl_fail(FL_ENOMEM, "device %s: out of memory for an event", d->name);
     e->d = d;
     int rc = d->be->event_open(e);
     if (rc != FL_OK) {
@@ -216,7 +239,8 @@ int fl_event_create(fl_dev_t *d, fl_event_t **out)
 
 void fl_event_destroy(fl_event_t **pe)
 {
-    if (pe == NULL || *pe == NULL) return;
+    if (pe == NULL || *pe == NULL)
+        return;
     (*pe)->d->be->event_close(*pe);
     free(*pe);
     *pe = NULL;
@@ -283,7 +307,8 @@ static int submit(fl_stream_t *s, dev_op_t *op, unsigned required)
 static int copy(fl_stream_t *s, dev_opcode_t code, void *dst, const void *src, size_t bytes,
                 bool dst_host, bool src_host)
 {
-    if (bytes == 0) return FL_OK;
+    if (bytes == 0)
+        return FL_OK;
     dev_op_t op = {.code = code, .n = {bytes}};
     op.p[0] = dst;
     op.p[1] = (void *)src;
@@ -310,7 +335,8 @@ int fl_dev_d2d(fl_stream_t *s, fl_dptr_t dst, fl_dptr_t src, size_t bytes)
 
 int fl_dev_memset(fl_stream_t *s, fl_dptr_t dst, int byte, size_t bytes)
 {
-    if (bytes == 0) return FL_OK;
+    if (bytes == 0)
+        return FL_OK;
     dev_op_t op = {.code = DOP_MEMSET, .n = {bytes}, .i0 = byte};
     set_ptr(&op, 0, dst, bytes);
     return submit(s, &op, 1u);
@@ -320,7 +346,8 @@ int fl_dev_memset(fl_stream_t *s, fl_dptr_t dst, int byte, size_t bytes)
 static int gemm(fl_stream_t *s, dev_opcode_t code, size_t b, size_t out, size_t in, fl_dptr_t p0,
                 size_t e0, fl_dptr_t p1, size_t e1, fl_dptr_t p2, size_t e2, float beta)
 {
-    if (b == 0 || out == 0 || in == 0) return FL_OK;
+    if (b == 0 || out == 0 || in == 0)
+        return FL_OK;
     if (b > INT32_MAX || out > INT32_MAX || in > INT32_MAX)
         return fl_fail(FL_EINVAL, "device %s: %s of %zu x %zu x %zu: a side over 2^31", s->d->name,
                        fl_dev_op_name(code), b, out, in);
@@ -358,7 +385,8 @@ int fl_dev_bias_rows(fl_stream_t *s, fl_dptr_t z, fl_dptr_t bias, size_t rows, s
 {
     size_t bytes = 0;
     int rc = bytes_of(s, "bias rows", rows * cols, sizeof(float), &bytes);
-    if (rc != FL_OK || rows == 0 || cols == 0) return rc;
+    if (rc != FL_OK || rows == 0 || cols == 0)
+        return rc;
     dev_op_t op = {.code = DOP_BIAS_ROWS, .n = {rows, cols}};
     set_ptr(&op, 0, z, bytes);
     set_ptr(&op, 1, bias, cols * sizeof(float));
@@ -371,7 +399,8 @@ static int elementwise(fl_stream_t *s, dev_opcode_t code, fl_dptr_t p0, fl_dptr_
 {
     size_t bytes = 0;
     int rc = bytes_of(s, fl_dev_op_name(code), n, sizeof(float), &bytes);
-    if (rc != FL_OK || n == 0) return rc;
+    if (rc != FL_OK || n == 0)
+        return rc;
     dev_op_t op = {.code = code, .n = {n}, .f = {f0}};
     set_ptr(&op, 0, p0, bytes);
     set_ptr(&op, 1, p1, (required & 2u) ? bytes : 0);
@@ -402,7 +431,8 @@ int fl_dev_bias_grad(fl_stream_t *s, fl_dptr_t gb, fl_dptr_t dz, size_t rows, si
 {
     size_t bytes = 0;
     int rc = bytes_of(s, "bias gradient", rows * cols, sizeof(float), &bytes);
-    if (rc != FL_OK || cols == 0) return rc;
+    if (rc != FL_OK || cols == 0)
+        return rc;
     dev_op_t op = {.code = DOP_BIAS_GRAD, .n = {rows, cols}};
     set_ptr(&op, 0, gb, cols * sizeof(float));
     set_ptr(&op, 1, dz, bytes);
@@ -414,7 +444,8 @@ int fl_dev_xent(fl_stream_t *s, fl_dptr_t logits, fl_dptr_t labels, size_t rows,
 {
     size_t bytes = 0;
     int rc = bytes_of(s, "cross-entropy", rows * classes, sizeof(float), &bytes);
-    if (rc != FL_OK) return rc;
+    if (rc != FL_OK)
+        return rc;
     if (rows == 0 || classes == 0)
         return fl_fail(FL_EINVAL, "device %s: cross-entropy of %zu rows x %zu classes", s->d->name,
                        rows, classes);
@@ -446,7 +477,8 @@ int fl_dev_nonfinite(fl_stream_t *s, fl_dptr_t x, size_t n, fl_dptr_t out)
 int fl_dev_opt_update(fl_stream_t *s, const fl_opt_scalars_t *sc, fl_dptr_t p, fl_dptr_t g,
                       fl_dptr_t buf1, fl_dptr_t buf2, size_t n)
 {
-    if (n == 0) return FL_OK;
+    if (n == 0)
+        return FL_OK;
     size_t bytes = n * sizeof(float);
     bool adam = sc->kind != FL_OPT_SGD;
     dev_op_t op = {.code = DOP_OPT, .n = {n}, .sc = *sc};
@@ -460,7 +492,8 @@ int fl_dev_opt_update(fl_stream_t *s, const fl_opt_scalars_t *sc, fl_dptr_t p, f
 int fl_dev_ef_accum(fl_stream_t *s, fl_dptr_t v, fl_dptr_t u, fl_dptr_t g, size_t n, float m,
                     float scale)
 {
-    if (n == 0) return FL_OK;
+    if (n == 0)
+        return FL_OK;
     size_t bytes = n * sizeof(float);
     dev_op_t op = {.code = DOP_EF_ACCUM, .n = {n}, .f = {m, scale}};
     set_ptr(&op, 0, v, bytes);
@@ -469,16 +502,16 @@ int fl_dev_ef_accum(fl_stream_t *s, fl_dptr_t v, fl_dptr_t u, fl_dptr_t g, size_
     return submit(s, &op, m > 0.0f ? 7u : 5u);
 }
 
-int fl_dev_ef_sent(fl_stream_t *s, fl_dptr_t v, fl_dptr_t u, fl_dptr_t idx, fl_dptr_t val, size_t k,
-                   int wire)
+int fl_dev_ef_sent(fl_stream_t *s, fl_dptr_t v, fl_dptr_t u, fl_dptr_t idx, fl_dptr_t val,
+                   size_t k, size_t n, int wire)
 {
-    if (k == 0) return FL_OK;
+    if (k == 0)
+        return FL_OK;
     if (wire != FL_WIRE_F32 && wire != FL_WIRE_F16 && wire != FL_WIRE_BF16)
         return fl_fail(FL_EINVAL, "device %s: error feedback: wire type %d", s->d->name, wire);
-    /* The residual's extent is the caller's: indices were chosen within it by top-k. */
-    dev_op_t op = {.code = DOP_EF_SENT, .n = {k}, .i0 = wire};
-    set_ptr(&op, 0, v, 0);
-    set_ptr(&op, 1, u, 0);
+    dev_op_t op = {.code = DOP_EF_SENT, .n = {k, n}, .i0 = wire};
+    set_ptr(&op, 0, v, n * sizeof(float));
+    set_ptr(&op, 1, u, fl_dptr_is_null(u) ? 0 : n * sizeof(float));
     set_ptr(&op, 2, idx, k * sizeof(uint32_t));
     set_ptr(&op, 3, val, k * sizeof(float));
     return submit(s, &op, 0xdu);
@@ -508,7 +541,8 @@ int fl_dev_topk_create(fl_dev_t *d, size_t n_max, fl_dev_topk_t **out)
 
 void fl_dev_topk_destroy(fl_dev_topk_t **pt)
 {
-    if (pt == NULL || *pt == NULL) return;
+    if (pt == NULL || *pt == NULL)
+        return;
     (*pt)->d->be->topk_close(*pt);
     free(*pt);
     *pt = NULL;

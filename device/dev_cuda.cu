@@ -162,6 +162,24 @@ static void host_free(fl_dev_t *d, void *p)
         cudaGetLastError();
 }
 
+static int host_register(fl_dev_t *d, void *p, size_t bytes)
+{
+    /* Portable: page-locked for every device's context (others read device 0's gradient). */
+    cudaError_t e = cudaHostRegister(p, bytes, cudaHostRegisterPortable);
+    if (e == cudaSuccess)
+        return FL_OK;
+    cudaGetLastError();
+    return fl_fail(FL_EGPU, "device %s: page-locking %zu bytes of host memory: %s", d->name,
+                   bytes, cudaGetErrorString(e));
+}
+
+static void host_unregister(fl_dev_t *d, void *p)
+{
+    (void)d;
+    if (cudaHostUnregister(p) != cudaSuccess)
+        cudaGetLastError();
+}
+
 /* ---- streams ---- */
 
 /* A kit from the device's idle list, or a new one with its reduction scratch. */
@@ -371,4 +389,6 @@ extern "C" const dev_backend_t fl_dev_cuda_backend = {
     fl_dev_cuda_run,
     fl_dev_cuda_topk_open,
     fl_dev_cuda_topk_close,
+    host_register,
+    host_unregister,
 };

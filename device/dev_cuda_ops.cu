@@ -105,16 +105,21 @@ struct ef_accum_f {
 };
 
 /* Top-k's indices are distinct, so no two threads touch one entry of v or u. */
+/* An index past the residual (never from top-k) is skipped: a stray write would poison the
+ * context, and the host path reports it instead. */
 struct ef_sent_f {
     float *v;
     float *u;
     const uint32_t *idx;
     float *val;
+    size_t n;
     int wire;
     __device__ void operator()(size_t j) const
     {
         float sent = fl_wire_round(val[j], wire);
         val[j] = sent;
+        if (idx[j] >= n)
+            return;
         v[idx[j]] -= sent;
         if (u != NULL)
             u[idx[j]] = 0.0f;
@@ -407,7 +412,7 @@ static int elementwise(fl_stream_t *s, const dev_op_t *op)
         break;
     case DOP_EF_SENT:
         e = launch_each(st, n, ef_sent_f{x, (float *)op->p[1], (const uint32_t *)op->p[2],
-                                         (float *)op->p[3], op->i0});
+                                         (float *)op->p[3], op->n[1], op->i0});
         break;
     default:
         return fl_fail(FL_EINVAL, "device %s: unknown operation %d", s->d->name, (int)op->code);

@@ -48,7 +48,8 @@ static void xent(const dev_op_t *op)
         const float *z = logits + r * c;
         size_t arg = 0;
         for (size_t j = 1; j < c; j++)
-            if (z[j] > z[arg]) arg = j;
+            if (z[j] > z[arg])
+                arg = j;
         size_t label = (size_t)y[r];
         ok += arg == label;
         double mx = z[arg];
@@ -91,18 +92,26 @@ static void ef_accum(const dev_op_t *op)
             fl_ef_accum(&v[i], &unused, g[i], m, scale, false);
 }
 
-static void ef_sent(const dev_op_t *op)
+static int ef_sent(const dev_op_t *op)
 {
     float *v = op->p[0];
     float *u = op->p[1];
     const uint32_t *idx = op->p[2];
     float *val = op->p[3];
+    for (size_t j = 0; j < op->n[0]; j++)
+        if (idx[j] >= op->n[1])
+            return fl_fail(FL_EINVAL,
+                           "device: error feedback: index %u at %zu is past the %zu "
+                           "entries",
+                           idx[j], j, op->n[1]);
     for (size_t j = 0; j < op->n[0]; j++) {
         float sent = fl_wire_round(val[j], op->i0);
         val[j] = sent;
         v[idx[j]] -= sent; /* zero, or the rounding error the wire type could not carry */
-        if (u != NULL) u[idx[j]] = 0.0f;
+        if (u != NULL)
+            u[idx[j]] = 0.0f;
     }
+    return FL_OK;
 }
 
 int fl_dev_host_run(const dev_op_t *op)
@@ -114,7 +123,8 @@ int fl_dev_host_run(const dev_op_t *op)
     case DOP_H2D:
     case DOP_D2H:
     case DOP_D2D:
-        if (op->p[0] != op->p[1]) memmove(op->p[0], op->p[1], n);
+        if (op->p[0] != op->p[1])
+            memmove(op->p[0], op->p[1], n);
         return FL_OK;
     case DOP_MEMSET:
         memset(op->p[0], op->i0, n);
@@ -172,7 +182,8 @@ int fl_dev_host_run(const dev_op_t *op)
     case DOP_NONFINITE: {
         int64_t at = -1;
         for (size_t i = 0; i < n && at < 0; i++)
-            if (!fl_is_finite(x[i])) at = (int64_t)i;
+            if (!fl_is_finite(x[i]))
+                at = (int64_t)i;
         *(int64_t *)op->p[1] = at;
         return FL_OK;
     }
@@ -183,8 +194,7 @@ int fl_dev_host_run(const dev_op_t *op)
         ef_accum(op);
         return FL_OK;
     case DOP_EF_SENT:
-        ef_sent(op);
-        return FL_OK;
+        return ef_sent(op);
     case DOP_TOPK:
         fl_dev_host_topk(op->p[0], op->n[0], op->n[1], op->p[1], op->p[2], op->p[3]);
         return FL_OK;
@@ -208,12 +218,14 @@ static uint32_t threshold(const float *x, size_t n, size_t need, size_t *gt)
         memset(hist, 0, sizeof hist);
         for (size_t i = 0; i < n; i++) {
             uint32_t key = fl_mag_key(x[i]);
-            if ((key & pmask) == prefix) hist[(key >> shift[lv]) & mask[lv]]++;
+            if ((key & pmask) == prefix)
+                hist[(key >> shift[lv]) & mask[lv]]++;
         }
         /* From the top bin down until the need-th largest is inside. */
         uint32_t bin = mask[lv];
         for (;;) {
-            if (above + hist[bin] >= need || bin == 0) break;
+            if (above + hist[bin] >= need || bin == 0)
+                break;
             above += hist[bin];
             bin--;
         }
@@ -234,7 +246,8 @@ void fl_dev_host_topk(const float *x, size_t n, size_t k, uint32_t *idx, float *
             return;
         }
     }
-    if (k == 0) return;
+    if (k == 0)
+        return;
     size_t gt = 0;
     uint32_t t = threshold(x, n, k, &gt);
     size_t eq = k - gt; /* entries equal to T taken, lowest indices first */
@@ -242,7 +255,8 @@ void fl_dev_host_topk(const float *x, size_t n, size_t k, uint32_t *idx, float *
     for (size_t i = 0; i < n && w < k; i++) {
         uint32_t key = fl_mag_key(x[i]);
         if (key > t || (key == t && eq > 0)) {
-            if (key == t) eq--;
+            if (key == t)
+                eq--;
             idx[w] = (uint32_t)i;
             val[w] = x[i];
             w++;

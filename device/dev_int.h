@@ -30,7 +30,7 @@ typedef enum dev_opcode {
     DOP_NONFINITE,  /* p = x, out; n[0] */
     DOP_OPT,        /* p = param, grad, buf1, buf2; n[0]; sc */
     DOP_EF_ACCUM,   /* p = v, u (NULL without momentum), g; n[0]; f = m, scale */
-    DOP_EF_SENT,    /* p = v, u (may be NULL), idx, val; n[0] k; i0 wire */
+    DOP_EF_SENT,    /* p = v, u (may be NULL), idx, val; n[0] k, n[1] entries of v; i0 wire */
     DOP_TOPK,       /* p = x, idx, val, out, workspace (the backend's); n = n, k */
     DOP_COUNT
 } dev_opcode_t;
@@ -97,6 +97,9 @@ typedef struct dev_backend {
     int (*run)(fl_stream_t *s, const dev_op_t *op); /* queue (or run) one operation */
     int (*topk_open)(fl_dev_topk_t *t);
     void (*topk_close)(fl_dev_topk_t *t);
+    /* Page-locks the caller's host memory (NULL: nothing to do, as on cpu and sim). */
+    int (*host_register)(fl_dev_t *d, void *p, size_t bytes);
+    void (*host_unregister)(fl_dev_t *d, void *p);
 } dev_backend_t;
 
 extern const dev_backend_t fl_dev_cpu_backend;

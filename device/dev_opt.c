@@ -31,7 +31,8 @@ static int zero(fl_dev_t *d, fl_dptr_t p, size_t bytes)
 {
     fl_stream_t *s = NULL;
     int rc = fl_stream_create(d, &s);
-    if (rc == FL_OK && (rc = fl_dev_memset(s, p, 0, bytes)) == FL_OK) rc = fl_stream_sync(s, 0);
+    if (rc == FL_OK && (rc = fl_dev_memset(s, p, 0, bytes)) == FL_OK)
+        rc = fl_stream_sync(s, 0);
     fl_stream_destroy(&s);
     return rc;
 }
@@ -40,7 +41,8 @@ int fl_dev_opt_create(fl_dev_t *d, const fl_opt_opts_t *o, size_t n, fl_dev_opt_
 {
     *out = NULL;
     int rc = fl_opt_check(o, n);
-    if (rc != FL_OK) return rc;
+    if (rc != FL_OK)
+        return rc;
     if (n > SIZE_MAX / sizeof(float))
         return fl_fail(FL_ENOMEM, "optimizer: %zu parameters overflow the state size", n);
     fl_dev_opt_t *t = calloc(1, sizeof *t);
@@ -65,7 +67,8 @@ fail:
 
 void fl_dev_opt_destroy(fl_dev_opt_t **po)
 {
-    if (po == NULL || *po == NULL) return;
+    if (po == NULL || *po == NULL)
+        return;
     fl_dev_opt_t *t = *po;
     fl_dev_free(t->d, &t->buf1);
     fl_dev_free(t->d, &t->buf2);
@@ -90,7 +93,8 @@ int fl_dev_opt_step(fl_dev_opt_t *o, fl_stream_t *s, fl_dptr_t p, fl_dptr_t g, d
     fl_opt_scalars_t sc;
     fl_opt_scalars(&o->o, o->steps + 1, lr, &sc);
     int rc = fl_dev_opt_update(s, &sc, p, g, o->buf1, o->buf2, o->n);
-    if (rc == FL_OK) o->steps++;
+    if (rc == FL_OK)
+        o->steps++;
     return rc;
 }
 
@@ -112,7 +116,8 @@ static int same_shape(const fl_dev_opt_t *o, const fl_opt_t *host)
 int fl_dev_opt_save(fl_dev_opt_t *o, fl_stream_t *s, fl_opt_t *host)
 {
     int rc = same_shape(o, host);
-    if (rc != FL_OK) return rc;
+    if (rc != FL_OK)
+        return rc;
     size_t bytes = o->n * sizeof(float);
     float *b1 = NULL;
     float *b2 = NULL;
@@ -121,10 +126,14 @@ int fl_dev_opt_save(fl_dev_opt_t *o, fl_stream_t *s, fl_opt_t *host)
         free(b1);
         return fl_fail(FL_ENOMEM, "optimizer: no host memory to save %zu parameters' state", o->n);
     }
-    if (b1 != NULL) rc = fl_dev_d2h(s, b1, o->buf1, bytes);
-    if (rc == FL_OK && b2 != NULL) rc = fl_dev_d2h(s, b2, o->buf2, bytes);
-    if (rc == FL_OK) rc = fl_stream_sync(s, 0);
-    if (rc == FL_OK) rc = fl_opt_restore(host, b1, b2, o->n, o->steps);
+    if (b1 != NULL)
+        rc = fl_dev_d2h(s, b1, o->buf1, bytes);
+    if (rc == FL_OK && b2 != NULL)
+        rc = fl_dev_d2h(s, b2, o->buf2, bytes);
+    if (rc == FL_OK)
+        rc = fl_stream_sync(s, 0);
+    if (rc == FL_OK)
+        rc = fl_opt_restore(host, b1, b2, o->n, o->steps);
     free(b1);
     free(b2);
     return rc;
@@ -133,16 +142,21 @@ int fl_dev_opt_save(fl_dev_opt_t *o, fl_stream_t *s, fl_opt_t *host)
 int fl_dev_opt_load(fl_dev_opt_t *o, fl_stream_t *s, const fl_opt_t *host)
 {
     int rc = same_shape(o, host);
-    if (rc != FL_OK) return rc;
+    if (rc != FL_OK)
+        return rc;
     const float *b1;
     const float *b2;
     uint64_t steps;
     fl_opt_state(host, &b1, &b2, &steps);
     size_t bytes = o->n * sizeof(float);
-    if (b1 != NULL) rc = fl_dev_h2d(s, o->buf1, b1, bytes);
-    if (rc == FL_OK && b2 != NULL) rc = fl_dev_h2d(s, o->buf2, b2, bytes);
+    if (b1 != NULL)
+        rc = fl_dev_h2d(s, o->buf1, b1, bytes);
+    if (rc == FL_OK && b2 != NULL)
+        rc = fl_dev_h2d(s, o->buf2, b2, bytes);
     /* The host buffers are the caller's: the copies must have run before it may change them. */
-    if (rc == FL_OK) rc = fl_stream_sync(s, 0);
-    if (rc == FL_OK) o->steps = steps;
+    if (rc == FL_OK)
+        rc = fl_stream_sync(s, 0);
+    if (rc == FL_OK)
+        o->steps = steps;
     return rc;
 }

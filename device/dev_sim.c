@@ -31,10 +31,41 @@ typedef struct sim_event {
     pthread_mutex_t mu;
     pthread_cond_t cv;
     uint64_t recorded;  /* generation of the last record */
-    uint64_t completed; /* highest generation the recording stream reached */
-    int rc;             /* that stream's error when it got there */
+    uint64_t completed; /* every generation up to this one has completed */
+    uint64_t *above;    /* generations past `completed` that completed out of order (records
+                           on several streams); a handful at most */
+    size_t nabove;
+    size_t cap;
+    int rc;             /* the error of the stream of the last completed record */
     char err[512];
+    int pending;        /* records and waits queued and not yet run (event_close waits) */
 } sim_event_t;
+
+/* Marks generation gen completed. A wait for generation g passes once every record up to g
+ * has completed: never before CUDA's would (a record on another stream may make it later). */
+static void complete_gen(sim_event_t *e, uint64_t gen)
+{
+    if (gen <= e->completed)
+        return;
+    if (gen == e->completed + 1) {
+        e->completed = gen;
+    } else if (e->nabove < e->cap || (e->above = realloc(e->above, (e->cap = e->cap * 2 + 8) *
+                                                                         sizeof *e->above))) {
+        e->above[e->nabove++] = gen;
+    } else {
+        e->completed = gen; /* no memory to keep it apart: complete everything below too */
+        e->nabove = 0;
+    }
+    for (size_t i = 0; i < e->nabove;) {
+        if (e->above[i] == e->completed + 1) {
+            e->completed++;
+            e->above[i] = e->above[--e->nabove];
+            i = 0;
+        } else {
+            i++;
+        }
+    }
+}
 
 enum { Q_RUN, Q_RECORD, Q_WAIT };
 
@@ -71,7 +102,8 @@ static int count(char *why, size_t cap)
 static int open_dev(fl_dev_t *d)
 {
     sim_dev_t *m = calloc(1, sizeof *m);
-    if (m == NULL) return fl_fail(FL_ENOMEM, "device sim:%d: out of memory", d->o.id);
+    if (m == NULL)
+        return fl_fail(FL_ENOMEM, "device sim:%d: out of memory", d->o.id);
     pthread_mutex_init(&m->mu, NULL);
     d->impl = m;
     snprintf(d->name, sizeof d->name, "sim:%d", d->o.id);
@@ -194,7 +226,8 @@ static int check_extents(fl_dev_t *d, const dev_op_t *op)
     int rc = FL_OK;
     pthread_mutex_lock(&m->mu);
     for (int i = 0; i < DEV_NPTR && rc == FL_OK; i++) {
-        if (op->p[i] == NULL || op->host[i]) continue;
+        if (op->p[i] == NULL || op->host[i])
+            continue;
         uintptr_t p = (uintptr_t)op->p[i];
         size_t at = upper(m, p);
         const block_t *b = at > 0 ? &m->blocks[at - 1] : NULL;
@@ -224,7 +257,8 @@ static struct timespec deadline_in(int ms)
 static void jitter(sim_stream_t *q)
 {
     int max = q->d->o.sim_jitter_us;
-    if (max <= 0) return;
+    if (max <= 0)
+        return;
     q->rng ^= q->rng << 13;
     q->rng ^= q->rng >> 7;
     q->rng ^= q->rng << 17;
@@ -246,12 +280,13 @@ static void fail_stream(sim_stream_t *q, int rc)
 static void execute(sim_stream_t *q, qop_t *it)
 {
     if (it->kind == Q_RUN) {
-        if (q->rc != FL_OK) return;
+        if (q->rc != FL_OK)
+            return;
+        /* The jitter first: a block freed during it is then caught by the check. */
+        jitter(q);
         int rc = check_extents(q->d, &it->op);
-        if (rc == FL_OK) {
-            jitter(q);
+        if (rc == FL_OK)
             rc = fl_dev_host_run(&it->op);
-        }
         if (rc != FL_OK) {
             pthread_mutex_lock(&q->mu);
             fail_stream(q, rc);
@@ -265,11 +300,10 @@ static void execute(sim_stream_t *q, qop_t *it)
         snprintf(err, sizeof err, "%s", q->err);
         pthread_mutex_unlock(&q->mu);
         pthread_mutex_lock(&e->mu);
-        if (it->gen > e->completed) {
-            e->completed = it->gen;
-            e->rc = rc;
-            snprintf(e->err, sizeof e->err, "%s", err);
-        }
+        complete_gen(e, it->gen);
+        e->rc = rc;
+        snprintf(e->err, sizeof e->err, "%s", err);
+        e->pending--;
         pthread_cond_broadcast(&e->cv);
         pthread_mutex_unlock(&e->mu);
     } else {
@@ -280,15 +314,23 @@ static void execute(sim_stream_t *q, qop_t *it)
         while (e->completed < it->gen && w != ETIMEDOUT)
             w = pthread_cond_timedwait(&e->cv, &e->mu, &dl);
         bool ok = e->completed >= it->gen;
+        /* The recording stream's failure reaches the streams that wait for it, as a fault
+         * poisons every stream of a CUDA context. */
+        int erc = e->rc;
+        char err[512];
+        snprintf(err, sizeof err, "%s", e->err);
+        e->pending--;
+        pthread_cond_broadcast(&e->cv);
         pthread_mutex_unlock(&e->mu);
-        if (!ok) {
-            pthread_mutex_lock(&q->mu);
+        pthread_mutex_lock(&q->mu);
+        if (!ok)
             fail_stream(q, fl_fail(FL_ETIMEDOUT,
-                                   "device %s: a stream waited %d ms for an event "
-                                   "that never completed",
+                                   "device %s: a stream waited %d ms for an event that never "
+                                   "completed",
                                    q->d->name, q->d->o.timeout_ms));
-            pthread_mutex_unlock(&q->mu);
-        }
+        else if (erc != FL_OK)
+            fail_stream(q, fl_fail(erc, "%s", err));
+        pthread_mutex_unlock(&q->mu);
     }
 }
 
@@ -299,10 +341,12 @@ static void *stream_main(void *arg)
     for (;;) {
         while (q->head == NULL && !q->stop)
             pthread_cond_wait(&q->cv, &q->mu);
-        if (q->head == NULL) break;
+        if (q->head == NULL)
+            break;
         qop_t *it = q->head;
         q->head = it->next;
-        if (q->head == NULL) q->tail = NULL;
+        if (q->head == NULL)
+            q->tail = NULL;
         pthread_mutex_unlock(&q->mu);
         execute(q, it);
         free(it);
@@ -321,7 +365,8 @@ static int enqueue(fl_stream_t *s, int kind, const dev_op_t *op, sim_event_t *ev
     if (it == NULL)
         return fl_fail(FL_ENOMEM, "device %s: out of memory queueing an operation", s->d->name);
     it->kind = kind;
-    if (op != NULL) it->op = *op;
+    if (op != NULL)
+        it->op = *op;
     it->ev = ev;
     it->gen = gen;
     pthread_mutex_lock(&q->mu);
@@ -339,7 +384,8 @@ static int enqueue(fl_stream_t *s, int kind, const dev_op_t *op, sim_event_t *ev
 static int stream_open(fl_stream_t *s)
 {
     sim_stream_t *q = calloc(1, sizeof *q);
-    if (q == NULL) return fl_fail(FL_ENOMEM, "device %s: out of memory for a stream", s->d->name);
+    if (q == NULL)
+        return fl_fail(FL_ENOMEM, "device %s: out of memory for a stream", s->d->name);
     q->d = s->d;
     q->rng = 0x9e3779b97f4a7c15ULL ^ (uint64_t)(uintptr_t)q;
     pthread_mutex_init(&q->mu, NULL);
@@ -391,7 +437,8 @@ static void stream_close(fl_stream_t *s)
 static int event_open(fl_event_t *e)
 {
     sim_event_t *v = calloc(1, sizeof *v);
-    if (v == NULL) return fl_fail(FL_ENOMEM, "device %s: out of memory for an event", e->d->name);
+    if (v == NULL)
+        return fl_fail(FL_ENOMEM, "device %s: out of memory for an event", e->d->name);
     pthread_mutex_init(&v->mu, NULL);
     pthread_cond_init(&v->cv, NULL);
     e->impl = v;
@@ -421,10 +468,23 @@ static int event_sync(fl_event_t *e, int timeout_ms)
 static void event_close(fl_event_t *e)
 {
     sim_event_t *v = e->impl;
-    /* A queued record or wait still points at it: let it pass first. */
-    event_sync(e, e->d->o.timeout_ms);
+    /* Queued records and waits (on any stream) still point at it: let them pass first. */
+    struct timespec dl = deadline_in(e->d->o.timeout_ms);
+    int w = 0;
+    pthread_mutex_lock(&v->mu);
+    while (v->pending > 0 && w != ETIMEDOUT)
+        w = pthread_cond_timedwait(&v->cv, &v->mu, &dl);
+    bool idle = v->pending == 0;
+    pthread_mutex_unlock(&v->mu);
+    if (!idle) {
+        /* Freeing it now would let a queued wait use freed memory: keep it (a leak, said). */
+        fl_log(NULL, FL_LOG_ERROR, "device %s: an event destroyed with work still queued on it",
+               e->d->name);
+        return;
+    }
     pthread_mutex_destroy(&v->mu);
     pthread_cond_destroy(&v->cv);
+    free(v->above);
     free(v);
 }
 
@@ -433,8 +493,18 @@ static int event_record(fl_event_t *e, fl_stream_t *s)
     sim_event_t *v = e->impl;
     pthread_mutex_lock(&v->mu);
     uint64_t gen = ++v->recorded;
+    v->pending++;
     pthread_mutex_unlock(&v->mu);
-    return enqueue(s, Q_RECORD, NULL, v, gen);
+    int rc = enqueue(s, Q_RECORD, NULL, v, gen);
+    if (rc != FL_OK) {
+        /* Never queued: complete it, so no wait hangs on it (the caller has the error). */
+        pthread_mutex_lock(&v->mu);
+        v->pending--;
+        complete_gen(v, gen);
+        pthread_cond_broadcast(&v->cv);
+        pthread_mutex_unlock(&v->mu);
+    }
+    return rc;
 }
 
 static int stream_wait(fl_stream_t *s, fl_event_t *e)
@@ -442,8 +512,15 @@ static int stream_wait(fl_stream_t *s, fl_event_t *e)
     sim_event_t *v = e->impl;
     pthread_mutex_lock(&v->mu);
     uint64_t gen = v->recorded;
+    v->pending += gen > 0;
     pthread_mutex_unlock(&v->mu);
-    return gen == 0 ? FL_OK : enqueue(s, Q_WAIT, NULL, v, gen);
+    int rc = gen == 0 ? FL_OK : enqueue(s, Q_WAIT, NULL, v, gen);
+    if (rc != FL_OK) {
+        pthread_mutex_lock(&v->mu);
+        v->pending--;
+        pthread_mutex_unlock(&v->mu);
+    }
+    return rc;
 }
 
 static bool event_done(fl_event_t *e)

@@ -120,6 +120,12 @@ int fl_dev_wrap(fl_dev_t *d, const void *host, fl_dptr_t *out);
 int fl_dev_mirror(fl_dev_t *d, void *host, size_t bytes, fl_dptr_t *out);
 void fl_dev_unmirror(fl_dev_t *d, fl_dptr_t *p);
 
+/* Page-locks the caller's host buffer for the device's copies (cudaHostRegister; nothing on cpu
+ * and sim), so copies to and from it are asynchronous: a copy to or from pageable memory on
+ * cuda blocks the thread that queues it. Unregister before freeing it. */
+int fl_dev_host_register(fl_dev_t *d, void *p, size_t bytes);
+void fl_dev_host_unregister(fl_dev_t *d, void *p);
+
 /* Page-locked host memory for fast asynchronous copies (plain host memory on cpu and sim). */
 int fl_dev_host_alloc(fl_dev_t *d, size_t bytes, void **out);
 void fl_dev_host_free(fl_dev_t *d, void *p);
@@ -140,7 +146,8 @@ int fl_stream_sync(fl_stream_t *s, int timeout_ms);
 int fl_event_create(fl_dev_t *d, fl_event_t **out);
 void fl_event_destroy(fl_event_t **e);
 
-/* The event completes when what s holds now has run. Re-recording moves it. */
+/* The event completes when what s holds now has run. Re-recording moves it (a wait queued
+ * before waits for the record it saw; on sim, for every record up to that one). */
 int fl_event_record(fl_event_t *e, fl_stream_t *s);
 
 /* What is queued on s after this waits for e's last record (nothing if never recorded). */
@@ -209,10 +216,11 @@ int fl_dev_opt_update(fl_stream_t *s, const fl_opt_scalars_t *sc, fl_dptr_t p, f
 /* Error feedback, accumulate: v += u with u = m u + scale g (momentum > 0), else v += scale g. */
 int fl_dev_ef_accum(fl_stream_t *s, fl_dptr_t v, fl_dptr_t u, fl_dptr_t g, size_t n, float m,
                     float scale);
-/* Error feedback, after top-k chose k pairs (idx, val): val rounded to the wire (FL_WIRE_*),
- * v[idx] -= the rounded value, u[idx] = 0 (u may be null). */
-int fl_dev_ef_sent(fl_stream_t *s, fl_dptr_t v, fl_dptr_t u, fl_dptr_t idx, fl_dptr_t val, size_t k,
-                   int wire);
+/* Error feedback, after top-k chose k pairs (idx, val) of the n entries of v: val rounded to
+ * the wire (FL_WIRE_*), v[idx] -= the rounded value, u[idx] = 0 (u may be null). An index at or
+ * past n fails the stream (cpu, sim) or is skipped (cuda). */
+int fl_dev_ef_sent(fl_stream_t *s, fl_dptr_t v, fl_dptr_t u, fl_dptr_t idx, fl_dptr_t val,
+                   size_t k, size_t n, int wire);
 
 /* ---- top-k by magnitude: the set of compression's exact mode (ties to the lower index,
  *      indices ascending) ---- */

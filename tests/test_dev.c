@@ -465,7 +465,7 @@ START_TEST(test_ef_topk_match_compression)
             OK(fl_dev_h2d(b.s, pg, g, n * 4));
             OK(fl_dev_ef_accum(b.s, v, u, pg, n, eo.momentum, 1.0f));
             OK(fl_dev_topk(b.s, tk, v, n, k, pi, pv, po));
-            OK(fl_dev_ef_sent(b.s, v, u, pi, pv, k, wires[w]));
+            OK(fl_dev_ef_sent(b.s, v, u, pi, pv, k, n, wires[w]));
             int64_t out[2];
             OK(fl_dev_d2h(b.s, didx, pi, k * 4));
             OK(fl_dev_d2h(b.s, dval, pv, k * 4));
@@ -613,7 +613,7 @@ START_TEST(test_refusals)
     OK(fl_dev_topk_create(b.d, 16, &tk));
     ck_assert_int_eq(fl_dev_topk(b.s, tk, p, 17, 1, p, p, p), FL_EINVAL);
     ck_assert(strstr(fl_last_error(), "workspace for 16") != NULL);
-    ck_assert_int_eq(fl_dev_ef_sent(b.s, p, fl_dptr_null(), p, p, 1, 7), FL_EINVAL);
+    ck_assert_int_eq(fl_dev_ef_sent(b.s, p, fl_dptr_null(), p, p, 1, 16, 7), FL_EINVAL);
     fl_dev_topk_destroy(&tk);
     fl_dev_free(b.d, &p);
     fl_dev_opts_t o;
@@ -670,6 +670,69 @@ START_TEST(test_sim_guards)
 END_TEST
 #endif
 
+#ifndef DEV_TEST_CUDA
+/* sim's events as CUDA's: a failure on the recording stream reaches the streams waiting for
+ * it; a record moved to another stream does not release the waits of the first one early; an
+ * event destroyed with a wait still queued on another stream is kept until the wait ran. */
+START_TEST(test_sim_events)
+{
+    bench_t b = open_kind(FL_DEV_SIM, 300);
+    fl_stream_t *s2 = NULL;
+    fl_stream_t *s3 = NULL;
+    fl_event_t *e = NULL;
+    OK(fl_stream_create(b.d, &s2));
+    OK(fl_stream_create(b.d, &s3));
+    OK(fl_event_create(b.d, &e));
+    size_t n = 1 << 14;
+    float *h = calloc(n, sizeof *h);
+    float *one = malloc(n * sizeof *one);
+    for (size_t i = 0; i < n; i++)
+        one[i] = 1.0f;
+    fl_dptr_t acc = up(&b, h, n * 4);
+    fl_dptr_t ones = up(&b, one, n * 4);
+    OK(fl_stream_sync(b.s, 10000));
+    for (int r = 0; r < 30; r++)
+        OK(fl_dev_axpy(b.s, acc, ones, n, 1.0f));
+    OK(fl_event_record(e, b.s));
+    OK(fl_stream_wait(s2, e));
+    OK(fl_dev_d2h(s2, h, acc, n * 4));
+    OK(fl_event_record(e, s3)); /* moved to an idle stream at once */
+    OK(fl_stream_sync(s2, 10000));
+    ck_assert_msg(h[0] == 30.0f && h[n - 1] == 30.0f, "the wait passed early: %g",
+                  (double)h[0]);
+
+    /* A failure on the recording stream. */
+    float host[4] = {0};
+    fl_dptr_t fake = {host};
+    OK(fl_dev_relu(s3, fake, 4));
+    OK(fl_event_record(e, s3));
+    OK(fl_stream_wait(s2, e));
+    OK(fl_dev_memset(s2, acc, 0, 4));
+    ck_assert_int_eq(fl_stream_sync(s2, 10000), FL_EINVAL);
+    ck_assert_msg(strstr(fl_last_error(), "outside device memory") != NULL, "%s",
+                  fl_last_error());
+
+    /* Destroyed with a wait queued behind other work on another stream. */
+    fl_stream_t *s4 = NULL;
+    OK(fl_stream_create(b.d, &s4));
+    for (int r = 0; r < 10; r++)
+        OK(fl_dev_axpy(s4, acc, ones, n, 1.0f));
+    OK(fl_event_record(e, b.s));
+    OK(fl_stream_wait(s4, e));
+    fl_event_destroy(&e);
+    OK(fl_stream_sync(s4, 10000));
+    fl_stream_destroy(&s4);
+    fl_stream_destroy(&s2);
+    fl_stream_destroy(&s3);
+    fl_dev_free(b.d, &acc);
+    fl_dev_free(b.d, &ones);
+    free(h);
+    free(one);
+    close_bench(&b);
+}
+END_TEST
+#endif
+
 Suite *dev_suite(void);
 Suite *dev_suite(void)
 {
@@ -687,6 +750,7 @@ Suite *dev_suite(void)
     tcase_add_loop_test(t, test_refusals, 0, NKINDS);
 #ifndef DEV_TEST_CUDA
     tcase_add_test(t, test_sim_guards);
+    tcase_add_test(t, test_sim_events);
 #endif
     suite_add_tcase(s, t);
     return s;
@@ -696,7 +760,8 @@ int main(void)
 {
 #ifdef DEV_TEST_CUDA
     int probe = fl_test_gpu_probe("device conformance (cuda)");
-    if (probe != 0) return probe;
+    if (probe != 0)
+        return probe;
 #endif
     return fl_test_run(dev_suite());
 }

@@ -20,9 +20,11 @@ static int parse_ids(const char *s, int *ids, int *n)
         if (end == p || errno != 0 || v < 0 || v > 1023)
             return fl_fail(FL_EINVAL, "--gpus '%s': entry %d is not a device id in 0..1023", s,
                            *n + 1);
-        if (*n == 64) return fl_fail(FL_EINVAL, "--gpus '%s': more than 64 devices", s);
+        if (*n == 64)
+            return fl_fail(FL_EINVAL, "--gpus '%s': more than 64 devices", s);
         ids[(*n)++] = (int)v;
-        if (*end == '\0') return FL_OK;
+        if (*end == '\0')
+            return FL_OK;
         if (*end != ',')
             return fl_fail(FL_EINVAL, "--gpus '%s': expected a comma after entry %d", s, *n);
         p = end + 1;
@@ -37,7 +39,8 @@ int fl_wk_device_select(const char *device, const char *gpus, bool replicas_give
     if (!automatic && fl_dev_kind_parse(device, &kind) != FL_OK)
         return fl_fail(FL_EINVAL, "--device: '%s' is not one of auto|cpu|sim|cuda", device);
     char why[256] = "";
-    if (automatic) kind = fl_dev_count(FL_DEV_CUDA, why, sizeof why) > 0 ? FL_DEV_CUDA : FL_DEV_CPU;
+    if (automatic)
+        kind = fl_dev_count(FL_DEV_CUDA, why, sizeof why) > 0 ? FL_DEV_CUDA : FL_DEV_CPU;
     if (automatic && kind == FL_DEV_CPU && gpus != NULL)
         return fl_fail(FL_EINVAL, "--gpus %s: no usable GPU on this host (%s)", gpus, why);
     if (kind == FL_DEV_CPU) {
@@ -55,7 +58,8 @@ int fl_wk_device_select(const char *device, const char *gpus, bool replicas_give
     int ids[64];
     int n = 0;
     int rc;
-    if (gpus != NULL && (rc = parse_ids(gpus, ids, &n)) != FL_OK) return rc;
+    if (gpus != NULL && (rc = parse_ids(gpus, ids, &n)) != FL_OK)
+        return rc;
     if (gpus == NULL) {
         /* One device, or (sim) --cpu-replicas simulated ones. */
         n = kind == FL_DEV_SIM && replicas_given ? o->replicas : 1;
@@ -64,7 +68,8 @@ int fl_wk_device_select(const char *device, const char *gpus, bool replicas_give
     }
     if (kind == FL_DEV_CUDA) {
         int have = fl_dev_count(FL_DEV_CUDA, why, sizeof why);
-        if (have == 0) return fl_fail(FL_EINVAL, "--device cuda: no usable GPU: %s", why);
+        if (have == 0)
+            return fl_fail(FL_EINVAL, "--device cuda: no usable GPU: %s", why);
         for (int j = 0; j < n; j++)
             if (ids[j] >= have)
                 return fl_fail(FL_EINVAL,

@@ -8,6 +8,7 @@
  * by layer). Both training loops use it. */
 #include "wk_int.h"
 
+#include <errno.h>
 #include <math.h>
 #include <pthread.h>
 #include <stdio.h>
@@ -16,6 +17,7 @@
 #include <string.h>
 
 #define MAX_DEVICES 64
+#define BARRIER_S 600 /* the devices' own timeout, fl_dev_opts_init's */
 
 typedef struct fl_wk_devices fl_wk_devices_t;
 
@@ -42,6 +44,7 @@ typedef struct replica {
      * the round's start after) and optimizer */
     float *own;
     fl_opt_t *opt;
+    bool registered; /* grad is page-locked for the device */
     /* its thread, alive for the run */
     pthread_t th;
     bool started;
@@ -149,6 +152,11 @@ int fl_wk_devices_create(const fl_wk_mlp_shape_t *m, const fl_wk_dataset_t *trai
             rc = fl_fail(FL_ENOMEM, "out of memory for device %d", j);
             goto fail;
         }
+        /* Page-locked, so that the layers' copies out stay asynchronous on a GPU. */
+        if ((rc = fl_dev_host_register(fl_wk_rdev_dev(r->rd), r->grad,
+                                       d->np * sizeof(float))) != FL_OK)
+            goto fail;
+        r->registered = true;
     }
     /* Device 0 is driven by the caller's thread (the training loop's, for the whole run), the
      * others by threads of their own: with one device no step hands work to another thread. */
@@ -191,6 +199,8 @@ void fl_wk_devices_destroy(fl_wk_devices_t **pd)
     for (int j = 0; j < d->n; j++) {
         replica_t *r = &d->rep[j];
         fl_wk_sampler_deinit(&r->smp);
+        if (r->registered)
+            fl_dev_host_unregister(fl_wk_rdev_dev(r->rd), r->grad);
         fl_wk_rdev_destroy(&r->rd);
         free(r->idx);
         free(r->next_idx);
@@ -273,12 +283,21 @@ static void reduce_shard(fl_wk_devices_t *d, int j)
 /* Waits until all devices computed their gradients. False when the step was aborted. */
 static bool all_computed(fl_wk_devices_t *d)
 {
+    /* Bounded like every wait: the others' passes end within the devices' own deadlines. */
+    struct timespec dl;
+    clock_gettime(CLOCK_REALTIME, &dl);
+    dl.tv_sec += BARRIER_S;
+    int w = 0;
     pthread_mutex_lock(&d->mu);
     d->arrived++;
     if (d->arrived == d->n)
         pthread_cond_broadcast(&d->cv);
-    while (d->arrived < d->n && !d->aborted)
-        pthread_cond_wait(&d->cv, &d->mu);
+    while (d->arrived < d->n && !d->aborted && w != ETIMEDOUT)
+        w = pthread_cond_timedwait(&d->cv, &d->mu, &dl);
+    if (d->arrived < d->n) {
+        d->aborted = true; /* timed out: the others must not wait for the missing one either */
+        pthread_cond_broadcast(&d->cv);
+    }
     bool ok = !d->aborted;
     pthread_mutex_unlock(&d->mu);
     return ok;
@@ -413,6 +432,12 @@ static void run_one(replica_t *r, int brc, const char *berr)
     if (brc != FL_OK) {
         r->rc = brc;
         snprintf(r->err, sizeof r->err, "%s", berr);
+        /* What the step would have told the others: its layers are not needed, and it has
+         * arrived at the barrier (they then see its error and reduce nothing). */
+        if (!d->updating && !d->cadence && d->full != NULL)
+            fl_wk_full_device_done(d->full, r->j);
+        if (!d->updating && !d->cadence && d->n > 1 && d->local == FL_WK_LOCAL_SHARDS)
+            all_computed(d);
     } else if (d->updating) {
         r->rc = d->shared && r->j > 0
                     ? FL_OK

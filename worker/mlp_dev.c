@@ -40,9 +40,11 @@ int fl_wk_mlp_ws_create_on(fl_dev_t *dev, const fl_wk_mlp_shape_t *m, size_t bat
                            fl_wk_mlp_ws_t **out)
 {
     *out = NULL;
-    if (batch == 0) return fl_fail(FL_EINVAL, "model: batch of 0");
+    if (batch == 0)
+        return fl_fail(FL_EINVAL, "model: batch of 0");
     fl_wk_mlp_ws_t *w = calloc(1, sizeof *w);
-    if (w == NULL) return fl_fail(FL_ENOMEM, "model: out of memory");
+    if (w == NULL)
+        return fl_fail(FL_ENOMEM, "model: out of memory");
     w->dev = dev;
     w->batch = batch;
     size_t wide = widest(m);
@@ -55,11 +57,16 @@ int fl_wk_mlp_ws_create_on(fl_dev_t *dev, const fl_wk_mlp_shape_t *m, size_t bat
     int rc = fl_stream_create(dev, &w->s);
     for (int l = 1; l <= m->nlayers && rc == FL_OK; l++)
         rc = fl_dev_alloc(dev, batch * (size_t)m->sizes[l] * sizeof(float), &w->act[l]);
-    if (rc == FL_OK) rc = fl_dev_alloc(dev, batch * wide * sizeof(float), &w->dz);
-    if (rc == FL_OK) rc = fl_dev_alloc(dev, batch * wide * sizeof(float), &w->da);
-    if (rc == FL_OK) rc = fl_dev_alloc(dev, batch * sizeof(double), &w->row_loss);
-    if (rc == FL_OK) rc = fl_dev_alloc(dev, 2 * sizeof(double), &w->out);
-    if (rc == FL_OK) rc = fl_dev_host_alloc(dev, 2 * sizeof(double), (void **)&w->hout);
+    if (rc == FL_OK)
+        rc = fl_dev_alloc(dev, batch * wide * sizeof(float), &w->dz);
+    if (rc == FL_OK)
+        rc = fl_dev_alloc(dev, batch * wide * sizeof(float), &w->da);
+    if (rc == FL_OK)
+        rc = fl_dev_alloc(dev, batch * sizeof(double), &w->row_loss);
+    if (rc == FL_OK)
+        rc = fl_dev_alloc(dev, 2 * sizeof(double), &w->out);
+    if (rc == FL_OK)
+        rc = fl_dev_host_alloc(dev, 2 * sizeof(double), (void **)&w->hout);
     if (rc != FL_OK) {
         fl_wk_mlp_ws_destroy(&w);
         return fl_fail_ctx(rc, "model: activations for a batch of %zu", batch);
@@ -84,7 +91,8 @@ int fl_wk_mlp_ws_create(const fl_wk_mlp_shape_t *m, size_t batch, fl_wk_mlp_ws_t
 
 void fl_wk_mlp_ws_destroy(fl_wk_mlp_ws_t **ws)
 {
-    if (ws == NULL || *ws == NULL) return;
+    if (ws == NULL || *ws == NULL)
+        return;
     fl_wk_mlp_ws_t *w = *ws;
     fl_stream_destroy(&w->s); /* waits for what is queued before the memory goes */
     for (int l = 0; l <= FL_WK_MAX_LAYERS; l++)
@@ -139,7 +147,8 @@ static int get_layer(const layers_t *p, int l, fl_dptr_t *w)
 
 static void put_layer(const layers_t *p, int l)
 {
-    if (p->src != NULL) p->src->put(p->src->ud, l);
+    if (p->src != NULL)
+        p->src->put(p->src->ud, l);
 }
 
 /* act[l+1] = act[l] W_l^T + b_l, with ReLU except after the last layer, whose weights stay
@@ -153,13 +162,15 @@ static int forward(layers_t *p, fl_wk_mlp_ws_t *ws, fl_dptr_t x, size_t b)
         fl_dptr_t a = l == 0 ? x : ws->act[l];
         fl_dptr_t w;
         int rc = get_layer(p, l, &w);
-        if (rc != FL_OK) return rc;
+        if (rc != FL_OK)
+            return rc;
         fl_dptr_t z = ws->act[l + 1];
         if ((rc = fl_dev_bias_rows(ws->s, z, fl_dptr_f32(w, out * in), b, out)) != FL_OK ||
             (rc = fl_dev_gemm_fwd(ws->s, b, out, in, a, w, 1.0f, z)) != FL_OK)
             return rc;
         if (l + 1 < m->nlayers) {
-            if ((rc = fl_dev_relu(ws->s, z, b * out)) != FL_OK) return rc;
+            if ((rc = fl_dev_relu(ws->s, z, b * out)) != FL_OK)
+                return rc;
             put_layer(p, l);
         } else {
             p->last = w;
@@ -185,12 +196,14 @@ static int backward(layers_t *p, fl_wk_mlp_ws_t *ws, fl_dptr_t x, size_t b, fl_d
             (rc = fl_dev_bias_grad(ws->s, gb, dz, b, out)) != FL_OK)
             break;
         /* The layer's gradient is queued: its copy out may start behind it. */
-        if (done != NULL) done(l, ud);
+        if (done != NULL)
+            done(l, ud);
         if (l > 0) {
             /* da = dz W, then zero where the ReLU was off. The last layer is still held from
              * the forward pass. */
             fl_dptr_t w = p->last;
-            if (l != m->nlayers - 1 && (rc = get_layer(p, l, &w)) != FL_OK) break;
+            if (l != m->nlayers - 1 && (rc = get_layer(p, l, &w)) != FL_OK)
+                break;
             if ((rc = fl_dev_gemm_igrad(ws->s, b, out, in, dz, w, da)) != FL_OK ||
                 (rc = fl_dev_relu_back(ws->s, da, a, b * in)) != FL_OK)
                 break;
@@ -198,7 +211,8 @@ static int backward(layers_t *p, fl_wk_mlp_ws_t *ws, fl_dptr_t x, size_t b, fl_d
             dz = da;
             da = t;
         }
-        if (l > 0 || m->nlayers == 1) put_layer(p, l);
+        if (l > 0 || m->nlayers == 1)
+            put_layer(p, l);
     }
     return rc;
 }
@@ -215,7 +229,8 @@ int fl_wk_mlp_dgrad(const fl_wk_mlp_shape_t *m, fl_wk_mlp_ws_t *ws, fl_dptr_t pa
     if (rc == FL_OK)
         rc = fl_dev_xent(ws->s, ws->act[m->nlayers], y, b, (size_t)m->sizes[m->nlayers], ws->dz,
                          ws->row_loss, ws->out);
-    if (rc == FL_OK) rc = backward(&p, ws, x, b, grad, done, ud);
+    if (rc == FL_OK)
+        rc = backward(&p, ws, x, b, grad, done, ud);
     return rc;
 }
 
@@ -223,8 +238,10 @@ int fl_wk_mlp_dgrad(const fl_wk_mlp_shape_t *m, fl_wk_mlp_ws_t *ws, fl_dptr_t pa
 static int result(fl_wk_mlp_ws_t *ws, size_t b, double *sum, size_t *correct)
 {
     int rc = fl_dev_d2h(ws->s, ws->hout, ws->out, 2 * sizeof(double));
-    if (rc == FL_OK) rc = fl_stream_sync(ws->s, 0);
-    if (rc != FL_OK) return rc;
+    if (rc == FL_OK)
+        rc = fl_stream_sync(ws->s, 0);
+    if (rc != FL_OK)
+        return rc;
     double mean = ws->hout[0] / (double)b;
     if (!isfinite(mean))
         return fl_fail(FL_ENONFINITE,
@@ -240,7 +257,8 @@ int fl_wk_mlp_dresult(fl_wk_mlp_ws_t *ws, size_t b, double *loss, size_t *correc
 {
     double sum = 0.0;
     int rc = result(ws, b, &sum, correct);
-    if (rc == FL_OK) *loss = sum / (double)b;
+    if (rc == FL_OK)
+        *loss = sum / (double)b;
     return rc;
 }
 
@@ -249,9 +267,11 @@ int fl_wk_mlp_dresult(fl_wk_mlp_ws_t *ws, size_t b, double *loss, size_t *correc
 static int stage(fl_wk_mlp_ws_t *ws, fl_dptr_t *slot, const void *host, size_t bytes,
                  size_t slot_bytes, fl_dptr_t *out)
 {
-    if (fl_dev_kind(ws->dev) == FL_DEV_CPU) return fl_dev_wrap(ws->dev, host, out);
+    if (fl_dev_kind(ws->dev) == FL_DEV_CPU)
+        return fl_dev_wrap(ws->dev, host, out);
     int rc = fl_dptr_is_null(*slot) ? fl_dev_alloc(ws->dev, slot_bytes, slot) : FL_OK;
-    if (rc == FL_OK) rc = fl_dev_h2d(ws->s, *slot, host, bytes);
+    if (rc == FL_OK)
+        rc = fl_dev_h2d(ws->s, *slot, host, bytes);
     *out = *slot;
     return rc;
 }
@@ -275,13 +295,16 @@ int fl_wk_mlp_deval(const fl_wk_mlp_shape_t *m, fl_wk_mlp_ws_t *ws, fl_dptr_t pa
                        ws->batch * dim * sizeof(float), &dx);
         if (rc == FL_OK)
             rc = stage(ws, &ws->y, y + at, b * sizeof(int32_t), ws->batch * sizeof(int32_t), &dy);
-        if (rc == FL_OK) rc = forward(&p, ws, dx, b);
+        if (rc == FL_OK)
+            rc = forward(&p, ws, dx, b);
         if (rc == FL_OK)
             rc = fl_dev_xent(ws->s, ws->act[m->nlayers], dy, b, (size_t)m->sizes[m->nlayers],
                              fl_dptr_null(), ws->row_loss, ws->out);
         /* The read waits for the chunk, so the staging slots are free for the next. */
-        if (rc == FL_OK) rc = fl_wk_mlp_dresult(ws, b, &l, &c);
-        if (rc != FL_OK) return rc;
+        if (rc == FL_OK)
+            rc = fl_wk_mlp_dresult(ws, b, &l, &c);
+        if (rc != FL_OK)
+            return rc;
         sum += l * (double)b;
         ok += c;
     }
@@ -307,15 +330,20 @@ static int host_get(void *ud, int layer, fl_dptr_t *w)
     host_src_t *h = ud;
     const float *hw = NULL;
     int rc = h->src->get(h->src->ud, layer, &hw);
-    if (rc != FL_OK) return rc;
+    if (rc != FL_OK)
+        return rc;
     fl_wk_mlp_ws_t *ws = h->ws;
-    if (fl_dev_kind(ws->dev) == FL_DEV_CPU) return fl_dev_wrap(ws->dev, hw, w);
+    if (fl_dev_kind(ws->dev) == FL_DEV_CPU)
+        return fl_dev_wrap(ws->dev, hw, w);
     fl_dptr_t *slot = &ws->slot[h->next];
     h->next ^= 1;
     size_t n = (size_t)h->m->sizes[layer + 1] * ((size_t)h->m->sizes[layer] + 1);
-    if (fl_dptr_is_null(*slot)) rc = fl_dev_alloc(ws->dev, ws->slot_cap * sizeof(float), slot);
-    if (rc == FL_OK) rc = fl_dev_h2d(ws->s, *slot, hw, n * sizeof(float));
-    if (rc == FL_OK) rc = fl_stream_sync(ws->s, 0);
+    if (fl_dptr_is_null(*slot))
+        rc = fl_dev_alloc(ws->dev, ws->slot_cap * sizeof(float), slot);
+    if (rc == FL_OK)
+        rc = fl_dev_h2d(ws->s, *slot, hw, n * sizeof(float));
+    if (rc == FL_OK)
+        rc = fl_stream_sync(ws->s, 0);
     *w = *slot;
     return rc;
 }
@@ -344,7 +372,8 @@ static int host_grad(const fl_wk_mlp_shape_t *m, fl_wk_mlp_ws_t *ws, const float
         return fl_fail(FL_EINVAL, "model: batch of %zu samples, the workspace holds %zu", b,
                        ws->batch);
     int rc = fl_wk_mlp_check_labels(m, y, b);
-    if (rc != FL_OK) return rc;
+    if (rc != FL_OK)
+        return rc;
     if (fl_dev_kind(ws->dev) != FL_DEV_CPU)
         return fl_fail(FL_EINVAL, "model: host buffers on device %s: use fl_wk_mlp_dgrad",
                        fl_dev_name(ws->dev));
@@ -360,7 +389,8 @@ static int host_grad(const fl_wk_mlp_shape_t *m, fl_wk_mlp_ws_t *ws, const float
         (rc = fl_dev_wrap(ws->dev, grad, &dg)) != FL_OK)
         return rc;
     rc = fl_wk_mlp_dgrad(m, ws, dp, src != NULL ? &ds : NULL, dx, dy, b, dg, done, ud);
-    if (rc == FL_OK) rc = fl_wk_mlp_dresult(ws, b, loss, correct);
+    if (rc == FL_OK)
+        rc = fl_wk_mlp_dresult(ws, b, loss, correct);
     return rc;
 }
 
@@ -385,8 +415,10 @@ int fl_wk_mlp_eval(const fl_wk_mlp_shape_t *m, fl_wk_mlp_ws_t *ws, const float *
     size_t bytes = fl_wk_mlp_nparams(m) * sizeof(float);
     fl_dptr_t dp;
     int rc = fl_dev_mirror(ws->dev, (void *)params, bytes, &dp);
-    if (rc == FL_OK) rc = fl_dev_h2d(ws->s, dp, params, bytes);
-    if (rc == FL_OK) rc = fl_wk_mlp_deval(m, ws, dp, x, y, n, loss, correct);
+    if (rc == FL_OK)
+        rc = fl_dev_h2d(ws->s, dp, params, bytes);
+    if (rc == FL_OK)
+        rc = fl_wk_mlp_deval(m, ws, dp, x, y, n, loss, correct);
     fl_stream_sync(ws->s, 0); /* nothing queued may still read dp */
     fl_dev_unmirror(ws->dev, &dp);
     return rc;

@@ -72,13 +72,18 @@ static size_t bytes_needed(const fl_wk_train_opts_t *o, size_t dim)
         wide = (size_t)m->sizes[l] > wide ? (size_t)m->sizes[l] : wide;
     }
     size_t f = sizeof(float);
-    return np * f * (2 + state) + o->batch * (acts + 2 * wide) * f + o->batch * sizeof(double) +
-           2 * o->batch * (dim * f + sizeof(int32_t));
+    size_t residual = o->topk > 0 ? np * f : 0; /* top-k's error feedback on the device */
+    return np * f * (2 + state) + residual + o->batch * (acts + 2 * wide) * f +
+           o->batch * sizeof(double) + 2 * o->batch * (dim * f + sizeof(int32_t));
 }
 
-/* Refuses a model the device cannot hold, before training starts. */
+/* Refuses a model the device cannot hold, before training starts. The host (cpu) is left to
+ * its allocations: its parameters are the host's own buffers, and free memory there is a
+ * poor guess (the page cache counts as used). */
 static int check_fits(fl_dev_t *dev, const fl_wk_train_opts_t *o, size_t dim)
 {
+    if (fl_dev_kind(dev) == FL_DEV_CPU)
+        return FL_OK;
     size_t free_b = 0;
     size_t total = 0;
     int rc = fl_dev_mem_info(dev, &free_b, &total);
@@ -97,7 +102,8 @@ int fl_wk_rdev_create(const fl_wk_train_opts_t *o, int j, size_t dim, fl_wk_rdev
 {
     *out = NULL;
     fl_wk_rdev_t *r = calloc(1, sizeof *r);
-    if (r == NULL) return fl_fail(FL_ENOMEM, "device %d: out of memory", j);
+    if (r == NULL)
+        return fl_fail(FL_ENOMEM, "device %d: out of memory", j);
     r->m = &o->shape;
     r->batch = o->batch;
     r->dim = dim;
@@ -108,20 +114,27 @@ int fl_wk_rdev_create(const fl_wk_train_opts_t *o, int j, size_t dim, fl_wk_rdev
     dop.kind = o->device;
     dop.id = o->device == FL_DEV_CPU ? 0 : o->gpus[j];
     dop.sim_jitter_us = o->sim_jitter_us;
-    if (o->sim_mem_bytes > 0) dop.mem_bytes = o->sim_mem_bytes;
+    if (o->sim_mem_bytes > 0)
+        dop.mem_bytes = o->sim_mem_bytes;
     int rc = fl_dev_create(&dop, &r->dev);
-    if (rc == FL_OK) rc = fl_dev_bind(r->dev);
-    if (rc == FL_OK) rc = check_fits(r->dev, o, dim);
-    if (rc == FL_OK) rc = fl_wk_mlp_ws_create_on(r->dev, r->m, r->batch, &r->ws);
+    if (rc == FL_OK)
+        rc = fl_dev_bind(r->dev);
+    if (rc == FL_OK)
+        rc = check_fits(r->dev, o, dim);
+    if (rc == FL_OK)
+        rc = fl_wk_mlp_ws_create_on(r->dev, r->m, r->batch, &r->ws);
     if (rc == FL_OK) {
         r->cs = fl_wk_mlp_ws_stream(r->ws);
         rc = fl_stream_create(r->dev, &r->in);
     }
-    if (rc == FL_OK) rc = fl_stream_create(r->dev, &r->out);
+    if (rc == FL_OK)
+        rc = fl_stream_create(r->dev, &r->out);
     /* On cpu the parameters and gradients are the host's (wrapped per call). */
     bool cpu = o->device == FL_DEV_CPU;
-    if (rc == FL_OK && !cpu) rc = fl_dev_alloc(r->dev, r->np * sizeof(float), &r->dparams);
-    if (rc == FL_OK && !cpu) rc = fl_dev_alloc(r->dev, r->np * sizeof(float), &r->gbuf);
+    if (rc == FL_OK && !cpu)
+        rc = fl_dev_alloc(r->dev, r->np * sizeof(float), &r->dparams);
+    if (rc == FL_OK && !cpu)
+        rc = fl_dev_alloc(r->dev, r->np * sizeof(float), &r->gbuf);
     for (int s = 0; s < 2 && rc == FL_OK; s++) {
         slot_t *sl = &r->slot[s];
         sl->tag = -1;
@@ -134,7 +147,8 @@ int fl_wk_rdev_create(const fl_wk_train_opts_t *o, int j, size_t dim, fl_wk_rdev
             (rc = fl_event_create(r->dev, &sl->staged)) == FL_OK)
             rc = fl_event_create(r->dev, &sl->consumed);
     }
-    if (rc == FL_OK) rc = fl_event_create(r->dev, &r->grad_in);
+    if (rc == FL_OK)
+        rc = fl_event_create(r->dev, &r->grad_in);
     for (int l = 0; l < o->shape.nlayers && rc == FL_OK; l++)
         if ((rc = fl_event_create(r->dev, &r->layer_done[l])) == FL_OK)
             rc = fl_event_create(r->dev, &r->copied[l]);
@@ -148,7 +162,8 @@ int fl_wk_rdev_create(const fl_wk_train_opts_t *o, int j, size_t dim, fl_wk_rdev
 
 void fl_wk_rdev_destroy(fl_wk_rdev_t **pr)
 {
-    if (pr == NULL || *pr == NULL) return;
+    if (pr == NULL || *pr == NULL)
+        return;
     fl_wk_rdev_t *r = *pr;
     /* Streams first: they wait for what is queued, which may still use the buffers. */
     fl_stream_destroy(&r->in);
@@ -205,7 +220,8 @@ static int stage(fl_wk_rdev_t *r, slot_t *sl, const fl_wk_dataset_t *data, const
                  long tag)
 {
     int rc = fl_event_sync(sl->staged, 0);
-    if (rc != FL_OK) return rc;
+    if (rc != FL_OK)
+        return rc;
     size_t b = r->batch;
     for (size_t t = 0; t < b; t++) {
         memcpy(sl->hx + t * data->dim, data->x + (size_t)idx[t] * data->dim,
@@ -213,7 +229,8 @@ static int stage(fl_wk_rdev_t *r, slot_t *sl, const fl_wk_dataset_t *data, const
         sl->hy[t] = data->y[idx[t]];
     }
     sl->tag = -1;
-    if ((rc = fl_wk_mlp_check_labels(r->m, sl->hy, b)) != FL_OK) return rc;
+    if ((rc = fl_wk_mlp_check_labels(r->m, sl->hy, b)) != FL_OK)
+        return rc;
     if ((rc = fl_stream_wait(r->in, sl->consumed)) != FL_OK ||
         (rc = fl_dev_h2d(r->in, sl->dx, sl->hx, b * data->dim * sizeof(float))) != FL_OK ||
         (rc = fl_dev_h2d(r->in, sl->dy, sl->hy, b * sizeof(int32_t))) != FL_OK ||
@@ -231,11 +248,13 @@ static int drain(fl_wk_rdev_t *r, bool wait)
         fl_event_t *e = r->copied[r->pending[r->told]];
         if (wait) {
             int rc = fl_event_sync(e, 0);
-            if (rc != FL_OK) return rc;
+            if (rc != FL_OK)
+                return rc;
         } else if (!fl_event_done(e)) {
             break;
         }
-        if (r->tell != NULL) r->tell(r->pending[r->told], r->ud);
+        if (r->tell != NULL)
+            r->tell(r->pending[r->told], r->ud);
         r->told++;
     }
     return FL_OK;
@@ -246,10 +265,12 @@ static int drain(fl_wk_rdev_t *r, bool wait)
 static void layer_queued(int l, void *ud)
 {
     fl_wk_rdev_t *r = ud;
-    if (r->rc != FL_OK) return;
+    if (r->rc != FL_OK)
+        return;
     if (r->compress) {
         r->rc = fl_event_record(r->layer_done[l], r->cs);
-        if (r->rc == FL_OK && r->tell != NULL) r->tell(l, r->ud);
+        if (r->rc == FL_OK && r->tell != NULL)
+            r->tell(l, r->ud);
         return;
     }
     size_t from = fl_wk_mlp_weight_at(r->m, l);
@@ -267,10 +288,11 @@ static void layer_queued(int l, void *ud)
     r->rc = drain(r, false);
 }
 
-int fl_wk_rdev_grad(fl_wk_rdev_t *r, const float *params, const fl_wk_mlp_src_t *src,
-                    const fl_wk_dataset_t *data, const uint32_t *idx, long tag,
-                    const uint32_t *next, long next_tag, float *grad, fl_wk_rdev_layer_fn tell,
-                    void *ud, double *loss, size_t *correct)
+/* fl_wk_rdev_grad's body; on failure the caller drains the streams. */
+static int grad_pass(fl_wk_rdev_t *r, const float *params, const fl_wk_mlp_src_t *src,
+                     const fl_wk_dataset_t *data, const uint32_t *idx, long tag,
+                     const uint32_t *next, long next_tag, float *grad, fl_wk_rdev_layer_fn tell,
+                     void *ud, double *loss, size_t *correct)
 {
     int rc = FL_OK;
     slot_t *sl = &r->slot[r->cur];
@@ -290,7 +312,8 @@ int fl_wk_rdev_grad(fl_wk_rdev_t *r, const float *params, const fl_wk_mlp_src_t 
     if (params != NULL) {
         rc = cpu ? fl_dev_wrap(r->dev, params, &dp)
                  : fl_dev_h2d(r->cs, dp, params, r->np * sizeof(float));
-        if (rc != FL_OK) return rc;
+        if (rc != FL_OK)
+            return rc;
     }
     /* grad NULL: the gradient stays on the device (for fl_wk_rdev_update), nothing copied. */
     bool keep = grad == NULL;
@@ -300,30 +323,52 @@ int fl_wk_rdev_grad(fl_wk_rdev_t *r, const float *params, const fl_wk_mlp_src_t 
                        "there",
                        r->j);
     r->dgrad = r->gbuf;
-    if (cpu && !keep && (rc = fl_dev_wrap(r->dev, grad, &r->dgrad)) != FL_OK) return rc;
+    if (cpu && !keep && (rc = fl_dev_wrap(r->dev, grad, &r->dgrad)) != FL_OK)
+        return rc;
     r->host_grad = grad;
     r->tell = tell;
     r->ud = ud;
     r->npending = 0;
     r->told = 0;
     r->rc = FL_OK;
-    if ((rc = fl_stream_wait(r->cs, sl->staged)) != FL_OK) return rc;
+    if ((rc = fl_stream_wait(r->cs, sl->staged)) != FL_OK)
+        return rc;
     fl_wk_layer_done_fn out = keep ? NULL : layer_queued;
     if (src != NULL)
         rc = fl_wk_mlp_dgrad_hsrc(r->m, r->ws, src, sl->dx, sl->dy, r->batch, r->dgrad, out, r);
     else
         rc = fl_wk_mlp_dgrad(r->m, r->ws, dp, NULL, sl->dx, sl->dy, r->batch, r->dgrad, out, r);
-    if (rc == FL_OK) rc = fl_event_record(sl->consumed, r->cs);
+    if (rc == FL_OK)
+        rc = fl_event_record(sl->consumed, r->cs);
     sl->tag = -1; /* consumed: a later step stages it again */
-    if (rc == FL_OK) rc = r->rc;
+    if (rc == FL_OK)
+        rc = r->rc;
     /* The next batch goes in while this one computes. */
-    if (rc == FL_OK && next != NULL) rc = stage(r, &r->slot[r->cur ^ 1], data, next, next_tag);
-    if (rc == FL_OK) rc = fl_wk_mlp_dresult(r->ws, r->batch, loss, correct);
-    if (rc == FL_OK && !r->compress) rc = drain(r, true);
+    if (rc == FL_OK && next != NULL)
+        rc = stage(r, &r->slot[r->cur ^ 1], data, next, next_tag);
+    if (rc == FL_OK)
+        rc = fl_wk_mlp_dresult(r->ws, r->batch, loss, correct);
+    if (rc == FL_OK && !r->compress)
+        rc = drain(r, true);
+    return rc;
+}
+
+int fl_wk_rdev_grad(fl_wk_rdev_t *r, const float *params, const fl_wk_mlp_src_t *src,
+                    const fl_wk_dataset_t *data, const uint32_t *idx, long tag,
+                    const uint32_t *next, long next_tag, float *grad, fl_wk_rdev_layer_fn tell,
+                    void *ud, double *loss, size_t *correct)
+{
+    int rc = grad_pass(r, params, src, data, idx, tag, next, next_tag, grad, tell, ud, loss,
+                       correct);
     if (rc != FL_OK) {
-        /* Nothing queued may go on writing the caller's gradient after we return. */
+        /* Nothing queued may go on reading the caller's parameters or samples, or writing its
+         * gradient, after we return (the first error's text is kept). */
+        char err[1024];
+        snprintf(err, sizeof err, "%s", fl_last_error());
         fl_stream_sync(r->cs, 0);
         fl_stream_sync(r->out, 0);
+        fl_stream_sync(r->in, 0);
+        fl_fail(rc, "%s", err);
     }
     r->dgrad = fl_dptr_null();
     return rc;
@@ -338,12 +383,14 @@ int fl_wk_rdev_keep(fl_wk_rdev_t *r, const fl_opt_opts_t *opt, float *params)
         rc = fl_dev_host_alloc(r->dev, 2 * sizeof(double), (void **)&r->hscratch);
     if (rc == FL_OK && fl_dptr_is_null(r->scratch))
         rc = fl_dev_alloc(r->dev, 2 * sizeof(double), &r->scratch);
-    if (rc != FL_OK) return fl_fail_ctx(rc, "device %d", r->j);
+    if (rc != FL_OK)
+        return fl_fail_ctx(rc, "device %d", r->j);
     if (fl_dev_kind(r->dev) == FL_DEV_CPU) {
         /* The host's parameters are the device's; its gradient buffer is the device's own
          * while the gradient stays there. */
         fl_dev_wrap(r->dev, params, &r->dparams);
-        if ((rc = fl_dev_alloc(r->dev, r->np * sizeof(float), &r->gbuf)) != FL_OK) return rc;
+        if ((rc = fl_dev_alloc(r->dev, r->np * sizeof(float), &r->gbuf)) != FL_OK)
+            return rc;
     }
     r->resident = true;
     return fl_wk_rdev_put_params(r, params);
@@ -397,24 +444,31 @@ int fl_wk_rdev_update(fl_wk_rdev_t *r, const float *grad, double max_norm, doubl
         /* The averaged gradient in, waited for: the host buffer is device 0's gradient, which
          * its next step overwrites, and only device 0's own copies are ordered behind this. */
         rc = fl_dev_h2d(r->cs, g, grad, r->np * sizeof(float));
-        if (rc == FL_OK) rc = fl_event_record(r->grad_in, r->cs);
-        if (rc == FL_OK) rc = fl_event_sync(r->grad_in, 0);
+        if (rc == FL_OK)
+            rc = fl_event_record(r->grad_in, r->cs);
+        if (rc == FL_OK)
+            rc = fl_event_sync(r->grad_in, 0);
     } else {
         /* Kept on the device: the checks the host would have made, made here. */
         rc = fl_dev_nonfinite(r->cs, g, r->np, r->scratch);
         if (rc == FL_OK && max_norm > 0.0)
             rc = fl_dev_sumsq(r->cs, g, r->np, fl_dptr_at(r->scratch, sizeof(double)));
-        if (rc == FL_OK) rc = fl_dev_d2h(r->cs, r->hscratch, r->scratch, 2 * sizeof(double));
-        if (rc == FL_OK) rc = fl_stream_sync(r->cs, 0);
-        if (rc != FL_OK) return rc;
+        if (rc == FL_OK)
+            rc = fl_dev_d2h(r->cs, r->hscratch, r->scratch, 2 * sizeof(double));
+        if (rc == FL_OK)
+            rc = fl_stream_sync(r->cs, 0);
+        if (rc != FL_OK)
+            return rc;
         int64_t bad;
         memcpy(&bad, &r->hscratch[0], sizeof bad);
         if (bad >= 0)
             return fl_fail(FL_ENONFINITE, "gradient %lld is not finite: no parameter updated",
                            (long long)bad);
         double f = max_norm > 0.0 ? fl_cmp_clip_factor(sqrt(r->hscratch[1]), max_norm) : 1.0;
-        if (f != 1.0) rc = fl_dev_scale(r->cs, g, r->np, (float)f);
+        if (f != 1.0)
+            rc = fl_dev_scale(r->cs, g, r->np, (float)f);
     }
-    if (rc == FL_OK) rc = fl_dev_opt_step(r->opt, r->cs, r->dparams, g, lr);
+    if (rc == FL_OK)
+        rc = fl_dev_opt_step(r->opt, r->cs, r->dparams, g, lr);
     return rc;
 }

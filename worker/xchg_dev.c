@@ -40,7 +40,8 @@ int fl_wk_dcmp_create(fl_wk_rdev_t *rd, const fl_wk_train_opts_t *o, size_t from
 {
     *out = NULL;
     fl_wk_dcmp_t *c = calloc(1, sizeof *c);
-    if (c == NULL) return fl_fail(FL_ENOMEM, "exchange: out of memory");
+    if (c == NULL)
+        return fl_fail(FL_ENOMEM, "exchange: out of memory");
     c->rd = rd;
     c->dev = fl_wk_rdev_dev(rd);
     c->m = &o->shape;
@@ -49,18 +50,30 @@ int fl_wk_dcmp_create(fl_wk_rdev_t *rd, const fl_wk_train_opts_t *o, size_t from
     c->max_norm = o->max_norm;
     c->wire = wire_of(o->topk_values);
     int rc = fl_dev_bind(c->dev);
-    if (rc == FL_OK) rc = fl_stream_create(c->dev, &c->s);
-    if (rc == FL_OK) rc = fl_event_create(c->dev, &c->done);
-    if (rc == FL_OK) rc = fl_dev_topk_create(c->dev, widest, &c->topk);
-    if (rc == FL_OK) rc = fl_dev_alloc(c->dev, n * sizeof(float), &c->residual);
-    if (rc == FL_OK) rc = fl_dev_memset(c->s, c->residual, 0, n * sizeof(float));
-    if (rc == FL_OK) rc = fl_dev_alloc(c->dev, widest * sizeof(uint32_t), &c->idx);
-    if (rc == FL_OK) rc = fl_dev_alloc(c->dev, widest * sizeof(float), &c->val);
-    if (rc == FL_OK) rc = fl_dev_alloc(c->dev, 4 * sizeof(int64_t), &c->out);
-    if (rc == FL_OK) rc = fl_dev_host_alloc(c->dev, widest * sizeof(uint32_t), (void **)&c->hidx);
-    if (rc == FL_OK) rc = fl_dev_host_alloc(c->dev, widest * sizeof(float), (void **)&c->hval);
-    if (rc == FL_OK) rc = fl_dev_host_alloc(c->dev, 4 * sizeof(int64_t), (void **)&c->hout);
-    if (rc == FL_OK) rc = fl_stream_sync(c->s, 0);
+    if (rc == FL_OK)
+        rc = fl_stream_create(c->dev, &c->s);
+    if (rc == FL_OK)
+        rc = fl_event_create(c->dev, &c->done);
+    if (rc == FL_OK)
+        rc = fl_dev_topk_create(c->dev, widest, &c->topk);
+    if (rc == FL_OK)
+        rc = fl_dev_alloc(c->dev, n * sizeof(float), &c->residual);
+    if (rc == FL_OK)
+        rc = fl_dev_memset(c->s, c->residual, 0, n * sizeof(float));
+    if (rc == FL_OK)
+        rc = fl_dev_alloc(c->dev, widest * sizeof(uint32_t), &c->idx);
+    if (rc == FL_OK)
+        rc = fl_dev_alloc(c->dev, widest * sizeof(float), &c->val);
+    if (rc == FL_OK)
+        rc = fl_dev_alloc(c->dev, 4 * sizeof(int64_t), &c->out);
+    if (rc == FL_OK)
+        rc = fl_dev_host_alloc(c->dev, widest * sizeof(uint32_t), (void **)&c->hidx);
+    if (rc == FL_OK)
+        rc = fl_dev_host_alloc(c->dev, widest * sizeof(float), (void **)&c->hval);
+    if (rc == FL_OK)
+        rc = fl_dev_host_alloc(c->dev, 4 * sizeof(int64_t), (void **)&c->hout);
+    if (rc == FL_OK)
+        rc = fl_stream_sync(c->s, 0);
     if (rc != FL_OK) {
         fl_wk_dcmp_destroy(&c);
         return fl_fail_ctx(rc, "exchange: top-k on device %s", fl_dev_name(fl_wk_rdev_dev(rd)));
@@ -71,7 +84,8 @@ int fl_wk_dcmp_create(fl_wk_rdev_t *rd, const fl_wk_train_opts_t *o, size_t from
 
 void fl_wk_dcmp_destroy(fl_wk_dcmp_t **pc)
 {
-    if (pc == NULL || *pc == NULL) return;
+    if (pc == NULL || *pc == NULL)
+        return;
     fl_wk_dcmp_t *c = *pc;
     fl_stream_destroy(&c->s);
     fl_event_destroy(&c->done);
@@ -104,7 +118,8 @@ static int layer_of(const fl_wk_mlp_shape_t *m, size_t at)
 static int read_out(fl_wk_dcmp_t *c, size_t bytes)
 {
     int rc = fl_dev_d2h(c->s, c->hout, c->out, bytes);
-    if (rc == FL_OK) rc = fl_event_record(c->done, c->s);
+    if (rc == FL_OK)
+        rc = fl_event_record(c->done, c->s);
     return rc == FL_OK ? fl_event_sync(c->done, 0) : rc;
 }
 
@@ -114,7 +129,8 @@ int fl_wk_dcmp_bucket(fl_wk_dcmp_t *c, size_t start, size_t len, size_t k, uint3
     fl_dptr_t g = fl_dptr_f32(fl_wk_rdev_grad_buf(c->rd), start);
     fl_dptr_t v = fl_dptr_f32(c->residual, start - c->from);
     int rc = fl_stream_wait(c->s, fl_wk_rdev_layer_event(c->rd, layer_of(c->m, start)));
-    if (rc != FL_OK) return rc;
+    if (rc != FL_OK)
+        return rc;
     /* A NaN or Inf in the gradient is refused before anything else is read back (the host's
      * error feedback checks first too); with clipping the bucket's norm comes with it. */
     double scale = 1.0;
@@ -124,10 +140,9 @@ int fl_wk_dcmp_bucket(fl_wk_dcmp_t *c, size_t start, size_t len, size_t k, uint3
         (rc = read_out(c, 2 * sizeof(int64_t))) != FL_OK)
         return rc;
     if (c->hout[0] >= 0)
-        return fl_fail(FL_ENONFINITE,
-                       "top-k of 'gradient bucket': entry %lld of %zu is not "
-                       "finite",
-                       (long long)c->hout[0], len);
+        return fl_fail(FL_ENONFINITE, "device %s: top-k of the gradient: parameter %lld is not "
+                                      "finite",
+                       fl_dev_name(c->dev), (long long)(start + (size_t)c->hout[0]));
     if (c->max_norm > 0.0) {
         double ss;
         memcpy(&ss, &c->hout[1], sizeof ss);
@@ -140,11 +155,10 @@ int fl_wk_dcmp_bucket(fl_wk_dcmp_t *c, size_t start, size_t len, size_t k, uint3
         (rc = read_out(c, 2 * sizeof(int64_t))) != FL_OK)
         return rc;
     if (c->hout[1] >= 0)
-        return fl_fail(FL_ENONFINITE,
-                       "top-k of 'gradient bucket': residual entry %lld of %zu "
-                       "is not finite",
-                       (long long)c->hout[1], len);
-    if ((rc = fl_dev_ef_sent(c->s, v, fl_dptr_null(), c->idx, c->val, k, c->wire)) != FL_OK ||
+        return fl_fail(FL_ENONFINITE, "device %s: top-k of the gradient: the residual of "
+                                      "parameter %lld overflowed",
+                       fl_dev_name(c->dev), (long long)(start + (size_t)c->hout[1]));
+    if ((rc = fl_dev_ef_sent(c->s, v, fl_dptr_null(), c->idx, c->val, k, len, c->wire)) != FL_OK ||
         (rc = fl_dev_d2h(c->s, c->hidx, c->idx, k * sizeof(uint32_t))) != FL_OK ||
         (rc = fl_dev_d2h(c->s, c->hval, c->val, k * sizeof(float))) != FL_OK ||
         (rc = fl_event_record(c->done, c->s)) != FL_OK || (rc = fl_event_sync(c->done, 0)) != FL_OK)
