@@ -439,9 +439,7 @@ static void run_one(replica_t *r, int brc, const char *berr)
         if (!d->updating && !d->cadence && d->n > 1 && d->local == FL_WK_LOCAL_SHARDS)
             all_computed(d);
     } else if (d->updating) {
-        r->rc = d->shared && r->j > 0
-                    ? FL_OK
-                    : fl_wk_rdev_update(r->rd, d->upd_grad, d->upd_norm, d->upd_lr);
+        r->rc = fl_wk_rdev_update(r->rd, d->upd_grad, d->upd_norm, d->upd_lr);
         if (r->rc != FL_OK)
             snprintf(r->err, sizeof r->err, "%s", fl_last_error());
     } else {
@@ -600,7 +598,7 @@ int fl_wk_devices_host_batch(fl_wk_devices_t *d, int j, const float *params, siz
 }
 
 int fl_wk_devices_keep(fl_wk_devices_t *d, const fl_opt_opts_t *opt, float *params,
-                       bool keep_grad)
+                       const size_t *off, const size_t *len, bool keep_grad)
 {
     if (keep_grad && d->n > 1)
         return fl_fail(FL_EINVAL, "a gradient kept on the device needs one device, not %d",
@@ -609,8 +607,12 @@ int fl_wk_devices_keep(fl_wk_devices_t *d, const fl_opt_opts_t *opt, float *para
     for (int j = 0; j < d->n; j++) {
         replica_t *r = &d->rep[j];
         int rc = fl_wk_rdev_bind(r->rd);
+        /* The whole model on every device (cpu: one copy, stepped by device 0), or device j's
+         * range of it. */
+        const fl_opt_opts_t *mine = off == NULL && d->shared && j > 0 ? NULL : opt;
         if (rc == FL_OK)
-            rc = fl_wk_rdev_keep(r->rd, d->shared && j > 0 ? NULL : opt, params);
+            rc = fl_wk_rdev_keep(r->rd, mine, off != NULL ? off[j] : 0,
+                                 off != NULL ? len[j] : d->np, params);
         if (rc != FL_OK)
             return rc;
     }
@@ -661,18 +663,18 @@ int fl_wk_devices_put_params(fl_wk_devices_t *d, const float *params)
     return FL_OK;
 }
 
-int fl_wk_devices_opt_save(fl_wk_devices_t *d, fl_opt_t *host)
+int fl_wk_devices_opt_save(fl_wk_devices_t *d, int j, fl_opt_t *host)
 {
-    fl_wk_rdev_t *rd = d->rep[0].rd;
+    fl_wk_rdev_t *rd = d->rep[j].rd;
     int rc = fl_wk_rdev_bind(rd);
     return rc == FL_OK ? fl_dev_opt_save(fl_wk_rdev_opt(rd), fl_wk_rdev_stream(rd), host) : rc;
 }
 
-int fl_wk_devices_opt_load(fl_wk_devices_t *d, const fl_opt_t *host)
+int fl_wk_devices_opt_load(fl_wk_devices_t *d, int only, const fl_opt_t *host)
 {
     for (int j = 0; j < d->n; j++) {
         fl_wk_rdev_t *rd = d->rep[j].rd;
-        if (fl_wk_rdev_opt(rd) == NULL)
+        if (fl_wk_rdev_opt(rd) == NULL || (only >= 0 && j != only))
             continue;
         int rc = fl_wk_rdev_bind(rd);
         if (rc == FL_OK)

@@ -54,6 +54,9 @@ struct fl_wk_rdev {
     bool resident;
     bool compress; /* the exchange compresses on the device: layers are told when queued */
     fl_dev_opt_t *opt;
+    size_t opt_off;  /* the range the optimizer steps: [opt_off, opt_off + opt_len) */
+    size_t opt_len;
+    float *host_params; /* the host's parameters (a sharded update writes its range back) */
     fl_dptr_t scratch; /* the update's norm and non-finite index */
     double *hscratch;
 };
@@ -376,9 +379,16 @@ int fl_wk_rdev_grad(fl_wk_rdev_t *r, const float *params, const fl_wk_mlp_src_t 
 
 /* ---- resident parameters and the update on the device ---- */
 
-int fl_wk_rdev_keep(fl_wk_rdev_t *r, const fl_opt_opts_t *opt, float *params)
+int fl_wk_rdev_keep(fl_wk_rdev_t *r, const fl_opt_opts_t *opt, size_t off, size_t len,
+                    float *params)
 {
-    int rc = opt != NULL ? fl_dev_opt_create(r->dev, opt, r->np, &r->opt) : FL_OK;
+    if (off > r->np || len > r->np - off)
+        return fl_fail(FL_EINVAL, "device %d: optimizer range [%zu, +%zu) past %zu parameters",
+                       r->j, off, len, r->np);
+    r->opt_off = off;
+    r->opt_len = len;
+    r->host_params = params;
+    int rc = opt != NULL ? fl_dev_opt_create(r->dev, opt, len, &r->opt) : FL_OK;
     if (rc == FL_OK && r->hscratch == NULL)
         rc = fl_dev_host_alloc(r->dev, 2 * sizeof(double), (void **)&r->hscratch);
     if (rc == FL_OK && fl_dptr_is_null(r->scratch))
@@ -436,14 +446,21 @@ void fl_wk_rdev_set_compress(fl_wk_rdev_t *r, bool on)
 
 int fl_wk_rdev_update(fl_wk_rdev_t *r, const float *grad, double max_norm, double lr)
 {
+    if (r->opt == NULL)
+        return FL_OK; /* a cpu device whose parameters another device steps */
     int rc = FL_OK;
+    bool cpu = fl_dev_kind(r->dev) == FL_DEV_CPU;
+    size_t off = r->opt_off;
+    size_t len = r->opt_len;
+    bool part = len < r->np;
     fl_dptr_t g = r->gbuf;
-    if (grad != NULL && fl_dev_kind(r->dev) == FL_DEV_CPU) {
+    if (grad != NULL && cpu) {
         rc = fl_dev_wrap(r->dev, grad, &g);
     } else if (grad != NULL) {
-        /* The averaged gradient in, waited for: the host buffer is device 0's gradient, which
-         * its next step overwrites, and only device 0's own copies are ordered behind this. */
-        rc = fl_dev_h2d(r->cs, g, grad, r->np * sizeof(float));
+        /* The averaged gradient in (the device's range of it), waited for: the host buffer is
+         * device 0's gradient, which its next step overwrites, and only device 0's own copies
+         * are ordered behind this. */
+        rc = fl_dev_h2d(r->cs, fl_dptr_f32(g, off), grad + off, len * sizeof(float));
         if (rc == FL_OK)
             rc = fl_event_record(r->grad_in, r->cs);
         if (rc == FL_OK)
@@ -469,6 +486,14 @@ int fl_wk_rdev_update(fl_wk_rdev_t *r, const float *grad, double max_norm, doubl
             rc = fl_dev_scale(r->cs, g, r->np, (float)f);
     }
     if (rc == FL_OK)
-        rc = fl_dev_opt_step(r->opt, r->cs, r->dparams, g, lr);
+        rc = fl_dev_opt_step(r->opt, r->cs, fl_dptr_f32(r->dparams, off), fl_dptr_f32(g, off),
+                             lr);
+    /* A range of the parameters: it goes back to the host, where the all-gather takes it (on
+     * cpu it is the host's already). */
+    if (rc == FL_OK && part && !cpu)
+        rc = fl_dev_d2h(r->cs, r->host_params + off, fl_dptr_f32(r->dparams, off),
+                        len * sizeof(float));
+    if (rc == FL_OK && part && !cpu)
+        rc = fl_stream_sync(r->cs, 0);
     return rc;
 }

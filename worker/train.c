@@ -31,7 +31,8 @@ typedef struct trainer {
     fl_wk_shards_t *shards;
     fl_wk_full_t *full;        /* --shard full: the parameters' pieces (NULL otherwise) */
     fl_wk_async_t *async;      /* --policy async (NULL otherwise) */
-    bool resident;             /* parameters and optimizer on the devices (--shard none, sync) */
+    bool resident;             /* parameters and optimizer on the devices (--policy sync) */
+    bool resident_ranges;      /* ... each device stepping its range (--shard hybrid, grad) */
     bool keep_grad;            /* ... and the gradient too (one device, no exchange) */
     FILE *metrics;
     /* El Che (o->max_anchor > 0) */
@@ -371,25 +372,50 @@ static int piece_world(const trainer_t *tr)
  * devices' resident copy. */
 static int materialize(trainer_t *tr)
 {
+    if (tr->resident_ranges)
+        return FL_OK; /* every update wrote its range back and the host gathered them */
     if (tr->resident)
         return fl_wk_devices_get_params(tr->dev, tr->params);
     return tr->full != NULL ? fl_wk_full_materialize(tr->full, tr->params) : FL_OK;
 }
 
-/* The parameters (and with them the optimizer) go to the devices and stay there: every mode
- * whose update is the same on every device (DDP: --shard none, --policy sync). */
+/* The parameters (and with them the optimizer) go to the devices and stay there under
+ * --policy sync: the whole model's state on every device (--shard none, as DDP), or device j's
+ * range of it (--shard hybrid and grad: each device steps its range and writes it back for the
+ * all-gather). --shard full's pieces and local SGD keep their host update. */
 static int keep_on_devices(trainer_t *tr, fl_opt_t *const *opts)
 {
     const fl_wk_train_opts_t *o = tr->o;
-    if (o->policy != FL_WK_POLICY_SYNC || o->shard != FL_WK_SHARD_NONE)
+    if (o->policy != FL_WK_POLICY_SYNC || o->shard == FL_WK_SHARD_FULL)
         return FL_OK;
-    bool keep = tr->comm == NULL && o->replicas == 1 && o->max_anchor == 0;
-    int rc = fl_wk_devices_keep(tr->dev, &o->opt, tr->params, keep);
+    bool ranges = o->shard != FL_WK_SHARD_NONE;
+    size_t off[64];
+    size_t len[64];
+    int n = fl_wk_shards_count(tr->shards);
+    if (ranges && n != o->replicas)
+        return fl_fail(FL_EINVAL, "--shard %s: %d optimizer ranges for %d devices",
+                       fl_wk_shard_name(o->shard), n, o->replicas);
+    for (int t = 0; ranges && t < n; t++)
+        fl_wk_shards_range(tr->shards, t, &off[t], &len[t]);
+    bool keep = !ranges && tr->comm == NULL && o->replicas == 1 && o->max_anchor == 0;
+    int rc = fl_wk_devices_keep(tr->dev, &o->opt, tr->params, ranges ? off : NULL,
+                                ranges ? len : NULL, keep);
     /* A resumed optimizer state goes with them. */
-    if (rc == FL_OK && o->resume_dir != NULL)
-        rc = fl_wk_devices_opt_load(tr->dev, opts[0]);
+    for (int t = 0; rc == FL_OK && o->resume_dir != NULL && t < (ranges ? n : 1); t++)
+        rc = fl_wk_devices_opt_load(tr->dev, ranges ? t : -1, opts[t]);
     tr->resident = rc == FL_OK;
+    tr->resident_ranges = rc == FL_OK && ranges;
     tr->keep_grad = rc == FL_OK && keep;
+    return rc;
+}
+
+/* Device t's optimizer state into the host's, for a checkpoint. */
+static int save_device_state(trainer_t *tr, fl_opt_t *const *opts)
+{
+    int n = tr->resident_ranges ? fl_wk_shards_count(tr->shards) : 1;
+    int rc = FL_OK;
+    for (int t = 0; tr->resident && rc == FL_OK && t < n; t++)
+        rc = fl_wk_devices_opt_save(tr->dev, t, opts[t]);
     return rc;
 }
 
@@ -783,6 +809,10 @@ int fl_wk_train(fl_comm_t *comm, const fl_wk_dataset_t *train, const fl_wk_datas
             /* --shard full: the next forward pass gathers each layer as it needs it. */
             if (tr.full == NULL && (rc = fl_wk_shards_gather(tr.shards, tr.params)) != FL_OK)
                 break;
+            /* Resident ranges: every device takes the gathered model (on cpu it is theirs). */
+            if (tr.resident_ranges && o->device != FL_DEV_CPU &&
+                (rc = fl_wk_devices_put_params(tr.dev, tr.params)) != FL_OK)
+                break;
             legs_ms += (double)(fl_now_ns() - t_ag) / 1e6;
             /* El Che's exchange time: the buckets' wait and --shard grad's legs. */
             if (o->max_anchor > 0 &&
@@ -858,7 +888,7 @@ int fl_wk_train(fl_comm_t *comm, const fl_wk_dataset_t *train, const fl_wk_datas
             break;
         fl_wk_obs_epoch(&tr.obs, ep + 1);
         if (rc == FL_OK && o->checkpoint_dir != NULL && (rc = materialize(&tr)) == FL_OK &&
-            (!tr.resident || (rc = fl_wk_devices_opt_save(tr.dev, opts[0])) == FL_OK))
+            (rc = save_device_state(&tr, opts)) == FL_OK)
             rc = fl_wk_ckpt_save(o->checkpoint_dir, tr.comm, tr.rank, piece_world(&tr), o,
                                  tr.params, opts, step, ep + 1, tr.samples);
     }

@@ -46,8 +46,11 @@ int fl_wk_rdev_grad(fl_wk_rdev_t *r, const float *params, const fl_wk_mlp_src_t 
                     void *ud, double *loss, size_t *correct);
 
 /* Keeps the parameters on the device from now on (a copy of params; on cpu params itself),
- * with an optimizer of opt there (NULL: none, for cpu devices sharing another's parameters). */
-int fl_wk_rdev_keep(fl_wk_rdev_t *r, const fl_opt_opts_t *opt, float *params);
+ * with an optimizer of opt there over [off, off + len) (opt NULL: none, for cpu devices
+ * sharing another's parameters). A range short of the model is written back into params by
+ * each update (the host all-gathers it). */
+int fl_wk_rdev_keep(fl_wk_rdev_t *r, const fl_opt_opts_t *opt, size_t off, size_t len,
+                    float *params);
 /* The resident parameters from or to the host, waited for. */
 int fl_wk_rdev_put_params(fl_wk_rdev_t *r, const float *params);
 int fl_wk_rdev_get_params(fl_wk_rdev_t *r, float *params);
@@ -283,12 +286,13 @@ int fl_wk_full_materialize(fl_wk_full_t *z, float *params);
 void fl_wk_full_memory(const fl_wk_full_t *z, size_t *params, size_t *state);
 void fl_wk_full_stats(const fl_wk_full_t *z, fl_wk_full_stats_t *out);
 
-/* Parameters resident on the devices (--shard none, --policy sync): each device keeps its copy
- * of params and an optimizer of opt (on cpu, where the devices share host memory, params is
- * that copy and device 0 alone steps it); fl_wk_devices_step and _cadence_step then take NULL
- * parameters. keep_grad (one device, no exchange): the gradient never leaves the device. */
+/* Parameters resident on the devices (--policy sync): each device keeps its copy of params and
+ * an optimizer of opt over range j of off/len (NULL: the whole model on every device, --shard
+ * none; on cpu, where the devices share host memory, params is that copy and device 0 alone
+ * steps it); fl_wk_devices_step and _cadence_step then take NULL parameters. keep_grad (one
+ * device, no exchange): the gradient never leaves the device. */
 int fl_wk_devices_keep(fl_wk_devices_t *d, const fl_opt_opts_t *opt, float *params,
-                       bool keep_grad);
+                       const size_t *off, const size_t *len, bool keep_grad);
 bool fl_wk_devices_keeps_grad(const fl_wk_devices_t *d);
 
 /* Every device steps its parameters from grad (the host's average; NULL with keep_grad), on its
@@ -299,9 +303,10 @@ int fl_wk_devices_update(fl_wk_devices_t *d, const float *grad, double max_norm,
 int fl_wk_devices_get_params(fl_wk_devices_t *d, float *params);
 int fl_wk_devices_put_params(fl_wk_devices_t *d, const float *params);
 
-/* Device 0's optimizer state into host (checkpoints), or host's into every device (resume). */
-int fl_wk_devices_opt_save(fl_wk_devices_t *d, fl_opt_t *host);
-int fl_wk_devices_opt_load(fl_wk_devices_t *d, const fl_opt_t *host);
+/* Device j's optimizer state into host (checkpoints), or host's into device j (resume; j -1:
+ * every device, --shard none). */
+int fl_wk_devices_opt_save(fl_wk_devices_t *d, int j, fl_opt_t *host);
+int fl_wk_devices_opt_load(fl_wk_devices_t *d, int j, const fl_opt_t *host);
 
 /* Devices compute their steps from z's gathered layers instead of a flat buffer (NULL: flat). */
 void fl_wk_devices_set_full(fl_wk_devices_t *d, fl_wk_full_t *z);
