@@ -187,16 +187,39 @@ fail:
     return rc;
 }
 
+void fl_comm_abort(fl_comm_t *c, int code, const char *why)
+{
+    if (c == NULL || c->aborted)
+        return;
+    c->aborted = true;
+    c->abort_rc = code != FL_OK ? code : FL_EIO;
+    snprintf(c->abort_text, sizeof c->abort_text, "%s", why != NULL ? why : "");
+    if (c->broken_rc == FL_OK) {
+        c->broken_rc = FL_ECLOSED;
+        snprintf(c->broken_text, sizeof c->broken_text, "rank %d stopped on its own error: %s",
+                 c->rank, c->abort_text);
+    }
+}
+
 void fl_comm_destroy(fl_comm_t **pc)
 {
     if (pc == NULL || *pc == NULL)
         return;
     fl_comm_t *c = *pc;
     if (c->member != NULL) {
-        char text[128];
-        snprintf(text, sizeof text, "rank %d leaves after %llu collectives%s", c->rank,
-                 (unsigned long long)c->seq, c->broken_rc != FL_OK ? " (after a failure)" : "");
-        fl_tp_member_stop(c->member, c->broken_rc != FL_OK ? 1 : 0, text);
+        /* The goodbye says how the rank ends: cleanly (code 0), on its own error (the error's
+         * code and text, which the coordinator passes on to every other rank), or after
+         * another's failure. */
+        char text[FL_MSG_TEXT_MAX];
+        int code = c->aborted ? c->abort_rc : c->broken_rc != FL_OK ? 1 : 0;
+        if (c->aborted)
+            snprintf(text, sizeof text, "%.440s (after %llu collectives)", c->abort_text,
+                     (unsigned long long)c->seq);
+        else
+            snprintf(text, sizeof text, "rank %d leaves after %llu collectives%s", c->rank,
+                     (unsigned long long)c->seq,
+                     c->broken_rc != FL_OK ? " (after a failure)" : "");
+        fl_tp_member_stop(c->member, code, text);
     }
     int linger = c->broken_rc != FL_OK ? 0 : (c->timeout_ms < 10000 ? c->timeout_ms : 10000);
     if (c->data_out != NULL) {

@@ -62,6 +62,11 @@ struct fl_comm {
     int broken_rc;
     char broken_text[1024];
 
+    /* fl_comm_abort: the rank stops on its own error, said in its goodbye. */
+    bool aborted;
+    int abort_rc;
+    char abort_text[768];
+
     /* Zero-copy sends not yet released by ZeroMQ, per region (ring chunk; index size is
      * "anything else"). The release hook runs in ZeroMQ's I/O thread. */
     _Atomic int64_t *inflight;

@@ -277,6 +277,32 @@ int fl_coord_wait(fl_coord_t *c, int timeout_ms)
     return rc;
 }
 
+void fl_coord_outcome(const fl_coord_t *c, char *out, size_t cap)
+{
+    size_t at = 0;
+    out[0] = '\0';
+    for (int r = 0; r < c->world && at + 1 < cap; r++) {
+        const coord_rank_t *k = &c->ranks[r];
+        char one[FL_MSG_TEXT_MAX + 64];
+        if (!k->registered)
+            snprintf(one, sizeof one, "rank %d never joined", r);
+        else if (k->left && k->leave_code == 0)
+            snprintf(one, sizeof one, "rank %d done", r);
+        else if (k->left && k->failed)
+            snprintf(one, sizeof one, "rank %d failed: %s", r, k->leave_text);
+        else if (k->left)
+            snprintf(one, sizeof one, "rank %d stopped after the job failed", r);
+        else if (fl_tp_live_state(c->live, r) == FL_PEER_DEAD)
+            snprintf(one, sizeof one, "rank %d dead (host %s: silent past the heartbeat "
+                                      "timeout)%s",
+                     r, k->reg.host, k->failed ? ", which failed the job" : "");
+        else
+            snprintf(one, sizeof one, "rank %d still running", r);
+        int w = snprintf(out + at, cap - at, "%s%s", r > 0 ? "; " : "", one);
+        at += w > 0 ? (size_t)w : 0;
+    }
+}
+
 void fl_coord_stop(fl_coord_t *c)
 {
     if (c == NULL || !c->started)

@@ -265,6 +265,10 @@ static void check_all_gone(fl_coord_t *c)
 {
     if (c->phase == PHASE_RENDEZVOUS || c->nleft + c->ndead < c->world)
         return;
+    if (c->phase == PHASE_FAILED) {
+        FL_INFO(c->ctx, "all %d ranks gone; job '%s' failed", c->world, c->job_id);
+        return;
+    }
     if (c->ndead == 0) {
         FL_INFO(c->ctx, "all %d ranks left; job '%s' done", c->world, c->job_id);
         if (c->nshards > 0) {
@@ -279,12 +283,37 @@ static void check_all_gone(fl_coord_t *c)
     }
 }
 
+/* Tells every other rank and the servers that the job failed because of `about`, and ends
+ * the job with that reason (a death, or a rank's own error). */
+static void fail_job(fl_coord_t *c, int about, const char *text)
+{
+    coord_rank_t *k = &c->ranks[about];
+    for (int r = 0; r < c->world; r++) {
+        coord_rank_t *q = &c->ranks[r];
+        if (r == about || !q->registered || q->left ||
+            fl_tp_live_state(c->live, r) == FL_PEER_DEAD)
+            continue;
+        fl_coord_send_error(c, &q->route, FL_EPEER, about, k->reg.host, "%s", text);
+    }
+    fl_msg_hdr_t e;
+    fl_msg_hdr_init(&e, FL_MSG_ERROR, -1);
+    e.u.error.code = FL_EPEER;
+    e.u.error.about_rank = about;
+    snprintf(e.u.error.host, sizeof e.u.error.host, "%s", k->reg.host);
+    snprintf(e.u.error.text, sizeof e.u.error.text, "%s", text);
+    fl_coord_ps_send_all(c, &e);
+    c->phase = PHASE_FAILED;
+    fl_coord_finish(c, FL_EPEER, text);
+}
+
 static void on_shutdown(fl_coord_t *c, fl_tp_msg_t *m, int r)
 {
     coord_rank_t *k = &c->ranks[r];
     if (k->left)
         return;
     k->left = true;
+    k->leave_code = m->hdr.u.shutdown.code;
+    snprintf(k->leave_text, sizeof k->leave_text, "%s", m->hdr.u.shutdown.text);
     atomic_fetch_sub(&c->nactive, 1);
     fl_tp_live_gone(c->live, r);
     if (c->phase == PHASE_RENDEZVOUS) {
@@ -296,6 +325,18 @@ static void on_shutdown(fl_coord_t *c, fl_tp_msg_t *m, int r)
         return;
     }
     c->nleft++;
+    if (k->leave_code != 0 && c->phase == PHASE_RUNNING) {
+        /* Its own error: the others would wait for it until their deadline and then blame
+         * whoever they waited on. They hear it now, with its reason. */
+        char text[FL_MSG_TEXT_MAX];
+        /* Its goodbye may fill a message text alone: the head of it is what matters. */
+        snprintf(text, sizeof text, "rank %d (host %.64s, pid %d) failed: %.400s", r,
+                 k->reg.host, k->reg.pid, k->leave_text);
+        FL_ERROR(c->ctx, "%s", text);
+        k->failed = true;
+        fail_job(c, r, text);
+        return;
+    }
     FL_INFO(c->ctx, "rank %d (%s) left: %s", r, k->reg.host, m->hdr.u.shutdown.text);
     check_all_gone(c);
 }
@@ -370,22 +411,11 @@ static void declare_dead(fl_coord_t *c, int dead, int64_t silent)
     FL_ERROR(c->ctx, "%s", text);
     c->ndead++;
     atomic_fetch_sub(&c->nactive, 1);
-    for (int r = 0; r < c->world; r++) {
-        coord_rank_t *q = &c->ranks[r];
-        if (r == dead || !q->registered || q->left ||
-            fl_tp_live_state(c->live, r) == FL_PEER_DEAD)
-            continue;
-        fl_coord_send_error(c, &q->route, FL_EPEER, dead, k->reg.host, "%s", text);
-    }
-    fl_msg_hdr_t e;
-    fl_msg_hdr_init(&e, FL_MSG_ERROR, -1);
-    e.u.error.code = FL_EPEER;
-    e.u.error.about_rank = dead;
-    snprintf(e.u.error.host, sizeof e.u.error.host, "%s", k->reg.host);
-    snprintf(e.u.error.text, sizeof e.u.error.text, "%s", text);
-    fl_coord_ps_send_all(c, &e);
-    c->phase = PHASE_FAILED;
-    fl_coord_finish(c, FL_EPEER, text);
+    k->failed = c->phase == PHASE_RUNNING; /* the first to end the job */
+    if (c->phase == PHASE_RUNNING)
+        fail_job(c, dead, text);
+    else
+        fl_coord_finish(c, FL_EPEER, text);
 }
 
 static void send_heartbeats(fl_coord_t *c)

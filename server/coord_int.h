@@ -28,6 +28,10 @@ typedef struct coord_rank {
     uint32_t op_step;
     int32_t waiting_on;
     int64_t progress_ms; /* when its collective (sequence or step) last changed */
+    /* how it left: its goodbye's code (0: cleanly) and text; failed: it stopped the job */
+    int leave_code;
+    char leave_text[FL_MSG_TEXT_MAX];
+    bool failed;
 } coord_rank_t;
 
 /* A parameter-server process: it serves shards [reg.rank, reg.rank + reg.shard_count). */

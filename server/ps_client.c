@@ -353,16 +353,32 @@ fail: {
 }
 }
 
+void fl_ps_client_abort(fl_ps_client_t *cl, int code, const char *why)
+{
+    if (cl == NULL || cl->aborted)
+        return;
+    cl->aborted = true;
+    cl->abort_rc = code != FL_OK ? code : FL_EIO;
+    snprintf(cl->abort_text, sizeof cl->abort_text, "%s", why != NULL ? why : "");
+}
+
 void fl_ps_client_destroy(fl_ps_client_t **pcl)
 {
     if (pcl == NULL || *pcl == NULL)
         return;
     fl_ps_client_t *cl = *pcl;
     if (cl->member != NULL) {
-        char text[128];
-        snprintf(text, sizeof text, "rank %d leaves after %llu steps%s", cl->o.rank,
-                 (unsigned long long)cl->step, cl->broken_rc != FL_OK ? " (after a failure)" : "");
-        fl_tp_member_stop(cl->member, cl->broken_rc != FL_OK ? 1 : 0, text);
+        /* Cleanly, on its own error (passed on to the others), or after another's failure. */
+        char text[FL_MSG_TEXT_MAX];
+        int code = cl->aborted ? cl->abort_rc : cl->broken_rc != FL_OK ? 1 : 0;
+        if (cl->aborted)
+            snprintf(text, sizeof text, "%.440s (at step %llu)", cl->abort_text,
+                     (unsigned long long)cl->step);
+        else
+            snprintf(text, sizeof text, "rank %d leaves after %llu steps%s", cl->o.rank,
+                     (unsigned long long)cl->step,
+                     cl->broken_rc != FL_OK ? " (after a failure)" : "");
+        fl_tp_member_stop(cl->member, code, text);
     }
     close_shards(cl);
     fl_tp_member_destroy(&cl->member);

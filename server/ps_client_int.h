@@ -48,6 +48,9 @@ struct fl_ps_client {
     bool resync_pending;   /* rejoined; the next pull joins again (init) */
     int broken_rc;         /* a fatal failure: every later call returns FL_ECLOSED */
     char broken_text[1024];
+    bool aborted;          /* fl_ps_client_abort: the worker stops on its own error */
+    int abort_rc;
+    char abort_text[768];
     int64_t last_mark_ms;  /* rank 0: when it last asked for a checkpoint */
     _Atomic int64_t inflight; /* zero-copy sends ZeroMQ still holds */
     fl_cmp_ws_t *ws;

@@ -476,6 +476,10 @@ int main(int argc, char **argv)
     }
     if (coord != NULL) {
         fl_coord_stop(coord);
+        /* Every rank's end, in one line (the operator's answer to "which one, and why"). */
+        char outcome[8192];
+        fl_coord_outcome(coord, outcome, sizeof outcome);
+        fprintf(stderr, "flodl-ps: outcome: %s\n", outcome);
         fl_coord_destroy(&coord);
     }
     if (signo != 0) {

@@ -486,8 +486,10 @@ static int run_ps(wargs_t *a, fl_wk_dataset_t *train, fl_wk_dataset_t *test)
             summary(po.rank, &res);
         code = rc == FL_OK ? 0 : rc == FL_EINVAL ? 2 : 1;
     }
-    if (rc != FL_OK)
+    if (rc != FL_OK) {
         fprintf(stderr, "flodl-worker: %s\n", fl_last_error());
+        fl_ps_client_abort(cl, rc, fl_last_error());
+    }
     fl_ps_client_destroy(&cl);
     fl_wk_dataset_free(train);
     fl_wk_dataset_free(test);
@@ -691,6 +693,8 @@ int main(int argc, char **argv)
     }
     if (rc != FL_OK) {
         fprintf(stderr, "flodl-worker: %s\n", fl_last_error());
+        /* The others hear it now (the coordinator passes it on), not at their deadline. */
+        fl_comm_abort(comm, rc, fl_last_error());
         if (code == 0)
             code = 1;
     }

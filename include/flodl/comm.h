@@ -78,6 +78,12 @@ int fl_comm_init(const fl_comm_opts_t *opts, fl_comm_t **out);
  * sends to leave. NULL-safe; sets *comm to NULL. */
 void fl_comm_destroy(fl_comm_t **comm);
 
+/* Says that this rank stops on an error of its own (code, a negative fl_err_t; why, the
+ * detail): fl_comm_destroy then leaves the job "with an error", and the coordinator tells the
+ * other ranks at once, naming this rank and why, instead of letting them wait for it until
+ * their deadline. Later collectives return FL_ECLOSED. One thread at a time per comm. */
+void fl_comm_abort(fl_comm_t *comm, int code, const char *why);
+
 int fl_comm_rank(const fl_comm_t *comm);
 int fl_comm_size(const fl_comm_t *comm);
 

@@ -81,6 +81,11 @@ typedef struct fl_coord_info {
     uint64_t auth_refused; /* connections refused by CURVE (a client key not allowed) */
 } fl_coord_info_t;
 
+/* How each rank ended, in one line for the log: "rank 0 done; rank 1 failed: <its error>;
+ * rank 2 stopped after the job failed; rank 3 dead (...)", "never joined" or "still running".
+ * After fl_coord_stop (reads the coordinator thread's state). */
+void fl_coord_outcome(const fl_coord_t *coord, char *out, size_t cap);
+
 /* Fills info and up to cap ranks' entries (ranks may be NULL). Thread-safe. */
 void fl_coord_get_info(fl_coord_t *coord, fl_coord_info_t *info, fl_coord_rank_info_t *ranks,
                        int cap);

@@ -82,6 +82,10 @@ int fl_ps_client_create(const fl_ps_client_opts_t *opts, fl_ps_client_t **out);
 /* Leaves the job and frees. NULL-safe; sets *client to NULL. */
 void fl_ps_client_destroy(fl_ps_client_t **client);
 
+/* As fl_comm_abort: this worker stops on its own error; fl_ps_client_destroy then leaves the
+ * job with it, and the coordinator tells the others at once. */
+void fl_ps_client_abort(fl_ps_client_t *client, int code, const char *why);
+
 /* The job's settings as the coordinator gave them. */
 size_t fl_ps_client_param_count(const fl_ps_client_t *client);
 int fl_ps_client_num_shards(const fl_ps_client_t *client);

@@ -1,0 +1,184 @@
+/* A rank that stops on an error of its own ends the whole job at once, with the real binaries:
+ * it says why in its goodbye, the coordinator passes that on to every other rank (each exits
+ * 1 within seconds, naming the failed rank, instead of waiting out its 300 s collective
+ * deadline and blaming another), and flodl-ps exits 1 with a line saying how each rank ended.
+ * Also: a job whose ranks all finish still ends with exit 0 and every rank "done". */
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#include "testproc.h"
+#include "testutil.h"
+
+#define WK_BIN FLODL_BIN_DIR "/worker/flodl-worker"
+#define W 4
+
+/* A CSV of n samples with 4 features whose labels cycle through `classes`. */
+static void write_csv(const char *path, int n, int classes)
+{
+    FILE *f = fopen(path, "w");
+    ck_assert_ptr_nonnull(f);
+    for (int i = 0; i < n; i++) {
+        int y = i % classes;
+        fprintf(f, "%d,%g,%g,%g,%g\n", y, y == 0 ? 1.0 : -0.5, y == 1 ? 1.0 : -0.5,
+                y == 2 ? 1.0 : -0.5, 0.01 * (i % 7));
+    }
+    ck_assert_int_eq(fclose(f), 0);
+}
+
+/* Starts flodl-ps and W workers, worker r with its own extra flags (NULL-terminated). */
+static bool start_job(proc_t *ps, const char *const extra[W][8], int n)
+{
+    char ep[256] = "";
+    static const char *const ps_extra[] = {"--heartbeat-timeout", "5000", NULL};
+    if (!start_ps(&ps[0], W, ps_extra, NULL, ep, sizeof ep, n))
+        return false;
+    static char rank[W][8];
+    for (int r = 0; r < W; r++) {
+        snprintf(rank[r], sizeof rank[r], "%d", r);
+        const char *argv[24] = {WK_BIN, "--rank", rank[r], "--world-size", "4", "--coordinator",
+                                ep, "--quiet", "--timeout", "300000"};
+        int a = 10;
+        for (int e = 0; extra[r][e] != NULL && a < 23; e++)
+            argv[a++] = extra[r][e];
+        argv[a] = NULL;
+        proc_start(&ps[1 + r], WK_BIN, argv, NULL);
+    }
+    return true;
+}
+
+/* Every process ended; the failing one first, the others within `within_ms` of it, each
+ * exiting non-zero and naming a rank that failed (or, alt when not NULL, having met the fault
+ * itself); flodl-ps exit 1 with its outcome line. */
+static void expect_job_failed(proc_t *ps, int culprit, int within_ms, const char *alt)
+{
+    bool all = procs_wait(ps, 1 + W, fl_deadline_in(60000));
+    procs_stop(ps, 1 + W);
+    char info[16384];
+    show(ps, 1 + W, info, sizeof info);
+    ck_assert_msg(all, "processes still running a minute on (the others waited for the failed "
+                       "rank): %s",
+                  info);
+    int64_t first = ps[1 + culprit].end_ms;
+    for (int r = 0; r < W; r++) {
+        int code = proc_code(&ps[1 + r]);
+        ck_assert_msg(code == 1 || code == 2, "worker %d exited %d: %s", r, code, info);
+        ck_assert_msg(ps[1 + r].end_ms - first <= within_ms,
+                      "worker %d ended %lld ms after the failing rank %d (bound %d ms): %s", r,
+                      (long long)(ps[1 + r].end_ms - first), culprit, within_ms, info);
+        const char *e = ps[1 + r].buf[1];
+        if (r != culprit)
+            ck_assert_msg(strstr(e, "failed") != NULL || (alt != NULL && strstr(e, alt) != NULL),
+                          "worker %d does not say a rank failed: %s", r, info);
+    }
+    const char *err = ps[0].buf[1];
+    ck_assert_msg(proc_code(&ps[0]) == 1, "flodl-ps should exit 1: %s", info);
+    ck_assert_msg(strstr(err, "flodl-ps: outcome: ") != NULL && strstr(err, " failed: ") != NULL,
+                  "flodl-ps prints no outcome line naming the failure: %s", info);
+    ck_assert_msg(strstr(err, "job failed") != NULL, "%s", info);
+}
+
+/* Rank 2's data does not fit the model: it stops right after the rendezvous, before any
+ * collective, while the others wait for it in their first allreduce. */
+START_TEST(test_own_error_before_any_collective)
+{
+    char dir[] = "/tmp/flodl-failproc-XXXXXX";
+    ck_assert(mkdtemp(dir) != NULL);
+    char good[128];
+    char bad[128];
+    snprintf(good, sizeof good, "%s/good.csv", dir);
+    snprintf(bad, sizeof bad, "%s/bad.csv", dir);
+    write_csv(good, 400, 3);
+    write_csv(bad, 400, 5); /* 5 classes: the model has 3 outputs */
+    const char *extra[W][8];
+    for (int r = 0; r < W; r++) {
+        const char *e[8] = {"--train-csv", r == 2 ? bad : good, "--layers", "4,8,3", "--epochs",
+                            "50", NULL};
+        memcpy(extra[r], e, sizeof e);
+    }
+    proc_t ps[1 + W];
+    memset(ps, 0, sizeof ps);
+    ck_assert(start_job(ps, extra, 21));
+    expect_job_failed(ps, 2, 3000, NULL);
+    ck_assert_msg(strstr(ps[0].buf[1], "rank 2 failed") != NULL, "%s", ps[0].buf[1]);
+    ck_assert_msg(strstr(ps[0].buf[1], "5 classes") != NULL, "the reason is lost: %s",
+                  ps[0].buf[1]);
+    for (int r = 0; r < W; r++)
+        if (r != 2)
+            ck_assert_msg(strstr(ps[1 + r].buf[1], "rank 2") != NULL,
+                          "worker %d does not name rank 2: %s", r, ps[1 + r].buf[1]);
+    procs_free(ps, 1 + W);
+    unlink(good);
+    unlink(bad);
+    rmdir(dir);
+}
+END_TEST
+
+/* The issue's case: rank 3 alone with --topk; the first rank to see the mismatch stops, and
+ * every other rank follows at once. */
+START_TEST(test_mismatched_collective_ends_every_rank)
+{
+    const char *extra[W][8];
+    for (int r = 0; r < W; r++) {
+        const char *e[8] = {"--epochs", "1", r == 3 ? "--topk" : NULL, "0.01", NULL};
+        memcpy(extra[r], e, sizeof e);
+    }
+    proc_t ps[1 + W];
+    memset(ps, 0, sizeof ps);
+    ck_assert(start_job(ps, extra, 22));
+    /* Whichever rank meets the mismatch first is the one that fails the job; another may meet
+     * it at the same moment and stop on its own account. */
+    procs_wait(ps, 1 + W, fl_deadline_in(60000));
+    int first = 0;
+    for (int r = 1; r < W; r++)
+        if (ps[1 + r].end_ms < ps[1 + first].end_ms)
+            first = r;
+    expect_job_failed(ps, first, 3000, "different order");
+    procs_free(ps, 1 + W);
+}
+END_TEST
+
+/* Nothing changes for a job that succeeds: exit 0 and every rank done. */
+START_TEST(test_clean_job_outcome)
+{
+    const char *extra[W][8];
+    for (int r = 0; r < W; r++) {
+        const char *e[8] = {"--epochs", "1", NULL};
+        memcpy(extra[r], e, sizeof e);
+    }
+    proc_t ps[1 + W];
+    memset(ps, 0, sizeof ps);
+    ck_assert(start_job(ps, extra, 23));
+    bool all = procs_wait(ps, 1 + W, fl_deadline_in(90000));
+    procs_stop(ps, 1 + W);
+    char info[16384];
+    show(ps, 1 + W, info, sizeof info);
+    ck_assert_msg(all, "%s", info);
+    for (int i = 0; i <= W; i++)
+        ck_assert_msg(proc_code(&ps[i]) == 0, "process %d exited %d: %s", i, proc_code(&ps[i]),
+                      info);
+    ck_assert_msg(strstr(ps[0].buf[1], "outcome: rank 0 done; rank 1 done; rank 2 done; rank 3 "
+                                       "done") != NULL,
+                  "%s", info);
+    procs_free(ps, 1 + W);
+}
+END_TEST
+
+Suite *fail_proc_suite(void);
+Suite *fail_proc_suite(void)
+{
+    Suite *s = suite_create("fail_proc");
+    TCase *t = tcase_create("own error");
+    tcase_set_timeout(t, 150);
+    tcase_add_test(t, test_own_error_before_any_collective);
+    tcase_add_test(t, test_mismatched_collective_ends_every_rank);
+    tcase_add_test(t, test_clean_job_outcome);
+    suite_add_tcase(s, t);
+    return s;
+}
+
+int main(void)
+{
+    return fl_test_run(fail_proc_suite());
+}
