@@ -189,22 +189,30 @@ static void on_register(fl_coord_t *c, fl_tp_msg_t *m)
                 send_welcome(c, to); /* a retry after a lost welcome: answer the asker */
             return;
         }
+        /* A registered rank is bound to its connection. Only its own process, whose old
+         * connection has gone quiet (it lost us and opened a new one), may move it; a second
+         * registration while the holder is heard from is refused, telling the asker nothing
+         * about the holder (a stranger would otherwise learn the host and pid to claim). */
+        int64_t quiet = fl_now_ms() - fl_tp_live_last(c->live, r);
         if (!k->left && k->reg.pid == reg->pid && strcmp(k->reg.host, reg->host) == 0 &&
-            fl_tp_live_state(c->live, r) != FL_PEER_DEAD) {
-            /* The same process on a new connection (it thought us gone): take the new
-             * route and answer as a retry. */
-            FL_WARN(c->ctx, "rank %d (%s, pid %d) registered again on a new connection", r,
-                    reg->host, reg->pid);
+            fl_tp_live_state(c->live, r) != FL_PEER_DEAD && quiet >= 2 * (int64_t)c->hb_ms) {
+            FL_WARN(c->ctx, "rank %d (%s, pid %d) registered again on a new connection, its "
+                            "old one quiet for %lld ms",
+                    r, reg->host, reg->pid, (long long)quiet);
             k->route = *to;
             fl_tp_live_heard(c->live, r, fl_now_ms());
             if (c->phase == PHASE_RUNNING)
                 send_welcome(c, to);
             return;
         }
+        fl_ctx_count(c->ctx, FL_STAT_UNEXPECTED, 1);
+        FL_WARN(c->ctx, "refused a registration for rank %d from host %s (pid %d): the rank is "
+                        "held by host %s (pid %d), heard from %lld ms ago",
+                r, reg->host, reg->pid, k->reg.host, k->reg.pid, (long long)quiet);
         return fl_coord_send_error(c, to, FL_EINVAL, r, reg->host,
-                                   "rank %d is already registered by host %s (pid %d); this "
-                                   "registration comes from host %s (pid %d)",
-                                   r, k->reg.host, k->reg.pid, reg->host, reg->pid);
+                                   "rank %d is already registered by another process; this "
+                                   "registration (host %s, pid %d) is refused",
+                                   r, reg->host, reg->pid);
     }
     if (c->phase != PHASE_RENDEZVOUS)
         return fl_coord_send_error(c, to, FL_EINVAL, r, reg->host,
