@@ -192,7 +192,7 @@ void fl_comm_abort(fl_comm_t *c, int code, const char *why)
     if (c == NULL || c->aborted)
         return;
     c->aborted = true;
-    c->abort_rc = code != FL_OK ? code : FL_EIO;
+    c->abort_rc = code < 0 ? code : FL_EIO; /* negative: the coordinator passes it on */
     snprintf(c->abort_text, sizeof c->abort_text, "%s", why != NULL ? why : "");
     if (c->broken_rc == FL_OK) {
         c->broken_rc = FL_ECLOSED;

@@ -333,9 +333,11 @@ static void on_shutdown(fl_coord_t *c, fl_tp_msg_t *m, int r)
         return;
     }
     c->nleft++;
-    if (k->leave_code != 0 && c->phase == PHASE_RUNNING) {
-        /* Its own error: the others would wait for it until their deadline and then blame
-         * whoever they waited on. They hear it now, with its reason. */
+    if (k->leave_code < 0 && c->phase == PHASE_RUNNING) {
+        /* Its own error (a negative fl_err_t: fl_comm_abort): the others would wait for it
+         * until their deadline and then blame whoever they waited on. They hear it now, with
+         * its reason. A goodbye "after a failure" (code 1) is a collective's failure that the
+         * others meet in their own collectives, each naming the peer it waited for. */
         char text[FL_MSG_TEXT_MAX];
         /* Its goodbye may fill a message text alone: the head of it is what matters. */
         snprintf(text, sizeof text, "rank %d (host %.64s, pid %d) failed: %.400s", r,

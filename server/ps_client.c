@@ -358,7 +358,7 @@ void fl_ps_client_abort(fl_ps_client_t *cl, int code, const char *why)
     if (cl == NULL || cl->aborted)
         return;
     cl->aborted = true;
-    cl->abort_rc = code != FL_OK ? code : FL_EIO;
+    cl->abort_rc = code < 0 ? code : FL_EIO; /* negative: the coordinator passes it on */
     snprintf(cl->abort_text, sizeof cl->abort_text, "%s", why != NULL ? why : "");
 }
 
