@@ -6,7 +6,7 @@
  * reduce-scatter in shared memory (device j sums shard j of all devices' gradients, for the
  * two-level exchange), or nothing (every device a member of the flat exchange, telling layer
  * by layer). Both training loops use it. */
-#include "wk_int.h"
+#include "devices_int.h"
 
 #include <errno.h>
 #include <math.h>
@@ -16,92 +16,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#define MAX_DEVICES 64
 #define BARRIER_S 600 /* the devices' own timeout, fl_dev_opts_init's */
-
-typedef struct fl_wk_devices fl_wk_devices_t;
-
-typedef struct replica {
-    fl_wk_devices_t *d;
-    fl_wk_sampler_t smp;
-    fl_wk_rdev_t *rd;
-    uint32_t *idx;
-    uint32_t *next_idx; /* the batch after, staged while this one computes */
-    float *grad; /* device 0's gradient lands straight in the caller's */
-    double loss;
-    size_t correct;
-    int rc;
-    char err[512];
-    int j;
-    double throttle;
-    /* El Che: this sync's batches, their first index in the host's sequence, the gradient of
-     * one batch before it is added (NULL until needed), mean seconds per batch */
-    int count;
-    size_t first;
-    float *one;
-    double batch_s;
-    /* --policy cadence (local SGD): the device's own parameters (during a round; its delta from
-     * the round's start after) and optimizer */
-    float *own;
-    fl_opt_t *opt;
-    bool registered; /* grad is page-locked for the device */
-    /* its thread, alive for the run */
-    pthread_t th;
-    bool started;
-    uint64_t seen; /* the last work generation it took */
-} replica_t;
-
-struct fl_wk_devices {
-    const fl_wk_mlp_shape_t *m;
-    const fl_wk_dataset_t *train;
-    size_t batch;
-    int n;
-    int rank;
-    size_t np;
-    fl_wk_local_t local;
-    double max_norm;
-    fl_obs_timeline_t *tl;
-    /* El Che: the host's share of each epoch, in one sequence the devices take batches from */
-    fl_wk_sampler_t host;
-    bool have_host;
-    bool cadence; /* the step in progress is a cadence step */
-    /* the local round in progress */
-    bool local_sgd;
-    const float *round_start;
-    const fl_lr_sched_t *sched;
-    double step0;
-    /* FL_WK_LOCAL_SHARDS: a barrier once every gradient is there (abortable, for a step whose
-     * threads did not all start) */
-    pthread_mutex_t mu;
-    pthread_cond_t cv;
-    int arrived;
-    bool aborted;
-    bool have_barrier;
-    replica_t rep[MAX_DEVICES];
-    fl_wk_full_t *full; /* --shard full: layers gathered from their shards (NULL: params) */
-    /* the step in progress */
-    const float *params;
-    size_t cur_batch;
-    fl_wk_ready_fn ready;
-    void *ud;
-    long epoch;
-    /* resident parameters (fl_wk_devices_keep) */
-    bool resident;
-    bool keep_grad;
-    bool shared; /* cpu: the devices' parameters are one host buffer, device 0 steps it */
-    /* the update in progress */
-    bool updating;
-    const float *upd_grad;
-    double upd_norm;
-    double upd_lr;
-    /* the device threads: work generation gen, finished of them done with it */
-    pthread_mutex_t pool_mu;
-    pthread_cond_t pool_cv;
-    uint64_t gen;
-    int finished;
-    bool quit;
-    bool have_pool;
-};
 
 static void *device_main(void *arg);
 
@@ -475,7 +390,7 @@ static void *device_main(void *arg)
 
 /* Every device runs the generation's work once; returns when all have. Each step's own waits are
  * bounded (the devices' and the collectives' deadlines), so this one is too. */
-static void run_all(fl_wk_devices_t *d)
+void fl_wk_devices_run_all(fl_wk_devices_t *d)
 {
     pthread_mutex_lock(&d->pool_mu);
     d->gen++;
@@ -505,7 +420,7 @@ int fl_wk_devices_step(fl_wk_devices_t *d, const float *params, size_t batch_ind
     int rc = d->full != NULL && !d->cadence ? fl_wk_full_begin(d->full) : FL_OK;
     if (rc != FL_OK)
         return rc;
-    run_all(d);
+    fl_wk_devices_run_all(d);
     if (d->full != NULL && !d->cadence && (rc = fl_wk_full_end(d->full)) != FL_OK) {
         /* The device that stopped the step says why (the others only saw it stopped); a
          * gather's own failure says it itself. */
@@ -595,94 +510,6 @@ int fl_wk_devices_host_batch(fl_wk_devices_t *d, int j, const float *params, siz
             grad[i] *= (float)f;
     }
     return rc;
-}
-
-int fl_wk_devices_keep(fl_wk_devices_t *d, const fl_opt_opts_t *opt, float *params,
-                       const size_t *off, const size_t *len, bool keep_grad)
-{
-    if (keep_grad && d->n > 1)
-        return fl_fail(FL_EINVAL, "a gradient kept on the device needs one device, not %d",
-                       d->n);
-    d->shared = fl_dev_kind(fl_wk_rdev_dev(d->rep[0].rd)) == FL_DEV_CPU;
-    for (int j = 0; j < d->n; j++) {
-        replica_t *r = &d->rep[j];
-        int rc = fl_wk_rdev_bind(r->rd);
-        /* The whole model on every device (cpu: one copy, stepped by device 0), or device j's
-         * range of it. */
-        const fl_opt_opts_t *mine = off == NULL && d->shared && j > 0 ? NULL : opt;
-        if (rc == FL_OK)
-            rc = fl_wk_rdev_keep(r->rd, mine, off != NULL ? off[j] : 0,
-                                 off != NULL ? len[j] : d->np, params);
-        if (rc != FL_OK)
-            return rc;
-    }
-    d->resident = true;
-    d->keep_grad = keep_grad;
-    return FL_OK;
-}
-
-fl_wk_rdev_t *fl_wk_devices_rdev(fl_wk_devices_t *d, int j)
-{
-    return j >= 0 && j < d->n ? d->rep[j].rd : NULL;
-}
-
-bool fl_wk_devices_keeps_grad(const fl_wk_devices_t *d)
-{
-    return d->keep_grad;
-}
-
-int fl_wk_devices_update(fl_wk_devices_t *d, const float *grad, double max_norm, double lr)
-{
-    d->updating = true;
-    d->upd_grad = grad;
-    d->upd_norm = max_norm;
-    d->upd_lr = lr;
-    run_all(d);
-    d->updating = false;
-    for (int j = 0; j < d->n; j++)
-        if (d->rep[j].rc != FL_OK)
-            return fl_fail(d->rep[j].rc, "device %d: %s", j, d->rep[j].err);
-    return FL_OK;
-}
-
-int fl_wk_devices_get_params(fl_wk_devices_t *d, float *params)
-{
-    int rc = fl_wk_rdev_bind(d->rep[0].rd);
-    return rc == FL_OK ? fl_wk_rdev_get_params(d->rep[0].rd, params) : rc;
-}
-
-int fl_wk_devices_put_params(fl_wk_devices_t *d, const float *params)
-{
-    for (int j = 0; j < d->n; j++) {
-        int rc = fl_wk_rdev_bind(d->rep[j].rd);
-        if (rc == FL_OK)
-            rc = fl_wk_rdev_put_params(d->rep[j].rd, params);
-        if (rc != FL_OK)
-            return rc;
-    }
-    return FL_OK;
-}
-
-int fl_wk_devices_opt_save(fl_wk_devices_t *d, int j, fl_opt_t *host)
-{
-    fl_wk_rdev_t *rd = d->rep[j].rd;
-    int rc = fl_wk_rdev_bind(rd);
-    return rc == FL_OK ? fl_dev_opt_save(fl_wk_rdev_opt(rd), fl_wk_rdev_stream(rd), host) : rc;
-}
-
-int fl_wk_devices_opt_load(fl_wk_devices_t *d, int only, const fl_opt_t *host)
-{
-    for (int j = 0; j < d->n; j++) {
-        fl_wk_rdev_t *rd = d->rep[j].rd;
-        if (fl_wk_rdev_opt(rd) == NULL || (only >= 0 && j != only))
-            continue;
-        int rc = fl_wk_rdev_bind(rd);
-        if (rc == FL_OK)
-            rc = fl_dev_opt_load(fl_wk_rdev_opt(rd), fl_wk_rdev_stream(rd), host);
-        if (rc != FL_OK)
-            return rc;
-    }
-    return FL_OK;
 }
 
 void fl_wk_devices_set_full(fl_wk_devices_t *d, fl_wk_full_t *z)

@@ -1,0 +1,99 @@
+/* Private to devices.c and devices_keep.c: the devices of a worker process, each a replica
+ * with its device (replica_dev.c), its sampler and its share of the step in progress, and the
+ * pool of threads that drive them. */
+#ifndef FL_WK_DEVICES_INT_H
+#define FL_WK_DEVICES_INT_H
+
+#include <pthread.h>
+
+#include "wk_int.h"
+
+#define MAX_DEVICES 64
+
+typedef struct replica {
+    fl_wk_devices_t *d;
+    fl_wk_sampler_t smp;
+    fl_wk_rdev_t *rd;
+    uint32_t *idx;
+    uint32_t *next_idx; /* the batch after, staged while this one computes */
+    float *grad; /* device 0's gradient lands straight in the caller's */
+    double loss;
+    size_t correct;
+    int rc;
+    char err[512];
+    int j;
+    double throttle;
+    /* El Che: this sync's batches, their first index in the host's sequence, the gradient of
+     * one batch before it is added (NULL until needed), mean seconds per batch */
+    int count;
+    size_t first;
+    float *one;
+    double batch_s;
+    /* --policy cadence (local SGD): the device's own parameters (during a round; its delta from
+     * the round's start after) and optimizer */
+    float *own;
+    fl_opt_t *opt;
+    bool registered; /* grad is page-locked for the device */
+    /* its thread, alive for the run */
+    pthread_t th;
+    bool started;
+    uint64_t seen; /* the last work generation it took */
+} replica_t;
+
+struct fl_wk_devices {
+    const fl_wk_mlp_shape_t *m;
+    const fl_wk_dataset_t *train;
+    size_t batch;
+    int n;
+    int rank;
+    size_t np;
+    fl_wk_local_t local;
+    double max_norm;
+    fl_obs_timeline_t *tl;
+    /* El Che: the host's share of each epoch, in one sequence the devices take batches from */
+    fl_wk_sampler_t host;
+    bool have_host;
+    bool cadence; /* the step in progress is a cadence step */
+    /* the local round in progress */
+    bool local_sgd;
+    const float *round_start;
+    const fl_lr_sched_t *sched;
+    double step0;
+    /* FL_WK_LOCAL_SHARDS: a barrier once every gradient is there (abortable, for a step whose
+     * threads did not all start) */
+    pthread_mutex_t mu;
+    pthread_cond_t cv;
+    int arrived;
+    bool aborted;
+    bool have_barrier;
+    replica_t rep[MAX_DEVICES];
+    fl_wk_full_t *full; /* --shard full: layers gathered from their shards (NULL: params) */
+    /* the step in progress */
+    const float *params;
+    size_t cur_batch;
+    fl_wk_ready_fn ready;
+    void *ud;
+    long epoch;
+    /* resident parameters (fl_wk_devices_keep) */
+    bool resident;
+    bool keep_grad;
+    bool shared; /* cpu: the devices' parameters are one host buffer, device 0 steps it */
+    /* the update in progress */
+    bool updating;
+    const float *upd_grad;
+    double upd_norm;
+    double upd_lr;
+    /* the device threads: work generation gen, finished of them done with it */
+    pthread_mutex_t pool_mu;
+    pthread_cond_t pool_cv;
+    uint64_t gen;
+    int finished;
+    bool quit;
+    bool have_pool;
+};
+
+/* Every device runs the generation's work once (a step, or the update when d->updating); returns
+ * when all have. Device 0 runs on the calling thread. */
+void fl_wk_devices_run_all(fl_wk_devices_t *d);
+
+#endif

@@ -1,0 +1,96 @@
+/* Parameters resident on the devices (--policy sync): each device keeps its copy and an
+ * optimizer over its range (the whole model under --shard none, its shard under hybrid and
+ * grad), steps it from the averaged gradient on its own thread, and hands parameters and
+ * optimizer state to and from the host for evaluation, saving and checkpoints. */
+#include "devices_int.h"
+
+#include <stdio.h>
+
+int fl_wk_devices_keep(fl_wk_devices_t *d, const fl_opt_opts_t *opt, float *params,
+                       const size_t *off, const size_t *len, bool keep_grad)
+{
+    if (keep_grad && d->n > 1)
+        return fl_fail(FL_EINVAL, "a gradient kept on the device needs one device, not %d",
+                       d->n);
+    d->shared = fl_dev_kind(fl_wk_rdev_dev(d->rep[0].rd)) == FL_DEV_CPU;
+    for (int j = 0; j < d->n; j++) {
+        replica_t *r = &d->rep[j];
+        int rc = fl_wk_rdev_bind(r->rd);
+        /* The whole model on every device (cpu: one copy, stepped by device 0), or device j's
+         * range of it. */
+        const fl_opt_opts_t *mine = off == NULL && d->shared && j > 0 ? NULL : opt;
+        if (rc == FL_OK)
+            rc = fl_wk_rdev_keep(r->rd, mine, off != NULL ? off[j] : 0,
+                                 off != NULL ? len[j] : d->np, params);
+        if (rc != FL_OK)
+            return rc;
+    }
+    d->resident = true;
+    d->keep_grad = keep_grad;
+    return FL_OK;
+}
+
+fl_wk_rdev_t *fl_wk_devices_rdev(fl_wk_devices_t *d, int j)
+{
+    return j >= 0 && j < d->n ? d->rep[j].rd : NULL;
+}
+
+bool fl_wk_devices_keeps_grad(const fl_wk_devices_t *d)
+{
+    return d->keep_grad;
+}
+
+int fl_wk_devices_update(fl_wk_devices_t *d, const float *grad, double max_norm, double lr)
+{
+    d->updating = true;
+    d->upd_grad = grad;
+    d->upd_norm = max_norm;
+    d->upd_lr = lr;
+    fl_wk_devices_run_all(d);
+    d->updating = false;
+    for (int j = 0; j < d->n; j++)
+        if (d->rep[j].rc != FL_OK)
+            return fl_fail(d->rep[j].rc, "device %d: %s", j, d->rep[j].err);
+    return FL_OK;
+}
+
+int fl_wk_devices_get_params(fl_wk_devices_t *d, float *params)
+{
+    int rc = fl_wk_rdev_bind(d->rep[0].rd);
+    return rc == FL_OK ? fl_wk_rdev_get_params(d->rep[0].rd, params) : rc;
+}
+
+int fl_wk_devices_put_params(fl_wk_devices_t *d, const float *params)
+{
+    for (int j = 0; j < d->n; j++) {
+        int rc = fl_wk_rdev_bind(d->rep[j].rd);
+        if (rc == FL_OK)
+            rc = fl_wk_rdev_put_params(d->rep[j].rd, params);
+        if (rc != FL_OK)
+            return rc;
+    }
+    return FL_OK;
+}
+
+int fl_wk_devices_opt_save(fl_wk_devices_t *d, int j, fl_opt_t *host)
+{
+    fl_wk_rdev_t *rd = d->rep[j].rd;
+    int rc = fl_wk_rdev_bind(rd);
+    return rc == FL_OK ? fl_dev_opt_save(fl_wk_rdev_opt(rd), fl_wk_rdev_stream(rd), host) : rc;
+}
+
+int fl_wk_devices_opt_load(fl_wk_devices_t *d, int only, const fl_opt_t *host)
+{
+    for (int j = 0; j < d->n; j++) {
+        fl_wk_rdev_t *rd = d->rep[j].rd;
+        if (fl_wk_rdev_opt(rd) == NULL || (only >= 0 && j != only))
+            continue;
+        int rc = fl_wk_rdev_bind(rd);
+        if (rc == FL_OK)
+            rc = fl_dev_opt_load(fl_wk_rdev_opt(rd), fl_wk_rdev_stream(rd), host);
+        if (rc != FL_OK)
+            return rc;
+    }
+    return FL_OK;
+}
+
