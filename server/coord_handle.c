@@ -384,6 +384,19 @@ void fl_coord_on_message(fl_coord_t *c, fl_tp_msg_t *m)
     }
     if (fl_tp_live_state(c->live, r) == FL_PEER_DEAD)
         return; /* declared dead already: the job is failing, late words change nothing */
+    /* Every message of a member, not only its registration, belongs to this job: the job id,
+     * and this generation once the member has it (0 before its welcome). Refused otherwise,
+     * and it does not count as a sign of life. */
+    if (strcmp(m->hdr.job_id, c->job_id) != 0 ||
+        (m->hdr.generation != 0 && m->hdr.generation != c->generation)) {
+        fl_ctx_count(c->ctx, FL_STAT_BAD_JOB, 1);
+        return fl_coord_send_error(c, &m->route, FL_EPROTO, r, c->ranks[r].reg.host,
+                                   "coordinator: %s message from rank %d of job '%s' "
+                                   "generation %llu refused: this is job '%s' generation %llu",
+                                   fl_msg_type_name(m->hdr.type), r, m->hdr.job_id,
+                                   (unsigned long long)m->hdr.generation, c->job_id,
+                                   (unsigned long long)c->generation);
+    }
     fl_tp_live_heard(c->live, r, fl_now_ms());
     switch (m->hdr.type) {
     case FL_MSG_HEARTBEAT: return on_heartbeat(c, m, r);

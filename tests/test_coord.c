@@ -415,6 +415,19 @@ START_TEST(test_running_rank_cannot_be_taken_over)
     }
     /* Past the heartbeat timeout: the holder was never displaced nor declared dead. */
     ck_assert_int_eq(fl_coord_active(e.coord), 2);
+    /* From the holder's own connection, a goodbye of another job or generation is refused:
+     * the rank stays. */
+    for (int bad = 0; bad < 2; bad++) {
+        fl_msg_hdr_t h;
+        fl_msg_hdr_init(&h, FL_MSG_SHUTDOWN, 1);
+        snprintf(h.job_id, sizeof h.job_id, "%s", bad == 0 ? "other" : JOB);
+        h.generation = bad == 0 ? 0 : 99;
+        ck_assert_int_eq(fl_tp_send(s[1], NULL, &h, NULL, 0, fl_deadline_in(1000)), FL_OK);
+        fl_msg_error_t err;
+        expect_error(s[1], FL_EPROTO, 2000, &err);
+        ASSERT_HAS(err.text, bad == 0 ? "job 'other'" : "generation 99");
+    }
+    ck_assert_int_eq(fl_coord_active(e.coord), 2);
     ck_assert_int_eq(fl_coord_wait(e.coord, 10), FL_ETIMEDOUT);
     /* The holder goes quiet, then comes back on a new connection: it is let in. */
     usleep(3 * HB * 1000);
