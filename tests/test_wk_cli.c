@@ -3,6 +3,7 @@
  * one line saying what and where: layers that do not fit the data or the init file, a batch
  * larger than a rank's share, unknown flags, bad data files. */
 #include <fcntl.h>
+#include <math.h>
 #include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -12,6 +13,7 @@
 
 #include "fl_dev.h"
 #include "testutil.h"
+#include "fl_wk.h"
 
 #define WORKER FLODL_BIN_DIR "/worker/flodl-worker"
 
@@ -104,6 +106,22 @@ START_TEST(test_local_training_and_checkpoint)
     const char *c[] = {"--mode", "local", "--epochs", "1", "--layers", "64,200,10", "--init",
                        save, NULL};
     expect_usage_error(c, "layers.0.weight");
+    /* A checkpoint holding a NaN is refused before training, naming the tensor and index
+     * (#18 item 5), instead of training on it and saving it again. */
+    fl_wk_mlp_shape_t m;
+    ck_assert(fl_wk_mlp_parse("64,256,128,10", &m) == FL_OK);
+    size_t np = fl_wk_mlp_nparams(&m);
+    float *p = malloc(np * sizeof *p);
+    ck_assert(p != NULL);
+    ck_assert_msg(fl_wk_mlp_load(&m, p, save) == FL_OK, "%s", fl_last_error());
+    p[fl_wk_mlp_bias_at(&m, 1) + 7] = NAN;
+    char nan_path[160];
+    snprintf(nan_path, sizeof nan_path, "%s/nan.safetensors", dir);
+    ck_assert_msg(fl_wk_mlp_save(&m, p, nan_path, NULL, 0) == FL_OK, "%s", fl_last_error());
+    free(p);
+    const char *d[] = {"--mode", "local", "--epochs", "1", "--init", nan_path, NULL};
+    expect_usage_error(d, "tensor 'layers.1.bias' holds NaN at index 7");
+    unlink(nan_path);
     unlink(save);
     rmdir(dir);
 }

@@ -48,6 +48,12 @@ static int take(const fl_st_file_t *f, const char *path, const char *name, size_
                        ndim > 1 ? (unsigned long long)shape[1] : 0ULL);
     }
     memcpy(dst, t->data, t->bytes);
+    /* A NaN or Inf would train (every step NaN) and be saved again: refused here, naming it. */
+    const float *v = dst;
+    for (size_t i = 0; i < t->bytes / sizeof(float); i++)
+        if (!fl_is_finite(v[i]))
+            return fl_fail(FL_EINVAL, "%s: tensor '%s' holds %s at index %zu", path, name,
+                           v[i] != v[i] ? "NaN" : "Inf", i);
     return FL_OK;
 }
 
