@@ -47,6 +47,8 @@ static int check_opts(const fl_comm_opts_t *o)
         return fl_fail(FL_EINVAL, "comm: job_id must be 1..%d bytes", FL_JOB_MAX - 1);
     if (o->host != NULL && (o->host[0] == '\0' || strlen(o->host) >= FL_HOST_MAX))
         return fl_fail(FL_EINVAL, "comm: host must be 1..%d bytes", FL_HOST_MAX - 1);
+    if (o->settings != NULL && fl_settings_check(o->settings, FL_MSG_SETTINGS_MAX) != FL_OK)
+        return fl_fail_ctx(FL_EINVAL, "comm: rank %d", o->rank);
     if (o->bind != NULL && fl_tp_endpoint_parse(o->bind, &ep) != FL_OK)
         return fl_fail_ctx(FL_EINVAL, "comm: rank %d: bind", o->rank);
     if (o->timeout_ms < 1 || o->rendezvous_timeout_ms < 1)
@@ -133,6 +135,7 @@ int fl_comm_init(const fl_comm_opts_t *o, fl_comm_t **out)
     c->small_bytes = o->small_bytes;
     c->algo = o->algo;
     c->model_signature = o->model_signature;
+    snprintf(c->settings, sizeof c->settings, "%s", o->settings ? o->settings : "");
     c->last_algo = FL_ALGO_AUTO;
 
     fl_ctx_opts_t co;

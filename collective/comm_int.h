@@ -29,6 +29,7 @@ struct fl_comm {
     size_t small_bytes;
     fl_algo_t algo;
     uint64_t model_signature;
+    char settings[FL_MSG_SETTINGS_MAX];
 
     /* From the coordinator's welcome. */
     uint64_t generation;

@@ -28,6 +28,7 @@ static void make_register(const fl_comm_t *c, fl_msg_register_t *r)
     r->pid = (int32_t)getpid();
     r->model_signature = c->model_signature;
     fl_comm_tuning(c, r->tuning, sizeof r->tuning);
+    snprintf(r->settings, sizeof r->settings, "%s", c->settings);
 }
 
 /* Takes the peer table, after checking that it describes exactly this job's ranks. */

@@ -318,6 +318,27 @@ typedef struct fl_launch_info {
  * or FL_EINVAL naming the variable. */
 int fl_launch_from_env(fl_env_get_fn get, void *ud, fl_launch_info_t *out);
 
+/* ---- settings every rank must share (settings.c) ----
+ * "name=value" pairs separated by ';' (names: a-z 0-9 _ - .; values: printable ASCII), sent
+ * at registration; the coordinator refuses a job whose ranks disagree, naming the setting and
+ * both values. */
+
+#define FL_SETTINGS_MAX 2048 /* bytes of a list, terminator included */
+
+/* Appends name=value to the list in buf (cap bytes, terminated); a ';' or control character in
+ * the value becomes ',' or a space. FL_OK, or FL_EINVAL when it does not fit (buf unchanged). */
+int fl_settings_add(char *buf, size_t cap, const char *name, const char *fmt, ...)
+    FL_PRINTF(4, 5);
+
+/* FL_OK when s is a well-formed list shorter than max bytes; FL_EINVAL saying where not. */
+int fl_settings_check(const char *s, size_t max);
+
+/* False when lists a and b give every name the same value. True otherwise, with the first name
+ * that differs (a's order first, then names only b has) and its value in each, "(not set)"
+ * where one list lacks it. */
+bool fl_settings_differ(const char *a, const char *b, char *name, size_t ncap, char *va,
+                        char *vb, size_t vcap);
+
 /* ---- flag values for the binaries (cli.c) ---- */
 
 /* The binaries' choice between CurveZMQ keys and plain text. Flags (--curve-dir, --insecure)

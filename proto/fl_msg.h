@@ -24,6 +24,7 @@ extern "C" {
 #define FL_MSG_MISSING_MAX 256
 #define FL_MSG_MAX_PEERS 65536
 #define FL_MSG_TUNING_MAX 512
+#define FL_MSG_SETTINGS_MAX FL_SETTINGS_MAX /* Register.settings, terminator included */
 #define FL_MSG_MAX_SHARDS 4096     /* shards of one job */
 #define FL_MSG_MAX_CHECKPOINTS 16  /* checkpoint steps a server offers when resuming */
 
@@ -82,6 +83,7 @@ typedef struct fl_msg_register {
     int32_t pid;
     uint64_t model_signature;
     char tuning[FL_MSG_TUNING_MAX];
+    char settings[FL_MSG_SETTINGS_MAX]; /* workers: what every rank must share (fl_settings) */
     fl_msg_role_t role;
     uint64_t param_count;
     /* servers */

@@ -114,6 +114,8 @@ static int decode_register(const Flodl__Register *r, fl_msg_hdr_t *out, fl_msg_f
     q->model_signature = r->model_signature;
     if ((rc = copy_id(q->host, sizeof q->host, r->host, "host", fault)) != FL_OK ||
         (rc = copy_id(q->tuning, sizeof q->tuning, r->tuning, "tuning", fault)) != FL_OK ||
+        (rc = copy_id(q->settings, sizeof q->settings, r->settings, "settings", fault)) !=
+            FL_OK ||
         (rc = copy_eps(q->endpoints, &q->nendpoints, r->endpoints, r->n_endpoints, fault)) !=
             FL_OK)
         return rc;
@@ -122,6 +124,8 @@ static int decode_register(const Flodl__Register *r, fl_msg_hdr_t *out, fl_msg_f
     if (r->consistency > FLODL__CONSISTENCY__CONSISTENCY_SSP)
         return bad(fault, FL_FAULT_HEADER, "header: unknown consistency %d",
                    (int)r->consistency);
+    if (fl_settings_check(q->settings, sizeof q->settings) != FL_OK)
+        return bad(fault, FL_FAULT_HEADER, "header: %s", fl_last_error());
     q->role = (fl_msg_role_t)r->role;
     q->param_count = r->param_count;
     q->shard_count = r->shard_count;

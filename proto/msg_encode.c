@@ -148,6 +148,10 @@ static int build_register(pb_view_t *v, const fl_msg_register_t *r)
     if ((rc = check_str("tuning", r->tuning, FL_MSG_TUNING_MAX)) != FL_OK)
         return rc;
     v->reg.tuning = (char *)r->tuning;
+    if ((rc = check_str("settings", r->settings, FL_MSG_SETTINGS_MAX)) != FL_OK ||
+        (rc = fl_settings_check(r->settings, FL_MSG_SETTINGS_MAX)) != FL_OK)
+        return rc;
+    v->reg.settings = (char *)r->settings;
     v->reg.role = (Flodl__Role)r->role;
     v->reg.param_count = r->param_count;
     v->reg.shard_count = r->shard_count;

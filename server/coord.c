@@ -76,6 +76,7 @@ int fl_coord_create(const fl_coord_opts_t *o, fl_coord_t **out)
     pthread_cond_init(&c->cond, NULL);
     snprintf(c->job_id, sizeof c->job_id, "%s", o->job_id);
     c->world = o->world_size;
+    atomic_store(&c->nunheard, o->world_size);
     c->hb_timeout_ms = o->heartbeat_timeout_ms;
     c->stall_ms = o->stall_report_ms;
     c->hb_ms = o->heartbeat_ms > 0 ? o->heartbeat_ms : o->heartbeat_timeout_ms / 5;
@@ -155,6 +156,11 @@ int fl_coord_registered(const fl_coord_t *c)
 int fl_coord_active(const fl_coord_t *c)
 {
     return atomic_load(&((fl_coord_t *)c)->nactive);
+}
+
+int fl_coord_unheard(const fl_coord_t *c)
+{
+    return atomic_load(&((fl_coord_t *)c)->nunheard);
 }
 
 int fl_coord_servers_active(const fl_coord_t *c)
@@ -284,8 +290,12 @@ void fl_coord_outcome(const fl_coord_t *c, char *out, size_t cap)
     for (int r = 0; r < c->world && at + 1 < cap; r++) {
         const coord_rank_t *k = &c->ranks[r];
         char one[FL_MSG_TEXT_MAX + 64];
-        if (!k->registered)
+        if (k->refused)
+            snprintf(one, sizeof one, "rank %d refused: %s", r, k->leave_text);
+        else if (!k->registered)
             snprintf(one, sizeof one, "rank %d never joined", r);
+        else if (!c->ran && c->phase == PHASE_FAILED)
+            snprintf(one, sizeof one, "rank %d registered; the job did not start", r);
         else if (k->left && k->leave_code == 0)
             snprintf(one, sizeof one, "rank %d done", r);
         else if (k->left && k->failed)

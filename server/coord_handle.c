@@ -72,6 +72,36 @@ static void missing_list(const fl_coord_t *c, char *out, size_t cap)
     fl_coord_ps_missing(c, out, cap);
 }
 
+/* The rendezvous failed: every registered rank (and `also`, a newcomer that is not, when not
+ * NULL) and the servers hear why with `code`, and the job ends with `rc`. The ranks told are
+ * gone for the coordinator: they leave without a goodbye, and flodl-ps need not wait out their
+ * silence before it exits. */
+static void fail_rendezvous_all(fl_coord_t *c, int rc, int code, int about, const char *host,
+                                const char *text, const fl_tp_route_t *also)
+{
+    if (also != NULL)
+        fl_coord_send_error(c, also, code, about, host, "%s", text);
+    for (int q = 0; q < c->world; q++) {
+        coord_rank_t *k = &c->ranks[q];
+        if (!k->registered || k->left)
+            continue;
+        if (also == NULL || !fl_coord_same_route(&k->route, also))
+            fl_coord_send_error(c, &k->route, code, about, host, "%s", text);
+        k->left = true;
+        atomic_fetch_sub(&c->nactive, 1);
+        fl_tp_live_gone(c->live, q);
+    }
+    fl_msg_hdr_t e;
+    fl_msg_hdr_init(&e, FL_MSG_ERROR, -1);
+    e.u.error.code = code;
+    e.u.error.about_rank = about;
+    snprintf(e.u.error.host, sizeof e.u.error.host, "%s", host ? host : "");
+    snprintf(e.u.error.text, sizeof e.u.error.text, "%s", text);
+    fl_coord_ps_send_all(c, &e);
+    c->phase = PHASE_FAILED;
+    fl_coord_finish(c, rc, text);
+}
+
 /* The welcome: the peer table and, with a parameter server, its shard map. Sent to one route
  * (a member that asks again) or, when the job starts, to every member. */
 static void send_welcome(fl_coord_t *c, const fl_tp_route_t *to)
@@ -98,17 +128,7 @@ static void send_welcome(fl_coord_t *c, const fl_tp_route_t *to)
         /* The job cannot start as registered: say so to everyone and fail. */
         fl_msg_hdr_deinit(&h);
         FL_ERROR(c->ctx, "%s", why);
-        fl_msg_hdr_t e;
-        fl_msg_hdr_init(&e, FL_MSG_ERROR, -1);
-        e.u.error.code = FL_EINVAL;
-        snprintf(e.u.error.text, sizeof e.u.error.text, "%s", why);
-        for (int r = 0; r < c->world; r++)
-            if (c->ranks[r].registered)
-                fl_tp_send(c->sock, &c->ranks[r].route, &e, NULL, 0, fl_deadline_in(0));
-        fl_coord_ps_send_all(c, &e);
-        c->phase = PHASE_FAILED;
-        fl_coord_finish(c, FL_EINVAL, why);
-        return;
+        return fail_rendezvous_all(c, FL_EINVAL, FL_EINVAL, -1, "", why, NULL);
     }
     for (int r = 0; r < c->world; r++) {
         if (to != NULL && !fl_coord_same_route(to, &c->ranks[r].route))
@@ -150,6 +170,19 @@ void fl_coord_welcome_again(fl_coord_t *c, const fl_tp_route_t *to)
     send_welcome(c, to);
 }
 
+/* The ranks disagree on what they must share: the newcomer (route `to`, rank r) and every
+ * registered rank hear why, and the job ends before it started. */
+static void fail_rendezvous(fl_coord_t *c, const fl_tp_route_t *to, int r, const char *host,
+                            const char *why)
+{
+    char text[FL_MSG_TEXT_MAX];
+    snprintf(text, sizeof text, "job '%.64s' cannot start: %.400s", c->job_id, why);
+    FL_ERROR(c->ctx, "refused a registration: %s", text);
+    c->ranks[r].refused = true;
+    snprintf(c->ranks[r].leave_text, sizeof c->ranks[r].leave_text, "%s", why);
+    fail_rendezvous_all(c, FL_EINVAL, FL_EINVAL, r, host, text, to);
+}
+
 static void on_register(fl_coord_t *c, fl_tp_msg_t *m)
 {
     if (m->hdr.u.reg.role == FL_ROLE_SERVER)
@@ -183,6 +216,10 @@ static void on_register(fl_coord_t *c, fl_tp_msg_t *m)
                                    "parameter-server processes have",
                                    r, reg->host);
     coord_rank_t *k = &c->ranks[r];
+    if (!k->heard) {
+        k->heard = true;
+        atomic_fetch_sub(&c->nunheard, 1);
+    }
     if (k->registered) {
         if (fl_coord_same_route(&k->route, to)) {
             if (c->phase == PHASE_RUNNING)
@@ -214,33 +251,23 @@ static void on_register(fl_coord_t *c, fl_tp_msg_t *m)
                                    "registration (host %s, pid %d) is refused",
                                    r, reg->host, reg->pid);
     }
+    if (c->phase == PHASE_RUNNING)
+        return fl_coord_send_error(c, to, FL_EINVAL, r, reg->host,
+                                   "rank %d (host %s) registered after job '%s' started", r,
+                                   reg->host, c->job_id);
     if (c->phase != PHASE_RENDEZVOUS)
         return fl_coord_send_error(c, to, FL_EINVAL, r, reg->host,
-                                   "rank %d (host %s) registered after job '%s' %s", r,
-                                   reg->host, c->job_id,
-                                   c->phase == PHASE_RUNNING ? "started" : "failed");
+                                   "rank %d (host %.64s) registered after job '%.64s' failed: "
+                                   "%.380s",
+                                   r, reg->host, c->job_id, c->result_text);
     char who[FL_HOST_MAX + 32];
     char why[FL_MSG_TEXT_MAX];
     snprintf(who, sizeof who, "rank %d (host %s)", r, reg->host);
     if (reg->param_count != 0 &&
         fl_coord_ps_check_params(c, reg->param_count, who, why, sizeof why) != FL_OK)
         return fl_coord_send_error(c, to, FL_EINVAL, r, reg->host, "%s", why);
-    for (int q = 0; q < c->world; q++) {
-        const fl_msg_register_t *other = &c->ranks[q].reg;
-        if (c->ranks[q].registered && (other->model_signature != 0 || reg->model_signature != 0) &&
-            other->model_signature != reg->model_signature)
-            return fl_coord_send_error(c, to, FL_EINVAL, r, reg->host,
-                                       "rank %d (host %s) has model signature 0x%016llx, rank %d "
-                                       "(host %s) 0x%016llx: the ranks run different models",
-                                       r, reg->host, (unsigned long long)reg->model_signature, q,
-                                       other->host, (unsigned long long)other->model_signature);
-        if (c->ranks[q].registered && strcmp(c->ranks[q].reg.tuning, reg->tuning) != 0)
-            return fl_coord_send_error(c, to, FL_EINVAL, r, reg->host,
-                                       "rank %d (host %s) uses collective settings '%s', rank %d "
-                                       "(host %s) uses '%s'; all ranks must agree",
-                                       r, reg->host, reg->tuning, q, c->ranks[q].reg.host,
-                                       c->ranks[q].reg.tuning);
-    }
+    if (fl_coord_check_agree(c, r, reg, why, sizeof why) != FL_OK)
+        return fail_rendezvous(c, to, r, reg->host, why);
     k->registered = true;
     k->left = false;
     k->route = *to;
@@ -545,15 +572,6 @@ void fl_coord_tick(fl_coord_t *c, int64_t now)
                                     "ranks registered, missing %s",
                  c->job_id, c->rdv_timeout_ms, atomic_load(&c->nregistered), c->world, missing);
         FL_ERROR(c->ctx, "%s", text);
-        for (int r = 0; r < c->world; r++)
-            if (c->ranks[r].registered)
-                fl_coord_send_error(c, &c->ranks[r].route, FL_ETIMEDOUT, -1, "", "%s", text);
-        fl_msg_hdr_t e;
-        fl_msg_hdr_init(&e, FL_MSG_ERROR, -1);
-        e.u.error.code = FL_ETIMEDOUT;
-        snprintf(e.u.error.text, sizeof e.u.error.text, "%s", text);
-        fl_coord_ps_send_all(c, &e);
-        c->phase = PHASE_FAILED;
-        fl_coord_finish(c, FL_EPEER, text);
+        fail_rendezvous_all(c, FL_EPEER, FL_ETIMEDOUT, -1, "", text, NULL);
     }
 }

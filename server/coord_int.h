@@ -32,6 +32,8 @@ typedef struct coord_rank {
     int leave_code;
     char leave_text[FL_MSG_TEXT_MAX];
     bool failed;
+    bool heard;   /* a registration for it came, accepted or not */
+    bool refused; /* its registration disagreed with the others' (leave_text: why) */
 } coord_rank_t;
 
 /* A parameter-server process: it serves shards [reg.rank, reg.rank + reg.shard_count). */
@@ -87,10 +89,17 @@ struct fl_coord {
     char result_text[1024];
     _Atomic int nregistered;
     _Atomic int nactive; /* registered, not left, not dead */
+    _Atomic int nunheard; /* ranks no registration came for (coord_rank_t.heard) */
     /* published by the coordinator thread at every tick (under lock) */
     fl_coord_info_t info;
     fl_coord_rank_info_t *rank_info;
 };
+
+/* FL_OK when rank r's registration agrees with the ranks already registered (model signature,
+ * collective settings, declared settings); FL_EINVAL with both ranks and values in why
+ * (coord_agree.c). */
+int fl_coord_check_agree(const fl_coord_t *c, int r, const fl_msg_register_t *reg, char *why,
+                         size_t cap);
 
 /* Writes a stall report when a collective has made no progress for stall_ms: every rank's
  * collective, step, whom it waits for and when it was last heard from (coord_stall.c). */

@@ -22,6 +22,11 @@ int fl_coord_registered(const fl_coord_t *coord);
 /* Ranks registered that have neither left nor been declared dead (thread-safe). */
 int fl_coord_active(const fl_coord_t *coord);
 
+/* Ranks never heard from: no registration, accepted or refused, came for them. After a failed
+ * rendezvous flodl-ps stays a while to tell them why instead of leaving them to wait out their
+ * rendezvous timeout (thread-safe). */
+int fl_coord_unheard(const fl_coord_t *coord);
+
 /* Parameter-server processes registered that have neither left nor been declared dead. */
 int fl_coord_servers_active(const fl_coord_t *coord);
 

@@ -72,6 +72,8 @@ static int check_opts(const fl_ps_client_opts_t *o)
         return fl_fail(FL_EINVAL, "ps client: job_id must be 1..%d bytes", FL_JOB_MAX - 1);
     if (o->host != NULL && (o->host[0] == '\0' || strlen(o->host) >= FL_HOST_MAX))
         return fl_fail(FL_EINVAL, "ps client: host must be 1..%d bytes", FL_HOST_MAX - 1);
+    if (o->settings != NULL && fl_settings_check(o->settings, FL_MSG_SETTINGS_MAX) != FL_OK)
+        return fl_fail_ctx(FL_EINVAL, "ps client: rank %d", o->rank);
     if (o->param_count == 0)
         return fl_fail(FL_EINVAL, "ps client: rank %d: param_count is 0", o->rank);
     if (o->timeout_ms < 1 || o->rendezvous_timeout_ms < 1 || o->reconnect_timeout_ms < 0)
@@ -289,6 +291,7 @@ int fl_ps_client_create(const fl_ps_client_opts_t *o, fl_ps_client_t **out)
     cl->o.coordinator = cl->coordinator;
     cl->o.job_id = cl->job_id;
     cl->o.host = NULL;
+    cl->o.settings = NULL; /* the registration keeps its own copy */
     cl->last_mark_ms = fl_now_ms();
 
     fl_ctx_opts_t co;
@@ -329,6 +332,7 @@ int fl_ps_client_create(const fl_ps_client_opts_t *o, fl_ps_client_t **out)
     reg.model_signature = o->model_signature;
     reg.param_count = o->param_count;
     snprintf(reg.tuning, sizeof reg.tuning, "ps");
+    snprintf(reg.settings, sizeof reg.settings, "%s", o->settings ? o->settings : "");
     fl_msg_hdr_t welcome;
     if ((rc = fl_tp_member_join(cl->member, &reg, &welcome)) != FL_OK)
         goto fail;

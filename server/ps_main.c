@@ -446,8 +446,11 @@ int main(int argc, char **argv)
                 if (sigtimedwait(&sigs, NULL, &tick) > 0)
                     break;
         } else {
-            /* The job failed: give the survivors time to hear it and leave before closing. */
-            while ((fl_coord_active(coord) > 0 || fl_coord_servers_active(coord) > 0) &&
+            /* The job failed: give the survivors time to hear it and leave before closing,
+             * and ranks that have not registered yet (a refused rendezvous) a chance to
+             * hear why instead of waiting out their rendezvous timeout. */
+            while ((fl_coord_active(coord) > 0 || fl_coord_servers_active(coord) > 0 ||
+                    fl_coord_unheard(coord) > 0) &&
                    fl_now_ms() < until)
                 if (sigtimedwait(&sigs, NULL, &tick) > 0)
                     break;

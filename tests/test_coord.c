@@ -90,11 +90,14 @@ typedef struct reg_spec {
     int pid;
     const char *tuning;
     int nendpoints;
+    const char *settings;
 } reg_spec_t;
+
+#define SETTINGS "optimizer=sgd;lr=0.05;batch-size=64 per device"
 
 static reg_spec_t spec_of(int rank, int world)
 {
-    reg_spec_t r = {rank, world, JOB, NULL, 1000 + rank, TUNING, 1 + (rank & 1)};
+    reg_spec_t r = {rank, world, JOB, NULL, 1000 + rank, TUNING, 1 + (rank & 1), SETTINGS};
     return r;
 }
 
@@ -116,6 +119,7 @@ static void build_register(fl_msg_hdr_t *h, const reg_spec_t *r)
         snprintf(h->u.reg.host, sizeof h->u.reg.host, "host-%d", r->rank);
     h->u.reg.pid = r->pid;
     snprintf(h->u.reg.tuning, sizeof h->u.reg.tuning, "%s", r->tuning);
+    snprintf(h->u.reg.settings, sizeof h->u.reg.settings, "%s", r->settings);
     h->u.reg.nendpoints = (uint32_t)r->nendpoints;
     for (int k = 0; k < r->nendpoints; k++)
         endpoint_of(r->rank, k, h->u.reg.endpoints[k], sizeof h->u.reg.endpoints[k]);
@@ -476,14 +480,6 @@ START_TEST(test_refusals_keep_serving)
     ASSERT_HAS(err.text, "'" JOB "'");
 
     r = spec_of(1, 3);
-    r.tuning = "seg=4096,small=0,algo=1";
-    send_spec(x, &r);
-    expect_error(x, FL_EINVAL, 2000, &err);
-    ASSERT_HAS(err.text, "'seg=4096,small=0,algo=1'");
-    ASSERT_HAS(err.text, "'" TUNING "'");
-    ASSERT_HAS(err.text, "host-0");
-
-    r = spec_of(1, 3);
     r.nendpoints = 0;
     send_spec(x, &r);
     expect_error(x, FL_EINVAL, 2000, &err);
@@ -491,7 +487,7 @@ START_TEST(test_refusals_keep_serving)
 
     ck_assert_int_eq(fl_coord_registered(e.coord), 1);
     /* The coordinator counts an error once sent, so the reply may arrive first. */
-    ck_assert_uint_eq(wait_stat(e.coord, FL_STAT_ERRORS_SENT, 6, 1000), 6);
+    ck_assert_uint_eq(wait_stat(e.coord, FL_STAT_ERRORS_SENT, 5, 1000), 5);
 
     /* The refused socket may still register a valid rank, and the job starts. */
     fl_tp_sock_t *c = fake_open(&e);
@@ -525,6 +521,70 @@ START_TEST(test_refusals_keep_serving)
     ck_assert_int_eq(fl_coord_active(e.coord), 3);
     ck_assert_int_eq(fl_coord_wait(e.coord, 50), FL_ETIMEDOUT);
     env_end(&e);
+}
+END_TEST
+
+/* Ranks that disagree on what they must share (a declared setting, the collective settings,
+ * the model) end the rendezvous at once: the newcomer and every registered rank hear the
+ * setting and both values, and the job fails instead of waiting for a rank to be fixed. */
+static void disagree_case(const char *what, reg_spec_t bad, const char *const *want)
+{
+    env_t e;
+    env_start(&e, 3, 0, 0, 0);
+    fl_tp_sock_t *a = fake_open(&e);
+    fl_tp_sock_t *b = fake_open(&e);
+    fl_tp_sock_t *x = fake_open(&e);
+    send_reg(a, 0, 3);
+    send_reg(b, 2, 3);
+    ck_assert_int_eq(wait_count(e.coord, fl_coord_registered, 2, 2000), 2);
+    int64_t t0 = fl_now_ms();
+    send_spec(x, &bad);
+    fl_msg_error_t err[3];
+    expect_error(x, FL_EINVAL, 1000, &err[0]);
+    expect_error(a, FL_EINVAL, 1000, &err[1]);
+    expect_error(b, FL_EINVAL, 1000, &err[2]);
+    for (int i = 0; i < 3; i++) {
+        for (int k = 0; want[k] != NULL; k++)
+            ck_assert_msg(strstr(err[i].text, want[k]) != NULL, "%s: '%s' lacks '%s'", what,
+                          err[i].text, want[k]);
+        ck_assert_int_eq(err[i].about_rank, 1);
+    }
+    ck_assert_int_eq(fl_coord_wait(e.coord, 1000), FL_EINVAL);
+    ck_assert_msg(fl_now_ms() - t0 < 1000, "%s: refused after %lld ms", what,
+                  (long long)(fl_now_ms() - t0));
+    ASSERT_HAS(fl_last_error(), "cannot start");
+    char outcome[2048];
+    fl_coord_outcome(e.coord, outcome, sizeof outcome);
+    ASSERT_HAS(outcome, "rank 1 refused");
+    ASSERT_HAS(outcome, "rank 0 registered; the job did not start");
+    /* Too late for anyone now: the job failed. */
+    fl_tp_sock_t *y = fake_open(&e);
+    send_reg(y, 1, 3);
+    fl_msg_error_t late;
+    expect_error(y, FL_EINVAL, 1000, &late);
+    ASSERT_HAS(late.text, "failed");
+    env_end(&e);
+}
+
+START_TEST(test_disagreement_fails_rendezvous)
+{
+    reg_spec_t r = spec_of(1, 3);
+    r.settings = "optimizer=sgd;lr=0.1;batch-size=64 per device";
+    static const char *const lr[] = {"disagree on lr", "'0.1' on rank 1", "'0.05' on rank 0",
+                                     "host-1", "host-0", NULL};
+    disagree_case("lr", r, lr);
+
+    r = spec_of(1, 3);
+    r.settings = "optimizer=sgd;lr=0.05";
+    static const char *const missing[] = {"disagree on batch-size", "'(not set)' on rank 1",
+                                          "'64 per device' on rank 0", NULL};
+    disagree_case("missing setting", r, missing);
+
+    r = spec_of(1, 3);
+    r.tuning = "seg=4096,small=0,algo=1";
+    static const char *const tuning[] = {"'seg=4096,small=0,algo=1'", "'" TUNING "'", "host-0",
+                                         NULL};
+    disagree_case("tuning", r, tuning);
 }
 END_TEST
 
@@ -1204,6 +1264,7 @@ Suite *coord_suite(void)
     tcase_add_test(t, test_duplicate_rank);
     tcase_add_test(t, test_running_rank_cannot_be_taken_over);
     tcase_add_test(t, test_refusals_keep_serving);
+    tcase_add_test(t, test_disagreement_fails_rendezvous);
     tcase_add_test(t, test_rendezvous_timeout);
     tcase_add_test(t, test_rendezvous_drops_silent_rank);
     tcase_add_test(t, test_rendezvous_leave_then_rejoin_is_watched);

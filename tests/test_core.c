@@ -1095,6 +1095,63 @@ START_TEST(test_fmt_bytes)
 }
 END_TEST
 
+/* ---- settings every rank must share ---- */
+
+START_TEST(test_settings_build_and_compare)
+{
+    char a[FL_SETTINGS_MAX] = "";
+    char b[FL_SETTINGS_MAX] = "";
+    ck_assert_int_eq(fl_settings_add(a, sizeof a, "lr", "%g", 0.05), FL_OK);
+    ck_assert_int_eq(fl_settings_add(a, sizeof a, "data", "%s", "x;y\nz"), FL_OK);
+    ck_assert_str_eq(a, "lr=0.05;data=x,y z"); /* a value keeps its words, not separators */
+    ck_assert_int_eq(fl_settings_check(a, sizeof a), FL_OK);
+    ck_assert_int_eq(fl_settings_add(b, sizeof b, "data", "%s", "x;y\nz"), FL_OK);
+    ck_assert_int_eq(fl_settings_add(b, sizeof b, "lr", "%g", 0.05), FL_OK);
+    char name[64], va[128], vb[128];
+    ck_assert(!fl_settings_differ(a, b, name, sizeof name, va, vb, sizeof va)); /* any order */
+    ck_assert(!fl_settings_differ("", "", name, sizeof name, va, vb, sizeof va));
+
+    ck_assert(fl_settings_differ("lr=0.05;seed=1", "lr=0.1;seed=1", name, sizeof name, va, vb,
+                                 sizeof va));
+    ck_assert_str_eq(name, "lr");
+    ck_assert_str_eq(va, "0.05");
+    ck_assert_str_eq(vb, "0.1");
+    /* A name only one side has: "(not set)" on the other, whichever side it is. */
+    ck_assert(fl_settings_differ("lr=1", "lr=1;topk=0.01", name, sizeof name, va, vb, sizeof va));
+    ck_assert_str_eq(name, "topk");
+    ck_assert_str_eq(va, "(not set)");
+    ck_assert_str_eq(vb, "0.01");
+    ck_assert(fl_settings_differ("lr=1;topk=0", "lr=1", name, sizeof name, va, vb, sizeof va));
+    ck_assert_str_eq(name, "topk");
+    ck_assert_str_eq(va, "0");
+    ck_assert_str_eq(vb, "(not set)");
+    /* A prefix of a name is another name; an empty value is a value. */
+    ck_assert(fl_settings_differ("l=1", "lr=1", name, sizeof name, va, vb, sizeof va));
+    ck_assert_str_eq(name, "l");
+    ck_assert(fl_settings_differ("lr=", "lr=0", name, sizeof name, va, vb, sizeof va));
+    ck_assert_str_eq(va, "");
+}
+END_TEST
+
+START_TEST(test_settings_refusals)
+{
+    char small[16] = "";
+    ck_assert_int_eq(fl_settings_add(small, sizeof small, "lr", "%g", 0.5), FL_OK);
+    ck_assert_int_eq(fl_settings_add(small, sizeof small, "momentum", "%g", 0.9), FL_EINVAL);
+    ck_assert_str_eq(small, "lr=0.5"); /* unchanged by the refusal */
+    ck_assert_ptr_nonnull(strstr(fl_last_error(), "'momentum' does not fit"));
+    ck_assert_int_eq(fl_settings_add(small, sizeof small, "Lr", "1"), FL_EINVAL);
+    ck_assert_int_eq(fl_settings_add(small, sizeof small, "", "1"), FL_EINVAL);
+    static const char *const bad[] = {"lr", "=1", "lr=1;", "lr=1;;x=2", "LR=1", "lr=a\tb",
+                                      "lr=1;x y=2"};
+    for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++)
+        ck_assert_msg(fl_settings_check(bad[i], FL_SETTINGS_MAX) == FL_EINVAL, "'%s' accepted",
+                      bad[i]);
+    ck_assert_int_eq(fl_settings_check("lr=1", 4), FL_EINVAL);
+    ck_assert_int_eq(fl_settings_check("lr=1", 5), FL_OK);
+}
+END_TEST
+
 Suite *core_suite(void);
 Suite *core_suite(void)
 {
@@ -1145,6 +1202,8 @@ Suite *core_suite(void)
     tcase_add_test(t, test_cli_long);
     tcase_add_test(t, test_cli_size);
     tcase_add_test(t, test_fmt_bytes);
+    tcase_add_test(t, test_settings_build_and_compare);
+    tcase_add_test(t, test_settings_refusals);
     suite_add_tcase(s, t);
     return s;
 }

@@ -28,7 +28,7 @@ static void write_csv(const char *path, int n, int classes)
 }
 
 /* Starts flodl-ps and W workers, worker r with its own extra flags (NULL-terminated). */
-static bool start_job(proc_t *ps, const char *const extra[W][8], int n)
+static bool start_job(proc_t *ps, const char *const extra[W][10], int n)
 {
     char ep[256] = "";
     static const char *const ps_extra[] = {"--heartbeat-timeout", "5000", NULL};
@@ -79,22 +79,22 @@ static void expect_job_failed(proc_t *ps, int culprit, int within_ms, const char
     ck_assert_msg(strstr(err, "job failed") != NULL, "%s", info);
 }
 
-/* Rank 2's data does not fit the model: it stops right after the rendezvous, before any
- * collective, while the others wait for it in their first allreduce. */
+/* Rank 2's --init file cannot be read (a per-rank path, so not a setting the ranks must
+ * share): it stops right after the rendezvous, before any collective, while the others wait
+ * for it in their first allreduce. */
 START_TEST(test_own_error_before_any_collective)
 {
     char dir[] = "/tmp/flodl-failproc-XXXXXX";
     ck_assert(mkdtemp(dir) != NULL);
     char good[128];
-    char bad[128];
+    char missing[160];
     snprintf(good, sizeof good, "%s/good.csv", dir);
-    snprintf(bad, sizeof bad, "%s/bad.csv", dir);
+    snprintf(missing, sizeof missing, "%s/no-such-init.safetensors", dir);
     write_csv(good, 400, 3);
-    write_csv(bad, 400, 5); /* 5 classes: the model has 3 outputs */
-    const char *extra[W][8];
+    const char *extra[W][10];
     for (int r = 0; r < W; r++) {
-        const char *e[8] = {"--train-csv", r == 2 ? bad : good, "--layers", "4,8,3", "--epochs",
-                            "50", NULL};
+        const char *e[10] = {"--train-csv", good, "--layers", "4,8,3", "--epochs", "50",
+                            r == 2 ? "--init" : NULL, missing};
         memcpy(extra[r], e, sizeof e);
     }
     proc_t ps[1 + W];
@@ -102,7 +102,7 @@ START_TEST(test_own_error_before_any_collective)
     ck_assert(start_job(ps, extra, 21));
     expect_job_failed(ps, 2, 3000, NULL);
     ck_assert_msg(strstr(ps[0].buf[1], "rank 2 failed") != NULL, "%s", ps[0].buf[1]);
-    ck_assert_msg(strstr(ps[0].buf[1], "5 classes") != NULL, "the reason is lost: %s",
+    ck_assert_msg(strstr(ps[0].buf[1], "no-such-init") != NULL, "the reason is lost: %s",
                   ps[0].buf[1]);
     for (int r = 0; r < W; r++)
         if (r != 2)
@@ -110,41 +110,69 @@ START_TEST(test_own_error_before_any_collective)
                           "worker %d does not name rank 2: %s", r, ps[1 + r].buf[1]);
     procs_free(ps, 1 + W);
     unlink(good);
-    unlink(bad);
     rmdir(dir);
 }
 END_TEST
 
-/* The issue's case: rank 3 alone with --topk; the first rank to see the mismatch stops, and
- * every other rank follows at once. */
-START_TEST(test_mismatched_collective_ends_every_rank)
+/* Settings that must agree, given differently to one rank (the issue's cases: --lr trained
+ * silently into diverged replicas, --topk failed at the first collective, --batch-size at step
+ * 235): the job is refused at the rendezvous (test_coord: in under a second), every process
+ * ends within seconds of the first, a rank that registers after the refusal included, and
+ * each names the setting and both values in words. */
+START_TEST(test_settings_disagree_at_rendezvous)
 {
-    const char *extra[W][8];
-    for (int r = 0; r < W; r++) {
-        const char *e[8] = {"--epochs", "1", r == 3 ? "--topk" : NULL, "0.01", NULL};
-        memcpy(extra[r], e, sizeof e);
+    static const struct {
+        const char *flag, *value, *name, *mine, *theirs;
+    } cases[] = {
+        {"--lr", "0.1", "lr", "'0.1'", "'0.05'"},
+        {"--batch-size", "32", "batch-size", "'32 per device'", "'64 per device'"},
+        {"--topk", "0.01", "topk", "'0.01'", "'0'"},
+    };
+    for (size_t c = 0; c < sizeof cases / sizeof cases[0]; c++) {
+        const char *extra[W][10];
+        for (int r = 0; r < W; r++) {
+            const char *e[10] = {"--epochs", "1", r == 3 ? cases[c].flag : NULL, cases[c].value,
+                                NULL};
+            memcpy(extra[r], e, sizeof e);
+        }
+        proc_t ps[1 + W];
+        memset(ps, 0, sizeof ps);
+        ck_assert(start_job(ps, extra, 22 + (int)c));
+        bool all = procs_wait(ps, 1 + W, fl_deadline_in(60000));
+        procs_stop(ps, 1 + W);
+        char info[16384];
+        show(ps, 1 + W, info, sizeof info);
+        ck_assert_msg(all, "%s: processes still running a minute on: %s", cases[c].flag, info);
+        int64_t first = ps[0].end_ms;
+        for (int p = 1; p <= W; p++)
+            first = ps[p].end_ms < first ? ps[p].end_ms : first;
+        for (int p = 0; p <= W; p++) {
+            ck_assert_msg(proc_code(&ps[p]) == 2, "%s: process %d exited %d: %s", cases[c].flag,
+                          p, proc_code(&ps[p]), info);
+            ck_assert_msg(ps[p].end_ms - first <= 3000, "%s: process %d ended %lld ms after the "
+                                                        "first: %s",
+                          cases[c].flag, p, (long long)(ps[p].end_ms - first), info);
+            const char *e = ps[p].buf[1];
+            char on[64];
+            snprintf(on, sizeof on, "disagree on %s:", cases[c].name);
+            ck_assert_msg(strstr(e, on) != NULL && strstr(e, cases[c].mine) != NULL &&
+                              strstr(e, cases[c].theirs) != NULL,
+                          "%s: process %d does not name the setting and both values: %s",
+                          cases[c].flag, p, info);
+        }
+        ck_assert_msg(strstr(ps[0].buf[1], "refused: ") != NULL, "%s: no outcome: %s",
+                      cases[c].flag, info);
+        procs_free(ps, 1 + W);
     }
-    proc_t ps[1 + W];
-    memset(ps, 0, sizeof ps);
-    ck_assert(start_job(ps, extra, 22));
-    /* Whichever rank meets the mismatch first is the one that fails the job; another may meet
-     * it at the same moment and stop on its own account. */
-    procs_wait(ps, 1 + W, fl_deadline_in(60000));
-    int first = 0;
-    for (int r = 1; r < W; r++)
-        if (ps[1 + r].end_ms < ps[1 + first].end_ms)
-            first = r;
-    expect_job_failed(ps, first, 3000, "different order");
-    procs_free(ps, 1 + W);
 }
 END_TEST
 
 /* Nothing changes for a job that succeeds: exit 0 and every rank done. */
 START_TEST(test_clean_job_outcome)
 {
-    const char *extra[W][8];
+    const char *extra[W][10];
     for (int r = 0; r < W; r++) {
-        const char *e[8] = {"--epochs", "1", NULL};
+        const char *e[10] = {"--epochs", "1", NULL};
         memcpy(extra[r], e, sizeof e);
     }
     proc_t ps[1 + W];
@@ -172,7 +200,7 @@ Suite *fail_proc_suite(void)
     TCase *t = tcase_create("own error");
     tcase_set_timeout(t, 150);
     tcase_add_test(t, test_own_error_before_any_collective);
-    tcase_add_test(t, test_mismatched_collective_ends_every_rank);
+    tcase_add_test(t, test_settings_disagree_at_rendezvous);
     tcase_add_test(t, test_clean_job_outcome);
     suite_add_tcase(s, t);
     return s;

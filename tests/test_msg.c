@@ -493,7 +493,7 @@ static void pb_sub(pb_t *p, unsigned field, pb_t *sub)
 /* A string of n copies of c (static storage, one at a time). */
 static const char *long_str(char c, size_t n)
 {
-    static char s[1024];
+    static char s[4096];
     ck_assert_uint_lt(n, sizeof s);
     memset(s, c, n);
     s[n] = '\0';
@@ -741,6 +741,34 @@ static void c_long_tuning(pb_t *p)
     pb_register_body(p, "host", 1, "tcp://a:1", long_str('t', FL_MSG_TUNING_MAX));
 }
 
+/* A register body declaring settings (field 18). */
+static void pb_register_settings(pb_t *p, const char *settings)
+{
+    pb_header(p, FL_MSG_MAGIC, FL_MSG_VERSION, FL_MSG_REGISTER, 2);
+    pb_t r = {0};
+    pb_int(&r, 1, 2);
+    pb_int(&r, 2, 4);
+    pb_str(&r, 3, "host");
+    pb_str(&r, 4, "tcp://a:1");
+    pb_str(&r, 18, settings);
+    pb_sub(p, 16, &r);
+}
+
+static void c_settings_not_pairs(pb_t *p)
+{
+    pb_register_settings(p, "lr=0.1;batch 64");
+}
+
+static void c_settings_bad_name(pb_t *p)
+{
+    pb_register_settings(p, "lr=0.1;Batch=64");
+}
+
+static void c_long_settings(pb_t *p)
+{
+    pb_register_settings(p, long_str('s', FL_MSG_SETTINGS_MAX));
+}
+
 static void c_long_peer_host(pb_t *p)
 {
     pb_header(p, FL_MSG_MAGIC, FL_MSG_VERSION, FL_MSG_WELCOME, -1);
@@ -826,6 +854,9 @@ static const struct {
     {"long endpoint", c_long_endpoint, FL_FAULT_HEADER, "endpoint of 256 bytes"},
     {"nine endpoints", c_nine_endpoints, FL_FAULT_HEADER, "endpoint list of 9 entries"},
     {"long tuning", c_long_tuning, FL_FAULT_HEADER, "tuning of 512 bytes"},
+    {"settings not pairs", c_settings_not_pairs, FL_FAULT_HEADER, "'batch 64' is not name=value"},
+    {"settings bad name", c_settings_bad_name, FL_FAULT_HEADER, "'Batch=64' is not name=value"},
+    {"long settings", c_long_settings, FL_FAULT_HEADER, "settings of 2048 bytes"},
     {"long peer host", c_long_peer_host, FL_FAULT_HEADER, "peer host of 256 bytes"},
     {"long peer endpoint", c_long_peer_endpoint, FL_FAULT_HEADER, "endpoint of 266 bytes"},
     {"peer nine endpoints", c_peer_nine_endpoints, FL_FAULT_HEADER, "endpoint list of 9"},

@@ -326,6 +326,13 @@ typedef struct fl_wk_train_result {
     double throttled_ms;    /* ... and their wait, summed over devices */
 } fl_wk_train_result_t;
 
+/* The settings every rank of the job must share (model, optimizer and schedule, batch per
+ * device and device count, top-k, mode, hierarchy, shard, policy, El Che, epochs, seed, the
+ * training data's sizes and a hash of its first samples), as the list fl_comm_opts_t.settings
+ * takes (FL_SETTINGS_MAX bytes). FL_OK, or FL_EINVAL when it does not fit. */
+int fl_wk_settings(const fl_wk_train_opts_t *t, const fl_wk_dataset_t *train, char *out,
+                   size_t cap);
+
 /* Trains on train and evaluates on test each epoch. comm is NULL for FL_WK_MODE_LOCAL.
  * Checks the model against the data (inputs, classes) and the init file first: FL_EINVAL with
  * the detail saying what and where. FL_OK, or a collective's, optimizer's or I/O error. */

@@ -100,6 +100,7 @@ typedef struct wargs {
     const char *gpus;          /* --gpus */
     bool replicas_given;       /* --cpu-replicas */
     bool momentum_given;       /* --momentum (the default 0.9 is SGD's alone) */
+    char settings[FL_SETTINGS_MAX]; /* what every rank must share, checked at rendezvous */
 } wargs_t;
 
 /* The worker's observability: a metrics endpoint and a timeline, when asked for. */
@@ -468,6 +469,7 @@ static int run_ps(wargs_t *a, fl_wk_dataset_t *train, fl_wk_dataset_t *test)
     po.host = a->co.host;
     po.param_count = fl_wk_mlp_nparams(&a->to.shape);
     po.model_signature = a->co.model_signature;
+    po.settings = a->co.settings;
     po.timeout_ms = a->co.timeout_ms;
     po.rendezvous_timeout_ms = a->co.rendezvous_timeout_ms;
     po.reconnect_timeout_ms = a->reconnect_ms;
@@ -658,6 +660,9 @@ int main(int argc, char **argv)
         }
         a.to.mode = (fl_wk_mode_t)a.mode;
         a.co.model_signature = fl_wk_mlp_signature(&a.to.shape);
+        if (fl_wk_settings(&a.to, &train, a.settings, sizeof a.settings) != FL_OK)
+            return usage_error();
+        a.co.settings = a.settings;
     }
 
     if (networked && a.co.curve_dir == NULL)

@@ -45,6 +45,11 @@ typedef struct fl_comm_opts {
     uint64_t model_signature;  /* ranks of one job must agree (e.g. a hash of the parameter
                                   shapes); the coordinator refuses a rank whose signature
                                   differs, naming both. 0 (default): not checked. */
+    const char *settings;      /* what every rank of the job must share, as "name=value" pairs
+                                  joined by ';' ("lr=0.05;batch=64"; names a-z 0-9 _ - ., at
+                                  most 2047 bytes): the coordinator refuses the job at the
+                                  rendezvous when two ranks differ, naming the setting and both
+                                  values. NULL (default): nothing declared. */
     const char *curve_dir;     /* CurveZMQ keys: server.key, client.key and authorized/ with the
                                   allowed clients' .pub files (flodl-keygen makes them): every
                                   connection authenticated and encrypted. NULL (default): plain

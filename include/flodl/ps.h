@@ -54,6 +54,7 @@ typedef struct fl_ps_client_opts {
                                   of the route to the coordinator */
     size_t param_count;        /* parameters of the model, flat float32 (required) */
     uint64_t model_signature;  /* ranks must agree (a hash of the shapes); 0: not checked */
+    const char *settings;      /* what every rank must share (see fl_comm_opts_t.settings) */
     int timeout_ms;            /* deadline of one push or pull, waits included (default 300000) */
     int rendezvous_timeout_ms; /* deadline of the rendezvous (default 300000) */
     int reconnect_timeout_ms;  /* how long to wait for a restarted parameter server before
