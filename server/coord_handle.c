@@ -6,6 +6,7 @@
 
 #include <stdio.h>
 #include <string.h>
+#include <time.h>
 
 bool fl_coord_same_route(const fl_tp_route_t *a, const fl_tp_route_t *b)
 {
@@ -459,6 +460,17 @@ static void declare_dead(fl_coord_t *c, int dead, int64_t silent)
                                 "(timeout %d ms); it was %s",
              dead, k->reg.host, k->reg.pid, (long long)silent, c->hb_timeout_ms, op);
     FL_ERROR(c->ctx, "%s", text);
+    /* The rank itself hears it too, should it be frozen rather than gone (SIGSTOP, a paused
+     * VM): on waking it finds this queued and exits instead of registering again. */
+    char at[32];
+    time_t now = time(NULL);
+    struct tm tm;
+    gmtime_r(&now, &tm);
+    strftime(at, sizeof at, "%Y-%m-%dT%H:%M:%SZ", &tm);
+    fl_coord_send_error(c, &k->route, FL_EPEER, dead, k->reg.host,
+                        "rank %d declared dead by the coordinator at %s: silent for %lld ms "
+                        "(timeout %d ms); the job failed without it",
+                        dead, at, (long long)silent, c->hb_timeout_ms);
     c->ndead++;
     atomic_fetch_sub(&c->nactive, 1);
     k->failed = c->phase == PHASE_RUNNING; /* the first to end the job */

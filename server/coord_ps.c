@@ -247,6 +247,27 @@ static void server_gone(fl_coord_t *c, int slot, const char *text)
     fl_coord_finish(c, FL_EPEER, text);
 }
 
+/* A server stopped on an error of its own (bad initial parameters, a disk it cannot write):
+ * a restart would meet it again, so the job is over. Every member hears it as an error and
+ * exits, instead of waiting for a restart that is not coming. */
+static void server_failed(fl_coord_t *c, const char *text)
+{
+    FL_ERROR(c->ctx, "%s", text);
+    fl_msg_hdr_t h;
+    fl_msg_hdr_init(&h, FL_MSG_ERROR, -1);
+    h.u.error.code = FL_EPEER;
+    h.u.error.about_rank = -1;
+    snprintf(h.u.error.text, sizeof h.u.error.text, "%s", text);
+    for (int r = 0; r < c->world; r++) {
+        coord_rank_t *k = &c->ranks[r];
+        if (k->registered && !k->left && fl_tp_live_state(c->live, r) != FL_PEER_DEAD)
+            fl_tp_send(c->sock, &k->route, &h, NULL, 0, fl_deadline_in(0));
+    }
+    fl_coord_ps_send_all(c, &h);
+    c->phase = PHASE_FAILED;
+    fl_coord_finish(c, FL_EPEER, text);
+}
+
 void fl_coord_ps_on_message(fl_coord_t *c, fl_tp_msg_t *m, int slot)
 {
     coord_server_t *v = &c->servers[slot];
@@ -269,6 +290,12 @@ void fl_coord_ps_on_message(fl_coord_t *c, fl_tp_msg_t *m, int slot)
         v->left = true;
         atomic_fetch_sub(&c->nservers_active, 1);
         fl_tp_live_gone(c->live, live);
+        if (c->phase == PHASE_RUNNING && c->nleft + c->ndead < c->world &&
+            m->hdr.u.shutdown.code < 0) {
+            text_of(text, sizeof text, "%s failed: %s", name, m->hdr.u.shutdown.text);
+            server_failed(c, text);
+            return;
+        }
         if (c->phase == PHASE_RUNNING && c->nleft + c->ndead < c->world) {
             text_of(text, sizeof text, "%s left before the job ended: %s", name,
                     m->hdr.u.shutdown.text);

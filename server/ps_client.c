@@ -222,7 +222,7 @@ int cl_on_event(fl_ps_client_t *cl)
     switch (ev.hdr.type) {
     case FL_MSG_SHUTDOWN:
         if (ev.hdr.u.shutdown.code == FL_TP_MEMBER_LOST) {
-            FL_WARN(cl->ctx, "%s", ev.hdr.u.shutdown.text);
+            /* The control thread has logged it already. */
             cl->lost = true;
             break;
         }

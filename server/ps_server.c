@@ -477,9 +477,10 @@ static void *server_main(void *arg)
         snprintf(text, sizeof text, "%s", fl_last_error());
         FL_ERROR(s->ctx, "%s", text);
         stop_shards(s, false);
-        /* Tell the coordinator why before leaving. */
+        /* Tell the coordinator why before leaving: its own error (a negative code), which a
+         * restart would meet again, so the job fails rather than wait for one. */
         fl_tp_member_start(s->member);
-        fl_tp_member_stop(s->member, 1, text);
+        fl_tp_member_stop(s->member, rc < 0 ? rc : FL_EIO, text);
         finish(s, rc, text);
         return NULL;
     }

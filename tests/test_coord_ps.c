@@ -566,6 +566,31 @@ START_TEST(test_server_leaving_early_ends_the_job)
 }
 END_TEST
 
+/* A server that stops on its own error (a negative goodbye code: bad initial parameters, say)
+ * would meet it again on a restart: every member hears an error and the job is over, instead
+ * of members registering again for a restart that is not coming. */
+START_TEST(test_server_own_error_ends_the_job)
+{
+    env_t e;
+    env_start(&e, 1, 1, 0, 0);
+    fl_tp_sock_t *w = fake_open(&e), *a = fake_open(&e);
+    server_spec_t va = server_of(0, 1, 1);
+    send_server(a, &va);
+    send_worker(w, 0, 1, 16);
+    fl_msg_hdr_t h;
+    expect_welcome(w, &h);
+    fl_msg_hdr_deinit(&h);
+    send_ctl(a, FL_MSG_SHUTDOWN, FL_MSG_SENDER_SERVER, FL_EINVAL);
+    fl_tp_msg_t m;
+    fl_test_expect_msg(w, FL_MSG_ERROR, 3000, &m);
+    ASSERT_HAS(m.hdr.u.error.text, "shard 0");
+    ASSERT_HAS(m.hdr.u.error.text, "failed");
+    fl_tp_msg_close(&m);
+    ck_assert_int_eq(wait_finished(e.coord, 1000), FL_EPEER);
+    env_end(&e);
+}
+END_TEST
+
 START_TEST(test_server_leaving_in_rendezvous_frees_its_shards)
 {
     env_t e;
@@ -691,6 +716,7 @@ static Suite *suite(void)
     tcase_add_test(t, test_resume_refusals);
     tcase_add_test(t, test_server_death_asks_for_restart);
     tcase_add_test(t, test_server_leaving_early_ends_the_job);
+    tcase_add_test(t, test_server_own_error_ends_the_job);
     tcase_add_test(t, test_server_leaving_in_rendezvous_frees_its_shards);
     tcase_add_test(t, test_options);
     suite_add_tcase(s, t);

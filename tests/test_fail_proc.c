@@ -3,6 +3,7 @@
  * 1 within seconds, naming the failed rank, instead of waiting out its 300 s collective
  * deadline and blaming another), and flodl-ps exits 1 with a line saying how each rank ended.
  * Also: a job whose ranks all finish still ends with exit 0 and every rank "done". */
+#include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -167,6 +168,61 @@ START_TEST(test_settings_disagree_at_rendezvous)
 }
 END_TEST
 
+/* A rank frozen past the heartbeat timeout (SIGSTOP here; a paused VM or a swapped-out host
+ * alike) is declared dead and the job fails without it. On waking it must say so and exit 1,
+ * in ring and parameter-server modes alike, instead of registering again for up to its
+ * reconnect timeout with a coordinator whose job is over. */
+static void frozen_case(bool ps_mode, int n)
+{
+    proc_t ps[3];
+    memset(ps, 0, sizeof ps);
+    char ep[256] = "";
+    const char *ps_extra[] = {"--heartbeat-timeout", "2000", "--log-level", "info",
+                              ps_mode ? "--shards" : NULL, "1", NULL};
+    ck_assert(start_ps(&ps[0], 2, ps_extra, NULL, ep, sizeof ep, n));
+    for (int r = 0; r < 2; r++) {
+        const char *argv[16] = {WK_BIN, "--rank", r ? "1" : "0", "--world-size", "2",
+                                "--coordinator", ep, "--quiet", "--epochs", "1000",
+                                "--mode", ps_mode ? "ps" : "ring", NULL};
+        proc_start(&ps[1 + r], WK_BIN, argv, NULL);
+    }
+    char info[16384];
+    bool running = proc_wait_text(ps, 3, 0, 1, "job 'flodl' running", 1, fl_deadline_in(30000));
+    usleep(300 * 1000); /* a few steps in */
+    show(ps, 3, info, sizeof info);
+    ck_assert_msg(running, "the job did not start: %s", info);
+    ck_assert_int_eq(kill(ps[2].pid, SIGSTOP), 0);
+    /* flodl-ps declares it dead, fails the job and exits; rank 0 exits. */
+    bool others = procs_wait(ps, 2, fl_deadline_in(20000));
+    ck_assert_int_eq(kill(ps[2].pid, SIGCONT), 0);
+    int64_t woke = fl_now_ms();
+    bool all = procs_wait(ps, 3, fl_deadline_in(15000));
+    procs_stop(ps, 3);
+    show(ps, 3, info, sizeof info);
+    ck_assert_msg(others, "flodl-ps and rank 0 did not end while rank 1 was frozen: %s", info);
+    ck_assert_msg(all, "rank 1 still running 15 s after it woke: %s", info);
+    ck_assert_msg(ps[2].end_ms - woke < 5000, "rank 1 took %lld ms to exit after waking: %s",
+                  (long long)(ps[2].end_ms - woke), info);
+    ck_assert_msg(proc_code(&ps[2]) == 1, "rank 1 exited %d: %s", proc_code(&ps[2]), info);
+    ck_assert_msg(strstr(ps[2].buf[1], "declared dead by the coordinator") != NULL,
+                  "rank 1 does not say it was declared dead: %s", info);
+    ck_assert_msg(strstr(ps[2].buf[1], "registering again") == NULL,
+                  "rank 1 tried to register again: %s", info);
+    procs_free(ps, 3);
+}
+
+START_TEST(test_frozen_rank_wakes_and_exits_ring)
+{
+    frozen_case(false, 27);
+}
+END_TEST
+
+START_TEST(test_frozen_rank_wakes_and_exits_ps)
+{
+    frozen_case(true, 28);
+}
+END_TEST
+
 /* Nothing changes for a job that succeeds: exit 0 and every rank done. */
 START_TEST(test_clean_job_outcome)
 {
@@ -201,6 +257,8 @@ Suite *fail_proc_suite(void)
     tcase_set_timeout(t, 150);
     tcase_add_test(t, test_own_error_before_any_collective);
     tcase_add_test(t, test_settings_disagree_at_rendezvous);
+    tcase_add_test(t, test_frozen_rank_wakes_and_exits_ring);
+    tcase_add_test(t, test_frozen_rank_wakes_and_exits_ps);
     tcase_add_test(t, test_clean_job_outcome);
     suite_add_tcase(s, t);
     return s;

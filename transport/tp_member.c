@@ -454,10 +454,39 @@ static bool coordinator_lost(fl_tp_member_t *m, const char *why, bool *stop)
     return false;
 }
 
+/* This thread did not run for `gap` ms, past the coordinator's heartbeat timeout: the process
+ * was frozen (SIGSTOP, a paused VM, a swapped-out host), so the coordinator has declared it
+ * dead and the job went on or failed without it. Registering again would only wait for a
+ * coordinator whose job is over: the owner hears that it was declared dead (the coordinator's
+ * own words when they are queued on the socket) and fails. */
+static void frozen(fl_tp_member_t *m, int64_t gap)
+{
+    char text[FL_MSG_TEXT_MAX];
+    snprintf(text, sizeof text, "%s declared dead by the coordinator: this process was frozen "
+                                "for %lld ms, past the heartbeat timeout (%d ms)",
+             m->name, (long long)gap, m->hb_timeout_ms);
+    /* What arrived while frozen is still reaching the socket: read for a moment. */
+    int64_t until = fl_deadline_in(300);
+    fl_tp_msg_t msg;
+    while (fl_tp_recv(m->coord, &msg, until) == FL_OK) {
+        bool about_us = msg.hdr.type == FL_MSG_ERROR && msg.hdr.u.error.about_rank == m->sender &&
+                        strstr(msg.hdr.u.error.text, "declared dead") != NULL;
+        if (about_us)
+            snprintf(text, sizeof text, "%.400s (this process was frozen for %lld ms)",
+                     msg.hdr.u.error.text, (long long)gap);
+        fl_tp_msg_close(&msg);
+        if (about_us)
+            break;
+    }
+    FL_ERROR(m->ctx, "%s", text);
+    post_error(m, FL_EPEER, m->sender, "", text);
+}
+
 static void *member_main(void *arg)
 {
     fl_tp_member_t *m = arg;
     int64_t last_coord = fl_now_ms();
+    int64_t last_turn = last_coord; /* this loop's last turn: a gap means we were frozen */
     int64_t next_hb = 0;
     bool failed = false; /* a fatal event was posted: nothing more to report */
     bool stop = false;
@@ -465,6 +494,11 @@ static void *member_main(void *arg)
     char leave_text[FL_MSG_TEXT_MAX] = "";
     while (!stop) {
         int64_t now = fl_now_ms();
+        if (!failed && now - last_turn > m->hb_timeout_ms) {
+            frozen(m, now - last_turn);
+            failed = true;
+        }
+        last_turn = now;
         if (now >= next_hb) {
             send_heartbeat(m);
             next_hb = now + m->hb_ms;
@@ -474,7 +508,7 @@ static void *member_main(void *arg)
             snprintf(why, sizeof why, "%s: coordinator %s silent for %lld ms (timeout %d ms)",
                      m->name, m->coordinator, (long long)(now - last_coord), m->hb_timeout_ms);
             failed = !coordinator_lost(m, why, &stop);
-            last_coord = fl_now_ms();
+            last_coord = last_turn = fl_now_ms();
             continue;
         }
         fl_tp_sock_t *socks[2] = {m->coord, m->cmd_rx};
@@ -530,7 +564,7 @@ static void *member_main(void *arg)
                      msg.hdr.u.shutdown.text);
             fl_tp_msg_close(&msg);
             failed = !coordinator_lost(m, why, &stop);
-            last_coord = fl_now_ms();
+            last_coord = last_turn = fl_now_ms();
             continue;
         default:
             break; /* heartbeats: their arrival is what counts */
