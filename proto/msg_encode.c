@@ -316,6 +316,9 @@ int fl_msg_encode(const fl_msg_hdr_t *m, void *(*alloc)(size_t len, void *ud), v
     v.h.frames = v.frames;
 
     rc = build_body(&v, m);
+    /* build_body pointed the union member at the body; the case says which one it is, and
+     * protobuf-c packs that member even when every field in it is at its default. */
+    v.h.body_case = fl_msg_body_case(m->type);
     if (rc == FL_OK) {
         size_t n = protobuf_c_message_get_packed_size(&v.h.base);
         uint8_t *out = alloc(n, ud);

@@ -621,6 +621,36 @@ START_TEST(test_crafted_valid)
 }
 END_TEST
 
+/* A body whose fields are all at their defaults is still a body: its tag and a zero length.
+ * The encoder sends it that way and the decoder takes it, for every type. */
+START_TEST(test_empty_body_is_present)
+{
+    for (int t = FL_MSG_REGISTER; t <= FL_MSG_PULL_REPLY; t++) {
+        pb_t p = {0};
+        pb_header(&p, FL_MSG_MAGIC, FL_MSG_VERSION, (uint64_t)t, 0);
+        pb_bytes(&p, 15 + (unsigned)t, "", 0);
+        fl_msg_hdr_t out;
+        fl_msg_fault_t fault = FL_FAULT_NONE;
+        int rc = decode_exact(p.b, p.n, &out, &fault);
+        ck_assert_msg(rc == FL_OK, "%s with an empty body: %s", fl_msg_type_name(t),
+                      fl_last_error());
+        ck_assert_int_eq(out.type, t);
+        fl_msg_hdr_deinit(&out);
+        free(p.b);
+    }
+    /* Shutdown code 0 with no text: the header ends with field 21, length 0. */
+    fl_msg_hdr_t h;
+    fl_msg_hdr_init(&h, FL_MSG_SHUTDOWN, 0);
+    enc_t e;
+    encode_ok(&h, &e);
+    ck_assert_uint_ge(e.len, 3);
+    ck_assert_msg(e.buf[e.len - 3] == 0xaa && e.buf[e.len - 2] == 0x01 && e.buf[e.len - 1] == 0,
+                  "ends with %02x %02x %02x", e.buf[e.len - 3], e.buf[e.len - 2],
+                  e.buf[e.len - 1]);
+    free(e.buf);
+}
+END_TEST
+
 typedef void (*craft_fn)(pb_t *p);
 
 static void c_bad_magic(pb_t *p)
@@ -813,7 +843,7 @@ static const struct {
     {"unknown type", c_unknown_type, FL_FAULT_HEADER, "unknown message type 99"},
     {"type none", c_type_none, FL_FAULT_HEADER, "unknown message type 0"},
     {"no body", c_no_body, FL_FAULT_HEADER, "chunk message without its body"},
-    {"wrong body", c_wrong_body, FL_FAULT_HEADER, "barrier message without its body"},
+    {"wrong body", c_wrong_body, FL_FAULT_HEADER, "barrier message with a chunk body"},
     {"two bodies", c_two_bodies, FL_FAULT_HEADER, "barrier message with 2 bodies"},
     {"17 frames", c_17_frames, FL_FAULT_FRAMES, "17 frames"},
     {"unknown dtype", c_unknown_dtype, FL_FAULT_FRAMES, "unknown dtype 8"},
@@ -1304,6 +1334,7 @@ Suite *msg_suite(void)
     t = tcase_create("decode_refusals");
     tcase_set_timeout(t, 30);
     tcase_add_test(t, test_crafted_valid);
+    tcase_add_test(t, test_empty_body_is_present);
     tcase_add_loop_test(t, test_decode_refusals, 0, (int)NELEM(refusals));
     tcase_add_test(t, test_decode_version);
     tcase_add_test(t, test_decode_free_text_truncated);
