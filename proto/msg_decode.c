@@ -1,6 +1,7 @@
 /* Decoding: bytes -> protobuf-c -> validated fl_msg_hdr_t. Everything that can be checked
  * without knowing the receiver's state is checked here, so no caller ever sees a header with
- * an unterminated string, an unknown type, a missing body or an impossible frame list. */
+ * an unterminated string, text that is not wire text (msg_wire.c: not UTF-8, a control
+ * character, a NUL inside), an unknown type, a missing body or an impossible frame list. */
 #include "fl_msg.h"
 #include "msg_int.h"
 
@@ -33,10 +34,13 @@ static int copy_id(char *dst, size_t cap, const char *src, const char *what,
     return FL_OK;
 }
 
-/* Free text (error and shutdown messages) is truncated instead. */
+/* Free text (error and shutdown messages) is truncated instead, between two characters so
+ * that what is kept is still wire text. */
 static void copy_text(char *dst, size_t cap, const char *src)
 {
-    snprintf(dst, cap, "%s", src);
+    size_t n = fl_text_cut(src, cap - 1);
+    memcpy(dst, src, n);
+    dst[n] = '\0';
 }
 
 static int copy_eps(char (*dst)[FL_ENDPOINT_MAX], uint32_t *n, char **src, size_t nsrc,
@@ -303,12 +307,13 @@ int fl_msg_decode(const void *data, size_t len, fl_msg_hdr_t *out, fl_msg_fault_
     out->generation = h->generation;
     out->seq = h->seq;
     out->step = h->step;
-    snprintf(out->job_id, sizeof out->job_id, "%s", h->job_id);
     if (h->version != FL_MSG_VERSION) {
         rc = bad(fault, FL_FAULT_VERSION, "header: protocol version %llu, expected 1",
                  (unsigned long long)h->version);
         goto out;
     }
+    /* Every string at its wire length, before any is copied: protobuf-c's copies stop at a
+     * NUL inside and are not checked for UTF-8. */
     if ((rc = fl_msg_wire_check(data, len, &nbodies, fault)) != FL_OK)
         goto out;
     if (strlen(h->job_id) >= FL_JOB_MAX) {
@@ -316,6 +321,7 @@ int fl_msg_decode(const void *data, size_t len, fl_msg_hdr_t *out, fl_msg_fault_
                  (unsigned long long)strlen(h->job_id));
         goto out;
     }
+    memcpy(out->job_id, h->job_id, strlen(h->job_id) + 1);
     if ((rc = decode_frames(h, out, fault)) != FL_OK)
         goto out;
     rc = decode_body(h, nbodies, out, fault);

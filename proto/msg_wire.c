@@ -64,7 +64,15 @@ static int walk(const ProtobufCMessageDescriptor *d, const uint8_t *p, size_t n,
                 return unparsable(fault, d->short_name);
             if (f != NULL && depth == 0 && (f->flags & PROTOBUF_C_FIELD_FLAG_ONEOF) != 0)
                 (*nbodies)++;
-            if (f != NULL && f->type == PROTOBUF_C_TYPE_MESSAGE) {
+            if (f != NULL && f->type == PROTOBUF_C_TYPE_STRING) {
+                const char *why;
+                size_t at = fl_text_scan(p, (size_t)v, &why);
+                if (at != (size_t)v) {
+                    *fault = FL_FAULT_HEADER;
+                    return fl_fail(FL_EPROTO, "header: %s.%s has %s at byte %zu of %llu",
+                                   d->short_name, f->name, why, at, (unsigned long long)v);
+                }
+            } else if (f != NULL && f->type == PROTOBUF_C_TYPE_MESSAGE) {
                 if (depth + 1 >= MAX_DEPTH)
                     return unparsable(fault, d->short_name);
                 int rc = walk(f->descriptor, p, (size_t)v, depth + 1, nbodies, fault);
