@@ -163,11 +163,19 @@ static void on_register(fl_coord_t *c, fl_tp_msg_t *m)
      * logged all the same: a log line is never written by a peer. */
     char host[FL_HOST_MAX];
     fl_text_escape(reg->host, host, sizeof host);
-    if (strcmp(m->hdr.job_id, c->job_id) != 0)
+    if (strcmp(m->hdr.job_id, c->job_id) != 0) {
+        /* Another job's rank dialled this coordinator: counted with every other foreign
+         * message (bad_job), and worth a line, since that job is now waiting for nothing. */
+        char job[FL_JOB_MAX];
+        fl_ctx_count(c->ctx, FL_STAT_BAD_JOB, 1);
+        FL_WARN(c->ctx, "refused a registration for rank %d from host %s (pid %d) of job '%s': "
+                        "this is job '%s'",
+                r, host, reg->pid, fl_text_escape(m->hdr.job_id, job, sizeof job), c->job_id);
         return fl_coord_send_error(c, to, FL_EINVAL, r, reg->host,
                                    "rank %d (host %s) belongs to job '%s', this coordinator "
                                    "runs job '%s'",
                                    r, reg->host, m->hdr.job_id, c->job_id);
+    }
     if (reg->world_size != c->world)
         return fl_coord_send_error(c, to, FL_EINVAL, r, reg->host,
                                    "rank %d (host %s) expects world size %d, the coordinator "

@@ -117,11 +117,19 @@ void fl_coord_ps_on_register(fl_coord_t *c, fl_tp_msg_t *m)
     int first = reg->rank;
     int count = (int)reg->shard_count;
     const char *host = reg->host;
-    if (strcmp(m->hdr.job_id, c->job_id) != 0)
+    if (strcmp(m->hdr.job_id, c->job_id) != 0) {
+        char shown[FL_HOST_MAX];
+        char job[FL_JOB_MAX];
+        fl_ctx_count(c->ctx, FL_STAT_BAD_JOB, 1);
+        FL_WARN(c->ctx, "refused the parameter server on %s (pid %d) of job '%s': this is job "
+                        "'%s'",
+                fl_text_escape(host, shown, sizeof shown), reg->pid,
+                fl_text_escape(m->hdr.job_id, job, sizeof job), c->job_id);
         return fl_coord_send_error(c, to, FL_EINVAL, -1, host,
                                    "parameter server on %s belongs to job '%s', this "
                                    "coordinator runs job '%s'",
                                    host, m->hdr.job_id, c->job_id);
+    }
     if (c->nshards == 0)
         return fl_coord_send_error(c, to, FL_EINVAL, -1, host,
                                    "parameter server on %s refused: job '%s' has no parameter "

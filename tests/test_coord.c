@@ -480,6 +480,7 @@ START_TEST(test_refusals_keep_serving)
     expect_error(x, FL_EINVAL, 2000, &err);
     ASSERT_HAS(err.text, "'other-job'");
     ASSERT_HAS(err.text, "'" JOB "'");
+    ck_assert_uint_eq(wait_stat(e.coord, FL_STAT_BAD_JOB, 1, 1000), 1); /* counted, not lost */
 
     r = spec_of(1, 3);
     r.tuning = "seg=4096,small=0,algo=1";
