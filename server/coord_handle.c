@@ -549,9 +549,11 @@ void fl_coord_tick(fl_coord_t *c, int64_t now)
         coord_rank_t *k = &c->ranks[dead];
         if (c->phase == PHASE_RENDEZVOUS) {
             /* Not started yet: forget it, so a restarted process can take the slot. */
+            char host[FL_HOST_MAX];
             FL_WARN(c->ctx, "rank %d (%s, pid %d) silent for %lld ms during the rendezvous; "
                             "dropping its registration",
-                    dead, k->reg.host, k->reg.pid, (long long)silent);
+                    dead, fl_text_escape(k->reg.host, host, sizeof host), k->reg.pid,
+                    (long long)silent);
             k->registered = false;
             atomic_fetch_sub(&c->nregistered, 1);
             atomic_fetch_sub(&c->nactive, 1);
