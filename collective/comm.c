@@ -45,6 +45,8 @@ static int check_opts(const fl_comm_opts_t *o)
         return fl_fail_ctx(FL_EINVAL, "comm: rank %d: coordinator", o->rank);
     if (o->job_id == NULL || o->job_id[0] == '\0' || strlen(o->job_id) >= FL_JOB_MAX)
         return fl_fail(FL_EINVAL, "comm: job_id must be 1..%d bytes", FL_JOB_MAX - 1);
+    if (fl_text_scan(o->job_id, strlen(o->job_id), NULL) != strlen(o->job_id))
+        return fl_fail(FL_EINVAL, "comm: job_id must be UTF-8 without control characters");
     if (o->host != NULL && (o->host[0] == '\0' || strlen(o->host) >= FL_HOST_MAX))
         return fl_fail(FL_EINVAL, "comm: host must be 1..%d bytes", FL_HOST_MAX - 1);
     if (o->settings != NULL && fl_settings_check(o->settings, FL_MSG_SETTINGS_MAX) != FL_OK)

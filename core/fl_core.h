@@ -120,6 +120,26 @@ void fl_vlog(const fl_ctx_t *ctx, fl_log_level_t level, const char *fmt, va_list
 int fl_log_level_parse(const char *s, fl_log_level_t *out);
 const char *fl_log_level_name(fl_log_level_t level);
 
+/* ---- untrusted text (text.c) ---- */
+
+/* Wire text (every protobuf string flodl sends or takes) is well-formed UTF-8 (no overlong
+ * form, surrogate or code point past U+10FFFF) with no NUL and no control character (U+0000..
+ * U+001F, U+007F, U+0080..U+009F). Returns the offset of the first byte of text[0..len) that
+ * breaks the rule, or len when none does; *why (may be NULL) then names the problem ("a NUL
+ * byte", "a control character", "bytes that are not UTF-8") or is NULL. Thread-safe. */
+size_t fl_text_scan(const void *text, size_t len, const char **why);
+
+/* Renders untrusted text (from a peer, a file, a flag) for one log line or message text: whole
+ * well-formed characters other than controls as they are; \n, \r and \t as those two-character
+ * escapes; other control characters and bytes that are not UTF-8 as \xNN. The result obeys
+ * the wire rule, is cut at a character boundary to fit cap bytes with its terminator, and
+ * text that already obeys the rule comes out unchanged (when it fits). Not reversible (a
+ * backslash stays as it is). Returns out, for use as a format argument. Thread-safe. */
+const char *fl_text_escape(const char *text, char *out, size_t cap);
+
+/* The length of text cut to at most max bytes without splitting a UTF-8 character. */
+size_t fl_text_cut(const char *text, size_t max);
+
 /* ---- element types (dtype.c) ---- */
 
 /* IEEE binary16 and bfloat16 conversions, round to nearest even, NaN preserved. */

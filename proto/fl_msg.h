@@ -261,14 +261,20 @@ int fl_msg_hdr_copy(fl_msg_hdr_t *dst, const fl_msg_hdr_t *src);
 
 /* Encodes h. alloc(len, ud) must return len writable bytes (transport hands out the memory of
  * the outgoing frame, so nothing is copied twice); NULL means out of memory. Sets *len.
- * Returns FL_OK, FL_EINVAL (h breaks a bound: a string too long, too many frames), FL_ENOMEM. */
+ * Identifiers that are not wire text (fl_text_scan) are refused; free text (error and
+ * shutdown texts, the missing ranks) is sent escaped (fl_text_escape) instead, so a goodbye
+ * is never lost for a file name in it. Returns FL_OK, FL_EINVAL (h breaks a bound: a string
+ * unterminated, too long or not wire text, too many frames), FL_ENOMEM. */
 int fl_msg_encode(const fl_msg_hdr_t *h, void *(*alloc)(size_t len, void *ud), void *ud,
                   size_t *len);
 
 /* Decodes and validates one header frame into out (caller owns out; deinit it afterwards,
- * also after a failure). Returns FL_OK, or FL_EPROTO with *fault set and the detail naming
- * the field; on a version mismatch out->version, type and sender are still filled so the
- * receiver can answer. */
+ * also after a failure). Every string must be wire text (fl_text_scan: UTF-8, no control
+ * character, no NUL) at its full wire length; identifiers (job id, hosts, endpoints, tuning)
+ * must fit their field, free text (error and shutdown texts, the missing ranks) is cut to it
+ * between two characters. Returns FL_OK, or FL_EPROTO with *fault set and the detail naming
+ * the field (never quoting the bytes refused); on a version mismatch out->version, type,
+ * sender and the numbers are still filled so the receiver can answer (not the job id). */
 int fl_msg_decode(const void *data, size_t len, fl_msg_hdr_t *out, fl_msg_fault_t *fault);
 
 /* Checks the frames that arrived against the header: same count, each frame's byte size as

@@ -1,6 +1,7 @@
 /* Decoding: bytes -> protobuf-c -> validated fl_msg_hdr_t. Everything that can be checked
  * without knowing the receiver's state is checked here, so no caller ever sees a header with
- * an unterminated string, an unknown type, a missing body or an impossible frame list. */
+ * an unterminated string, text that is not wire text (msg_wire.c: not UTF-8, a control
+ * character, a NUL inside), an unknown type, a missing body or an impossible frame list. */
 #include "fl_msg.h"
 #include "msg_int.h"
 
@@ -33,10 +34,13 @@ static int copy_id(char *dst, size_t cap, const char *src, const char *what,
     return FL_OK;
 }
 
-/* Free text (error and shutdown messages) is truncated instead. */
+/* Free text (error and shutdown messages) is truncated instead, between two characters so
+ * that what is kept is still wire text. */
 static void copy_text(char *dst, size_t cap, const char *src)
 {
-    snprintf(dst, cap, "%s", src);
+    size_t n = fl_text_cut(src, cap - 1);
+    memcpy(dst, src, n);
+    dst[n] = '\0';
 }
 
 static int copy_eps(char (*dst)[FL_ENDPOINT_MAX], uint32_t *n, char **src, size_t nsrc,
@@ -153,35 +157,24 @@ static int decode_register(const Flodl__Register *r, fl_msg_hdr_t *out, fl_msg_f
     return FL_OK;
 }
 
-static int decode_body(const Flodl__Header *h, fl_msg_hdr_t *out, fl_msg_fault_t *fault)
+static int decode_body(const Flodl__Header *h, unsigned nbodies, fl_msg_hdr_t *out,
+                       fl_msg_fault_t *fault)
 {
-    const void *body;
-    switch (h->type) {
-    case FLODL__MSG_TYPE__MSG_REGISTER: body = h->reg; break;
-    case FLODL__MSG_TYPE__MSG_WELCOME: body = h->welcome; break;
-    case FLODL__MSG_TYPE__MSG_BARRIER: body = h->barrier; break;
-    case FLODL__MSG_TYPE__MSG_HEARTBEAT: body = h->heartbeat; break;
-    case FLODL__MSG_TYPE__MSG_ERROR: body = h->error; break;
-    case FLODL__MSG_TYPE__MSG_SHUTDOWN: body = h->shutdown; break;
-    case FLODL__MSG_TYPE__MSG_CHUNK: body = h->chunk; break;
-    case FLODL__MSG_TYPE__MSG_PUSH: body = h->push; break;
-    case FLODL__MSG_TYPE__MSG_PUSH_ACK: body = h->push_ack; break;
-    case FLODL__MSG_TYPE__MSG_PULL: body = h->pull; break;
-    case FLODL__MSG_TYPE__MSG_PULL_REPLY: body = h->pull_reply; break;
-    default:
+    Flodl__Header__BodyCase want = fl_msg_body_case((int)h->type);
+    if (want == FLODL__HEADER__BODY__NOT_SET)
         return bad(fault, FL_FAULT_HEADER, "header: unknown message type %llu",
                    (unsigned long long)h->type);
-    }
-    if (body == NULL)
+    /* protobuf-c keeps the last of several bodies; the wire walk counted them all. */
+    if (nbodies > 1)
+        return bad(fault, FL_FAULT_HEADER, "header: %s message with %u bodies",
+                   fl_msg_type_name((int)h->type), nbodies);
+    if (h->body_case == FLODL__HEADER__BODY__NOT_SET)
         return bad(fault, FL_FAULT_HEADER, "header: %s message without its body (type %llu)",
                    fl_msg_type_name((int)h->type), (unsigned long long)h->type);
-    int nbodies = (h->reg != NULL) + (h->welcome != NULL) + (h->barrier != NULL) +
-                  (h->heartbeat != NULL) + (h->error != NULL) + (h->shutdown != NULL) +
-                  (h->chunk != NULL) + (h->push != NULL) + (h->push_ack != NULL) +
-                  (h->pull != NULL) + (h->pull_reply != NULL);
-    if (nbodies != 1)
-        return bad(fault, FL_FAULT_HEADER, "header: %s message with %llu bodies",
-                   fl_msg_type_name((int)h->type), (unsigned long long)nbodies);
+    if (h->body_case != want)
+        return bad(fault, FL_FAULT_HEADER, "header: %s message with a %s body (field %d)",
+                   fl_msg_type_name((int)h->type),
+                   fl_msg_type_name(fl_msg_type_of_body(h->body_case)), (int)h->body_case);
 
     switch (h->type) {
     case FLODL__MSG_TYPE__MSG_REGISTER:
@@ -305,6 +298,7 @@ int fl_msg_decode(const void *data, size_t len, fl_msg_hdr_t *out, fl_msg_fault_
         return bad(fault, FL_FAULT_HEADER, "header: %llu bytes do not parse as a header",
                    (unsigned long long)len);
     int rc = FL_OK;
+    unsigned nbodies = 0;
     if (h->magic != FL_MSG_MAGIC) {
         rc = bad(fault, FL_FAULT_MAGIC, "header: bad magic 0x%08llx",
                  (unsigned long long)h->magic);
@@ -317,20 +311,24 @@ int fl_msg_decode(const void *data, size_t len, fl_msg_hdr_t *out, fl_msg_fault_
     out->generation = h->generation;
     out->seq = h->seq;
     out->step = h->step;
-    snprintf(out->job_id, sizeof out->job_id, "%s", h->job_id);
     if (h->version != FL_MSG_VERSION) {
         rc = bad(fault, FL_FAULT_VERSION, "header: protocol version %llu, expected 1",
                  (unsigned long long)h->version);
         goto out;
     }
+    /* Every string at its wire length, before any is copied: protobuf-c's copies stop at a
+     * NUL inside and are not checked for UTF-8. */
+    if ((rc = fl_msg_wire_check(data, len, &nbodies, fault)) != FL_OK)
+        goto out;
     if (strlen(h->job_id) >= FL_JOB_MAX) {
         rc = bad(fault, FL_FAULT_HEADER, "header: job id of %llu bytes is too long",
                  (unsigned long long)strlen(h->job_id));
         goto out;
     }
+    memcpy(out->job_id, h->job_id, strlen(h->job_id) + 1);
     if ((rc = decode_frames(h, out, fault)) != FL_OK)
         goto out;
-    rc = decode_body(h, out, fault);
+    rc = decode_body(h, nbodies, out, fault);
 out:
     if (rc != FL_OK && rc != FL_EPROTO && *fault == FL_FAULT_NONE)
         *fault = FL_FAULT_HEADER;

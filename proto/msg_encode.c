@@ -1,6 +1,6 @@
 /* Encoding: fl_msg_hdr_t -> protobuf-c structs -> bytes in memory the caller hands out.
  * Bounds are checked here too, so a sender fails loudly instead of emitting a header that
- * every receiver would refuse. */
+ * every receiver would refuse; free text is escaped rather than refused (fl_msg_encode). */
 #include "fl_msg.h"
 #include "msg_int.h"
 
@@ -9,8 +9,23 @@
 
 static int check_str(const char *what, const char *s, size_t cap)
 {
+    size_t n = strnlen(s, cap);
+    if (n >= cap)
+        return fl_fail(FL_EINVAL, "encode: %s is not terminated within %zu bytes", what, cap);
+    const char *why;
+    size_t at = fl_text_scan(s, n, &why);
+    if (at != n)
+        return fl_fail(FL_EINVAL, "encode: %s has %s at byte %zu of %zu", what, why, at, n);
+    return FL_OK;
+}
+
+/* Free text: terminated within cap (a bound, as for identifiers), then escaped into out (cap
+ * bytes) when it is not wire text. */
+static int escape_text(const char *what, const char *s, size_t cap, char *out, char **dst)
+{
     if (strnlen(s, cap) >= cap)
         return fl_fail(FL_EINVAL, "encode: %s is not terminated within %zu bytes", what, cap);
+    *dst = (char *)fl_text_escape(s, out, cap);
     return FL_OK;
 }
 
@@ -42,6 +57,8 @@ typedef struct pb_view {
     char **peer_eps;
     Flodl__Shard *shard_store;
     Flodl__Shard **shards;
+    char text[FL_MSG_TEXT_MAX];       /* an error's or a goodbye's text, escaped */
+    char missing[FL_MSG_MISSING_MAX]; /* a heartbeat's missing ranks, escaped */
     Flodl__Barrier barrier;
     Flodl__Heartbeat heartbeat;
     Flodl__Error error;
@@ -205,9 +222,9 @@ static int build_body(pb_view_t *v, const fl_msg_hdr_t *m)
         v->heartbeat.op_step = m->u.heartbeat.op_step;
         v->heartbeat.waiting_on = m->u.heartbeat.waiting_on;
         v->heartbeat.registered = m->u.heartbeat.registered;
-        if ((rc = check_str("missing", m->u.heartbeat.missing, FL_MSG_MISSING_MAX)) != FL_OK)
+        if ((rc = escape_text("missing", m->u.heartbeat.missing, FL_MSG_MISSING_MAX,
+                              v->missing, &v->heartbeat.missing)) != FL_OK)
             return rc;
-        v->heartbeat.missing = (char *)m->u.heartbeat.missing;
         v->h.heartbeat = &v->heartbeat;
         return FL_OK;
     case FL_MSG_ERROR:
@@ -215,18 +232,18 @@ static int build_body(pb_view_t *v, const fl_msg_hdr_t *m)
         v->error.code = m->u.error.code;
         v->error.about_rank = m->u.error.about_rank;
         if ((rc = check_str("error host", m->u.error.host, FL_HOST_MAX)) != FL_OK ||
-            (rc = check_str("error text", m->u.error.text, FL_MSG_TEXT_MAX)) != FL_OK)
+            (rc = escape_text("error text", m->u.error.text, FL_MSG_TEXT_MAX, v->text,
+                              &v->error.text)) != FL_OK)
             return rc;
         v->error.host = (char *)m->u.error.host;
-        v->error.text = (char *)m->u.error.text;
         v->h.error = &v->error;
         return FL_OK;
     case FL_MSG_SHUTDOWN:
         flodl__shutdown__init(&v->shutdown);
         v->shutdown.code = m->u.shutdown.code;
-        if ((rc = check_str("shutdown text", m->u.shutdown.text, FL_MSG_TEXT_MAX)) != FL_OK)
+        if ((rc = escape_text("shutdown text", m->u.shutdown.text, FL_MSG_TEXT_MAX, v->text,
+                              &v->shutdown.text)) != FL_OK)
             return rc;
-        v->shutdown.text = (char *)m->u.shutdown.text;
         v->h.shutdown = &v->shutdown;
         return FL_OK;
     case FL_MSG_CHUNK:
@@ -320,6 +337,9 @@ int fl_msg_encode(const fl_msg_hdr_t *m, void *(*alloc)(size_t len, void *ud), v
     v.h.frames = v.frames;
 
     rc = build_body(&v, m);
+    /* build_body pointed the union member at the body; the case says which one it is, and
+     * protobuf-c packs that member even when every field in it is at its default. */
+    v.h.body_case = fl_msg_body_case(m->type);
     if (rc == FL_OK) {
         size_t n = protobuf_c_message_get_packed_size(&v.h.base);
         uint8_t *out = alloc(n, ud);

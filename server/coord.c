@@ -34,6 +34,8 @@ static int check_opts(const fl_coord_opts_t *o)
                        o->world_size, FL_MSG_MAX_PEERS);
     if (o->job_id == NULL || o->job_id[0] == '\0' || strlen(o->job_id) >= FL_JOB_MAX)
         return fl_fail(FL_EINVAL, "coordinator: job_id must be 1..%d bytes", FL_JOB_MAX - 1);
+    if (fl_text_scan(o->job_id, strlen(o->job_id), NULL) != strlen(o->job_id))
+        return fl_fail(FL_EINVAL, "coordinator: job_id must be UTF-8 without control characters");
     if (o->heartbeat_timeout_ms < 10)
         return fl_fail(FL_EINVAL, "coordinator: heartbeat_timeout_ms %d below 10",
                        o->heartbeat_timeout_ms);

@@ -134,17 +134,19 @@ static void send_welcome(fl_coord_t *c, const fl_tp_route_t *to)
     for (int r = 0; r < c->world; r++) {
         if (to != NULL && !fl_coord_same_route(to, &c->ranks[r].route))
             continue;
+        char host[FL_HOST_MAX];
         if (fl_tp_send(c->sock, &c->ranks[r].route, &h, NULL, 0, fl_deadline_in(1000)) != FL_OK)
-            FL_ERROR(c->ctx, "welcome to rank %d (%s): %s", r, c->ranks[r].reg.host,
-                     fl_last_error());
+            FL_ERROR(c->ctx, "welcome to rank %d (%s): %s", r,
+                     fl_text_escape(c->ranks[r].reg.host, host, sizeof host), fl_last_error());
     }
     for (int i = 0; i < c->nshards; i++) {
         coord_server_t *v = &c->servers[i];
         if (!v->registered || (to != NULL && !fl_coord_same_route(to, &v->route)))
             continue;
+        char host[FL_HOST_MAX];
         if (fl_tp_send(c->sock, &v->route, &h, NULL, 0, fl_deadline_in(1000)) != FL_OK)
-            FL_ERROR(c->ctx, "welcome to the server of shards %d.. (%s): %s", i, v->reg.host,
-                     fl_last_error());
+            FL_ERROR(c->ctx, "welcome to the server of shards %d.. (%s): %s", i,
+                     fl_text_escape(v->reg.host, host, sizeof host), fl_last_error());
     }
     fl_msg_hdr_deinit(&h);
     if (to != NULL)
@@ -191,11 +193,23 @@ static void on_register(fl_coord_t *c, fl_tp_msg_t *m)
     const fl_msg_register_t *reg = &m->hdr.u.reg;
     const fl_tp_route_t *to = &m->route;
     int r = reg->rank;
-    if (strcmp(m->hdr.job_id, c->job_id) != 0)
+    /* Text from the wire is wire text (proto/ refuses any other), and escaped where it is
+     * logged all the same: a log line is never written by a peer. */
+    char host[FL_HOST_MAX];
+    fl_text_escape(reg->host, host, sizeof host);
+    if (strcmp(m->hdr.job_id, c->job_id) != 0) {
+        /* Another job's rank dialled this coordinator: counted with every other foreign
+         * message (bad_job), and worth a line, since that job is now waiting for nothing. */
+        char job[FL_JOB_MAX];
+        fl_ctx_count(c->ctx, FL_STAT_BAD_JOB, 1);
+        FL_WARN(c->ctx, "refused a registration for rank %d from host %s (pid %d) of job '%s': "
+                        "this is job '%s'",
+                r, host, reg->pid, fl_text_escape(m->hdr.job_id, job, sizeof job), c->job_id);
         return fl_coord_send_error(c, to, FL_EINVAL, r, reg->host,
                                    "rank %d (host %s) belongs to job '%s', this coordinator "
                                    "runs job '%s'",
                                    r, reg->host, m->hdr.job_id, c->job_id);
+    }
     if (reg->world_size != c->world)
         return fl_coord_send_error(c, to, FL_EINVAL, r, reg->host,
                                    "rank %d (host %s) expects world size %d, the coordinator "
@@ -236,7 +250,7 @@ static void on_register(fl_coord_t *c, fl_tp_msg_t *m)
             fl_tp_live_state(c->live, r) != FL_PEER_DEAD && quiet >= 2 * (int64_t)c->hb_ms) {
             FL_WARN(c->ctx, "rank %d (%s, pid %d) registered again on a new connection, its "
                             "old one quiet for %lld ms",
-                    r, reg->host, reg->pid, (long long)quiet);
+                    r, host, reg->pid, (long long)quiet);
             k->route = *to;
             fl_tp_live_heard(c->live, r, fl_now_ms());
             if (c->phase == PHASE_RUNNING)
@@ -244,9 +258,11 @@ static void on_register(fl_coord_t *c, fl_tp_msg_t *m)
             return;
         }
         fl_ctx_count(c->ctx, FL_STAT_UNEXPECTED, 1);
+        char holder[FL_HOST_MAX];
         FL_WARN(c->ctx, "refused a registration for rank %d from host %s (pid %d): the rank is "
                         "held by host %s (pid %d), heard from %lld ms ago",
-                r, reg->host, reg->pid, k->reg.host, k->reg.pid, (long long)quiet);
+                r, host, reg->pid, fl_text_escape(k->reg.host, holder, sizeof holder),
+                k->reg.pid, (long long)quiet);
         return fl_coord_send_error(c, to, FL_EINVAL, r, reg->host,
                                    "rank %d is already registered by another process; this "
                                    "registration (host %s, pid %d) is refused",
@@ -279,8 +295,10 @@ static void on_register(fl_coord_t *c, fl_tp_msg_t *m)
     fl_tp_live_heard(c->live, r, fl_now_ms());
     atomic_fetch_add(&c->nactive, 1);
     int n = atomic_fetch_add(&c->nregistered, 1) + 1;
-    FL_INFO(c->ctx, "rank %d registered from %s (pid %d, data %s): %d of %d", r, reg->host,
-            reg->pid, reg->nendpoints > 0 ? reg->endpoints[0] : "none", n, c->world);
+    char ep[FL_ENDPOINT_MAX];
+    FL_INFO(c->ctx, "rank %d registered from %s (pid %d, data %s): %d of %d", r, host, reg->pid,
+            fl_text_escape(reg->nendpoints > 0 ? reg->endpoints[0] : "none", ep, sizeof ep), n,
+            c->world);
     fl_coord_maybe_start(c);
 }
 
@@ -345,8 +363,11 @@ static void fail_job(fl_coord_t *c, int about, const char *text)
 static void on_shutdown(fl_coord_t *c, fl_tp_msg_t *m, int r)
 {
     coord_rank_t *k = &c->ranks[r];
+    char host[FL_HOST_MAX];
+    char said[FL_MSG_TEXT_MAX];
     if (k->left)
         return;
+    fl_text_escape(k->reg.host, host, sizeof host);
     k->left = true;
     k->leave_code = m->hdr.u.shutdown.code;
     snprintf(k->leave_text, sizeof k->leave_text, "%s", m->hdr.u.shutdown.text);
@@ -357,7 +378,7 @@ static void on_shutdown(fl_coord_t *c, fl_tp_msg_t *m, int r)
         k->registered = false;
         atomic_fetch_sub(&c->nregistered, 1);
         fl_tp_live_forget(c->live, r);
-        FL_INFO(c->ctx, "rank %d (%s) left before the job started", r, k->reg.host);
+        FL_INFO(c->ctx, "rank %d (%s) left before the job started", r, host);
         return;
     }
     c->nleft++;
@@ -370,12 +391,13 @@ static void on_shutdown(fl_coord_t *c, fl_tp_msg_t *m, int r)
         /* Its goodbye may fill a message text alone: the head of it is what matters. */
         snprintf(text, sizeof text, "rank %d (host %.64s, pid %d) failed: %.400s", r,
                  k->reg.host, k->reg.pid, k->leave_text);
-        FL_ERROR(c->ctx, "%s", text);
+        FL_ERROR(c->ctx, "%s", fl_text_escape(text, said, sizeof said));
         k->failed = true;
         fail_job(c, r, text);
         return;
     }
-    FL_INFO(c->ctx, "rank %d (%s) left: %s", r, k->reg.host, m->hdr.u.shutdown.text);
+    FL_INFO(c->ctx, "rank %d (%s) left: %s", r, host,
+            fl_text_escape(m->hdr.u.shutdown.text, said, sizeof said));
     check_all_gone(c);
 }
 
@@ -459,7 +481,8 @@ static void declare_dead(fl_coord_t *c, int dead, int64_t silent)
     snprintf(text, sizeof text, "rank %d (host %s, pid %d) declared dead: silent for %lld ms "
                                 "(timeout %d ms); it was %s",
              dead, k->reg.host, k->reg.pid, (long long)silent, c->hb_timeout_ms, op);
-    FL_ERROR(c->ctx, "%s", text);
+    char shown[FL_MSG_TEXT_MAX];
+    FL_ERROR(c->ctx, "%s", fl_text_escape(text, shown, sizeof shown));
     /* The rank itself hears it too, should it be frozen rather than gone (SIGSTOP, a paused
      * VM): on waking it finds this queued and exits instead of registering again. */
     char at[32];
@@ -565,9 +588,11 @@ void fl_coord_tick(fl_coord_t *c, int64_t now)
         coord_rank_t *k = &c->ranks[dead];
         if (c->phase == PHASE_RENDEZVOUS) {
             /* Not started yet: forget it, so a restarted process can take the slot. */
+            char host[FL_HOST_MAX];
             FL_WARN(c->ctx, "rank %d (%s, pid %d) silent for %lld ms during the rendezvous; "
                             "dropping its registration",
-                    dead, k->reg.host, k->reg.pid, (long long)silent);
+                    dead, fl_text_escape(k->reg.host, host, sizeof host), k->reg.pid,
+                    (long long)silent);
             k->registered = false;
             atomic_fetch_sub(&c->nregistered, 1);
             atomic_fetch_sub(&c->nactive, 1);

@@ -117,11 +117,19 @@ void fl_coord_ps_on_register(fl_coord_t *c, fl_tp_msg_t *m)
     int first = reg->rank;
     int count = (int)reg->shard_count;
     const char *host = reg->host;
-    if (strcmp(m->hdr.job_id, c->job_id) != 0)
+    if (strcmp(m->hdr.job_id, c->job_id) != 0) {
+        char shown[FL_HOST_MAX];
+        char job[FL_JOB_MAX];
+        fl_ctx_count(c->ctx, FL_STAT_BAD_JOB, 1);
+        FL_WARN(c->ctx, "refused the parameter server on %s (pid %d) of job '%s': this is job "
+                        "'%s'",
+                fl_text_escape(host, shown, sizeof shown), reg->pid,
+                fl_text_escape(m->hdr.job_id, job, sizeof job), c->job_id);
         return fl_coord_send_error(c, to, FL_EINVAL, -1, host,
                                    "parameter server on %s belongs to job '%s', this "
                                    "coordinator runs job '%s'",
                                    host, m->hdr.job_id, c->job_id);
+    }
     if (c->nshards == 0)
         return fl_coord_send_error(c, to, FL_EINVAL, -1, host,
                                    "parameter server on %s refused: job '%s' has no parameter "
@@ -208,9 +216,11 @@ void fl_coord_ps_on_register(fl_coord_t *c, fl_tp_msg_t *m)
     atomic_fetch_add(&c->nservers_active, 1);
     fl_tp_live_forget(c->live, c->world + first);
     fl_tp_live_heard(c->live, c->world + first, fl_now_ms());
+    char shown[FL_HOST_MAX];
     FL_INFO(c->ctx, "parameter server for shards %d..%d registered from %s (pid %d): %d of %d "
                     "shards served",
-            first, first + count - 1, host, v->reg.pid, c->shards_covered, c->nshards);
+            first, first + count - 1, fl_text_escape(host, shown, sizeof shown), v->reg.pid,
+            c->shards_covered, c->nshards);
     fl_coord_maybe_start(c);
 }
 
@@ -229,7 +239,8 @@ static void forget(fl_coord_t *c, int slot)
  * parameter server's restart. */
 static void server_gone(fl_coord_t *c, int slot, const char *text)
 {
-    FL_ERROR(c->ctx, "%s", text);
+    char shown[FL_MSG_TEXT_MAX];
+    FL_ERROR(c->ctx, "%s", fl_text_escape(text, shown, sizeof shown));
     (void)slot;
     fl_msg_hdr_t h;
     fl_msg_hdr_init(&h, FL_MSG_SHUTDOWN, -1);
@@ -282,7 +293,8 @@ void fl_coord_ps_on_message(fl_coord_t *c, fl_tp_msg_t *m, int slot)
     case FL_MSG_SHUTDOWN:
         server_name(v, name, sizeof name);
         if (c->phase == PHASE_RENDEZVOUS) {
-            FL_INFO(c->ctx, "%s left before the job started", name);
+            FL_INFO(c->ctx, "%s left before the job started",
+                    fl_text_escape(name, text, sizeof text));
             atomic_fetch_sub(&c->nservers_active, 1);
             forget(c, slot);
             return;
@@ -302,7 +314,9 @@ void fl_coord_ps_on_message(fl_coord_t *c, fl_tp_msg_t *m, int slot)
             server_gone(c, slot, text);
             return;
         }
-        FL_INFO(c->ctx, "%s left: %s", name, m->hdr.u.shutdown.text);
+        char said[FL_MSG_TEXT_MAX];
+        FL_INFO(c->ctx, "%s left: %s", fl_text_escape(name, text, sizeof text),
+                fl_text_escape(m->hdr.u.shutdown.text, said, sizeof said));
         return;
     default:
         fl_ctx_count(c->ctx, FL_STAT_UNEXPECTED, 1);

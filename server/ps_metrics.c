@@ -22,7 +22,8 @@ struct ps_metrics {
     bool failed; /* a series could not be registered */
     uint64_t auth_coord;
     int state_ids[4];
-    int started, bad, auth, pushes, pulls, refused, ckpts, timeouts, srv_bad;
+    int started, auth, pushes, pulls, refused, ckpts, timeouts, srv_bad;
+    int bad[FL_STAT_COUNT]; /* the coordinator's refusals by kind; -1: not a refusal counter */
     int up[MAX_RANK_SERIES], silent[MAX_RANK_SERIES], seq[MAX_RANK_SERIES],
         lag[MAX_RANK_SERIES];
 };
@@ -41,7 +42,9 @@ static void refresh(fl_obs_t *o, void *ud)
         fl_obs_set(o, m->state_ids[FL_COORD_RANK_DEAD], in.dead);
         fl_obs_set(o, m->state_ids[FL_COORD_RANK_LEFT], in.left);
         fl_obs_set(o, m->started, in.started);
-        fl_obs_set(o, m->bad, (double)in.bad_msgs);
+        for (int k = 0; k < FL_STAT_COUNT; k++)
+            if (m->bad[k] >= 0)
+                fl_obs_set(o, m->bad[k], (double)fl_coord_stat(m->coord, (fl_stat_t)k));
         m->auth_coord = in.auth_refused;
         uint64_t furthest = 0;
         for (int r = 0; r < m->world; r++)
@@ -102,9 +105,19 @@ static void register_all(ps_metrics_t *m)
     }
     m->started = add(m, "flodl_ps_job_started", "1 once every rank registered", FL_OBS_GAUGE,
                      NULL);
-    m->bad = add(m, "flodl_ps_bad_messages_total",
-                 "Messages the coordinator refused (malformed, foreign job, out of place)",
-                 FL_OBS_COUNTER, NULL);
+    /* By kind, as the workers' flodl_bad_messages_total; refused connections have a series
+     * of their own (flodl_ps_auth_refused_total). */
+    for (int k = 0; k < FL_STAT_COUNT; k++) {
+        m->bad[k] = -1;
+        if (k < FL_STAT_BAD_HEADER || k == FL_STAT_ERRORS_SENT || k == FL_STAT_AUTH_REFUSED)
+            continue;
+        snprintf(l, sizeof l, "kind=\"%s\"", fl_stat_name((fl_stat_t)k));
+        m->bad[k] = add(m, "flodl_ps_bad_messages_total",
+                        "Messages the coordinator refused, by kind (malformed: bad_header, "
+                        "bad_magic, bad_version, bad_frames, oversized; another job or "
+                        "generation: bad_job; out of place: unexpected)",
+                        FL_OBS_COUNTER, l);
+    }
     m->auth = add(m, "flodl_ps_auth_refused_total",
                   "Connections refused by CURVE (a client key not allowed), coordinator and shards",
                   FL_OBS_COUNTER, NULL);

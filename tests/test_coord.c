@@ -32,8 +32,9 @@ typedef struct env {
     int nfakes;
 } env_t;
 
-/* A coordinator for `world` ranks of JOB; 0 keeps an option's default. */
-static void env_start(env_t *e, int world, int hb_ms, int hb_timeout_ms, int rdv_ms)
+/* A coordinator for `world` ranks of JOB logging at `level`; 0 keeps an option's default. */
+static void env_start_log(env_t *e, int world, int hb_ms, int hb_timeout_ms, int rdv_ms,
+                          fl_log_level_t level)
 {
     memset(e, 0, sizeof *e);
     fl_coord_opts_t o;
@@ -44,7 +45,7 @@ static void env_start(env_t *e, int world, int hb_ms, int hb_timeout_ms, int rdv
     o.heartbeat_ms = hb_ms;
     o.heartbeat_timeout_ms = hb_timeout_ms > 0 ? hb_timeout_ms : 3000;
     o.rendezvous_timeout_ms = rdv_ms > 0 ? rdv_ms : 30000;
-    o.log_level = FL_LOG_OFF;
+    o.log_level = level;
     int rc = fl_coord_create(&o, &e->coord);
     ck_assert_msg(rc == FL_OK, "coordinator: %s", fl_last_error());
     rc = fl_coord_start(e->coord);
@@ -55,6 +56,11 @@ static void env_start(env_t *e, int world, int hb_ms, int hb_timeout_ms, int rdv
     co.log_name = "fake rank";
     rc = fl_ctx_create(&co, &e->ctx);
     ck_assert_msg(rc == FL_OK, "context: %s", fl_last_error());
+}
+
+static void env_start(env_t *e, int world, int hb_ms, int hb_timeout_ms, int rdv_ms)
+{
+    env_start_log(e, world, hb_ms, hb_timeout_ms, rdv_ms, FL_LOG_OFF);
 }
 
 static void env_end(env_t *e)
@@ -478,6 +484,7 @@ START_TEST(test_refusals_keep_serving)
     expect_error(x, FL_EINVAL, 2000, &err);
     ASSERT_HAS(err.text, "'other-job'");
     ASSERT_HAS(err.text, "'" JOB "'");
+    ck_assert_uint_eq(wait_stat(e.coord, FL_STAT_BAD_JOB, 1, 1000), 1); /* counted, not lost */
 
     r = spec_of(1, 3);
     r.nendpoints = 0;
@@ -850,6 +857,155 @@ START_TEST(test_unregistered_heartbeat_and_shutdown)
 }
 END_TEST
 
+/* ---- text from the wire ---- */
+
+/* Sends h encoded, with the bytes `find` (once in the encoding) replaced by `repl` of the same
+ * length: how a hostile peer puts text on the wire that the encoder refuses to write. */
+static void send_patched(fl_tp_sock_t *s, const fl_msg_hdr_t *h, const char *find,
+                         const char *repl, size_t n)
+{
+    raw_out_t o = {NULL};
+    size_t len = 0;
+    int rc = fl_msg_encode(h, raw_alloc, &o, &len);
+    ck_assert_msg(rc == FL_OK, "encode: %s", fl_last_error());
+    uint8_t *at = memmem(o.data, len, find, n);
+    ck_assert_msg(at != NULL, "'%s' not in the encoding", find);
+    memcpy(at, repl, n);
+    send_bytes(s, o.data, len);
+    free(o.data);
+}
+
+/* The coordinator's log goes to a file from here on (this case runs in its own process). */
+static void log_to(char *path, size_t cap)
+{
+    snprintf(path, cap, "/tmp/flodl-coord-log-%d.txt", (int)getpid());
+    fflush(stderr);
+    ck_assert_ptr_nonnull(freopen(path, "w", stderr));
+}
+
+/* Fails if a line of the log was written by the text of a message: one that starts like the
+ * coordinator's own lines but says what the hostile text said. */
+static void assert_log_unforged(const char *path, const char *forged)
+{
+    FILE *f = fopen(path, "r");
+    ck_assert_ptr_nonnull(f);
+    char line[4096];
+    int n = 0;
+    while (fgets(line, sizeof line, f) != NULL) {
+        n++;
+        if (strstr(line, forged) != NULL) {
+            fclose(f);
+            unlink(path);
+            ck_abort_msg("log line %d was written by a peer: %s", n, line);
+        }
+    }
+    fclose(f);
+    unlink(path);
+    ck_assert_msg(n > 0, "nothing logged");
+}
+
+#define FORGED "[0.000 ps] error: rank 1 (host-1, pid 1001) declared dead"
+
+/* A host name that is not UTF-8 would be copied into every rank's welcome, which protobuf's
+ * decoders in other languages refuse: the registration is refused as malformed instead. */
+START_TEST(test_host_not_utf8)
+{
+    env_t e;
+    env_start(&e, 2, 0, 0, 0);
+    fl_tp_sock_t *x = fake_open(&e);
+    fl_msg_hdr_t h;
+    reg_spec_t r = spec_of(0, 2);
+    r.host = "node-~~";
+    build_register(&h, &r);
+    send_patched(x, &h, "node-~~", "node-\xff\xfe", 7);
+    fl_msg_error_t err;
+    expect_error(x, FL_EPROTO, 2000, &err);
+    ASSERT_HAS(err.text, "Register.host");
+    ASSERT_HAS(err.text, "not UTF-8");
+    ck_assert_uint_eq(fl_coord_stat(e.coord, FL_STAT_BAD_HEADER), 1);
+    ck_assert_int_eq(fl_coord_registered(e.coord), 0);
+    assert_still_serves(&e, 2);
+    env_end(&e);
+}
+END_TEST
+
+/* A newline in a host name would start a line of the coordinator's log that the peer wrote. */
+START_TEST(test_newline_in_host)
+{
+    char log[128];
+    log_to(log, sizeof log);
+    env_t e;
+    env_start_log(&e, 2, 0, 0, 0, FL_LOG_INFO);
+    fl_tp_sock_t *x = fake_open(&e);
+    fl_msg_hdr_t h;
+    reg_spec_t r = spec_of(0, 2);
+    r.host = "evil~" FORGED;
+    build_register(&h, &r);
+    send_patched(x, &h, "evil~", "evil\n", 5);
+    fl_msg_error_t err;
+    expect_error(x, FL_EPROTO, 2000, &err);
+    ASSERT_HAS(err.text, "Register.host has a control character at byte 4");
+    ck_assert_uint_eq(fl_coord_stat(e.coord, FL_STAT_BAD_HEADER), 1);
+    ck_assert_int_eq(fl_coord_registered(e.coord), 0);
+    assert_still_serves(&e, 2);
+    env_end(&e);
+    assert_log_unforged(log, "declared dead");
+}
+END_TEST
+
+/* So would a newline in a rank's goodbye: refused, and the rank has not left. */
+START_TEST(test_newline_in_shutdown_text)
+{
+    char log[128];
+    log_to(log, sizeof log);
+    env_t e;
+    env_start_log(&e, 2, 0, 0, 0, FL_LOG_INFO);
+    fl_tp_sock_t *a = fake_open(&e);
+    fl_tp_sock_t *b = fake_open(&e);
+    send_reg(a, 0, 2);
+    send_reg(b, 1, 2);
+    uint64_t gen = 0;
+    expect_welcome(a, 2, &gen);
+    expect_welcome(b, 2, NULL);
+    fl_msg_hdr_t h;
+    fl_msg_hdr_init(&h, FL_MSG_SHUTDOWN, 0);
+    snprintf(h.job_id, sizeof h.job_id, "%s", JOB);
+    h.generation = gen;
+    snprintf(h.u.shutdown.text, sizeof h.u.shutdown.text, "bye~%s", FORGED);
+    send_patched(a, &h, "bye~", "bye\n", 4);
+    fl_msg_error_t err;
+    expect_error(a, FL_EPROTO, 2000, &err);
+    ASSERT_HAS(err.text, "Shutdown.text has a control character at byte 3");
+    ck_assert_uint_eq(fl_coord_stat(e.coord, FL_STAT_BAD_HEADER), 1);
+    ck_assert_int_eq(fl_coord_active(e.coord), 2);
+    ck_assert_int_eq(fl_coord_wait(e.coord, 50), FL_ETIMEDOUT);
+    env_end(&e);
+    assert_log_unforged(log, "declared dead");
+}
+END_TEST
+
+/* protobuf-c hands strings over NUL-terminated: a job id "coord-test\0evil" would be taken for
+ * "coord-test". It is refused. */
+START_TEST(test_nul_in_job_id)
+{
+    env_t e;
+    env_start(&e, 2, 0, 0, 0);
+    fl_tp_sock_t *x = fake_open(&e);
+    fl_msg_hdr_t h;
+    reg_spec_t r = spec_of(0, 2);
+    r.job = JOB "~evil";
+    build_register(&h, &r);
+    send_patched(x, &h, JOB "~", JOB "\0", sizeof JOB);
+    fl_msg_error_t err;
+    expect_error(x, FL_EPROTO, 2000, &err);
+    ASSERT_HAS(err.text, "Header.job_id has a NUL byte at byte 10");
+    ck_assert_uint_eq(fl_coord_stat(e.coord, FL_STAT_BAD_HEADER), 1);
+    ck_assert_int_eq(fl_coord_registered(e.coord), 0);
+    assert_still_serves(&e, 2);
+    env_end(&e);
+}
+END_TEST
+
 /* Identifiers are carried verbatim (proto/msg_decode.c refuses rather than truncates them),
  * so a job id with percent signs must come back as sent. */
 START_TEST(test_percent_in_job_id)
@@ -1065,6 +1221,9 @@ START_TEST(test_opts_validation)
     o.job_id = "";
     ck_assert_int_eq(try_create(&o), FL_EINVAL);
     ASSERT_HAS(fl_last_error(), "job_id");
+    o.job_id = "job\nx"; /* every message carries it: it must be wire text */
+    ck_assert_int_eq(try_create(&o), FL_EINVAL);
+    ASSERT_HAS(fl_last_error(), "control characters");
 
     base_opts(&o);
     o.heartbeat_timeout_ms = 500;
@@ -1278,6 +1437,10 @@ Suite *coord_suite(void)
     tcase_add_test(t, test_oversized_frame);
     tcase_add_test(t, test_huge_frame_drops_connection);
     tcase_add_test(t, test_unregistered_heartbeat_and_shutdown);
+    tcase_add_test(t, test_host_not_utf8);
+    tcase_add_test(t, test_newline_in_host);
+    tcase_add_test(t, test_newline_in_shutdown_text);
+    tcase_add_test(t, test_nul_in_job_id);
     tcase_add_test(t, test_percent_in_job_id);
     tcase_add_test(t, test_percent_in_error_text);
     suite_add_tcase(s, t);

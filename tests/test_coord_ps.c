@@ -96,11 +96,13 @@ typedef struct server_spec {
     int nckpt;
     uint64_t ckpt[4];
     int pid;
+    const char *job; /* NULL: JOB */
 } server_spec_t;
 
 static server_spec_t server_of(int first, int count, int num_shards)
 {
-    server_spec_t v = {first, count, num_shards, 0, "opt=sgd,lr=0.1", 0, 0, 0, {0}, 900 + first};
+    server_spec_t v = {first, count, num_shards, 0, "opt=sgd,lr=0.1", 0, 0, 0, {0}, 900 + first,
+                       NULL};
     return v;
 }
 
@@ -108,7 +110,7 @@ static void send_server(fl_tp_sock_t *s, const server_spec_t *v)
 {
     fl_msg_hdr_t h;
     fl_msg_hdr_init(&h, FL_MSG_REGISTER, FL_MSG_SENDER_SERVER);
-    snprintf(h.job_id, sizeof h.job_id, JOB);
+    snprintf(h.job_id, sizeof h.job_id, "%s", v->job != NULL ? v->job : JOB);
     fl_msg_register_t *r = &h.u.reg;
     r->role = FL_ROLE_SERVER;
     r->rank = v->first;
@@ -280,6 +282,14 @@ START_TEST(test_server_refusals)
     expect_error(x, FL_EINVAL, &err);
     ASSERT_HAS(err.text, "5001");
     ASSERT_HAS(err.text, "5000");
+
+    /* A server of another job: refused, and counted with the foreign messages. */
+    v = server_of(2, 2, 4);
+    v.job = "other-job";
+    send_server(x, &v);
+    expect_error(x, FL_EINVAL, &err);
+    ASSERT_HAS(err.text, "'other-job'");
+    ck_assert_uint_eq(fl_coord_stat(e.coord, FL_STAT_BAD_JOB), 1);
 
     /* A rank with another parameter count than the servers'. */
     fl_tp_sock_t *w = fake_open(&e);

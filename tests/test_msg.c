@@ -621,6 +621,36 @@ START_TEST(test_crafted_valid)
 }
 END_TEST
 
+/* A body whose fields are all at their defaults is still a body: its tag and a zero length.
+ * The encoder sends it that way and the decoder takes it, for every type. */
+START_TEST(test_empty_body_is_present)
+{
+    for (int t = FL_MSG_REGISTER; t <= FL_MSG_PULL_REPLY; t++) {
+        pb_t p = {0};
+        pb_header(&p, FL_MSG_MAGIC, FL_MSG_VERSION, (uint64_t)t, 0);
+        pb_bytes(&p, 15 + (unsigned)t, "", 0);
+        fl_msg_hdr_t out;
+        fl_msg_fault_t fault = FL_FAULT_NONE;
+        int rc = decode_exact(p.b, p.n, &out, &fault);
+        ck_assert_msg(rc == FL_OK, "%s with an empty body: %s", fl_msg_type_name(t),
+                      fl_last_error());
+        ck_assert_int_eq(out.type, t);
+        fl_msg_hdr_deinit(&out);
+        free(p.b);
+    }
+    /* Shutdown code 0 with no text: the header ends with field 21, length 0. */
+    fl_msg_hdr_t h;
+    fl_msg_hdr_init(&h, FL_MSG_SHUTDOWN, 0);
+    enc_t e;
+    encode_ok(&h, &e);
+    ck_assert_uint_ge(e.len, 3);
+    ck_assert_msg(e.buf[e.len - 3] == 0xaa && e.buf[e.len - 2] == 0x01 && e.buf[e.len - 1] == 0,
+                  "ends with %02x %02x %02x", e.buf[e.len - 3], e.buf[e.len - 2],
+                  e.buf[e.len - 1]);
+    free(e.buf);
+}
+END_TEST
+
 typedef void (*craft_fn)(pb_t *p);
 
 static void c_bad_magic(pb_t *p)
@@ -830,6 +860,93 @@ static void c_length_past_end(pb_t *p)
     pb_raw(p, "abc", 3);
 }
 
+/* Strings that break the wire-text rule: not UTF-8, a control character, a NUL inside. */
+static void c_host_not_utf8(pb_t *p)
+{
+    pb_header(p, FL_MSG_MAGIC, FL_MSG_VERSION, FL_MSG_REGISTER, 2);
+    pb_register_body(p, "node-\xff\xfe", 1, "tcp://a:1", "seg=1");
+}
+
+static void c_host_newline(pb_t *p)
+{
+    pb_header(p, FL_MSG_MAGIC, FL_MSG_VERSION, FL_MSG_REGISTER, 2);
+    pb_register_body(p, "evil\n[0.000 ps] error: rank 1 (host-1) declared dead", 1, "tcp://a:1",
+                     "seg=1");
+}
+
+static void c_shutdown_newline(pb_t *p)
+{
+    pb_header(p, FL_MSG_MAGIC, FL_MSG_VERSION, FL_MSG_SHUTDOWN, 2);
+    pb_t b = {0};
+    pb_str(&b, 2, "bye\n[0.000 ps] error: rank 1 (host-1) declared dead");
+    pb_sub(p, 21, &b);
+}
+
+static void c_job_nul(pb_t *p)
+{
+    pb_barrier(p);
+    pb_bytes(p, 3, "flodl\0evil", 10); /* the last value of a field wins */
+    pb_barrier_body(p);
+}
+
+static void c_endpoint_overlong(pb_t *p)
+{
+    pb_header(p, FL_MSG_MAGIC, FL_MSG_VERSION, FL_MSG_REGISTER, 2);
+    pb_register_body(p, "host", 2, "tcp://\xc0\xaf:1", "seg=1");
+}
+
+static void c_tuning_c1(pb_t *p)
+{
+    pb_header(p, FL_MSG_MAGIC, FL_MSG_VERSION, FL_MSG_REGISTER, 2);
+    pb_register_body(p, "host", 1, "tcp://a:1", "seg=1\xc2\x9b" "2J");
+}
+
+static void c_peer_host_escape(pb_t *p)
+{
+    pb_header(p, FL_MSG_MAGIC, FL_MSG_VERSION, FL_MSG_WELCOME, -1);
+    pb_t w = {0};
+    pb_peer(&w, 0, "a", 1, "tcp://a:1");
+    pb_peer(&w, 1, "b\x1b[2J", 1, "tcp://b:1");
+    pb_sub(p, 17, &w);
+}
+
+static void c_error_text_surrogate(pb_t *p)
+{
+    pb_header(p, FL_MSG_MAGIC, FL_MSG_VERSION, FL_MSG_ERROR, -1);
+    pb_t b = {0};
+    pb_int(&b, 1, FL_EIO);
+    pb_str(&b, 4, "bad \xed\xa0\x80 text");
+    pb_sub(p, 20, &b);
+}
+
+static void c_error_host_nul(pb_t *p)
+{
+    pb_header(p, FL_MSG_MAGIC, FL_MSG_VERSION, FL_MSG_ERROR, -1);
+    pb_t b = {0};
+    pb_bytes(&b, 3, "h\0", 2);
+    pb_sub(p, 20, &b);
+}
+
+static void c_missing_tab(pb_t *p)
+{
+    pb_header(p, FL_MSG_MAGIC, FL_MSG_VERSION, FL_MSG_HEARTBEAT, -1);
+    pb_t b = {0};
+    pb_str(&b, 6, "1,2\t3");
+    pb_sub(p, 19, &b);
+}
+
+static void c_text_after_cap(pb_t *p)
+{
+    /* Free text is cut to its field, but all of it must obey the rule. */
+    pb_header(p, FL_MSG_MAGIC, FL_MSG_VERSION, FL_MSG_SHUTDOWN, 2);
+    char text[FL_MSG_TEXT_MAX + 8];
+    memset(text, 'x', sizeof text);
+    text[FL_MSG_TEXT_MAX + 4] = '\x7f';
+    pb_t b = {0};
+    pb_bytes(&b, 2, text, sizeof text);
+    pb_sub(p, 21, &b);
+}
+
 static const struct {
     const char *name;
     craft_fn craft;
@@ -841,7 +958,7 @@ static const struct {
     {"unknown type", c_unknown_type, FL_FAULT_HEADER, "unknown message type 99"},
     {"type none", c_type_none, FL_FAULT_HEADER, "unknown message type 0"},
     {"no body", c_no_body, FL_FAULT_HEADER, "chunk message without its body"},
-    {"wrong body", c_wrong_body, FL_FAULT_HEADER, "barrier message without its body"},
+    {"wrong body", c_wrong_body, FL_FAULT_HEADER, "barrier message with a chunk body"},
     {"two bodies", c_two_bodies, FL_FAULT_HEADER, "barrier message with 2 bodies"},
     {"17 frames", c_17_frames, FL_FAULT_FRAMES, "17 frames"},
     {"unknown dtype", c_unknown_dtype, FL_FAULT_FRAMES, "unknown dtype 8"},
@@ -864,6 +981,26 @@ static const struct {
     {"not protobuf", c_not_protobuf, FL_FAULT_HEADER, "4 bytes do not parse"},
     {"wrong wire type", c_wrong_wire_type, FL_FAULT_HEADER, "do not parse"},
     {"length past end", c_length_past_end, FL_FAULT_HEADER, "do not parse"},
+    {"host not UTF-8", c_host_not_utf8, FL_FAULT_HEADER,
+     "Register.host has bytes that are not UTF-8 at byte 5 of 7"},
+    {"newline in host", c_host_newline, FL_FAULT_HEADER,
+     "Register.host has a control character at byte 4"},
+    {"newline in shutdown text", c_shutdown_newline, FL_FAULT_HEADER,
+     "Shutdown.text has a control character at byte 3"},
+    {"NUL in job id", c_job_nul, FL_FAULT_HEADER, "Header.job_id has a NUL byte at byte 5 of 10"},
+    {"overlong in endpoint", c_endpoint_overlong, FL_FAULT_HEADER,
+     "Register.endpoints has bytes that are not UTF-8 at byte 6"},
+    {"C1 control in tuning", c_tuning_c1, FL_FAULT_HEADER,
+     "Register.tuning has a control character at byte 5"},
+    {"escape in peer host", c_peer_host_escape, FL_FAULT_HEADER,
+     "Peer.host has a control character at byte 1"},
+    {"surrogate in error text", c_error_text_surrogate, FL_FAULT_HEADER,
+     "Error.text has bytes that are not UTF-8 at byte 4"},
+    {"NUL in error host", c_error_host_nul, FL_FAULT_HEADER, "Error.host has a NUL byte at byte 1"},
+    {"tab in missing", c_missing_tab, FL_FAULT_HEADER,
+     "Heartbeat.missing has a control character at byte 3"},
+    {"DEL past the text cap", c_text_after_cap, FL_FAULT_HEADER,
+     "Shutdown.text has a control character at byte 516"},
 };
 
 START_TEST(test_decode_refusals)
@@ -960,6 +1097,42 @@ START_TEST(test_decode_free_text_truncated)
     ck_assert_int_eq(decode_exact(p.b, p.n, &out, &fault), FL_OK);
     free(p.b);
     ck_assert_uint_eq(strlen(out.u.heartbeat.missing), FL_MSG_MISSING_MAX - 1);
+    fl_msg_hdr_deinit(&out);
+}
+END_TEST
+
+START_TEST(test_decode_utf8_text)
+{
+    /* Text in any script travels as it is, in identifiers and in free text. */
+    static const char host[] = "n\xc5\x93ud-\xc3\xbc-\xe6\x97\xa5\xe6\x9c\xac-\xf0\x9f\x98\x80";
+    pb_t p = {0};
+    pb_header(&p, FL_MSG_MAGIC, FL_MSG_VERSION, FL_MSG_REGISTER, 2);
+    pb_register_body(&p, host, 1, "tcp://\xc3\xa9:1", "seg=1,note=\xe2\x82\xac");
+    fl_msg_hdr_t out;
+    fl_msg_fault_t fault;
+    ck_assert_int_eq(decode_exact(p.b, p.n, &out, &fault), FL_OK);
+    free(p.b);
+    ck_assert_str_eq(out.u.reg.host, host);
+    ck_assert_str_eq(out.u.reg.endpoints[0], "tcp://\xc3\xa9:1");
+    fl_msg_hdr_deinit(&out);
+
+    /* Free text longer than its field is cut between characters, never inside one, so what
+     * arrives still obeys the rule (and can be sent on). 300 two-byte characters: 510 bytes
+     * fit in 511, not 511. */
+    char text[601];
+    for (int i = 0; i < 300; i++)
+        memcpy(text + 2 * i, "\xc3\xa9", 2);
+    text[600] = '\0';
+    p = (pb_t){0};
+    pb_header(&p, FL_MSG_MAGIC, FL_MSG_VERSION, FL_MSG_SHUTDOWN, 2);
+    pb_t b = {0};
+    pb_str(&b, 2, text);
+    pb_sub(&p, 21, &b);
+    ck_assert_int_eq(decode_exact(p.b, p.n, &out, &fault), FL_OK);
+    free(p.b);
+    size_t n = strlen(out.u.shutdown.text);
+    ck_assert_uint_eq(n, 510);
+    ck_assert_uint_eq(fl_text_scan(out.u.shutdown.text, n, NULL), n);
     fl_msg_hdr_deinit(&out);
 }
 END_TEST
@@ -1153,10 +1326,76 @@ START_TEST(test_encode_refusals)
     h.u.welcome.npeers = 2;
     fl_msg_hdr_deinit(&h);
 
+    /* Identifiers that break the wire-text rule are refused, not sent for a receiver to
+     * refuse. */
+    make_barrier(&h);
+    snprintf(h.job_id, sizeof h.job_id, "job\xff");
+    expect_encode_refused(&h, "job id has bytes that are not UTF-8 at byte 3");
+    make_register(&h);
+    snprintf(h.u.reg.host, sizeof h.u.reg.host, "evil\nline");
+    expect_encode_refused(&h, "host has a control character at byte 4");
+    make_register(&h);
+    snprintf(h.u.reg.endpoints[1], FL_ENDPOINT_MAX, "tcp://\x1b:1");
+    expect_encode_refused(&h, "endpoint has a control character");
+    make_register(&h);
+    snprintf(h.u.reg.tuning, sizeof h.u.reg.tuning, "seg=1\t");
+    expect_encode_refused(&h, "tuning has a control character");
+    make_error(&h);
+    snprintf(h.u.error.host, sizeof h.u.error.host, "h\xc3");
+    expect_encode_refused(&h, "error host has bytes that are not UTF-8");
+    make_welcome(&h, 3);
+    snprintf(h.u.welcome.peers[2].host, FL_HOST_MAX, "p\x7f");
+    expect_encode_refused(&h, "peer host has a control character");
+    fl_msg_hdr_deinit(&h);
+
     fl_msg_hdr_init(&h, (fl_msg_type_t)42, 0);
     expect_encode_refused(&h, "42");
     fl_msg_hdr_init(&h, FL_MSG_NONE, 0);
     expect_encode_refused(&h, "type");
+}
+END_TEST
+
+/* Free text (an error's or a goodbye's text, the missing ranks) is sent whatever it holds: a
+ * goodbye must not be lost for a file name that is not UTF-8. The encoder escapes what breaks
+ * the rule instead, and text that obeys it goes as it is. */
+START_TEST(test_encode_escapes_free_text)
+{
+    static const char bad[] = "failed: /data/\xff.bin\n[0.000 ps] error: forged\x1b[2J\xc3";
+    static const char want[] = "failed: /data/\\xff.bin\\n[0.000 ps] error: forged\\x1b[2J\\xc3";
+    static const fl_msg_type_t types[] = {FL_MSG_SHUTDOWN, FL_MSG_ERROR, FL_MSG_HEARTBEAT};
+    for (size_t t = 0; t < NELEM(types); t++) {
+        fl_msg_hdr_t h;
+        fl_msg_hdr_init(&h, types[t], 1);
+        char *text = types[t] == FL_MSG_SHUTDOWN ? h.u.shutdown.text
+                     : types[t] == FL_MSG_ERROR  ? h.u.error.text
+                                                 : h.u.heartbeat.missing;
+        snprintf(text, 64, "%s", bad);
+        enc_t e;
+        encode_ok(&h, &e);
+        fl_msg_hdr_t out;
+        fl_msg_fault_t fault;
+        int rc = decode_exact(e.buf, e.len, &out, &fault);
+        free(e.buf);
+        ck_assert_msg(rc == FL_OK, "%s: %s", fl_msg_type_name(types[t]), fl_last_error());
+        const char *got = types[t] == FL_MSG_SHUTDOWN ? out.u.shutdown.text
+                          : types[t] == FL_MSG_ERROR  ? out.u.error.text
+                                                      : out.u.heartbeat.missing;
+        ck_assert_str_eq(got, want);
+        fl_msg_hdr_deinit(&out);
+    }
+    /* A text that fills its field and grows when escaped is cut to fit, between escapes. */
+    fl_msg_hdr_t h;
+    fl_msg_hdr_init(&h, FL_MSG_SHUTDOWN, 1);
+    memset(h.u.shutdown.text, '\n', FL_MSG_TEXT_MAX - 1);
+    enc_t e;
+    encode_ok(&h, &e);
+    fl_msg_hdr_t out;
+    fl_msg_fault_t fault;
+    ck_assert_int_eq(decode_exact(e.buf, e.len, &out, &fault), FL_OK);
+    free(e.buf);
+    ck_assert_uint_eq(strlen(out.u.shutdown.text), FL_MSG_TEXT_MAX - 1 - 1);
+    ck_assert_int_eq(strncmp(out.u.shutdown.text, "\\n\\n", 4), 0);
+    fl_msg_hdr_deinit(&out);
 }
 END_TEST
 
@@ -1335,9 +1574,11 @@ Suite *msg_suite(void)
     t = tcase_create("decode_refusals");
     tcase_set_timeout(t, 30);
     tcase_add_test(t, test_crafted_valid);
+    tcase_add_test(t, test_empty_body_is_present);
     tcase_add_loop_test(t, test_decode_refusals, 0, (int)NELEM(refusals));
     tcase_add_test(t, test_decode_version);
     tcase_add_test(t, test_decode_free_text_truncated);
+    tcase_add_test(t, test_decode_utf8_text);
     suite_add_tcase(s, t);
 
     t = tcase_create("decode_hostile");
@@ -1350,6 +1591,7 @@ Suite *msg_suite(void)
     t = tcase_create("encode_refusals");
     tcase_set_timeout(t, 30);
     tcase_add_test(t, test_encode_refusals);
+    tcase_add_test(t, test_encode_escapes_free_text);
     tcase_add_test(t, test_encode_no_memory);
     suite_add_tcase(s, t);
 

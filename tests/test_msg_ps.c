@@ -301,6 +301,7 @@ START_TEST(test_refusals)
     flodl__push__init(&push);
     push.kind = (Flodl__PushKind)7;
     pb_header(&ph, FLODL__MSG_TYPE__MSG_PUSH);
+    ph.body_case = FLODL__HEADER__BODY_PUSH;
     ph.push = &push;
     expect_refused(&ph, "push kind");
 
@@ -308,21 +309,55 @@ START_TEST(test_refusals)
     Flodl__Pull pull;
     flodl__pull__init(&pull);
     pb_header(&ph, FLODL__MSG_TYPE__MSG_PUSH);
+    ph.body_case = FLODL__HEADER__BODY_PULL;
     ph.pull = &pull;
-    expect_refused(&ph, "without its body");
+    expect_refused(&ph, "push message with a pull body");
 
-    /* Two bodies. */
-    pb_header(&ph, FLODL__MSG_TYPE__MSG_PULL);
-    ph.pull = &pull;
-    flodl__push__init(&push);
-    ph.push = &push;
-    expect_refused(&ph, "bodies");
+    /* A push type without a body. */
+    pb_header(&ph, FLODL__MSG_TYPE__MSG_PUSH);
+    expect_refused(&ph, "push message without its body");
+
+    /* Two bodies: a body is a oneof, so protobuf-c packs one; two packed headers back to back
+     * are one header on the wire (fields repeat, the last value wins) with both bodies. */
+    {
+        Flodl__Header second;
+        pb_header(&ph, FLODL__MSG_TYPE__MSG_PULL);
+        ph.body_case = FLODL__HEADER__BODY_PULL;
+        ph.pull = &pull;
+        pb_header(&second, FLODL__MSG_TYPE__MSG_PULL);
+        flodl__push__init(&push);
+        second.body_case = FLODL__HEADER__BODY_PUSH;
+        second.push = &push;
+        size_t n1 = protobuf_c_message_get_packed_size(&ph.base);
+        size_t n2 = protobuf_c_message_get_packed_size(&second.base);
+        uint8_t *buf = malloc(n1 + n2);
+        ck_assert_ptr_nonnull(buf);
+        protobuf_c_message_pack(&ph.base, buf);
+        protobuf_c_message_pack(&second.base, buf + n1);
+        fl_msg_hdr_t out;
+        fl_msg_fault_t fault = FL_FAULT_NONE;
+        ck_assert_int_eq(fl_msg_decode(buf, n1 + n2, &out, &fault), FL_EPROTO);
+        ck_assert_int_eq(fault, FL_FAULT_HEADER);
+        ck_assert_msg(strstr(fl_last_error(), "pull message with 2 bodies") != NULL, "%s",
+                      fl_last_error());
+        fl_msg_hdr_deinit(&out);
+        /* The same body twice is two bodies too. */
+        second.body_case = FLODL__HEADER__BODY_PULL;
+        second.pull = &pull;
+        n2 = protobuf_c_message_get_packed_size(&second.base);
+        protobuf_c_message_pack(&second.base, buf + n1);
+        ck_assert_int_eq(fl_msg_decode(buf, n1 + n2, &out, &fault), FL_EPROTO);
+        ck_assert_msg(strstr(fl_last_error(), "2 bodies") != NULL, "%s", fl_last_error());
+        fl_msg_hdr_deinit(&out);
+        free(buf);
+    }
 
     /* Unknown role and consistency in a registration. */
     Flodl__Register reg;
     flodl__register__init(&reg);
     reg.role = (Flodl__Role)5;
     pb_header(&ph, FLODL__MSG_TYPE__MSG_REGISTER);
+    ph.body_case = FLODL__HEADER__BODY_REG;
     ph.reg = &reg;
     expect_refused(&ph, "role");
     reg.role = FLODL__ROLE__ROLE_SERVER;
@@ -366,6 +401,7 @@ START_TEST(test_refusals)
     w.n_shards = many;
     w.shards = table;
     pb_header(&ph, FLODL__MSG_TYPE__MSG_WELCOME);
+    ph.body_case = FLODL__HEADER__BODY_WELCOME;
     ph.welcome = &w;
     expect_refused(&ph, "shard table");
     char host[FL_HOST_MAX + 1];

@@ -12,11 +12,13 @@
 #include <unistd.h>
 
 #include "fl_core.h"
+#include "fl_msg.h"
 #include "obsutil.h"
 #include "testproc.h"
 #include "testutil.h"
 
 #define PS_BIN FLODL_BIN_DIR "/server/flodl-ps"
+#define NELEM(a) (sizeof(a) / sizeof((a)[0]))
 #define WK_BIN FLODL_BIN_DIR "/worker/flodl-worker"
 
 static void start_worker(proc_t *p, const char *ep, int rank, int port, const char *timeline)
@@ -200,6 +202,88 @@ START_TEST(test_stall_report_names_the_missing_rank)
 }
 END_TEST
 
+/* The coordinator's refusals by kind on flodl-ps's /metrics: a header that does not parse, one
+ * with a wrong magic, and a registration for another job, each under its own `kind` label,
+ * and the foreign registration named in the log. */
+START_TEST(test_bad_messages_by_kind)
+{
+    proc_t p[1];
+    memset(p, 0, sizeof p);
+    char ep[FL_ENDPOINT_MAX], out[8192];
+    int ps_port = free_port();
+    char ps_mp[16];
+    snprintf(ps_mp, sizeof ps_mp, "%d", ps_port);
+    const char *extra[] = {"--metrics-port", ps_mp, "--metrics-bind", "127.0.0.1", NULL};
+    ck_assert(start_ps(&p[0], 2, extra, NULL, ep, sizeof ep, 1));
+
+    fl_ctx_opts_t co;
+    fl_ctx_opts_init(&co);
+    co.log_level = FL_LOG_OFF;
+    fl_ctx_t *ctx = NULL;
+    ck_assert_int_eq(fl_ctx_create(&co, &ctx), FL_OK);
+    fl_tp_opts_t t;
+    fl_tp_opts_init(&t);
+    t.linger_ms = 0;
+    fl_tp_sock_t *x = NULL;
+    ck_assert_int_eq(fl_tp_sock_create(ctx, FL_TP_DEALER, &t, "stranger", &x), FL_OK);
+    ck_assert_int_eq(fl_tp_sock_connect(x, ep), FL_OK);
+    static const uint8_t garbage[8] = {0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff};
+    static const uint8_t magic[5] = {0x0d, 0x44, 0x33, 0x22, 0x11}; /* magic 0x11223344 */
+    const void *parts[1] = {garbage};
+    size_t sizes[1] = {sizeof garbage};
+    ck_assert_int_eq(fl_tp_send_raw(x, parts, sizes, 1), FL_OK);
+    parts[0] = magic;
+    sizes[0] = sizeof magic;
+    ck_assert_int_eq(fl_tp_send_raw(x, parts, sizes, 1), FL_OK);
+    fl_msg_hdr_t h;
+    fl_msg_hdr_init(&h, FL_MSG_REGISTER, 1);
+    snprintf(h.job_id, sizeof h.job_id, "other-job");
+    h.u.reg.rank = 1;
+    h.u.reg.world_size = 2;
+    snprintf(h.u.reg.host, sizeof h.u.reg.host, "stranger-host");
+    h.u.reg.nendpoints = 1;
+    snprintf(h.u.reg.endpoints[0], FL_ENDPOINT_MAX, "tcp://127.0.0.1:9");
+    ck_assert_int_eq(fl_tp_send(x, NULL, &h, NULL, 0, fl_deadline_in(1000)), FL_OK);
+    for (int i = 0; i < 3; i++) { /* each is answered */
+        fl_tp_msg_t m;
+        fl_test_expect_msg(x, FL_MSG_ERROR, 5000, &m);
+        fl_tp_msg_close(&m);
+    }
+
+    static const struct {
+        const char *series;
+        double want;
+    } kinds[] = {
+        {"flodl_ps_bad_messages_total{kind=\"bad_header\"}", 1},
+        {"flodl_ps_bad_messages_total{kind=\"bad_magic\"}", 1},
+        {"flodl_ps_bad_messages_total{kind=\"bad_job\"}", 1},
+        {"flodl_ps_bad_messages_total{kind=\"bad_version\"}", 0},
+        {"flodl_ps_bad_messages_total{kind=\"bad_frames\"}", 0},
+        {"flodl_ps_bad_messages_total{kind=\"oversized\"}", 0},
+        {"flodl_ps_bad_messages_total{kind=\"unexpected\"}", 0},
+    };
+    char *c = scrape(ps_port);
+    ck_assert_int_eq(count_lines(c, "flodl_ps_bad_messages_total "), 0); /* no unlabelled sum */
+    ck_assert_int_eq(count_lines(c, "flodl_ps_bad_messages_total{kind="), (int)NELEM(kinds));
+    for (size_t k = 0; k < NELEM(kinds); k++) {
+        double v = fl_test_metric_value(c, kinds[k].series);
+        ck_assert_msg(v == kinds[k].want, "%s is %g, expected %g:\n%s", kinds[k].series, v,
+                      kinds[k].want, c);
+    }
+    free(c);
+    fl_tp_sock_destroy(&x);
+    fl_ctx_destroy(&ctx);
+    procs_stop(p, 1);
+    show(p, 1, out, sizeof out);
+    ck_assert_msg(p[0].buf[1] != NULL &&
+                      strstr(p[0].buf[1], "refused a registration for rank 1 from host "
+                                          "stranger-host") != NULL &&
+                      strstr(p[0].buf[1], "of job 'other-job'") != NULL,
+                  "the foreign registration is not in the log:%s", out);
+    procs_free(p, 1);
+}
+END_TEST
+
 static Suite *suite(void)
 {
     Suite *s = suite_create("obs_proc");
@@ -207,6 +291,7 @@ static Suite *suite(void)
     tcase_set_timeout(t, 120);
     tcase_add_test(t, test_scraped_while_training);
     tcase_add_test(t, test_stall_report_names_the_missing_rank);
+    tcase_add_test(t, test_bad_messages_by_kind);
     suite_add_tcase(s, t);
     return s;
 }
