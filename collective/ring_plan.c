@@ -1,6 +1,7 @@
 /* Shard layout and ring segmentation: the arithmetic every rank must agree on, kept free of IO
  * so that it is tested exhaustively on its own. */
 #include "fl_coll.h"
+#include "fl_msg.h"
 
 size_t fl_shard_offset(size_t count, int nshards, int index)
 {
@@ -33,17 +34,20 @@ size_t fl_ring_segn(size_t chunk_cnt, size_t elem_bytes, size_t segment_bytes)
     return segn;
 }
 
+/* The kinds travel in heartbeats too, where the coordinator names them (proto/). */
+_Static_assert(FL_COLL_ALLREDUCE == (int)FL_MSG_OP_ALLREDUCE &&
+                   FL_COLL_REDUCE_SCATTER == (int)FL_MSG_OP_REDUCE_SCATTER &&
+                   FL_COLL_ALLGATHER == (int)FL_MSG_OP_ALLGATHER &&
+                   FL_COLL_BROADCAST == (int)FL_MSG_OP_BROADCAST &&
+                   FL_COLL_BARRIER == (int)FL_MSG_OP_BARRIER &&
+                   FL_COLL_SPARSE_ALLREDUCE == (int)FL_MSG_OP_SPARSE_ALLREDUCE,
+               "collective kinds and heartbeat operations disagree");
+
 const char *fl_coll_kind_name(int kind)
 {
-    switch (kind) {
-    case FL_COLL_ALLREDUCE: return "allreduce";
-    case FL_COLL_REDUCE_SCATTER: return "reduce-scatter";
-    case FL_COLL_ALLGATHER: return "all-gather";
-    case FL_COLL_BROADCAST: return "broadcast";
-    case FL_COLL_BARRIER: return "barrier";
-    case FL_COLL_SPARSE_ALLREDUCE: return "sparse allreduce";
-    default: return "unknown collective";
-    }
+    if (kind < FL_COLL_ALLREDUCE || kind > FL_COLL_SPARSE_ALLREDUCE)
+        return "unknown collective";
+    return fl_msg_op_name((uint32_t)kind);
 }
 
 const char *fl_coll_phase_name(int phase)

@@ -338,6 +338,27 @@ typedef struct fl_launch_info {
  * or FL_EINVAL naming the variable. */
 int fl_launch_from_env(fl_env_get_fn get, void *ud, fl_launch_info_t *out);
 
+/* ---- rate-limited warnings (ratelimit.c) ----
+ * The first `burst` lines of each window pass; later ones are held back and counted, and the
+ * count is handed back once the window is over, for one summary line. */
+typedef struct fl_ratelimit {
+    int burst;
+    int window_ms;
+    int64_t start_ms; /* the window's start, 0: none open */
+    uint64_t passed;  /* lines let through in the window */
+    uint64_t held;    /* lines held back in the window */
+} fl_ratelimit_t;
+
+void fl_ratelimit_init(fl_ratelimit_t *r, int burst, int window_ms);
+
+/* True when a line may be logged now. *held: lines held back in a window that has ended (log a
+ * summary when non-zero), 0 otherwise. */
+bool fl_ratelimit_allow(fl_ratelimit_t *r, int64_t now_ms, uint64_t *held);
+
+/* For a periodic tick: the lines held back in a window that has ended (and closes it), so the
+ * summary is written even when nothing more comes; 0 when there is none to write. */
+uint64_t fl_ratelimit_flush(fl_ratelimit_t *r, int64_t now_ms);
+
 /* ---- settings every rank must share (settings.c) ----
  * "name=value" pairs separated by ';' (names: a-z 0-9 _ - .; values: printable ASCII), sent
  * at registration; the coordinator refuses a job whose ranks disagree, naming the setting and

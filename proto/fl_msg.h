@@ -286,6 +286,29 @@ int fl_msg_check_frames(const fl_msg_hdr_t *h, const size_t *sizes, size_t n, si
 /* "register", "chunk", ...; "unknown" for others. */
 const char *fl_msg_type_name(int type);
 
+/* The operation a member reports in its heartbeats (Heartbeat.op): the collectives (their
+ * numbers are Chunk.coll's, collective/fl_coll.h) and the parameter-server client's calls (its
+ * step in Heartbeat.op_seq). */
+typedef enum fl_msg_op {
+    FL_MSG_OP_NONE = 0,
+    FL_MSG_OP_ALLREDUCE = 1,
+    FL_MSG_OP_REDUCE_SCATTER = 2,
+    FL_MSG_OP_ALLGATHER = 3,
+    FL_MSG_OP_BROADCAST = 4,
+    FL_MSG_OP_BARRIER = 5,
+    FL_MSG_OP_SPARSE_ALLREDUCE = 6,
+    FL_MSG_OP_PUSH = 16,
+    FL_MSG_OP_PULL = 17,
+    FL_MSG_OP_PUSH_PULL = 18,
+} fl_msg_op_t;
+
+/* "allreduce", "push", ...; "operation <n>" for another number (into a static buffer of the
+ * caller's thread). */
+const char *fl_msg_op_name(uint32_t op);
+
+/* True for the parameter-server client's operations. */
+bool fl_msg_op_is_ps(uint32_t op);
+
 #ifdef __cplusplus
 }
 #endif

@@ -1,6 +1,7 @@
 /* Header lifetime and the frame check: the pieces of proto/ that need no protobuf-c. */
 #include "fl_msg.h"
 
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -134,6 +135,32 @@ const char *fl_msg_type_name(int type)
     case FL_MSG_PULL_REPLY: return "pull-reply";
     default: return "unknown";
     }
+}
+
+const char *fl_msg_op_name(uint32_t op)
+{
+    switch (op) {
+    case FL_MSG_OP_NONE: return "none";
+    case FL_MSG_OP_ALLREDUCE: return "allreduce";
+    case FL_MSG_OP_REDUCE_SCATTER: return "reduce-scatter";
+    case FL_MSG_OP_ALLGATHER: return "all-gather";
+    case FL_MSG_OP_BROADCAST: return "broadcast";
+    case FL_MSG_OP_BARRIER: return "barrier";
+    case FL_MSG_OP_SPARSE_ALLREDUCE: return "sparse allreduce";
+    case FL_MSG_OP_PUSH: return "push";
+    case FL_MSG_OP_PULL: return "pull";
+    case FL_MSG_OP_PUSH_PULL: return "push and pull";
+    default: {
+        static _Thread_local char other[32];
+        snprintf(other, sizeof other, "operation %u", op);
+        return other;
+    }
+    }
+}
+
+bool fl_msg_op_is_ps(uint32_t op)
+{
+    return op == FL_MSG_OP_PUSH || op == FL_MSG_OP_PULL || op == FL_MSG_OP_PUSH_PULL;
 }
 
 int fl_msg_check_frames(const fl_msg_hdr_t *h, const size_t *sizes, size_t n, size_t max_bytes,

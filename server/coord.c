@@ -79,6 +79,7 @@ int fl_coord_create(const fl_coord_opts_t *o, fl_coord_t **out)
     snprintf(c->job_id, sizeof c->job_id, "%s", o->job_id);
     c->world = o->world_size;
     atomic_store(&c->nunheard, o->world_size);
+    fl_ratelimit_init(&c->warn_rl, FL_COORD_WARN_BURST, FL_COORD_WARN_WINDOW_MS);
     c->hb_timeout_ms = o->heartbeat_timeout_ms;
     c->stall_ms = o->stall_report_ms;
     c->hb_ms = o->heartbeat_ms > 0 ? o->heartbeat_ms : o->heartbeat_timeout_ms / 5;

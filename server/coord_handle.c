@@ -4,6 +4,7 @@
  * an error reply where the sender can be reached; nothing here stops serving the others. */
 #include "coord_int.h"
 
+#include <stdarg.h>
 #include <stdio.h>
 #include <string.h>
 #include <time.h>
@@ -31,11 +32,43 @@ void fl_coord_send_error(fl_coord_t *c, const fl_tp_route_t *to, int code, int a
         FL_DEBUG(c->ctx, "could not send error '%s': %s", h.u.error.text, fl_last_error());
 }
 
+/* A summary of the warnings held back: how many, and the bad-message counts by kind. */
+static void warn_summary(fl_coord_t *c, uint64_t held)
+{
+    FL_WARN(c->ctx, "%llu more warnings held back in the last %d s; bad messages so far: "
+                    "header %llu, magic %llu, version %llu, job %llu, frames %llu, size %llu, "
+                    "unexpected %llu",
+            (unsigned long long)held, c->warn_rl.window_ms / 1000,
+            (unsigned long long)fl_ctx_stat(c->ctx, FL_STAT_BAD_HEADER),
+            (unsigned long long)fl_ctx_stat(c->ctx, FL_STAT_BAD_MAGIC),
+            (unsigned long long)fl_ctx_stat(c->ctx, FL_STAT_BAD_VERSION),
+            (unsigned long long)fl_ctx_stat(c->ctx, FL_STAT_BAD_JOB),
+            (unsigned long long)fl_ctx_stat(c->ctx, FL_STAT_BAD_FRAMES),
+            (unsigned long long)fl_ctx_stat(c->ctx, FL_STAT_OVERSIZED),
+            (unsigned long long)fl_ctx_stat(c->ctx, FL_STAT_UNEXPECTED));
+}
+
+void fl_coord_warn(fl_coord_t *c, const char *fmt, ...)
+{
+    uint64_t held = 0;
+    bool allow = fl_ratelimit_allow(&c->warn_rl, fl_now_ms(), &held);
+    if (held > 0)
+        warn_summary(c, held);
+    if (!allow)
+        return;
+    char text[2048];
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(text, sizeof text, fmt, ap);
+    va_end(ap);
+    FL_WARN(c->ctx, "%s", text);
+}
+
 void fl_coord_on_refused(fl_coord_t *c, fl_tp_msg_t *m)
 {
     char detail[1024];
     snprintf(detail, sizeof detail, "%s", fl_last_error());
-    FL_WARN(c->ctx, "refused a message: %s", detail);
+    fl_coord_warn(c, "refused a message: %s", detail);
     if (m->route.len == 0)
         return;
     fl_coord_send_error(c, &m->route, FL_EPROTO, m->hdr.sender, "",
@@ -186,6 +219,24 @@ static void fail_rendezvous(fl_coord_t *c, const fl_tp_route_t *to, int r, const
     fail_rendezvous_all(c, FL_EINVAL, FL_EINVAL, r, host, text, to);
 }
 
+/* Refuses a registration: the asker hears why, and the coordinator's log says it too (at
+ * warn, rate-limited), with both sides' values as the text gives them. */
+static void refuse_reg(fl_coord_t *c, const fl_tp_route_t *to, int r, const char *host,
+                       const char *fmt, ...) FL_PRINTF(5, 6);
+
+static void refuse_reg(fl_coord_t *c, const fl_tp_route_t *to, int r, const char *host,
+                       const char *fmt, ...)
+{
+    char text[FL_MSG_TEXT_MAX];
+    char shown[FL_MSG_TEXT_MAX];
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(text, sizeof text, fmt, ap);
+    va_end(ap);
+    fl_coord_warn(c, "refused a registration: %s", fl_text_escape(text, shown, sizeof shown));
+    fl_coord_send_error(c, to, FL_EINVAL, r, host, "%s", text);
+}
+
 static void on_register(fl_coord_t *c, fl_tp_msg_t *m)
 {
     if (m->hdr.u.reg.role == FL_ROLE_SERVER)
@@ -202,7 +253,7 @@ static void on_register(fl_coord_t *c, fl_tp_msg_t *m)
          * message (bad_job), and worth a line, since that job is now waiting for nothing. */
         char job[FL_JOB_MAX];
         fl_ctx_count(c->ctx, FL_STAT_BAD_JOB, 1);
-        FL_WARN(c->ctx, "refused a registration for rank %d from host %s (pid %d) of job '%s': "
+        fl_coord_warn(c, "refused a registration for rank %d from host %s (pid %d) of job '%s': "
                         "this is job '%s'",
                 r, host, reg->pid, fl_text_escape(m->hdr.job_id, job, sizeof job), c->job_id);
         return fl_coord_send_error(c, to, FL_EINVAL, r, reg->host,
@@ -211,22 +262,22 @@ static void on_register(fl_coord_t *c, fl_tp_msg_t *m)
                                    r, reg->host, m->hdr.job_id, c->job_id);
     }
     if (reg->world_size != c->world)
-        return fl_coord_send_error(c, to, FL_EINVAL, r, reg->host,
+        return refuse_reg(c, to, r, reg->host,
                                    "rank %d (host %s) expects world size %d, the coordinator "
                                    "expects %d",
                                    r, reg->host, reg->world_size, c->world);
     if (r < 0 || r >= c->world)
-        return fl_coord_send_error(c, to, FL_EINVAL, r, reg->host,
+        return refuse_reg(c, to, r, reg->host,
                                    "rank %d (host %s) is out of range 0..%d for world size %d",
                                    r, reg->host, c->world - 1, c->world);
     if (reg->nendpoints < 1 && reg->param_count == 0)
-        return fl_coord_send_error(c, to, FL_EINVAL, r, reg->host,
+        return refuse_reg(c, to, r, reg->host,
                                    "rank %d (host %s) registered without a data endpoint (only "
                                    "parameter-server clients, which declare their parameter "
                                    "count, need none)",
                                    r, reg->host);
     if (reg->nshard_eps > 0)
-        return fl_coord_send_error(c, to, FL_EINVAL, r, reg->host,
+        return refuse_reg(c, to, r, reg->host,
                                    "rank %d (host %s) registered shard endpoints, which only "
                                    "parameter-server processes have",
                                    r, reg->host);
@@ -259,7 +310,7 @@ static void on_register(fl_coord_t *c, fl_tp_msg_t *m)
         }
         fl_ctx_count(c->ctx, FL_STAT_UNEXPECTED, 1);
         char holder[FL_HOST_MAX];
-        FL_WARN(c->ctx, "refused a registration for rank %d from host %s (pid %d): the rank is "
+        fl_coord_warn(c, "refused a registration for rank %d from host %s (pid %d): the rank is "
                         "held by host %s (pid %d), heard from %lld ms ago",
                 r, host, reg->pid, fl_text_escape(k->reg.host, holder, sizeof holder),
                 k->reg.pid, (long long)quiet);
@@ -269,11 +320,11 @@ static void on_register(fl_coord_t *c, fl_tp_msg_t *m)
                                    r, reg->host, reg->pid);
     }
     if (c->phase == PHASE_RUNNING)
-        return fl_coord_send_error(c, to, FL_EINVAL, r, reg->host,
+        return refuse_reg(c, to, r, reg->host,
                                    "rank %d (host %s) registered after job '%s' started", r,
                                    reg->host, c->job_id);
     if (c->phase != PHASE_RENDEZVOUS)
-        return fl_coord_send_error(c, to, FL_EINVAL, r, reg->host,
+        return refuse_reg(c, to, r, reg->host,
                                    "rank %d (host %.64s) registered after job '%.64s' failed: "
                                    "%.380s",
                                    r, reg->host, c->job_id, c->result_text);
@@ -282,7 +333,7 @@ static void on_register(fl_coord_t *c, fl_tp_msg_t *m)
     snprintf(who, sizeof who, "rank %d (host %s)", r, reg->host);
     if (reg->param_count != 0 &&
         fl_coord_ps_check_params(c, reg->param_count, who, why, sizeof why) != FL_OK)
-        return fl_coord_send_error(c, to, FL_EINVAL, r, reg->host, "%s", why);
+        return refuse_reg(c, to, r, reg->host, "%s", why);
     if (fl_coord_check_agree(c, r, reg, why, sizeof why) != FL_OK)
         return fail_rendezvous(c, to, r, reg->host, why);
     k->registered = true;
@@ -461,26 +512,54 @@ void fl_coord_on_message(fl_coord_t *c, fl_tp_msg_t *m)
 
 void fl_coord_describe_op(const coord_rank_t *k, char *out, size_t cap)
 {
-    if (k->op == 0)
-        snprintf(out, cap, "not in a collective (last was #%llu)",
+    /* A parameter-server client: no data endpoint, a parameter count. */
+    bool ps = fl_msg_op_is_ps(k->op) || (k->reg.nendpoints == 0 && k->reg.param_count > 0);
+    if (ps && k->op == 0)
+        snprintf(out, cap, "between steps (its last push or pull was for step %llu)",
+                 (unsigned long long)k->op_seq);
+    else if (ps)
+        snprintf(out, cap, "in the %s of step %llu", fl_msg_op_name(k->op),
+                 (unsigned long long)k->op_seq);
+    else if (k->op == 0)
+        snprintf(out, cap, "not in a collective (the last was #%llu)",
                  (unsigned long long)k->op_seq);
     else if (k->waiting_on >= 0)
-        snprintf(out, cap, "in collective #%llu (kind %u) step %u, waiting for rank %d",
-                 (unsigned long long)k->op_seq, k->op, k->op_step, k->waiting_on);
+        snprintf(out, cap, "in %s #%llu (step %u), waiting for rank %d", fl_msg_op_name(k->op),
+                 (unsigned long long)k->op_seq, k->op_step, k->waiting_on);
     else
-        snprintf(out, cap, "in collective #%llu (kind %u) step %u",
-                 (unsigned long long)k->op_seq, k->op, k->op_step);
+        snprintf(out, cap, "in %s #%llu (step %u)", fl_msg_op_name(k->op),
+                 (unsigned long long)k->op_seq, k->op_step);
+}
+
+/* What the others say of a dead rank: the newest collective a rank waits for it in. Its own
+ * last heartbeat may be a period older. */
+static void others_view(const fl_coord_t *c, int dead, char *out, size_t cap)
+{
+    out[0] = '\0';
+    int who = -1;
+    for (int q = 0; q < c->world; q++) {
+        const coord_rank_t *o = &c->ranks[q];
+        if (q == dead || !o->registered || o->left || o->op == 0 || o->waiting_on != dead)
+            continue;
+        if (who < 0 || o->op_seq > c->ranks[who].op_seq)
+            who = q;
+    }
+    if (who >= 0 && c->ranks[who].op_seq > c->ranks[dead].op_seq)
+        snprintf(out, cap, "; rank %d waits for it in %s #%llu", who,
+                 fl_msg_op_name(c->ranks[who].op), (unsigned long long)c->ranks[who].op_seq);
 }
 
 static void declare_dead(fl_coord_t *c, int dead, int64_t silent)
 {
     coord_rank_t *k = &c->ranks[dead];
     char op[160];
+    char view[128];
     char text[FL_MSG_TEXT_MAX];
     fl_coord_describe_op(k, op, sizeof op);
-    snprintf(text, sizeof text, "rank %d (host %s, pid %d) declared dead: silent for %lld ms "
-                                "(timeout %d ms); it was %s",
-             dead, k->reg.host, k->reg.pid, (long long)silent, c->hb_timeout_ms, op);
+    others_view(c, dead, view, sizeof view);
+    snprintf(text, sizeof text, "rank %d (host %.64s, pid %d) declared dead: silent for %lld ms "
+                                "(timeout %d ms); it was %s%s",
+             dead, k->reg.host, k->reg.pid, (long long)silent, c->hb_timeout_ms, op, view);
     char shown[FL_MSG_TEXT_MAX];
     FL_ERROR(c->ctx, "%s", fl_text_escape(text, shown, sizeof shown));
     /* The rank itself hears it too, should it be frozen rather than gone (SIGSTOP, a paused
@@ -574,6 +653,9 @@ void fl_coord_get_info(fl_coord_t *c, fl_coord_info_t *info, fl_coord_rank_info_
 
 void fl_coord_tick(fl_coord_t *c, int64_t now)
 {
+    uint64_t held = fl_ratelimit_flush(&c->warn_rl, now);
+    if (held > 0)
+        warn_summary(c, held);
     if (now - c->last_hb_ms >= c->hb_ms) {
         send_heartbeats(c);
         c->last_hb_ms = now;

@@ -80,6 +80,7 @@ struct fl_coord {
     int stall_ms;
     bool ran; /* the rendezvous completed (the job started) */
     int64_t last_stall_ms; /* when the last stall report was written */
+    fl_ratelimit_t warn_rl; /* warnings about peers' messages (fl_coord_warn) */
 
     /* shared with fl_coord_wait / fl_coord_registered */
     pthread_mutex_t lock;
@@ -119,6 +120,13 @@ void fl_coord_on_refused(fl_coord_t *c, fl_tp_msg_t *m);
 
 /* Periodic work: heartbeats, liveness, rendezvous deadline (coord_handle.c). */
 void fl_coord_tick(fl_coord_t *c, int64_t now);
+
+/* A warning about what a peer sent (a refused message or registration), rate-limited: the
+ * first FL_COORD_WARN_BURST of each FL_COORD_WARN_WINDOW_MS pass, then one summary line with
+ * the count held back and the bad messages by kind. */
+#define FL_COORD_WARN_BURST 10
+#define FL_COORD_WARN_WINDOW_MS 10000
+void fl_coord_warn(fl_coord_t *c, const char *fmt, ...) FL_PRINTF(2, 3);
 
 /* Sends an error to a route and counts it. */
 void fl_coord_send_error(fl_coord_t *c, const fl_tp_route_t *to, int code, int about,

@@ -110,6 +110,23 @@ static void describe_settings(const fl_msg_register_t *r, char *out, size_t cap)
              r->ckpt_every_steps, r->ckpt_every_ms, r->tuning);
 }
 
+/* Refuses a server's registration: it hears why, and the log says so (rate-limited). */
+static void refuse_server(fl_coord_t *c, const fl_tp_route_t *to, const char *host,
+                          const char *fmt, ...) FL_PRINTF(4, 5);
+
+static void refuse_server(fl_coord_t *c, const fl_tp_route_t *to, const char *host,
+                          const char *fmt, ...)
+{
+    char text[FL_MSG_TEXT_MAX];
+    char shown[FL_MSG_TEXT_MAX];
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(text, sizeof text, fmt, ap);
+    va_end(ap);
+    fl_coord_warn(c, "refused a registration: %s", fl_text_escape(text, shown, sizeof shown));
+    fl_coord_send_error(c, to, FL_EINVAL, -1, host, "%s", text);
+}
+
 void fl_coord_ps_on_register(fl_coord_t *c, fl_tp_msg_t *m)
 {
     fl_msg_register_t *reg = &m->hdr.u.reg;
@@ -121,7 +138,7 @@ void fl_coord_ps_on_register(fl_coord_t *c, fl_tp_msg_t *m)
         char shown[FL_HOST_MAX];
         char job[FL_JOB_MAX];
         fl_ctx_count(c->ctx, FL_STAT_BAD_JOB, 1);
-        FL_WARN(c->ctx, "refused the parameter server on %s (pid %d) of job '%s': this is job "
+        fl_coord_warn(c, "refused the parameter server on %s (pid %d) of job '%s': this is job "
                         "'%s'",
                 fl_text_escape(host, shown, sizeof shown), reg->pid,
                 fl_text_escape(m->hdr.job_id, job, sizeof job), c->job_id);
@@ -131,22 +148,22 @@ void fl_coord_ps_on_register(fl_coord_t *c, fl_tp_msg_t *m)
                                    host, m->hdr.job_id, c->job_id);
     }
     if (c->nshards == 0)
-        return fl_coord_send_error(c, to, FL_EINVAL, -1, host,
+        return refuse_server(c, to, host,
                                    "parameter server on %s refused: job '%s' has no parameter "
                                    "server (the coordinator runs with 0 shards)",
                                    host, c->job_id);
     if ((int)reg->num_shards != c->nshards)
-        return fl_coord_send_error(c, to, FL_EINVAL, -1, host,
+        return refuse_server(c, to, host,
                                    "parameter server on %s serves a job of %u shards, the "
                                    "coordinator expects %d",
                                    host, reg->num_shards, c->nshards);
     if (count < 1 || first < 0 || first >= c->nshards || count > c->nshards - first)
-        return fl_coord_send_error(c, to, FL_EINVAL, -1, host,
+        return refuse_server(c, to, host,
                                    "parameter server on %s registered shards %d..%d, outside "
                                    "0..%d",
                                    host, first, first + count - 1, c->nshards - 1);
     if ((int)reg->nshard_eps != count)
-        return fl_coord_send_error(c, to, FL_EINVAL, -1, host,
+        return refuse_server(c, to, host,
                                    "parameter server on %s registered %d shards with %u "
                                    "endpoints",
                                    host, count, reg->nshard_eps);
@@ -171,14 +188,14 @@ void fl_coord_ps_on_register(fl_coord_t *c, fl_tp_msg_t *m)
                 fl_coord_welcome_again(c, to);
             return;
         }
-        return fl_coord_send_error(c, to, FL_EINVAL, -1, host,
+        return refuse_server(c, to, host,
                                    "parameter server on %s (pid %d) registered shards %d..%d, "
                                    "but %s serves some of them",
                                    host, reg->pid, first, first + count - 1,
                                    server_name(v, name, sizeof name));
     }
     if (c->phase != PHASE_RENDEZVOUS)
-        return fl_coord_send_error(c, to, FL_EINVAL, -1, host,
+        return refuse_server(c, to, host,
                                    "parameter server on %s registered after job '%s' %s; a "
                                    "parameter server cannot join a running job: restart every "
                                    "flodl-ps with --resume",
@@ -190,7 +207,7 @@ void fl_coord_ps_on_register(fl_coord_t *c, fl_tp_msg_t *m)
             char mine[FL_MSG_TUNING_MAX + 96], theirs[FL_MSG_TUNING_MAX + 96];
             describe_settings(reg, mine, sizeof mine);
             describe_settings(&v->reg, theirs, sizeof theirs);
-            return fl_coord_send_error(c, to, FL_EINVAL, -1, host,
+            return refuse_server(c, to, host,
                                        "parameter server on %s uses '%s', %s uses '%s'; all "
                                        "servers must agree",
                                        host, mine, server_name(v, name, sizeof name), theirs);
@@ -202,7 +219,7 @@ void fl_coord_ps_on_register(fl_coord_t *c, fl_tp_msg_t *m)
              first + count - 1);
     if (reg->param_count != 0 &&
         fl_coord_ps_check_params(c, reg->param_count, who, why, sizeof why) != FL_OK)
-        return fl_coord_send_error(c, to, FL_EINVAL, -1, host, "%s", why);
+        return refuse_server(c, to, host, "%s", why);
 
     coord_server_t *v = &c->servers[first];
     free(v->reg.shard_eps);

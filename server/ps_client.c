@@ -321,6 +321,7 @@ int fl_ps_client_create(const fl_ps_client_opts_t *o, fl_ps_client_t **out)
     if ((rc = fl_tp_member_create(cl->ctx, &mo, &cl->member)) != FL_OK)
         goto fail;
     cl->events = fl_tp_member_events(cl->member);
+    cl->status = fl_tp_member_status(cl->member);
 
     fl_msg_register_t reg;
     memset(&reg, 0, sizeof reg);

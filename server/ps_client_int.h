@@ -31,6 +31,7 @@ struct fl_ps_client {
     fl_ctx_t *ctx;
     fl_tp_member_t *member;
     fl_tp_sock_t *events; /* owned by member */
+    fl_tp_status_t *status; /* owned by member: the push or pull in flight, for heartbeats */
 
     /* from the (latest) welcome */
     uint64_t generation;

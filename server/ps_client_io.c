@@ -10,6 +10,7 @@
 
 #include <inttypes.h>
 #include <math.h>
+#include <stdatomic.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -319,6 +320,12 @@ static int run(fl_ps_client_t *cl, xchg_t *x, const fl_ps_grad_t *grad, const fl
     int64_t deadline = fl_deadline_in(cl->o.timeout_ms + REPLY_MARGIN_MS);
     bool mark = grad != NULL && checkpoint_mark(cl);
     int rc = FL_OK;
+    /* What the heartbeats say this rank is doing (the coordinator names it should the rank
+     * die): the call and its step. */
+    atomic_store(&cl->status->seq, (uint64_t)cl->step);
+    atomic_store(&cl->status->op, x->push && x->pull ? FL_MSG_OP_PUSH_PULL
+                                  : x->push          ? FL_MSG_OP_PUSH
+                                                     : FL_MSG_OP_PULL);
     for (int s = 0; s < cl->nshards && rc == FL_OK; s++) {
         cl_shard_t *sh = &cl->shards[s];
         if (sh->count == 0)
@@ -329,8 +336,10 @@ static int run(fl_ps_client_t *cl, xchg_t *x, const fl_ps_grad_t *grad, const fl
             rc = send_pull(cl, sh, cl->step + (grad != NULL ? 1 : 0), x->latest, x->seq,
                            deadline);
     }
-    if (rc != FL_OK)
+    if (rc != FL_OK) {
+        atomic_store(&cl->status->op, FL_MSG_OP_NONE);
         return rc;
+    }
     int n = cl->nshards + 1;
     fl_tp_sock_t **socks = calloc((size_t)n, sizeof *socks);
     int *which = calloc((size_t)n, sizeof *which);
@@ -394,6 +403,7 @@ out:
     free(socks);
     free(which);
     free(ready);
+    atomic_store(&cl->status->op, FL_MSG_OP_NONE);
     return rc;
 }
 

@@ -906,6 +906,71 @@ static void assert_log_unforged(const char *path, const char *forged)
 
 #define FORGED "[0.000 ps] error: rank 1 (host-1, pid 1001) declared dead"
 
+/* Lines of the log file at path holding needle (the file stays). */
+static int log_count(const char *path, const char *needle)
+{
+    fflush(stderr);
+    FILE *f = fopen(path, "r");
+    ck_assert_ptr_nonnull(f);
+    char line[4096];
+    int n = 0;
+    while (fgets(line, sizeof line, f) != NULL)
+        n += strstr(line, needle) != NULL;
+    fclose(f);
+    return n;
+}
+
+/* A flood of bad messages gives a few warnings, not one line each: the rest are counted (and
+ * summed up once the window ends); the counters still see every one. */
+START_TEST(test_bad_message_warnings_rate_limited)
+{
+    char log[128];
+    log_to(log, sizeof log);
+    env_t e;
+    env_start_log(&e, 2, 0, 0, 0, FL_LOG_WARN);
+    fl_tp_sock_t *x = fake_open(&e);
+    static const uint8_t garbage[12] = {0xff, 0xff, 0xff, 0xff, 0xff, 0xff,
+                                        0xff, 0xff, 0xff, 0xff, 0xff, 0xff};
+    for (int i = 0; i < 1000; i++)
+        send_bytes(x, garbage, sizeof garbage);
+    ck_assert_uint_eq(wait_stat(e.coord, FL_STAT_BAD_HEADER, 1000, 10000), 1000);
+    assert_still_serves(&e, 2);
+    int lines = log_count(log, "refused a message");
+    ck_assert_msg(lines >= 1 && lines <= 10, "%d warning lines for 1000 bad "
+                                                                   "messages",
+                  lines);
+    env_end(&e);
+    unlink(log);
+}
+END_TEST
+
+/* Every refused registration is logged at warn with both sides' values, not only answered. */
+START_TEST(test_refused_registrations_logged)
+{
+    char log[128];
+    log_to(log, sizeof log);
+    env_t e;
+    env_start_log(&e, 3, 0, 0, 0, FL_LOG_WARN);
+    fl_tp_sock_t *x = fake_open(&e);
+    fl_msg_error_t err;
+    reg_spec_t r = spec_of(1, 5);
+    send_spec(x, &r);
+    expect_error(x, FL_EINVAL, 2000, &err);
+    r = spec_of(7, 3);
+    send_spec(x, &r);
+    expect_error(x, FL_EINVAL, 2000, &err);
+    r = spec_of(1, 3);
+    r.job = "other-job";
+    send_spec(x, &r);
+    expect_error(x, FL_EINVAL, 2000, &err);
+    env_end(&e);
+    ck_assert_int_eq(log_count(log, "expects world size 5, the coordinator expects 3"), 1);
+    ck_assert_int_eq(log_count(log, "rank 7 (host host-7) is out of range 0..2"), 1);
+    ck_assert_int_eq(log_count(log, "of job 'other-job': this is job '" JOB "'"), 1);
+    unlink(log);
+}
+END_TEST
+
 /* A host name that is not UTF-8 would be copied into every rank's welcome, which protobuf's
  * decoders in other languages refuse: the registration is refused as malformed instead. */
 START_TEST(test_host_not_utf8)
@@ -1045,6 +1110,19 @@ END_TEST
 
 /* ---- liveness and the end of a job ---- */
 
+/* A heartbeat reporting operation op #seq, waiting for rank `waiting` (-1: none). */
+static void send_hb(fl_tp_sock_t *s, int sender, uint32_t op, uint64_t seq, int waiting)
+{
+    fl_msg_hdr_t h;
+    fl_msg_hdr_init(&h, FL_MSG_HEARTBEAT, sender);
+    snprintf(h.job_id, sizeof h.job_id, "%s", JOB);
+    h.u.heartbeat.op = op;
+    h.u.heartbeat.op_seq = seq;
+    h.u.heartbeat.waiting_on = waiting;
+    int rc = fl_tp_send(s, NULL, &h, NULL, 0, fl_deadline_in(1000));
+    ck_assert_msg(rc == FL_OK, "heartbeat from %d: %s", sender, fl_last_error());
+}
+
 START_TEST(test_silent_rank_declared_dead)
 {
     enum { WORLD = 3, DEAD = 2, TIMEOUT = 500 };
@@ -1059,6 +1137,9 @@ START_TEST(test_silent_rank_declared_dead)
     for (int r = 0; r < WORLD; r++)
         expect_welcome(s[r], WORLD, NULL);
     ck_assert_int_eq(fl_coord_active(e.coord), WORLD);
+    /* Its last word: in allreduce #7. The others then wait for it in #8. */
+    send_hb(s[DEAD], DEAD, FL_MSG_OP_ALLREDUCE, 7, -1);
+    usleep(50 * 1000);
     int64_t deadline = fl_deadline_in(TIMEOUT + 2000);
     bool got[WORLD] = {false};
     fl_msg_error_t err[WORLD];
@@ -1066,7 +1147,7 @@ START_TEST(test_silent_rank_declared_dead)
     while (ngot < WORLD - 1 && fl_now_ms() < deadline) {
         for (int r = 0; r < WORLD; r++)
             if (r != DEAD && !got[r])
-                send_ctl(s[r], FL_MSG_HEARTBEAT, r);
+                send_hb(s[r], r, FL_MSG_OP_ALLREDUCE, 8, r == 0 ? DEAD : -1);
         int64_t slice = fl_deadline_in(50);
         for (int r = 0; r < WORLD; r++) {
             fl_tp_msg_t m;
@@ -1096,7 +1177,16 @@ START_TEST(test_silent_rank_declared_dead)
         ASSERT_HAS(err[r].text, "host-2");
         ASSERT_HAS(err[r].text, "pid 1002");
         ASSERT_HAS(err[r].text, "silent");
+        /* The operation by name, and the newest collective the others wait for it in. */
+        ASSERT_HAS(err[r].text, "in allreduce #7");
+        ASSERT_HAS(err[r].text, "rank 0 waits for it in allreduce #8");
     }
+    /* The dead rank is told too (should it only be frozen). */
+    fl_tp_msg_t own;
+    expect_msg(s[DEAD], FL_MSG_ERROR, 2000, &own);
+    ck_assert_int_eq(own.hdr.u.error.about_rank, DEAD);
+    ASSERT_HAS(own.hdr.u.error.text, "rank 2 declared dead by the coordinator at ");
+    fl_tp_msg_close(&own);
     ck_assert_int_eq(fl_coord_wait(e.coord, 1000), FL_EPEER);
     ASSERT_HAS(fl_last_error(), "rank 2");
     ASSERT_HAS(fl_last_error(), "host-2");
@@ -1433,6 +1523,8 @@ Suite *coord_suite(void)
     tcase_set_timeout(t, 20);
     tcase_add_test(t, test_bad_version);
     tcase_add_test(t, test_garbage_and_bad_magic);
+    tcase_add_test(t, test_bad_message_warnings_rate_limited);
+    tcase_add_test(t, test_refused_registrations_logged);
     tcase_add_test(t, test_payload_frames_refused);
     tcase_add_test(t, test_oversized_frame);
     tcase_add_test(t, test_huge_frame_drops_connection);

@@ -554,6 +554,51 @@ START_TEST(test_server_death_asks_for_restart)
 }
 END_TEST
 
+/* A parameter-server client that dies is named with what it was doing: the push or pull and
+ * its step, not "not in a collective". */
+START_TEST(test_dead_worker_names_its_push)
+{
+    env_t e;
+    env_start(&e, 2, 1, 0, 800);
+    fl_tp_sock_t *w0 = fake_open(&e), *w1 = fake_open(&e), *a = fake_open(&e);
+    server_spec_t va = server_of(0, 1, 1);
+    send_server(a, &va);
+    send_worker(w0, 0, 2, 100);
+    send_worker(w1, 1, 2, 100);
+    fl_msg_hdr_t h;
+    expect_welcome(w0, &h);
+    fl_msg_hdr_deinit(&h);
+    expect_welcome(w1, &h);
+    fl_msg_hdr_deinit(&h);
+    /* Rank 1's last word: in the push of step 1234; then silence. */
+    fl_msg_hdr_init(&h, FL_MSG_HEARTBEAT, 1);
+    snprintf(h.job_id, sizeof h.job_id, JOB);
+    h.u.heartbeat.op = FL_MSG_OP_PUSH;
+    h.u.heartbeat.op_seq = 1234;
+    h.u.heartbeat.waiting_on = -1;
+    ck_assert(fl_tp_send(w1, NULL, &h, NULL, 0, fl_deadline_in(1000)) == FL_OK);
+    int64_t until = fl_now_ms() + 3000;
+    bool told = false;
+    fl_tp_msg_t m;
+    while (fl_now_ms() < until && !told) {
+        send_ctl(w0, FL_MSG_HEARTBEAT, 0, 0);
+        send_ctl(a, FL_MSG_HEARTBEAT, FL_MSG_SENDER_SERVER, 0);
+        while (!told && fl_tp_recv(w0, &m, fl_deadline_in(50)) == FL_OK) {
+            if (m.hdr.type == FL_MSG_ERROR) {
+                ASSERT_HAS(m.hdr.u.error.text, "rank 1");
+                ASSERT_HAS(m.hdr.u.error.text, "declared dead");
+                ASSERT_HAS(m.hdr.u.error.text, "in the push of step 1234");
+                told = true;
+            }
+            fl_tp_msg_close(&m);
+        }
+    }
+    ck_assert_msg(told, "rank 0 was not told of rank 1's death");
+    ck_assert_int_eq(wait_finished(e.coord, 1000), FL_EPEER);
+    env_end(&e);
+}
+END_TEST
+
 START_TEST(test_server_leaving_early_ends_the_job)
 {
     env_t e;
@@ -726,6 +771,7 @@ static Suite *suite(void)
     tcase_add_test(t, test_resume_refusals);
     tcase_add_test(t, test_server_death_asks_for_restart);
     tcase_add_test(t, test_server_leaving_early_ends_the_job);
+    tcase_add_test(t, test_dead_worker_names_its_push);
     tcase_add_test(t, test_server_own_error_ends_the_job);
     tcase_add_test(t, test_server_leaving_in_rendezvous_frees_its_shards);
     tcase_add_test(t, test_options);

@@ -1152,6 +1152,32 @@ START_TEST(test_settings_refusals)
 }
 END_TEST
 
+/* ---- rate-limited warnings ---- */
+
+START_TEST(test_ratelimit)
+{
+    fl_ratelimit_t r;
+    fl_ratelimit_init(&r, 3, 1000);
+    uint64_t held = 99;
+    int passed = 0;
+    for (int i = 0; i < 100; i++) {
+        passed += fl_ratelimit_allow(&r, 5000 + i, &held);
+        ck_assert_uint_eq(held, 0); /* the window is still open */
+    }
+    ck_assert_int_eq(passed, 3);
+    ck_assert_uint_eq(fl_ratelimit_flush(&r, 5999), 0);  /* not over yet */
+    ck_assert_uint_eq(fl_ratelimit_flush(&r, 6000), 97); /* over: the summary's count, once */
+    ck_assert_uint_eq(fl_ratelimit_flush(&r, 9000), 0);
+    /* A new window: the first lines pass again; a line arriving after it ended hands back the
+     * count held in it. */
+    ck_assert(fl_ratelimit_allow(&r, 10000, &held));
+    for (int i = 0; i < 5; i++)
+        fl_ratelimit_allow(&r, 10001, &held);
+    ck_assert(fl_ratelimit_allow(&r, 11500, &held));
+    ck_assert_uint_eq(held, 3);
+}
+END_TEST
+
 /* ---- untrusted text ---- */
 
 START_TEST(test_text_scan)
@@ -1320,6 +1346,7 @@ Suite *core_suite(void)
     tcase_add_test(t, test_fmt_bytes);
     tcase_add_test(t, test_settings_build_and_compare);
     tcase_add_test(t, test_settings_refusals);
+    tcase_add_test(t, test_ratelimit);
     suite_add_tcase(s, t);
 
     t = tcase_create("text");

@@ -195,7 +195,7 @@ START_TEST(test_stall_report_names_the_missing_rank)
     ck_assert_msg(strstr(rep, "rank 1 (127.0.0.1): not in a collective") != NULL &&
                       strstr(rep, "has not arrived") != NULL,
                   "%s", rep);
-    ck_assert_msg(strstr(rep, "rank 0 (127.0.0.1): in collective #") != NULL &&
+    ck_assert_msg(strstr(rep, "rank 0 (127.0.0.1): in allreduce #") != NULL &&
                       strstr(rep, "last heard") != NULL,
                   "%s", rep);
     procs_free(p, 3);
