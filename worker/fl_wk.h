@@ -28,6 +28,7 @@ typedef struct fl_wk_dataset {
     float *x;         /* n * dim features, row-major */
     int32_t *y;       /* n labels */
     char source[256]; /* "built-in (seed 1)" or the file it came from */
+    char labels[256]; /* the file the labels came from (IDX: the labels file); "": source */
 } fl_wk_dataset_t;
 
 /* The built-in dataset (see data_builtin.c for how it is made): FL_WK_BUILTIN_DIM features,

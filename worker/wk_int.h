@@ -7,8 +7,9 @@
 #include "fl_wk.h"
 #include "fl_obs.h"
 
-/* Checks the model against the data (inputs, classes) and the test split against the training
- * data: FL_EINVAL saying what differs. */
+/* Checks the model against the data (inputs; every label, of both splits, below its outputs)
+ * and the test split against the training data: FL_EINVAL saying what differs (a label: its
+ * file, index and value). */
 int fl_wk_check_model(const fl_wk_mlp_shape_t *m, const fl_wk_dataset_t *train,
                       const fl_wk_dataset_t *test);
 
