@@ -403,6 +403,17 @@ int fl_st_dtype_parse(const char *s, fl_dtype_t *out);
 int fl_st_write(const char *path, const fl_st_tensor_t *t, size_t nt, const fl_st_meta_t *meta,
                 size_t nmeta);
 
+/* Removes the temporary files of writers killed inside fl_st_write: the regular files of dir
+ * named "<name>.tmp.<pid>" (pid in decimal, nothing after it) whose <name> mine(name, ud)
+ * accepts, and whose pid is no running process or is this process's. A caller cleans names
+ * that only it writes, before it writes any: a file with its own pid is then an earlier
+ * process's that had the same pid (a restarted container), and a pid that runs (ours or
+ * another user's) may be another writer of those names, so its file stays. *nfiles and
+ * *nbytes (may be NULL) get what was removed. FL_OK (dir missing: nothing to do), or FL_EIO
+ * naming dir when it cannot be read. Thread-safe. */
+int fl_st_clean_tmp(const char *dir, bool (*mine)(const char *name, void *ud), void *ud,
+                    size_t *nfiles, uint64_t *nbytes);
+
 typedef struct fl_st_file fl_st_file_t; /* body lives in st_read.c */
 
 /* Reads the whole file at path into memory (not mmap: a file replaced or truncated by

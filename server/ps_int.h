@@ -220,6 +220,13 @@ int ps_ckpt_write(const char *dir, const ps_ckpt_meta_t *m, const float *params,
 int ps_ckpt_list(const char *dir, uint32_t shard, uint32_t num_shards, uint64_t *steps,
                  size_t cap, size_t *n, uint32_t *foreign);
 
+/* Removes the temporary files that writers of shards first..first + count - 1 (of
+ * num_shards) killed mid-checkpoint left in dir, unless their pid runs (fl_st_clean_tmp: the
+ * caller writes none of them yet). Other shards' files, served by other processes that may
+ * share dir, are left alone. FL_OK with what was removed, FL_EIO. */
+int ps_ckpt_clean(const char *dir, uint32_t first, uint32_t count, uint32_t num_shards,
+                  size_t *nfiles, uint64_t *nbytes);
+
 /* Opens and checks the checkpoint of one step: CRC, format, metadata naming this shard and
  * step, tensor shapes and types. FL_OK, FL_EPROTO naming the file and the problem, FL_EIO. */
 int ps_ckpt_open(const char *dir, uint32_t shard, uint32_t num_shards, uint64_t step,

@@ -132,8 +132,9 @@ static int open_init(fl_ps_server_t *s)
     return FL_OK;
 }
 
-/* With --resume: the steps every shard of this process holds a valid checkpoint of. Without
- * it, a directory that holds checkpoints is refused rather than overwritten. */
+/* First removes what killed writers of its shards' checkpoints left. Then, with --resume: the
+ * steps every shard of this process holds a valid checkpoint of. Without it, a directory that
+ * holds checkpoints is refused rather than overwritten. */
 static int scan_checkpoints(fl_ps_server_t *s)
 {
     const fl_ps_server_opts_t *o = &s->o;
@@ -143,12 +144,22 @@ static int scan_checkpoints(fl_ps_server_t *s)
     size_t files = 0;
     char seen[512] = "";
     size_t used = 0;
+    size_t stale = 0;
+    uint64_t stale_bytes = 0;
+    int rc = ps_ckpt_clean(s->ckpt_dir, (uint32_t)o->shard_first, (uint32_t)o->shard_count,
+                           (uint32_t)o->num_shards, &stale, &stale_bytes);
+    if (rc != FL_OK)
+        return rc;
+    if (stale > 0)
+        FL_INFO(s->ctx, "removed %zu temporary file(s) of killed checkpoint writers from %s "
+                        "(%.1f MiB)",
+                stale, s->ckpt_dir, (double)stale_bytes / 1048576.0);
     for (int k = 0; k < o->shard_count; k++) {
         uint32_t idx = (uint32_t)(o->shard_first + k);
         uint64_t steps[256];
         size_t n = 0;
         uint32_t foreign = 0;
-        int rc = ps_ckpt_list(s->ckpt_dir, idx, (uint32_t)o->num_shards, steps, 256, &n, &foreign);
+        rc = ps_ckpt_list(s->ckpt_dir, idx, (uint32_t)o->num_shards, steps, 256, &n, &foreign);
         if (rc != FL_OK)
             return rc;
         files += n + (foreign > 0);

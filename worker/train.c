@@ -739,6 +739,12 @@ int fl_wk_train(fl_comm_t *comm, const fl_wk_dataset_t *train, const fl_wk_datas
     int first_epoch = 0;
     fl_opt_t *opts[64];
     optimizers(&tr, opts);
+    /* What killed writers left behind goes before this run writes or reads there. */
+    if (o->checkpoint_dir != NULL)
+        fl_wk_ckpt_clean(o->checkpoint_dir, tr.rank, o->quiet);
+    if (o->resume_dir != NULL &&
+        (o->checkpoint_dir == NULL || strcmp(o->resume_dir, o->checkpoint_dir) != 0))
+        fl_wk_ckpt_clean(o->resume_dir, tr.rank, o->quiet);
     if (o->resume_dir != NULL &&
         (rc = fl_wk_ckpt_load(o->resume_dir, o, piece_world(&tr), tr.rank, tr.params, opts,
                               &step, &first_epoch, &tr.samples)) != FL_OK) {
