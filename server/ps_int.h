@@ -178,6 +178,13 @@ uint32_t ps_max_abs_bits(const void *x, size_t n);
  * (malloc'd, *out_len bytes) or *out = NULL when lz4 does not pay; FL_ENOMEM. */
 int ps_payload_lz4(const float *params, uint64_t count, void **out, size_t *out_len);
 
+/* ---- the --init file (ps_init.c) ---- */
+
+/* Opens and checks a parameter server's --init file: float32 tensors, every value finite, at
+ * least one parameter. FL_OK with *out (close it with fl_st_close) and the parameters in
+ * *param_count; FL_EINVAL naming the file and, for a bad value, the tensor and its index. */
+int ps_init_open(const char *path, fl_st_file_t **out, uint64_t *param_count);
+
 /* ---- checkpoints (ps_ckpt.c) ---- */
 
 typedef struct ps_ckpt_meta {

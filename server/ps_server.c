@@ -114,22 +114,7 @@ static void make_tuning(const fl_ps_server_opts_t *o, char *out, size_t cap)
 
 static int open_init(fl_ps_server_t *s)
 {
-    int rc = fl_st_open(s->o.init_path, 0, &s->init);
-    if (rc != FL_OK) /* a file named by a flag that cannot be used: a configuration error */
-        return fl_fail_ctx(FL_EINVAL, "--init");
-    uint64_t n = 0;
-    for (size_t i = 0; i < fl_st_count(s->init); i++) {
-        const fl_st_tensor_t *t = fl_st_at(s->init, i);
-        if (t->dtype != FL_FLOAT32)
-            return fl_fail(FL_EINVAL, "--init %s: tensor %s is %s; the parameter server holds "
-                                      "float32",
-                           s->o.init_path, t->name, fl_st_dtype_name(t->dtype));
-        n += t->bytes / sizeof(float);
-    }
-    if (n == 0)
-        return fl_fail(FL_EINVAL, "--init %s holds no parameters", s->o.init_path);
-    s->param_count = n;
-    return FL_OK;
+    return ps_init_open(s->o.init_path, &s->init, &s->param_count);
 }
 
 /* First removes what killed writers of its shards' checkpoints left. Then, with --resume: the
