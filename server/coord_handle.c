@@ -97,17 +97,7 @@ static void send_welcome(fl_coord_t *c, const fl_tp_route_t *to)
     if (fl_coord_ps_fill_welcome(c, &h, why, sizeof why) != FL_OK) {
         /* The job cannot start as registered: say so to everyone and fail. */
         fl_msg_hdr_deinit(&h);
-        FL_ERROR(c->ctx, "%s", why);
-        fl_msg_hdr_t e;
-        fl_msg_hdr_init(&e, FL_MSG_ERROR, -1);
-        e.u.error.code = FL_EINVAL;
-        snprintf(e.u.error.text, sizeof e.u.error.text, "%s", why);
-        for (int r = 0; r < c->world; r++)
-            if (c->ranks[r].registered)
-                fl_tp_send(c->sock, &c->ranks[r].route, &e, NULL, 0, fl_deadline_in(0));
-        fl_coord_ps_send_all(c, &e);
-        c->phase = PHASE_FAILED;
-        fl_coord_finish(c, FL_EINVAL, why);
+        fl_coord_fail_rendezvous(c, why);
         return;
     }
     for (int r = 0; r < c->world; r++) {
@@ -136,6 +126,21 @@ static void send_welcome(fl_coord_t *c, const fl_tp_route_t *to)
     else
         FL_INFO(c->ctx, "all %d ranks registered after %lld ms; job '%s' running", c->world,
                 (long long)(fl_now_ms() - c->started_ms), c->job_id);
+}
+
+void fl_coord_fail_rendezvous(fl_coord_t *c, const char *why)
+{
+    FL_ERROR(c->ctx, "%s", why);
+    fl_msg_hdr_t e;
+    fl_msg_hdr_init(&e, FL_MSG_ERROR, -1);
+    e.u.error.code = FL_EINVAL;
+    snprintf(e.u.error.text, sizeof e.u.error.text, "%s", why);
+    for (int r = 0; r < c->world; r++)
+        if (c->ranks[r].registered)
+            fl_tp_send(c->sock, &c->ranks[r].route, &e, NULL, 0, fl_deadline_in(0));
+    fl_coord_ps_send_all(c, &e);
+    c->phase = PHASE_FAILED;
+    fl_coord_finish(c, FL_EINVAL, why);
 }
 
 void fl_coord_maybe_start(fl_coord_t *c)
@@ -221,6 +226,16 @@ static void on_register(fl_coord_t *c, fl_tp_msg_t *m)
                                    c->phase == PHASE_RUNNING ? "started" : "failed");
     char who[FL_HOST_MAX + 32];
     char why[FL_MSG_TEXT_MAX];
+    const fl_msg_register_t *differs = NULL;
+    if (fl_coord_check_model(c, reg, &differs, why, sizeof why) != FL_OK) {
+        fl_coord_send_error(c, to, FL_EINVAL, r, reg->host, "%s", why);
+        /* Against the parameter server's --init file the job cannot start until one side is
+         * restarted: everyone hears why now, not at the rendezvous timeout. Another rank's
+         * model only refuses this one, as below. */
+        if (differs->role == FL_ROLE_SERVER)
+            fl_coord_fail_rendezvous(c, why);
+        return;
+    }
     snprintf(who, sizeof who, "rank %d (host %s)", r, reg->host);
     if (reg->param_count != 0 &&
         fl_coord_ps_check_params(c, reg->param_count, who, why, sizeof why) != FL_OK)

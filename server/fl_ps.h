@@ -78,6 +78,10 @@ typedef struct fl_ps_server_opts {
     bool tune_malloc;                /* default true: fl_malloc_tune() for the pushes' buffers */
 } fl_ps_server_opts_t;
 
+/* A server's Register.model_shapes starts with a line naming its --init file: this tag, then
+ * the path. The line is not part of the signature; the coordinator names the file with it. */
+#define FL_PS_INIT_FILE_TAG "file:"
+
 /* Checks an --init file as fl_ps_server_create does (float32 tensors, every value finite, not
  * empty) without touching the network, so that flodl-ps refuses a bad one before it binds or
  * connects anything. FL_OK, or FL_EINVAL naming the file and, for a NaN or Inf, the tensor and

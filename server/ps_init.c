@@ -2,12 +2,15 @@
  * parameter vector; every value finite and at least one of them. Checked before the server
  * touches the network, so that a file the job could not start from is refused at once, naming
  * the tensor and the index (the shards would only find it after the rendezvous, and the ranks
- * would then wait for a restart that cannot help). The shards take their ranges from it. */
+ * would then wait for a restart that cannot help). The shards take their ranges from it, and
+ * its tensors' names and shapes go to the coordinator, which checks them against the ranks'
+ * model. */
 #include "ps_int.h"
 
 #include <inttypes.h>
 #include <math.h>
 #include <stdio.h>
+#include <string.h>
 
 /* Fails naming the first NaN or Inf of a tensor that holds one. */
 static int check_finite(const char *path, const fl_st_tensor_t *t)
@@ -52,6 +55,28 @@ int ps_init_open(const char *path, fl_st_file_t **out, uint64_t *param_count)
     *out = f;
     *param_count = n;
     return FL_OK;
+}
+
+int ps_init_shapes(const fl_st_file_t *f, const char *path, uint64_t *signature, char *shapes,
+                   size_t cap)
+{
+    fl_model_shapes_t m;
+    fl_model_shapes_init(&m);
+    int rc = FL_OK;
+    for (size_t i = 0; i < fl_st_count(f) && rc == FL_OK; i++) {
+        const fl_st_tensor_t *t = fl_st_at(f, i);
+        rc = fl_model_shapes_add(&m, t->name, t->ndim, t->shape);
+    }
+    if (rc == FL_OK) {
+        *signature = fl_model_shapes_signature(fl_model_shapes_text(&m));
+        /* The file's name goes first, outside the signature, for the coordinator's texts. */
+        size_t n = 0;
+        if (strlen(path) < cap / 4 && strchr(path, '\n') == NULL)
+            n = (size_t)snprintf(shapes, cap, "%s%s\n", FL_PS_INIT_FILE_TAG, path);
+        fl_model_shapes_cut(fl_model_shapes_text(&m), shapes + n, cap - n);
+    }
+    fl_model_shapes_deinit(&m);
+    return rc;
 }
 
 int fl_ps_server_check_init(const char *path)

@@ -185,6 +185,13 @@ int ps_payload_lz4(const float *params, uint64_t count, void **out, size_t *out_
  * *param_count; FL_EINVAL naming the file and, for a bad value, the tensor and its index. */
 int ps_init_open(const char *path, fl_st_file_t **out, uint64_t *param_count);
 
+/* Its tensors as the ranks describe their model (fl_model_shapes, in file order): the
+ * signature of their text, and in shapes (cap bytes) a first line FL_PS_INIT_FILE_TAG + path
+ * (outside the signature: the coordinator names the file with it) then the text, cut to fit.
+ * FL_OK or FL_ENOMEM. */
+int ps_init_shapes(const fl_st_file_t *f, const char *path, uint64_t *signature, char *shapes,
+                   size_t cap);
+
 /* ---- checkpoints (ps_ckpt.c) ---- */
 
 typedef struct ps_ckpt_meta {

@@ -30,6 +30,8 @@ struct fl_ps_server {
     ps_shard_t **shards;
     fl_st_file_t *init;     /* --init, until the shards took their ranges */
     uint64_t param_count;   /* from --init or the checkpoints; 0: from the ranks */
+    uint64_t signature;     /* of --init's tensor shapes, which the ranks' must match; 0: none */
+    char shapes[FL_MODEL_SHAPES_MAX];
     uint64_t resume_steps[FL_MSG_MAX_CHECKPOINTS];
     size_t nresume;
     fl_msg_peer_t *peers;   /* from the welcome: hosts for the shards' texts */
@@ -114,7 +116,11 @@ static void make_tuning(const fl_ps_server_opts_t *o, char *out, size_t cap)
 
 static int open_init(fl_ps_server_t *s)
 {
-    return ps_init_open(s->o.init_path, &s->init, &s->param_count);
+    int rc = ps_init_open(s->o.init_path, &s->init, &s->param_count);
+    if (rc == FL_OK)
+        rc = ps_init_shapes(s->init, s->o.init_path, &s->signature, s->shapes,
+                            sizeof s->shapes);
+    return rc;
 }
 
 /* First removes what killed writers of its shards' checkpoints left. Then, with --resume: the
@@ -337,6 +343,8 @@ static int join(fl_ps_server_t *s, fl_msg_hdr_t *welcome)
     reg.pid = (int32_t)getpid();
     snprintf(reg.tuning, sizeof reg.tuning, "%s", s->tuning);
     reg.param_count = s->param_count;
+    reg.model_signature = s->signature;
+    memcpy(reg.model_shapes, s->shapes, sizeof reg.model_shapes);
     reg.consistency = (uint32_t)o->consistency;
     reg.staleness = o->staleness;
     reg.ckpt_every_steps = o->ckpt_every_steps;

@@ -242,6 +242,41 @@ START_TEST(test_init_with_nan_refused_at_start)
 }
 END_TEST
 
+/* flodl-ps --init with layer 0's weight declared [64,256] instead of [256,64] (the same
+ * parameter count, so it trained: #18 item 5) fails the rendezvous: the worker and flodl-ps
+ * both exit 2 with the line naming the tensor, both shapes and the file. */
+START_TEST(test_init_of_another_shape_refused)
+{
+    char dir[] = "/tmp/flodl-ps-shape-XXXXXX";
+    ck_assert(mkdtemp(dir) != NULL);
+    char init[128], ep[FL_ENDPOINT_MAX], out[12000];
+    snprintf(init, sizeof init, "%s/init.safetensors", dir);
+    write_init(init, -1, 0, true);
+    const char *extra[] = {"--shards", "1", "--host", "127.0.0.1", "--init", init, NULL};
+    proc_t p[2];
+    memset(p, 0, sizeof p);
+    bool up = start_ps(&p[0], 1, extra, NULL, ep, sizeof ep, 5);
+    if (up)
+        start_worker(&p[1], ep, 0, 1, "1", NULL);
+    bool done = up && procs_wait(p, 2, fl_deadline_in(60000));
+    procs_stop(p, 2);
+    show(p, 2, out, sizeof out);
+    remove_tree(dir);
+    ck_assert_msg(done, "did not end:%s", out);
+    static const char *const want[] = {"different models: tensor 'layers.0.weight' is [256,64] "
+                                       "on rank 0",
+                                       "[64,256] in ", "init.safetensors (the --init file of "
+                                                       "the parameter server", NULL};
+    for (int i = 0; i < 2; i++) {
+        ck_assert_msg(proc_code(&p[i]) == 2, "process %d:%s", i, out);
+        for (int k = 0; want[k] != NULL; k++)
+            ASSERT_HAS(p[i].buf[1], want[k]);
+    }
+    ASSERT_HAS(p[0].buf[1], "flodl-ps: job failed: different models");
+    procs_free(p, 2);
+}
+END_TEST
+
 START_TEST(test_ps_flags_refused)
 {
     static const bad_case_t cases[] = {
@@ -307,6 +342,7 @@ static Suite *suite(void)
     tcase_add_test(t, test_kill_and_resume);
     tcase_add_test(t, test_ps_flags_refused);
     tcase_add_test(t, test_init_with_nan_refused_at_start);
+    tcase_add_test(t, test_init_of_another_shape_refused);
     suite_add_tcase(s, t);
     return s;
 }
