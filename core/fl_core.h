@@ -418,6 +418,45 @@ int fl_cli_optim_check(const fl_opt_opts_t *opt, const fl_lr_sched_t *sched);
 /* Formats a byte count for tables: "4 KiB", "64 MiB", "1000 B". */
 void fl_fmt_bytes(size_t bytes, char *out, size_t cap);
 
+/* ---- model shapes (model_shapes.c) ---- */
+
+/* What the members of a job compare at the rendezvous: the tensors of the flat parameter
+ * vector in order, an entry "name[d0,d1];" each ("layers.0.weight[256,64];layers.0.bias[256];";
+ * a scalar is "name[];": wire text has no line breaks), and a 64-bit signature of that whole text. The worker describes its
+ * model, the parameter server its --init file; the coordinator refuses a mismatch naming the
+ * first tensor that differs, from the texts cut to FL_MODEL_SHAPES_MAX bytes. */
+#define FL_MODEL_SHAPES_MAX 1024
+
+typedef struct fl_model_shapes {
+    char *text; /* NULL until the first tensor */
+    size_t len;
+    size_t cap;
+    size_t ntensors;
+} fl_model_shapes_t;
+
+void fl_model_shapes_init(fl_model_shapes_t *s);
+void fl_model_shapes_deinit(fl_model_shapes_t *s); /* NULL-safe */
+
+/* Appends a tensor's entry. FL_OK or FL_ENOMEM. */
+int fl_model_shapes_add(fl_model_shapes_t *s, const char *name, size_t ndim,
+                        const uint64_t *shape);
+
+/* The text so far ("" before the first tensor); lives until the next add or deinit. */
+const char *fl_model_shapes_text(const fl_model_shapes_t *s);
+
+/* The signature of a text: FNV-1a 64 over a tag and the text, never 0. */
+uint64_t fl_model_shapes_signature(const char *text);
+
+/* Copies text into out (cap bytes): whole, or the whole entries that fit followed by an entry
+ * "...;" when it is longer. */
+void fl_model_shapes_cut(const char *text, char *out, size_t cap);
+
+/* One line for people naming where texts a and b (as cut) first differ: "tensor
+ * 'layers.0.weight' is [256,64] <who_a>, [64,256] <who_b>", or the tensor's position when the
+ * names differ, or which text ends first; who_a and who_b read as "on rank 0 (host h)". */
+void fl_model_shapes_diff(const char *a, const char *who_a, const char *b, const char *who_b,
+                          char *out, size_t cap);
+
 /* ---- safetensors checkpoints (st_write.c, st_read.c) ---- */
 
 /* The Hugging Face safetensors format: an 8-byte little-endian header length N, N bytes of
@@ -464,6 +503,17 @@ int fl_st_dtype_parse(const char *s, fl_dtype_t *out);
  * Thread-safe for different paths; one writer at a time per path. */
 int fl_st_write(const char *path, const fl_st_tensor_t *t, size_t nt, const fl_st_meta_t *meta,
                 size_t nmeta);
+
+/* Removes the temporary files of writers killed inside fl_st_write: the regular files of dir
+ * named "<name>.tmp.<pid>" (pid in decimal, nothing after it) whose <name> mine(name, ud)
+ * accepts, and whose pid is no running process or is this process's. A caller cleans names
+ * that only it writes, before it writes any: a file with its own pid is then an earlier
+ * process's that had the same pid (a restarted container), and a pid that runs (ours or
+ * another user's) may be another writer of those names, so its file stays. *nfiles and
+ * *nbytes (may be NULL) get what was removed. FL_OK (dir missing: nothing to do), or FL_EIO
+ * naming dir when it cannot be read. Thread-safe. */
+int fl_st_clean_tmp(const char *dir, bool (*mine)(const char *name, void *ud), void *ud,
+                    size_t *nfiles, uint64_t *nbytes);
 
 typedef struct fl_st_file fl_st_file_t; /* body lives in st_read.c */
 

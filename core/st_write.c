@@ -1,13 +1,17 @@
 /* safetensors writing: validates tensors and metadata, builds the JSON header (with flodl's
  * CRC-32 of the data section), and replaces the file atomically: temporary file, fsync,
- * rename, directory fsync. Reading and checking files is st_read.c; fl_core.h describes the
- * format. Data is written from host memory as it lies, so the host must be little-endian. */
+ * rename, directory fsync; and removes the temporary files of writers that were killed.
+ * Reading and checking files is st_read.c; fl_core.h describes the format. Data is written
+ * from host memory as it lies, so the host must be little-endian. */
 #include "fl_core.h"
 
 #include <assert.h>
+#include <dirent.h>
 #include <errno.h>
 #include <fcntl.h>
 #include <inttypes.h>
+#include <limits.h>
+#include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -23,6 +27,9 @@
 
 /* Readers (ours, Python's json) parse numbers as doubles: beyond 2^53 they are not exact. */
 #define DIM_LIMIT (UINT64_C(1) << 53)
+
+/* The temporary file of path is path TMP_MARK pid. */
+#define TMP_MARK ".tmp."
 
 /* write(2) moves at most about 2 GiB at once on Linux; larger calls just return short. */
 #define WRITE_CHUNK ((size_t)1 << 30)
@@ -366,7 +373,7 @@ int fl_st_write(const char *path, const fl_st_tensor_t *t, size_t nt, const fl_s
         free(hdr);
         return fl_fail(FL_ENOMEM, "checkpoint %s: out of memory", path);
     }
-    snprintf(tmp, tmp_cap, "%s.tmp.%ld", path, (long)getpid());
+    snprintf(tmp, tmp_cap, "%s" TMP_MARK "%ld", path, (long)getpid());
     const char *op = NULL;
     int err = write_tmp(tmp, hdr, hdr_len, t, nt, &op);
     free(hdr);
@@ -388,5 +395,71 @@ int fl_st_write(const char *path, const fl_st_tensor_t *t, size_t nt, const fl_s
     if (err != 0)
         return fl_fail(FL_EIO, "checkpoint %s: written, but fsync of directory %s: %s", path, dir,
                        strerror(err));
+    return FL_OK;
+}
+
+/* The pid of a temporary file's name, or 0 when name is not "<something>.tmp.<pid>"; *base_len:
+ * the length of <something>. */
+static pid_t tmp_pid(const char *name, size_t *base_len)
+{
+    const char *mark = NULL;
+    for (const char *p = strstr(name, TMP_MARK); p != NULL; p = strstr(p + 1, TMP_MARK))
+        mark = p;
+    if (mark == NULL || mark == name)
+        return 0;
+    const char *digits = mark + strlen(TMP_MARK);
+    long pid = 0;
+    for (const char *d = digits; *d != '\0'; d++) {
+        if (*d < '0' || *d > '9' || d - digits >= 10)
+            return 0;
+        pid = pid * 10 + (*d - '0');
+    }
+    if (*digits == '\0' || *digits == '0' || pid > INT_MAX)
+        return 0;
+    *base_len = (size_t)(mark - name);
+    return (pid_t)pid;
+}
+
+/* True when pid may still be writing: a running process other than this one. */
+static bool pid_runs(pid_t pid)
+{
+    if (pid == getpid())
+        return false;
+    return kill(pid, 0) == 0 || errno != ESRCH;
+}
+
+int fl_st_clean_tmp(const char *dir, bool (*mine)(const char *name, void *ud), void *ud,
+                    size_t *nfiles, uint64_t *nbytes)
+{
+    size_t files = 0;
+    uint64_t bytes = 0;
+    DIR *d = opendir(dir);
+    if (d == NULL && errno != ENOENT)
+        return fl_fail(FL_EIO, "checkpoint directory %s: %s", dir, strerror(errno));
+    struct dirent *e;
+    while (d != NULL && (e = readdir(d)) != NULL) {
+        size_t base_len = 0;
+        pid_t pid = tmp_pid(e->d_name, &base_len);
+        char base[NAME_MAX + 1];
+        if (pid == 0 || base_len >= sizeof base)
+            continue;
+        memcpy(base, e->d_name, base_len);
+        base[base_len] = '\0';
+        if (!mine(base, ud) || pid_runs(pid))
+            continue;
+        char path[4096 + NAME_MAX + 2];
+        snprintf(path, sizeof path, "%s/%s", dir, e->d_name);
+        struct stat st;
+        if (lstat(path, &st) != 0 || !S_ISREG(st.st_mode) || unlink(path) != 0)
+            continue;
+        files++;
+        bytes += (uint64_t)st.st_size;
+    }
+    if (d != NULL)
+        closedir(d);
+    if (nfiles != NULL)
+        *nfiles = files;
+    if (nbytes != NULL)
+        *nbytes = bytes;
     return FL_OK;
 }

@@ -97,6 +97,7 @@ typedef struct fl_msg_register {
     uint32_t staleness;
     uint64_t ckpt_every_steps;
     uint64_t ckpt_every_ms;
+    char model_shapes[FL_MODEL_SHAPES_MAX]; /* "" or as fl_model_shapes_cut writes it */
 } fl_msg_register_t;
 
 typedef struct fl_msg_peer {

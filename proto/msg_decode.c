@@ -120,6 +120,8 @@ static int decode_register(const Flodl__Register *r, fl_msg_hdr_t *out, fl_msg_f
         (rc = copy_id(q->tuning, sizeof q->tuning, r->tuning, "tuning", fault)) != FL_OK ||
         (rc = copy_id(q->settings, sizeof q->settings, r->settings, "settings", fault)) !=
             FL_OK ||
+        (rc = copy_id(q->model_shapes, sizeof q->model_shapes, r->model_shapes, "model shapes",
+                      fault)) != FL_OK ||
         (rc = copy_eps(q->endpoints, &q->nendpoints, r->endpoints, r->n_endpoints, fault)) !=
             FL_OK)
         return rc;

@@ -169,6 +169,9 @@ static int build_register(pb_view_t *v, const fl_msg_register_t *r)
         (rc = fl_settings_check(r->settings, FL_MSG_SETTINGS_MAX)) != FL_OK)
         return rc;
     v->reg.settings = (char *)r->settings;
+    if ((rc = check_str("model shapes", r->model_shapes, FL_MODEL_SHAPES_MAX)) != FL_OK)
+        return rc;
+    v->reg.model_shapes = (char *)r->model_shapes;
     v->reg.role = (Flodl__Role)r->role;
     v->reg.param_count = r->param_count;
     v->reg.shard_count = r->shard_count;

@@ -161,8 +161,8 @@ static void send_welcome(fl_coord_t *c, const fl_tp_route_t *to)
     if (fl_coord_ps_fill_welcome(c, &h, why, sizeof why) != FL_OK) {
         /* The job cannot start as registered: say so to everyone and fail. */
         fl_msg_hdr_deinit(&h);
-        FL_ERROR(c->ctx, "%s", why);
-        return fail_rendezvous_all(c, FL_EINVAL, FL_EINVAL, -1, "", why, NULL);
+        fl_coord_fail_rendezvous(c, why);
+        return;
     }
     for (int r = 0; r < c->world; r++) {
         if (to != NULL && !fl_coord_same_route(to, &c->ranks[r].route))
@@ -192,6 +192,12 @@ static void send_welcome(fl_coord_t *c, const fl_tp_route_t *to)
     else
         FL_INFO(c->ctx, "all %d ranks registered after %lld ms; job '%s' running", c->world,
                 (long long)(fl_now_ms() - c->started_ms), c->job_id);
+}
+
+void fl_coord_fail_rendezvous(fl_coord_t *c, const char *why)
+{
+    FL_ERROR(c->ctx, "%s", why);
+    fail_rendezvous_all(c, FL_EINVAL, FL_EINVAL, -1, "", why, NULL);
 }
 
 void fl_coord_maybe_start(fl_coord_t *c)
@@ -330,6 +336,9 @@ static void on_register(fl_coord_t *c, fl_tp_msg_t *m)
                                    r, reg->host, c->job_id, c->result_text);
     char who[FL_HOST_MAX + 32];
     char why[FL_MSG_TEXT_MAX];
+    const fl_msg_register_t *differs = NULL;
+    if (fl_coord_check_model(c, reg, &differs, why, sizeof why) != FL_OK)
+        return fail_rendezvous(c, to, r, reg->host, why); /* whichever side differs */
     snprintf(who, sizeof who, "rank %d (host %s)", r, reg->host);
     if (reg->param_count != 0 &&
         fl_coord_ps_check_params(c, reg->param_count, who, why, sizeof why) != FL_OK)

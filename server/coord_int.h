@@ -135,6 +135,10 @@ void fl_coord_send_error(fl_coord_t *c, const fl_tp_route_t *to, int code, int a
 /* Marks the job finished with rc and text, waking fl_coord_wait (takes the lock). */
 void fl_coord_finish(fl_coord_t *c, int rc, const char *text);
 
+/* Ends a rendezvous that cannot succeed: every registered member is told why (an error),
+ * and the job finishes with FL_EINVAL. */
+void fl_coord_fail_rendezvous(fl_coord_t *c, const char *why);
+
 /* Sends the welcome to every member once all ranks and shards are registered. */
 void fl_coord_maybe_start(fl_coord_t *c);
 
@@ -159,6 +163,15 @@ void fl_coord_ps_on_message(fl_coord_t *c, fl_tp_msg_t *m, int slot);
  * otherwise FL_EINVAL and a text naming both sides in why. */
 int fl_coord_ps_check_params(const fl_coord_t *c, uint64_t count, const char *who, char *why,
                              size_t cap);
+
+/* FL_OK when reg's model agrees with that of every registered member (rank or server) that
+ * described its tensors (Register.model_shapes) as reg did; otherwise FL_EINVAL, the member in
+ * *other and a text naming the first tensor that differs, with both shapes, in why. A bare
+ * signature is compared between ranks only (on_register): it may be a hash of another kind.
+ * Callers fail the rendezvous when a rank and a server's --init differ, and refuse only the
+ * newcomer when two ranks or two servers do. */
+int fl_coord_check_model(const fl_coord_t *c, const fl_msg_register_t *reg,
+                         const fl_msg_register_t **other, char *why, size_t cap);
 
 /* True when every shard is served (always, without a parameter server). */
 bool fl_coord_ps_complete(const fl_coord_t *c);

@@ -9,6 +9,7 @@
 
 #include <inttypes.h>
 #include <stdarg.h>
+#include <stddef.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -91,6 +92,67 @@ int fl_coord_ps_check_params(const fl_coord_t *c, uint64_t count, const char *wh
                        "models",
              who, count, other, known);
     return FL_EINVAL;
+}
+
+/* Where a member's model lives, as the texts name it, and its tensors' lines: a server's
+ * text may start with the line naming its --init file. */
+static const char *model_owner(const fl_msg_register_t *r, char *out, size_t cap)
+{
+    const char *text = r->model_shapes;
+    size_t tag = strlen(FL_PS_INIT_FILE_TAG);
+    const char *nl = strchr(text, ';');
+    if (r->role != FL_ROLE_SERVER) {
+        snprintf(out, cap, "on rank %d (host %s)", r->rank, r->host);
+        return text;
+    }
+    if (strncmp(text, FL_PS_INIT_FILE_TAG, tag) == 0 && nl != NULL) {
+        snprintf(out, cap, "in %.*s (the --init file of the parameter server on %s, shards "
+                           "%d..%d)",
+                 (int)(nl - text - (ptrdiff_t)tag), text + tag, r->host, r->rank,
+                 r->rank + (int)r->shard_count - 1);
+        return nl + 1;
+    }
+    snprintf(out, cap, "in the --init file of the parameter server on %s (shards %d..%d)",
+             r->host, r->rank, r->rank + (int)r->shard_count - 1);
+    return text;
+}
+
+/* True when both members described their tensors and the signatures differ; why then names
+ * the first tensor that differs. */
+static bool models_differ(const fl_msg_register_t *a, const fl_msg_register_t *b, char *why,
+                          size_t cap)
+{
+    if (a->model_shapes[0] == '\0' || b->model_shapes[0] == '\0' ||
+        a->model_signature == b->model_signature)
+        return false;
+    char who_a[FL_MODEL_SHAPES_MAX], who_b[FL_MODEL_SHAPES_MAX];
+    const char *text_a = model_owner(a, who_a, sizeof who_a);
+    const char *text_b = model_owner(b, who_b, sizeof who_b);
+    int n = snprintf(why, cap, "different models: ");
+    if (n > 0 && (size_t)n < cap)
+        fl_model_shapes_diff(text_a, who_a, text_b, who_b, why + n, cap - (size_t)n);
+    return true;
+}
+
+int fl_coord_check_model(const fl_coord_t *c, const fl_msg_register_t *reg,
+                         const fl_msg_register_t **other, char *why, size_t cap)
+{
+    *other = NULL;
+    for (int i = 0; i < c->nshards; i++) {
+        const coord_server_t *v = &c->servers[i];
+        if (v->registered && !v->left && models_differ(reg, &v->reg, why, cap)) {
+            *other = &v->reg;
+            return FL_EINVAL;
+        }
+    }
+    for (int r = 0; r < c->world; r++) {
+        const coord_rank_t *k = &c->ranks[r];
+        if (k->registered && !k->left && models_differ(reg, &k->reg, why, cap)) {
+            *other = &k->reg;
+            return FL_EINVAL;
+        }
+    }
+    return FL_OK;
 }
 
 /* Settings every server must share; a text naming the difference, or NULL when they agree. */
@@ -215,6 +277,16 @@ void fl_coord_ps_on_register(fl_coord_t *c, fl_tp_msg_t *m)
     }
     char who[FL_HOST_MAX + 96];
     char why[FL_MSG_TEXT_MAX];
+    const fl_msg_register_t *other = NULL;
+    if (fl_coord_check_model(c, reg, &other, why, sizeof why) != FL_OK) {
+        fl_coord_send_error(c, to, FL_EINVAL, -1, host, "%s", why);
+        /* Ranks hold another model than the --init file: the job cannot start until one side
+         * is restarted, and everyone hears why now rather than at the rendezvous timeout.
+         * Another server's --init only refuses this one, as other settings do. */
+        if (other->role != FL_ROLE_SERVER)
+            fl_coord_fail_rendezvous(c, why);
+        return;
+    }
     snprintf(who, sizeof who, "the parameter server on %s (shards %d..%d)", host, first,
              first + count - 1);
     if (reg->param_count != 0 &&

@@ -83,6 +83,16 @@ typedef struct fl_ps_server_opts {
     bool tune_malloc;                /* default true: fl_malloc_tune() for the pushes' buffers */
 } fl_ps_server_opts_t;
 
+/* A server's Register.model_shapes starts with an entry naming its --init file: this tag, the
+ * path and ';'. It is not part of the signature; the coordinator names the file with it. */
+#define FL_PS_INIT_FILE_TAG "file:"
+
+/* Checks an --init file as fl_ps_server_create does (float32 tensors, every value finite, not
+ * empty) without touching the network, so that flodl-ps refuses a bad one before it binds or
+ * connects anything. FL_OK, or FL_EINVAL naming the file and, for a NaN or Inf, the tensor and
+ * its index. Thread-safe. */
+int fl_ps_server_check_init(const char *path);
+
 void fl_ps_server_opts_init(fl_ps_server_opts_t *opts);
 
 /* Checks the options, reads the --init file's layout and, when resuming, which checkpoint

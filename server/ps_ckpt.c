@@ -98,6 +98,27 @@ int ps_ckpt_list(const char *dir, uint32_t shard, uint32_t num_shards, uint64_t 
     return rc;
 }
 
+typedef struct served {
+    uint32_t first, count, num_shards;
+} served_t;
+
+/* Checkpoint names of the shards this process serves: no other writes them. */
+static bool served_name(const char *name, void *ud)
+{
+    const served_t *v = ud;
+    uint32_t i, s;
+    uint64_t t;
+    return parse_name(name, &i, &s, &t) && s == v->num_shards && i >= v->first &&
+           i - v->first < v->count;
+}
+
+int ps_ckpt_clean(const char *dir, uint32_t first, uint32_t count, uint32_t num_shards,
+                  size_t *nfiles, uint64_t *nbytes)
+{
+    served_t v = {first, count, num_shards};
+    return fl_st_clean_tmp(dir, served_name, &v, nfiles, nbytes);
+}
+
 void ps_ckpt_meta_init(ps_ckpt_meta_t *m)
 {
     memset(m, 0, sizeof *m);

@@ -292,6 +292,7 @@ int fl_ps_client_create(const fl_ps_client_opts_t *o, fl_ps_client_t **out)
     cl->o.job_id = cl->job_id;
     cl->o.host = NULL;
     cl->o.settings = NULL; /* the registration keeps its own copy */
+    cl->o.model_shapes = NULL; /* read by the registration below only */
     cl->last_mark_ms = fl_now_ms();
 
     fl_ctx_opts_t co;
@@ -331,6 +332,10 @@ int fl_ps_client_create(const fl_ps_client_opts_t *o, fl_ps_client_t **out)
     snprintf(reg.host, sizeof reg.host, "%s", cl->host);
     reg.pid = (int32_t)getpid();
     reg.model_signature = o->model_signature;
+    if (o->model_shapes != NULL && o->model_shapes[0] != '\0') {
+        reg.model_signature = fl_model_shapes_signature(o->model_shapes);
+        fl_model_shapes_cut(o->model_shapes, reg.model_shapes, sizeof reg.model_shapes);
+    }
     reg.param_count = o->param_count;
     snprintf(reg.tuning, sizeof reg.tuning, "ps");
     snprintf(reg.settings, sizeof reg.settings, "%s", o->settings ? o->settings : "");

@@ -178,6 +178,20 @@ uint32_t ps_max_abs_bits(const void *x, size_t n);
  * (malloc'd, *out_len bytes) or *out = NULL when lz4 does not pay; FL_ENOMEM. */
 int ps_payload_lz4(const float *params, uint64_t count, void **out, size_t *out_len);
 
+/* ---- the --init file (ps_init.c) ---- */
+
+/* Opens and checks a parameter server's --init file: float32 tensors, every value finite, at
+ * least one parameter. FL_OK with *out (close it with fl_st_close) and the parameters in
+ * *param_count; FL_EINVAL naming the file and, for a bad value, the tensor and its index. */
+int ps_init_open(const char *path, fl_st_file_t **out, uint64_t *param_count);
+
+/* Its tensors as the ranks describe their model (fl_model_shapes, in file order): the
+ * signature of their text, and in shapes (cap bytes) a first entry FL_PS_INIT_FILE_TAG + path
+ * (outside the signature: the coordinator names the file with it) then the text, cut to fit.
+ * FL_OK or FL_ENOMEM. */
+int ps_init_shapes(const fl_st_file_t *f, const char *path, uint64_t *signature, char *shapes,
+                   size_t cap);
+
 /* ---- checkpoints (ps_ckpt.c) ---- */
 
 typedef struct ps_ckpt_meta {
@@ -219,6 +233,13 @@ int ps_ckpt_write(const char *dir, const ps_ckpt_meta_t *m, const float *params,
  * another number of shards, 0 when there are none. FL_OK, FL_EIO, FL_ENOMEM. */
 int ps_ckpt_list(const char *dir, uint32_t shard, uint32_t num_shards, uint64_t *steps,
                  size_t cap, size_t *n, uint32_t *foreign);
+
+/* Removes the temporary files that writers of shards first..first + count - 1 (of
+ * num_shards) killed mid-checkpoint left in dir, unless their pid runs (fl_st_clean_tmp: the
+ * caller writes none of them yet). Other shards' files, served by other processes that may
+ * share dir, are left alone. FL_OK with what was removed, FL_EIO. */
+int ps_ckpt_clean(const char *dir, uint32_t first, uint32_t count, uint32_t num_shards,
+                  size_t *nfiles, uint64_t *nbytes);
 
 /* Opens and checks the checkpoint of one step: CRC, format, metadata naming this shard and
  * step, tensor shapes and types. FL_OK, FL_EPROTO naming the file and the problem, FL_EIO. */

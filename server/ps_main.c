@@ -365,6 +365,11 @@ int main(int argc, char **argv)
     if (fl_cli_security(a.curve_dir, a.insecure, env_curve, env_insecure, &a.curve_dir) != FL_OK)
         return bad_flag();
     a.co.curve_dir = a.so.curve_dir = a.curve_dir;
+    /* A bad --init file is refused before anything binds or connects: ranks must not meet a
+     * job whose parameter server cannot start. */
+    if (a.so.shard_count > 0 && a.so.init_path != NULL &&
+        fl_ps_server_check_init(a.so.init_path) != FL_OK)
+        return bad_flag();
 
     /* Signals are taken synchronously by this thread; the others never see them. */
     sigset_t sigs;

@@ -30,6 +30,8 @@ struct fl_ps_server {
     ps_shard_t **shards;
     fl_st_file_t *init;     /* --init, until the shards took their ranges */
     uint64_t param_count;   /* from --init or the checkpoints; 0: from the ranks */
+    uint64_t signature;     /* of --init's tensor shapes, which the ranks' must match; 0: none */
+    char shapes[FL_MODEL_SHAPES_MAX];
     uint64_t resume_steps[FL_MSG_MAX_CHECKPOINTS];
     size_t nresume;
     fl_msg_peer_t *peers;   /* from the welcome: hosts for the shards' texts */
@@ -114,26 +116,16 @@ static void make_tuning(const fl_ps_server_opts_t *o, char *out, size_t cap)
 
 static int open_init(fl_ps_server_t *s)
 {
-    int rc = fl_st_open(s->o.init_path, 0, &s->init);
-    if (rc != FL_OK) /* a file named by a flag that cannot be used: a configuration error */
-        return fl_fail_ctx(FL_EINVAL, "--init");
-    uint64_t n = 0;
-    for (size_t i = 0; i < fl_st_count(s->init); i++) {
-        const fl_st_tensor_t *t = fl_st_at(s->init, i);
-        if (t->dtype != FL_FLOAT32)
-            return fl_fail(FL_EINVAL, "--init %s: tensor %s is %s; the parameter server holds "
-                                      "float32",
-                           s->o.init_path, t->name, fl_st_dtype_name(t->dtype));
-        n += t->bytes / sizeof(float);
-    }
-    if (n == 0)
-        return fl_fail(FL_EINVAL, "--init %s holds no parameters", s->o.init_path);
-    s->param_count = n;
-    return FL_OK;
+    int rc = ps_init_open(s->o.init_path, &s->init, &s->param_count);
+    if (rc == FL_OK)
+        rc = ps_init_shapes(s->init, s->o.init_path, &s->signature, s->shapes,
+                            sizeof s->shapes);
+    return rc;
 }
 
-/* With --resume: the steps every shard of this process holds a valid checkpoint of. Without
- * it, a directory that holds checkpoints is refused rather than overwritten. */
+/* First removes what killed writers of its shards' checkpoints left. Then, with --resume: the
+ * steps every shard of this process holds a valid checkpoint of. Without it, a directory that
+ * holds checkpoints is refused rather than overwritten. */
 static int scan_checkpoints(fl_ps_server_t *s)
 {
     const fl_ps_server_opts_t *o = &s->o;
@@ -143,12 +135,22 @@ static int scan_checkpoints(fl_ps_server_t *s)
     size_t files = 0;
     char seen[512] = "";
     size_t used = 0;
+    size_t stale = 0;
+    uint64_t stale_bytes = 0;
+    int rc = ps_ckpt_clean(s->ckpt_dir, (uint32_t)o->shard_first, (uint32_t)o->shard_count,
+                           (uint32_t)o->num_shards, &stale, &stale_bytes);
+    if (rc != FL_OK)
+        return rc;
+    if (stale > 0)
+        FL_INFO(s->ctx, "removed %zu temporary file(s) of killed checkpoint writers from %s "
+                        "(%.1f MiB)",
+                stale, s->ckpt_dir, (double)stale_bytes / 1048576.0);
     for (int k = 0; k < o->shard_count; k++) {
         uint32_t idx = (uint32_t)(o->shard_first + k);
         uint64_t steps[256];
         size_t n = 0;
         uint32_t foreign = 0;
-        int rc = ps_ckpt_list(s->ckpt_dir, idx, (uint32_t)o->num_shards, steps, 256, &n, &foreign);
+        rc = ps_ckpt_list(s->ckpt_dir, idx, (uint32_t)o->num_shards, steps, 256, &n, &foreign);
         if (rc != FL_OK)
             return rc;
         files += n + (foreign > 0);
@@ -341,6 +343,8 @@ static int join(fl_ps_server_t *s, fl_msg_hdr_t *welcome)
     reg.pid = (int32_t)getpid();
     snprintf(reg.tuning, sizeof reg.tuning, "%s", s->tuning);
     reg.param_count = s->param_count;
+    reg.model_signature = s->signature;
+    memcpy(reg.model_shapes, s->shapes, sizeof reg.model_shapes);
     reg.consistency = (uint32_t)o->consistency;
     reg.staleness = o->staleness;
     reg.ckpt_every_steps = o->ckpt_every_steps;

@@ -132,7 +132,7 @@ int ps_shard_resume(ps_shard_t *sh, uint64_t step)
     return rc;
 }
 
-int ps_shard_checkpoint(ps_shard_t *sh, uint64_t step, bool prune)
+int ps_shard_checkpoint(ps_shard_t *sh, uint64_t step)
 {
     const ps_shard_conf_t *c = &sh->conf;
     if (c->ckpt_dir == NULL || !ps_state_ready(sh->state))
@@ -155,7 +155,7 @@ int ps_shard_checkpoint(ps_shard_t *sh, uint64_t step, bool prune)
         fl_opt_state(opt, &b1, &b2, &m.opt_steps);
     int rc = ps_ckpt_write(c->ckpt_dir, &m, ps_params_data(ps_state_params(sh->state)), b1, b2,
                            ps_state_clocks(sh->state), (size_t)c->state.world,
-                           prune ? c->keep : 0);
+                           c->keep);
     if (rc != FL_OK) {
         /* Training goes on; the previous checkpoint stays the newest. */
         FL_ERROR(sh->ctx, "shard %u: checkpoint of step %" PRIu64 " failed: %s", sh->index, step,
@@ -199,10 +199,10 @@ const char *ps_shard_rank_name(const ps_shard_t *sh, int rank, char *buf, size_t
 }
 
 /* The checkpoint of a stopping shard, labelled as rank 0 labels the periodic ones (sync: the
- * steps applied; async and SSP: rank 0's steps), never pruning older ones (the shards may be
- * stopping at different steps: the one they all hold must stay), and not rewriting a label
- * that exists (in sync the same state; otherwise an earlier moment other shards may also
- * hold). */
+ * steps applied; async and SSP: rank 0's steps), and not rewriting a label that exists (in
+ * sync the same state; otherwise an earlier moment other shards may also hold). It prunes to
+ * --keep like the others: the shards may be stopping at different steps, but keep >= 2 leaves
+ * the newest periodic checkpoint, the step they all hold, next to it. */
 static void final_checkpoint(ps_shard_t *sh)
 {
     if (sh->conf.ckpt_dir == NULL || !ps_state_ready(sh->state))
@@ -216,7 +216,7 @@ static void final_checkpoint(ps_shard_t *sh)
         for (size_t i = 0; i < n; i++)
             if (have[i] == label)
                 return;
-    ps_shard_checkpoint(sh, label, false);
+    ps_shard_checkpoint(sh, label);
 }
 
 /* Returns true when the thread must end. */

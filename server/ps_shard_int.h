@@ -84,9 +84,9 @@ void ps_shard_fail_pending(ps_shard_t *sh);
 /* The earliest deadline of a pending pull (INT64_MAX: none). */
 int64_t ps_shard_next_deadline(const ps_shard_t *sh);
 
-/* Writes the shard's checkpoint labelled step, removing all but the newest `keep` when prune
- * is set (ps_shard.c). */
-int ps_shard_checkpoint(ps_shard_t *sh, uint64_t step, bool prune);
+/* Writes the shard's checkpoint labelled step, then removes all but the newest `keep`
+ * (ps_shard.c). */
+int ps_shard_checkpoint(ps_shard_t *sh, uint64_t step);
 
 /* Sends an error reply to route and counts it. */
 void ps_shard_error(ps_shard_t *sh, const fl_tp_route_t *to, int code, int about,

@@ -182,7 +182,7 @@ static void maybe_checkpoint(ps_shard_t *sh)
                                                              : ps_state_clock(sh->state, 0);
     if (done < sh->ckpt_due)
         return;
-    ps_shard_checkpoint(sh, sh->ckpt_due, true);
+    ps_shard_checkpoint(sh, sh->ckpt_due);
     sh->ckpt_due = 0;
 }
 

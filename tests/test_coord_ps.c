@@ -85,6 +85,24 @@ static void send_worker(fl_tp_sock_t *s, int rank, int world, uint64_t params)
     ck_assert(fl_tp_send(s, NULL, &h, NULL, 0, fl_deadline_in(1000)) == FL_OK);
 }
 
+/* A worker describing its model's tensors, as flodl-worker does. */
+static void send_worker_model(fl_tp_sock_t *s, int rank, int world, uint64_t params,
+                              const char *shapes)
+{
+    fl_msg_hdr_t h;
+    fl_msg_hdr_init(&h, FL_MSG_REGISTER, rank);
+    snprintf(h.job_id, sizeof h.job_id, JOB);
+    h.u.reg.rank = rank;
+    h.u.reg.world_size = world;
+    snprintf(h.u.reg.host, sizeof h.u.reg.host, "worker-%d", rank);
+    h.u.reg.pid = 500 + rank;
+    snprintf(h.u.reg.tuning, sizeof h.u.reg.tuning, "ps");
+    h.u.reg.param_count = params;
+    h.u.reg.model_signature = fl_model_shapes_signature(shapes);
+    snprintf(h.u.reg.model_shapes, sizeof h.u.reg.model_shapes, "%s", shapes);
+    ck_assert(fl_tp_send(s, NULL, &h, NULL, 0, fl_deadline_in(1000)) == FL_OK);
+}
+
 typedef struct server_spec {
     int first;
     int count;
@@ -97,12 +115,13 @@ typedef struct server_spec {
     uint64_t ckpt[4];
     int pid;
     const char *job; /* NULL: JOB */
+    const char *shapes; /* its --init file's tensors (NULL: none), named init.safetensors */
 } server_spec_t;
 
 static server_spec_t server_of(int first, int count, int num_shards)
 {
     server_spec_t v = {first, count, num_shards, 0, "opt=sgd,lr=0.1", 0, 0, 0, {0}, 900 + first,
-                       NULL};
+                       NULL, NULL};
     return v;
 }
 
@@ -129,6 +148,11 @@ static void send_server(fl_tp_sock_t *s, const server_spec_t *v)
     r->ncheckpoints = (uint32_t)v->nckpt;
     for (int i = 0; i < v->nckpt; i++)
         r->checkpoints[i] = v->ckpt[i];
+    if (v->shapes != NULL) {
+        r->model_signature = fl_model_shapes_signature(v->shapes);
+        snprintf(r->model_shapes, sizeof r->model_shapes, "%s/tmp/init.safetensors;%s",
+                 FL_PS_INIT_FILE_TAG, v->shapes);
+    }
     int rc = fl_tp_send(s, NULL, &h, NULL, 0, fl_deadline_in(1000));
     fl_msg_hdr_deinit(&h);
     ck_assert_msg(rc == FL_OK, "%s", fl_last_error());
@@ -429,6 +453,65 @@ START_TEST(test_init_count_from_options)
     ck_assert_uint_eq(h.u.welcome.shards[0].count + h.u.welcome.shards[1].count, 77);
     fl_msg_hdr_deinit(&h);
     env_end(&e);
+}
+END_TEST
+
+#define MODEL "layers.0.weight[32,16];layers.0.bias[32];"
+#define TRANSPOSED "layers.0.weight[16,32];layers.0.bias[32];"
+
+/* The parameter server's --init file against the ranks' model, tensor by tensor: a weight
+ * declared transposed (the same parameter count) fails the rendezvous in either order, every
+ * member told which tensor, both shapes and the file; the same tensors start the job; a rank
+ * with a bare signature (no tensors described) is not compared with the file (#18 item 5:
+ * only the counts were compared, and the transposed weight trained). */
+START_TEST(test_init_shapes_checked)
+{
+    static const char *const want[] = {"different models", "tensor 'layers.0.weight'",
+                                       "[32,16] on rank 0 (host worker-0)",
+                                       "[16,32] in /tmp/init.safetensors", NULL};
+    for (int order = 0; order < 2; order++) {
+        env_t e;
+        env_start(&e, 1, 1, 0, 0);
+        fl_tp_sock_t *w = fake_open(&e), *s = fake_open(&e);
+        server_spec_t v = server_of(0, 1, 1);
+        v.params = 544;
+        v.shapes = TRANSPOSED;
+        if (order == 0) {
+            send_server(s, &v);
+            usleep(100 * 1000);
+            send_worker_model(w, 0, 1, 544, MODEL);
+        } else {
+            send_worker_model(w, 0, 1, 544, MODEL);
+            usleep(100 * 1000);
+            send_server(s, &v);
+        }
+        fl_msg_error_t err;
+        expect_error(w, FL_EINVAL, &err);
+        for (int i = 0; want[i] != NULL; i++)
+            ASSERT_HAS(err.text, want[i]);
+        expect_error(s, FL_EINVAL, &err);
+        ASSERT_HAS(err.text, "tensor 'layers.0.weight'");
+        ck_assert_int_eq(wait_finished(e.coord, 3000), FL_EINVAL);
+        env_end(&e);
+    }
+
+    for (int bare = 0; bare < 2; bare++) {
+        env_t e;
+        env_start(&e, 1, 1, 0, 0);
+        fl_tp_sock_t *w = fake_open(&e), *s = fake_open(&e);
+        server_spec_t v = server_of(0, 1, 1);
+        v.params = 544;
+        v.shapes = MODEL;
+        send_server(s, &v);
+        if (bare)
+            send_worker(w, 0, 1, 544); /* a client of its own: no tensors described */
+        else
+            send_worker_model(w, 0, 1, 544, MODEL);
+        fl_msg_hdr_t h;
+        expect_welcome(w, &h);
+        fl_msg_hdr_deinit(&h);
+        env_end(&e);
+    }
 }
 END_TEST
 
@@ -766,6 +849,7 @@ static Suite *suite(void)
     tcase_add_test(t, test_missing_shards_in_progress);
     tcase_add_test(t, test_unknown_param_count_fails_the_job);
     tcase_add_test(t, test_init_count_from_options);
+    tcase_add_test(t, test_init_shapes_checked);
     tcase_add_test(t, test_too_many_shards_for_the_model);
     tcase_add_test(t, test_resume_picks_newest_common_step);
     tcase_add_test(t, test_resume_refusals);

@@ -1059,6 +1059,49 @@ START_TEST(test_cli_size)
 }
 END_TEST
 
+/* Model shapes: the text and its signature, the wire's cut to whole lines, and the line
+ * naming the first difference (a shape, a name, a shorter model, beyond the cut). */
+START_TEST(test_model_shapes)
+{
+    fl_model_shapes_t m;
+    fl_model_shapes_init(&m);
+    ck_assert_str_eq(fl_model_shapes_text(&m), "");
+    const uint64_t w[2] = {256, 64}, b[1] = {256};
+    ck_assert_int_eq(fl_model_shapes_add(&m, "layers.0.weight", 2, w), FL_OK);
+    ck_assert_int_eq(fl_model_shapes_add(&m, "layers.0.bias", 1, b), FL_OK);
+    ck_assert_int_eq(fl_model_shapes_add(&m, "scale", 0, NULL), FL_OK);
+    const char *text = "layers.0.weight[256,64];layers.0.bias[256];scale[];";
+    ck_assert_str_eq(fl_model_shapes_text(&m), text);
+    ck_assert_uint_eq(m.ntensors, 3);
+    uint64_t sig = fl_model_shapes_signature(text);
+    ck_assert(sig != 0);
+    ck_assert(sig != fl_model_shapes_signature("layers.0.weight[64,256];layers.0.bias[256];"
+                                               "scale[];"));
+
+    char cut[32];
+    fl_model_shapes_cut(text, cut, sizeof cut);
+    ck_assert_str_eq(cut, "layers.0.weight[256,64];...;");
+    char whole[128];
+    fl_model_shapes_cut(text, whole, sizeof whole);
+    ck_assert_str_eq(whole, text);
+
+    char why[256];
+    fl_model_shapes_diff(text, "on A", "layers.0.weight[64,256];layers.0.bias[256];", "in B",
+                         why, sizeof why);
+    ck_assert_str_eq(why, "tensor 'layers.0.weight' is [256,64] on A, [64,256] in B");
+    fl_model_shapes_diff(text, "on A", "layers.0.weight[256,64];layers.1.bias[256];", "in B",
+                         why, sizeof why);
+    ck_assert_str_eq(why, "tensor 1 is 'layers.0.bias' [256] on A, 'layers.1.bias' [256] in B");
+    fl_model_shapes_diff(text, "on A", "layers.0.weight[256,64];layers.0.bias[256];", "in B",
+                         why, sizeof why);
+    ck_assert_str_eq(why, "2 tensors in B, more on A (the next is 'scale' [])");
+    fl_model_shapes_diff(text, "on A", cut, "in B", why, sizeof why);
+    ck_assert_msg(strstr(why, "first 1 tensors agree") != NULL, "%s", why);
+    fl_model_shapes_deinit(&m);
+    fl_model_shapes_deinit(NULL);
+}
+END_TEST
+
 START_TEST(test_fmt_bytes)
 {
     static const struct {
@@ -1354,6 +1397,7 @@ Suite *core_suite(void)
     tcase_add_test(t, test_text_scan);
     tcase_add_test(t, test_text_escape);
     tcase_add_test(t, test_text_cut);
+    tcase_add_test(t, test_model_shapes);
     suite_add_tcase(s, t);
     return s;
 }

@@ -90,6 +90,8 @@ static void make_register(fl_msg_hdr_t *h)
     h->u.reg.pid = 31337;
     h->u.reg.model_signature = 0xdeadbeefcafef00dULL;
     snprintf(h->u.reg.tuning, sizeof h->u.reg.tuning, "seg=262144,algo=ring,stripes=4");
+    snprintf(h->u.reg.model_shapes, sizeof h->u.reg.model_shapes,
+             "layers.0.weight[256,64];layers.0.bias[256];");
 }
 
 static void make_welcome(fl_msg_hdr_t *h, uint32_t npeers)
@@ -223,6 +225,7 @@ static void same_hdr(const fl_msg_hdr_t *a, const fl_msg_hdr_t *b)
         SAME(u.reg.pid);
         SAME(u.reg.model_signature);
         SAME_STR(u.reg.tuning);
+        SAME_STR(u.reg.model_shapes);
         break;
     case FL_MSG_WELCOME:
         SAME(u.welcome.npeers);
@@ -1298,6 +1301,9 @@ START_TEST(test_encode_refusals)
     make_register(&h);
     memset(h.u.reg.tuning, 't', sizeof h.u.reg.tuning);
     expect_encode_refused(&h, "tuning");
+    make_register(&h);
+    memset(h.u.reg.model_shapes, 's', sizeof h.u.reg.model_shapes);
+    expect_encode_refused(&h, "model shapes");
 
     make_heartbeat(&h);
     memset(h.u.heartbeat.missing, '1', sizeof h.u.heartbeat.missing);

@@ -17,6 +17,7 @@
 #include "fl_ps.h"
 #include "fl_tp.h"
 #include "ps_int.h"
+#include "testproc.h"
 #include "testutil.h"
 
 #define N 3000
@@ -111,6 +112,19 @@ static void job_start(job_t *j, const char *bind, int world, int shards, const c
 {
     int rc = job_start_rc(j, bind, world, shards, ckpt, every, resume, init, 0);
     ck_assert_msg(rc == FL_OK, "%s", fl_last_error());
+}
+
+/* Files in dir whose name starts with prefix. */
+static int count_files(const char *dir, const char *prefix)
+{
+    DIR *d = opendir(dir);
+    ck_assert_ptr_nonnull(d);
+    int n = 0;
+    struct dirent *e;
+    while ((e = readdir(d)) != NULL)
+        n += strncmp(e->d_name, prefix, strlen(prefix)) == 0;
+    closedir(d);
+    return n;
 }
 
 static void job_end(job_t *j)
@@ -264,11 +278,14 @@ START_TEST(test_checkpoints_written_kept_and_exact)
         uint64_t steps[8];
         size_t n = 0;
         ck_assert(ps_ckpt_list(tmpdir, s, 2, steps, 8, &n, NULL) == FL_OK);
-        /* Keep 2: writing 4 removed none (2 and 4), the final 5 prunes nothing. */
-        ck_assert_uint_eq(n, 3);
+        /* Keep 2: writing 4 removed none (2 and 4), the final 5 removed 2 (#18 item 5: it
+         * left K + 1). Two files on disk per shard, nothing else. */
+        char prefix[32];
+        snprintf(prefix, sizeof prefix, "shard-%u-of-2.", s);
+        ck_assert_int_eq(count_files(tmpdir, prefix), 2);
+        ck_assert_uint_eq(n, 2);
         ck_assert_uint_eq(steps[0], 5);
         ck_assert_uint_eq(steps[1], 4);
-        ck_assert_uint_eq(steps[2], 2);
         for (size_t k = 0; k < 2; k++) {
             ps_ckpt_t c;
             ck_assert_msg(ps_ckpt_open(tmpdir, s, 2, steps[k], &c) == FL_OK, "%s",
@@ -295,7 +312,7 @@ START_TEST(test_checkpoints_written_kept_and_exact)
     uint64_t valid[8], params = 0;
     size_t nv = 0;
     ck_assert(ps_ckpt_valid_steps(tmpdir, 0, 2, NULL, valid, 8, &nv, &params) == FL_OK);
-    ck_assert_uint_eq(nv, 2);
+    ck_assert_uint_eq(nv, 1);
     ck_assert_uint_eq(valid[0], 4);
     ck_assert_uint_eq(params, N);
     ps_ckpt_t c;
@@ -328,6 +345,85 @@ START_TEST(test_checkpoints_written_kept_and_exact)
     ck_assert_int_eq(job_start_rc(&k, NULL, W, 2, tmpdir, 2, true, NULL, 0), FL_EINVAL);
     ASSERT_HAS(fl_last_error(), "no valid step common");
     ASSERT_HAS(fl_last_error(), "shard 1: 0 valid");
+    remove_tree(tmpdir);
+}
+END_TEST
+
+/* Creates tmpdir/<name>.tmp.<pid><tail> holding 1000 bytes; tmp_exists says whether it is
+ * there. */
+static void put_tmp(const char *name, long pid, const char *tail)
+{
+    char path[512];
+    snprintf(path, sizeof path, "%s/%s.tmp.%ld%s", tmpdir, name, pid, tail);
+    FILE *f = fopen(path, "w");
+    ck_assert_ptr_nonnull(f);
+    for (int i = 0; i < 1000; i++)
+        fputc('x', f);
+    ck_assert_int_eq(fclose(f), 0);
+}
+
+static bool tmp_exists(const char *name, long pid, const char *tail)
+{
+    char path[512];
+    snprintf(path, sizeof path, "%s/%s.tmp.%ld%s", tmpdir, name, pid, tail);
+    return access(path, F_OK) == 0;
+}
+
+/* A server of shard 0 of 2 created (not started: it only scans its directory) and destroyed. */
+static void create_shard0_server(bool resume)
+{
+    fl_ps_server_opts_t so;
+    fl_ps_server_opts_init(&so);
+    so.coordinator = "tcp://127.0.0.1:1";
+    so.host = "127.0.0.1";
+    so.num_shards = 2;
+    so.shard_first = 0;
+    so.shard_count = 1;
+    so.checkpoint_dir = tmpdir;
+    so.resume = resume;
+    so.log_level = FL_LOG_OFF;
+    fl_ps_server_t *srv = NULL;
+    ck_assert_msg(fl_ps_server_create(&so, &srv) == FL_OK, "%s", fl_last_error());
+    fl_ps_server_destroy(&srv);
+}
+
+#define S0 "shard-0-of-2.step-000000000004.safetensors"
+
+/* Writers killed inside a checkpoint leave "<file>.tmp.<pid>" behind (ten kills left 4 files,
+ * 50 MB; #18 item 5). A server removes those of the shards it serves at start and at
+ * --resume, when their pid no longer runs or is its own (an earlier process's); the shards
+ * another process serves from the same directory, a live writer's file and other names stay. */
+START_TEST(test_killed_writers_temporaries_removed)
+{
+    make_tmpdir();
+    long dead = (long)proc_dead_pid();
+    proc_t live;
+    memset(&live, 0, sizeof live);
+    const char *sleeper[] = {"/bin/sleep", "120", NULL};
+    proc_start(&live, "/bin/sleep", sleeper, NULL);
+    ck_assert_int_gt(live.pid, 0);
+    put_tmp(S0, dead, "");
+    put_tmp("shard-0-of-2.step-000000000006.safetensors", (long)getpid(), "");
+    put_tmp("shard-1-of-2.step-000000000004.safetensors", dead, "");
+    put_tmp("shard-0-of-2.step-000000000008.safetensors", (long)live.pid, "");
+    put_tmp("shard-0-of-3.step-000000000004.safetensors", dead, "");
+    put_tmp("notes.txt", dead, "");
+    put_tmp(S0, dead, "x");
+    create_shard0_server(false);
+    ck_assert(!tmp_exists(S0, dead, ""));
+    ck_assert(!tmp_exists("shard-0-of-2.step-000000000006.safetensors", (long)getpid(), ""));
+    ck_assert(tmp_exists("shard-1-of-2.step-000000000004.safetensors", dead, ""));
+    ck_assert(tmp_exists("shard-0-of-2.step-000000000008.safetensors", (long)live.pid, ""));
+    ck_assert(tmp_exists("shard-0-of-3.step-000000000004.safetensors", dead, ""));
+    ck_assert(tmp_exists("notes.txt", dead, ""));
+    ck_assert(tmp_exists(S0, dead, "x"));
+    /* And at --resume. */
+    put_tmp(S0, dead, "");
+    create_shard0_server(true);
+    ck_assert(!tmp_exists(S0, dead, ""));
+    ck_assert(tmp_exists("shard-0-of-2.step-000000000008.safetensors", (long)live.pid, ""));
+    procs_stop(&live, 1);
+    procs_free(&live, 1);
     remove_tree(tmpdir);
 }
 END_TEST
@@ -593,6 +689,7 @@ static Suite *suite(void)
     TCase *t = tcase_create("checkpoints");
     tcase_set_timeout(t, 60);
     tcase_add_test(t, test_checkpoints_written_kept_and_exact);
+    tcase_add_test(t, test_killed_writers_temporaries_removed);
     tcase_add_test(t, test_restart_resumes_exactly);
     tcase_add_test(t, test_restart_ssp_with_ranks_apart);
     tcase_add_test(t, test_resume_ssp_clocks_apart);

@@ -4,6 +4,7 @@
  * finishing from the last checkpoint (losing at most the steps since it); and every new flag
  * refused with one line when wrong. Every child is killed and reaped by PID on every path. */
 #include <dirent.h>
+#include <math.h>
 #include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -52,6 +53,35 @@ static void remove_tree(const char *dir)
     }
     closedir(d);
     rmdir(dir);
+}
+
+/* Writes an --init file for the worker's default model (64,256,128,10): zeros in PyTorch's
+ * names and shapes, except value nan_at of tensor nan_tensor (-1: none) set to NaN, and layer
+ * 0's weight declared [in, out] instead of [out, in] when transposed. */
+static void write_init(const char *path, int nan_tensor, size_t nan_at, bool transposed)
+{
+    static const uint64_t sizes[] = {64, 256, 128, 10};
+    fl_st_tensor_t t[6];
+    char names[6][32];
+    float *data[6];
+    for (int l = 0; l < 3; l++) {
+        uint64_t in = sizes[l], out = sizes[l + 1];
+        snprintf(names[2 * l], sizeof names[0], "layers.%d.weight", l);
+        snprintf(names[2 * l + 1], sizeof names[0], "layers.%d.bias", l);
+        data[2 * l] = calloc(in * out, sizeof(float));
+        data[2 * l + 1] = calloc(out, sizeof(float));
+        ck_assert(data[2 * l] != NULL && data[2 * l + 1] != NULL);
+        bool tr = transposed && l == 0;
+        t[2 * l] = (fl_st_tensor_t){names[2 * l], FL_FLOAT32, 2, {tr ? in : out, tr ? out : in},
+                                    data[2 * l], in * out * sizeof(float)};
+        t[2 * l + 1] = (fl_st_tensor_t){names[2 * l + 1], FL_FLOAT32, 1, {out},
+                                        data[2 * l + 1], out * sizeof(float)};
+    }
+    if (nan_tensor >= 0)
+        data[nan_tensor][nan_at] = NAN;
+    ck_assert_msg(fl_st_write(path, t, 6, NULL, 0) == FL_OK, "%s", fl_last_error());
+    for (int i = 0; i < 6; i++)
+        free(data[i]);
 }
 
 /* The test accuracy rank 0 printed at the end, or -1. */
@@ -173,6 +203,80 @@ START_TEST(test_kill_and_resume)
 }
 END_TEST
 
+/* flodl-ps --init with a NaN is refused at start with one line naming the tensor and the
+ * index, before the coordinator binds (no endpoint file is written); a worker pointed at it
+ * gives up after its --rendezvous-timeout. It was found only after the rendezvous, and the
+ * workers then waited up to --reconnect-timeout (10 minutes) for a parameter-server restart
+ * (#18 item 5). */
+START_TEST(test_init_with_nan_refused_at_start)
+{
+    char dir[] = "/tmp/flodl-ps-nan-XXXXXX";
+    ck_assert(mkdtemp(dir) != NULL);
+    char init[128], epf[128], bind[64], out[12000];
+    snprintf(init, sizeof init, "%s/init.safetensors", dir);
+    snprintf(epf, sizeof epf, "%s/ep", dir);
+    write_init(init, 3, 7, false); /* layers.1.bias[7] */
+    int port = free_port();
+    snprintf(bind, sizeof bind, "tcp://127.0.0.1:%d", port);
+    const char *ps_argv[] = {PS_BIN, "--bind", bind, "--world-size", "1", "--shards", "1",
+                             "--host", "127.0.0.1", "--init", init, "--endpoint-file", epf,
+                             "--rendezvous-timeout", "20000", NULL};
+    proc_t p[2];
+    memset(p, 0, sizeof p);
+    proc_start(&p[0], PS_BIN, ps_argv, NULL);
+    static const char *const quick[] = {"--rendezvous-timeout", "3000", NULL};
+    start_worker(&p[1], bind, 0, 1, "1", quick);
+    bool done = procs_wait(p, 2, fl_deadline_in(30000));
+    procs_stop(p, 2);
+    show(p, 2, out, sizeof out);
+    bool bound = access(epf, F_OK) == 0;
+    remove_tree(dir);
+    ck_assert_msg(done, "still running after 30 s:%s", out);
+    ck_assert_msg(proc_code(&p[0]) == 2, "flodl-ps:%s", out);
+    ck_assert_msg(count_of(p[0].buf[1], "\n") == 1 && p[0].len[0] == 0, "not one line:%s", out);
+    ASSERT_HAS(p[0].buf[1], "init.safetensors: tensor 'layers.1.bias' holds NaN at index 7");
+    ck_assert_msg(!bound, "the coordinator bound before the refusal:%s", out);
+    ck_assert_msg(proc_code(&p[1]) != 0, "the worker:%s", out);
+    ASSERT_HAS(p[1].buf[1], "no answer from the coordinator");
+    procs_free(p, 2);
+}
+END_TEST
+
+/* flodl-ps --init with layer 0's weight declared [64,256] instead of [256,64] (the same
+ * parameter count, so it trained: #18 item 5) fails the rendezvous: the worker and flodl-ps
+ * both exit 2 with the line naming the tensor, both shapes and the file. */
+START_TEST(test_init_of_another_shape_refused)
+{
+    char dir[] = "/tmp/flodl-ps-shape-XXXXXX";
+    ck_assert(mkdtemp(dir) != NULL);
+    char init[128], ep[FL_ENDPOINT_MAX], out[12000];
+    snprintf(init, sizeof init, "%s/init.safetensors", dir);
+    write_init(init, -1, 0, true);
+    const char *extra[] = {"--shards", "1", "--host", "127.0.0.1", "--init", init, NULL};
+    proc_t p[2];
+    memset(p, 0, sizeof p);
+    bool up = start_ps(&p[0], 1, extra, NULL, ep, sizeof ep, 5);
+    if (up)
+        start_worker(&p[1], ep, 0, 1, "1", NULL);
+    bool done = up && procs_wait(p, 2, fl_deadline_in(60000));
+    procs_stop(p, 2);
+    show(p, 2, out, sizeof out);
+    remove_tree(dir);
+    ck_assert_msg(done, "did not end:%s", out);
+    static const char *const want[] = {"different models: tensor 'layers.0.weight' is [256,64] "
+                                       "on rank 0",
+                                       "[64,256] in ", "init.safetensors (the --init file of "
+                                                       "the parameter server", NULL};
+    for (int i = 0; i < 2; i++) {
+        ck_assert_msg(proc_code(&p[i]) == 2, "process %d:%s", i, out);
+        for (int k = 0; want[k] != NULL; k++)
+            ASSERT_HAS(p[i].buf[1], want[k]);
+    }
+    ASSERT_HAS(p[0].buf[1], "flodl-ps: job failed: job 'flodl' cannot start: different models");
+    procs_free(p, 2);
+}
+END_TEST
+
 START_TEST(test_ps_flags_refused)
 {
     static const bad_case_t cases[] = {
@@ -237,6 +341,8 @@ static Suite *suite(void)
     tcase_add_test(t, test_shards_over_two_processes);
     tcase_add_test(t, test_kill_and_resume);
     tcase_add_test(t, test_ps_flags_refused);
+    tcase_add_test(t, test_init_with_nan_refused_at_start);
+    tcase_add_test(t, test_init_of_another_shape_refused);
     suite_add_tcase(s, t);
     return s;
 }

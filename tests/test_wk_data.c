@@ -12,6 +12,7 @@
 
 #include "fl_wk.h"
 #include "testutil.h"
+#include "wk_int.h"
 
 #define NELEM(a) (sizeof(a) / sizeof((a)[0]))
 
@@ -350,6 +351,41 @@ START_TEST(test_idx_refusals)
 }
 END_TEST
 
+/* A label the model has no output for is named against the labels file, with its index and
+ * value (not against the images as a number of classes), in the training and the test split. */
+START_TEST(test_idx_label_out_of_range)
+{
+    char img[512];
+    char lab[512];
+    char labz[512];
+    path_in(img, sizeof img, "img");
+    path_in(lab, sizeof lab, "lab");
+    path_in(labz, sizeof labz, "lab.gz");
+    write_pair(img, lab, false, false); /* labels 0, 3, 1, 2, 0 */
+    fl_wk_dataset_t d;
+    ck_assert_int_eq(fl_wk_data_idx(img, lab, &d), FL_OK);
+    fl_wk_mlp_shape_t m;
+    ck_assert_int_eq(fl_wk_mlp_parse("12,8,3", &m), FL_OK);
+    int rc = fl_wk_check_model(&m, &d, NULL);
+    expect_refusal(rc, FL_EINVAL, lab,
+                   (const char *const[]){"label 3 at index 1", "out of range 0..2", "3 outputs",
+                                         NULL});
+    ck_assert_msg(strstr(fl_last_error(), img) == NULL, "names the images: %s", fl_last_error());
+    ck_assert_int_eq(fl_wk_mlp_parse("12,8,4", &m), FL_OK);
+    ck_assert_int_eq(fl_wk_check_model(&m, &d, NULL), FL_OK);
+
+    const unsigned char test_labels[NIMG] = {0, 1, 2, 0, 7};
+    const uint32_t dl[1] = {NIMG};
+    write_idx(labz, true, 0x801, dl, 1, test_labels, sizeof test_labels);
+    fl_wk_dataset_t t;
+    ck_assert_int_eq(fl_wk_data_idx(img, labz, &t), FL_OK);
+    expect_refusal(fl_wk_check_model(&m, &d, &t), FL_EINVAL, labz,
+                   (const char *const[]){"label 7 at index 4", "out of range 0..3", NULL});
+    fl_wk_dataset_free(&t);
+    fl_wk_dataset_free(&d);
+}
+END_TEST
+
 /* ---- CSV ---- */
 
 static void write_text(const char *path, const char *text)
@@ -607,6 +643,7 @@ static Suite *wk_data_suite(void)
     tcase_add_checked_fixture(t, setup, teardown);
     tcase_add_test(t, test_idx_load);
     tcase_add_test(t, test_idx_refusals);
+    tcase_add_test(t, test_idx_label_out_of_range);
     tcase_add_test(t, test_csv_load);
     tcase_add_test(t, test_csv_refusals);
     suite_add_tcase(s, t);

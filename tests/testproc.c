@@ -238,6 +238,17 @@ void run_sync(proc_t *p, const char *path, const char *const *argv,
     procs_stop(p, 1);
 }
 
+pid_t proc_dead_pid(void)
+{
+    pid_t pid = fork();
+    ck_assert(pid >= 0);
+    if (pid == 0)
+        _exit(0);
+    int st = 0;
+    ck_assert(waitpid(pid, &st, 0) == pid);
+    return pid;
+}
+
 /* A TCP port that was free a moment ago (bound on 127.0.0.1:0, then closed). */
 int free_port(void)
 {

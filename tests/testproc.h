@@ -57,6 +57,9 @@ int proc_code(const proc_t *p);
 /* Runs one binary to completion (10 s at most). */
 void run_sync(proc_t *p, const char *path, const char *const *argv, const char *const *env);
 
+/* The pid of a process that has ended: a child that exited and was reaped. */
+pid_t proc_dead_pid(void);
+
 /* A TCP port on 127.0.0.1 that was free a moment ago. */
 int free_port(void);
 

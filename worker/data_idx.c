@@ -217,6 +217,7 @@ int fl_wk_data_idx(const char *images, const char *labels, fl_wk_dataset_t *out)
     out->dim = (size_t)pixels;
     out->classes = classes;
     snprintf(out->source, sizeof out->source, "%s", images);
+    snprintf(out->labels, sizeof out->labels, "%s", labels);
 done:
     free(lab);
     if (fi != NULL)

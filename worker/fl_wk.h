@@ -28,6 +28,7 @@ typedef struct fl_wk_dataset {
     float *x;         /* n * dim features, row-major */
     int32_t *y;       /* n labels */
     char source[256]; /* "built-in (seed 1)" or the file it came from */
+    char labels[256]; /* the file the labels came from (IDX: the labels file); "": source */
 } fl_wk_dataset_t;
 
 /* The built-in dataset (see data_builtin.c for how it is made): FL_WK_BUILTIN_DIM features,
@@ -99,7 +100,9 @@ size_t fl_wk_mlp_nparams(const fl_wk_mlp_shape_t *m);
 size_t fl_wk_mlp_weight_at(const fl_wk_mlp_shape_t *m, int layer);
 size_t fl_wk_mlp_bias_at(const fl_wk_mlp_shape_t *m, int layer);
 
-/* A 64-bit signature of the shapes: ranks of one job must agree (checked at rendezvous). */
+/* A 64-bit signature of the layer sizes, which checkpoint manifests record (--resume refuses
+ * another model's). The rendezvous compares fl_wk_mlp_shapes' signature instead, which the
+ * parameter server also computes from its --init file. */
 uint64_t fl_wk_mlp_signature(const fl_wk_mlp_shape_t *m);
 
 /* PyTorch's nn.Linear default: weight and bias uniform in [-1/sqrt(in), 1/sqrt(in)], from a
@@ -195,6 +198,11 @@ int fl_wk_mlp_deval(const fl_wk_mlp_shape_t *m, fl_wk_mlp_ws_t *ws, fl_dptr_t pa
  * NULL/0), atomically. FL_OK, FL_EIO naming the path. */
 int fl_wk_mlp_save(const fl_wk_mlp_shape_t *m, const float *params, const char *path,
                    const fl_st_meta_t *meta, size_t nmeta);
+
+/* Appends the model's tensors as fl_wk_mlp_save names and shapes them, in the flat vector's
+ * order, to out (fl_model_shapes_signature of its text: the model signature of the
+ * rendezvous). FL_OK or FL_ENOMEM. */
+int fl_wk_mlp_shapes(const fl_wk_mlp_shape_t *m, fl_model_shapes_t *out);
 
 /* Loads parameters saved by fl_wk_mlp_save or by PyTorch (safetensors.torch.save_file of an
  * nn.Sequential-like state dict renamed to layers.<i>.*). Every tensor must be there with the

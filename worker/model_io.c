@@ -1,27 +1,49 @@
 /* The model's parameters on disk: safetensors with PyTorch's names (layers.<i>.weight [out, in],
  * layers.<i>.bias [out], float32), so a PyTorch user loads them as they are, and a file whose
- * tensors do not fit the model is refused naming the tensor and both shapes. */
+ * tensors do not fit the model is refused naming the tensor and both shapes; the same tensors
+ * described for the rendezvous, where flodl-ps --init's are checked against them. */
 #include "fl_wk.h"
 
 #include <stdio.h>
 #include <string.h>
 
-int fl_wk_mlp_save(const fl_wk_mlp_shape_t *m, const float *params, const char *path,
-                   const fl_st_meta_t *meta, size_t nmeta)
+/* The model's tensors in the flat vector's order, with PyTorch's names (into names) and
+ * shapes; their data from params (NULL: none). */
+static void tensors(const fl_wk_mlp_shape_t *m, const float *params, fl_st_tensor_t *t,
+                    char (*names)[32])
 {
-    fl_st_tensor_t t[2 * FL_WK_MAX_LAYERS];
-    char names[2 * FL_WK_MAX_LAYERS][32];
     for (int l = 0; l < m->nlayers; l++) {
         size_t out = (size_t)m->sizes[l + 1];
         size_t in = (size_t)m->sizes[l];
         snprintf(names[2 * l], sizeof names[0], "layers.%d.weight", l);
         snprintf(names[2 * l + 1], sizeof names[0], "layers.%d.bias", l);
         t[2 * l] = (fl_st_tensor_t){names[2 * l], FL_FLOAT32, 2, {out, in},
-                                    params + fl_wk_mlp_weight_at(m, l), out * in * sizeof(float)};
+                                    params ? params + fl_wk_mlp_weight_at(m, l) : NULL,
+                                    out * in * sizeof(float)};
         t[2 * l + 1] = (fl_st_tensor_t){names[2 * l + 1], FL_FLOAT32, 1, {out},
-                                        params + fl_wk_mlp_bias_at(m, l), out * sizeof(float)};
+                                        params ? params + fl_wk_mlp_bias_at(m, l) : NULL,
+                                        out * sizeof(float)};
     }
+}
+
+int fl_wk_mlp_save(const fl_wk_mlp_shape_t *m, const float *params, const char *path,
+                   const fl_st_meta_t *meta, size_t nmeta)
+{
+    fl_st_tensor_t t[2 * FL_WK_MAX_LAYERS];
+    char names[2 * FL_WK_MAX_LAYERS][32];
+    tensors(m, params, t, names);
     return fl_st_write(path, t, (size_t)(2 * m->nlayers), meta, nmeta);
+}
+
+int fl_wk_mlp_shapes(const fl_wk_mlp_shape_t *m, fl_model_shapes_t *out)
+{
+    fl_st_tensor_t t[2 * FL_WK_MAX_LAYERS];
+    char names[2 * FL_WK_MAX_LAYERS][32];
+    tensors(m, NULL, t, names);
+    int rc = FL_OK;
+    for (int i = 0; i < 2 * m->nlayers && rc == FL_OK; i++)
+        rc = fl_model_shapes_add(out, t[i].name, t[i].ndim, t[i].shape);
+    return rc;
 }
 
 static int take(const fl_st_file_t *f, const char *path, const char *name, size_t ndim,

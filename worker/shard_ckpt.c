@@ -177,6 +177,36 @@ static void prune(const char *dir, long step, long keep)
     closedir(d);
 }
 
+typedef struct own_names {
+    int rank;
+} own_names_t;
+
+/* Names only this rank writes: its ranges' files, and on rank 0 the manifest. */
+static bool own_name(const char *name, void *ud)
+{
+    const own_names_t *o = ud;
+    long s;
+    int r;
+    int t;
+    int end = 0;
+    if (o->rank == 0 && strcmp(name, MANIFEST) == 0)
+        return true;
+    return sscanf(name, "shard-s%ld-r%d-d%d.safetensors%n", &s, &r, &t, &end) == 3 &&
+           name[end] == '\0' && r == o->rank;
+}
+
+void fl_wk_ckpt_clean(const char *dir, int rank, bool quiet)
+{
+    own_names_t o = {rank};
+    size_t n = 0;
+    uint64_t bytes = 0;
+    /* Best effort: the load or save that follows names a directory it cannot read. */
+    if (fl_st_clean_tmp(dir, own_name, &o, &n, &bytes) == FL_OK && n > 0 && !quiet)
+        printf("rank %d: removed %zu temporary file(s) of killed checkpoint writers from %s "
+               "(%.1f MiB)\n",
+               rank, n, dir, (double)bytes / 1048576.0);
+}
+
 /* The step of the manifest in dir, or -1. */
 static long manifest_step(const char *dir)
 {

@@ -85,6 +85,20 @@ static void ready(int device, size_t from, void *ud)
         fl_wk_xchg_ready_from(tr->xchg[tr->nx > 1 ? device : 0], from);
 }
 
+/* A label the model has no output for is the labels' fault as much as --layers': named with
+ * the file the labels came from, its index and its value. */
+static int check_labels(const fl_wk_mlp_shape_t *m, const fl_wk_dataset_t *d)
+{
+    int outputs = m->sizes[m->nlayers];
+    for (size_t i = 0; i < d->n; i++)
+        if (d->y[i] >= outputs)
+            return fl_fail(FL_EINVAL, "%s: label %d at index %zu is out of range 0..%d: the "
+                                      "model (--layers) has %d outputs, the data %d classes",
+                           d->labels[0] ? d->labels : d->source, (int)d->y[i], i, outputs - 1,
+                           outputs, d->classes);
+    return FL_OK;
+}
+
 int fl_wk_check_model(const fl_wk_mlp_shape_t *m, const fl_wk_dataset_t *d,
                       const fl_wk_dataset_t *test)
 {
@@ -92,14 +106,13 @@ int fl_wk_check_model(const fl_wk_mlp_shape_t *m, const fl_wk_dataset_t *d,
         return fl_fail(FL_EINVAL, "--layers: the model takes %d inputs, the data (%s) has %zu "
                                   "features",
                        m->sizes[0], d->source, d->dim);
-    if (m->sizes[m->nlayers] < d->classes)
-        return fl_fail(FL_EINVAL, "--layers: the model has %d outputs, the data (%s) has %d "
-                                  "classes",
-                       m->sizes[m->nlayers], d->source, d->classes);
+    int rc = check_labels(m, d);
+    if (rc != FL_OK)
+        return rc;
     if (test != NULL && test->dim != d->dim)
         return fl_fail(FL_EINVAL, "the test data (%s) has %zu features, the training data %zu",
                        test->source, test->dim, d->dim);
-    return FL_OK;
+    return test != NULL ? check_labels(m, test) : FL_OK;
 }
 
 /* One exchange per device, each on its own sub-communicator. */
@@ -726,6 +739,12 @@ int fl_wk_train(fl_comm_t *comm, const fl_wk_dataset_t *train, const fl_wk_datas
     int first_epoch = 0;
     fl_opt_t *opts[64];
     optimizers(&tr, opts);
+    /* What killed writers left behind goes before this run writes or reads there. */
+    if (o->checkpoint_dir != NULL)
+        fl_wk_ckpt_clean(o->checkpoint_dir, tr.rank, o->quiet);
+    if (o->resume_dir != NULL &&
+        (o->checkpoint_dir == NULL || strcmp(o->resume_dir, o->checkpoint_dir) != 0))
+        fl_wk_ckpt_clean(o->resume_dir, tr.rank, o->quiet);
     if (o->resume_dir != NULL &&
         (rc = fl_wk_ckpt_load(o->resume_dir, o, piece_world(&tr), tr.rank, tr.params, opts,
                               &step, &first_epoch, &tr.samples)) != FL_OK) {

@@ -7,8 +7,9 @@
 #include "fl_wk.h"
 #include "fl_obs.h"
 
-/* Checks the model against the data (inputs, classes) and the test split against the training
- * data: FL_EINVAL saying what differs. */
+/* Checks the model against the data (inputs; every label, of both splits, below its outputs)
+ * and the test split against the training data: FL_EINVAL saying what differs (a label: its
+ * file, index and value). */
 int fl_wk_check_model(const fl_wk_mlp_shape_t *m, const fl_wk_dataset_t *train,
                       const fl_wk_dataset_t *test);
 
@@ -390,6 +391,13 @@ int fl_wk_ranges(const fl_wk_train_opts_t *o, size_t np, int world, int rank, fl
 int fl_wk_ckpt_save(const char *dir, fl_comm_t *comm, int rank, int world,
                     const fl_wk_train_opts_t *o, const float *params, fl_opt_t *const *opts,
                     long step, int epoch, double samples);
+
+/* Removes the temporary files that writers of this rank's checkpoint files (rank 0: and of
+ * the manifest) left in dir when they were killed, unless their pid runs (fl_st_clean_tmp),
+ * saying so on stdout unless quiet. Called at start, before this rank writes or reads there;
+ * other ranks' files are theirs to clean (on shared storage their writers' pids are not ours
+ * to check). */
+void fl_wk_ckpt_clean(const char *dir, int rank, bool quiet);
 
 /* Loads the checkpoint in dir into another layout if need be (other hosts, devices or
  * --shard): all parameters, and the optimizer state of this rank's ranges (opts[device])

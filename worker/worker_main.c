@@ -470,6 +470,11 @@ static int run_ps(wargs_t *a, fl_wk_dataset_t *train, fl_wk_dataset_t *test)
     po.param_count = fl_wk_mlp_nparams(&a->to.shape);
     po.model_signature = a->co.model_signature;
     po.settings = a->co.settings;
+    /* The parameter server's --init file is checked against these, tensor by tensor. */
+    fl_model_shapes_t shapes;
+    fl_model_shapes_init(&shapes);
+    int rc = fl_wk_mlp_shapes(&a->to.shape, &shapes);
+    po.model_shapes = fl_model_shapes_text(&shapes);
     po.timeout_ms = a->co.timeout_ms;
     po.rendezvous_timeout_ms = a->co.rendezvous_timeout_ms;
     po.reconnect_timeout_ms = a->reconnect_ms;
@@ -477,7 +482,9 @@ static int run_ps(wargs_t *a, fl_wk_dataset_t *train, fl_wk_dataset_t *test)
     po.lz4 = a->lz4;
     po.log_level = a->co.log_level;
     fl_ps_client_t *cl = NULL;
-    int rc = fl_ps_client_create(&po, &cl);
+    if (rc == FL_OK)
+        rc = fl_ps_client_create(&po, &cl);
+    fl_model_shapes_deinit(&shapes);
     int code = 0;
     if (rc != FL_OK) {
         code = rc == FL_EINVAL ? 2 : 1;
@@ -659,7 +666,18 @@ int main(int argc, char **argv)
             return 1;
         }
         a.to.mode = (fl_wk_mode_t)a.mode;
-        a.co.model_signature = fl_wk_mlp_signature(&a.to.shape);
+        /* The signature the rendezvous compares, also with a parameter server's --init. */
+        fl_model_shapes_t shapes;
+        fl_model_shapes_init(&shapes);
+        rc = fl_wk_mlp_shapes(&a.to.shape, &shapes);
+        a.co.model_signature = fl_model_shapes_signature(fl_model_shapes_text(&shapes));
+        fl_model_shapes_deinit(&shapes);
+        if (rc != FL_OK) {
+            fprintf(stderr, "flodl-worker: %s\n", fl_last_error());
+            fl_wk_dataset_free(&train);
+            fl_wk_dataset_free(&test);
+            return 1;
+        }
         if (fl_wk_settings(&a.to, &train, a.settings, sizeof a.settings) != FL_OK)
             return usage_error();
         a.co.settings = a.settings;

@@ -66,6 +66,13 @@ typedef struct fl_ps_client_opts {
     fl_log_level_t log_level;  /* default FL_LOG_WARN */
     int tune_malloc;           /* 1 (default): keep glibc from returning received parameters'
                                   buffers to the kernel after each pull (as fl_comm_opts_t) */
+    const char *model_shapes;  /* NULL, or the model's tensors in the flat vector's order, a
+                                  line "name[d0,d1]" each, no spaces (for an MLP
+                                  "layers.0.weight[256,64]\nlayers.0.bias[256]\n..."): the
+                                  signature sent is then its hash, not model_signature, and
+                                  the coordinator checks it against flodl-ps --init's
+                                  tensors, naming the first one that differs (read during
+                                  fl_ps_client_create only) */
 } fl_ps_client_opts_t;
 
 /* Defaults for every field; rank, world_size, coordinator and param_count stay unset. */
