@@ -404,6 +404,7 @@ int main(int argc, char **argv)
             return rc == FL_EINVAL ? 2 : 1;
         }
     }
+    fl_fdlimit_start("flodl-ps", a.co.log_level); /* a descriptor per connection */
     if (a.curve_dir == NULL)
         fl_cli_security_notice("flodl-ps"); /* once everything is valid: about to serve */
     ps_metrics_t *metrics = NULL;

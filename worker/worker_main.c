@@ -660,6 +660,8 @@ int main(int argc, char **argv)
         a.co.model_signature = fl_wk_mlp_signature(&a.to.shape);
     }
 
+    if (networked)
+        fl_fdlimit_start("flodl-worker", a.co.log_level);
     if (networked && a.co.curve_dir == NULL)
         fl_cli_security_notice("flodl-worker");
     if (a.mode == FL_WK_MODE_PS)
