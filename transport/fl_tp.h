@@ -133,6 +133,17 @@ static inline size_t fl_tp_msg_size(fl_tp_msg_t *m, size_t i)
  * FL_TP_POLL_MAX), FL_ENOMEM or FL_EIO. */
 int fl_tp_poll(fl_tp_sock_t *const *socks, size_t n, int timeout_ms, bool *ready);
 
+/* Has sock watch its connections' handshakes; call before connect. *pipe (owned by sock, freed
+ * with it) becomes readable when one failed; fl_tp_sock_handshake_check then says whether the
+ * server refused this process. FL_OK or FL_EIO. One thread at a time, with sock's. */
+int fl_tp_sock_watch(fl_tp_sock_t *sock, fl_tp_sock_t **pipe);
+
+/* Reads the events the watch heard. FL_OK when none is a refusal; FL_EPEER when the server at
+ * endpoint refused this process's CURVE key ("refused by the server's allowlist") or speaks
+ * another security (plain text against CURVE), the text naming what to change. A handshake
+ * that merely failed (the server went away) is not a refusal: ZeroMQ tries again. */
+int fl_tp_sock_handshake_check(fl_tp_sock_t *sock, const char *endpoint);
+
 /* Sends raw frames without a flodl header: only for tests that play a broken or hostile peer.
  * FL_OK or FL_EIO. */
 int fl_tp_send_raw(fl_tp_sock_t *sock, const void *const *parts, const size_t *sizes, size_t n);

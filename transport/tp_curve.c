@@ -439,3 +439,9 @@ int fl_tp_curve_use(fl_ctx_t *ctx, const char *dir)
     int rc = fl_tp_curve_load(dir, &c);
     return rc == FL_OK ? fl_tp_curve_attach(ctx, c) : rc;
 }
+
+const char *fl_tp_curve_client_key(const fl_ctx_t *ctx)
+{
+    const fl_tp_curve_t *c = fl_ctx_security(ctx);
+    return c != NULL ? c->client_public : "";
+}

@@ -104,7 +104,12 @@ void fl_tp_sock_destroy(fl_tp_sock_t **sock)
 {
     if (sock == NULL || *sock == NULL)
         return;
-    zmq_close((*sock)->zs);
+    fl_tp_sock_t *s = *sock;
+    if (s->watch != NULL) {
+        fl_tp_monitor_close(s->zs, &s->watch->zs);
+        free(s->watch);
+    }
+    zmq_close(s->zs);
     free(*sock);
     *sock = NULL;
 }
