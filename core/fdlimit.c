@@ -20,7 +20,8 @@ int fl_fdlimit_raise(fl_fdlimit_t *out)
     out->before = (uint64_t)r.rlim_cur;
     out->hard = (uint64_t)r.rlim_max;
     out->soft = out->before;
-    if (r.rlim_cur == r.rlim_max) return FL_OK;
+    if (r.rlim_cur == r.rlim_max)
+        return FL_OK;
     struct rlimit want = {r.rlim_max, r.rlim_max};
     if (setrlimit(RLIMIT_NOFILE, &want) != 0)
         return fl_fail(FL_EIO,
@@ -35,7 +36,8 @@ int fl_fdlimit_raise(fl_fdlimit_t *out)
 uint64_t fl_fdlimit_soft(void)
 {
     struct rlimit r;
-    if (getrlimit(RLIMIT_NOFILE, &r) != 0 || r.rlim_cur == RLIM_INFINITY) return UINT64_MAX;
+    if (getrlimit(RLIMIT_NOFILE, &r) != 0 || r.rlim_cur == RLIM_INFINITY)
+        return UINT64_MAX;
     return (uint64_t)r.rlim_cur;
 }
 
@@ -47,7 +49,8 @@ void fl_fdlimit_start(const char *prog, fl_log_level_t level)
         return;
     }
     bool few = l.soft < FEW_FILES;
-    if (level > FL_LOG_INFO && !(few && level <= FL_LOG_WARN)) return;
+    if (level > FL_LOG_INFO && !(few && level <= FL_LOG_WARN))
+        return;
     if (l.soft != l.before)
         fprintf(stderr, "%s: open files: soft limit %llu raised to the hard limit %llu%s\n", prog,
                 (unsigned long long)l.before, (unsigned long long)l.hard,

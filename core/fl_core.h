@@ -63,7 +63,8 @@ typedef enum fl_stat {
     FL_STAT_OVERSIZED,    /* over the size limit */
     FL_STAT_UNEXPECTED,   /* well-formed but out of place (wrong sender, step, duplicate) */
     FL_STAT_ERRORS_SENT,  /* error replies sent to peers */
-    FL_STAT_AUTH_REFUSED, /* connections refused by CURVE authentication (unknown key) */
+    FL_STAT_AUTH_REFUSED, /* connections refused by CURVE: an unknown key, or plain text */
+    FL_STAT_CONN_DROPPED, /* connections closed in their handshake: over the caps on those */
     FL_STAT_COUNT
 } fl_stat_t;
 

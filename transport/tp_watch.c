@@ -28,7 +28,8 @@ int fl_tp_monitor_open(void *zctx, void *zs, int events, void **pair)
         zmq_setsockopt(p, ZMQ_LINGER, &zero, sizeof zero) != 0 || zmq_connect(p, ep) != 0) {
         int rc = fl_fail(FL_EIO, "socket monitor: pipe: %s", zmq_strerror(zmq_errno()));
         zmq_socket_monitor(zs, NULL, 0);
-        if (p != NULL) zmq_close(p);
+        if (p != NULL)
+            zmq_close(p);
         return rc;
     }
     *pair = p;
@@ -42,7 +43,8 @@ void fl_tp_monitor_stop(void *zs)
 
 void fl_tp_monitor_close(void *zs, void **pair)
 {
-    if (*pair == NULL) return;
+    if (*pair == NULL)
+        return;
     fl_tp_monitor_stop(zs);
     zmq_close(*pair);
     *pair = NULL;
@@ -55,7 +57,8 @@ int fl_tp_monitor_read(void *pair, fl_tp_event_t *ev)
     if (zmq_msg_recv(&head, pair, ZMQ_DONTWAIT) < 0) {
         int e = zmq_errno();
         zmq_msg_close(&head);
-        if (e == EAGAIN) return 0;
+        if (e == EAGAIN)
+            return 0;
         return fl_fail(FL_EIO, "socket monitor: %s", zmq_strerror(e));
     }
     int rc = 1;
@@ -87,7 +90,8 @@ int fl_tp_sock_watch(fl_tp_sock_t *s, fl_tp_sock_t **pipe)
     *pipe = NULL;
     if (s->watch == NULL) {
         fl_tp_sock_t *w = calloc(1, sizeof *w);
-        if (w == NULL) return fl_fail(FL_ENOMEM, "%s socket: out of memory", s->name);
+        if (w == NULL)
+            return fl_fail(FL_ENOMEM, "%s socket: out of memory", s->name);
         w->ctx = s->ctx;
         w->kind = FL_TP_PAIR;
         snprintf(w->name, sizeof w->name, "%.40s handshakes", s->name);
@@ -133,13 +137,17 @@ static int refusal(fl_tp_sock_t *s, const char *endpoint, const fl_tp_event_t *e
 
 int fl_tp_sock_handshake_check(fl_tp_sock_t *s, const char *endpoint)
 {
-    if (s->watch == NULL) return FL_OK;
+    if (s->watch == NULL)
+        return FL_OK;
     for (;;) {
         fl_tp_event_t ev;
         int n = fl_tp_monitor_read(s->watch->zs, &ev);
-        if (n < 0) return fl_fail_ctx(n, "%s socket", s->name);
-        if (n == 0) return FL_OK;
+        if (n < 0)
+            return fl_fail_ctx(n, "%s socket", s->name);
+        if (n == 0)
+            return FL_OK;
         int rc = refusal(s, endpoint, &ev);
-        if (rc != FL_OK) return rc;
+        if (rc != FL_OK)
+            return rc;
     }
 }
