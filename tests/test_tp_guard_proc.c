@@ -353,10 +353,16 @@ START_TEST(test_big_message_leaves_memory_where_it_was)
                   "expected a message of %d frames of %d bytes to raise flodl-ps's memory by "
                   "less than 160 MiB, it rose by %ld MiB (from %ld MiB)",
                   BIG_FRAMES, BIG_FRAME, (hwm - rss0) / 1024, rss0 / 1024);
+#ifdef __SANITIZE_ADDRESS__
+    /* AddressSanitizer keeps freed memory in its quarantine and gives none back: there, only
+     * the peak is checked. */
+    (void)rss1;
+#else
     ck_assert_msg(rss1 - rss0 < 8 * 1024,
                   "expected flodl-ps's memory back within 8 MiB of %ld MiB after the message, "
                   "it holds %ld MiB",
                   rss0 / 1024, rss1 / 1024);
+#endif
     ck_assert_msg(strstr(p.buf[1], "closed the connection from 127.0.0.1"),
                   "expected flodl-ps to log the connection it closed: %s", p.buf[1]);
     procs_free(&p, 1);
