@@ -135,7 +135,7 @@ const char *fl_stat_name(fl_stat_t stat)
         [FL_STAT_BAD_VERSION] = "bad_version", [FL_STAT_BAD_JOB] = "bad_job",
         [FL_STAT_BAD_FRAMES] = "bad_frames",   [FL_STAT_OVERSIZED] = "oversized",
         [FL_STAT_UNEXPECTED] = "unexpected",   [FL_STAT_ERRORS_SENT] = "errors_sent",
-        [FL_STAT_AUTH_REFUSED] = "auth_refused",
+        [FL_STAT_AUTH_REFUSED] = "auth_refused", [FL_STAT_CONN_DROPPED] = "conn_dropped",
     };
     if (stat < 0 || stat >= FL_STAT_COUNT)
         return "unknown";

@@ -63,7 +63,8 @@ typedef enum fl_stat {
     FL_STAT_OVERSIZED,    /* over the size limit */
     FL_STAT_UNEXPECTED,   /* well-formed but out of place (wrong sender, step, duplicate) */
     FL_STAT_ERRORS_SENT,  /* error replies sent to peers */
-    FL_STAT_AUTH_REFUSED, /* connections refused by CURVE authentication (unknown key) */
+    FL_STAT_AUTH_REFUSED, /* connections refused by CURVE: an unknown key, or plain text */
+    FL_STAT_CONN_DROPPED, /* connections closed in their handshake: over the caps on those */
     FL_STAT_COUNT
 } fl_stat_t;
 
@@ -306,6 +307,26 @@ void fl_hostname(char *out, size_t cap);
  * fault on every message. Process-wide; the communicator and the parameter-server client and
  * server call it unless their options say not to. */
 void fl_malloc_tune(void);
+
+/* ---- open files (fdlimit.c) ---- */
+
+typedef struct fl_fdlimit {
+    uint64_t before; /* the soft limit found */
+    uint64_t soft;   /* the soft limit now */
+    uint64_t hard;
+} fl_fdlimit_t;
+
+/* Raises this process's soft limit on open files to its hard limit (a server holds one per
+ * connection). FL_OK with *out filled, or FL_EIO. Process-wide: for the binaries' start. */
+int fl_fdlimit_raise(fl_fdlimit_t *out);
+
+/* The soft limit on open files now (UINT64_MAX when unlimited or unknown). */
+uint64_t fl_fdlimit_soft(void);
+
+/* fl_fdlimit_raise, then one line on stderr "prog: open files: soft limit A raised to the hard
+ * limit B" (or both limits when nothing changed) when level is info or below; a limit below
+ * 4096 is said at warn level too, with how to raise it. */
+void fl_fdlimit_start(const char *prog, fl_log_level_t level);
 
 /* ---- launcher environment (launch_env.c) ---- */
 

@@ -127,6 +127,7 @@ typedef struct fl_ps_server_stats {
     uint64_t refused;     /* error replies: bad or out-of-place requests */
     uint64_t bad_msgs;    /* messages the transport refused (malformed, wrong job, ...) */
     uint64_t auth_refused; /* connections refused by CURVE (a client key not allowed) */
+    uint64_t conn_dropped; /* connections closed in their handshake, over the caps on those */
     uint64_t checkpoints; /* shard checkpoints written */
     uint64_t timeouts;    /* pulls that waited past their deadline */
     uint64_t version;     /* after stop: updates applied (the largest over its shards) */

@@ -383,6 +383,8 @@ int main(int argc, char **argv)
     char coord_ep[FL_ENDPOINT_MAX], host[FL_HOST_MAX];
     pick_host(&a, host, sizeof host);
     a.so.host = host;
+    if (a.so.shard_count > 0 && a.so.tune_malloc)
+        fl_malloc_tune(); /* before any thread: one arena, that malloc_trim can give back */
     if (a.coordinator == NULL) {
         if ((rc = fl_coord_create(&a.co, &coord)) != FL_OK) {
             fprintf(stderr, "flodl-ps: %s\n", fl_last_error());
@@ -409,6 +411,7 @@ int main(int argc, char **argv)
             return rc == FL_EINVAL ? 2 : 1;
         }
     }
+    fl_fdlimit_start("flodl-ps", a.co.log_level); /* a descriptor per connection */
     if (a.curve_dir == NULL)
         fl_cli_security_notice("flodl-ps"); /* once everything is valid: about to serve */
     ps_metrics_t *metrics = NULL;

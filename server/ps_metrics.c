@@ -22,7 +22,7 @@ struct ps_metrics {
     bool failed; /* a series could not be registered */
     uint64_t auth_coord;
     int state_ids[4];
-    int started, auth, pushes, pulls, refused, ckpts, timeouts, srv_bad;
+    int started, auth, dropped, pushes, pulls, refused, ckpts, timeouts, srv_bad;
     int bad[FL_STAT_COUNT]; /* the coordinator's refusals by kind; -1: not a refusal counter */
     int up[MAX_RANK_SERIES], silent[MAX_RANK_SERIES], seq[MAX_RANK_SERIES],
         lag[MAX_RANK_SERIES];
@@ -34,6 +34,7 @@ static void refresh(fl_obs_t *o, void *ud)
 {
     ps_metrics_t *m = ud;
     uint64_t auth_shards = 0;
+    uint64_t dropped = m->coord != NULL ? fl_coord_stat(m->coord, FL_STAT_CONN_DROPPED) : 0;
     if (m->coord != NULL) {
         fl_coord_info_t in;
         fl_coord_get_info(m->coord, &in, m->ranks, m->world);
@@ -67,8 +68,10 @@ static void refresh(fl_obs_t *o, void *ud)
         fl_obs_set(o, m->timeouts, (double)st.timeouts);
         fl_obs_set(o, m->srv_bad, (double)st.bad_msgs);
         auth_shards = st.auth_refused;
+        dropped += st.conn_dropped;
     }
     fl_obs_set(o, m->auth, (double)(m->auth_coord + auth_shards));
+    fl_obs_set(o, m->dropped, (double)dropped);
 }
 
 static bool healthy(void *ud, char *why, size_t cap)
@@ -106,10 +109,11 @@ static void register_all(ps_metrics_t *m)
     m->started = add(m, "flodl_ps_job_started", "1 once every rank registered", FL_OBS_GAUGE,
                      NULL);
     /* By kind, as the workers' flodl_bad_messages_total; refused connections have a series
-     * of their own (flodl_ps_auth_refused_total). */
+     * of their own (flodl_ps_auth_refused_total, flodl_ps_conn_dropped_total). */
     for (int k = 0; k < FL_STAT_COUNT; k++) {
         m->bad[k] = -1;
-        if (k < FL_STAT_BAD_HEADER || k == FL_STAT_ERRORS_SENT || k == FL_STAT_AUTH_REFUSED)
+        if (k < FL_STAT_BAD_HEADER || k == FL_STAT_ERRORS_SENT || k == FL_STAT_AUTH_REFUSED ||
+            k == FL_STAT_CONN_DROPPED)
             continue;
         snprintf(l, sizeof l, "kind=\"%s\"", fl_stat_name((fl_stat_t)k));
         m->bad[k] = add(m, "flodl_ps_bad_messages_total",
@@ -121,6 +125,10 @@ static void register_all(ps_metrics_t *m)
     m->auth = add(m, "flodl_ps_auth_refused_total",
                   "Connections refused by CURVE (a client key not allowed), coordinator and shards",
                   FL_OBS_COUNTER, NULL);
+    m->dropped = add(m, "flodl_ps_conn_dropped_total",
+                     "Connections closed in their handshake: over the caps per address and in "
+                     "all on connections not yet authenticated",
+                     FL_OBS_COUNTER, NULL);
     m->pushes = add(m, "flodl_ps_pushes_total", "Pushes the shards took", FL_OBS_COUNTER, NULL);
     m->pulls = add(m, "flodl_ps_pulls_total", "Pull replies sent", FL_OBS_COUNTER, NULL);
     m->refused = add(m, "flodl_ps_refused_total", "Requests refused with an error reply",

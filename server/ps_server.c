@@ -602,6 +602,7 @@ void fl_ps_server_get_stats(const fl_ps_server_t *s, fl_ps_server_stats_t *out)
         out->step = k == 0 || st.step < out->step ? st.step : out->step;
     }
     out->auth_refused = fl_ctx_stat(s->ctx, FL_STAT_AUTH_REFUSED);
+    out->conn_dropped = fl_ctx_stat(s->ctx, FL_STAT_CONN_DROPPED);
     out->bad_msgs = fl_ctx_stat(s->ctx, FL_STAT_BAD_HEADER) +
                     fl_ctx_stat(s->ctx, FL_STAT_BAD_MAGIC) +
                     fl_ctx_stat(s->ctx, FL_STAT_BAD_VERSION) + fl_ctx_stat(s->ctx, FL_STAT_BAD_JOB) +

@@ -810,7 +810,7 @@ START_TEST(test_huge_frame_drops_connection)
     env_t e;
     env_start(&e, 2, 0, 0, 0);
     fl_tp_sock_t *x = fake_open(&e);
-    size_t len = (size_t)8 << 20;
+    size_t len = (size_t)64 << 20;
     char *big = calloc(1, len);
     ck_assert(big != NULL);
     fl_msg_hdr_t h;
@@ -819,7 +819,9 @@ START_TEST(test_huge_frame_drops_connection)
     fl_buf_t f = {big, len, NULL, NULL};
     ck_assert_int_eq(fl_tp_send(x, NULL, &h, &f, 1, fl_deadline_in(1000)), FL_OK);
     free(big);
-    /* ZeroMQ closes the connection before the coordinator sees anything: no answer, no count. */
+    /* Over the coordinator's bound on what a peer makes it hold (17 MiB): ZeroMQ closes the
+     * connection before the coordinator sees anything, no answer, no count (libzmq 4.3's
+     * monitor does not tell this from a disconnect). */
     expect_quiet(x, 500);
     ck_assert_uint_eq(fl_coord_stat(e.coord, FL_STAT_OVERSIZED), 0);
     ck_assert_uint_eq(fl_coord_stat(e.coord, FL_STAT_ERRORS_SENT), 0);

@@ -34,13 +34,23 @@ typedef struct fl_tp_opts {
     int sndbuf;           /* kernel send buffer bytes (0 = OS default) */
     int rcvbuf;           /* kernel receive buffer bytes (0 = OS default) */
     size_t max_msg_bytes; /* largest accepted frame; 0 = the context's limit. Frames up to
-                             twice this are read, refused and counted; larger ones make ZeroMQ
-                             drop the connection. */
+                             twice this (on a guarded socket, up to hold_max_bytes if more) are
+                             read, refused and counted; larger ones make ZeroMQ drop the
+                             connection, uncounted. */
     bool immediate;       /* queue only on completed connections (ZMQ_IMMEDIATE) */
     const char *routing_id; /* DEALER: the identity a ROUTER sees, kept across reconnects
                                (1..255 bytes; NULL: ZeroMQ picks one per connection) */
     bool router_handover; /* ROUTER: a new connection with a known identity takes over the
                              old one (a peer that reconnected) instead of being refused */
+    /* A ROUTER bound on TCP is guarded (tp_guard.c): its connections must complete their
+     * handshake within handshake_ivl_ms; those still in it beyond pending_per_addr from one
+     * address or pending_max in all are closed (counted as conn_dropped); a connection that
+     * makes the process hold more than hold_max_bytes of messages not yet taken is closed
+     * (counted as oversized). 0 picks the default. */
+    int handshake_ivl_ms; /* default 10000 */
+    int pending_max;      /* default a quarter of the open-files limit, within 64..4096 */
+    int pending_per_addr; /* default 32 */
+    size_t hold_max_bytes; /* default (max frames + 1) x max_msg_bytes, none above 4 GiB */
 } fl_tp_opts_t;
 
 void fl_tp_opts_init(fl_tp_opts_t *opts);
@@ -132,6 +142,17 @@ static inline size_t fl_tp_msg_size(fl_tp_msg_t *m, size_t i)
  * the readable ones. Returns the number ready (0 on timeout), FL_EINVAL (more than
  * FL_TP_POLL_MAX), FL_ENOMEM or FL_EIO. */
 int fl_tp_poll(fl_tp_sock_t *const *socks, size_t n, int timeout_ms, bool *ready);
+
+/* Has sock watch its connections' handshakes; call before connect. *pipe (owned by sock, freed
+ * with it) becomes readable when one failed; fl_tp_sock_handshake_check then says whether the
+ * server refused this process. FL_OK or FL_EIO. One thread at a time, with sock's. */
+int fl_tp_sock_watch(fl_tp_sock_t *sock, fl_tp_sock_t **pipe);
+
+/* Reads the events the watch heard. FL_OK when none is a refusal; FL_EPEER when the server at
+ * endpoint refused this process's CURVE key ("refused by the server's allowlist") or speaks
+ * another security (plain text against CURVE), the text naming what to change. A handshake
+ * that merely failed (the server went away) is not a refusal: ZeroMQ tries again. */
+int fl_tp_sock_handshake_check(fl_tp_sock_t *sock, const char *endpoint);
 
 /* Sends raw frames without a flodl header: only for tests that play a broken or hostile peer.
  * FL_OK or FL_EIO. */

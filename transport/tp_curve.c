@@ -2,8 +2,8 @@
  * the job's server key, connecting sockets CURVE clients with this process's client key and
  * the server's public key, and a ZAP handler thread answers the servers' authentication
  * requests from an allowlist of client public keys. A client with an unknown key is refused
- * (and counted); one with no key or plain text fails ZeroMQ's handshake: neither gets a message
- * through. Keys are Z85 text in files ZeroMQ's and czmq's tools also read:
+ * (and counted); one with no key or plain text fails ZeroMQ's handshake (counted by the guard of
+ * the socket, tp_guard.c): neither gets a message through. Keys are Z85 text in files ZeroMQ's and czmq's tools also read:
  *     public-key = "<40 characters>"
  *     secret-key = "<40 characters>"
  * A key directory holds server.key (the job's server key pair), client.key (this process's),
@@ -438,4 +438,10 @@ int fl_tp_curve_use(fl_ctx_t *ctx, const char *dir)
     fl_tp_curve_t *c = NULL;
     int rc = fl_tp_curve_load(dir, &c);
     return rc == FL_OK ? fl_tp_curve_attach(ctx, c) : rc;
+}
+
+const char *fl_tp_curve_client_key(const fl_ctx_t *ctx)
+{
+    const fl_tp_curve_t *c = fl_ctx_security(ctx);
+    return c != NULL ? c->client_public : "";
 }

@@ -19,11 +19,86 @@ struct fl_tp_sock {
     bool expect_set;
     char expect_job[FL_JOB_MAX];
     uint64_t expect_gen;
+    /* guard of a bound ROUTER (tp_guard.c) and its settings */
+    int handshake_ivl_ms;
+    int pending_max;
+    int pending_per_addr;
+    size_t hold_max_bytes;
+    struct fl_tp_guard *guard;
+    /* handshake watch of a connecting socket (tp_watch.c) */
+    fl_tp_sock_t *watch;
 };
+
+/* ---- monitors (tp_watch.c) ---- */
+
+/* One event of a socket monitor: ZMQ_EVENT_* and its value (a descriptor for ACCEPTED,
+ * LISTENING and DISCONNECTED; a status or error code for the handshake's failures). */
+typedef struct fl_tp_event {
+    int type;
+    uint32_t value;
+} fl_tp_event_t;
+
+/* Starts ZeroMQ's monitor of zs for events and returns a raw PAIR socket hearing it (no
+ * high-water mark: ZeroMQ's I/O thread would stall on a full pipe). FL_OK or FL_EIO. */
+int fl_tp_monitor_open(void *zmq_ctx, void *zs, int events, void **pair);
+
+/* Stops the monitor, then closes the pair (in that order: ZeroMQ blocks sending to a pipe
+ * nobody reads). zs's owner thread; pair may be NULL after fl_tp_monitor_stop. */
+void fl_tp_monitor_stop(void *zs);
+void fl_tp_monitor_close(void *zs, void **pair);
+
+/* One event without waiting: 1 when *ev is set, 0 when none is waiting, FL_EIO. */
+int fl_tp_monitor_read(void *pair, fl_tp_event_t *ev);
+
+/* ---- guard of accepting sockets (tp_guard.c) ---- */
+
+typedef struct fl_tp_guard fl_tp_guard_t;
+
+/* Starts the guard of s before it binds endpoint (a no-op unless s is a ROUTER and endpoint
+ * TCP). FL_OK, FL_ENOMEM, FL_EIO. s's owner thread. */
+int fl_tp_guard_start(fl_tp_sock_t *s, const char *endpoint);
+
+/* Stops and frees the guard (before zmq_close). NULL-safe. s's owner thread. */
+void fl_tp_guard_stop(fl_tp_sock_t *s);
+
+/* Tells the guard that the owner took a message of bytes in frames from descriptor fd. Any
+ * thread (atomic). */
+void fl_tp_guard_taken(fl_tp_guard_t *g, int fd, uint64_t bytes, uint64_t frames);
+
+/* ---- bytes held for a connection (tp_hold.c) ---- */
+
+/* What the guard knows of one connection's bytes. */
+typedef struct fl_tp_hold {
+    uint64_t bytes0, frames0; /* the owner's counters of the descriptor when it was accepted */
+    int64_t base;             /* bytes read but not taken that are allowed as overhead */
+    int64_t last_ms;
+} fl_tp_hold_t;
+
+void fl_tp_hold_init(fl_tp_hold_t *h, uint64_t bytes, uint64_t frames, int64_t now_ms);
+
+/* Bytes held for the connection now: read from the kernel (pulled) and not taken by the owner
+ * (bytes, frames: the owner's counters), less the protocol's overhead (framing, encryption,
+ * heartbeats) at generous rates. Pure. */
+uint64_t fl_tp_hold_update(fl_tp_hold_t *h, uint64_t pulled, uint64_t bytes, uint64_t frames,
+                           int64_t now_ms);
+
+/* Bytes ZeroMQ has read from a TCP descriptor: received less what waits in the kernel.
+ * FL_OK or FL_EIO (not a TCP socket, closed). */
+int fl_tp_hold_pulled(int fd, uint64_t *out);
+
+/* Bytes received on a TCP descriptor so far (0 when unknown). */
+uint64_t fl_tp_hold_received(int fd);
+
+/* This process's resident memory in bytes, read through an open /proc/self/statm (0 when
+ * unknown). */
+uint64_t fl_tp_hold_rss(int statm_fd);
 
 /* Sets a ZeroMQ socket up as a CURVE server (before bind) or client (before connect) when
  * ctx has keys and the endpoint is not inproc (tp_curve.c). FL_OK or FL_EIO. */
 int fl_tp_curve_server(void *zs, const fl_ctx_t *ctx, const char *endpoint);
 int fl_tp_curve_client(void *zs, const fl_ctx_t *ctx, const char *endpoint);
+
+/* This process's CURVE client public key (Z85), "" without keys. */
+const char *fl_tp_curve_client_key(const fl_ctx_t *ctx);
 
 #endif

@@ -145,6 +145,9 @@ static int open_coord(fl_tp_member_t *m)
         fl_tp_sock_destroy(&m->coord);
     }
     int rc = fl_tp_sock_create(m->ctx, FL_TP_DEALER, &t, "coordinator", &m->coord);
+    fl_tp_sock_t *watch;
+    if (rc == FL_OK) /* a refusal by the server ends the join at once */
+        rc = fl_tp_sock_watch(m->coord, &watch);
     if (rc == FL_OK)
         rc = fl_tp_sock_connect(m->coord, m->coordinator);
     return rc;
@@ -200,16 +203,20 @@ static int join_loop(fl_tp_member_t *m, int64_t deadline, int timeout_ms, fl_tp_
     int resend_ms = JOIN_RESEND_MIN_MS;
     char progress[FL_MSG_MISSING_MAX + 64] = "";
     bool heard = false;
-    fl_tp_sock_t *socks[2] = {m->coord, cmd};
+    fl_tp_sock_t *socks[3] = {m->coord, NULL, cmd};
+    if ((rc = fl_tp_sock_watch(m->coord, &socks[1])) != FL_OK)
+        return fl_fail_ctx(rc, "%s: rendezvous", m->name);
     for (;;) {
         int64_t now = fl_now_ms();
         int64_t wake = next_hb < deadline ? next_hb : deadline;
-        bool ready[2] = {false, false};
-        int n = fl_tp_poll(socks, cmd != NULL ? 2 : 1, (int)(wake > now ? wake - now : 0),
+        bool ready[3] = {false, false, false};
+        int n = fl_tp_poll(socks, cmd != NULL ? 3 : 2, (int)(wake > now ? wake - now : 0),
                            ready);
         if (n < 0)
             return fl_fail_ctx(n, "%s: rendezvous", m->name);
-        if (ready[1]) {
+        if (ready[1] && (rc = fl_tp_sock_handshake_check(m->coord, m->coordinator)) != FL_OK)
+            return fl_fail_ctx(rc, "%s: register with coordinator", m->name);
+        if (ready[2]) {
             fl_tp_msg_t c;
             if (fl_tp_recv(cmd, &c, fl_deadline_in(0)) == FL_OK) {
                 bool stop = c.hdr.type == FL_MSG_SHUTDOWN;

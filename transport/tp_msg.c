@@ -168,9 +168,23 @@ void fl_tp_msg_close(fl_tp_msg_t *m)
     fl_msg_hdr_deinit(&m->hdr);
 }
 
-/* Reads the remaining parts of a message that is being refused, so the next receive starts at a
- * message boundary. */
-static void drain(void *zs)
+/* What one message took off a guarded socket, for its guard's count of the bytes a peer makes
+ * the process hold (tp_guard.c). */
+typedef struct tally {
+    int fd; /* the connection it came from (ZMQ_SRCFD), -1 when unknown */
+    uint64_t bytes;
+    uint64_t frames;
+} tally_t;
+
+static void tally_add(tally_t *t, const zmq_msg_t *part)
+{
+    t->bytes += zmq_msg_size((zmq_msg_t *)part);
+    t->frames++;
+}
+
+/* Reads the remaining parts of a message that is being refused, one at a time (each closed at
+ * once), so the next receive starts at a message boundary. */
+static void drain(void *zs, tally_t *t)
 {
     int more = 1;
     size_t len = sizeof more;
@@ -181,6 +195,7 @@ static void drain(void *zs)
             zmq_msg_close(&part);
             return;
         }
+        tally_add(t, &part);
         zmq_msg_close(&part);
         len = sizeof more;
     }
@@ -211,7 +226,7 @@ static int refuse(fl_tp_sock_t *s, fl_tp_msg_t *m, fl_stat_t stat, int rc)
 
 /* Reads one message if one is waiting (the first part without blocking; the rest of a message
  * is always there once its first part is, ZeroMQ delivers messages whole). */
-static int read_message(fl_tp_sock_t *s, fl_tp_msg_t *m)
+static int read_parts(fl_tp_sock_t *s, fl_tp_msg_t *m, tally_t *t)
 {
     zmq_msg_t hdr;
     int rc;
@@ -240,6 +255,10 @@ static int read_message(fl_tp_sock_t *s, fl_tp_msg_t *m)
             return NOT_READY;
         return fl_fail(FL_EIO, "%s socket: recv header: %s", s->name, zmq_strerror(e));
     }
+    if (s->guard != NULL) {
+        t->fd = zmq_msg_get(&hdr, ZMQ_SRCFD);
+        tally_add(t, &hdr);
+    }
     rc = fl_msg_decode(zmq_msg_data(&hdr), zmq_msg_size(&hdr), &m->hdr, &fault);
     zmq_msg_close(&hdr);
 
@@ -250,7 +269,7 @@ static int read_message(fl_tp_sock_t *s, fl_tp_msg_t *m)
     while (has_more(s->zs)) {
         if (m->nframes >= FL_MSG_MAX_FRAMES || m->nframes >= fl_ctx_max_frames(s->ctx)) {
             too_many = true;
-            drain(s->zs);
+            drain(s->zs, t);
             break;
         }
         zmq_msg_t *f = &m->frames[m->nframes];
@@ -262,6 +281,7 @@ static int read_message(fl_tp_sock_t *s, fl_tp_msg_t *m)
                            zmq_strerror(zmq_errno()));
         }
         sizes[m->nframes] = zmq_msg_size(f);
+        tally_add(t, f);
         m->nframes++;
         arrived++;
     }
@@ -290,6 +310,15 @@ static int read_message(fl_tp_sock_t *s, fl_tp_msg_t *m)
     fl_ctx_count(s->ctx, FL_STAT_MSGS_RECV, 1);
     fl_ctx_count(s->ctx, FL_STAT_BYTES_RECV, bytes);
     return FL_OK;
+}
+
+static int read_message(fl_tp_sock_t *s, fl_tp_msg_t *m)
+{
+    tally_t t = {-1, 0, 0};
+    int rc = read_parts(s, m, &t);
+    if (s->guard != NULL && t.fd >= 0)
+        fl_tp_guard_taken(s->guard, t.fd, t.bytes, t.frames);
+    return rc;
 }
 
 int fl_tp_recv(fl_tp_sock_t *s, fl_tp_msg_t *m, int64_t deadline_ms)

@@ -76,6 +76,8 @@ int fl_tp_sock_create(fl_ctx_t *ctx, fl_tp_kind_t kind, const fl_tp_opts_t *opts
     *out = NULL;
     if (opts->sndhwm < 0 || opts->rcvhwm < 0 || opts->linger_ms < -1)
         return fl_fail(FL_EINVAL, "%s socket: negative high-water mark or linger", name);
+    if (opts->handshake_ivl_ms < 0 || opts->pending_max < 0 || opts->pending_per_addr < 0)
+        return fl_fail(FL_EINVAL, "%s socket: negative handshake interval or pending cap", name);
     fl_tp_sock_t *s = calloc(1, sizeof *s);
     if (s == NULL)
         return fl_fail(FL_ENOMEM, "%s socket: out of memory", name);
@@ -84,6 +86,10 @@ int fl_tp_sock_create(fl_ctx_t *ctx, fl_tp_kind_t kind, const fl_tp_opts_t *opts
     s->sender = -1;
     snprintf(s->name, sizeof s->name, "%s", name);
     s->max_msg_bytes = opts->max_msg_bytes ? opts->max_msg_bytes : fl_ctx_max_msg_bytes(ctx);
+    s->handshake_ivl_ms = opts->handshake_ivl_ms;
+    s->pending_max = opts->pending_max;
+    s->pending_per_addr = opts->pending_per_addr;
+    s->hold_max_bytes = opts->hold_max_bytes;
     s->zs = zmq_socket(fl_ctx_zmq(ctx), (int)kind);
     if (s->zs == NULL) {
         int rc = fl_fail(FL_EIO, "%s socket: zmq_socket: %s", name, zmq_strerror(zmq_errno()));
@@ -104,7 +110,13 @@ void fl_tp_sock_destroy(fl_tp_sock_t **sock)
 {
     if (sock == NULL || *sock == NULL)
         return;
-    zmq_close((*sock)->zs);
+    fl_tp_sock_t *s = *sock;
+    fl_tp_guard_stop(s);
+    if (s->watch != NULL) {
+        fl_tp_monitor_close(s->zs, &s->watch->zs);
+        free(s->watch);
+    }
+    zmq_close(s->zs);
     free(*sock);
     *sock = NULL;
 }
@@ -120,7 +132,8 @@ int fl_tp_sock_bind(fl_tp_sock_t *s, const char *endpoint, char *bound, size_t c
     int rc = fl_tp_endpoint_parse(endpoint, &ep);
     if (rc != FL_OK)
         return fl_fail_ctx(rc, "%s socket: bind", s->name);
-    if ((rc = fl_tp_curve_server(s->zs, s->ctx, endpoint)) != FL_OK)
+    if ((rc = fl_tp_curve_server(s->zs, s->ctx, endpoint)) != FL_OK ||
+        (rc = fl_tp_guard_start(s, endpoint)) != FL_OK)
         return fl_fail_ctx(rc, "%s socket: bind %s", s->name, endpoint);
     if (zmq_bind(s->zs, endpoint) != 0)
         return fl_fail(FL_EIO, "%s socket: bind %s: %s", s->name, endpoint,

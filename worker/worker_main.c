@@ -683,6 +683,8 @@ int main(int argc, char **argv)
         a.co.settings = a.settings;
     }
 
+    if (networked)
+        fl_fdlimit_start("flodl-worker", a.co.log_level);
     if (networked && a.co.curve_dir == NULL)
         fl_cli_security_notice("flodl-worker");
     if (a.mode == FL_WK_MODE_PS)
