@@ -293,17 +293,19 @@ static void on_register(fl_coord_t *c, fl_tp_msg_t *m)
         atomic_fetch_sub(&c->nunheard, 1);
     }
     if (k->registered) {
-        if (fl_coord_same_route(&k->route, to)) {
+        if (fl_coord_same_route(&k->route, to) && strcmp(k->key, m->peer_key) == 0) {
             if (c->phase == PHASE_RUNNING)
                 send_welcome(c, to); /* a retry after a lost welcome: answer the asker */
             return;
         }
-        /* A registered rank is bound to its connection. Only its own process, whose old
-         * connection has gone quiet (it lost us and opened a new one), may move it; a second
-         * registration while the holder is heard from is refused, telling the asker nothing
-         * about the holder (a stranger would otherwise learn the host and pid to claim). */
+        /* A registered rank is bound to its connection and, with CURVE, to its client key.
+         * Only its own process, whose old connection has gone quiet (it lost us and opened a
+         * new one), may move it, with the same key; a second registration while the holder is
+         * heard from is refused, telling the asker nothing about the holder (a stranger would
+         * otherwise learn the host and pid to claim). */
         int64_t quiet = fl_now_ms() - fl_tp_live_last(c->live, r);
         if (!k->left && k->reg.pid == reg->pid && strcmp(k->reg.host, reg->host) == 0 &&
+            strcmp(k->key, m->peer_key) == 0 &&
             fl_tp_live_state(c->live, r) != FL_PEER_DEAD && quiet >= 2 * (int64_t)c->hb_ms) {
             FL_WARN(c->ctx, "rank %d (%s, pid %d) registered again on a new connection, its "
                             "old one quiet for %lld ms",
@@ -348,6 +350,7 @@ static void on_register(fl_coord_t *c, fl_tp_msg_t *m)
     k->registered = true;
     k->left = false;
     k->route = *to;
+    snprintf(k->key, sizeof k->key, "%s", m->peer_key);
     k->reg = *reg;
     k->reg.shard_eps = NULL; /* checked empty above; the message owns its tables */
     k->reg.nshard_eps = 0;
@@ -480,9 +483,13 @@ void fl_coord_on_message(fl_coord_t *c, fl_tp_msg_t *m)
         return on_register(c, m);
     }
     int slot = fl_coord_ps_slot_of_route(c, &m->route);
-    if (slot >= 0)
+    if (slot >= 0 && strcmp(c->servers[slot].key, m->peer_key) == 0)
         return fl_coord_ps_on_message(c, m, slot);
     int r = rank_of_route(c, &m->route);
+    /* A peer may choose its routing id: with CURVE the key it authenticated with must be the
+     * rank's too, or it is not that rank. */
+    if (r >= 0 && strcmp(c->ranks[r].key, m->peer_key) != 0)
+        r = -1;
     if (r < 0 || r != m->hdr.sender) {
         fl_ctx_count(c->ctx, FL_STAT_UNEXPECTED, 1);
         if (m->hdr.type == FL_MSG_HEARTBEAT && r < 0)

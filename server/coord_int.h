@@ -21,6 +21,7 @@ typedef struct coord_rank {
     bool registered;
     bool left;
     fl_tp_route_t route;
+    char key[48]; /* with CURVE: the client key it registered with (fl_tp_msg_t.peer_key) */
     fl_msg_register_t reg;
     /* last heartbeat's view of what the rank was doing */
     uint32_t op;
@@ -41,6 +42,7 @@ typedef struct coord_server {
     bool registered;
     bool left;
     fl_tp_route_t route;
+    char key[48]; /* with CURVE: the client key it registered with */
     fl_msg_register_t reg; /* owns reg.shard_eps */
 } coord_server_t;
 

@@ -242,6 +242,7 @@ void fl_coord_ps_on_register(fl_coord_t *c, fl_tp_msg_t *m)
             continue;
         if (i == first && !v->left && v->reg.pid == reg->pid &&
             strcmp(v->reg.host, host) == 0 && (int)v->reg.shard_count == count &&
+            strcmp(v->key, m->peer_key) == 0 &&
             fl_tp_live_state(c->live, c->world + i) != FL_PEER_DEAD) {
             /* The same process on a new connection. */
             v->route = *to;
@@ -298,6 +299,7 @@ void fl_coord_ps_on_register(fl_coord_t *c, fl_tp_msg_t *m)
     v->registered = true;
     v->left = false;
     v->route = *to;
+    snprintf(v->key, sizeof v->key, "%s", m->peer_key);
     v->reg = *reg;
     reg->shard_eps = NULL; /* the table moves to the coordinator's state */
     reg->nshard_eps = 0;

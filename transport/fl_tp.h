@@ -96,6 +96,8 @@ typedef struct fl_tp_route {
 typedef struct fl_tp_msg {
     fl_msg_hdr_t hdr;
     fl_tp_route_t route; /* ROUTER sockets: the sender's identity */
+    char peer_key[48];   /* with CURVE: the client key the sender authenticated with (Z85,
+                            40 characters); "" in plain text */
     size_t nframes;
     zmq_msg_t frames[FL_MSG_MAX_FRAMES];
 } fl_tp_msg_t;

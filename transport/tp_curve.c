@@ -187,15 +187,16 @@ static bool allowed(const fl_tp_curve_t *c, const uint8_t *key)
     return false;
 }
 
+/* user: the id ZeroMQ then attaches to the peer's messages ("User-Id"): its key, Z85. */
 static void zap_reply(void *s, const char *version, zmq_msg_t *id, const char *code,
-                      const char *text)
+                      const char *text, const char *user)
 {
     zmq_send(s, version, strlen(version), ZMQ_SNDMORE);
     zmq_send(s, zmq_msg_data(id), zmq_msg_size(id), ZMQ_SNDMORE);
     zmq_send(s, code, strlen(code), ZMQ_SNDMORE);
     zmq_send(s, text, strlen(text), ZMQ_SNDMORE);
-    zmq_send(s, "", 0, ZMQ_SNDMORE); /* user id */
-    zmq_send(s, "", 0, 0);           /* metadata */
+    zmq_send(s, user, strlen(user), ZMQ_SNDMORE);
+    zmq_send(s, "", 0, 0); /* metadata */
 }
 
 /* One request: version, request id, domain, address, routing id, mechanism, credentials. */
@@ -227,7 +228,7 @@ static void zap_serve(fl_tp_curve_t *c)
          * would refuse every later request. */
         zmq_msg_t empty;
         zmq_msg_init(&empty);
-        zap_reply(c->zap, "1.0", &empty, "500", "malformed ZAP request");
+        zap_reply(c->zap, "1.0", &empty, "500", "malformed ZAP request", "");
         zmq_msg_close(&empty);
     } else {
         char address[64] = "";
@@ -246,8 +247,11 @@ static void zap_serve(fl_tp_curve_t *c)
                             "allowlist",
                     address[0] ? address : "an unknown address", key);
         }
+        char user[KEY_TEXT] = "";
+        if (ok)
+            zmq_z85_encode(user, zmq_msg_data(&f[6]), 32);
         zap_reply(c->zap, "1.0", &f[1], ok ? "200" : "400",
-                  ok ? "OK" : "client key not allowed");
+                  ok ? "OK" : "client key not allowed", user);
     }
     for (int i = 0; i < n; i++)
         zmq_msg_close(&f[i]);

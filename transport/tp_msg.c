@@ -233,6 +233,7 @@ static int read_parts(fl_tp_sock_t *s, fl_tp_msg_t *m, tally_t *t)
     fl_msg_fault_t fault = FL_FAULT_NONE;
 
     memset(&m->route, 0, sizeof m->route);
+    m->peer_key[0] = '\0';
     m->nframes = 0;
     if (s->kind == FL_TP_ROUTER) {
         int n = zmq_recv(s->zs, m->route.id, sizeof m->route.id, ZMQ_DONTWAIT);
@@ -260,6 +261,10 @@ static int read_parts(fl_tp_sock_t *s, fl_tp_msg_t *m, tally_t *t)
         tally_add(t, &hdr);
     }
     rc = fl_msg_decode(zmq_msg_data(&hdr), zmq_msg_size(&hdr), &m->hdr, &fault);
+    /* The ZAP handler names an authenticated peer by its key (tp_curve.c). */
+    const char *key = s->kind == FL_TP_ROUTER ? zmq_msg_gets(&hdr, "User-Id") : NULL;
+    if (key != NULL)
+        snprintf(m->peer_key, sizeof m->peer_key, "%s", key);
     zmq_msg_close(&hdr);
 
     /* Take the payload frames even when the header was bad, up to the limit, then drain. */
