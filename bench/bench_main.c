@@ -3,6 +3,8 @@
 #include <stdio.h>
 #include <string.h>
 
+#include "fl_core.h"
+
 int bench_allreduce_main(int argc, char **argv);
 int bench_topk_main(int argc, char **argv);
 int bench_sparse_main(int argc, char **argv);
@@ -23,6 +25,8 @@ int main(int argc, char **argv)
         fputs(usage, argc < 2 ? stderr : stdout);
         return argc < 2 ? 2 : 0;
     }
+    if (strcmp(argv[1], "--version") == 0)
+        return fl_cli_version("flodl-bench");
     if (strcmp(argv[1], "allreduce") == 0)
         return bench_allreduce_main(argc - 1, argv + 1);
     if (strcmp(argv[1], "topk") == 0)

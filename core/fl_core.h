@@ -401,6 +401,12 @@ int fl_settings_check(const char *s, size_t max);
 bool fl_settings_differ(const char *a, const char *b, char *name, size_t ncap, char *va,
                         char *vb, size_t vcap);
 
+/* ---- version (version.c) ---- */
+
+/* Prints the --version line of a binary ("flodl-worker 0.1.0 (libflodl 0.1.0; built with
+ * cuda)") to stdout; returns the exit code (0). */
+int fl_cli_version(const char *prog);
+
 /* ---- flag values for the binaries (cli.c) ---- */
 
 /* The binaries' choice between CurveZMQ keys and plain text. Flags (--curve-dir, --insecure)

@@ -94,6 +94,8 @@ int main(int argc, char **argv)
             fputs(usage, stdout);
             return 0;
         }
+        if (strcmp(argv[i], "--version") == 0)
+            return fl_cli_version("flodl-keygen");
         if (strcmp(argv[i], "--client") == 0 && i + 1 < argc)
             client = argv[++i];
         else if (argv[i][0] != '-' && dir == NULL)

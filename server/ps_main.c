@@ -57,7 +57,7 @@ static const char usage[] =
     "                              60000; 0: never)\n";
 
 enum {
-    O_BIND = 1000, O_WORLD, O_JOB, O_HBT, O_RDV, O_EPFILE, O_LOG, O_HELP, O_SHARDS, O_NUM,
+    O_BIND = 1000, O_WORLD, O_JOB, O_HBT, O_RDV, O_EPFILE, O_LOG, O_HELP, O_VERSION, O_SHARDS, O_NUM,
     O_INDEX, O_COORD, O_HOST, O_CONS, O_STALE, O_SCALE, O_INIT, O_CKDIR, O_CKEVERY, O_KEEP,
     O_RESUME, O_MAXWAIT, O_OPTIM, O_MPORT, O_MBIND, O_STALL, O_CURVE, O_INSECURE
 };
@@ -274,6 +274,7 @@ static int parse(args_t *a, int argc, char **argv)
         {"job-id", 1, NULL, O_JOB},          {"heartbeat-timeout", 1, NULL, O_HBT},
         {"rendezvous-timeout", 1, NULL, O_RDV}, {"endpoint-file", 1, NULL, O_EPFILE},
         {"log-level", 1, NULL, O_LOG},       {"help", 0, NULL, O_HELP},
+        {"version", 0, NULL, O_VERSION},
         {"shards", 1, NULL, O_SHARDS},       {"num-shards", 1, NULL, O_NUM},
         {"shard-index", 1, NULL, O_INDEX},   {"coordinator", 1, NULL, O_COORD},
         {"host", 1, NULL, O_HOST},           {"consistency", 1, NULL, O_CONS},
@@ -299,6 +300,10 @@ static int parse(args_t *a, int argc, char **argv)
     while ((ch = getopt_long(argc, argv, "h", longopts, &li)) != -1) {
         if (ch == 'h' || ch == O_HELP) {
             fputs(usage, stdout);
+            return 1;
+        }
+        if (ch == O_VERSION) {
+            fl_cli_version("flodl-ps");
             return 1;
         }
         if (ch == '?' || ch == ':')

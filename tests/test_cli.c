@@ -122,6 +122,33 @@ START_TEST(test_help)
 }
 END_TEST
 
+/* --version: one line on stdout naming the binary and the version, exit 0, and nothing else
+ * (flodl-launch starts no job). The running library says the same version as the header. */
+START_TEST(test_version)
+{
+    ck_assert_str_eq(fl_version(), FL_VERSION_STRING);
+    ck_assert_int_eq(fl_version_code(),
+                     FL_VERSION_MAJOR * 10000 + FL_VERSION_MINOR * 100 + FL_VERSION_PATCH);
+    static const char *const bins[] = {PS_BIN, WK_BIN, FLODL_BIN_DIR "/worker/flodl-launch",
+                                       FLODL_BIN_DIR "/server/flodl-keygen"};
+    static const char *const names[] = {"flodl-ps ", "flodl-worker ", "flodl-launch ",
+                                        "flodl-keygen "};
+    for (int b = 0; b < 4; b++) {
+        const char *argv[] = {bins[b], "--version", NULL};
+        proc_t p;
+        run_sync(&p, bins[b], argv, NULL);
+        char want[64];
+        snprintf(want, sizeof want, "%s%s (libflodl %s; built with ", names[b],
+                 FL_VERSION_STRING, fl_version());
+        if (proc_code(&p) != 0 || strncmp(p.buf[0], want, strlen(want)) != 0 ||
+            count_of(p.buf[0], "\n") != 1 || p.len[1] != 0)
+            ck_abort_msg("%s --version: exit %d, stdout '%s', stderr '%s'", bins[b],
+                         proc_code(&p), p.buf[0], p.buf[1]);
+        procs_free(&p, 1);
+    }
+}
+END_TEST
+
 /* ---- jobs ---- */
 
 /* Starts a worker; an argument "@EP", or an environment entry ending in "=@EP", gets the
@@ -438,6 +465,7 @@ Suite *cli_suite(void)
     tcase_add_test(t, test_ps_bad_flags);
     tcase_add_test(t, test_worker_bad_flags);
     tcase_add_test(t, test_help);
+    tcase_add_test(t, test_version);
     suite_add_tcase(s, t);
     t = tcase_create("jobs");
     tcase_set_timeout(t, 60);

@@ -55,6 +55,7 @@ typedef struct launch_opts {
     const char *job_id;      /* seen among the worker flags, or NULL */
     bool pin;
     bool help;
+    bool version; /* --version: print it and start nothing */
     bool insecure;          /* --insecure */
     const char *curve_dir;  /* --curve-dir, or the throw-away keys */
     const char **wargs; /* the workers' own flags, in order */
@@ -146,6 +147,10 @@ static int parse_flags(int argc, char **argv, launch_opts_t *o)
         }
         if (!rest && (strcmp(a, "--help") == 0 || strcmp(a, "-h") == 0)) {
             o->help = true;
+            continue;
+        }
+        if (!rest && strcmp(a, "--version") == 0) {
+            o->version = true;
             continue;
         }
         /* Security is the job's: it goes to flodl-ps and every worker, wherever it was given. */
@@ -577,8 +582,11 @@ int main(int argc, char **argv)
     }
     if (rc == FL_OK && o.curve_dir != NULL && o.insecure)
         rc = fl_fail(FL_EINVAL, "--curve-dir and --insecure: choose one");
-    if (rc == FL_OK && o.help) {
-        fputs(usage, stdout);
+    if (rc == FL_OK && (o.help || o.version)) {
+        if (o.help)
+            fputs(usage, stdout);
+        else
+            fl_cli_version("flodl-launch");
         free(o.wargs);
         free(o.pargs);
         return 0;

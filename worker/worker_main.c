@@ -74,7 +74,8 @@ enum {
     O_MODE = 1000, O_TRAIN_IMAGES, O_TRAIN_LABELS, O_TEST_IMAGES, O_TEST_LABELS, O_TRAIN_CSV,
     O_TEST_CSV, O_DATA_SEED, O_LAYERS, O_BATCH, O_EPOCHS, O_SEED, O_NO_SHUFFLE, O_OPTIM,
     O_SCALE_LR, O_LZ4, O_RECONNECT, O_MAX_NORM, O_REPLICAS, O_HIER, O_SHARD, O_POLICY, O_MPORT, O_MBIND, O_TIMELINE, O_CURVE, O_INSECURE, O_CKPT, O_RESUME, O_ANCHOR, O_RUN_AHEAD, O_OVERHEAD, O_HINT, O_THROTTLE, O_DEVICE, O_GPUS, O_TOPK, O_TOPK_WARMUP, O_TOPK_VALUES, O_BUCKET, O_INIT,
-    O_SAVE, O_SAVE_EVERY, O_METRICS, O_PROGRESS, O_QUIET, O_SIZE, O_STEPS, O_DTYPE, O_OP, O_HELP
+    O_SAVE, O_SAVE_EVERY, O_METRICS, O_PROGRESS, O_QUIET, O_SIZE, O_STEPS, O_DTYPE, O_OP, O_HELP,
+    O_VERSION
 };
 
 typedef struct wargs {
@@ -531,7 +532,7 @@ int main(int argc, char **argv)
         {"save-every", 1, NULL, O_SAVE_EVERY}, {"metrics", 1, NULL, O_METRICS},
         {"progress", 1, NULL, O_PROGRESS}, {"quiet", 0, NULL, O_QUIET},
         {"size", 1, NULL, O_SIZE}, {"steps", 1, NULL, O_STEPS}, {"dtype", 1, NULL, O_DTYPE},
-        {"op", 1, NULL, O_OP}, {"help", 0, NULL, O_HELP},
+        {"op", 1, NULL, O_OP}, {"help", 0, NULL, O_HELP}, {"version", 0, NULL, O_VERSION},
     };
     static struct option longopts[128];
     int nopt = 0;
@@ -586,6 +587,8 @@ int main(int argc, char **argv)
             fputs(usage, stdout);
             return 0;
         }
+        if (ch == O_VERSION)
+            return fl_cli_version("flodl-worker");
         if (ch == '?' || ch == ':')
             return bad("unknown or incomplete flag '%s' (see --help)", argv[optind - 1]);
         if (apply(&a, ch, longopts[li].name, optarg) != FL_OK)

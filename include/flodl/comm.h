@@ -35,8 +35,8 @@ typedef struct fl_comm_opts {
                                   the route to the coordinator */
     const char *bind;          /* data endpoint; NULL: "tcp://<host>:0" (ephemeral port). Also
                                   "ipc:///path" or "inproc://name" (same process only) */
-    int timeout_ms;            /* deadline of one collective call (default 120000) */
-    int rendezvous_timeout_ms; /* deadline of the rendezvous in fl_comm_init (default 120000) */
+    int timeout_ms;            /* deadline of one collective call (default 300000) */
+    int rendezvous_timeout_ms; /* deadline of the rendezvous in fl_comm_init (default 300000) */
     int stripes;               /* TCP connections per peer pair, 1..8 (default 1) */
     size_t segment_bytes;      /* pipelining unit of the ring (default 1 MiB) */
     size_t small_bytes;        /* AUTO uses a latency algorithm up to this size (default 64 KiB) */

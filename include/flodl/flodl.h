@@ -18,6 +18,15 @@ extern "C" {
 #define FL_VERSION_PATCH 0
 #define FL_VERSION_STRING "0.1.0"
 
+/* The version of the libflodl a program runs with (the macros above are the one it was built
+ * with), as ncclGetVersion and zmq_version give theirs: "0.1.0", and 10000 * major + 100 *
+ * minor + patch. */
+const char *fl_version(void);
+int fl_version_code(void);
+
+/* The optional parts this libflodl was built with: "cuda", or "" for a CPU-only build. */
+const char *fl_build_features(void);
+
 /* Error codes. Every call that can fail returns FL_OK or one of these (negative). */
 typedef enum fl_err {
     FL_OK = 0,
