@@ -349,12 +349,15 @@ typedef struct fl_launch_info {
     bool insecure;                     /* FLODL_INSECURE=1 */
     const char *rank_var;              /* the variable the rank came from, or NULL */
     const char *world_var;             /* the variable the world size came from, or NULL */
+    int port;                          /* the coordinator's port, of FLODL_COORDINATOR or
+                                          MASTER_PORT; 0 when neither says */
 } fl_launch_info_t;
 
 /* Resolves rank, world size and coordinator from the variables launchers set, first match
  * wins: FLODL_RANK, RANK (torchrun), OMPI_COMM_WORLD_RANK (Open MPI), JOB_COMPLETION_INDEX
  * (Kubernetes Indexed Job); FLODL_WORLD_SIZE, WORLD_SIZE, OMPI_COMM_WORLD_SIZE;
- * FLODL_COORDINATOR, else tcp://MASTER_ADDR:MASTER_PORT (port 29500 when unset). Also
+ * FLODL_COORDINATOR, else tcp://MASTER_ADDR:MASTER_PORT (port 29500 when unset), and that
+ * port alone (flodl-ps binds it when no --bind is given). Also
  * FLODL_HOST, FLODL_JOB_ID, FLODL_LOG, FLODL_CURVE_DIR, FLODL_INSECURE (1 or 0). Returns FL_OK
  * or FL_EINVAL naming the variable. */
 int fl_launch_from_env(fl_env_get_fn get, void *ud, fl_launch_info_t *out);

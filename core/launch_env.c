@@ -70,14 +70,17 @@ int fl_launch_from_env(fl_env_get_fn get, void *ud, fl_launch_info_t *out)
             return fl_fail(FL_EINVAL, "environment FLODL_COORDINATOR is longer than %zu bytes",
                            sizeof out->coordinator - 1);
         snprintf(out->coordinator, sizeof out->coordinator, "%s", v);
+        const char *colon = strrchr(v, ':');
+        if (colon != NULL && colon[1] >= '1' && colon[1] <= '9')
+            (void)parse_int("FLODL_COORDINATOR's port", colon + 1, 1, 65535, &out->port);
     } else {
         const char *addr = get("MASTER_ADDR", ud);
         const char *port = get("MASTER_PORT", ud);
+        if (port != NULL && port[0] != '\0' &&
+            (rc = parse_int("MASTER_PORT", port, 1, 65535, &out->port)) != FL_OK)
+            return rc;
         if (addr != NULL && addr[0] != '\0') {
-            int p = 29500;
-            if (port != NULL && port[0] != '\0' &&
-                (rc = parse_int("MASTER_PORT", port, 1, 65535, &p)) != FL_OK)
-                return rc;
+            int p = out->port > 0 ? out->port : 29500;
             int n = snprintf(out->coordinator, sizeof out->coordinator, "tcp://%s:%d", addr, p);
             if (n < 0 || (size_t)n >= sizeof out->coordinator)
                 return fl_fail(FL_EINVAL, "environment MASTER_ADDR is too long");

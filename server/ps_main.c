@@ -18,7 +18,8 @@
 static const char usage[] =
     "usage: flodl-ps --world-size N [options]\n"
     "coordinator:\n"
-    "  --bind ENDPOINT             where ranks register (default tcp://0.0.0.0:29500)\n"
+    "  --bind ENDPOINT             where ranks register (default tcp://0.0.0.0:29500, or the\n"
+    "                              port of FLODL_COORDINATOR or torchrun's MASTER_PORT)\n"
     "  --world-size N              ranks in the job (or FLODL_WORLD_SIZE / WORLD_SIZE)\n"
     "  --job-id ID                 ranks of another job are refused (default flodl)\n"
     "  --heartbeat-timeout MS      a rank silent this long is dead (default 5000)\n"
@@ -360,6 +361,13 @@ int main(int argc, char **argv)
         a.co.job_id = a.so.job_id = env.job_id;
     if (env.log_level >= 0)
         a.co.log_level = a.so.log_level = (fl_log_level_t)env.log_level;
+    /* The port the workers dial (FLODL_COORDINATOR's, or torchrun's MASTER_PORT), unless
+     * --bind says otherwise. */
+    char env_bind[64];
+    if (env.port > 0) {
+        snprintf(env_bind, sizeof env_bind, "tcp://0.0.0.0:%d", env.port);
+        a.co.bind = env_bind;
+    }
     const char *env_curve = env.curve_dir;
     bool env_insecure = env.insecure;
     int rc = parse(&a, argc, argv);
