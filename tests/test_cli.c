@@ -149,6 +149,30 @@ START_TEST(test_version)
 }
 END_TEST
 
+/* A worker whose coordinator does not answer says so within seconds, naming the address and
+ * how long it waited, instead of staying silent until its rendezvous deadline. */
+START_TEST(test_waiting_worker_says_so)
+{
+    int port = free_port(); /* nothing listens there */
+    char coord[64];
+    snprintf(coord, sizeof coord, "tcp://127.0.0.1:%d", port);
+    const char *argv[] = {WK_BIN, "--rank", "0", "--world-size", "2", "--coordinator", coord,
+                          "--rendezvous-timeout", "3500", "--epochs", "1", NULL};
+    proc_t p;
+    memset(&p, 0, sizeof p);
+    proc_start(&p, WK_BIN, argv, NULL);
+    char want[128];
+    snprintf(want, sizeof want, "no answer yet from the coordinator at %s after 1 s", coord);
+    bool said = proc_wait_text(&p, 1, 0, 1, want, 1, fl_deadline_in(3000));
+    bool done = procs_wait(&p, 1, fl_deadline_in(15000));
+    procs_stop(&p, 1);
+    ck_assert_msg(said, "no word within 3 s of waiting: '%s'", p.buf[1]);
+    ck_assert_msg(done && proc_code(&p) == 1, "exit %d: '%s'", proc_code(&p), p.buf[1]);
+    ck_assert_msg(strstr(p.buf[1], "no answer from the coordinator at") != NULL, "%s", p.buf[1]);
+    procs_free(&p, 1);
+}
+END_TEST
+
 /* ---- jobs ---- */
 
 /* Starts a worker; an argument "@EP", or an environment entry ending in "=@EP", gets the
@@ -475,6 +499,7 @@ Suite *cli_suite(void)
     tcase_add_test(t, test_worker_bad_flags);
     tcase_add_test(t, test_help);
     tcase_add_test(t, test_version);
+    tcase_add_test(t, test_waiting_worker_says_so);
     suite_add_tcase(s, t);
     t = tcase_create("jobs");
     tcase_set_timeout(t, 60);

@@ -20,6 +20,7 @@
  * registration from the same connection is ignored by the coordinator), after 250 ms, then
  * backing off by doubling up to 4 s while the silence lasts; once heard from, after 4 s of
  * silence. */
+#define JOIN_NOTE_MS 10000 /* how often a waiting member says so */
 #define JOIN_RESEND_MIN_MS 250
 #define JOIN_RESEND_MAX_MS 4000
 #define COORD_MAX_MSG ((size_t)64 << 20)
@@ -203,6 +204,10 @@ static int join_loop(fl_tp_member_t *m, int64_t deadline, int timeout_ms, fl_tp_
     int resend_ms = JOIN_RESEND_MIN_MS;
     char progress[FL_MSG_MISSING_MAX + 64] = "";
     bool heard = false;
+    /* An operator watching a member wait hears why: after a second without an answer, then
+     * every JOIN_NOTE_MS. */
+    int64_t started = fl_now_ms();
+    int64_t next_note = started + 1000;
     fl_tp_sock_t *socks[3] = {m->coord, NULL, cmd};
     if ((rc = fl_tp_sock_watch(m->coord, &socks[1])) != FL_OK)
         return fl_fail_ctx(rc, "%s: rendezvous", m->name);
@@ -275,6 +280,19 @@ static int join_loop(fl_tp_member_t *m, int64_t deadline, int timeout_ms, fl_tp_
             fl_tp_msg_close(&msg);
         }
         now = fl_now_ms();
+        if (now >= next_note && now < deadline) {
+            if (!heard)
+                FL_WARN(m->ctx, "%s: no answer yet from the coordinator at %s after %lld s "
+                                "(waiting up to %d s: is flodl-ps running there?)",
+                        m->name, m->coordinator, (long long)((now - started) / 1000),
+                        timeout_ms / 1000);
+            else
+                FL_WARN(m->ctx, "%s: registered with the coordinator at %s, waiting for the "
+                                "others for %lld s: %s",
+                        m->name, m->coordinator, (long long)((now - started) / 1000),
+                        progress[0] ? progress : "no word yet");
+            next_note = now + JOIN_NOTE_MS;
+        }
         if (now >= deadline) {
             if (heard)
                 return fl_fail(FL_ETIMEDOUT, "%s: rendezvous with coordinator %s timed out "
