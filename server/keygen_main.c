@@ -111,8 +111,10 @@ int main(int argc, char **argv)
     char sub[4200];
     snprintf(sub, sizeof sub, "%s/authorized", dir);
     if (client == NULL) {
-        if ((mkdir(dir, 0700) != 0 && errno != EEXIST) || (mkdir(sub, 0755) != 0 && errno != EEXIST))
-            return fail("cannot make %s", sub);
+        if (mkdir(dir, 0700) != 0 && errno != EEXIST)
+            return fail("cannot make %s: %s", dir, strerror(errno)), 2;
+        if (mkdir(sub, 0755) != 0 && errno != EEXIST)
+            return fail("cannot make %s: %s", sub, strerror(errno)), 2;
         int rc = make_pair(dir, "server", "the job's servers");
         if (rc == 0)
             rc = make_pair(dir, "client", "a client of the job");

@@ -52,6 +52,14 @@ START_TEST(test_ps_bad_flags)
         {{"--bind", "tcp://127.0.0.1:0", NULL},
          {"FLODL_WORLD_SIZE=two", NULL},
          {"FLODL_WORLD_SIZE", "'two'", NULL}},
+        /* An address this host does not have: what a bind takes, not "No such device". */
+        {{"--bind", "tcp://nosuchhost.invalid:29999", "--world-size", "1", NULL},
+         {NULL},
+         {"'nosuchhost.invalid' is not an address or interface of this host", "0.0.0.0",
+          NULL}},
+        {{"--bind", "tcp://192.0.2.1:29999", "--world-size", "1", NULL},
+         {NULL},
+         {"'192.0.2.1' is not an address or interface of this host", NULL}},
     };
     check_bad(PS_BIN, cases, sizeof cases / sizeof cases[0]);
 }
@@ -102,6 +110,17 @@ START_TEST(test_worker_bad_flags)
          {"MASTER_PORT", "99999", NULL}},
     };
     check_bad(WK_BIN, cases, sizeof cases / sizeof cases[0]);
+}
+END_TEST
+
+/* flodl-keygen into a directory it cannot make says why (exit 2, one line). */
+START_TEST(test_keygen_unmakeable_dir)
+{
+    static const bad_case_t cases[] = {
+        {{"/proc/flodl-no/keys", NULL}, {NULL}, {"cannot make /proc/flodl-no/keys", "No such file",
+                                                 NULL}},
+    };
+    check_bad(FLODL_BIN_DIR "/server/flodl-keygen", cases, sizeof cases / sizeof cases[0]);
 }
 END_TEST
 
@@ -498,6 +517,7 @@ Suite *cli_suite(void)
     tcase_add_test(t, test_ps_bad_flags);
     tcase_add_test(t, test_worker_bad_flags);
     tcase_add_test(t, test_help);
+    tcase_add_test(t, test_keygen_unmakeable_dir);
     tcase_add_test(t, test_version);
     tcase_add_test(t, test_waiting_worker_says_so);
     suite_add_tcase(s, t);

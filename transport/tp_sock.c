@@ -135,9 +135,20 @@ int fl_tp_sock_bind(fl_tp_sock_t *s, const char *endpoint, char *bound, size_t c
     if ((rc = fl_tp_curve_server(s->zs, s->ctx, endpoint)) != FL_OK ||
         (rc = fl_tp_guard_start(s, endpoint)) != FL_OK)
         return fl_fail_ctx(rc, "%s socket: bind %s", s->name, endpoint);
-    if (zmq_bind(s->zs, endpoint) != 0)
-        return fl_fail(FL_EIO, "%s socket: bind %s: %s", s->name, endpoint,
-                       zmq_strerror(zmq_errno()));
+    if (zmq_bind(s->zs, endpoint) != 0) {
+        int e = zmq_errno();
+        /* A bad address is the caller's configuration: say what a bind takes. */
+        if (e == ENODEV || e == EADDRNOTAVAIL)
+            return fl_fail(FL_EINVAL, "%s socket: bind %s: '%s' is not an address or interface "
+                                      "of this host (%s; give one of its IP addresses, an "
+                                      "interface name such as eth0, or 0.0.0.0 for all)",
+                           s->name, endpoint, ep.host, zmq_strerror(e));
+        if (e == EADDRINUSE)
+            return fl_fail(FL_EIO, "%s socket: bind %s: the port is in use by another process "
+                                   "(%s)",
+                           s->name, endpoint, zmq_strerror(e));
+        return fl_fail(FL_EIO, "%s socket: bind %s: %s", s->name, endpoint, zmq_strerror(e));
+    }
     if (bound != NULL && cap > 0) {
         size_t len = cap;
         if (zmq_getsockopt(s->zs, ZMQ_LAST_ENDPOINT, bound, &len) != 0)
