@@ -166,14 +166,23 @@ static void parse_summary(tr_run_t *r, const char *line)
         double raw;
         double ratio;
         double remote;
-        if (sscanf(p,
-                   "rank %d summary: %d epochs, %ld steps, test accuracy %lf%% (loss %lf), %lf s, "
-                   "%lf samples/s; per step compute %lf ms, exchange %lf ms (exposed %lf ms, "
-                   "%lf%% hidden); sent %lf MiB (%lf MiB to other hosts), dense would send %lf "
-                   "MiB (%lfx less)",
-                   &rank, &epochs, &steps, &acc, &loss, &secs, &sps, &comp, &comm, &exposed,
-                   &hidden, &sent, &remote, &raw, &ratio) != 15)
+        int n = 0;
+        int got = sscanf(p,
+                         "rank %d summary: %d epochs, %ld steps, test accuracy %lf%% (loss %lf), "
+                         "%lf s, %lf samples/s; per step compute %lf ms, exchange %lf ms "
+                         "(exposed %lf ms, %lf%% hidden); %n",
+                         &rank, &epochs, &steps, &acc, &loss, &secs, &sps, &comp, &comm,
+                         &exposed, &hidden, &n);
+        if (got != 11 || n == 0)
             continue;
+        if (strncmp(p + n, "nothing exchanged", 17) == 0) {
+            sent = raw = ratio = remote = 0.0;
+        } else if (sscanf(p + n,
+                          "sent %lf MiB (%lf MiB to other hosts), dense would send %lf MiB "
+                          "(%lfx less)",
+                          &sent, &remote, &raw, &ratio) != 4) {
+            continue;
+        }
         /* The summary prints MiB to one decimal, too coarse for a sparse rank's few hundred KiB;
          * the ratio keeps three or more digits, so raw over it is the finer figure. */
         double sent_fine = ratio > 0 && sent < 100.0 ? raw / ratio : sent;

@@ -159,6 +159,50 @@ START_TEST(test_configuration_errors)
     expect_usage_error(i, "--world-size");
     const char *mo[] = {"--mode", "local", "--optimizer", "adam", "--momentum", "0.5", NULL};
     expect_usage_error(mo, "SGD's");
+    /* Test-set flags alone, or without their training set, are refused, not ignored. */
+    const char *t1[] = {"--mode", "local", "--train-images", "x", "--train-labels", "y",
+                        "--test-images", "z", NULL};
+    expect_usage_error(t1, "--test-images and --test-labels go together");
+    const char *t2[] = {"--mode", "local", "--test-labels", "z", NULL};
+    expect_usage_error(t2, "--test-images and --test-labels go together");
+    const char *t3[] = {"--mode", "local", "--test-images", "z", "--test-labels", "w", NULL};
+    expect_usage_error(t3, "need --train-images and --train-labels");
+    const char *t4[] = {"--mode", "local", "--test-csv", "z", NULL};
+    expect_usage_error(t4, "--test-csv needs --train-csv");
+}
+END_TEST
+
+/* Without a test set the summary says there is none, instead of "test accuracy 0.00%", and a
+ * run that exchanged nothing says so instead of "0.0x less"; rank 0's progress line says the
+ * step out of the total, how far the job is and when it will end. */
+START_TEST(test_no_test_set_and_progress)
+{
+    char dir[] = "/tmp/flodl-wkcli-XXXXXX";
+    ck_assert(mkdtemp(dir) != NULL);
+    char csv[128];
+    snprintf(csv, sizeof csv, "%s/train.csv", dir);
+    FILE *fp = fopen(csv, "w");
+    ck_assert_ptr_nonnull(fp);
+    for (int i = 0; i < 4000; i++)
+        fprintf(fp, "%d,%g,%g,%g\n", i % 3, (i % 3) == 0 ? 1.0 : 0.0, (i % 3) == 1 ? 1.0 : 0.0,
+                0.001 * (i % 11));
+    fclose(fp);
+    const char *a[] = {"--mode", "local", "--train-csv", csv, "--layers", "3,8,3", "--epochs",
+                       "2", "--batch-size", "200", "--progress", "0", NULL};
+    run_t r;
+    run(a, 120, &r);
+    ck_assert_msg(r.status == 0, "exit %d: %.300s", r.status, r.err);
+    const char *sum = strstr(r.out, "rank 0 summary:");
+    ck_assert_msg(sum != NULL, "no summary in %zu bytes of output", strlen(r.out));
+    ck_assert_msg(strstr(sum, "no test set") != NULL && strstr(sum, "0.00%") == NULL, "%.400s",
+                  sum);
+    ck_assert_msg(strstr(sum, "nothing exchanged") != NULL && strstr(sum, "0.0x") == NULL,
+                  "%.400s", sum);
+    ck_assert_msg(strstr(r.out, "ratio") == NULL, "a progress line still says ratio");
+    const char *half = strstr(r.out, "step 20/40 (50% ETA ");
+    ck_assert_msg(half != NULL, "no 'step 20/40 (50%% ETA' line: %.300s", r.out);
+    unlink(csv);
+    rmdir(dir);
 }
 END_TEST
 
@@ -221,6 +265,7 @@ Suite *wk_cli_suite(void)
     tcase_set_timeout(t, 240);
     tcase_add_test(t, test_local_training_and_checkpoint);
     tcase_add_test(t, test_configuration_errors);
+    tcase_add_test(t, test_no_test_set_and_progress);
     tcase_add_test(t, test_devices);
     tcase_add_test(t, test_bad_data_files);
     suite_add_tcase(s, t);

@@ -865,16 +865,23 @@ int fl_wk_train(fl_comm_t *comm, const fl_wk_dataset_t *train, const fl_wk_datas
             int64_t now = fl_now_ns();
             if (lead && (double)(now - t_last) / 1e9 >= o->progress_s) {
                 double secs = (double)(now - t_start) / 1e9;
-                printf("epoch %d/%d step %ld loss %.4f acc %.1f%% %.0f samples/s compute "
-                       "%.1f ms exchange %.1f ms (exposed %.1f ms) sent %.1f MiB ratio %.1fx\n",
-                       ep + 1, o->epochs, step + 1, ep_loss / (double)ep_batches,
+                /* How far: whole epochs and this one's batches; El Che's steps take several
+                 * batches, so only the batches give the total. */
+                double in_ep = nbatches ? (double)bi / (double)nbatches : 0.0;
+                char eta[64], sent[96], total[32] = "";
+                fl_wk_progress_eta(eta, sizeof eta, (ep + (in_ep < 1.0 ? in_ep : 1.0)) / o->epochs,
+                                   (double)first_epoch / o->epochs, secs);
+                fl_wk_progress_sent(sent, sizeof sent, xs.bytes_sent, xs.raw_bytes);
+                if (o->max_anchor == 0)
+                    snprintf(total, sizeof total, "/%ld", (long)o->epochs * (long)nbatches);
+                printf("epoch %d/%d step %ld%s (%s) loss %.4f acc %.1f%% %.0f samples/s compute "
+                       "%.1f ms exchange %.1f ms (exposed %.1f ms) %s\n",
+                       ep + 1, o->epochs, step + 1, total, eta, ep_loss / (double)ep_batches,
                        100.0 * (double)ep_correct / (double)(ep_batches * o->batch),
                        (tr.samples - first_samples) / secs,
                        compute_ms / (double)(step + 1 - first_step),
                        xs.busy_ms / (double)(step + 1 - first_step),
-                       exposed_ms / (double)(step + 1 - first_step),
-                       (double)xs.bytes_sent / 1048576.0,
-                       xs.bytes_sent ? (double)xs.raw_bytes / (double)xs.bytes_sent : 0.0);
+                       exposed_ms / (double)(step + 1 - first_step), sent);
                 fflush(stdout);
                 t_last = now;
             }

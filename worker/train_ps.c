@@ -230,15 +230,17 @@ int fl_wk_train_ps(fl_ps_client_t *cl, int rank, int world, const fl_wk_dataset_
         if (lead && (double)(now - t_last) / 1e9 >= o->progress_s) {
             fl_ps_client_stats_t cs;
             fl_ps_client_get_stats(cl, &cs);
-            printf("epoch %ld/%d step %zu/%zu loss %.4f acc %.1f%% %.0f samples/s compute %.1f "
-                   "ms push+pull %.1f ms sent %.1f MiB ratio %.1fx\n",
-                   ep + 1, o->epochs, bi + 1, nb, ep_loss / (double)ep_steps,
+            char eta[64], sent[96];
+            fl_wk_progress_eta(eta, sizeof eta, (double)(step + 1) / (double)total,
+                               (double)start / (double)total, (double)(now - t_start) / 1e9);
+            fl_wk_progress_sent(sent, sizeof sent, cs.bytes_sent, cs.raw_bytes);
+            printf("epoch %ld/%d step %zu/%zu (%s) loss %.4f acc %.1f%% %.0f samples/s compute "
+                   "%.1f ms push+pull %.1f ms %s\n",
+                   ep + 1, o->epochs, bi + 1, nb, eta, ep_loss / (double)ep_steps,
                    100.0 * (double)ep_correct /
                        (double)(ep_steps * o->batch * (size_t)o->replicas),
                    (double)steps * (double)global_batch / ((double)(now - t_start) / 1e9),
-                   compute_ms / (double)steps, comm_ms / (double)steps,
-                   (double)cs.bytes_sent / 1048576.0,
-                   cs.bytes_sent ? (double)cs.raw_bytes / (double)cs.bytes_sent : 0.0);
+                   compute_ms / (double)steps, comm_ms / (double)steps, sent);
             fflush(stdout);
             t_last = now;
         }

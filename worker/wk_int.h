@@ -196,6 +196,12 @@ int fl_wk_shards_create(const fl_wk_train_opts_t *o, size_t np, int rank, int wo
 void fl_wk_shards_destroy(fl_wk_shards_t **s);
 const char *fl_wk_shard_name(fl_wk_shard_t m);
 
+/* Progress line pieces (progress.c): "42% ETA 1m23s" for a job `done` (0..1) of the way, this
+ * run having started at `start` and run elapsed_s; "sent 1.2 MiB (9.8x less than dense)" or
+ * "nothing exchanged". */
+void fl_wk_progress_eta(char *out, size_t cap, double done, double start, double elapsed_s);
+void fl_wk_progress_sent(char *out, size_t cap, uint64_t sent, uint64_t raw);
+
 /* True when gradients and parameters travel as pieces across hosts (--shard grad). */
 bool fl_wk_shards_across_hosts(const fl_wk_shards_t *s);
 

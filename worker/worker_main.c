@@ -395,6 +395,16 @@ static int load_data(const wargs_t *a, fl_wk_dataset_t *train, fl_wk_dataset_t *
                      bool *have_test)
 {
     *have_test = true;
+    /* A test set comes in the training set's format, whole: nothing given is ignored. */
+    if ((a->test_images != NULL) != (a->test_labels != NULL))
+        return fl_fail(FL_EINVAL, "--test-images and --test-labels go together");
+    if (a->test_images != NULL && a->train_images == NULL)
+        return fl_fail(FL_EINVAL, "--test-images/--test-labels need --train-images and "
+                                  "--train-labels (IDX)");
+    if (a->test_csv != NULL && a->train_csv == NULL)
+        return fl_fail(FL_EINVAL, "--test-csv needs --train-csv");
+    if (a->train_csv != NULL && a->train_images != NULL)
+        return fl_fail(FL_EINVAL, "--train-csv and --train-images: choose one data format");
     if (a->train_images != NULL || a->train_labels != NULL) {
         if (a->train_images == NULL || a->train_labels == NULL)
             return fl_fail(FL_EINVAL, "--train-images and --train-labels go together");
@@ -405,7 +415,7 @@ static int load_data(const wargs_t *a, fl_wk_dataset_t *train, fl_wk_dataset_t *
             *have_test = false;
             return FL_OK;
         }
-        return fl_wk_data_idx(a->test_images, a->test_labels ? a->test_labels : "", test);
+        return fl_wk_data_idx(a->test_images, a->test_labels, test);
     }
     if (a->train_csv != NULL) {
         int rc = fl_wk_data_csv(a->train_csv, train);
@@ -420,23 +430,29 @@ static int load_data(const wargs_t *a, fl_wk_dataset_t *train, fl_wk_dataset_t *
     return fl_wk_data_builtin(a->data_seed, train, test);
 }
 
-static void summary(int rank, const fl_wk_train_result_t *r)
+static void summary(int rank, const fl_wk_train_result_t *r, bool have_test)
 {
     double hidden = r->comm_ms > 0 ? 100.0 * (1.0 - r->exposed_ms / r->comm_ms) : 0.0;
     char acc[96];
-    if (isnan(r->test_acc))
+    if (!have_test)
+        snprintf(acc, sizeof acc, "no test set (give --test-images/--test-labels or --test-csv)");
+    else if (isnan(r->test_acc))
         snprintf(acc, sizeof acc, "test accuracy on rank 0");
     else
         snprintf(acc, sizeof acc, "test accuracy %.2f%% (loss %.4f)", 100.0 * r->test_acc,
                  r->test_loss);
+    char sent[160];
+    if (r->bytes_sent == 0)
+        snprintf(sent, sizeof sent, "nothing exchanged");
+    else
+        snprintf(sent, sizeof sent, "sent %.1f MiB (%.3f MiB to other hosts), dense would send "
+                                    "%.1f MiB (%.1fx less)",
+                 (double)r->bytes_sent / 1048576.0, (double)r->remote_bytes / 1048576.0,
+                 (double)r->raw_bytes / 1048576.0, (double)r->raw_bytes / (double)r->bytes_sent);
     printf("rank %d summary: %d epochs, %ld steps, %s, %.1f s, %.0f samples/s; per step compute "
-           "%.2f ms, exchange %.2f ms (exposed %.2f ms, %.0f%% hidden); sent %.1f MiB (%.3f MiB "
-           "to other hosts), dense would send %.1f MiB (%.1fx less)\n",
+           "%.2f ms, exchange %.2f ms (exposed %.2f ms, %.0f%% hidden); %s\n",
            rank, r->epochs, r->steps, acc, r->seconds, r->samples_per_s, r->compute_ms,
-           r->comm_ms, r->exposed_ms, hidden < 0 ? 0 : hidden, (double)r->bytes_sent / 1048576.0,
-           (double)r->remote_bytes / 1048576.0,
-           (double)r->raw_bytes / 1048576.0,
-           r->bytes_sent ? (double)r->raw_bytes / (double)r->bytes_sent : 0.0);
+           r->comm_ms, r->exposed_ms, hidden < 0 ? 0 : hidden, sent);
     printf("rank %d memory per device: parameters %.2f MiB, gradients %.2f MiB, optimizer state "
            "%.2f MiB, residuals %.2f MiB\n",
            rank, (double)r->mem_params / 1048576.0, (double)r->mem_grads / 1048576.0,
@@ -493,7 +509,7 @@ static int run_ps(wargs_t *a, fl_wk_dataset_t *train, fl_wk_dataset_t *test)
         fl_wk_train_result_t res;
         rc = fl_wk_train_ps(cl, po.rank, po.world_size, train, test, &a->to, &res);
         if (rc == FL_OK && !a->to.quiet)
-            summary(po.rank, &res);
+            summary(po.rank, &res, test != NULL);
         code = rc == FL_OK ? 0 : rc == FL_EINVAL ? 2 : 1;
     }
     if (rc != FL_OK) {
@@ -715,7 +731,7 @@ int main(int argc, char **argv)
         fl_wk_train_result_t res;
         rc = fl_wk_train(comm, &train, have_test ? &test : NULL, &a.to, &res);
         if (rc == FL_OK && !a.to.quiet)
-            summary(comm ? fl_comm_rank(comm) : 0, &res);
+            summary(comm ? fl_comm_rank(comm) : 0, &res, have_test);
         if (rc == FL_EINVAL)
             code = 2;
     }
