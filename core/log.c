@@ -5,6 +5,7 @@
 #include <ctype.h>
 #include <stdio.h>
 #include <string.h>
+#include <time.h>
 #include <strings.h>
 #include <unistd.h>
 
@@ -50,8 +51,15 @@ void fl_vlog(const fl_ctx_t *ctx, fl_log_level_t level, const char *fmt, va_list
     } else {
         snprintf(name, sizeof name, "flodl");
     }
-    double t = (double)fl_now_ms() / 1000.0;
-    int n = snprintf(line, sizeof line, "[%.3f %s] %s: ", t, name, level_names[level]);
+    /* Wall-clock time, ISO 8601 in UTC with milliseconds: lines from every host merge. */
+    struct timespec ts;
+    clock_gettime(CLOCK_REALTIME, &ts);
+    struct tm tm;
+    gmtime_r(&ts.tv_sec, &tm);
+    char when[40];
+    size_t w0 = strftime(when, sizeof when, "%Y-%m-%dT%H:%M:%S", &tm);
+    snprintf(when + w0, sizeof when - w0, ".%03ldZ", ts.tv_nsec / 1000000L);
+    int n = snprintf(line, sizeof line, "[%s %s] %s: ", when, name, level_names[level]);
     if (n < 0)
         return;
     if ((size_t)n < sizeof line)

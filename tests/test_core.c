@@ -405,6 +405,18 @@ START_TEST(test_log_lines)
     ck_assert_msg(strstr(text, "rank 3 host-a] warn: peer 4 is slow\n") != NULL, "%s", text);
     ck_assert_msg(strstr(text, "rank 3 host-a] error: gave up after 250 ms\n") != NULL, "%s",
                   text);
+    /* Wall-clock time, ISO 8601 UTC with milliseconds, so hosts' lines merge: the stamp is
+     * within a second or two of now. */
+    int y, mo, d, h, mi, sec, ms;
+    char z = 0;
+    ck_assert_msg(sscanf(text, "[%4d-%2d-%2dT%2d:%2d:%2d.%3d%c ", &y, &mo, &d, &h, &mi, &sec, &ms,
+                         &z) == 8 &&
+                      z == 'Z',
+                  "not an ISO 8601 UTC stamp: %s", text);
+    struct tm tm = {.tm_year = y - 1900, .tm_mon = mo - 1, .tm_mday = d, .tm_hour = h,
+                    .tm_min = mi, .tm_sec = sec};
+    time_t stamp = timegm(&tm);
+    ck_assert_msg(labs((long)(time(NULL) - stamp)) <= 2, "stamp %s is not now", text);
     ck_assert_msg(strstr(text, "not shown") == NULL && strstr(text, "never") == NULL, "%s",
                   text);
     fl_ctx_set_log_level(c, FL_LOG_DEBUG);

@@ -150,7 +150,7 @@ START_TEST(test_settings_disagree_at_rendezvous)
         for (int p = 0; p <= W; p++) {
             ck_assert_msg(proc_code(&ps[p]) == 2, "%s: process %d exited %d: %s", cases[c].flag,
                           p, proc_code(&ps[p]), info);
-            ck_assert_msg(ps[p].end_ms - first <= 3000, "%s: process %d ended %lld ms after the "
+            ck_assert_msg(ps[p].end_ms - first <= 5000, "%s: process %d ended %lld ms after the "
                                                         "first: %s",
                           cases[c].flag, p, (long long)(ps[p].end_ms - first), info);
             const char *e = ps[p].buf[1];
@@ -201,7 +201,7 @@ static void frozen_case(bool ps_mode, int n)
     show(ps, 3, info, sizeof info);
     ck_assert_msg(others, "flodl-ps and rank 0 did not end while rank 1 was frozen: %s", info);
     ck_assert_msg(all, "rank 1 still running 15 s after it woke: %s", info);
-    ck_assert_msg(ps[2].end_ms - woke < 5000, "rank 1 took %lld ms to exit after waking: %s",
+    ck_assert_msg(ps[2].end_ms - woke < 8000, "rank 1 took %lld ms to exit after waking: %s",
                   (long long)(ps[2].end_ms - woke), info);
     ck_assert_msg(proc_code(&ps[2]) == 1, "rank 1 exited %d: %s", proc_code(&ps[2]), info);
     ck_assert_msg(strstr(ps[2].buf[1], "declared dead by the coordinator") != NULL,
