@@ -122,6 +122,39 @@ START_TEST(test_local_training_and_checkpoint)
     const char *d[] = {"--mode", "local", "--epochs", "1", "--init", nan_path, NULL};
     expect_usage_error(d, "tensor 'layers.1.bias' holds NaN at index 7");
     unlink(nan_path);
+
+    /* A PyTorch nn.Sequential's state dict (Linear, ReLU, Linear, ReLU, Linear under "net."):
+     * its Linear modules map to the layers in order; a missing tensor is named as expected. */
+    p = malloc(np * sizeof *p);
+    ck_assert(p != NULL);
+    ck_assert_msg(fl_wk_mlp_load(&m, p, save) == FL_OK, "%s", fl_last_error());
+    char seq[160];
+    snprintf(seq, sizeof seq, "%s/seq.safetensors", dir);
+    static const char *const names[] = {"net.4.weight", "net.4.bias", "net.0.weight",
+                                        "net.0.bias",   "net.2.weight", "net.2.bias"};
+    static const int layer_of[] = {2, 2, 0, 0, 1, 1};
+    fl_st_tensor_t t[6];
+    for (int i = 0; i < 6; i++) {
+        int l = layer_of[i];
+        uint64_t out = (uint64_t)m.sizes[l + 1], in = (uint64_t)m.sizes[l];
+        bool w = i % 2 == 0;
+        t[i] = (fl_st_tensor_t){names[i], FL_FLOAT32, w ? 2u : 1u, {out, w ? in : 0},
+                                p + (w ? fl_wk_mlp_weight_at(&m, l) : fl_wk_mlp_bias_at(&m, l)),
+                                (w ? out * in : out) * sizeof(float)};
+    }
+    ck_assert_msg(fl_st_write(seq, t, 6, NULL, 0) == FL_OK, "%s", fl_last_error());
+    float *q = calloc(np, sizeof *q);
+    ck_assert(q != NULL);
+    ck_assert_msg(fl_wk_mlp_load(&m, q, seq) == FL_OK, "%s", fl_last_error());
+    ck_assert_msg(memcmp(p, q, np * sizeof *p) == 0, "nn.Sequential names mapped out of order");
+    const char *e[] = {"--mode", "local", "--epochs", "1", "--init", seq, NULL};
+    run(e, 120, &r);
+    ck_assert_msg(r.status == 0, "exit %d: %.300s", r.status, r.err);
+    ck_assert_msg(fl_st_write(seq, t, 5, NULL, 0) == FL_OK, "%s", fl_last_error());
+    expect_usage_error(e, "no tensor 'net.2.bias', which the model expects");
+    unlink(seq);
+    free(q);
+    free(p);
     unlink(save);
     rmdir(dir);
 }
