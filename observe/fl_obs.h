@@ -73,8 +73,9 @@ void fl_obs_http_stop(fl_obs_http_t **h);
 
 typedef struct fl_obs_timeline fl_obs_timeline_t;
 
-/* Opens path for a Chrome trace (a JSON array of events; times in microseconds from the
- * open). FL_OK or FL_EIO naming the path. */
+/* Opens path for a Chrome trace (a JSON array of events; times in Unix-epoch microseconds, so
+ * every rank's file shares one origin; pid: the rank, named "rank <pid>"). FL_OK or FL_EIO
+ * naming the path. */
 int fl_obs_timeline_open(const char *path, int pid, fl_obs_timeline_t **out);
 
 /* Names a track (tid) of the trace: "device 0", "exchange 1". Thread-safe. */
@@ -87,6 +88,12 @@ void fl_obs_timeline_span(fl_obs_timeline_t *t, int tid, const char *name, const
 
 /* Ends the array and closes the file. FL_OK, or FL_EIO when a write failed. NULL-safe. */
 int fl_obs_timeline_close(fl_obs_timeline_t **t);
+
+/* Merges the traces in[0..n) (each a JSON array of trace events, as the timeline writes them)
+ * into one array at out, written atomically: every event of every file, a file whose pid is
+ * another file's moved to a free pid (and its process renamed "... (file k)") so ranks stay
+ * apart. FL_OK; FL_EINVAL naming a file that is not a trace; FL_EIO. (trace_merge.c) */
+int fl_obs_trace_merge(const char *out, const char *const *in, size_t n);
 
 #ifdef __cplusplus
 }

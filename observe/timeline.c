@@ -1,7 +1,9 @@
 /* The timeline: Chrome's trace event format (a JSON array of complete events, "ph":"X", times
  * in microseconds), as Horovod's timeline writes it, readable by chrome://tracing and
- * Perfetto. Events are appended under a mutex as they end; the file is a valid array once
- * closed. */
+ * Perfetto. Times are Unix-epoch microseconds (the monotonic clock, anchored to the wall clock
+ * once at open), so the files of every rank share one origin and load together once merged
+ * (flodl-trace-merge); each rank is a process ("pid": its rank) named "rank K". Events are
+ * appended under a mutex as they end; the file is a valid array once closed. */
 #include "fl_obs.h"
 
 #include <errno.h>
@@ -9,13 +11,15 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 
 struct fl_obs_timeline {
     FILE *f;
     char path[1024];
     pthread_mutex_t mu;
     int pid;
-    int64_t t0_ns;
+    int64_t t0_ns;     /* the monotonic clock at open */
+    double epoch0_us;  /* the wall clock then, Unix-epoch microseconds */
     bool first;
     bool failed;
 };
@@ -35,10 +39,16 @@ int fl_obs_timeline_open(const char *path, int pid, fl_obs_timeline_t **out)
     snprintf(t->path, sizeof t->path, "%s", path);
     pthread_mutex_init(&t->mu, NULL);
     t->pid = pid;
+    struct timespec wall;
+    clock_gettime(CLOCK_REALTIME, &wall);
     t->t0_ns = fl_now_ns();
+    t->epoch0_us = (double)wall.tv_sec * 1e6 + (double)wall.tv_nsec / 1e3;
     t->first = true;
-    if (fputs("[\n", t->f) == EOF)
+    if (fprintf(t->f, "[\n{\"name\":\"process_name\",\"ph\":\"M\",\"pid\":%d,\"args\":"
+                      "{\"name\":\"rank %d\"}}",
+                pid, pid) < 0)
         t->failed = true;
+    t->first = false;
     *out = t;
     return FL_OK;
 }
@@ -86,7 +96,7 @@ void fl_obs_timeline_span(fl_obs_timeline_t *t, int tid, const char *name, const
     char c[64];
     clean(n, sizeof n, name);
     clean(c, sizeof c, cat);
-    double ts = (double)(start_ns - t->t0_ns) / 1e3;
+    double ts = t->epoch0_us + (double)(start_ns - t->t0_ns) / 1e3;
     double dur = (double)(end_ns - start_ns) / 1e3;
     char ev[384];
     snprintf(ev, sizeof ev,

@@ -83,6 +83,93 @@ static void check_timeline(const char *path, const char *want)
     free(buf);
 }
 
+/* The k-th span named `name` of process pid in a merged trace: its start and end (us). */
+static int spans_of(const cJSON *all, int pid, const char *name, double *start, double *end,
+                    int cap)
+{
+    int n = 0;
+    const cJSON *e;
+    cJSON_ArrayForEach(e, all)
+    {
+        const char *nm = cJSON_GetStringValue(cJSON_GetObjectItem(e, "name"));
+        const cJSON *p = cJSON_GetObjectItem(e, "pid");
+        const cJSON *ts = cJSON_GetObjectItem(e, "ts");
+        const cJSON *dur = cJSON_GetObjectItem(e, "dur");
+        if (nm == NULL || strcmp(nm, name) != 0 || !cJSON_IsNumber(p) || p->valueint != pid ||
+            !cJSON_IsNumber(ts) || !cJSON_IsNumber(dur) || n >= cap)
+            continue;
+        start[n] = ts->valuedouble;
+        end[n] = ts->valuedouble + dur->valuedouble;
+        n++;
+    }
+    return n;
+}
+
+/* Two ranks' timelines merge into one trace (flodl-trace-merge) whose times share an origin:
+ * each allreduce of rank 0 overlaps the same allreduce of rank 1 (neither can finish before
+ * the other has started), and each rank is a process of its own. */
+START_TEST(test_timelines_merge_on_one_clock)
+{
+    proc_t p[3];
+    memset(p, 0, sizeof p);
+    char ep[FL_ENDPOINT_MAX], out[8192];
+    ck_assert(start_ps(&p[0], 2, NULL, NULL, ep, sizeof ep, 4));
+    char tl[2][64];
+    for (int r = 0; r < 2; r++) {
+        snprintf(tl[r], sizeof tl[r], "/tmp/flodl-tlm-%d-%d.json", (int)getpid(), r);
+        char rank[8];
+        snprintf(rank, sizeof rank, "%d", r);
+        const char *argv[] = {WK_BIN,   "--rank",   rank,       "--world-size", "2",
+                              "--coordinator", ep,  "--epochs", "1",          "--quiet",
+                              "--timeline", tl[r], NULL};
+        proc_start(&p[1 + r], WK_BIN, argv, NULL);
+    }
+    bool done = procs_wait(p, 3, fl_deadline_in(90000));
+    procs_stop(p, 3);
+    show(p, 3, out, sizeof out);
+    ck_assert_msg(done && proc_code(&p[1]) == 0 && proc_code(&p[2]) == 0, "%s", out);
+    char merged[64];
+    snprintf(merged, sizeof merged, "/tmp/flodl-tlm-%d.json", (int)getpid());
+    const char *margv[] = {FLODL_BIN_DIR "/observe/flodl-trace-merge", merged, tl[0], tl[1],
+                           NULL};
+    proc_t m;
+    run_sync(&m, margv[0], margv, NULL);
+    ck_assert_msg(proc_code(&m) == 0, "flodl-trace-merge: exit %d: %s", proc_code(&m),
+                  m.buf[1]);
+    procs_free(&m, 1);
+    FILE *f = fopen(merged, "r");
+    ck_assert_ptr_nonnull(f);
+    fseek(f, 0, SEEK_END);
+    long n = ftell(f);
+    fseek(f, 0, SEEK_SET);
+    char *buf = malloc((size_t)n + 1);
+    ck_assert(fread(buf, 1, (size_t)n, f) == (size_t)n);
+    buf[n] = '\0';
+    fclose(f);
+    cJSON *all = cJSON_Parse(buf);
+    free(buf);
+    ck_assert_msg(cJSON_IsArray(all), "the merged trace is not a JSON array");
+    enum { CAP = 4096 };
+    static double s0[CAP], e0[CAP], s1[CAP], e1[CAP];
+    int n0 = spans_of(all, 0, "allreduce", s0, e0, CAP);
+    int n1 = spans_of(all, 1, "allreduce", s1, e1, CAP);
+    ck_assert_msg(n0 > 10 && n0 == n1, "allreduce spans: %d on rank 0, %d on rank 1", n0, n1);
+    int overlap = 0;
+    for (int i = 0; i < n0; i++)
+        overlap += s0[i] <= e1[i] && s1[i] <= e0[i];
+    /* Every one should; a few microseconds of rounding may part the shortest. */
+    ck_assert_msg(overlap >= n0 * 9 / 10, "%d of %d allreduces overlap across the ranks", overlap,
+                  n0);
+    /* Wall-clock times: within the last few minutes, not seconds since some start. */
+    ck_assert_msg(s0[0] > 1.6e15, "times are not Unix-epoch microseconds: %.0f", s0[0]);
+    cJSON_Delete(all);
+    unlink(merged);
+    for (int r = 0; r < 2; r++)
+        unlink(tl[r]);
+    procs_free(p, 3);
+}
+END_TEST
+
 START_TEST(test_scraped_while_training)
 {
     proc_t p[3];
@@ -289,6 +376,7 @@ static Suite *suite(void)
     Suite *s = suite_create("obs_proc");
     TCase *t = tcase_create("obs_proc");
     tcase_set_timeout(t, 120);
+    tcase_add_test(t, test_timelines_merge_on_one_clock);
     tcase_add_test(t, test_scraped_while_training);
     tcase_add_test(t, test_stall_report_names_the_missing_rank);
     tcase_add_test(t, test_bad_messages_by_kind);
