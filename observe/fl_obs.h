@@ -21,11 +21,13 @@ extern "C" {
 typedef struct fl_obs fl_obs_t;
 
 typedef enum fl_obs_kind {
-    FL_OBS_COUNTER = 0, /* only goes up (totals) */
-    FL_OBS_GAUGE = 1,   /* any value (rates, timestamps, states) */
+    FL_OBS_COUNTER = 0,   /* only goes up (totals) */
+    FL_OBS_GAUGE = 1,     /* any value (rates, timestamps, states) */
+    FL_OBS_HISTOGRAM = 2, /* observations counted into buckets (fl_obs_add_histogram) */
 } fl_obs_kind_t;
 
 #define FL_OBS_MAX_SERIES 4096
+#define FL_OBS_MAX_BUCKETS 16
 
 int fl_obs_create(fl_obs_t **out);
 void fl_obs_destroy(fl_obs_t **o);
@@ -39,10 +41,25 @@ void fl_obs_destroy(fl_obs_t **o);
 int fl_obs_add(fl_obs_t *o, const char *name, const char *help, fl_obs_kind_t kind,
                const char *labels);
 
+/* Registers a histogram series: as fl_obs_add, with the buckets' upper bounds (ascending,
+ * 1..FL_OBS_MAX_BUCKETS of them; +Inf is implied). Rendered as name_bucket{...,le="b"}
+ * (cumulative), name_sum and name_count. The id, or FL_EINVAL. */
+int fl_obs_add_histogram(fl_obs_t *o, const char *name, const char *help, const char *labels,
+                         const double *bounds, int nbounds);
+
 /* Updates (any thread, lock-free). A negative id (a failed registration) is ignored. */
 void fl_obs_set(fl_obs_t *o, int id, double v);
 void fl_obs_inc(fl_obs_t *o, int id, double by);
-double fl_obs_get(const fl_obs_t *o, int id);
+double fl_obs_get(const fl_obs_t *o, int id); /* a histogram: its count */
+
+/* One observation into a histogram series (any thread, lock-free). */
+void fl_obs_observe(fl_obs_t *o, int id, double v);
+
+/* The process's own series, refreshed at every render: process_cpu_seconds_total,
+ * process_resident_memory_bytes, process_open_fds, process_max_fds,
+ * process_start_time_seconds (the names Prometheus' client libraries use), and
+ * flodl_build_info{version,features} 1. FL_OK or FL_EINVAL. */
+int fl_obs_add_process(fl_obs_t *o);
 
 /* Called before every render, from the rendering thread: refreshes gauges pulled from
  * elsewhere (a server's counters). One callback; NULL removes it. */

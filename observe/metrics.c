@@ -1,7 +1,7 @@
 /* The metrics registry: series registered under a mutex, values as atomic bit patterns of
  * doubles (set and add from any thread without a lock), rendered in Prometheus' text
  * exposition format (version 0.0.4): for each name, # HELP and # TYPE once, then its series. */
-#include "fl_obs.h"
+#include "obs_int.h"
 
 #include <math.h>
 #include <pthread.h>
@@ -19,7 +19,11 @@ typedef struct series {
     char labels[LABELS_MAX_LEN];
     char help[HELP_MAX_LEN];
     fl_obs_kind_t kind;
-    _Atomic uint64_t bits;
+    _Atomic uint64_t bits; /* the value; a histogram: its sum */
+    /* histograms: upper bounds, and the observations in each bucket (the last: above all) */
+    int nb;
+    double bounds[FL_OBS_MAX_BUCKETS];
+    _Atomic uint64_t counts[FL_OBS_MAX_BUCKETS + 1];
 } series_t;
 
 struct fl_obs {
@@ -28,6 +32,8 @@ struct fl_obs {
     _Atomic int n;
     fl_obs_refresh_fn refresh;
     void *refresh_ud;
+    bool process;  /* fl_obs_add_process: refresh the process series at each render */
+    int proc[5];   /* their ids: cpu, rss, fds, max fds, start time */
 };
 
 static uint64_t to_bits(double v)
@@ -115,6 +121,11 @@ static bool valid_labels(const char *s)
     return true;
 }
 
+static const char *kind_name(fl_obs_kind_t k)
+{
+    return k == FL_OBS_COUNTER ? "counter" : k == FL_OBS_GAUGE ? "gauge" : "histogram";
+}
+
 int fl_obs_add(fl_obs_t *o, const char *name, const char *help, fl_obs_kind_t kind,
                const char *labels)
 {
@@ -132,8 +143,7 @@ int fl_obs_add(fl_obs_t *o, const char *name, const char *help, fl_obs_kind_t ki
         if (strcmp(x->name, name) != 0)
             continue;
         if (x->kind != kind) {
-            rc = fl_fail(FL_EINVAL, "metrics: %s is a %s already", name,
-                         x->kind == FL_OBS_COUNTER ? "counter" : "gauge");
+            rc = fl_fail(FL_EINVAL, "metrics: %s is a %s already", name, kind_name(x->kind));
             goto out;
         }
         if (strcmp(x->labels, labels) == 0) {
@@ -162,6 +172,42 @@ out:
     return rc;
 }
 
+int fl_obs_add_histogram(fl_obs_t *o, const char *name, const char *help, const char *labels,
+                         const double *bounds, int nbounds)
+{
+    if (nbounds < 1 || nbounds > FL_OBS_MAX_BUCKETS)
+        return fl_fail(FL_EINVAL, "metrics: %s: %d buckets (1..%d)", name, nbounds,
+                       FL_OBS_MAX_BUCKETS);
+    for (int i = 0; i < nbounds; i++)
+        if (!isfinite(bounds[i]) || (i > 0 && !(bounds[i] > bounds[i - 1])))
+            return fl_fail(FL_EINVAL, "metrics: %s: bucket bounds must be finite and ascending",
+                           name);
+    int id = fl_obs_add(o, name, help, FL_OBS_HISTOGRAM, labels);
+    if (id < 0)
+        return id;
+    pthread_mutex_lock(&o->mu);
+    series_t *x = &o->s[id];
+    if (x->nb == 0) {
+        x->nb = nbounds;
+        memcpy(x->bounds, bounds, (size_t)nbounds * sizeof *bounds);
+    }
+    pthread_mutex_unlock(&o->mu);
+    return id;
+}
+
+void fl_obs_observe(fl_obs_t *o, int id, double v)
+{
+    if (o == NULL || id < 0 || id >= atomic_load(&o->n) || o->s[id].kind != FL_OBS_HISTOGRAM ||
+        isnan(v))
+        return;
+    series_t *x = &o->s[id];
+    int b = 0;
+    while (b < x->nb && v > x->bounds[b])
+        b++;
+    atomic_fetch_add(&x->counts[b], 1);
+    fl_obs_inc(o, id, v);
+}
+
 void fl_obs_set(fl_obs_t *o, int id, double v)
 {
     if (o == NULL || id < 0 || id >= atomic_load(&o->n))
@@ -184,6 +230,13 @@ double fl_obs_get(const fl_obs_t *o, int id)
     fl_obs_t *m = (fl_obs_t *)o;
     if (o == NULL || id < 0 || id >= atomic_load(&m->n))
         return 0.0;
+    const series_t *x = &m->s[id];
+    if (x->kind == FL_OBS_HISTOGRAM) {
+        uint64_t n = 0;
+        for (int b = 0; b <= x->nb; b++)
+            n += atomic_load(&m->s[id].counts[b]);
+        return (double)n;
+    }
     return from_bits(atomic_load(&m->s[id].bits));
 }
 
@@ -234,6 +287,62 @@ static bool put_value(text_t *t, double v)
     return put(t, "%.17g\n", v);
 }
 
+/* A histogram's lines: cumulative buckets up to +Inf, then sum and count (the count is the
+ * +Inf bucket's, so the two always agree). */
+static bool put_histogram(text_t *t, series_t *y)
+{
+    const char *sep = y->labels[0] ? "," : "";
+    uint64_t cum = 0;
+    bool ok = true;
+    for (int b = 0; b <= y->nb && ok; b++) {
+        cum += atomic_load(&y->counts[b]);
+        if (b < y->nb)
+            ok = put(t, "%s_bucket{%s%sle=\"%.15g\"} %llu\n", y->name, y->labels, sep,
+                     y->bounds[b], (unsigned long long)cum);
+        else
+            ok = put(t, "%s_bucket{%s%sle=\"+Inf\"} %llu\n", y->name, y->labels, sep,
+                     (unsigned long long)cum);
+    }
+    const char *open = y->labels[0] ? "{" : "";
+    const char *close = y->labels[0] ? "}" : "";
+    return ok && put(t, "%s_sum%s%s%s ", y->name, open, y->labels, close) &&
+           put_value(t, from_bits(atomic_load(&y->bits))) &&
+           put(t, "%s_count%s%s%s %llu\n", y->name, open, y->labels, close,
+               (unsigned long long)cum);
+}
+
+int fl_obs_add_process(fl_obs_t *o)
+{
+    int ids[5];
+    ids[0] = fl_obs_add(o, "process_cpu_seconds_total", "User and system CPU time spent",
+                        FL_OBS_COUNTER, NULL);
+    ids[1] = fl_obs_add(o, "process_resident_memory_bytes", "Resident memory size",
+                        FL_OBS_GAUGE, NULL);
+    ids[2] = fl_obs_add(o, "process_open_fds", "Open file descriptors", FL_OBS_GAUGE, NULL);
+    ids[3] = fl_obs_add(o, "process_max_fds", "The soft limit on open file descriptors",
+                        FL_OBS_GAUGE, NULL);
+    ids[4] = fl_obs_add(o, "process_start_time_seconds", "Start time, Unix seconds",
+                        FL_OBS_GAUGE, NULL);
+    char labels[128];
+    const char *f = fl_build_features();
+    snprintf(labels, sizeof labels, "version=\"%s\",features=\"%s\"", fl_version(),
+             f[0] ? f : "cpu");
+    int info = fl_obs_add(o, "flodl_build_info", "1; the labels say the version and features",
+                          FL_OBS_GAUGE, labels);
+    for (int i = 0; i < 5; i++)
+        if (ids[i] < 0)
+            return ids[i];
+    if (info < 0)
+        return info;
+    fl_obs_set(o, info, 1.0);
+    pthread_mutex_lock(&o->mu);
+    memcpy(o->proc, ids, sizeof ids);
+    o->process = true;
+    pthread_mutex_unlock(&o->mu);
+    fl_obs_process_refresh(o, ids);
+    return FL_OK;
+}
+
 char *fl_obs_render(fl_obs_t *o, size_t *len)
 {
     fl_obs_refresh_fn fn;
@@ -244,6 +353,8 @@ char *fl_obs_render(fl_obs_t *o, size_t *len)
     pthread_mutex_unlock(&o->mu);
     if (fn != NULL)
         fn(o, ud); /* outside the lock: it may register series */
+    if (o->process)
+        fl_obs_process_refresh(o, o->proc);
     text_t t = {malloc(4096), 0, 4096};
     if (t.p == NULL)
         return NULL;
@@ -259,11 +370,15 @@ char *fl_obs_render(fl_obs_t *o, size_t *len)
             continue; /* printed with the first series of its name */
         const series_t *x = &o->s[i];
         ok = put(&t, "# HELP %s %s\n# TYPE %s %s\n", x->name, x->help, x->name,
-                 x->kind == FL_OBS_COUNTER ? "counter" : "gauge");
+                 kind_name(x->kind));
         for (int j = i; j < n && ok; j++) {
-            const series_t *y = &o->s[j];
+            series_t *y = &o->s[j];
             if (strcmp(y->name, x->name) != 0)
                 continue;
+            if (y->kind == FL_OBS_HISTOGRAM) {
+                ok = put_histogram(&t, y);
+                continue;
+            }
             ok = (y->labels[0] ? put(&t, "%s{%s} ", y->name, y->labels)
                                : put(&t, "%s ", y->name)) &&
                  put_value(&t, from_bits(atomic_load(&o->s[j].bits)));

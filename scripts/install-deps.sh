@@ -11,10 +11,12 @@ set -euo pipefail
 image_pkgs=(build-essential cmake pkg-config libzmq3-dev libprotobuf-c-dev protobuf-c-compiler
             liblz4-dev libcjson-dev zlib1g-dev libopenblas-dev libmicrohttpd-dev)
 # Tests: Check, network namespaces, the fuzzer, the deployment checks (Compose's parser,
-# YAML and JSON Schema for the Kubernetes manifests), and the protocol's conformance test in
-# Python (protoc and the protobuf module; libzmq5 comes with libzmq3-dev).
+# YAML and JSON Schema for the Kubernetes manifests), the protocol's conformance test in
+# Python (protoc and the protobuf module; libzmq5 comes with libzmq3-dev), and promtool (in
+# Debian's prometheus package) for the metrics endpoints.
 build_pkgs=("${image_pkgs[@]}" check libsubunit-dev iproute2 clang libclang-rt-14-dev
-            docker-compose python3-yaml python3-jsonschema protobuf-compiler python3-protobuf)
+            docker-compose python3-yaml python3-jsonschema protobuf-compiler python3-protobuf
+            prometheus)
 bench_pkgs=(openmpi-bin libopenmpi-dev iperf3 python3-torch)
 
 pkgs=("${build_pkgs[@]}")

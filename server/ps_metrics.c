@@ -144,8 +144,9 @@ static void register_all(ps_metrics_t *m)
         m->up[r] = add(m, "flodl_ps_rank_up", "1 while the rank is alive", FL_OBS_GAUGE, l);
         m->silent[r] = add(m, "flodl_ps_rank_silent_seconds",
                            "Seconds since the rank was last heard from", FL_OBS_GAUGE, l);
-        m->seq[r] = add(m, "flodl_ps_rank_collectives", "Collectives the rank has started",
-                        FL_OBS_GAUGE, l);
+        m->seq[r] = add(m, "flodl_ps_rank_collectives_total",
+                        "Collectives the rank has started (its latest heartbeat's count)",
+                        FL_OBS_COUNTER, l);
         m->lag[r] = add(m, "flodl_ps_rank_lag", "Collectives behind the furthest rank",
                         FL_OBS_GAUGE, l);
     }
@@ -163,6 +164,8 @@ int ps_metrics_start(const char *bind, int port, fl_coord_t *coord, fl_ps_server
     m->world = coord != NULL ? world : 0;
     m->ranks = calloc((size_t)(m->world > 0 ? m->world : 1), sizeof *m->ranks);
     int rc = m->ranks != NULL ? fl_obs_create(&m->obs) : fl_fail(FL_ENOMEM, "out of memory");
+    if (rc == FL_OK)
+        rc = fl_obs_add_process(m->obs);
     if (rc == FL_OK) {
         register_all(m);
         if (m->failed)

@@ -65,6 +65,7 @@ static bool name_char(char c, bool first)
 bool fl_test_exposition_valid(const char *text, char *err, size_t cap)
 {
     char typed[256][128];
+    bool histo[256];
     int ntyped = 0;
     int lineno = 0;
     for (const char *p = text; *p;) {
@@ -84,12 +85,15 @@ bool fl_test_exposition_valid(const char *text, char *err, size_t cap)
         if (strncmp(line, "# TYPE ", 7) == 0) {
             char name[128], kind[32];
             if (sscanf(line + 7, "%127s %31s", name, kind) != 2 ||
-                (strcmp(kind, "counter") && strcmp(kind, "gauge"))) {
+                (strcmp(kind, "counter") && strcmp(kind, "gauge") &&
+                 strcmp(kind, "histogram"))) {
                 snprintf(err, cap, "line %d: bad TYPE: %s", lineno, line);
                 return false;
             }
-            if (ntyped < 256)
+            if (ntyped < 256) {
+                histo[ntyped] = strcmp(kind, "histogram") == 0;
                 snprintf(typed[ntyped++], sizeof typed[0], "%s", name);
+            }
             continue;
         }
         const char *c = line;
@@ -120,8 +124,15 @@ bool fl_test_exposition_valid(const char *text, char *err, size_t cap)
             return false;
         }
         bool ok = false;
-        for (int i = 0; i < ntyped && !ok; i++)
-            ok = strcmp(typed[i], name) == 0;
+        for (int i = 0; i < ntyped && !ok; i++) {
+            size_t tl = strlen(typed[i]);
+            /* A histogram's series are its name with _bucket (and an le label), _sum, _count. */
+            ok = histo[i] ? strncmp(name, typed[i], tl) == 0 &&
+                                (strcmp(name + tl, "_sum") == 0 ||
+                                 strcmp(name + tl, "_count") == 0 ||
+                                 (strcmp(name + tl, "_bucket") == 0 && strstr(line, "le=\"")))
+                          : strcmp(typed[i], name) == 0;
+        }
         if (!ok) {
             snprintf(err, cap, "line %d: %s has no # TYPE before it", lineno, name);
             return false;

@@ -9,6 +9,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 #include <sys/socket.h>
 #include <sys/time.h>
 #include <unistd.h>
@@ -45,6 +46,64 @@ START_TEST(test_render_format)
                   "%s", text);
     ck_assert_int_eq(count_lines(text, "# HELP flodl_bad_messages_total"), 1);
     ck_assert_msg(strstr(text, "flodl_samples_per_second{rank=\"0\"} 1234.5\n"), "%s", text);
+    free(text);
+    fl_obs_destroy(&o);
+}
+END_TEST
+
+/* A histogram renders Prometheus' way: cumulative buckets up to +Inf, _sum and _count that
+ * agree; bad bounds are refused. */
+START_TEST(test_histogram)
+{
+    fl_obs_t *o = NULL;
+    ck_assert(fl_obs_create(&o) == FL_OK);
+    static const double b[] = {0.01, 0.1, 1.0};
+    int h = fl_obs_add_histogram(o, "flodl_step_seconds", "Step time", "rank=\"1\"", b, 3);
+    ck_assert_int_ge(h, 0);
+    static const double v[] = {0.005, 0.01, 0.05, 0.5, 0.7, 3.0};
+    for (size_t i = 0; i < sizeof v / sizeof v[0]; i++)
+        fl_obs_observe(o, h, v[i]);
+    ck_assert(fl_obs_get(o, h) == 6.0);
+    char *text = fl_obs_render(o, NULL);
+    char err[256];
+    ck_assert_msg(fl_test_exposition_valid(text, err, sizeof err), "%s\n%s", err, text);
+    ck_assert_msg(strstr(text, "# TYPE flodl_step_seconds histogram\n"
+                               "flodl_step_seconds_bucket{rank=\"1\",le=\"0.01\"} 2\n"
+                               "flodl_step_seconds_bucket{rank=\"1\",le=\"0.1\"} 3\n"
+                               "flodl_step_seconds_bucket{rank=\"1\",le=\"1\"} 5\n"
+                               "flodl_step_seconds_bucket{rank=\"1\",le=\"+Inf\"} 6\n"
+                               "flodl_step_seconds_sum{rank=\"1\"} 4.26"),
+                  "%s", text);
+    ck_assert_msg(strstr(text, "\nflodl_step_seconds_count{rank=\"1\"} 6\n"), "%s", text);
+    free(text);
+    static const double down[] = {1.0, 0.5};
+    ck_assert_int_eq(fl_obs_add_histogram(o, "h2", "", NULL, down, 2), FL_EINVAL);
+    ck_assert_int_eq(fl_obs_add_histogram(o, "h3", "", NULL, b, 0), FL_EINVAL);
+    ck_assert_int_eq(fl_obs_add(o, "flodl_step_seconds", "", FL_OBS_GAUGE, NULL), FL_EINVAL);
+    fl_obs_destroy(&o);
+}
+END_TEST
+
+/* The process's own series and the build info, with values that make sense. */
+START_TEST(test_process_series)
+{
+    fl_obs_t *o = NULL;
+    ck_assert(fl_obs_create(&o) == FL_OK);
+    ck_assert_int_eq(fl_obs_add_process(o), FL_OK);
+    char *text = fl_obs_render(o, NULL);
+    char err[256];
+    ck_assert_msg(fl_test_exposition_valid(text, err, sizeof err), "%s\n%s", err, text);
+    ck_assert_msg(fl_test_metric_value(text, "process_resident_memory_bytes") > 1e6, "%s", text);
+    ck_assert_msg(fl_test_metric_value(text, "process_open_fds") >= 3, "%s", text);
+    ck_assert_msg(fl_test_metric_value(text, "process_max_fds") >= 64, "%s", text);
+    ck_assert_msg(fl_test_metric_value(text, "process_cpu_seconds_total") >= 0, "%s", text);
+    double start = fl_test_metric_value(text, "process_start_time_seconds");
+    ck_assert_msg(start > (double)time(NULL) - 3600 && start <= (double)time(NULL) + 1, "%s",
+                  text);
+    char info[128];
+    snprintf(info, sizeof info, "flodl_build_info{version=\"%s\",features=\"", fl_version());
+    ck_assert_msg(strstr(text, info) != NULL, "%s", text);
+    ck_assert_msg(strstr(text, "# TYPE process_cpu_seconds_total counter\n") != NULL, "%s", text);
     free(text);
     fl_obs_destroy(&o);
 }
@@ -187,7 +246,7 @@ START_TEST(test_timeline_is_a_trace)
     buf[n] = '\0';
     cJSON *j = cJSON_Parse(buf);
     ck_assert_msg(j != NULL && cJSON_IsArray(j), "not a JSON array");
-    ck_assert_int_eq(cJSON_GetArraySize(j), 202);
+    ck_assert_int_eq(cJSON_GetArraySize(j), 203); /* the process name, 2 tracks, 200 spans */
     int compute = 0;
     int names = 0;
     cJSON *e;
@@ -206,7 +265,7 @@ START_TEST(test_timeline_is_a_trace)
         compute += strcmp(name, "compute") == 0;
     }
     ck_assert_int_eq(compute, 100);
-    ck_assert_int_eq(names, 2);
+    ck_assert_int_eq(names, 3);
     cJSON_Delete(j);
     unlink(path);
     ck_assert_int_eq(fl_obs_timeline_open("/nonexistent/dir/t.json", 1, &t), FL_EIO);
@@ -219,6 +278,8 @@ static Suite *suite(void)
     TCase *t = tcase_create("obs");
     tcase_set_timeout(t, 60);
     tcase_add_test(t, test_render_format);
+    tcase_add_test(t, test_histogram);
+    tcase_add_test(t, test_process_series);
     tcase_add_test(t, test_bad_registrations_refused);
     tcase_add_test(t, test_http_endpoint);
     tcase_add_test(t, test_timeline_is_a_trace);

@@ -36,6 +36,32 @@ static void start_worker(proc_t *p, const char *ep, int rank, int port, const ch
     proc_start(p, WK_BIN, argv, NULL);
 }
 
+/* promtool check metrics on an exposition (Debian's prometheus package; the test command
+ * installs it). Fails naming promtool's complaint; a machine without promtool fails too, so
+ * the check cannot pass unseen. */
+static void promtool_check(const char *body, const char *what)
+{
+    char path[64];
+    snprintf(path, sizeof path, "/tmp/flodl-metrics-%d.txt", (int)getpid());
+    FILE *f = fopen(path, "w");
+    ck_assert_ptr_nonnull(f);
+    fputs(body, f);
+    fclose(f);
+    char cmd[256];
+    snprintf(cmd, sizeof cmd, "promtool check metrics < %s > %s.out 2>&1", path, path);
+    int rc = system(cmd);
+    char out[1024] = "";
+    snprintf(cmd, sizeof cmd, "%s.out", path);
+    if ((f = fopen(cmd, "r")) != NULL) {
+        size_t n = fread(out, 1, sizeof out - 1, f);
+        out[n] = '\0';
+        fclose(f);
+    }
+    unlink(path);
+    unlink(cmd);
+    ck_assert_msg(rc == 0, "promtool check metrics on %s: %s", what, out);
+}
+
 /* Scrapes port until it answers a valid exposition with series (deadline 20 s). */
 static char *scrape(int port)
 {
@@ -205,17 +231,25 @@ START_TEST(test_scraped_while_training)
     ck_assert_msg(s1 > s0 && s0 >= 0, "steps %g then %g:\n%s", s0, s1, b);
     ck_assert_msg(ratio > 5, "compression %g:\n%s", ratio, b);
     ck_assert_msg(fl_test_metric_value(b, "flodl_residual_norm{rank=\"0\"}") > 0, "%s", b);
+    /* Step times as histograms; the job's figures from rank 0 alone; the process's own. */
+    ck_assert_msg(fl_test_metric_value(b, "flodl_step_seconds_count{rank=\"0\"}") > 0, "%s", b);
+    ck_assert_msg(fl_test_metric_value(b, "flodl_job_samples_total") > 0, "%s", b);
+    ck_assert_msg(fl_test_metric_value(b, "process_resident_memory_bytes") > 0, "%s", b);
+    promtool_check(b, "rank 0's /metrics");
     free(a);
     free(b);
     char *w1 = scrape(wk_port[1]);
     ck_assert_msg(!isnan(fl_test_metric_value(w1, "flodl_bytes_sent_total{rank=\"1\"}")), "%s",
                   w1);
+    ck_assert_msg(strstr(w1, "flodl_job_samples") == NULL, "rank 1 repeats the job's figures");
     free(w1);
     /* The coordinator: both ranks alive, job started, healthy. */
     char *c = scrape(ps_port);
     ck_assert_msg(fl_test_metric_value(c, "flodl_ps_ranks{state=\"alive\"}") == 2, "%s", c);
     ck_assert_msg(fl_test_metric_value(c, "flodl_ps_job_started") == 1, "%s", c);
     ck_assert_msg(fl_test_metric_value(c, "flodl_ps_rank_up{rank=\"1\"}") == 1, "%s", c);
+    ck_assert_msg(strstr(c, "# TYPE flodl_ps_rank_collectives_total counter\n") != NULL, "%s", c);
+    promtool_check(c, "flodl-ps's /metrics");
     free(c);
     char *body = NULL;
     ck_assert_int_eq(fl_test_http_get(ps_port, "/healthz", &body), 200);

@@ -446,6 +446,7 @@ typedef struct fl_wk_obs {
     char labels[32];
     int steps, samples, sent, remote, recv, ratio, residual, loss, sps, compute, exposed, last,
         epoch, divergence, errors;
+    int step_h, wait_h; /* histograms of step and exchange-wait times */
     int bad[FL_STAT_COUNT]; /* refused messages by kind (the bad_* stats); -1 for the others */
 } fl_wk_obs_t;
 

@@ -140,7 +140,7 @@ static int wobs_start(wargs_t *a, int rank, wobs_t *w)
     }
     if (a->metrics_port < 0)
         return FL_OK;
-    if ((rc = fl_obs_create(&w->obs)) != FL_OK)
+    if ((rc = fl_obs_create(&w->obs)) != FL_OK || (rc = fl_obs_add_process(w->obs)) != FL_OK)
         return rc;
     char labels[32];
     snprintf(labels, sizeof labels, "rank=\"%d\"", rank);
