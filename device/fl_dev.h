@@ -59,6 +59,13 @@ static inline bool fl_dptr_is_null(fl_dptr_t p)
     return p.opaque_ == NULL;
 }
 
+/* The raw device address, for a library that takes one (NCCL in collective/); never a host
+ * pointer to dereference. */
+static inline void *fl_dptr_native(fl_dptr_t p)
+{
+    return p.opaque_;
+}
+
 static inline fl_dptr_t fl_dptr_null(void)
 {
     fl_dptr_t q = {NULL};
