@@ -4,6 +4,7 @@
  * the deadline). The work itself is queued by intra_copy.c, intra_host.c or intra_nccl.c. */
 #include "intra_int.h"
 
+#include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -159,6 +160,9 @@ static int check_call(fl_intra_t *x, intra_op_t op, const fl_dptr_t *bufs, size_
 {
     if (x->rc != FL_OK)
         return fl_fail(x->rc, "%s", x->err);
+    if (count > SIZE_MAX / sizeof(float) - (size_t)x->L)
+        return fl_fail(FL_EINVAL, "host %s: intra-host %s: %zu elements overflow", x->host,
+                       fl_intra_op_name(op), count);
     for (int j = 0; j < x->L; j++) {
         if (st[j] == NULL || fl_stream_dev(st[j]) != x->devs[j])
             return fl_fail(FL_EINVAL, "host %s: intra-host %s: stream %d is not one of device %s",
