@@ -70,7 +70,9 @@ fl_intra_impl_t fl_intra_impl(const fl_intra_t *x);
 int fl_intra_size(const fl_intra_t *x);
 
 /* ---- the operations ----
- * Each is called once for all L devices from one thread (one thread at a time per handle):
+ * The unit is a bucket: one call per bucket and operation (NCCL: one ncclGroupStart/End around
+ * its L calls). Each is called once for all L devices from one thread (one thread at a time
+ * per handle):
  * bufs[j] is device j's buffer (fl_intra_padded(count, L) floats), streams[j] a stream of
  * device j. Device j's part is queued on streams[j] behind what streams[j] holds: the caller
  * orders its producers before (an event wait on streams[j]) and its consumers after (an

@@ -96,8 +96,9 @@ static int wait_peers(fl_intra_t *x, fl_event_t *const *ev, int j, fl_stream_t *
     return FL_OK;
 }
 
-/* Exit: each device has recorded `read` after its gathers; stream j waits for the devices
- * that read from its buffer (readers: all others, or only the ones listed). */
+/* Exit: each device has recorded `read` after its gathers; stream j waits for the others'
+ * `read`, so it passes the call only once nobody reads its buffer any more. Every stream
+ * waits, or (only_reader_of >= 0) only that device's, the one buffer that was read. */
 static int leave(fl_intra_t *x, fl_stream_t *const *st, int only_reader_of)
 {
     copy_impl_t *c = x->impl;
