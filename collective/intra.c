@@ -44,7 +44,8 @@ static bool distinct_gpus(fl_dev_t *const *devs, int L)
 {
     for (int j = 0; j < L; j++)
         for (int k = 0; k < j; k++)
-            if (fl_dev_id(devs[j]) == fl_dev_id(devs[k])) return false;
+            if (fl_dev_id(devs[j]) == fl_dev_id(devs[k]))
+                return false;
     return true;
 }
 
@@ -73,9 +74,8 @@ int fl_intra_create(fl_dev_t *const *devs, int L, const fl_intra_opts_t *o, fl_i
         if (devs[j] == NULL)
             return fl_fail(FL_EINVAL, "intra-host collectives: device %d is missing", j);
         if (fl_dev_kind(devs[j]) != fl_dev_kind(devs[0]))
-            return fl_fail(FL_EINVAL,
-                           "intra-host collectives: device %d (%s) and device 0 (%s) "
-                           "are of different kinds",
+            return fl_fail(FL_EINVAL, "intra-host collectives: device %d (%s) and device 0 (%s) "
+                                      "are of different kinds",
                            j, fl_dev_name(devs[j]), fl_dev_name(devs[0]));
     }
     fl_intra_impl_t kind = o->impl == FL_INTRA_AUTO ? pick(devs, L) : o->impl;
@@ -114,8 +114,9 @@ int fl_intra_create(fl_dev_t *const *devs, int L, const fl_intra_opts_t *o, fl_i
         x->be = NULL; /* nothing of the implementation to close */
     if (rc != FL_OK) {
         fl_intra_destroy(&x);
-        return fl_fail_ctx(rc, "host %s: intra-host collectives (%s) over %d %s device(s): ", host,
-                           fl_intra_impl_name(kind), L, fl_dev_kind_name(fl_dev_kind(devs[0])));
+        return fl_fail_ctx(rc, "host %s: intra-host collectives (%s) over %d %s device(s): ",
+                           host, fl_intra_impl_name(kind), L,
+                           fl_dev_kind_name(fl_dev_kind(devs[0])));
     }
     *out = x;
     return FL_OK;
@@ -123,9 +124,11 @@ int fl_intra_create(fl_dev_t *const *devs, int L, const fl_intra_opts_t *o, fl_i
 
 void fl_intra_destroy(fl_intra_t **px)
 {
-    if (px == NULL || *px == NULL) return;
+    if (px == NULL || *px == NULL)
+        return;
     fl_intra_t *x = *px;
-    if (x->be != NULL) x->be->close(x);
+    if (x->be != NULL)
+        x->be->close(x);
     for (int j = 0; j < x->L; j++)
         fl_event_destroy(&x->fin[j]);
     free(x);
@@ -155,7 +158,8 @@ int fl_intra_set_failed(fl_intra_t *x, int rc)
 static int check_call(fl_intra_t *x, intra_op_t op, const fl_dptr_t *bufs, size_t count,
                       fl_stream_t *const *st, fl_event_t *const *done)
 {
-    if (x->rc != FL_OK) return fl_fail(x->rc, "%s", x->err);
+    if (x->rc != FL_OK)
+        return fl_fail(x->rc, "%s", x->err);
     if (count > SIZE_MAX / sizeof(float) - (size_t)x->L)
         return fl_fail(FL_EINVAL, "host %s: intra-host %s: %zu elements overflow", x->host,
                        fl_intra_op_name(op), count);
@@ -167,8 +171,8 @@ static int check_call(fl_intra_t *x, intra_op_t op, const fl_dptr_t *bufs, size_
             return fl_fail(FL_EINVAL, "host %s: intra-host %s: the buffer of device %s is null",
                            x->host, fl_intra_op_name(op), fl_dev_name(x->devs[j]));
         if (done != NULL && (done[j] == NULL))
-            return fl_fail(FL_EINVAL, "host %s: intra-host %s: done event %d is missing", x->host,
-                           fl_intra_op_name(op), j);
+            return fl_fail(FL_EINVAL, "host %s: intra-host %s: done event %d is missing",
+                           x->host, fl_intra_op_name(op), j);
     }
     return FL_OK;
 }
@@ -181,7 +185,8 @@ static int finish_call(fl_intra_t *x, intra_op_t op, int rc, fl_stream_t *const 
     x->queued = true;
     for (int j = 0; j < x->L && rc == FL_OK; j++) {
         rc = fl_event_record(x->fin[j], st[j]);
-        if (rc == FL_OK && done != NULL) rc = fl_event_record(done[j], st[j]);
+        if (rc == FL_OK && done != NULL)
+            rc = fl_event_record(done[j], st[j]);
     }
     if (rc != FL_OK)
         return fl_fail_ctx(rc, "host %s: intra-host %s: ", x->host, fl_intra_op_name(op));
@@ -192,7 +197,8 @@ int fl_intra_reduce_scatter(fl_intra_t *x, const fl_dptr_t *bufs, size_t count, 
                             fl_stream_t *const *streams, fl_event_t *const *done)
 {
     int rc = check_call(x, INTRA_RS, bufs, count, streams, done);
-    if (rc != FL_OK) return rc;
+    if (rc != FL_OK)
+        return rc;
     if (op != FL_SUM && op != FL_AVG)
         return fl_fail(FL_EINVAL, "host %s: intra-host reduce-scatter: operator %s (sum or avg)",
                        x->host, fl_op_name(op));
@@ -205,7 +211,8 @@ int fl_intra_allgather(fl_intra_t *x, const fl_dptr_t *bufs, size_t count,
                        fl_stream_t *const *streams, fl_event_t *const *done)
 {
     int rc = check_call(x, INTRA_AG, bufs, count, streams, done);
-    if (rc != FL_OK) return rc;
+    if (rc != FL_OK)
+        return rc;
     size_t S = fl_intra_shard_len(count, x->L);
     rc = S > 0 ? x->be->allgather(x, bufs, S, streams) : FL_OK;
     return finish_call(x, INTRA_AG, rc, streams, done);
@@ -215,7 +222,8 @@ int fl_intra_broadcast(fl_intra_t *x, const fl_dptr_t *bufs, size_t count, int r
                        fl_stream_t *const *streams, fl_event_t *const *done)
 {
     int rc = check_call(x, INTRA_BCAST, bufs, count, streams, done);
-    if (rc != FL_OK) return rc;
+    if (rc != FL_OK)
+        return rc;
     if (root < 0 || root >= x->L)
         return fl_fail(FL_EINVAL, "host %s: intra-host broadcast: root %d is not a device (0..%d)",
                        x->host, root, x->L - 1);
@@ -225,8 +233,10 @@ int fl_intra_broadcast(fl_intra_t *x, const fl_dptr_t *bufs, size_t count, int r
 
 int fl_intra_wait(fl_intra_t *x, int timeout_ms)
 {
-    if (x->rc != FL_OK) return fl_fail(x->rc, "%s", x->err);
-    if (!x->queued) return FL_OK;
+    if (x->rc != FL_OK)
+        return fl_fail(x->rc, "%s", x->err);
+    if (!x->queued)
+        return FL_OK;
     int ms = timeout_ms > 0 ? timeout_ms : x->timeout_ms;
     const char *op = fl_intra_op_name(x->last);
     int64_t deadline = fl_now_ms() + ms;
@@ -237,13 +247,16 @@ int fl_intra_wait(fl_intra_t *x, int timeout_ms)
     for (;;) {
         int left = 0;
         for (int j = 0; j < x->L; j++)
-            if (!done[j] && !(done[j] = fl_event_done(x->fin[j]))) left++;
+            if (!done[j] && !(done[j] = fl_event_done(x->fin[j])))
+                left++;
         int rc = x->be->poll != NULL ? x->be->poll(x) : FL_OK;
         if (rc != FL_OK) {
-            if (x->be->abort != NULL) x->be->abort(x);
+            if (x->be->abort != NULL)
+                x->be->abort(x);
             return fl_intra_set_failed(x, rc);
         }
-        if (left == 0) break;
+        if (left == 0)
+            break;
         if (fl_now_ms() >= deadline) {
             char names[256] = "";
             size_t at = 0;

@@ -18,7 +18,8 @@ typedef struct copy_impl {
 static void close_copy(fl_intra_t *x)
 {
     copy_impl_t *c = x->impl;
-    if (c == NULL) return;
+    if (c == NULL)
+        return;
     for (int j = 0; j < x->L; j++) {
         fl_event_destroy(&c->ready[j]);
         fl_event_destroy(&c->read[j]);
@@ -31,14 +32,17 @@ static void close_copy(fl_intra_t *x)
 static int open_copy(fl_intra_t *x)
 {
     copy_impl_t *c = calloc(1, sizeof *c);
-    if (c == NULL) return fl_fail(FL_ENOMEM, "out of memory");
+    if (c == NULL)
+        return fl_fail(FL_ENOMEM, "out of memory");
     x->impl = c;
     int rc = FL_OK;
     for (int j = 0; j < x->L && rc == FL_OK; j++) {
         rc = fl_event_create(x->devs[j], &c->ready[j]);
-        if (rc == FL_OK) rc = fl_event_create(x->devs[j], &c->read[j]);
+        if (rc == FL_OK)
+            rc = fl_event_create(x->devs[j], &c->read[j]);
     }
-    if (rc != FL_OK) close_copy(x);
+    if (rc != FL_OK)
+        close_copy(x);
     return rc;
 }
 
@@ -48,10 +52,12 @@ static int open_copy(fl_intra_t *x)
 static int reserve(fl_intra_t *x, size_t n)
 {
     copy_impl_t *c = x->impl;
-    if (n <= c->cap) return FL_OK;
+    if (n <= c->cap)
+        return FL_OK;
     for (int j = 0; j < x->L; j++) {
         int rc = fl_event_sync(x->fin[j], x->timeout_ms);
-        if (rc != FL_OK) return rc;
+        if (rc != FL_OK)
+            return rc;
     }
     for (int j = 0; j < x->L; j++) {
         fl_dev_free(x->devs[j], &c->scratch[j]);
@@ -71,7 +77,8 @@ static int enter(fl_intra_t *x, fl_stream_t *const *st)
     copy_impl_t *c = x->impl;
     for (int j = 0; j < x->L; j++) {
         int rc = fl_event_record(c->ready[j], st[j]);
-        if (rc != FL_OK) return rc;
+        if (rc != FL_OK)
+            return rc;
     }
     return FL_OK;
 }
@@ -80,9 +87,11 @@ static int enter(fl_intra_t *x, fl_stream_t *const *st)
 static int wait_peers(fl_intra_t *x, fl_event_t *const *ev, int j, fl_stream_t *const *st)
 {
     for (int k = 0; k < x->L; k++) {
-        if (k == j) continue;
+        if (k == j)
+            continue;
         int rc = fl_stream_wait(st[j], ev[k]);
-        if (rc != FL_OK) return rc;
+        if (rc != FL_OK)
+            return rc;
     }
     return FL_OK;
 }
@@ -94,9 +103,11 @@ static int leave(fl_intra_t *x, fl_stream_t *const *st, int only_reader_of)
 {
     copy_impl_t *c = x->impl;
     for (int j = 0; j < x->L; j++) {
-        if (only_reader_of >= 0 && j != only_reader_of) continue;
+        if (only_reader_of >= 0 && j != only_reader_of)
+            continue;
         int rc = wait_peers(x, c->read, j, st);
-        if (rc != FL_OK) return rc;
+        if (rc != FL_OK)
+            return rc;
     }
     return FL_OK;
 }
@@ -106,9 +117,11 @@ static int copy_rs(fl_intra_t *x, const fl_dptr_t *bufs, size_t S, fl_op_t op,
 {
     copy_impl_t *c = x->impl;
     int L = x->L;
-    if (L == 1) return FL_OK; /* the sum of one device is its shard; 1/1 would change nothing */
+    if (L == 1)
+        return FL_OK; /* the sum of one device is its shard; 1/1 would change nothing */
     int rc = reserve(x, (size_t)L * S);
-    if (rc == FL_OK) rc = enter(x, st);
+    if (rc == FL_OK)
+        rc = enter(x, st);
     size_t bytes = S * sizeof(float);
     float alpha = op == FL_AVG ? 1.0f / (float)L : 1.0f;
     for (int j = 0; j < L && rc == FL_OK; j++) {
@@ -122,11 +135,13 @@ static int copy_rs(fl_intra_t *x, const fl_dptr_t *bufs, size_t S, fl_op_t op,
             rc = k == j ? fl_dev_d2d(st[j], row, src, bytes)
                         : fl_dev_peer_copy(st[j], row, x->devs[k], src, bytes);
         }
-        if (rc == FL_OK) rc = fl_event_record(c->read[j], st[j]);
+        if (rc == FL_OK)
+            rc = fl_event_record(c->read[j], st[j]);
         if (rc == FL_OK)
             rc = fl_dev_sum_rows(st[j], fl_dptr_f32(bufs[j], (size_t)j * S), c->scratch[j], S,
                                  (size_t)L, alpha);
-        if (rc != FL_OK) rc = fl_fail_ctx(rc, "device %s: ", fl_dev_name(d));
+        if (rc != FL_OK)
+            rc = fl_fail_ctx(rc, "device %s: ", fl_dev_name(d));
     }
     return rc == FL_OK ? leave(x, st, -1) : rc;
 }
@@ -135,7 +150,8 @@ static int copy_ag(fl_intra_t *x, const fl_dptr_t *bufs, size_t S, fl_stream_t *
 {
     copy_impl_t *c = x->impl;
     int L = x->L;
-    if (L == 1) return FL_OK;
+    if (L == 1)
+        return FL_OK;
     int rc = enter(x, st);
     size_t bytes = S * sizeof(float);
     /* Device j writes shards k != j of its buffer and the others read only shard j of it. */
@@ -145,8 +161,10 @@ static int copy_ag(fl_intra_t *x, const fl_dptr_t *bufs, size_t S, fl_stream_t *
             if (k != j)
                 rc = fl_dev_peer_copy(st[j], fl_dptr_f32(bufs[j], (size_t)k * S), x->devs[k],
                                       fl_dptr_f32(bufs[k], (size_t)k * S), bytes);
-        if (rc == FL_OK) rc = fl_event_record(c->read[j], st[j]);
-        if (rc != FL_OK) rc = fl_fail_ctx(rc, "device %s: ", fl_dev_name(x->devs[j]));
+        if (rc == FL_OK)
+            rc = fl_event_record(c->read[j], st[j]);
+        if (rc != FL_OK)
+            rc = fl_fail_ctx(rc, "device %s: ", fl_dev_name(x->devs[j]));
     }
     return rc == FL_OK ? leave(x, st, -1) : rc;
 }
@@ -156,15 +174,20 @@ static int copy_bcast(fl_intra_t *x, const fl_dptr_t *bufs, size_t count, int ro
 {
     copy_impl_t *c = x->impl;
     int L = x->L;
-    if (L == 1) return FL_OK;
+    if (L == 1)
+        return FL_OK;
     int rc = fl_event_record(c->ready[root], st[root]);
     for (int j = 0; j < L && rc == FL_OK; j++) {
-        if (j == root) continue;
+        if (j == root)
+            continue;
         rc = fl_stream_wait(st[j], c->ready[root]);
         if (rc == FL_OK)
-            rc = fl_dev_peer_copy(st[j], bufs[j], x->devs[root], bufs[root], count * sizeof(float));
-        if (rc == FL_OK) rc = fl_event_record(c->read[j], st[j]);
-        if (rc != FL_OK) rc = fl_fail_ctx(rc, "device %s: ", fl_dev_name(x->devs[j]));
+            rc = fl_dev_peer_copy(st[j], bufs[j], x->devs[root], bufs[root],
+                                  count * sizeof(float));
+        if (rc == FL_OK)
+            rc = fl_event_record(c->read[j], st[j]);
+        if (rc != FL_OK)
+            rc = fl_fail_ctx(rc, "device %s: ", fl_dev_name(x->devs[j]));
     }
     /* Only the root's buffer was read: its stream waits for every reader. */
     return rc == FL_OK ? leave(x, st, root) : rc;

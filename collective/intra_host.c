@@ -27,7 +27,8 @@ static int host_bufs(fl_intra_t *x, const fl_dptr_t *bufs, float **out)
     for (int j = 0; j < x->L; j++) {
         void *p = NULL;
         int rc = fl_dev_unwrap(x->devs[j], bufs[j], &p);
-        if (rc != FL_OK) return rc;
+        if (rc != FL_OK)
+            return rc;
         out[j] = p;
     }
     return FL_OK;
@@ -40,7 +41,8 @@ static int host_rs(fl_intra_t *x, const fl_dptr_t *bufs, size_t S, fl_op_t op,
     float *b[FL_INTRA_MAX_DEVICES];
     int L = x->L;
     int rc = host_bufs(x, bufs, b);
-    if (rc != FL_OK || L == 1) return rc;
+    if (rc != FL_OK || L == 1)
+        return rc;
     float alpha = op == FL_AVG ? 1.0f / (float)L : 1.0f;
     for (int j = 0; j < L; j++) {
         size_t end = ((size_t)j + 1) * S;
@@ -62,7 +64,8 @@ static int host_ag(fl_intra_t *x, const fl_dptr_t *bufs, size_t S, fl_stream_t *
     int rc = host_bufs(x, bufs, b);
     for (int j = 0; j < x->L && rc == FL_OK; j++)
         for (int k = 0; k < x->L; k++)
-            if (k != j) memcpy(b[j] + (size_t)k * S, b[k] + (size_t)k * S, S * sizeof(float));
+            if (k != j)
+                memcpy(b[j] + (size_t)k * S, b[k] + (size_t)k * S, S * sizeof(float));
     return rc;
 }
 
@@ -73,7 +76,8 @@ static int host_bcast(fl_intra_t *x, const fl_dptr_t *bufs, size_t count, int ro
     float *b[FL_INTRA_MAX_DEVICES];
     int rc = host_bufs(x, bufs, b);
     for (int j = 0; j < x->L && rc == FL_OK; j++)
-        if (j != root && b[j] != b[root]) memcpy(b[j], b[root], count * sizeof(float));
+        if (j != root && b[j] != b[root])
+            memcpy(b[j], b[root], count * sizeof(float));
     return rc;
 }
 

@@ -37,7 +37,8 @@ static int nccl_fail(fl_intra_t *x, int j, const char *what, ncclResult_t r)
 static void abort_all(fl_intra_t *x)
 {
     nccl_impl_t *n = x->impl;
-    if (n == NULL || n->aborted) return;
+    if (n == NULL || n->aborted)
+        return;
     /* Abort frees the communicator: nothing of it is touched again. */
     for (int j = 0; j < n->made; j++)
         ncclCommAbort(n->comm[j]);
@@ -56,7 +57,8 @@ static int settle(fl_intra_t *x, const char *what)
         for (int j = 0; j < n->made; j++) {
             ncclResult_t st = ncclSuccess;
             ncclResult_t r = ncclCommGetAsyncError(n->comm[j], &st);
-            if (r != ncclSuccess) st = r;
+            if (r != ncclSuccess)
+                st = r;
             if (st == ncclInProgress) {
                 busy = true;
             } else if (st != ncclSuccess) {
@@ -65,11 +67,11 @@ static int settle(fl_intra_t *x, const char *what)
                 return fl_intra_set_failed(x, rc);
             }
         }
-        if (!busy) return FL_OK;
+        if (!busy)
+            return FL_OK;
         if (fl_now_ms() >= deadline) {
-            int rc = fl_fail(FL_ETIMEDOUT,
-                             "host %s: NCCL %s: still in progress after %d ms: "
-                             "communicators aborted",
+            int rc = fl_fail(FL_ETIMEDOUT, "host %s: NCCL %s: still in progress after %d ms: "
+                                           "communicators aborted",
                              x->host, what, x->timeout_ms);
             abort_all(x);
             return fl_intra_set_failed(x, rc);
@@ -83,10 +85,12 @@ static int settle(fl_intra_t *x, const char *what)
 static void close_nccl(fl_intra_t *x)
 {
     nccl_impl_t *n = x->impl;
-    if (n == NULL) return;
+    if (n == NULL)
+        return;
     if (!n->aborted)
         for (int j = 0; j < n->made; j++)
-            if (fl_dev_bind(x->devs[j]) == FL_OK) ncclCommDestroy(n->comm[j]);
+            if (fl_dev_bind(x->devs[j]) == FL_OK)
+                ncclCommDestroy(n->comm[j]);
     free(n);
     x->impl = NULL;
 }
@@ -98,13 +102,13 @@ static int open_nccl(fl_intra_t *x)
             return fl_fail(FL_EINVAL, "NCCL serves cuda devices, not %s", fl_dev_name(x->devs[j]));
         for (int k = 0; k < j; k++)
             if (fl_dev_id(x->devs[k]) == fl_dev_id(x->devs[j]))
-                return fl_fail(FL_EINVAL,
-                               "GPU %d is listed twice (devices %d and %d): NCCL "
-                               "refuses that, use the copy implementation",
+                return fl_fail(FL_EINVAL, "GPU %d is listed twice (devices %d and %d): NCCL "
+                                          "refuses that, use the copy implementation",
                                fl_dev_id(x->devs[j]), k, j);
     }
     nccl_impl_t *n = calloc(1, sizeof *n);
-    if (n == NULL) return fl_fail(FL_ENOMEM, "out of memory");
+    if (n == NULL)
+        return fl_fail(FL_ENOMEM, "out of memory");
     x->impl = n;
     ncclUniqueId id;
     ncclResult_t r = ncclGetUniqueId(&id);
@@ -119,7 +123,8 @@ static int open_nccl(fl_intra_t *x)
     ncclGroupStart();
     for (int j = 0; j < x->L && rc == FL_OK; j++) {
         rc = fl_dev_bind(x->devs[j]);
-        if (rc != FL_OK) break;
+        if (rc != FL_OK)
+            break;
         r = ncclCommInitRankConfig(&n->comm[j], x->L, id, j, &cfg);
         if (r != ncclSuccess && r != ncclInProgress)
             rc = nccl_fail(x, j, "communicator init", r);
@@ -129,7 +134,8 @@ static int open_nccl(fl_intra_t *x)
     r = ncclGroupEnd();
     if (rc == FL_OK && r != ncclSuccess && r != ncclInProgress)
         rc = nccl_fail(x, -1, "communicator init (group end)", r);
-    if (rc == FL_OK) rc = settle(x, "communicator init");
+    if (rc == FL_OK)
+        rc = settle(x, "communicator init");
     if (rc != FL_OK) {
         abort_all(x);
         close_nccl(x);
@@ -143,7 +149,8 @@ static int end_group(fl_intra_t *x, intra_op_t op, int rc)
     ncclResult_t r = ncclGroupEnd();
     if (rc == FL_OK && r != ncclSuccess && r != ncclInProgress)
         rc = nccl_fail(x, -1, fl_intra_op_name(op), r);
-    if (rc == FL_OK) rc = settle(x, fl_intra_op_name(op));
+    if (rc == FL_OK)
+        rc = settle(x, fl_intra_op_name(op));
     if (rc != FL_OK) {
         abort_all(x);
         fl_intra_set_failed(x, rc);
@@ -168,15 +175,17 @@ static int nccl_rs(fl_intra_t *x, const fl_dptr_t *bufs, size_t S, fl_op_t op,
 {
     nccl_impl_t *n = x->impl;
     int rc = usable(x);
-    if (rc != FL_OK) return rc;
+    if (rc != FL_OK)
+        return rc;
     ncclRedOp_t red = op == FL_AVG ? ncclAvg : ncclSum;
     ncclGroupStart();
     for (int j = 0; j < x->L && rc == FL_OK; j++) {
         float *b = fl_dptr_native(bufs[j]);
         /* In place: NCCL's receive buffer is the send buffer at the rank's shard. */
-        ncclResult_t r =
-            ncclReduceScatter(b, b + (size_t)j * S, S, ncclFloat32, red, n->comm[j], native(st[j]));
-        if (r != ncclSuccess && r != ncclInProgress) rc = nccl_fail(x, j, "reduce-scatter", r);
+        ncclResult_t r = ncclReduceScatter(b, b + (size_t)j * S, S, ncclFloat32, red, n->comm[j],
+                                           native(st[j]));
+        if (r != ncclSuccess && r != ncclInProgress)
+            rc = nccl_fail(x, j, "reduce-scatter", r);
     }
     return end_group(x, INTRA_RS, rc);
 }
@@ -185,13 +194,15 @@ static int nccl_ag(fl_intra_t *x, const fl_dptr_t *bufs, size_t S, fl_stream_t *
 {
     nccl_impl_t *n = x->impl;
     int rc = usable(x);
-    if (rc != FL_OK) return rc;
+    if (rc != FL_OK)
+        return rc;
     ncclGroupStart();
     for (int j = 0; j < x->L && rc == FL_OK; j++) {
         float *b = fl_dptr_native(bufs[j]);
-        ncclResult_t r =
-            ncclAllGather(b + (size_t)j * S, b, S, ncclFloat32, n->comm[j], native(st[j]));
-        if (r != ncclSuccess && r != ncclInProgress) rc = nccl_fail(x, j, "all-gather", r);
+        ncclResult_t r = ncclAllGather(b + (size_t)j * S, b, S, ncclFloat32, n->comm[j],
+                                       native(st[j]));
+        if (r != ncclSuccess && r != ncclInProgress)
+            rc = nccl_fail(x, j, "all-gather", r);
     }
     return end_group(x, INTRA_AG, rc);
 }
@@ -201,12 +212,14 @@ static int nccl_bcast(fl_intra_t *x, const fl_dptr_t *bufs, size_t count, int ro
 {
     nccl_impl_t *n = x->impl;
     int rc = usable(x);
-    if (rc != FL_OK) return rc;
+    if (rc != FL_OK)
+        return rc;
     ncclGroupStart();
     for (int j = 0; j < x->L && rc == FL_OK; j++) {
         void *b = fl_dptr_native(bufs[j]);
         ncclResult_t r = ncclBroadcast(b, b, count, ncclFloat32, root, n->comm[j], native(st[j]));
-        if (r != ncclSuccess && r != ncclInProgress) rc = nccl_fail(x, j, "broadcast", r);
+        if (r != ncclSuccess && r != ncclInProgress)
+            rc = nccl_fail(x, j, "broadcast", r);
     }
     return end_group(x, INTRA_BCAST, rc);
 }
@@ -216,11 +229,13 @@ static int nccl_bcast(fl_intra_t *x, const fl_dptr_t *bufs, size_t count, int ro
 static int nccl_poll(fl_intra_t *x)
 {
     nccl_impl_t *n = x->impl;
-    if (n->aborted) return usable(x);
+    if (n->aborted)
+        return usable(x);
     for (int j = 0; j < n->made; j++) {
         ncclResult_t st = ncclSuccess;
         ncclResult_t r = ncclCommGetAsyncError(n->comm[j], &st);
-        if (r != ncclSuccess) st = r;
+        if (r != ncclSuccess)
+            st = r;
         if (st != ncclSuccess && st != ncclInProgress)
             return nccl_fail(x, j, fl_intra_op_name(x->last), st);
     }

@@ -77,7 +77,8 @@ static int usable(const cfg_t *c, int L)
 static bool open_bench(bench_t *b, const cfg_t *c, int L, int timeout_ms)
 {
     memset(b, 0, sizeof *b);
-    if (usable(c, L) == 0) return false;
+    if (usable(c, L) == 0)
+        return false;
     b->c = *c;
     b->L = L;
     for (int j = 0; j < L; j++) {
@@ -85,7 +86,8 @@ static bool open_bench(bench_t *b, const cfg_t *c, int L, int timeout_ms)
         fl_dev_opts_init(&o);
         o.kind = c->kind;
         o.id = c->kind == FL_DEV_CPU || c->same_gpu ? 0 : j;
-        if (c->kind == FL_DEV_SIM) o.sim_jitter_us = c->jitter_us;
+        if (c->kind == FL_DEV_SIM)
+            o.sim_jitter_us = c->jitter_us;
         OK(fl_dev_create(&o, &b->d[j]));
         OK(fl_dev_bind(b->d[j]));
         OK(fl_stream_create(b->d[j], &b->st[j]));
@@ -107,7 +109,8 @@ static bool open_bench(bench_t *b, const cfg_t *c, int L, int timeout_ms)
 
 static void reserve(bench_t *b, size_t n)
 {
-    if (n <= b->cap && b->cap > 0) return;
+    if (n <= b->cap && b->cap > 0)
+        return;
     for (int j = 0; j < b->L; j++) {
         OK(fl_stream_sync(b->st[j], 10000));
         fl_dev_free(b->d[j], &b->buf[j]);
@@ -118,7 +121,8 @@ static void reserve(bench_t *b, size_t n)
 
 static void close_bench(bench_t *b)
 {
-    if (b->x != NULL) OK(fl_intra_wait(b->x, 10000));
+    if (b->x != NULL)
+        OK(fl_intra_wait(b->x, 10000));
     fl_intra_destroy(&b->x);
     for (int j = 0; j < b->L; j++) {
         fl_stream_destroy(&b->st[j]);
@@ -165,7 +169,8 @@ static bool exact(const bench_t *b)
 static void expect(const bench_t *b, const char *what, int j, size_t i, float got, float want)
 {
     bool same = memcmp(&got, &want, sizeof got) == 0;
-    if (!same && !exact(b)) same = fabsf(got - want) <= 1e-5f * (fabsf(want) + 1.0f);
+    if (!same && !exact(b))
+        same = fabsf(got - want) <= 1e-5f * (fabsf(want) + 1.0f);
     if (!same)
         ck_abort_msg("%s %s L=%d: device %d element %zu = %a, the reference %a",
                      fl_intra_impl_name(b->c.impl), what, b->L, j, i, (double)got, (double)want);
@@ -188,7 +193,8 @@ START_TEST(test_ops_match_reference)
     const cfg_t *c = &cfgs[_i];
     for (int L = 1; L <= MAXL; L++) {
         bench_t b;
-        if (!open_bench(&b, c, L, 60000)) continue;
+        if (!open_bench(&b, c, L, 60000))
+            continue;
         for (size_t ci = 0; ci < sizeof counts / sizeof counts[0]; ci++) {
             size_t count = counts[ci];
             size_t P = fl_intra_padded(count, L);
@@ -255,7 +261,8 @@ START_TEST(test_events_chain)
     int L = c->kind == FL_DEV_CUDA && !c->same_gpu ? fl_dev_count(FL_DEV_CUDA, NULL, 0) : 3;
     L = L > MAXL ? MAXL : L;
     bench_t b;
-    if (L < 1 || !open_bench(&b, c, L, 60000)) return;
+    if (L < 1 || !open_bench(&b, c, L, 60000))
+        return;
     size_t count = 3001;
     size_t P = fl_intra_padded(count, L);
     size_t S = fl_intra_shard_len(count, L);
@@ -404,8 +411,8 @@ START_TEST(test_device_error_reported)
     OK(fl_intra_reduce_scatter(b.x, b.buf, count, FL_SUM, b.st, NULL));
     ck_assert_int_eq(fl_intra_wait(b.x, 20000), FL_EINVAL);
     const char *e = fl_last_error();
-    ck_assert_msg(strstr(e, "host test-host") && strstr(e, "reduce-scatter") &&
-                      strstr(e, "sim:1") && strstr(e, "outside device memory"),
+    ck_assert_msg(strstr(e, "host test-host") && strstr(e, "reduce-scatter") && strstr(e, "sim:1") &&
+                      strstr(e, "outside device memory"),
                   "%s", e);
     /* The streams are failed for good (sticky): new ones for the end. */
     for (int j = 0; j < 3; j++) {
@@ -480,7 +487,8 @@ int main(void)
 {
 #ifdef INTRA_TEST_CUDA
     int probe = fl_test_gpu_probe("intra-host collectives (cuda, NCCL)");
-    if (probe != 0) return probe;
+    if (probe != 0)
+        return probe;
 #endif
     return fl_test_run(intra_suite());
 }
