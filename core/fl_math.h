@@ -9,6 +9,7 @@
 
 #include <math.h>
 #include <stdbool.h>
+#include <stddef.h>
 #include <stdint.h>
 
 #ifdef __CUDACC__
@@ -53,6 +54,17 @@ FL_HD float fl_relu(float z)
 FL_HD float fl_relu_back(float da, float a)
 {
     return a <= 0.0f ? 0.0f : da;
+}
+
+/* Column i of rows x cols floats summed down the rows in order, ((x0 + x1) + x2) + ..., then
+ * times alpha unless alpha is 1: the intra-host reduction's fixed order (collective/fl_intra.h),
+ * the same bits as the worker's sum of its replicas' gradients. */
+FL_HD float fl_sum_rows(const float *x, size_t cols, size_t rows, size_t i, float alpha)
+{
+    float s = x[i];
+    for (size_t r = 1; r < rows; r++)
+        s += x[r * cols + i];
+    return alpha != 1.0f ? s * alpha : s;
 }
 
 /* Magnitude key: the bits without the sign, ordered like |x| for finite values; NaN and Inf are

@@ -146,6 +146,15 @@ int fl_dev_wrap(fl_dev_t *d, const void *host, fl_dptr_t *out)
     return FL_OK;
 }
 
+int fl_dev_unwrap(fl_dev_t *d, fl_dptr_t p, void **out)
+{
+    *out = NULL;
+    if (d->o.kind != FL_DEV_CPU)
+        return fl_fail(FL_EINVAL, "device %s: device memory is not host memory here", d->name);
+    *out = p.opaque_;
+    return FL_OK;
+}
+
 int fl_dev_mirror(fl_dev_t *d, void *host, size_t bytes, fl_dptr_t *out)
 {
     return d->o.kind == FL_DEV_CPU ? fl_dev_wrap(d, host, out) : fl_dev_alloc(d, bytes, out);
@@ -262,8 +271,17 @@ int fl_event_record(fl_event_t *e, fl_stream_t *s)
 
 int fl_stream_wait(fl_stream_t *s, fl_event_t *e)
 {
-    int rc = same_device(e, s);
-    return rc != FL_OK ? rc : s->d->be->stream_wait(s, e);
+    /* Another device's event is fine when the backend is the same one (CUDA waits across
+     * devices; sim's events are the host's). */
+    if (e->d->be != s->d->be)
+        return fl_fail(FL_EINVAL, "device %s: a stream waits for an event of %s", s->d->name,
+                       e->d->name);
+    return s->d->be->stream_wait(s, e);
+}
+
+void *fl_stream_native(fl_stream_t *s)
+{
+    return s->d->be->stream_native != NULL ? s->d->be->stream_native(s) : NULL;
 }
 
 bool fl_event_done(fl_event_t *e)
@@ -331,6 +349,20 @@ int fl_dev_d2h(fl_stream_t *s, void *dst, fl_dptr_t src, size_t bytes)
 int fl_dev_d2d(fl_stream_t *s, fl_dptr_t dst, fl_dptr_t src, size_t bytes)
 {
     return copy(s, DOP_D2D, dst.opaque_, src.opaque_, bytes, false, false);
+}
+
+int fl_dev_peer_copy(fl_stream_t *s, fl_dptr_t dst, fl_dev_t *src_dev, fl_dptr_t src,
+                     size_t bytes)
+{
+    if (src_dev->be != s->d->be)
+        return fl_fail(FL_EINVAL, "device %s: peer copy from %s, a device of another kind",
+                       s->d->name, src_dev->name);
+    if (bytes == 0)
+        return FL_OK;
+    dev_op_t op = {.code = DOP_PEER, .n = {bytes}, .peer = src_dev};
+    set_ptr(&op, 0, dst, bytes);
+    set_ptr(&op, 1, src, bytes);
+    return submit(s, &op, 3u);
 }
 
 int fl_dev_memset(fl_stream_t *s, fl_dptr_t dst, int byte, size_t bytes)
@@ -425,6 +457,24 @@ int fl_dev_scale(fl_stream_t *s, fl_dptr_t x, size_t n, float alpha)
 int fl_dev_axpy(fl_stream_t *s, fl_dptr_t y, fl_dptr_t x, size_t n, float alpha)
 {
     return elementwise(s, DOP_AXPY, y, x, n, alpha, 3u);
+}
+
+int fl_dev_sum_rows(fl_stream_t *s, fl_dptr_t out, fl_dptr_t in, size_t cols, size_t rows,
+                    float alpha)
+{
+    size_t bytes = 0;
+    int rc = bytes_of(s, "sum of rows", rows * cols, sizeof(float), &bytes);
+    if (rc == FL_OK && rows > 0 && rows * cols / rows != cols)
+        rc = fl_fail(FL_EINVAL, "device %s: sum of %zu rows x %zu overflows", s->d->name, rows,
+                     cols);
+    if (rc != FL_OK || cols == 0)
+        return rc;
+    if (rows == 0)
+        return fl_fail(FL_EINVAL, "device %s: sum of zero rows", s->d->name);
+    dev_op_t op = {.code = DOP_SUM_ROWS, .n = {cols, rows}, .f = {alpha}};
+    set_ptr(&op, 0, out, cols * sizeof(float));
+    set_ptr(&op, 1, in, bytes);
+    return submit(s, &op, 3u);
 }
 
 int fl_dev_bias_grad(fl_stream_t *s, fl_dptr_t gb, fl_dptr_t dz, size_t rows, size_t cols)
@@ -587,6 +637,8 @@ const char *fl_dev_op_name(dev_opcode_t code)
                                                  "optimizer step",
                                                  "error feedback (accumulate)",
                                                  "error feedback (sent)",
-                                                 "top-k"};
+                                                 "top-k",
+                                                 "device peer copy",
+                                                 "sum of rows"};
     return (unsigned)code < DOP_COUNT ? names[code] : "unknown operation";
 }

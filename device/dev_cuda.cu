@@ -365,6 +365,11 @@ static int event_sync(fl_event_t *e, int timeout_ms)
                         [v]() { return cudaEventQuery(v); });
 }
 
+static void *stream_native(fl_stream_t *s)
+{
+    return (void *)fl_dev_cuda_stream(s)->st;
+}
+
 /* Positional (C++17 has no designated initializers), in dev_backend_t's order. */
 extern "C" const dev_backend_t fl_dev_cuda_backend = {
     "cuda",
@@ -391,4 +396,5 @@ extern "C" const dev_backend_t fl_dev_cuda_backend = {
     fl_dev_cuda_topk_close,
     host_register,
     host_unregister,
+    stream_native,
 };

@@ -50,6 +50,16 @@ struct bias_grad_f {
     }
 };
 
+/* The intra-host reduction: rows in order, fl_math.h's body. */
+struct sum_rows_f {
+    float *out;
+    const float *in;
+    size_t cols;
+    size_t rows;
+    float a;
+    __device__ void operator()(size_t i) const { out[i] = fl_sum_rows(in, cols, rows, i, a); }
+};
+
 struct scale_f {
     float *x;
     float a;
@@ -247,7 +257,7 @@ static size_t align_of(const dev_op_t *op, int i)
 
 static int check_aligned(const fl_dev_t *d, const dev_op_t *op)
 {
-    if (op->code <= DOP_MEMSET)
+    if (op->code <= DOP_MEMSET || op->code == DOP_PEER)
         return FL_OK; /* copies and fills take any byte address */
     for (int i = 0; i < DEV_NPTR; i++) {
         size_t a = align_of(op, i);
@@ -273,6 +283,10 @@ static int copy(fl_stream_t *s, const dev_op_t *op)
     case DOP_D2D:
         if (op->p[0] != op->p[1])
             e = cudaMemcpyAsync(op->p[0], op->p[1], n, cudaMemcpyDeviceToDevice, st);
+        break;
+    case DOP_PEER:
+        /* Two logical devices on one GPU (--gpus 0,0) make this a plain device copy. */
+        e = cudaMemcpyPeerAsync(op->p[0], s->d->o.id, op->p[1], op->peer->o.id, n, st);
         break;
     default:
         e = cudaMemsetAsync(op->p[0], op->i0, n, st);
@@ -397,6 +411,9 @@ static int elementwise(fl_stream_t *s, const dev_op_t *op)
     case DOP_BIAS_GRAD:
         e = launch_each(st, op->n[1], bias_grad_f{x, y, op->n[0], op->n[1]});
         break;
+    case DOP_SUM_ROWS:
+        e = launch_each(st, n, sum_rows_f{x, y, n, op->n[1], op->f[0]});
+        break;
     case DOP_SCALE:
         e = launch_each(st, n, scale_f{x, op->f[0]});
         break;
@@ -434,6 +451,7 @@ int fl_dev_cuda_run(fl_stream_t *s, const dev_op_t *op)
     case DOP_D2H:
     case DOP_D2D:
     case DOP_MEMSET:
+    case DOP_PEER:
         return copy(s, op);
     case DOP_GEMM_FWD:
     case DOP_GEMM_WGRAD:

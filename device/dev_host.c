@@ -123,6 +123,7 @@ int fl_dev_host_run(const dev_op_t *op)
     case DOP_H2D:
     case DOP_D2H:
     case DOP_D2D:
+    case DOP_PEER:
         if (op->p[0] != op->p[1])
             memmove(op->p[0], op->p[1], n);
         return FL_OK;
@@ -197,6 +198,10 @@ int fl_dev_host_run(const dev_op_t *op)
         return ef_sent(op);
     case DOP_TOPK:
         fl_dev_host_topk(op->p[0], op->n[0], op->n[1], op->p[1], op->p[2], op->p[3]);
+        return FL_OK;
+    case DOP_SUM_ROWS:
+        for (size_t i = 0; i < n; i++)
+            x[i] = fl_sum_rows(y, n, op->n[1], i, op->f[0]);
         return FL_OK;
     case DOP_COUNT:
         break;

@@ -32,6 +32,8 @@ typedef enum dev_opcode {
     DOP_EF_ACCUM,   /* p = v, u (NULL without momentum), g; n[0]; f = m, scale */
     DOP_EF_SENT,    /* p = v, u (may be NULL), idx, val; n[0] k, n[1] entries of v; i0 wire */
     DOP_TOPK,       /* p = x, idx, val, out, workspace (the backend's); n = n, k */
+    DOP_PEER,       /* p[0] dst (the stream's device), p[1] src (on peer); n[0] bytes */
+    DOP_SUM_ROWS,   /* p = out, in; n = cols, rows; f[0] alpha */
     DOP_COUNT
 } dev_opcode_t;
 
@@ -46,6 +48,7 @@ typedef struct dev_op {
     float f[2];
     int i0;
     fl_opt_scalars_t sc;
+    const struct fl_dev *peer; /* DOP_PEER: the device p[1] lives on (of the same kind) */
 } dev_op_t;
 
 const char *fl_dev_op_name(dev_opcode_t code);
@@ -100,6 +103,8 @@ typedef struct dev_backend {
     /* Page-locks the caller's host memory (NULL: nothing to do, as on cpu and sim). */
     int (*host_register)(fl_dev_t *d, void *p, size_t bytes);
     void (*host_unregister)(fl_dev_t *d, void *p);
+    /* The backend's own stream handle (cuda: the cudaStream_t; NULL: none, as on cpu and sim). */
+    void *(*stream_native)(fl_stream_t *s);
 } dev_backend_t;
 
 extern const dev_backend_t fl_dev_cpu_backend;

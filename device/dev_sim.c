@@ -219,26 +219,29 @@ static void host_free(fl_dev_t *d, void *p)
     free(p);
 }
 
-/* Every device address of op lies, with the bytes it touches, inside one live block. */
+/* Every device address of op lies, with the bytes it touches, inside one live block of its
+ * device: the stream's, or for a peer copy's source the peer's. */
 static int check_extents(fl_dev_t *d, const dev_op_t *op)
 {
-    sim_dev_t *m = d->impl;
-    int rc = FL_OK;
-    pthread_mutex_lock(&m->mu);
-    for (int i = 0; i < DEV_NPTR && rc == FL_OK; i++) {
+    for (int i = 0; i < DEV_NPTR; i++) {
         if (op->p[i] == NULL || op->host[i])
             continue;
+        const fl_dev_t *owner = op->code == DOP_PEER && i == 1 ? op->peer : d;
+        sim_dev_t *m = owner->impl;
         uintptr_t p = (uintptr_t)op->p[i];
+        pthread_mutex_lock(&m->mu);
         size_t at = upper(m, p);
         const block_t *b = at > 0 ? &m->blocks[at - 1] : NULL;
-        if (b == NULL || p - b->start >= b->len || op->ext[i] > b->len - (p - b->start))
-            rc = fl_fail(FL_EINVAL,
-                         "device %s: %s: address %d (%p, %zu bytes) is outside "
-                         "device memory",
-                         d->name, fl_dev_op_name(op->code), i, op->p[i], op->ext[i]);
+        bool inside = b != NULL && p - b->start < b->len && op->ext[i] <= b->len - (p - b->start);
+        pthread_mutex_unlock(&m->mu);
+        if (!inside)
+            return fl_fail(FL_EINVAL,
+                           "device %s: %s: address %d (%p, %zu bytes) is outside "
+                           "device memory%s%s",
+                           d->name, fl_dev_op_name(op->code), i, op->p[i], op->ext[i],
+                           owner != d ? " of " : "", owner != d ? owner->name : "");
     }
-    pthread_mutex_unlock(&m->mu);
-    return rc;
+    return FL_OK;
 }
 
 static struct timespec deadline_in(int ms)

@@ -59,6 +59,13 @@ static inline bool fl_dptr_is_null(fl_dptr_t p)
     return p.opaque_ == NULL;
 }
 
+/* The raw device address, for a library that takes one (NCCL in collective/); never a host
+ * pointer to dereference. */
+static inline void *fl_dptr_native(fl_dptr_t p)
+{
+    return p.opaque_;
+}
+
 static inline fl_dptr_t fl_dptr_null(void)
 {
     fl_dptr_t q = {NULL};
@@ -114,6 +121,10 @@ void fl_dev_free(fl_dev_t *d, fl_dptr_t *p);
  * host buffers then go through the same calls without copies. FL_EINVAL on sim and cuda. */
 int fl_dev_wrap(fl_dev_t *d, const void *host, fl_dptr_t *out);
 
+/* The host address of device memory on the cpu backend (fl_dev_wrap's inverse), for host-memory
+ * code that works on cpu replicas' buffers in place. FL_EINVAL on sim and cuda. */
+int fl_dev_unwrap(fl_dev_t *d, fl_dptr_t p, void **out);
+
 /* Device memory standing for the host buffer `host` of `bytes`: on cpu the buffer itself (so
  * copies between the two cost nothing), elsewhere new device memory. fl_dev_unmirror releases
  * it (NULL-safe, sets *p to null). */
@@ -150,8 +161,14 @@ void fl_event_destroy(fl_event_t **e);
  * before waits for the record it saw; on sim, for every record up to that one). */
 int fl_event_record(fl_event_t *e, fl_stream_t *s);
 
-/* What is queued on s after this waits for e's last record (nothing if never recorded). */
+/* What is queued on s after this waits for e's last record (nothing if never recorded). e may
+ * be an event of another device of the same kind (as cudaStreamWaitEvent allows): the hand-off
+ * between the devices of one host. */
 int fl_stream_wait(fl_stream_t *s, fl_event_t *e);
+
+/* The backend's own stream for libraries that queue work on it themselves (NCCL): the
+ * cudaStream_t on cuda, NULL on cpu and sim. Valid until the stream is destroyed. */
+void *fl_stream_native(fl_stream_t *s);
 
 /* Whether e's last record has completed (never recorded: true). */
 bool fl_event_done(fl_event_t *e);
@@ -168,6 +185,13 @@ int fl_dev_h2d(fl_stream_t *s, fl_dptr_t dst, const void *src, size_t bytes);
 int fl_dev_d2h(fl_stream_t *s, void *dst, fl_dptr_t src, size_t bytes);
 int fl_dev_d2d(fl_stream_t *s, fl_dptr_t dst, fl_dptr_t src, size_t bytes);
 int fl_dev_memset(fl_stream_t *s, fl_dptr_t dst, int byte, size_t bytes);
+
+/* A copy from the memory of another device of the same kind (or of s's own): dst on s's
+ * device, src on src_dev. The caller orders it after src_dev's writers with an event wait on s
+ * (fl_stream_wait takes the other device's event). cuda: cudaMemcpyPeerAsync; sim checks src
+ * against src_dev's memory. FL_EINVAL for a device of another kind. */
+int fl_dev_peer_copy(fl_stream_t *s, fl_dptr_t dst, fl_dev_t *src_dev, fl_dptr_t src,
+                     size_t bytes);
 
 /* ---- GEMM, row-major float32 (the three layouts of a linear layer) ---- */
 
@@ -198,6 +222,12 @@ int fl_dev_bias_grad(fl_stream_t *s, fl_dptr_t gb, fl_dptr_t dz, size_t rows, si
  * scratch of rows doubles. */
 int fl_dev_xent(fl_stream_t *s, fl_dptr_t logits, fl_dptr_t labels, size_t rows, size_t classes,
                 fl_dptr_t dz, fl_dptr_t row_loss, fl_dptr_t out);
+
+/* out[i] = (in[i] + in[cols + i] + ... + in[(rows - 1) cols + i]) * alpha for i < cols: rows
+ * added in order (fl_sum_rows), the product skipped when alpha is 1. out must not overlap in.
+ * The intra-host reduction's kernel: the devices' shards gathered as rows of in. */
+int fl_dev_sum_rows(fl_stream_t *s, fl_dptr_t out, fl_dptr_t in, size_t cols, size_t rows,
+                    float alpha);
 
 /* x *= alpha. */
 int fl_dev_scale(fl_stream_t *s, fl_dptr_t x, size_t n, float alpha);

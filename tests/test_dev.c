@@ -599,6 +599,126 @@ START_TEST(test_events_order_streams)
 }
 END_TEST
 
+/* ---- between the devices of one host: a peer copy behind another device's event, and the
+ *      intra-host reduction's kernel (rows summed in order: the host loop's bits) ---- */
+
+START_TEST(test_peer_and_sum_rows)
+{
+    /* Two devices of the kind (cuda: both on GPU 0, as --gpus 0,0), jitter on sim. */
+    fl_dev_opts_t o;
+    fl_dev_opts_init(&o);
+    o.kind = kinds[_i];
+    o.sim_jitter_us = 200;
+    fl_dev_t *d1 = NULL;
+    bench_t b = open_kind(kinds[_i], 200);
+    if (o.kind == FL_DEV_SIM)
+        o.id = 1;
+    OK(fl_dev_create(&o, &d1));
+    fl_stream_t *s1 = NULL;
+    fl_event_t *e1 = NULL;
+    OK(fl_stream_create(d1, &s1));
+    OK(fl_event_create(d1, &e1));
+    size_t cols = 1001;
+    size_t rows = 3;
+    size_t n = cols * rows;
+    float *h = randv(n, 11, 5.0);
+    float *one = malloc(cols * sizeof *one);
+    for (size_t i = 0; i < cols; i++)
+        one[i] = 1.0f;
+    /* Device 1 writes its row slowly; device 0 copies it behind the event. */
+    fl_dptr_t src;
+    fl_dptr_t ones;
+    OK(fl_dev_alloc(d1, cols * 4, &src));
+    OK(fl_dev_alloc(d1, cols * 4, &ones));
+    OK(fl_dev_h2d(s1, src, h + cols, cols * 4));
+    OK(fl_dev_h2d(s1, ones, one, cols * 4));
+    for (int r = 0; r < 8; r++)
+        OK(fl_dev_axpy(s1, src, ones, cols, 1.0f));
+    OK(fl_event_record(e1, s1));
+    fl_dptr_t in = up(&b, h, n * 4);
+    OK(fl_stream_wait(b.s, e1));
+    OK(fl_dev_peer_copy(b.s, fl_dptr_f32(in, cols), d1, src, cols * 4));
+    /* What the rows hold then (h itself stays as the queued copies read it). */
+    float *rowv = malloc(n * sizeof *rowv);
+    memcpy(rowv, h, n * sizeof *rowv);
+    for (size_t i = 0; i < cols; i++)
+        for (int r = 0; r < 8; r++)
+            rowv[cols + i] += 1.0f;
+    fl_dptr_t out;
+    OK(fl_dev_alloc(b.d, cols * 4, &out));
+    float *got = malloc(cols * sizeof *got);
+    float *want = malloc(cols * sizeof *want);
+    float alphas[] = {1.0f, 1.0f / 3.0f};
+    for (int a = 0; a < 2; a++) {
+        OK(fl_dev_sum_rows(b.s, out, in, cols, rows, alphas[a]));
+        down(&b, got, out, cols * 4);
+        for (size_t i = 0; i < cols; i++) {
+            float sum = (rowv[i] + rowv[cols + i]) + rowv[2 * cols + i];
+            want[i] = a == 0 ? sum : sum * alphas[a];
+            ck_assert_msg(fl_sum_rows(rowv, cols, rows, i, alphas[a]) == want[i], "fl_sum_rows");
+        }
+        expect_bits("sum of rows", got, want, cols);
+    }
+    /* One row is a copy; zero columns queue nothing; zero rows are refused. */
+    OK(fl_dev_sum_rows(b.s, out, in, cols, 1, 1.0f));
+    down(&b, got, out, cols * 4);
+    expect_bits("sum of one row", got, rowv, cols);
+    OK(fl_dev_sum_rows(b.s, out, in, 0, rows, 1.0f));
+    ck_assert_int_eq(fl_dev_sum_rows(b.s, out, in, cols, 0, 1.0f), FL_EINVAL);
+    if (kinds[_i] == FL_DEV_SIM) {
+        /* The source checked against the peer's memory: device 0's own address is not in it. */
+        OK(fl_dev_peer_copy(b.s, out, d1, in, 16));
+        ck_assert_int_eq(fl_stream_sync(b.s, 10000), FL_EINVAL);
+        ck_assert_msg(strstr(fl_last_error(), "device peer copy") &&
+                          strstr(fl_last_error(), "outside device memory of sim:1"),
+                      "%s", fl_last_error());
+    }
+    fl_dev_free(b.d, &in);
+    fl_dev_free(b.d, &out);
+    fl_dev_free(d1, &src);
+    fl_dev_free(d1, &ones);
+    fl_event_destroy(&e1);
+    fl_stream_destroy(&s1);
+    close_bench(&b);
+    fl_dev_destroy(&d1);
+    free(h);
+    free(rowv);
+    free(one);
+    free(got);
+    free(want);
+}
+END_TEST
+
+#ifndef DEV_TEST_CUDA
+/* Devices of different kinds share no memory and no events. */
+START_TEST(test_peer_refusals)
+{
+    bench_t c = open_kind(FL_DEV_CPU, 0);
+    bench_t s = open_kind(FL_DEV_SIM, 0);
+    fl_event_t *e = NULL;
+    OK(fl_event_create(c.d, &e));
+    ck_assert_int_eq(fl_stream_wait(s.s, e), FL_EINVAL);
+    ck_assert_msg(strstr(fl_last_error(), "an event of cpu") != NULL, "%s", fl_last_error());
+    fl_dptr_t p;
+    OK(fl_dev_alloc(s.d, 64, &p));
+    ck_assert_int_eq(fl_dev_peer_copy(s.s, p, c.d, p, 64), FL_EINVAL);
+    ck_assert_msg(strstr(fl_last_error(), "another kind") != NULL, "%s", fl_last_error());
+    void *host = NULL;
+    ck_assert_int_eq(fl_dev_unwrap(s.d, p, &host), FL_EINVAL);
+    float x[2];
+    fl_dptr_t w;
+    OK(fl_dev_wrap(c.d, x, &w));
+    OK(fl_dev_unwrap(c.d, w, &host));
+    ck_assert_ptr_eq(host, x);
+    ck_assert_ptr_null(fl_stream_native(s.s));
+    fl_dev_free(s.d, &p);
+    fl_event_destroy(&e);
+    close_bench(&s);
+    close_bench(&c);
+}
+END_TEST
+#endif
+
 /* ---- misuse is refused with a clear error ---- */
 
 START_TEST(test_refusals)
@@ -748,7 +868,9 @@ Suite *dev_suite(void)
     tcase_add_loop_test(t, test_topk_sets, 0, NKINDS);
     tcase_add_loop_test(t, test_events_order_streams, 0, NKINDS);
     tcase_add_loop_test(t, test_refusals, 0, NKINDS);
+    tcase_add_loop_test(t, test_peer_and_sum_rows, 0, NKINDS);
 #ifndef DEV_TEST_CUDA
+    tcase_add_test(t, test_peer_refusals);
     tcase_add_test(t, test_sim_guards);
     tcase_add_test(t, test_sim_events);
 #endif

@@ -20,6 +20,72 @@
 
 static void *device_main(void *arg);
 
+/* The reduce-scatter among the devices (sim: device copies; cuda: NCCL, or copies for GPUs
+ * listed twice), each device's gradient kept on it for that. */
+static int intra_create(fl_wk_devices_t *d)
+{
+    fl_dev_t *devs[MAX_DEVICES];
+    int rc = FL_OK;
+    for (int j = 0; j < d->n && rc == FL_OK; j++) {
+        devs[j] = fl_wk_rdev_dev(d->rep[j].rd);
+        rc = fl_stream_create(devs[j], &d->xs[j]);
+        if (rc == FL_OK)
+            rc = fl_event_create(devs[j], &d->computed[j]);
+        fl_wk_rdev_set_intra(d->rep[j].rd, true);
+    }
+    char host[32];
+    snprintf(host, sizeof host, "rank %d", d->rank);
+    fl_intra_opts_t io;
+    fl_intra_opts_init(&io);
+    io.host = host; /* copied by the handle */
+    if (rc == FL_OK)
+        rc = fl_intra_create(devs, d->n, &io, &d->intra);
+    /* The calling thread drives device 0: current again after the others' streams. */
+    int brc = fl_wk_rdev_bind(d->rep[0].rd);
+    return rc != FL_OK ? rc : brc;
+}
+
+static void intra_destroy(fl_wk_devices_t *d)
+{
+    if (d->intra != NULL)
+        fl_intra_wait(d->intra, 0);
+    fl_intra_destroy(&d->intra);
+    for (int j = 0; j < d->n; j++) {
+        fl_stream_destroy(&d->xs[j]);
+        fl_event_destroy(&d->computed[j]);
+    }
+}
+
+/* After every device computed (their compute streams hold the passes): the devices' mean
+ * reduce-scattered on the devices, each shard copied into device 0's host buffer, as
+ * reduce_shard would have left it there (the same sum, in device order, the same bits). */
+static int intra_reduce(fl_wk_devices_t *d)
+{
+    int L = d->n;
+    fl_dptr_t bufs[MAX_DEVICES];
+    size_t S = fl_intra_shard_len(d->np, L);
+    int rc = FL_OK;
+    for (int j = 0; j < L && rc == FL_OK; j++) {
+        bufs[j] = fl_wk_rdev_grad_buf(d->rep[j].rd);
+        rc = fl_stream_wait(d->xs[j], d->computed[j]);
+    }
+    if (rc == FL_OK)
+        rc = fl_intra_reduce_scatter(d->intra, bufs, d->np, FL_AVG, d->xs, NULL);
+    float *grad = d->rep[0].grad;
+    for (int j = 0; j < L && rc == FL_OK; j++) {
+        size_t from = (size_t)j * S;
+        size_t n = from < d->np ? (d->np - from < S ? d->np - from : S) : 0;
+        if (n > 0)
+            rc = fl_dev_d2h(d->xs[j], grad + from, fl_dptr_f32(bufs[j], from), n * sizeof(float));
+    }
+    if (rc == FL_OK)
+        rc = fl_intra_wait(d->intra, 0);
+    for (int j = 0; j < L && rc == FL_OK; j++)
+        rc = fl_stream_sync(d->xs[j], 0);
+    int brc = fl_wk_rdev_bind(d->rep[0].rd); /* this thread drives device 0 */
+    return rc != FL_OK ? rc : brc;
+}
+
 int fl_wk_devices_create(const fl_wk_mlp_shape_t *m, const fl_wk_dataset_t *train,
                          const fl_wk_train_opts_t *o, int rank, int world, fl_wk_local_t local,
                          float *grad, fl_wk_devices_t **out)
@@ -82,6 +148,12 @@ int fl_wk_devices_create(const fl_wk_mlp_shape_t *m, const fl_wk_dataset_t *trai
         }
         d->rep[j].started = true;
     }
+    /* sim only for now: on cuda the same code (NCCL, or copies for --gpus 0,0) has been
+     * compiled but not yet run on a GPU (tests/test_intra.c's gpu build), so GPUs keep the
+     * host-memory leg until it has. */
+    if (local == FL_WK_LOCAL_SHARDS && L > 1 && o->device == FL_DEV_SIM &&
+        (rc = intra_create(d)) != FL_OK)
+        goto fail;
     if (o->max_anchor > 0) {
         if ((rc = fl_wk_sampler_init(&d->host, train->n, world, rank, o->batch, o->shuffle,
                                      o->seed)) != FL_OK)
@@ -111,6 +183,7 @@ void fl_wk_devices_destroy(fl_wk_devices_t **pd)
         pthread_mutex_destroy(&d->pool_mu);
         pthread_cond_destroy(&d->pool_cv);
     }
+    intra_destroy(d);
     for (int j = 0; j < d->n; j++) {
         replica_t *r = &d->rep[j];
         fl_wk_sampler_deinit(&r->smp);
@@ -318,9 +391,14 @@ static void replica_step(replica_t *r)
         fl_wk_sampler_batch(&r->smp, d->cur_batch + 1, r->next_idx);
     long tag = batch_tag(d->epoch, d->cur_batch);
     const fl_wk_mlp_src_t *src = d->full != NULL ? fl_wk_full_src(d->full, r->j) : NULL;
+    bool on_device = d->keep_grad || d->intra != NULL;
     r->rc = fl_wk_rdev_grad(r->rd, src != NULL ? NULL : d->params, src, d->train, r->idx, tag,
-                            ahead ? r->next_idx : NULL, tag + 1, d->keep_grad ? NULL : r->grad,
+                            ahead ? r->next_idx : NULL, tag + 1, on_device ? NULL : r->grad,
                             tell ? layer_tell : NULL, r, &r->loss, &r->correct);
+    /* The pass's end, for the reduce-scatter queued after every device's (the compute stream
+     * is this thread's). */
+    if (r->rc == FL_OK && d->intra != NULL)
+        r->rc = fl_event_record(d->computed[r->j], fl_wk_rdev_stream(r->rd));
     if (d->full != NULL)
         fl_wk_full_device_done(d->full, r->j);
     fl_obs_timeline_span(d->tl, FL_WK_TRACK_DEVICE + r->j, "compute", "device", t0,
@@ -328,7 +406,7 @@ static void replica_step(replica_t *r)
     throttle(r, t0);
     if (r->rc != FL_OK)
         snprintf(r->err, sizeof r->err, "%s", fl_last_error());
-    if (d->n == 1 || d->local != FL_WK_LOCAL_SHARDS)
+    if (d->n == 1 || d->local != FL_WK_LOCAL_SHARDS || d->intra != NULL)
         return;
     if (!all_computed(d))
         return;
@@ -351,7 +429,8 @@ static void run_one(replica_t *r, int brc, const char *berr)
          * arrived at the barrier (they then see its error and reduce nothing). */
         if (!d->updating && !d->cadence && d->full != NULL)
             fl_wk_full_device_done(d->full, r->j);
-        if (!d->updating && !d->cadence && d->n > 1 && d->local == FL_WK_LOCAL_SHARDS)
+        if (!d->updating && !d->cadence && d->n > 1 && d->local == FL_WK_LOCAL_SHARDS &&
+            d->intra == NULL)
             all_computed(d);
     } else if (d->updating) {
         r->rc = fl_wk_rdev_update(r->rd, d->upd_grad, d->upd_norm, d->upd_lr);
@@ -436,6 +515,12 @@ int fl_wk_devices_step(fl_wk_devices_t *d, const float *params, size_t batch_ind
             return fl_fail(d->rep[j].rc, "replica %d: %s", j, d->rep[j].err);
         *loss += d->rep[j].loss / L;
         *correct += d->rep[j].correct;
+    }
+    if (d->intra != NULL && d->local == FL_WK_LOCAL_SHARDS && !d->cadence) {
+        if ((rc = intra_reduce(d)) != FL_OK)
+            return rc;
+        for (int j = 0; ready != NULL && j < L; j++)
+            ready(j, fl_shard_offset(d->np, L, j), ud);
     }
     if (L > 1 && d->local == FL_WK_LOCAL_MEAN && !d->cadence) {
         for (int j = 0; j < L; j++)

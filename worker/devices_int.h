@@ -67,6 +67,12 @@ struct fl_wk_devices {
     bool aborted;
     bool have_barrier;
     replica_t rep[MAX_DEVICES];
+    /* The two-level exchange on sim and cuda devices: the reduce-scatter of the gradients
+     * that stay on the devices (fl_intra.h), on a stream of its own per device behind the
+     * compute stream's end (NULL: cpu replicas, reduced in host memory by reduce_shard) */
+    fl_intra_t *intra;
+    fl_stream_t *xs[MAX_DEVICES];
+    fl_event_t *computed[MAX_DEVICES];
     fl_wk_full_t *full; /* --shard full: layers gathered from their shards (NULL: params) */
     /* the step in progress */
     const float *params;

@@ -53,6 +53,7 @@ struct fl_wk_rdev {
      * optimizer steps them there; on cpu they are the host's buffer itself. */
     bool resident;
     bool compress; /* the exchange compresses on the device: layers are told when queued */
+    bool intra;    /* the gradient stays in gbuf for the intra-host collectives */
     fl_dev_opt_t *opt;
     size_t opt_off;  /* the range the optimizer steps: [opt_off, opt_off + opt_len) */
     size_t opt_len;
@@ -136,8 +137,15 @@ int fl_wk_rdev_create(const fl_wk_train_opts_t *o, int j, size_t dim, fl_wk_rdev
     bool cpu = o->device == FL_DEV_CPU;
     if (rc == FL_OK && !cpu)
         rc = fl_dev_alloc(r->dev, r->np * sizeof(float), &r->dparams);
+    /* Padded for the intra-host collectives (fl_intra.h): a multiple of the devices, the
+     * padding zero for good (no pass writes past np). */
+    size_t gn = fl_intra_padded(r->np, o->replicas > 0 ? o->replicas : 1);
     if (rc == FL_OK && !cpu)
-        rc = fl_dev_alloc(r->dev, r->np * sizeof(float), &r->gbuf);
+        rc = fl_dev_alloc(r->dev, gn * sizeof(float), &r->gbuf);
+    if (rc == FL_OK && !cpu && gn > r->np)
+        rc = fl_dev_memset(r->cs, fl_dptr_f32(r->gbuf, r->np), 0, (gn - r->np) * sizeof(float));
+    if (rc == FL_OK && !cpu)
+        rc = fl_stream_sync(r->cs, 0);
     for (int s = 0; s < 2 && rc == FL_OK; s++) {
         slot_t *sl = &r->slot[s];
         sl->tag = -1;
@@ -320,7 +328,7 @@ static int grad_pass(fl_wk_rdev_t *r, const float *params, const fl_wk_mlp_src_t
     }
     /* grad NULL: the gradient stays on the device (for fl_wk_rdev_update), nothing copied. */
     bool keep = grad == NULL;
-    if (keep && !r->resident)
+    if (keep && !r->resident && !r->intra)
         return fl_fail(FL_EINVAL,
                        "device %d: a gradient kept on a device without parameters "
                        "there",
@@ -442,6 +450,11 @@ fl_event_t *fl_wk_rdev_layer_event(const fl_wk_rdev_t *r, int layer)
 void fl_wk_rdev_set_compress(fl_wk_rdev_t *r, bool on)
 {
     r->compress = on;
+}
+
+void fl_wk_rdev_set_intra(fl_wk_rdev_t *r, bool on)
+{
+    r->intra = on;
 }
 
 int fl_wk_rdev_update(fl_wk_rdev_t *r, const float *grad, double max_norm, double lr)

@@ -6,6 +6,7 @@
 
 #include "fl_wk.h"
 #include "fl_obs.h"
+#include "fl_intra.h"
 
 /* Checks the model against the data (inputs; every label, of both splits, below its outputs)
  * and the test split against the training data: FL_EINVAL saying what differs (a label: its
@@ -71,6 +72,10 @@ fl_event_t *fl_wk_rdev_layer_event(const fl_wk_rdev_t *r, int layer);
 /* on: the gradient stays on the device for the exchange to compress there (xchg_dev.c); tell
  * hears each layer as soon as it is queued, and the host's gradient buffer is not written. */
 void fl_wk_rdev_set_compress(fl_wk_rdev_t *r, bool on);
+/* The gradient stays in the device's gradient buffer (fl_wk_rdev_grad_buf, padded to
+ * fl_intra_padded(np, replicas)) when grad is NULL, for the intra-host collectives, without
+ * resident parameters. */
+void fl_wk_rdev_set_intra(fl_wk_rdev_t *r, bool on);
 
 /* ---- top-k with error feedback on the device (xchg_dev.c) ---- */
 
