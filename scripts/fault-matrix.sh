@@ -36,6 +36,8 @@ for b in server/flodl-ps worker/flodl-worker server/flodl-keygen; do
   [ -x "$FM_BUILD/$b" ] || { echo "fault-matrix.sh: $FM_BUILD/$b is not built" >&2; exit 2; }
 done
 TOOL=("${PYTHON:-python3}" "$root/scripts/fault_tool.py")
+# need_tool: the rows with raw clients or made-up files skip without python3.
+need_tool() { command -v "${TOOL[0]}" > /dev/null || { fm_skip "needs ${TOOL[0]} (scripts/fault_tool.py)"; return 1; }; }
 HB=2000        # flodl-ps --heartbeat-timeout in every row
 BOUND=$((HB + 2000)) # a death must be known everywhere within this
 fm_init
@@ -400,6 +402,7 @@ flood_stats() {
 }
 
 row_flood() {
+  need_tool || return
   local figs=() whys=() m
   for m in insecure curve; do
     FLOOD_WHY="" FLOOD_FIG=""
@@ -417,6 +420,7 @@ row_flood() {
 # frames of 1.9 MB: flodl-ps's RSS must come back within 8 MiB (peak under 160 MiB); then rank 2
 # registers and the job trains to the end.
 row_takeover() {
+  need_tool || return
   need "flodl-ps did not start" fm_ps ps 120 3 --log-level info || return
   fm_worker w0 90 0 3 --epochs 1 --quiet --rendezvous-timeout 60000
   fm_worker w1 90 1 3 --epochs 1 --quiet --rendezvous-timeout 60000
@@ -476,6 +480,7 @@ flip() {
 # with a bit flipped (--resume), flodl-ps's checkpoints likewise (--checkpoint-dir --resume;
 # flodl-ps logs each file it refuses, then gives its verdict).
 row_badfiles() {
+  need_tool || return
   BAD_OK=()
   local d=$FM_RUN f
   local wk=("$WK_BIN" --mode local --epochs 1)
