@@ -25,14 +25,6 @@ int fl_coord_check_agree(const fl_coord_t *c, int r, const fl_msg_register_t *re
     if (q < 0)
         return FL_OK;
     const fl_msg_register_t *o = &c->ranks[q].reg;
-    if ((o->model_signature != 0 || reg->model_signature != 0) &&
-        o->model_signature != reg->model_signature) {
-        snprintf(why, cap, "rank %d (host %.64s) has model signature 0x%016llx, rank %d (host "
-                           "%.64s) 0x%016llx: the ranks run different models",
-                 r, reg->host, (unsigned long long)reg->model_signature, q, o->host,
-                 (unsigned long long)o->model_signature);
-        return FL_EINVAL;
-    }
     if (strcmp(o->tuning, reg->tuning) != 0) {
         snprintf(why, cap, "rank %d (host %.64s) uses collective settings '%.120s', rank %d "
                            "(host %.64s) uses '%.120s'; all ranks must agree",
@@ -48,6 +40,16 @@ int fl_coord_check_agree(const fl_coord_t *c, int r, const fl_msg_register_t *re
                            "'%.120s' on rank %d, '%.120s' on rank %d; it must be the same on "
                            "every rank",
                  r, reg->host, q, o->host, name, mine, r, theirs, q);
+        return FL_EINVAL;
+    }
+    /* After the declared settings: they name a model that differs in words (layers, parameter
+     * names and shapes); the signature alone is the last word for members that declare none. */
+    if ((o->model_signature != 0 || reg->model_signature != 0) &&
+        o->model_signature != reg->model_signature) {
+        snprintf(why, cap, "rank %d (host %.64s) has model signature 0x%016llx, rank %d (host "
+                           "%.64s) 0x%016llx: the ranks run different models",
+                 r, reg->host, (unsigned long long)reg->model_signature, q, o->host,
+                 (unsigned long long)o->model_signature);
         return FL_EINVAL;
     }
     return FL_OK;

@@ -1,0 +1,260 @@
+#!/usr/bin/env python3
+"""Hostile clients and bad files for scripts/fault-matrix.sh: the standard library and libzmq
+through ctypes only (no pyzmq, no protobuf module: the few header fields a registration needs are
+encoded here, after proto/flodl.proto).
+
+  fault_tool.py garbage HOST PORT CONNS BYTES       random bytes on CONNS connections
+  fault_tool.py flood HOST PORT N SRC               N idle connections from address SRC, each
+                                                    opened again a second after it is closed;
+                                                    a status line a second; runs until killed
+  fault_tool.py takeover ENDPOINT RANK WORLD
+                                                    registers RANK from another host and pid;
+                                                    exit 0 when refused, 1 when not (prints why)
+  fault_tool.py bigmsg ENDPOINT FRAMES BYTES HOLD_S one message of FRAMES frames of BYTES each
+                                                    (zero-copy), the socket held HOLD_S seconds
+  fault_tool.py idx IMAGES LABELS N BAD_LABEL       IDX files of N 8x8 images; label 0 is BAD_LABEL
+  fault_tool.py safetensors PATH LAYERS MODE        the MLP LAYERS (e.g. 64,256,128,10) as
+                                                    --init: MODE ok, transposed or nan
+"""
+import ctypes
+import json
+import os
+import selectors
+import socket
+import struct
+import sys
+import time
+
+ZMQ_DEALER = 5
+ZMQ_SNDMORE = 2
+ZMQ_RCVMORE = 13
+ZMQ_LINGER = 17
+ZMQ_RCVTIMEO = 27
+
+
+def garbage(host, port, conns, nbytes):
+    sent = 0
+    for i in range(int(conns)):
+        with socket.create_connection((host, int(port)), timeout=5) as s:
+            data = os.urandom(int(nbytes))
+            if i % 2:
+                # A ZMTP greeting's first bytes, then nonsense: the parser gets further.
+                data = b"\xff" + b"\0" * 8 + b"\x7f\x03\x00" + data
+            try:
+                s.sendall(data)
+                sent += len(data)
+            except OSError:
+                pass  # the server may close on the first bad byte
+    print("sent %d bytes on %s connections" % (sent, conns))
+
+
+def flood(host, port, n, src):
+    n = int(n)
+    sel = selectors.DefaultSelector()
+    socks = [None] * n
+    again = [0.0] * n
+    opened = established = closed = 0
+    next_report = 0.0
+    while True:
+        now = time.monotonic()
+        connecting = sum(1 for s in socks if s is not None and s[1] == "c")
+        for i in range(n):
+            if socks[i] is None and now >= again[i] and connecting < 64:
+                s = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+                s.setblocking(False)
+                try:
+                    s.bind((src, 0))
+                    s.connect((host, int(port)))
+                except BlockingIOError:
+                    pass
+                except OSError:
+                    s.close()
+                    again[i] = now + 1.0
+                    continue
+                socks[i] = (s, "c")
+                sel.register(s, selectors.EVENT_WRITE, i)
+                opened += 1
+                connecting += 1
+        for key, _ in sel.select(timeout=0.05):
+            i = key.data
+            s, state = socks[i]
+            if state == "c":
+                if s.getsockopt(socket.SOL_SOCKET, socket.SO_ERROR) != 0:
+                    sel.unregister(s)
+                    s.close()
+                    socks[i] = None
+                    again[i] = time.monotonic() + 1.0
+                    continue
+                socks[i] = (s, "o")
+                established += 1
+                sel.modify(s, selectors.EVENT_READ, i)
+                continue
+            try:
+                data = s.recv(512)  # the server's greeting, never answered
+            except BlockingIOError:
+                continue
+            except OSError:
+                data = b""
+            if not data:
+                sel.unregister(s)
+                s.close()
+                socks[i] = None
+                closed += 1
+                again[i] = time.monotonic() + 1.0
+        if time.monotonic() >= next_report:
+            live = sum(1 for s in socks if s is not None and s[1] == "o")
+            print("opened %d established %d closed-by-server %d open-now %d"
+                  % (opened, established, closed, live), flush=True)
+            next_report = time.monotonic() + 1.0
+
+
+class Zmq:
+    def __init__(self):
+        lib = ctypes.CDLL("libzmq.so.5", use_errno=True)
+        lib.zmq_ctx_new.restype = ctypes.c_void_p
+        lib.zmq_socket.restype = ctypes.c_void_p
+        lib.zmq_socket.argtypes = [ctypes.c_void_p, ctypes.c_int]
+        lib.zmq_close.argtypes = [ctypes.c_void_p]
+        lib.zmq_ctx_term.argtypes = [ctypes.c_void_p]
+        lib.zmq_setsockopt.argtypes = [ctypes.c_void_p, ctypes.c_int, ctypes.c_void_p,
+                                       ctypes.c_size_t]
+        lib.zmq_getsockopt.argtypes = [ctypes.c_void_p, ctypes.c_int, ctypes.c_void_p,
+                                       ctypes.POINTER(ctypes.c_size_t)]
+        lib.zmq_connect.argtypes = [ctypes.c_void_p, ctypes.c_char_p]
+        lib.zmq_send.argtypes = [ctypes.c_void_p, ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int]
+        lib.zmq_recv.argtypes = [ctypes.c_void_p, ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int]
+        lib.zmq_msg_init_data.argtypes = [ctypes.c_void_p, ctypes.c_void_p, ctypes.c_size_t,
+                                          ctypes.c_void_p, ctypes.c_void_p]
+        lib.zmq_msg_send.argtypes = [ctypes.c_void_p, ctypes.c_void_p, ctypes.c_int]
+        self.lib = lib
+        self.ctx = lib.zmq_ctx_new()
+
+    def opt(self, s, name, value):
+        v = ctypes.c_int(value)
+        self.lib.zmq_setsockopt(s, name, ctypes.byref(v), ctypes.sizeof(v))
+
+    def dealer(self, endpoint):
+        s = self.lib.zmq_socket(self.ctx, ZMQ_DEALER)
+        self.opt(s, ZMQ_LINGER, 0)
+        self.opt(s, ZMQ_RCVTIMEO, 100)
+        if self.lib.zmq_connect(s, endpoint.encode()) != 0:
+            sys.exit("zmq_connect %s failed" % endpoint)
+        return s
+
+    def recv(self, s, deadline):
+        buf = ctypes.create_string_buffer(1 << 16)
+        while time.monotonic() < deadline:
+            n = self.lib.zmq_recv(s, buf, len(buf), 0)
+            if n >= 0:
+                return buf.raw[:min(n, len(buf))]
+        return None
+
+
+def varint(v):
+    out = b""
+    v &= (1 << 64) - 1
+    while True:
+        b = v & 0x7F
+        v >>= 7
+        if v:
+            out += bytes([b | 0x80])
+        else:
+            return out + bytes([b])
+
+
+def field(num, value):
+    """One protobuf field: an int (varint) or bytes/str (length-delimited)."""
+    if isinstance(value, int):
+        return varint(num << 3) + varint(value)
+    if isinstance(value, str):
+        value = value.encode()
+    return varint((num << 3) | 2) + varint(len(value)) + value
+
+
+def register_header(rank, world, host, pid, job="flodl"):
+    reg = (field(1, rank) + field(2, world) + field(3, host) +
+           field(4, "tcp://127.0.0.1:9") + field(5, pid))
+    magic = varint((1 << 3) | 5) + struct.pack("<I", 0x4C444C46)  # fixed32
+    return (magic + field(2, 1) + field(3, job) + field(5, 1) + field(6, rank) + field(16, reg))
+
+
+def takeover(endpoint, rank, world):
+    z = Zmq()
+    s = z.dealer(endpoint)
+    h = register_header(int(rank), int(world), "intruder.example", 999999)
+    z.lib.zmq_send(s, h, len(h), 0)
+    reply = z.recv(s, time.monotonic() + 5.0)
+    if reply is None:
+        print("no answer within 5 s")
+        sys.exit(1)
+    text = reply.decode("utf-8", "replace")
+    if "already registered" not in text:
+        print("not refused as a rank already held: %r" % text)
+        sys.exit(1)
+    # The refusal must tell a stranger nothing about the holder.
+    if "127.0.0.1" in text:
+        print("refused, but the reply names the holder's host: %r" % text)
+        sys.exit(1)
+    print("refused: %s" % text[text.find("rank"):].strip())
+
+
+def bigmsg(endpoint, frames, nbytes, hold):
+    z = Zmq()
+    s = z.dealer(endpoint)
+    frame = ctypes.create_string_buffer(int(nbytes))  # the same bytes in every frame
+    z.lib.zmq_send(s, b"not a header", 12, ZMQ_SNDMORE)
+    msg = (ctypes.c_uint64 * 8)()  # zmq_msg_t: 64 bytes, aligned
+    for i in range(int(frames)):
+        z.lib.zmq_msg_init_data(msg, frame, int(nbytes), None, None)
+        if z.lib.zmq_msg_send(msg, s, ZMQ_SNDMORE if i + 1 < int(frames) else 0) < 0:
+            sys.exit("zmq_msg_send failed at frame %d" % i)
+    print("sent %d frames of %s bytes" % (int(frames), nbytes), flush=True)
+    time.sleep(float(hold))  # the bytes leave while the socket lives
+
+
+def idx(images, labels, n, bad):
+    n = int(n)
+    with open(images, "wb") as f:
+        f.write(struct.pack(">IIII", 0x803, n, 8, 8))
+        f.write(bytes((i * 7 + j) % 256 for i in range(n) for j in range(64)))
+    with open(labels, "wb") as f:
+        f.write(struct.pack(">II", 0x801, n))
+        f.write(bytes([int(bad)] + [i % 10 for i in range(1, n)]))
+
+
+def safetensors(path, layers, mode):
+    sizes = [int(x) for x in layers.split(",")]
+    header = {}
+    data = b""
+    for li in range(len(sizes) - 1):
+        fan_in, fan_out = sizes[li], sizes[li + 1]
+        shape = [fan_in, fan_out] if (mode == "transposed" and li == 0) else [fan_out, fan_in]
+        for name, shp in (("layers.%d.weight" % li, shape), ("layers.%d.bias" % li, [fan_out])):
+            count = 1
+            for d in shp:
+                count *= d
+            vals = [0.01] * count
+            if mode == "nan" and li == 1 and name.endswith("weight"):
+                vals[5] = float("nan")
+            header[name] = {"dtype": "F32", "shape": shp,
+                            "data_offsets": [len(data), len(data) + 4 * count]}
+            data += struct.pack("<%df" % count, *vals)
+    text = json.dumps(header).encode()
+    text += b" " * (-len(text) % 8)
+    with open(path, "wb") as f:
+        f.write(struct.pack("<Q", len(text)) + text + data)
+
+
+def main():
+    cmds = {"garbage": garbage, "flood": flood, "takeover": takeover, "bigmsg": bigmsg,
+            "idx": idx, "safetensors": safetensors}
+    if len(sys.argv) < 2 or sys.argv[1] not in cmds:
+        sys.exit(__doc__)
+    try:
+        cmds[sys.argv[1]](*sys.argv[2:])
+    except TypeError as e:
+        sys.exit("%s: %s\n%s" % (sys.argv[1], e, __doc__))
+
+
+if __name__ == "__main__":
+    main()
