@@ -56,23 +56,21 @@ fm_now_ms() {
   echo $((10#$t / 1000))
 }
 
-# fm_now_ms - FM_CLOCK_OFF is the binaries' log clock (CLOCK_MONOTONIC, read as /proc/uptime:
-# the same clock where the machine never sleeps), to 10 ms.
-FM_CLOCK_OFF=0
-fm_clock_sync() {
-  local up
-  read -r up _ < /proc/uptime
-  FM_CLOCK_OFF=$(($(fm_now_ms) - 10#${up/./} * 10))
-}
+# The binaries log wall-clock time (ISO 8601 UTC with milliseconds), the clock of fm_now_ms:
+# nothing to synchronise.
+fm_clock_sync() { :; }
 
-# fm_log_ms NAME TEXT: when NAME logged its first line holding TEXT ("[S.mmm who] ..."), on the
-# clock of fm_now_ms; empty when there is no such line.
+# fm_log_ms NAME TEXT: when NAME logged its first line holding TEXT
+# ("[2026-11-25T16:30:01.123Z who] ..."), on the clock of fm_now_ms; empty when there is no
+# such line.
 fm_log_ms() {
-  local line ts
+  local line ts secs
   line=$(grep -m 1 -F -- "$2" "$FM_RUN/$1.err" 2> /dev/null) || return 0
   ts=${line#\[}
   ts=${ts%% *}
-  [[ $ts =~ ^[0-9]+\.[0-9]{3}$ ]] && echo $((10#${ts/./} + FM_CLOCK_OFF))
+  [[ $ts =~ ^([0-9]{4}-[0-9]{2}-[0-9]{2}T[0-9]{2}:[0-9]{2}:[0-9]{2})\.([0-9]{3})Z$ ]] || return 0
+  secs=$(date -u -d "${BASH_REMATCH[1]}" +%s) || return 0
+  echo $((secs * 1000 + 10#${BASH_REMATCH[2]}))
 }
 
 # ---- processes ----
