@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Installs the build into a temporary prefix, checks the package metadata (flags),
+# Installs the build into a temporary prefix, checks the package metadata (flags, license),
 # builds examples/allreduce_env.c against it three times (pkg-config for libflodl.so and for
 # libflodl.a, and CMake's find_package), and runs each with the installed flodl-ps and two
 # ranks configured through the environment, as a user's launcher would.
@@ -27,6 +27,11 @@ for f in $(pkg-config --cflags flodl); do
 done
 pkg-config --static --libs flodl | grep -qw -- -lzmq ||
   { echo "FAIL: pkg-config --static --libs flodl lacks -lzmq"; exit 1; }
+# The license: in the package metadata and installed beside the documentation.
+[ "$(pkg-config --variable=license flodl)" = "Apache-2.0" ] ||
+  { echo "FAIL: flodl.pc license '$(pkg-config --variable=license flodl)'"; exit 1; }
+grep -q "Apache License" "$prefix/share/doc/flodl/LICENSE" ||
+  { echo "FAIL: no Apache LICENSE in $prefix/share/doc/flodl"; exit 1; }
 read -ra pcflags <<< "$(pkg-config --cflags --libs flodl)"
 cc -std=c17 -Wall -Werror -o "$tmp/ex_pc" "$src/examples/allreduce_env.c" "${pcflags[@]}" -lm
 # libflodl.a with what --static names (Libs.private) links too.
@@ -38,6 +43,8 @@ cc -std=c17 -Wall -Werror -o "$tmp/ex_static" "$src/examples/allreduce_env.c" \
 cmake -S "$src/examples" -B "$tmp/exbuild" -DCMAKE_PREFIX_PATH="$prefix" \
   -DCMAKE_DISABLE_FIND_PACKAGE_CUDAToolkit=ON > "$tmp/excfg" ||
   { cat "$tmp/excfg"; echo "FAIL: find_package(flodl) without a CUDA toolkit"; exit 1; }
+grep -q "license Apache-2.0" "$tmp/excfg" ||
+  { cat "$tmp/excfg"; echo "FAIL: the CMake package does not give flodl_LICENSE"; exit 1; }
 cmake --build "$tmp/exbuild" >/dev/null
 
 run_job() {
