@@ -17,6 +17,7 @@
 void fl_comm_opts_init(fl_comm_opts_t *o)
 {
     memset(o, 0, sizeof *o);
+    o->struct_size = sizeof *o;
     o->rank = -1;
     o->world_size = -1;
     o->job_id = "flodl";
@@ -33,6 +34,12 @@ void fl_comm_opts_init(fl_comm_opts_t *o)
 static int check_opts(const fl_comm_opts_t *o)
 {
     fl_tp_endpoint_t ep;
+    /* First, before any other field is read: a struct of another size has other fields. */
+    if (o->struct_size != sizeof *o)
+        return fl_fail(FL_EINVAL,
+                       "comm: fl_comm_opts_t.struct_size is %zu, this libflodl %s expects %zu: "
+                       "fill the options with fl_comm_opts_init",
+                       o->struct_size, FL_VERSION_STRING, sizeof *o);
     if (o->world_size < 1 || o->world_size > FL_MSG_MAX_PEERS)
         return fl_fail(FL_EINVAL, "comm: world_size %d out of range 1..%d", o->world_size,
                        FL_MSG_MAX_PEERS);

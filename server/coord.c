@@ -11,6 +11,7 @@
 void fl_coord_opts_init(fl_coord_opts_t *o)
 {
     memset(o, 0, sizeof *o);
+    o->struct_size = sizeof *o;
     o->job_id = "flodl";
     o->heartbeat_timeout_ms = 5000;
     o->heartbeat_ms = 0;
@@ -22,6 +23,12 @@ void fl_coord_opts_init(fl_coord_opts_t *o)
 static int check_opts(const fl_coord_opts_t *o)
 {
     fl_tp_endpoint_t ep;
+    /* First, before any other field is read: a struct of another size has other fields. */
+    if (o->struct_size != sizeof *o)
+        return fl_fail(FL_EINVAL,
+                       "coordinator: fl_coord_opts_t.struct_size is %zu, this libflodl %s "
+                       "expects %zu: fill the options with fl_coord_opts_init",
+                       o->struct_size, FL_VERSION_STRING, sizeof *o);
     if (o->bind == NULL)
         return fl_fail(FL_EINVAL, "coordinator: no bind endpoint given");
     if (o->stall_report_ms < 0)

@@ -27,6 +27,9 @@ typedef enum fl_algo {
 } fl_algo_t;
 
 typedef struct fl_comm_opts {
+    size_t struct_size;        /* sizeof(fl_comm_opts_t) as the program was built, set by
+                                  fl_comm_opts_init: the library refuses a size it does not
+                                  know (FL_EINVAL); see "ABI" in flodl.h */
     int rank;                  /* this rank, 0 <= rank < world_size (required) */
     int world_size;            /* number of ranks in the job (required) */
     const char *coordinator;   /* coordinator endpoint "tcp://host:port" (required) */

@@ -15,6 +15,8 @@ extern "C" {
 typedef struct fl_coord fl_coord_t;
 
 typedef struct fl_coord_opts {
+    size_t struct_size;        /* sizeof(fl_coord_opts_t), set by fl_coord_opts_init (as
+                                  fl_comm_opts_t.struct_size) */
     const char *bind;          /* endpoint to bind, e.g. "tcp://0.0.0.0:29500" (required) */
     int world_size;            /* ranks expected (required, >= 1) */
     const char *job_id;        /* ranks with another job id are refused; default "flodl" */

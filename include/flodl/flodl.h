@@ -1,8 +1,22 @@
 /* flodl public API: versions, error codes, element types and reduction operators.
  * This is the umbrella header of libflodl; it includes the communicator (comm.h), the
  * compressor (compress.h), the embeddable coordinator (coordinator.h) and the
- * parameter-server client (ps.h). Everything here is stable C ABI; private types of the
- * components never appear in these headers. */
+ * parameter-server client (ps.h). Private types of the components never appear in these
+ * headers, and libflodl.so exports exactly the functions declared in include/flodl.
+ *
+ * ABI: within one soname (libflodl.so.0.1 for every 0.1.x; see "Using libflodl" in the
+ * README) a program built against older headers keeps running with a newer libflodl:
+ * - functions are never removed and their signatures and meaning do not change; enum values
+ *   and error codes keep their numbers (new ones may be added);
+ * - the options structs that carry a struct_size as their first field (fl_comm_opts_t,
+ *   fl_ps_client_opts_t, fl_coord_opts_t) may grow: new fields are only appended, with
+ *   defaults that keep the old behaviour. struct_size, set by the *_opts_init function, is
+ *   sizeof the struct the program was built with: a library accepts the size of every
+ *   release of its soname up to its own and refuses any other (FL_EINVAL, naming both sizes),
+ *   e.g. a struct not filled by *_opts_init, or one from headers newer than the library.
+ *   Always fill them with *_opts_init, then set fields by name;
+ * - every other struct (the other options, stats and info structs, fl_ps_grad_t) keeps its
+ *   layout; changing it, or breaking any rule above, takes a new soname. */
 #ifndef FLODL_FLODL_H
 #define FLODL_FLODL_H
 

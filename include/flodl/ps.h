@@ -45,6 +45,8 @@ int fl_ps_consistency_parse(const char *s, fl_ps_consistency_t *out);
 typedef struct fl_ps_client fl_ps_client_t;
 
 typedef struct fl_ps_client_opts {
+    size_t struct_size;        /* sizeof(fl_ps_client_opts_t), set by fl_ps_client_opts_init
+                                  (as fl_comm_opts_t.struct_size) */
     int rank;                  /* this rank, 0 <= rank < world_size (required) */
     int world_size;            /* ranks of the job (required) */
     const char *coordinator;   /* the coordinator's endpoint, "tcp://host:port" (required) */
