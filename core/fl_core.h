@@ -404,6 +404,12 @@ int fl_settings_check(const char *s, size_t max);
 bool fl_settings_differ(const char *a, const char *b, char *name, size_t ncap, char *va,
                         char *vb, size_t vcap);
 
+/* ---- scans (dtype.c) ---- */
+
+/* The largest |x| of n float32 (at any alignment) as its bit pattern: at or above 0x7f800000
+ * when one of them is NaN or Inf. One vectorised pass. */
+uint32_t fl_f32_max_abs_bits(const void *x, size_t n);
+
 /* ---- version (version.c) ---- */
 
 /* Prints the --version line of a binary ("flodl-worker 0.1.0 (libflodl 0.1.0; built with

@@ -307,6 +307,13 @@ typedef enum fl_msg_op {
  * caller's thread). */
 const char *fl_msg_op_name(uint32_t op);
 
+/* How many elements each frame of a dense parameter-server payload of count elements carries
+ * (a wire rule both sides apply): all of them up to 1 Mi elements, else pieces of at least
+ * 1 Mi, a multiple of FL_MSG_PS_ALIGN, at most FL_MSG_MAX_FRAMES of them. Receivers of pieces
+ * reuse heap buffers where one large frame would be mapped and page-faulted in afresh. */
+#define FL_MSG_PS_ALIGN 2048
+uint64_t fl_msg_ps_piece(uint64_t count);
+
 /* True for the parameter-server client's operations. */
 bool fl_msg_op_is_ps(uint32_t op);
 

@@ -158,6 +158,16 @@ const char *fl_msg_op_name(uint32_t op)
     }
 }
 
+uint64_t fl_msg_ps_piece(uint64_t count)
+{
+    const uint64_t min = (uint64_t)1 << 20;
+    if (count <= min)
+        return count;
+    uint64_t per = (count + FL_MSG_MAX_FRAMES - 1) / FL_MSG_MAX_FRAMES;
+    per = (per + FL_MSG_PS_ALIGN - 1) / FL_MSG_PS_ALIGN * FL_MSG_PS_ALIGN;
+    return per > min ? per : min;
+}
+
 bool fl_msg_op_is_ps(uint32_t op)
 {
     return op == FL_MSG_OP_PUSH || op == FL_MSG_OP_PULL || op == FL_MSG_OP_PUSH_PULL;

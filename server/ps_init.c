@@ -17,7 +17,7 @@ static int check_finite(const char *path, const fl_st_tensor_t *t)
 {
     const float *v = t->data;
     size_t n = t->bytes / sizeof(float);
-    if (n == 0 || ps_max_abs_bits(v, n) < 0x7f800000u)
+    if (n == 0 || fl_f32_max_abs_bits(v, n) < 0x7f800000u)
         return FL_OK;
     for (size_t i = 0; i < n; i++)
         if (!isfinite(v[i]))

@@ -59,11 +59,6 @@ static inline const void *ps_src_at(const ps_src_t *s, uint64_t at, size_t es)
     return (const char *)s->chunk[c] + (at - c * s->chunk_elems) * es;
 }
 
-/* How many elements each frame of a dense payload of count elements carries: all of them up
- * to 1 Mi elements, else pieces of at least 1 Mi (a multiple of PS_BLOCK), at most
- * FL_MSG_MAX_FRAMES of them. Receivers of pieces reuse heap buffers (fl_malloc_tune) where one
- * large frame would be mapped and page-faulted in afresh every time. */
-uint64_t ps_chunk_elems(uint64_t count);
 
 /* ---- the parameters, shared with replies in flight (copy on write) ---- */
 
@@ -170,9 +165,6 @@ int ps_payload_decode(fl_cmp_ws_t *ws, const void *const *data, const size_t *by
                       const fl_msg_frame_t *desc, size_t nframes, uint64_t count,
                       ps_src_t *src, void **owned);
 
-/* The largest |x| of n float32 (at any alignment) as its bit pattern: at or above 0x7f800000
- * when one of them is NaN or Inf. One vectorised pass. */
-uint32_t ps_max_abs_bits(const void *x, size_t n);
 
 /* Encodes count parameters with lz4 into a new buffer when that shrinks them: FL_OK with *out
  * (malloc'd, *out_len bytes) or *out = NULL when lz4 does not pay; FL_ENOMEM. */

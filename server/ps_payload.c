@@ -13,35 +13,8 @@
 #include "fl_cmp.h"
 #include "fl_msg.h"
 
-uint64_t ps_chunk_elems(uint64_t count)
-{
-    const uint64_t min = (uint64_t)1 << 20;
-    if (count <= min)
-        return count;
-    uint64_t per = (count + FL_MSG_MAX_FRAMES - 1) / FL_MSG_MAX_FRAMES;
-    per = (per + PS_BLOCK - 1) / PS_BLOCK * PS_BLOCK;
-    return per > min ? per : min;
-}
-
-/* The largest |x| of n float32 as bits (|x| orders like its bit pattern) and whether one is
- * NaN or Inf (bits at or above 0x7f800000): integer work the compiler vectorises, one pass at
- * memory speed. */
-#if defined(__x86_64__) && defined(__GNUC__) && !defined(__clang__) && __GNUC__ >= 12 && \
-    !defined(__SANITIZE_THREAD__) /* its resolver would run before the TSan runtime */
-__attribute__((target_clones("arch=x86-64-v3", "default")))
-#endif
-uint32_t ps_max_abs_bits(const void *x, size_t n)
-{
-    const uint32_t *u = (const uint32_t *)(const void *)x;
-    uint32_t m = 0;
-    for (size_t i = 0; i < n; i++) {
-        uint32_t a;
-        memcpy(&a, u + i, sizeof a);
-        a &= 0x7fffffffu;
-        m = a > m ? a : m;
-    }
-    return m;
-}
+/* The shard applies pieces in blocks: a piece boundary must be a block boundary. */
+_Static_assert(FL_MSG_PS_ALIGN % PS_BLOCK == 0, "pieces must end on a block");
 
 static float bits_float(uint32_t b)
 {
@@ -73,7 +46,7 @@ static int check_piece(const ps_src_t *src, const void *piece, uint64_t n, uint6
 {
     double m = 0.0;
     if (src->kind == PS_SRC_F32) {
-        uint32_t b = ps_max_abs_bits(piece, (size_t)n);
+        uint32_t b = fl_f32_max_abs_bits(piece, (size_t)n);
         if (b >= 0x7f800000u)
             return name_nonfinite(src, piece, n, base);
         m = (double)bits_float(b);

@@ -78,7 +78,7 @@ static ps_lz4_t *current_lz4(ps_shard_t *sh)
     atomic_init(&sh->lz4->refs, 1);
     sh->lz4->version = v;
     const float *p = ps_params_data(ps_state_params(sh->state));
-    uint64_t count = sh->conf.count, piece = ps_chunk_elems(count);
+    uint64_t count = sh->conf.count, piece = fl_msg_ps_piece(count);
     for (uint64_t at = 0; at < count; at += piece) {
         int c = sh->lz4->npieces++;
         uint64_t n = count - at < piece ? count - at : piece;
@@ -88,7 +88,7 @@ static ps_lz4_t *current_lz4(ps_shard_t *sh)
     return sh->lz4;
 }
 
-/* The parameters go in pieces of ps_chunk_elems, each without a copy (a reference keeps the
+/* The parameters go in pieces of fl_msg_ps_piece, each without a copy (a reference keeps the
  * version alive until ZeroMQ is done), or lz4-encoded when asked and when that shrinks it. */
 static void reply(ps_shard_t *sh, const fl_tp_route_t *to, int rank, bool lz4)
 {
@@ -101,7 +101,7 @@ static void reply(ps_shard_t *sh, const fl_tp_route_t *to, int rank, bool lz4)
     h.u.pull_reply.version = ps_state_version(sh->state);
     h.u.pull_reply.step = ps_state_clock(sh->state, rank);
     h.u.pull_reply.min_step = ps_state_min_clock(sh->state);
-    uint64_t count = sh->conf.count, piece = ps_chunk_elems(count);
+    uint64_t count = sh->conf.count, piece = fl_msg_ps_piece(count);
     fl_buf_t frames[FL_MSG_MAX_FRAMES];
     ps_lz4_t *z = lz4 && count > 0 ? current_lz4(sh) : NULL;
     ps_params_t *p = ps_state_params(sh->state);

@@ -694,12 +694,12 @@ START_TEST(test_payload_pieces)
     ck_assert_msg(strstr(fl_last_error(), "frame 2") != NULL, "%s", fl_last_error());
     fl_cmp_ws_destroy(&ws);
     /* The piece size senders use: one frame up to 1 Mi elements, at most 16 pieces beyond. */
-    ck_assert_uint_eq(ps_chunk_elems(1000), 1000);
-    ck_assert_uint_eq(ps_chunk_elems(1 << 20), 1 << 20);
-    ck_assert_uint_eq(ps_chunk_elems((1 << 20) + 1), 1 << 20);
+    ck_assert_uint_eq(fl_msg_ps_piece(1000), 1000);
+    ck_assert_uint_eq(fl_msg_ps_piece(1 << 20), 1 << 20);
+    ck_assert_uint_eq(fl_msg_ps_piece((1 << 20) + 1), 1 << 20);
     uint64_t big = (uint64_t)1 << 30;
-    ck_assert_uint_le((big + ps_chunk_elems(big) - 1) / ps_chunk_elems(big), FL_MSG_MAX_FRAMES);
-    ck_assert_uint_eq(ps_chunk_elems(big) % PS_BLOCK, 0);
+    ck_assert_uint_le((big + fl_msg_ps_piece(big) - 1) / fl_msg_ps_piece(big), FL_MSG_MAX_FRAMES);
+    ck_assert_uint_eq(fl_msg_ps_piece(big) % PS_BLOCK, 0);
 }
 END_TEST
 

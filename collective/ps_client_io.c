@@ -6,7 +6,6 @@
  * parameters. A lost coordinator turns into a wait for its successor and FL_ERESYNC. */
 #include "ps_client_int.h"
 
-#include "ps_int.h"
 
 #include <inttypes.h>
 #include <math.h>
@@ -53,13 +52,13 @@ static size_t lower_bound(const uint32_t *idx, size_t k, uint64_t at)
     return lo;
 }
 
-/* Splits n elements of es bytes at src into pieces of ps_chunk_elems: frames without a copy
+/* Splits n elements of es bytes at src into pieces of fl_msg_ps_piece: frames without a copy
  * (the caller's memory, held until ZeroMQ lets go), or lz4-encoded into the shard's staging
  * buffer piece by piece when asked and when that shrinks the piece. Returns the frame count. */
 static size_t dense_frames(fl_ps_client_t *cl, cl_shard_t *sh, const void *src, size_t es,
                            uint32_t dtype, bool lz4, fl_msg_hdr_t *h, fl_buf_t *frames)
 {
-    uint64_t count = sh->count, piece = ps_chunk_elems(count);
+    uint64_t count = sh->count, piece = fl_msg_ps_piece(count);
     size_t npieces = (size_t)((count + piece - 1) / piece);
     size_t cap = lz4 ? fl_cmp_lz4_bound((size_t)(piece * es)) : 0;
     if (cap > 0 && grow(&sh->stage, &sh->stage_cap, cap * npieces) != FL_OK)
@@ -288,7 +287,7 @@ static int check_grad(const fl_ps_client_t *cl, const fl_ps_grad_t *g)
 {
     /* A NaN or Inf found by one shard after others took their part would leave the step half
      * pushed: nothing leaves before the whole gradient is known finite. */
-    if (g->batch > 0 && g->dense != NULL && ps_max_abs_bits(g->dense, (size_t)cl->n) >= 0x7f800000u) {
+    if (g->batch > 0 && g->dense != NULL && fl_f32_max_abs_bits(g->dense, (size_t)cl->n) >= 0x7f800000u) {
         for (size_t i = 0; i < (size_t)cl->n; i++)
             if (!isfinite(g->dense[i]))
                 return fl_fail(FL_ENONFINITE, "rank %d: the gradient of step %llu holds %s at "
