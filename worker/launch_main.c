@@ -1,5 +1,5 @@
 /* flodl-launch: runs a whole job on this machine. Starts flodl-ps and N flodl-worker processes
- * on 127.0.0.1, relays their output behind "[ps] " / "[rank K] ", forwards SIGINT/SIGTERM, and
+ * (or N copies of any program, e.g. a Python script using the flodl package) on 127.0.0.1, relays their output behind "[ps] " / "[rank K] ", forwards SIGINT/SIGTERM, and
  * stops everything when one process fails, naming it. Flags and policy live here; fork/exec,
  * the output relay and reaping in launch_proc.c. Exit 0 / 1 (a process failed) / 2 (bad flags)
  * / 128+signal. */
@@ -26,8 +26,15 @@
 
 static const char usage[] =
     "usage: flodl-launch [--workers N] [launcher options] [--] [flodl-worker flags]\n"
-    "Runs flodl-ps and N flodl-worker processes on this machine, prefixes their output with\n"
-    "\"[ps] \" or \"[rank K] \", and stops them all when one fails.\n"
+    "       flodl-launch [--workers N] [launcher options] -- PROGRAM [ARGS...]\n"
+    "Runs flodl-ps and N flodl-worker processes (or N copies of PROGRAM) on this machine,\n"
+    "prefixes their output with \"[ps] \" or \"[rank K] \", and stops them all when one fails.\n"
+    "The word after \"--\" decides: a flag (it starts with '-') or nothing means flodl-worker\n"
+    "flags; anything else is PROGRAM (looked up in PATH without a '/'), run with ARGS as\n"
+    "they are and, in its environment, FLODL_RANK=K, FLODL_WORLD_SIZE=N,\n"
+    "FLODL_COORDINATOR (flodl-ps's endpoint), LOCAL_RANK=K, LOCAL_WORLD_SIZE=N and\n"
+    "FLODL_CURVE_DIR (the job's keys) or FLODL_INSECURE=1, as flodl.init() in Python reads:\n"
+    "  flodl-launch --workers 4 -- python3 train.py --lr 0.1\n"
     "  --workers N              worker processes (default 4)\n"
     "  --heartbeat-timeout MS   passed to flodl-ps: a rank silent this long is dead\n"
     "  --no-pin                 do not pin workers; by default, with more workers than CPUs,\n"
@@ -41,7 +48,7 @@ static const char usage[] =
     "  --ps PATH                flodl-ps to run (default: the one next to flodl-launch)\n"
     "  --worker PATH            flodl-worker to run (default: the one next to flodl-launch)\n"
     "  --help                   this text\n"
-    "Every other argument, and everything after \"--\", goes to each worker, which also gets\n"
+    "Otherwise every other argument, and everything after \"--\", goes to each worker, which also gets\n"
     "--rank K --world-size N --coordinator (flodl-ps's endpoint); --job-id goes to flodl-ps too.\n"
     "flodl-ps logs at level warn unless FLODL_LOG is set.\n"
     "Exit status: 0 when every process succeeded, 1 when one failed (named on stderr), 2 on bad\n"
@@ -62,6 +69,7 @@ typedef struct launch_opts {
     size_t nwargs;
     const char **pargs; /* --ps-flag values, in order */
     size_t npargs;
+    char *const *prog; /* PROGRAM and its ARGS (NULL-terminated, from argv), or NULL */
 } launch_opts_t;
 
 /* One job: flodl-ps is child 0, rank k is child k + 1. */
@@ -108,6 +116,12 @@ static int parse_flags(int argc, char **argv, launch_opts_t *o)
     for (int i = 1; i < argc; i++) {
         const char *a = argv[i];
         if (!rest && strcmp(a, "--") == 0) {
+            /* A word that is not a flag right after "--" is a program: it and everything after
+             * it are its own, and the launcher reads no further. */
+            if (i + 1 < argc && argv[i + 1][0] != '-') {
+                o->prog = argv + i + 1;
+                break;
+            }
             rest = true;
             continue;
         }
@@ -211,6 +225,30 @@ static int find_binary(const char *flag, const char *given, const char *name, co
         return FL_OK;
     return fl_fail(FL_EIO, "cannot find %s in %s or %s/../%s; pass %s PATH", name, self, self,
                    sub, flag);
+}
+
+/* PROGRAM as given when it holds a '/', else the first executable of that name in PATH. */
+static int find_program(const char *prog, char *out, size_t cap)
+{
+    if (strchr(prog, '/') != NULL) {
+        if (!is_executable(prog))
+            return fl_fail(FL_EINVAL, "program '%s' is not an executable file", prog);
+        snprintf(out, cap, "%s", prog);
+        return FL_OK;
+    }
+    const char *path = getenv("PATH");
+    if (path == NULL || path[0] == '\0')
+        path = "/usr/local/bin:/usr/bin:/bin";
+    for (const char *p = path; *p != '\0';) {
+        size_t n = strcspn(p, ":");
+        int w = snprintf(out, cap, "%.*s/%s", (int)n, n > 0 ? p : ".", prog);
+        if (w > 0 && (size_t)w < cap && is_executable(out))
+            return FL_OK;
+        p += n;
+        if (*p == ':')
+            p++;
+    }
+    return fl_fail(FL_EINVAL, "program '%s' not found in PATH", prog);
 }
 
 /* Sends sig to every process still running: the workers first, then flodl-ps, so the ranks
@@ -468,8 +506,51 @@ static int pin_cpu(const launch_opts_t *o, long rank)
     return -1;
 }
 
+/* The variables a program's flodl.init() (or fl_comm_opts_from_env) reads, for rank k; the
+ * launcher is single-threaded here, and each child takes its copy of the environment at fork. */
+static void program_env(const launch_opts_t *o, long k, const char *ep)
+{
+    char v[24];
+    snprintf(v, sizeof v, "%ld", k);
+    setenv("FLODL_RANK", v, 1);
+    setenv("LOCAL_RANK", v, 1);
+    snprintf(v, sizeof v, "%ld", o->workers);
+    setenv("FLODL_WORLD_SIZE", v, 1);
+    setenv("LOCAL_WORLD_SIZE", v, 1);
+    setenv("FLODL_COORDINATOR", ep, 1);
+    if (o->insecure) {
+        setenv("FLODL_INSECURE", "1", 1);
+        unsetenv("FLODL_CURVE_DIR");
+    } else {
+        setenv("FLODL_CURVE_DIR", o->curve_dir, 1);
+        unsetenv("FLODL_INSECURE");
+    }
+    if (o->job_id != NULL)
+        setenv("FLODL_JOB_ID", o->job_id, 1);
+}
+
 static void start_workers(job_t *j, const launch_opts_t *o, const char *path, const char *ep)
 {
+    if (o->prog != NULL) {
+        for (long k = 0; k < o->workers && !j->stopping; k++) {
+            char name[32];
+            char prefix[32];
+            snprintf(name, sizeof name, "rank %ld", k);
+            snprintf(prefix, sizeof prefix, "[rank %ld] ", k);
+            program_env(o, k, ep);
+            size_t idx;
+            if (fl_wk_procs_spawn(j->procs, name, prefix, path, o->prog, pin_cpu(o, k), &idx) !=
+                FL_OK) {
+                fprintf(stderr, "flodl-launch: cannot start rank %ld: %s; stopping the others\n",
+                        k, fl_last_error());
+                j->code = 1;
+                stop_all(j, SIGTERM);
+                break;
+            }
+            j->started++;
+        }
+        return;
+    }
     const char **argv = calloc(o->nwargs + 12, sizeof *argv);
     if (argv == NULL) {
         fprintf(stderr, "flodl-launch: no memory for the workers' arguments\n");
@@ -595,7 +676,12 @@ int main(int argc, char **argv)
     char wk_path[PATH_MAX];
     if (rc == FL_OK)
         rc = find_binary("--ps", o.ps_path, "flodl-ps", "server", ps_path, sizeof ps_path);
-    if (rc == FL_OK)
+    if (rc == FL_OK && o.prog != NULL && o.nwargs > 0)
+        rc = fl_fail(FL_EINVAL, "'%s': a flodl-worker flag, but the job runs the program '%s'",
+                     o.wargs[0], o.prog[0]);
+    if (rc == FL_OK && o.prog != NULL)
+        rc = find_program(o.prog[0], wk_path, sizeof wk_path);
+    else if (rc == FL_OK)
         rc = find_binary("--worker", o.worker_path, "flodl-worker", "worker", wk_path,
                          sizeof wk_path);
     if (rc != FL_OK) {
