@@ -59,6 +59,7 @@ c_void_p = ctypes.c_void_p
 # Error codes and enums (include/flodl/flodl.h).
 FL_OK = 0
 FL_FLOAT32, FL_FLOAT16, FL_BFLOAT16 = 1, 2, 3
+FL_UINT8 = 6
 FL_SUM, FL_AVG = 1, 2
 
 _SPARE = 512  # bytes after the fields we know: room for fields a newer library appends

@@ -1,0 +1,169 @@
+"""One rank of a tests/python/run.py case: rank, world size and coordinator come from the
+environment (flodl-launch's or the driver's). Prints one line "RESULT <json>" at the end;
+exits non-zero on a failed check."""
+import json
+import os
+import signal
+import sys
+import time
+
+import torch
+
+import flodl
+import flodl.torch
+
+DTYPES = (torch.float32, torch.float16, torch.bfloat16)
+
+
+def result(**kw):
+    print("RESULT " + json.dumps(kw), flush=True)
+
+
+def collectives():
+    flodl.init(timeout_ms=20000)
+    r, n = flodl.rank(), flodl.size()
+    for dt in DTYPES:
+        # Small integers: exact in every dtype, so every sum is exact too.
+        t = torch.arange(7, dtype=torch.float32).to(dt) + r
+        ptr = t.data_ptr()
+        assert flodl.allreduce(t, op="sum", name="s") is t and t.data_ptr() == ptr
+        want = (torch.arange(7, dtype=torch.float32) * n + n * (n - 1) / 2).to(dt)
+        assert torch.equal(t, want), (dt, t, want)
+        a = torch.full((3, 2), float(2 * r), dtype=dt)
+        flodl.allreduce(a, op="avg", name="a")
+        assert torch.equal(a, torch.full((3, 2), float(n - 1), dtype=dt)), (dt, a)
+        b = torch.full((5,), float(r + 10), dtype=dt)
+        flodl.broadcast(b, root=n - 1, name="b")
+        assert torch.equal(b, torch.full((5,), float(n - 1 + 10), dtype=dt)), (dt, b)
+        g = flodl.allgather(torch.full((2, 3), float(r), dtype=dt), name="g")
+        want = torch.cat([torch.full((2, 3), float(k), dtype=dt) for k in range(n)])
+        assert g.dtype == dt and torch.equal(g, want), (dt, g)
+        e = torch.empty(0, dtype=dt)
+        flodl.allreduce(e, name="empty")
+    flodl.barrier()
+    flodl.shutdown()
+    result(ok=True)
+
+
+def expect(exc, words, fn):
+    try:
+        fn()
+    except exc as e:
+        text = str(e)
+        missing = [w for w in words if w not in text]
+        assert not missing, "%r lacks %s" % (text, missing)
+        return text
+    raise AssertionError("no %s raised" % exc.__name__)
+
+
+def bad():
+    flodl.init(timeout_ms=5000)
+    r = flodl.rank()
+    nc = torch.zeros(4, 4).t()
+    expect(ValueError, ["'nc'", "not contiguous"], lambda: flodl.allreduce(nc, name="nc"))
+    i64 = torch.zeros(4, dtype=torch.int64)
+    expect(TypeError, ["'ids'", "int64"], lambda: flodl.allreduce(i64, name="ids"))
+    expect(TypeError, ["float64"], lambda: flodl.broadcast(torch.zeros(2, dtype=torch.float64)))
+    flodl.barrier()  # the refusals above sent nothing: the communicator is still whole
+    t = torch.ones(100 + r)  # a different size on every rank
+    t0 = time.monotonic()
+    text = expect(flodl.FlodlError, ["'w'", "rank %d" % r], lambda: flodl.allreduce(t, name="w"))
+    elapsed = time.monotonic() - t0
+    flodl.shutdown()
+    result(ok=True, elapsed=elapsed, text=text)
+
+
+def kill():
+    flodl.init(timeout_ms=60000)
+    r, n = flodl.rank(), flodl.size()
+    t = torch.ones(1000)
+    flodl.allreduce(t, name="x")
+    if r == n - 1:
+        os.kill(os.getpid(), signal.SIGKILL)
+    t0 = time.monotonic()
+    text = expect(flodl.FlodlError, ["rank %d" % (n - 1), "'x'"],
+                  lambda: [flodl.allreduce(t, name="x") for _ in range(100000)])
+    elapsed = time.monotonic() - t0
+    flodl.shutdown()
+    result(ok=True, elapsed=elapsed, text=text)
+
+
+def model():
+    torch.manual_seed(0)
+    return torch.nn.Sequential(torch.nn.Linear(10, 32), torch.nn.Tanh(), torch.nn.Linear(32, 16),
+                               torch.nn.Tanh(), torch.nn.Linear(16, 1))
+
+
+def train(m, opt, x, y, steps):
+    for s in range(steps):
+        opt.zero_grad()
+        loss = torch.nn.functional.mse_loss(m(x[s]), y[s])
+        loss.backward()
+        opt.step()
+    return loss.item()
+
+
+def optimizer(compression=None):
+    flodl.init(timeout_ms=20000)
+    r, n = flodl.rank(), flodl.size()
+    steps, per = 4, 8
+    gen = torch.Generator().manual_seed(1)
+    x = torch.randn(steps, per * n, 10, generator=gen)
+    y = torch.randn(steps, per * n, 1, generator=gen)
+    m = model()
+    if r != 0:  # differs until broadcast_parameters makes it root's
+        with torch.no_grad():
+            for p in m.parameters():
+                p.add_(1.0)
+    flodl.torch.broadcast_parameters(m.state_dict(), root=0)
+    opt = flodl.torch.DistributedOptimizer(torch.optim.SGD(m.parameters(), lr=0.1, momentum=0.9),
+                                           m.named_parameters(), compression=compression,
+                                           bucket_mb=0.002)
+    assert len(opt._buckets) >= 3, len(opt._buckets)
+    mine = slice(r * per, (r + 1) * per)
+    train(m, opt, x[:, mine], y[:, mine], steps)
+    ref = model()
+    train(ref, torch.optim.SGD(ref.parameters(), lr=0.1, momentum=0.9), x, y, steps)
+    worst = 0.0
+    for (name, p), q in zip(m.named_parameters(), ref.parameters()):
+        rel = ((p - q).abs().max() / q.abs().max()).item()
+        worst = max(worst, rel)
+        assert rel <= 1e-5, "%s differs from the one-process run by %g (relative)" % (name, rel)
+    sd = opt.state_dict()
+    if compression is not None:
+        assert len(sd["flodl_residuals"]) == len(opt._buckets)
+        opt.load_state_dict(sd)
+    opt.close()
+    flodl.shutdown()
+    result(ok=True, worst=worst, buckets=len(opt._buckets))
+
+
+def topk():
+    """Top-k at density 1 is dense averaging; at 1% it trains, keeping residuals that
+    state_dict saves and load_state_dict restores."""
+    optimizer(flodl.TopK(1.0))
+
+
+def topk_sparse():
+    flodl.init(timeout_ms=20000)
+    r = flodl.rank()
+    m = model()
+    opt = flodl.torch.DistributedOptimizer(torch.optim.SGD(m.parameters(), lr=0.05),
+                                           m.named_parameters(),
+                                           compression=flodl.TopK(0.01, values="float16"))
+    gen = torch.Generator().manual_seed(2 + r)
+    x = torch.randn(6, 16, 10, generator=gen)
+    y = x.sum(dim=2, keepdim=True) * 0.1
+    train(m, opt, x, y, 6)
+    sd = opt.state_dict()
+    res = sd["flodl_residuals"][0]["residual"]
+    assert res.abs().sum() > 0, "no residual kept"
+    opt.load_state_dict(sd)
+    assert torch.equal(opt.state_dict()["flodl_residuals"][0]["residual"], res)
+    opt.close()
+    flodl.shutdown()
+    result(ok=True, residual_norm=res.norm().item())
+
+
+if __name__ == "__main__":
+    globals()[sys.argv[1]]()

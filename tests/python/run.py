@@ -1,0 +1,156 @@
+"""The flodl Python package's tests (ctest label python): each case runs N ranks of cases.py as
+processes, with a coordinator embedded here (fl_coord through the package's ctypes layer) or
+under flodl-launch, and checks every rank's result. Skipped (exit 77) when /usr/bin/python3
+cannot import torch.
+    /usr/bin/python3 tests/python/run.py BUILD_DIR [CASE...]"""
+import ctypes
+import json
+import os
+import subprocess
+import sys
+import time
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+SRC = os.path.dirname(os.path.dirname(HERE))
+try:
+    import torch  # noqa: F401
+except ImportError as e:
+    print("SKIP: /usr/bin/python3 cannot import torch (%s); install python3-torch" % e)
+    sys.exit(77)
+
+BUILD = os.path.abspath(sys.argv[1])
+os.environ["FLODL_LIBRARY"] = os.path.join(BUILD, "libflodl.so")
+os.environ["PYTHONPATH"] = os.path.join(SRC, "python")
+sys.path.insert(0, os.path.join(SRC, "python"))
+import flodl  # noqa: E402
+from flodl import _lib  # noqa: E402
+
+CASES = os.path.join(HERE, "cases.py")
+failures = []
+
+
+def fail(msg):
+    print("FAIL: " + msg, flush=True)
+    failures.append(msg)
+
+
+def results(outs):
+    got = []
+    for out in outs:
+        lines = [l for l in out.splitlines() if l.startswith("RESULT ")]
+        got.append(json.loads(lines[-1][7:]) if lines else None)
+    return got
+
+
+def with_coordinator(case, n, heartbeat_ms=5000, timeout_s=90, expect_dead=()):
+    """Runs n ranks of case against a coordinator in this process; returns each rank's
+    (exit status, output)."""
+    o = _lib.CoordOpts()
+    _lib.fl_coord_opts_init(ctypes.byref(o))
+    o.bind = b"tcp://127.0.0.1:0"
+    o.world_size = n
+    o.heartbeat_timeout_ms = heartbeat_ms
+    o.log_level = 4
+    coord = ctypes.c_void_p()
+    flodl._check(_lib.fl_coord_create(ctypes.byref(o), ctypes.byref(coord)), "coordinator")
+    flodl._check(_lib.fl_coord_start(coord), "coordinator start")
+    ep = _lib.fl_coord_endpoint(coord).decode()
+    procs = []
+    for r in range(n):
+        env = dict(os.environ, FLODL_RANK=str(r), FLODL_WORLD_SIZE=str(n),
+                   FLODL_COORDINATOR=ep, FLODL_INSECURE="1")
+        env.pop("FLODL_CURVE_DIR", None)
+        procs.append(subprocess.Popen(["/usr/bin/python3", CASES, case], env=env,
+                                      stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                                      text=True))
+    outs = []
+    deadline = time.monotonic() + timeout_s
+    for r, p in enumerate(procs):
+        try:
+            out, _ = p.communicate(timeout=max(1, deadline - time.monotonic()))
+        except subprocess.TimeoutExpired:
+            p.kill()
+            out, _ = p.communicate()
+            out += "\n(killed: still running after %d s)" % timeout_s
+        outs.append((p.returncode, out))
+    _lib.fl_coord_stop(coord)
+    _lib.fl_coord_destroy(ctypes.byref(coord))
+    for r, (rc, out) in enumerate(outs):
+        if r in expect_dead:
+            continue
+        if rc != 0:
+            fail("%s: rank %d exited with %s:\n%s" % (case, r, rc, out[-3000:]))
+    return outs
+
+
+def check_all_ok(case, outs, skip=()):
+    got = results(o for _, o in outs)
+    for r, g in enumerate(got):
+        if r not in skip and not (g and g.get("ok")):
+            fail("%s: rank %d has no result" % (case, r))
+    return got
+
+
+def t_collectives():
+    for n in (2, 3):
+        check_all_ok("collectives", with_coordinator("collectives", n))
+
+
+def t_bad():
+    outs = with_coordinator("bad", 3)
+    for r, g in enumerate(check_all_ok("bad", outs)):
+        if g:
+            print("  rank %d raised after %.2f s: %s" % (r, g["elapsed"], g["text"]))
+            if g["elapsed"] > 5 + 2:
+                fail("bad: rank %d took %.1f s, beyond the 5 s deadline" % (r, g["elapsed"]))
+
+
+def t_kill():
+    n, hb = 3, 2000
+    outs = with_coordinator("kill", n, heartbeat_ms=hb, expect_dead=(n - 1,))
+    if outs[n - 1][0] != -9:
+        fail("kill: rank %d was not killed: %s" % (n - 1, outs[n - 1]))
+    for r, g in enumerate(check_all_ok("kill", outs, skip=(n - 1,))[:n - 1]):
+        if g:
+            print("  rank %d raised after %.2f s: %s" % (r, g["elapsed"], g["text"]))
+            if g["elapsed"] > hb / 1000 + 2:
+                fail("kill: rank %d took %.1f s (heartbeat timeout %d ms + 2 s)"
+                     % (r, g["elapsed"], hb))
+
+
+def t_optimizer():
+    for n in (2, 4):
+        for g in check_all_ok("optimizer", with_coordinator("optimizer", n)):
+            if g:
+                print("  %d ranks: %d buckets, largest relative difference %.2e"
+                      % (n, g["buckets"], g["worst"]))
+
+
+def t_topk():
+    check_all_ok("topk", with_coordinator("topk", 2))
+    check_all_ok("topk_sparse", with_coordinator("topk_sparse", 3))
+
+
+def t_launch():
+    """flodl-launch runs the program after '--' (its own throw-away keys: CURVE)."""
+    env = dict(os.environ)
+    env.pop("FLODL_INSECURE", None)
+    env.pop("FLODL_CURVE_DIR", None)
+    p = subprocess.run([os.path.join(BUILD, "worker", "flodl-launch"), "--workers", "2", "--",
+                        "/usr/bin/python3", CASES, "collectives"], env=env, timeout=90,
+                       stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    oks = [l for l in p.stdout.splitlines() if '"ok": true' in l]
+    if p.returncode != 0 or len(oks) != 2 or not all(l.startswith("[rank ") for l in oks):
+        fail("launch: status %d, output:\n%s" % (p.returncode, p.stdout[-3000:]))
+
+
+ALL = ["collectives", "bad", "kill", "optimizer", "topk", "launch"]
+for name in sys.argv[2:] or ALL:
+    t0 = time.monotonic()
+    print("== %s" % name, flush=True)
+    globals()["t_" + name]()
+    print("   %.1f s" % (time.monotonic() - t0), flush=True)
+if failures:
+    print("%d failure(s)" % len(failures))
+    sys.exit(1)
+print("all passed")
