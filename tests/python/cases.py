@@ -79,6 +79,7 @@ def kill():
     t = torch.ones(1000)
     flodl.allreduce(t, name="x")
     if r == n - 1:
+        time.sleep(0.5)  # let the allreduce's last sends leave: the others must complete it
         os.kill(os.getpid(), signal.SIGKILL)
     t0 = time.monotonic()
     text = expect(flodl.FlodlError, ["rank %d" % (n - 1), "'x'"],

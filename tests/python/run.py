@@ -144,7 +144,19 @@ def t_launch():
         fail("launch: status %d, output:\n%s" % (p.returncode, p.stdout[-3000:]))
 
 
-ALL = ["collectives", "bad", "kill", "optimizer", "topk", "launch"]
+def t_example():
+    """The README's command: 4 processes, top-k 1%, 200 steps; it must learn."""
+    p = subprocess.run([os.path.join(BUILD, "worker", "flodl-launch"), "--workers", "4", "--",
+                        "/usr/bin/python3", os.path.join(SRC, "examples", "pytorch_mnist_like.py")],
+                       timeout=100, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    summary = [l for l in p.stdout.splitlines() if "summary:" in l]
+    acc = float(summary[0].rsplit("accuracy ", 1)[1].rstrip("%")) if summary else 0.0
+    print("  " + (summary[0] if summary else "(no summary)"))
+    if p.returncode != 0 or acc < 80:
+        fail("example: status %d, accuracy %.1f%%:\n%s" % (p.returncode, acc, p.stdout[-3000:]))
+
+
+ALL = ["collectives", "bad", "kill", "optimizer", "topk", "launch", "example"]
 for name in sys.argv[2:] or ALL:
     t0 = time.monotonic()
     print("== %s" % name, flush=True)
