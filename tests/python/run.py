@@ -144,6 +144,31 @@ def t_launch():
         fail("launch: status %d, output:\n%s" % (p.returncode, p.stdout[-3000:]))
 
 
+def t_install():
+    """pip installs the package offline (from a copy: the build leaves files behind), and the
+    installed package loads libflodl through FLODL_LIBRARY."""
+    import shutil
+    import tempfile
+    with tempfile.TemporaryDirectory() as tmp:
+        shutil.copytree(os.path.join(SRC, "python"), os.path.join(tmp, "src"),
+                        ignore=shutil.ignore_patterns("build", "__pycache__", "*.egg-info"))
+        p = subprocess.run(["/usr/bin/python3", "-m", "pip", "install", "--no-index",
+                            "--no-build-isolation", "--no-deps", "--target",
+                            os.path.join(tmp, "site"), os.path.join(tmp, "src")],
+                           stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                           timeout=100)
+        if p.returncode != 0:
+            fail("install: pip failed:\n" + p.stdout[-2000:])
+            return
+        env = dict(os.environ, PYTHONPATH=os.path.join(tmp, "site"))
+        q = subprocess.run(["/usr/bin/python3", "-c", "import flodl, flodl.torch; "
+                            "print(flodl.__file__, flodl.library_version())"], cwd=tmp, env=env,
+                           stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+        if q.returncode != 0 or not q.stdout.startswith(os.path.join(tmp, "site")):
+            fail("install: the installed package does not load:\n" + q.stdout[-2000:])
+        print("  " + q.stdout.strip())
+
+
 def t_example():
     """The README's command: 4 processes, top-k 1%, 200 steps; it must learn."""
     p = subprocess.run([os.path.join(BUILD, "worker", "flodl-launch"), "--workers", "4", "--",
@@ -156,7 +181,7 @@ def t_example():
         fail("example: status %d, accuracy %.1f%%:\n%s" % (p.returncode, acc, p.stdout[-3000:]))
 
 
-ALL = ["collectives", "bad", "kill", "optimizer", "topk", "launch", "example"]
+ALL = ["collectives", "bad", "kill", "optimizer", "topk", "launch", "install", "example"]
 for name in sys.argv[2:] or ALL:
     t0 = time.monotonic()
     print("== %s" % name, flush=True)
