@@ -104,8 +104,9 @@ def train(m, opt, x, y, steps):
     return loss.item()
 
 
-def optimizer(compression=None):
-    flodl.init(timeout_ms=20000)
+def equivalence(compression):
+    """n ranks, each with its part of every batch, end with the parameters of one process that
+    trains on the combined batches."""
     r, n = flodl.rank(), flodl.size()
     steps, per = 4, 8
     gen = torch.Generator().manual_seed(1)
@@ -129,24 +130,16 @@ def optimizer(compression=None):
     for (name, p), q in zip(m.named_parameters(), ref.parameters()):
         rel = ((p - q).abs().max() / q.abs().max()).item()
         worst = max(worst, rel)
-        assert rel <= 1e-5, "%s differs from the one-process run by %g (relative)" % (name, rel)
-    sd = opt.state_dict()
-    if compression is not None:
-        assert len(sd["flodl_residuals"]) == len(opt._buckets)
-        opt.load_state_dict(sd)
+        assert rel <= 1e-5, "%s: %s differs from the one-process run by %g (relative)" % (
+            compression, name, rel)
+    buckets = len(opt._buckets)
     opt.close()
-    flodl.shutdown()
-    result(ok=True, worst=worst, buckets=len(opt._buckets))
-
-
-def topk():
-    """Top-k at density 1 is dense averaging; at 1% it trains, keeping residuals that
-    state_dict saves and load_state_dict restores."""
-    optimizer(flodl.TopK(1.0))
+    return worst, buckets
 
 
 def topk_sparse():
-    flodl.init(timeout_ms=20000)
+    """Top-k 1% (float16 values) trains, keeping residuals that state_dict saves and
+    load_state_dict restores."""
     r = flodl.rank()
     m = model()
     opt = flodl.torch.DistributedOptimizer(torch.optim.SGD(m.parameters(), lr=0.05),
@@ -162,8 +155,17 @@ def topk_sparse():
     opt.load_state_dict(sd)
     assert torch.equal(opt.state_dict()["flodl_residuals"][0]["residual"], res)
     opt.close()
+    return res.norm().item()
+
+
+def optimizer():
+    """Dense averaging, then top-k at density 1 (which must equal it), then top-k 1%."""
+    flodl.init(timeout_ms=20000)
+    worst, buckets = equivalence(None)
+    worst_topk, _ = equivalence(flodl.TopK(1.0))
+    norm = topk_sparse()
     flodl.shutdown()
-    result(ok=True, residual_norm=res.norm().item())
+    result(ok=True, worst=worst, worst_topk=worst_topk, buckets=buckets, residual_norm=norm)
 
 
 if __name__ == "__main__":

@@ -21,6 +21,7 @@ except ImportError as e:
 BUILD = os.path.abspath(sys.argv[1])
 os.environ["FLODL_LIBRARY"] = os.path.join(BUILD, "libflodl.so")
 os.environ["PYTHONPATH"] = os.path.join(SRC, "python")
+os.environ["OMP_NUM_THREADS"] = "1"  # several ranks share few cores: no intra-op threads
 sys.path.insert(0, os.path.join(SRC, "python"))
 import flodl  # noqa: E402
 from flodl import _lib  # noqa: E402
@@ -92,8 +93,7 @@ def check_all_ok(case, outs, skip=()):
 
 
 def t_collectives():
-    for n in (2, 3):
-        check_all_ok("collectives", with_coordinator("collectives", n))
+    check_all_ok("collectives", with_coordinator("collectives", 3))  # 2 ranks: t_launch
 
 
 def t_bad():
@@ -120,15 +120,12 @@ def t_kill():
 
 def t_optimizer():
     for n in (2, 4):
-        for g in check_all_ok("optimizer", with_coordinator("optimizer", n)):
-            if g:
-                print("  %d ranks: %d buckets, largest relative difference %.2e"
-                      % (n, g["buckets"], g["worst"]))
-
-
-def t_topk():
-    check_all_ok("topk", with_coordinator("topk", 2))
-    check_all_ok("topk_sparse", with_coordinator("topk_sparse", 3))
+        got = check_all_ok("optimizer", with_coordinator("optimizer", n))
+        if got[0]:
+            print("  %d ranks: %d buckets, largest relative difference dense %.2e, top-k at "
+                  "density 1 %.2e; top-k 1%% residual norm %.3g" % (
+                      n, got[0]["buckets"], got[0]["worst"], got[0]["worst_topk"],
+                      got[0]["residual_norm"]))
 
 
 def t_launch():
@@ -181,7 +178,7 @@ def t_example():
         fail("example: status %d, accuracy %.1f%%:\n%s" % (p.returncode, acc, p.stdout[-3000:]))
 
 
-ALL = ["collectives", "bad", "kill", "optimizer", "topk", "launch", "install", "example"]
+ALL = ["collectives", "bad", "kill", "optimizer", "launch", "install", "example"]
 for name in sys.argv[2:] or ALL:
     t0 = time.monotonic()
     print("== %s" % name, flush=True)
