@@ -57,7 +57,7 @@ def expect(exc, words, fn):
 
 
 def bad():
-    flodl.init(timeout_ms=5000)
+    flodl.init(timeout_ms=15000)  # the deadline the mismatch must fail within (it is at once)
     r = flodl.rank()
     nc = torch.zeros(4, 4).t()
     expect(ValueError, ["'nc'", "not contiguous"], lambda: flodl.allreduce(nc, name="nc"))

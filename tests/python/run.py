@@ -101,8 +101,8 @@ def t_bad():
     for r, g in enumerate(check_all_ok("bad", outs)):
         if g:
             print("  rank %d raised after %.2f s: %s" % (r, g["elapsed"], g["text"]))
-            if g["elapsed"] > 5 + 2:
-                fail("bad: rank %d took %.1f s, beyond the 5 s deadline" % (r, g["elapsed"]))
+            if g["elapsed"] > 15:
+                fail("bad: rank %d took %.1f s, beyond the 15 s deadline" % (r, g["elapsed"]))
 
 
 def t_kill():
