@@ -100,6 +100,10 @@ def train(m, opt, x, y, steps):
         opt.zero_grad()
         loss = torch.nn.functional.mse_loss(m(x[s]), y[s])
         loss.backward()
+        if isinstance(opt, flodl.torch.DistributedOptimizer):
+            # The hooks handed every bucket to the exchange thread during backward.
+            assert opt._next == len(opt._buckets), "buckets left for step(): %d of %d sent" % (
+                opt._next, len(opt._buckets))
         opt.step()
     return loss.item()
 
