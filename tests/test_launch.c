@@ -342,6 +342,9 @@ START_TEST(test_bad_flags)
         {{"--worker", NULL}, {"--worker", "missing", NULL}},
         {{"--workers", "2", "--rank", "1", NULL}, {"--rank", "set by flodl-launch", NULL}},
         {{"--", "--coordinator=tcp://127.0.0.1:1", NULL}, {"--coordinator", "remove it", NULL}},
+        {{"--size", "1M", "--", "sh", NULL}, {"'--size'", "runs the program 'sh'", NULL}},
+        {{"--", "/nonexistent/prog", NULL}, {"/nonexistent/prog", "not an executable", NULL}},
+        {{"--", "no-such-program-x", NULL}, {"no-such-program-x", "not found in PATH", NULL}},
     };
     char failures[4096] = "";
     for (size_t c = 0; c < sizeof cases / sizeof cases[0]; c++) {
@@ -398,6 +401,31 @@ START_TEST(test_small_job)
         summaries += count_of(p.buf[0], line);
     }
     ck_assert_msg(summaries == 3, "each rank should print its summary: %s", info);
+    proc_free(&p);
+}
+END_TEST
+
+/* A word after "--" that is not a flag is a program, run as it is with the rank variables in
+ * its environment: here a shell that prints them, then becomes a flodl-worker, which reads
+ * them as any program's flodl.init() would (security included: the throw-away keys). */
+START_TEST(test_program)
+{
+    static const char *const args[] = {
+        "--workers", "2", "--", "sh", "-c",
+        "echo env $FLODL_RANK/$FLODL_WORLD_SIZE $LOCAL_RANK/$LOCAL_WORLD_SIZE "
+        "${FLODL_CURVE_DIR:+curve}${FLODL_INSECURE:+insecure}; "
+        "exec \"$0\" --mode drill --size 1M --steps 2",
+        FLODL_BIN_DIR "/worker/flodl-worker", NULL};
+    proc_t p;
+    run_launch(&p, args, 40000);
+    char info[6000];
+    show(&p, info, sizeof info);
+    ck_assert_msg(proc_code(&p) == 0, "%s", info);
+    ck_assert_msg(count_of(p.buf[0], "[rank 0] env 0/2 0/2 curve\n") == 1 &&
+                      count_of(p.buf[0], "[rank 1] env 1/2 1/2 curve\n") == 1,
+                  "each rank should see its variables: %s", info);
+    ck_assert_msg(count_of(p.buf[0], "[rank 1] rank 1 summary: 2 steps of 1 MiB verified") == 1,
+                  "the program should run as rank 1 of 2: %s", info);
     proc_free(&p);
 }
 END_TEST
@@ -721,6 +749,7 @@ Suite *launch_suite(void)
     t = tcase_create("jobs");
     tcase_set_timeout(t, 60);
     tcase_add_test(t, test_small_job);
+    tcase_add_test(t, test_program);
     tcase_add_test(t, test_flags_anywhere);
     tcase_add_test(t, test_relay);
     suite_add_tcase(s, t);

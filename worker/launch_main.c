@@ -1,8 +1,9 @@
 /* flodl-launch: runs a whole job on this machine. Starts flodl-ps and N flodl-worker processes
- * (or N copies of any program, e.g. a Python script using the flodl package) on 127.0.0.1, relays their output behind "[ps] " / "[rank K] ", forwards SIGINT/SIGTERM, and
- * stops everything when one process fails, naming it. Flags and policy live here; fork/exec,
- * the output relay and reaping in launch_proc.c. Exit 0 / 1 (a process failed) / 2 (bad flags)
- * / 128+signal. */
+ * (or N copies of any program, e.g. a Python script using the flodl package) on 127.0.0.1,
+ * relays their output behind "[ps] " / "[rank K] ", forwards SIGINT/SIGTERM, and stops
+ * everything when one process fails, naming it. Flags and policy live here; fork/exec, the
+ * output relay and reaping in launch_proc.c. Exit 0 / 1 (a process failed) / 2 (bad flags) /
+ * 128+signal. */
 #include <errno.h>
 #include <limits.h>
 #include <sched.h>
@@ -48,8 +49,9 @@ static const char usage[] =
     "  --ps PATH                flodl-ps to run (default: the one next to flodl-launch)\n"
     "  --worker PATH            flodl-worker to run (default: the one next to flodl-launch)\n"
     "  --help                   this text\n"
-    "Otherwise every other argument, and everything after \"--\", goes to each worker, which also gets\n"
-    "--rank K --world-size N --coordinator (flodl-ps's endpoint); --job-id goes to flodl-ps too.\n"
+    "Otherwise every other argument, and everything after \"--\", goes to each worker, which\n"
+    "also gets --rank K --world-size N --coordinator (flodl-ps's endpoint); --job-id goes to\n"
+    "flodl-ps too.\n"
     "flodl-ps logs at level warn unless FLODL_LOG is set.\n"
     "Exit status: 0 when every process succeeded, 1 when one failed (named on stderr), 2 on bad\n"
     "flags, 128+signal after SIGINT or SIGTERM (forwarded to every process).\n";
