@@ -10,8 +10,10 @@ FLODL_*, torchrun's RANK/WORLD_SIZE/MASTER_ADDR/MASTER_PORT, Open MPI's, Kuberne
 libflodl's fl_comm_opts_from_env; CurveZMQ keys from FLODL_CURVE_DIR, or FLODL_INSECURE=1 for
 plain text. One communicator per process; the collectives may be called from any thread (they
 take turns)."""
+import atexit
 import ctypes
 import os
+import sys
 import threading
 
 from . import _lib
@@ -58,6 +60,20 @@ _rank = -1
 _size = 0
 _lock = threading.RLock()  # one thread at a time per communicator (comm.h)
 _keep = []                 # strings the options point at, alive as long as the communicator
+_uncaught = None           # the exception that ends the program, if one does
+_prev_excepthook = None
+
+
+def _excepthook(kind, value, tb):
+    global _uncaught
+    _uncaught = "%s: %s" % (kind.__name__, value)
+    (_prev_excepthook or sys.__excepthook__)(kind, value, tb)
+
+
+def _at_exit():
+    # A program that ends on an uncaught exception leaves the job with it, so the other ranks
+    # hear at once (naming this rank and the exception) instead of at their deadline.
+    shutdown(error=_uncaught)
 
 
 def library_path():
@@ -129,6 +145,11 @@ def init(timeout_ms=None, rendezvous_timeout_ms=None, job_id=None, host=None):
         comm = ctypes.c_void_p()
         _check(_lib.fl_comm_init(ctypes.byref(o), ctypes.byref(comm)), "init")
         _comm = comm
+        global _prev_excepthook
+        if _prev_excepthook is None:
+            _prev_excepthook = sys.excepthook
+            sys.excepthook = _excepthook
+            atexit.register(_at_exit)
         _size = _lib.fl_comm_size(comm)
         _rank = _lib.fl_comm_rank(comm)
         _keep[:] = keep
@@ -136,7 +157,8 @@ def init(timeout_ms=None, rendezvous_timeout_ms=None, job_id=None, host=None):
 
 def shutdown(error=None):
     """Leaves the job. error (a string): this rank stops on an error of its own, and the
-    coordinator tells the others at once. Safe to call twice."""
+    coordinator tells the others at once. Safe to call twice; called at exit when the program
+    did not (with the uncaught exception that ended it, if any)."""
     global _comm, _rank, _size
     with _lock:
         if _comm is None:

@@ -89,6 +89,22 @@ def kill():
     result(ok=True, elapsed=elapsed, text=text)
 
 
+def uncaught():
+    """The last rank ends on an uncaught exception without calling shutdown: the others' next
+    collective fails at once, naming it and the exception."""
+    flodl.init(timeout_ms=60000)
+    r, n = flodl.rank(), flodl.size()
+    t = torch.ones(10)
+    flodl.allreduce(t, name="x")
+    if r == n - 1:
+        time.sleep(0.5)
+        raise RuntimeError("the data loader broke")
+    t0 = time.monotonic()
+    text = expect(flodl.FlodlError, ["rank %d" % (n - 1), "the data loader broke"],
+                  lambda: flodl.allreduce(t, name="x"))
+    result(ok=True, elapsed=time.monotonic() - t0, text=text)
+
+
 def model():
     torch.manual_seed(0)
     return torch.nn.Sequential(torch.nn.Linear(10, 32), torch.nn.Tanh(), torch.nn.Linear(32, 16),

@@ -118,6 +118,19 @@ def t_kill():
                      % (r, g["elapsed"], hb))
 
 
+def t_uncaught():
+    n = 3
+    outs = with_coordinator("uncaught", n, heartbeat_ms=10000, expect_dead=(n - 1,))
+    if outs[n - 1][0] != 1 or "the data loader broke" not in outs[n - 1][1]:
+        fail("uncaught: rank %d should end with its exception: %s" % (n - 1, outs[n - 1]))
+    for r, g in enumerate(check_all_ok("uncaught", outs, skip=(n - 1,))[:n - 1]):
+        if g:
+            print("  rank %d raised after %.2f s: %s" % (r, g["elapsed"], g["text"]))
+            if g["elapsed"] > 5:
+                fail("uncaught: rank %d took %.1f s; the heartbeat timeout is 10 s, and the "
+                     "coordinator should have said at once" % (r, g["elapsed"]))
+
+
 def t_optimizer():
     for n in (2, 4):
         got = check_all_ok("optimizer", with_coordinator("optimizer", n))
@@ -178,7 +191,7 @@ def t_example():
         fail("example: status %d, accuracy %.1f%%:\n%s" % (p.returncode, acc, p.stdout[-3000:]))
 
 
-ALL = ["collectives", "bad", "kill", "optimizer", "launch", "install", "example"]
+ALL = ["collectives", "bad", "kill", "uncaught", "optimizer", "launch", "install", "example"]
 for name in sys.argv[2:] or ALL:
     t0 = time.monotonic()
     print("== %s" % name, flush=True)
