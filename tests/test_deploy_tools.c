@@ -44,8 +44,7 @@ START_TEST(test_health)
     int code = 1;
     for (int i = 0; i < 50 && code != 0; i++) {
         code = health(port, err, sizeof err);
-        if (code != 0)
-            usleep(100000);
+        if (code != 0) usleep(100000);
     }
     char url[128];
     snprintf(url, sizeof url, "http://127.0.0.1:%s/metrics", port);
@@ -110,8 +109,8 @@ END_TEST
 
 static int train(const char *ckpt, const char *epochs, char *out, size_t cap)
 {
-    const char *argv[] = {WK_BIN,       "--epochs",        epochs, "--checkpoint", ckpt,
-                          "--resume-if-any", ckpt,         NULL};
+    const char *argv[] = {WK_BIN, "--epochs",        epochs, "--checkpoint",
+                          ckpt,   "--resume-if-any", ckpt,   NULL};
     proc_t p;
     run_sync(&p, WK_BIN, argv, NULL);
     int code = proc_code(&p);
