@@ -3,9 +3,10 @@
 # a .cu that no longer compiles fails here instead of being skipped) and runs every suite with
 # CTest; then builds again with AddressSanitizer + UndefinedBehaviorSanitizer (CUDA off) and
 # runs the suites there; then ThreadSanitizer over the device suites (label device: the
-# conformance suite and the worker suites on simulated GPUs). Prints CTest's summary of each
-# pass; fails if any fails.
-#   scripts/test.sh            all three passes
+# conformance suite and the worker suites on simulated GPUs); then, as root, the deployment in
+# a container engine (scripts/deploy-test.sh). Prints CTest's summary of each pass; fails if any
+# fails.
+#   scripts/test.sh            all four passes
 #   scripts/test.sh --quick    the plain pass only
 set -uo pipefail
 root=$(cd "$(dirname "$0")/.." && pwd)
@@ -48,6 +49,15 @@ if [ $quick -eq 0 ]; then
   else
     echo "== device suites under ThreadSanitizer: ctest -L device"
     (cd "$root/build-tsan" && ctest -L device --output-on-failure --timeout 900 -j 2) || status=1
+  fi
+  # The deployment in a real container engine: the image built, the Compose job run, a worker
+  # killed, the job resumed (scripts/deploy-test.sh; it starts and stops an engine if none runs).
+  unset TSAN_OPTIONS
+  if [ "$(id -u)" -eq 0 ]; then
+    echo "== deployment in a container engine: scripts/deploy-test.sh"
+    "$root/scripts/deploy-test.sh" || status=1
+  else
+    echo "== deployment in a container engine: SKIPPED (scripts/deploy-test.sh needs root)"
   fi
 fi
 exit $status

@@ -5,6 +5,8 @@
  *   flodl-keygen --client NAME DIR    one more client key pair, DIR/NAME.key, allowed in
  *                                     (DIR/authorized/NAME.pub): give it to a host as its
  *                                     client.key beside a copy of server.key and authorized/
+ *   flodl-keygen --if-missing DIR     the job's keys unless DIR has them all already (a
+ *                                     container's one-shot key service, run again on restart)
  * Existing keys are never overwritten. Exit 0, 1 on a failure (named), 2 on bad arguments. */
 #include <errno.h>
 #include <stdarg.h>
@@ -20,6 +22,7 @@
 static const char usage[] =
     "usage: flodl-keygen DIR                 the job's keys: server.key, client.key, authorized/\n"
     "       flodl-keygen --client NAME DIR   one more client key, allowed in\n"
+    "       flodl-keygen --if-missing DIR    the job's keys, unless DIR has them all already\n"
     "Point --curve-dir (or FLODL_CURVE_DIR) of flodl-ps and flodl-worker at DIR. Secret key\n"
     "files are mode 600; existing keys are never overwritten.\n";
 
@@ -89,6 +92,7 @@ int main(int argc, char **argv)
 {
     const char *client = NULL;
     const char *dir = NULL;
+    bool if_missing = false;
     for (int i = 1; i < argc; i++) {
         if (strcmp(argv[i], "--help") == 0 || strcmp(argv[i], "-h") == 0) {
             fputs(usage, stdout);
@@ -98,6 +102,8 @@ int main(int argc, char **argv)
             return fl_cli_version("flodl-keygen");
         if (strcmp(argv[i], "--client") == 0 && i + 1 < argc)
             client = argv[++i];
+        else if (strcmp(argv[i], "--if-missing") == 0)
+            if_missing = true;
         else if (argv[i][0] != '-' && dir == NULL)
             dir = argv[i];
         else
@@ -110,6 +116,20 @@ int main(int argc, char **argv)
                2;
     char sub[4200];
     snprintf(sub, sizeof sub, "%s/authorized", dir);
+    if (client == NULL && if_missing) {
+        /* All three or none: a partial set is refused below, never completed or replaced. */
+        static const char *const parts[] = {"server.key", "client.key", "authorized/client.pub"};
+        size_t have = 0;
+        for (size_t k = 0; k < 3; k++) {
+            char path[4200];
+            snprintf(path, sizeof path, "%s/%s", dir, parts[k]);
+            have += access(path, F_OK) == 0;
+        }
+        if (have == 3) {
+            printf("flodl-keygen: keys in %s already\n", dir);
+            return 0;
+        }
+    }
     if (client == NULL) {
         if (mkdir(dir, 0700) != 0 && errno != EEXIST)
             return fail("cannot make %s: %s", dir, strerror(errno)), 2;

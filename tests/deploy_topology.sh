@@ -1,10 +1,13 @@
 #!/usr/bin/env bash
 # The topology deploy/k8s describes, run in network namespaces on this machine: flodl-ps as the
 # ps Deployment runs it (its args from ps.yaml), and the workers of the Indexed Job (args and
-# environment from workers.yaml: the rank from JOB_COMPLETION_INDEX, FLODL_HOST the pod's
-# address, FLODL_COORDINATOR the Service's name resolved to the ps pod), each in its own
-# namespace, with CurveZMQ keys from flodl-keygen laid out as the Secret mounts them. Passes
-# when every worker trains to the end and the ps answers /healthz while they do.
+# environment from workers.yaml as they stand: the rank from JOB_COMPLETION_INDEX, FLODL_HOST
+# the pod's address, FLODL_COORDINATOR the Service's name resolved to the ps pod), each in its
+# own namespace, with CurveZMQ keys from flodl-keygen laid out as the Secret mounts them. Twice,
+# as the cluster would: first rank 1's pod dies after the first checkpoint (flodl-ps and rank 0
+# must fail, naming it), then every pod is restarted with the same args and environment
+# (restartPolicy OnFailure) and must resume from that checkpoint (--resume-if-any) and train to
+# the end while the ps answers its readiness probe (/healthz, read by flodl-health).
 #   tests/deploy_topology.sh BUILD_DIR       exit 0 pass, 1 fail, 77 skip (not root, no ip)
 set -euo pipefail
 root=$(cd "$(dirname "$0")/.." && pwd)
@@ -56,54 +59,80 @@ for i in "${!ps_args[@]}"; do
   ps_args[$i]=$(echo "${ps_args[$i]}" | sed "s/\$(FLODL_WORLD_SIZE)/$FLODL_WORLD_SIZE/")
 done
 [ "$FLODL_WORLD_SIZE" = "$workers" ] || { echo "FAIL: ps.yaml's world size $FLODL_WORLD_SIZE, this test runs $workers"; exit 1; }
-ip netns exec "$(sw_ns)" env FLODL_CURVE_DIR="$tmp/keys" timeout 120 "$build/server/flodl-ps" \
-  "${ps_args[@]}" > "$tmp/ps.log" 2>&1 &
-ps_pid=$!
-pids+=("$ps_pid")
-
-# The worker pods: workers.yaml's args and environment; the Service name resolves to the ps pod.
 mapfile -t wk_args < <(manifest workers args)
 mapfile -t wk_env < <(manifest workers env)
-wk_pids=()
-for ((k = 0; k < workers; k++)); do
-  env_k=()
-  for kv in "${wk_env[@]}"; do
-    case "$kv" in
-      FLODL_COORDINATOR=*) env_k+=("FLODL_COORDINATOR=tcp://10.77.0.254:29500") ;;
-      FLODL_CURVE_DIR=*) env_k+=("FLODL_CURVE_DIR=$tmp/keys") ;;
-      *) env_k+=("$kv") ;;
-    esac
+
+# One run of the pods: the ps, then the workers (the Service name resolves to the ps pod; the
+# checkpoint claim is the temp dir).
+start_pods() {
+  local run=$1 k
+  ip netns exec "$(sw_ns)" env FLODL_CURVE_DIR="$tmp/keys" timeout 120 "$build/server/flodl-ps" \
+    "${ps_args[@]}" > "$tmp/ps$run.log" 2>&1 &
+  ps_pid=$!
+  pids+=("$ps_pid")
+  wk_pids=()
+  for ((k = 0; k < workers; k++)); do
+    local env_k=() args_k=() kv a
+    for kv in "${wk_env[@]}"; do
+      case "$kv" in
+        FLODL_COORDINATOR=*) env_k+=("FLODL_COORDINATOR=tcp://10.77.0.254:29500") ;;
+        FLODL_CURVE_DIR=*) env_k+=("FLODL_CURVE_DIR=$tmp/keys") ;;
+        *) env_k+=("$kv") ;;
+      esac
+    done
+    for a in "${wk_args[@]}"; do args_k+=("${a//\/checkpoints/$tmp/checkpoints}"); done
+    ip netns exec "$(ns_of "$k")" env -i PATH="$PATH" JOB_COMPLETION_INDEX="$k" \
+      FLODL_HOST="$(addr "$k")" "${env_k[@]}" timeout 120 "$build/worker/flodl-worker" \
+      "${args_k[@]}" > "$tmp/w$k.$run.log" 2>&1 &
+    wk_pids+=($!)
+    pids+=($!)
   done
-  # The checkpoint path of the manifest lives on the shared volume: here, the temp dir.
-  args_k=()
-  for a in "${wk_args[@]}"; do args_k+=("${a//\/checkpoints/$tmp/checkpoints}"); done
-  ip netns exec "$(ns_of "$k")" env -i PATH="$PATH" JOB_COMPLETION_INDEX="$k" \
-    FLODL_HOST="$(addr "$k")" "${env_k[@]}" timeout 120 "$build/worker/flodl-worker" \
-    "${args_k[@]}" --epochs 2 --device cpu > "$tmp/w$k.log" 2>&1 &
-  wk_pids+=($!)
-  pids+=($!)
+}
+dump() {
+  local f
+  for f in "$tmp"/*.log; do echo "--- $f"; tail -5 "$f"; done
+  exit 1
+}
+mkdir -p "$tmp/checkpoints"
+manifest_file="$tmp/checkpoints/ring/manifest.safetensors"
+
+# Run 1: rank 1's pod dies (SIGKILL) once the first checkpoint is written.
+start_pods 1
+for _ in $(seq 600); do [ -f "$manifest_file" ] && break; sleep 0.1; done
+[ -f "$manifest_file" ] || { echo "FAIL: no checkpoint in 60 s"; dump; }
+# wk_pids are the timeout wrappers (ip netns exec and env exec into them): kill the worker.
+pkill -KILL -P "${wk_pids[1]}" || { echo "FAIL: rank 1 was not running to be killed"; dump; }
+for pid in "$ps_pid" "${wk_pids[0]}"; do
+  if wait "$pid"; then echo "FAIL: a process exited 0 after rank 1 died"; dump; fi
+done
+wait "${wk_pids[1]}" || true
+pids=()
+for f in ps1 w0.1; do
+  grep -q 'rank 1 .*declared dead' "$tmp/$f.log" || { echo "FAIL: $f does not name rank 1 dead"; dump; }
 done
 
-# The ps's readiness probe, from inside its pod, while the workers train.
+# Run 2: every pod restarted with the same args and environment resumes from the checkpoint.
+start_pods 2
 health=""
 for _ in $(seq 100); do
-  health=$(ip netns exec "$(sw_ns)" bash -c 'exec 3<>/dev/tcp/127.0.0.1/9100 && printf "GET /healthz HTTP/1.0\r\n\r\n" >&3 && head -1 <&3' 2>/dev/null || true)
-  case "$health" in *" 200 "*) break ;; esac
+  if ip netns exec "$(sw_ns)" "$build/observe/flodl-health" 9100 2>/dev/null; then health=200; break; fi
   sleep 0.1
 done
 status=0
 for k in "${!wk_pids[@]}"; do
-  wait "${wk_pids[$k]}" || { echo "FAIL: worker $k exited $?"; status=1; }
+  wait "${wk_pids[$k]}" || { echo "FAIL: worker $k exited $? after the restart"; status=1; }
 done
-wait "$ps_pid" || { echo "FAIL: flodl-ps exited $?"; status=1; }
+wait "$ps_pid" || { echo "FAIL: flodl-ps exited $? after the restart"; status=1; }
 pids=()
 for k in $(seq 0 $((workers - 1))); do
-  grep -q "rank $k summary:" "$tmp/w$k.log" || { echo "FAIL: rank $k did not finish"; status=1; }
+  grep -q "rank $k summary:" "$tmp/w$k.2.log" || { echo "FAIL: rank $k did not finish"; status=1; }
 done
-case "$health" in *" 200 "*) ;; *) echo "FAIL: the ps's /healthz did not answer 200 ($health)"; status=1 ;; esac
-if [ $status -ne 0 ]; then
-  for f in ps w0 w1; do echo "--- $f"; tail -5 "$tmp/$f.log"; done
-  exit 1
-fi
+resumed=$(grep -m1 -o 'resumed from .*' "$tmp/w0.2.log" || true)
+case "$resumed" in
+  *", 0 epoch(s) done" | "") echo "FAIL: rank 0 did not resume from the checkpoint ('$resumed')"; status=1 ;;
+esac
+[ "$health" = 200 ] || { echo "FAIL: the ps's /healthz did not answer 200 (flodl-health)"; status=1; }
+[ $status -eq 0 ] || dump
 echo "deploy topology: ps + $workers workers as deploy/k8s runs them, CurveZMQ, in namespaces:" \
-  "$(grep -o 'test accuracy [0-9.]*%' "$tmp/w0.log" | tail -1), /healthz 200"
+  "rank 1 killed, ps and rank 0 failed naming it; restarted: $resumed," \
+  "$(grep -o 'test accuracy [0-9.]*%' "$tmp/w0.2.log" | tail -1), /healthz 200"

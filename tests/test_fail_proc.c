@@ -41,7 +41,7 @@ static bool start_job(proc_t *ps, const char *const extra[W][10], int n)
         const char *argv[24] = {WK_BIN, "--rank", rank[r], "--world-size", "4", "--coordinator",
                                 ep, "--quiet", "--timeout", "300000"};
         int a = 10;
-        for (int e = 0; extra[r][e] != NULL && a < 23; e++)
+        for (int e = 0; e < 10 && extra[r][e] != NULL && a < 23; e++)
             argv[a++] = extra[r][e];
         argv[a] = NULL;
         proc_start(&ps[1 + r], WK_BIN, argv, NULL);

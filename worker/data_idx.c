@@ -174,8 +174,8 @@ int fl_wk_data_idx(const char *images, const char *labels, fl_wk_dataset_t *out)
     memset(out, 0, sizeof *out);
     gzFile fi = NULL;
     gzFile fl = NULL;
-    uint32_t di[3];
-    uint32_t dl[1];
+    uint32_t di[3] = {0}; /* filled by open_header() on success; zeroed for -O2 -Werror */
+    uint32_t dl[1] = {0};
     uint8_t *lab = NULL;
     int classes = 0;
     int rc = open_header(images, MAGIC_IMAGES, "u8 images [n, rows, cols]", 3, di, &fi);

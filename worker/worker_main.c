@@ -11,6 +11,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <time.h>
+#include <unistd.h>
 
 #include "fl_coll.h"
 #include "fl_core.h"
@@ -49,6 +50,8 @@ static const char usage[] =
     "    rounds (default 1) beyond the last completed averaging)\n"
     "  --checkpoint DIR (training state after every epoch: a file per shard and a manifest)\n"
     "  --resume DIR (from such a checkpoint, into any hosts, devices and --shard)\n"
+    "  --resume-if-any DIR (--resume DIR when DIR holds a checkpoint, else a fresh start: a\n"
+    "    restarted container or pod picks up where the job left off)\n"
     "  --max-anchor N (El Che: faster devices do more batches between syncs, the slowest up to\n"
     "    N; 0, the default: one batch each)  --overhead-target 0.1 (exchange / compute)\n"
     "  --speed-hint DEVICE:RATIO (relative speed seeding El Che)  --throttle DEVICE:FACTOR\n"
@@ -73,7 +76,7 @@ static const char usage[] =
 enum {
     O_MODE = 1000, O_TRAIN_IMAGES, O_TRAIN_LABELS, O_TEST_IMAGES, O_TEST_LABELS, O_TRAIN_CSV,
     O_TEST_CSV, O_DATA_SEED, O_LAYERS, O_BATCH, O_EPOCHS, O_SEED, O_NO_SHUFFLE, O_OPTIM,
-    O_SCALE_LR, O_LZ4, O_RECONNECT, O_MAX_NORM, O_REPLICAS, O_HIER, O_SHARD, O_POLICY, O_MPORT, O_MBIND, O_TIMELINE, O_CURVE, O_INSECURE, O_CKPT, O_RESUME, O_ANCHOR, O_RUN_AHEAD, O_OVERHEAD, O_HINT, O_THROTTLE, O_DEVICE, O_GPUS, O_TOPK, O_TOPK_WARMUP, O_TOPK_VALUES, O_BUCKET, O_INIT,
+    O_SCALE_LR, O_LZ4, O_RECONNECT, O_MAX_NORM, O_REPLICAS, O_HIER, O_SHARD, O_POLICY, O_MPORT, O_MBIND, O_TIMELINE, O_CURVE, O_INSECURE, O_CKPT, O_RESUME, O_RESUME_ANY, O_ANCHOR, O_RUN_AHEAD, O_OVERHEAD, O_HINT, O_THROTTLE, O_DEVICE, O_GPUS, O_TOPK, O_TOPK_WARMUP, O_TOPK_VALUES, O_BUCKET, O_INIT,
     O_SAVE, O_SAVE_EVERY, O_METRICS, O_PROGRESS, O_QUIET, O_SIZE, O_STEPS, O_DTYPE, O_OP, O_HELP,
     O_VERSION
 };
@@ -93,6 +96,7 @@ typedef struct wargs {
     uint64_t data_seed;
     int metrics_port; /* -1: off */
     const char *metrics_bind;
+    const char *resume_if_any; /* --resume-if-any: resume_dir when it holds a manifest */
     bool insecure;             /* --insecure */
     const char *env_curve;     /* FLODL_CURVE_DIR */
     bool env_insecure;         /* FLODL_INSECURE=1 */
@@ -227,7 +231,7 @@ static int device_ratio(const char *flag, const char *v, double *table)
 static int apply(wargs_t *a, int ch, const char *name, const char *v)
 {
     long n;
-    double x;
+    double x = 0.0; /* set by fl_cli_double() on success; zeroed for -O2 -Werror */
     size_t z;
     int rc = FL_OK;
     fl_wk_train_opts_t *t = &a->to;
@@ -313,6 +317,7 @@ static int apply(wargs_t *a, int ch, const char *name, const char *v)
     case O_CURVE: a->co.curve_dir = v; break;
     case O_INSECURE: a->insecure = true; break;
     case O_RESUME: t->resume_dir = v; break;
+    case O_RESUME_ANY: a->resume_if_any = v; break;
     case O_SHARD:
         if (strcmp(v, "none") == 0)
             t->shard = FL_WK_SHARD_NONE;
@@ -539,6 +544,7 @@ int main(int argc, char **argv)
         {"timeline", 1, NULL, O_TIMELINE}, {"curve-dir", 1, NULL, O_CURVE},
         {"insecure", 0, NULL, O_INSECURE}, {"checkpoint", 1, NULL, O_CKPT},
         {"resume", 1, NULL, O_RESUME},
+        {"resume-if-any", 1, NULL, O_RESUME_ANY},
         {"max-anchor", 1, NULL, O_ANCHOR}, {"run-ahead", 1, NULL, O_RUN_AHEAD}, {"overhead-target", 1, NULL, O_OVERHEAD},
         {"speed-hint", 1, NULL, O_HINT}, {"throttle", 1, NULL, O_THROTTLE},
         {"device", 1, NULL, O_DEVICE}, {"gpus", 1, NULL, O_GPUS},
@@ -631,6 +637,18 @@ int main(int argc, char **argv)
                    a.optim_flag);
     if (a.ps_flag != NULL && a.mode != FL_WK_MODE_PS)
         return bad("--%s applies to --mode ps only", a.ps_flag);
+    if (a.resume_if_any != NULL && a.to.resume_dir != NULL)
+        return bad("--resume and --resume-if-any: give one");
+    if (a.resume_if_any != NULL) {
+        /* The manifest is written last, after every shard file (shard_ckpt.c): with it the
+         * checkpoint is whole; without it there is nothing to resume from. */
+        char manifest[4200];
+        snprintf(manifest, sizeof manifest, "%s/manifest.safetensors", a.resume_if_any);
+        if (access(manifest, F_OK) == 0)
+            a.to.resume_dir = a.resume_if_any;
+        else
+            printf("--resume-if-any: no checkpoint in %s yet: starting fresh\n", a.resume_if_any);
+    }
     if (a.mode == FL_WK_MODE_PS && (a.to.shard != FL_WK_SHARD_NONE || a.to.max_anchor > 0 ||
                                     a.to.policy != FL_WK_POLICY_SYNC ||
                                     a.to.checkpoint_dir != NULL || a.to.resume_dir != NULL))
