@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # The README's command lines, run: every line of its ```sh blocks outside the sections that have
 # a test of their own (the GPU section: readme_gpu.sh; Reliability: readme_faultmatrix.sh;
-# PyTorch: tests/python/run.py, which runs the example under flodl-launch and itself) is
+# PyTorch: tests/python/run.py, which runs the example under flodl-launch and itself;
+# Deploying: scripts/deploy-test.sh, whose commands deploy_readme checks are the README's) is
 # either run here, the way a user would (hosts, ports and paths of the multi-host examples
 # replaced by this machine's, the workers' epochs cut to one), or named in the list of lines
 # left to be run by hand, with the reason. A line in neither fails the test, so the README
@@ -23,7 +24,7 @@ status=0
 fail() { echo "FAIL: $*"; status=1; }
 
 # Lines, continuations joined, of the sh blocks outside the sections tested elsewhere.
-lines=$(awk '/^## /{skip = ($0 ~ /^## (Training on GPUs|Reliability|PyTorch)/)}
+lines=$(awk '/^## /{skip = ($0 ~ /^## (Training on GPUs|Reliability|PyTorch|Deploying)/)}
              /^```sh/{blk=1; next} /^```/{blk=0; next} blk && !skip' "$src/README.md" |
         sed 's/ *#.*$//' | grep -v '^ *$' | sed -e ':a' -e '/\\$/N; s/\\\n *//; ta')
 
