@@ -47,7 +47,16 @@ def _host(t):
 def _run(what, fn, *args):
     comm = flodl._need()
     with flodl._lock:
-        flodl._check(fn(comm, *args), what)
+        rc = fn(comm, *args)
+        if rc != flodl._lib.FL_OK:
+            # A failed collective breaks the communicator (every later one fails): the job hears
+            # it now, as flodl-worker's ranks do, instead of the others waiting for this rank
+            # until their deadline while the caller handles the exception.
+            detail = flodl._text(flodl._lib.fl_last_error())
+            try:
+                flodl._check(rc, what)
+            finally:
+                flodl._lib.fl_comm_abort(comm, rc, ("%s: %s" % (what, detail)).encode())
 
 
 def allreduce(t, op="avg", name=None):
