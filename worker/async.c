@@ -539,3 +539,8 @@ void fl_wk_async_stats(const fl_wk_async_t *a, fl_wk_async_stats_t *out)
 {
     *out = a->st;
 }
+
+fl_opt_t *fl_wk_async_opt(fl_wk_async_t *a, int j)
+{
+    return j >= 0 && j < a->L ? a->dev[j].opt : NULL;
+}

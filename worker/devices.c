@@ -615,6 +615,11 @@ int fl_wk_devices_local_create(fl_wk_devices_t *d, const fl_opt_opts_t *opt)
     return FL_OK;
 }
 
+fl_opt_t *fl_wk_devices_local_opt(fl_wk_devices_t *d, int j)
+{
+    return j >= 0 && j < d->n ? d->rep[j].opt : NULL;
+}
+
 int fl_wk_devices_local_round(fl_wk_devices_t *d, const float *start, const int *counts,
                               size_t first, const fl_lr_sched_t *sched, double step0,
                               double *batch_s, double *loss, size_t *correct)

@@ -196,11 +196,6 @@ static int setup(trainer_t *tr)
         return fl_fail(FL_EINVAL, "--policy %s needs --max-anchor N: the slowest device's "
                                   "batches between averages",
                        pname);
-    if (local_sgd && (o->checkpoint_dir != NULL || o->resume_dir != NULL))
-        return fl_fail(FL_EINVAL, "--policy %s keeps an optimizer per device, which "
-                                  "--checkpoint does not save yet: use it without --checkpoint "
-                                  "and --resume",
-                       pname);
     if (local_sgd && o->shard != FL_WK_SHARD_NONE)
         return fl_fail(FL_EINVAL, "--policy %s: every device keeps its own optimizer, "
                                   "--shard must be none",
@@ -419,6 +414,41 @@ static int keep_on_devices(trainer_t *tr, fl_opt_t *const *opts)
     tr->resident = rc == FL_OK;
     tr->resident_ranges = rc == FL_OK && ranges;
     tr->keep_grad = rc == FL_OK && keep;
+    return rc;
+}
+
+/* What the rank holds beyond the ranges: residuals, local SGD's optimizers (ckpt_rank.c). */
+static void rank_state(trainer_t *tr, fl_wk_rank_state_t *s)
+{
+    memset(s, 0, sizeof *s);
+    s->nx = tr->nx;
+    s->xchg = tr->xchg;
+    bool local = tr->o->policy != FL_WK_POLICY_SYNC;
+    for (int j = 0; local && j < tr->o->replicas; j++) {
+        fl_opt_t *opt = tr->async != NULL ? fl_wk_async_opt(tr->async, j)
+                                          : fl_wk_devices_local_opt(tr->dev, j);
+        if (opt != NULL)
+            s->opt[s->nopt++] = opt;
+    }
+}
+
+/* On --resume: the rank's own state, when the checkpoint was taken in this layout. */
+static int resume_rank_state(trainer_t *tr, long step)
+{
+    const fl_wk_train_opts_t *o = tr->o;
+    fl_wk_rank_state_t s;
+    rank_state(tr, &s);
+    bool restored = false;
+    int rc = fl_wk_ckpt_rank_load(o->resume_dir, tr->rank, piece_world(tr), o, step, &s,
+                                  &restored);
+    bool any = s.nopt > 0;
+    for (int j = 0; j < s.nx; j++)
+        any = any || fl_wk_xchg_has_residual(s.xchg[j]);
+    if (rc == FL_OK && any && !restored && tr->rank == 0 && !o->quiet)
+        printf("--resume: %s holds no %s of this layout (hosts, devices, hierarchy): they "
+               "start afresh\n",
+               o->resume_dir,
+               s.nopt > 0 ? "per-device optimizer state" : "error-feedback residuals");
     return rc;
 }
 
@@ -753,7 +783,8 @@ int fl_wk_train(fl_comm_t *comm, const fl_wk_dataset_t *train, const fl_wk_datas
     }
     if (o->resume_dir != NULL && tr.full != NULL)
         fl_wk_full_scatter(tr.full, tr.params);
-    if ((rc = keep_on_devices(&tr, opts)) != FL_OK) {
+    if ((rc = keep_on_devices(&tr, opts)) != FL_OK ||
+        (o->resume_dir != NULL && (rc = resume_rank_state(&tr, step)) != FL_OK)) {
         teardown(&tr);
         return rc;
     }
@@ -913,10 +944,12 @@ int fl_wk_train(fl_comm_t *comm, const fl_wk_dataset_t *train, const fl_wk_datas
         if (test != NULL && (rc = agree(&tr, rc)) != FL_OK)
             break;
         fl_wk_obs_epoch(&tr.obs, ep + 1);
+        fl_wk_rank_state_t own;
+        rank_state(&tr, &own);
         if (rc == FL_OK && o->checkpoint_dir != NULL && (rc = materialize(&tr)) == FL_OK &&
             (rc = save_device_state(&tr, opts)) == FL_OK)
             rc = fl_wk_ckpt_save(o->checkpoint_dir, tr.comm, tr.rank, piece_world(&tr), o,
-                                 tr.params, opts, step, ep + 1, tr.samples);
+                                 tr.params, opts, &own, step, ep + 1, tr.samples);
     }
     if (rc == FL_OK && o->save_path != NULL && (rc = materialize(&tr)) == FL_OK)
         rc = agree(&tr, tr.rank == 0 ? save(&tr, step, res->epochs) : FL_OK);

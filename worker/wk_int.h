@@ -95,6 +95,10 @@ int fl_wk_dcmp_bind(fl_wk_dcmp_t *c);
 int fl_wk_dcmp_bucket(fl_wk_dcmp_t *c, size_t start, size_t len, size_t k, uint32_t **idx,
                       float **val);
 double fl_wk_dcmp_residual_norm(fl_wk_dcmp_t *c);
+/* The residuals (n floats of the range) to or from the host, waited for; between steps only
+ * (checkpoints). The device's error; FL_ENONFINITE for a restored value that is not finite. */
+int fl_wk_dcmp_residual_get(fl_wk_dcmp_t *c, float *out);
+int fl_wk_dcmp_residual_put(fl_wk_dcmp_t *c, const float *in);
 
 /* ---- the process's devices (devices.c) ---- */
 
@@ -374,6 +378,33 @@ void fl_wk_async_epoch_figures(const fl_wk_async_t *a, double *loss, size_t *cor
                                size_t *batches);
 void fl_wk_async_stats(const fl_wk_async_t *a, fl_wk_async_stats_t *out);
 
+/* ---- a rank's own state in checkpoints (ckpt_rank.c) ---- */
+
+/* What a rank holds that no range file does: the error-feedback residuals of its exchanges
+ * (top-k), and local SGD's optimizer of each device (--policy cadence and async). */
+typedef struct fl_wk_rank_state {
+    int nx;
+    struct fl_wk_xchg *const *xchg; /* nx exchanges (those without residuals are skipped) */
+    int nopt;
+    fl_opt_t *opt[64];         /* nopt devices' own optimizers (0: none) */
+} fl_wk_rank_state_t;
+
+/* Writes s to dir/state-s<step>-r<rank>.safetensors (nothing when s holds nothing), with the
+ * layout it was taken in (hosts: world, devices, hierarchy). FL_OK or FL_EIO naming the path. */
+int fl_wk_ckpt_rank_save(const char *dir, int rank, int world, const fl_wk_train_opts_t *o,
+                         long step, const fl_wk_rank_state_t *s);
+
+/* Restores s from the file of rank and step in dir when it was taken in this layout (the same
+ * hosts, devices, hierarchy and exchange ranges); otherwise (another layout, an older
+ * checkpoint without the file) s keeps its fresh state, and *restored says which. FL_OK,
+ * FL_EPROTO (a corrupt file), FL_ENONFINITE, the device's error. */
+int fl_wk_ckpt_rank_load(const char *dir, int rank, int world, const fl_wk_train_opts_t *o,
+                         long step, fl_wk_rank_state_t *s, bool *restored);
+
+/* Local SGD's optimizer of device j (NULL before fl_wk_devices_local_create). */
+fl_opt_t *fl_wk_devices_local_opt(fl_wk_devices_t *d, int j);
+fl_opt_t *fl_wk_async_opt(fl_wk_async_t *a, int j);
+
 /* ---- sharded checkpoints (shard_ckpt.c) ---- */
 
 /* A range of the flat parameters a rank owns with its optimizer state, as checkpoints name
@@ -397,11 +428,12 @@ int fl_wk_ranges(const fl_wk_train_opts_t *o, size_t np, int world, int rank, fl
  * dir/shard-s<step>-r<rank>-d<id>.safetensors, then (after every rank wrote, comm may be NULL on
  * one host) rank 0 writes dir/manifest.safetensors naming every range of the job and the job's
  * samples so far (the schedule's position), atomically; rank 0 then removes older steps' files,
- * the previous step's kept. Every rank learns whether every rank succeeded. FL_OK, FL_EIO naming
+ * the previous step's kept. own (may be NULL): this rank's own state, written beside its ranges
+ * (fl_wk_ckpt_rank_save). Every rank learns whether every rank succeeded. FL_OK, FL_EIO naming
  * the path, or a collective's error. */
 int fl_wk_ckpt_save(const char *dir, fl_comm_t *comm, int rank, int world,
                     const fl_wk_train_opts_t *o, const float *params, fl_opt_t *const *opts,
-                    long step, int epoch, double samples);
+                    const fl_wk_rank_state_t *own, long step, int epoch, double samples);
 
 /* Removes the temporary files that writers of this rank's checkpoint files (rank 0: and of
  * the manifest) left in dir when they were killed, unless their pid runs (fl_st_clean_tmp),
@@ -506,6 +538,16 @@ void fl_wk_xchg_stats(const fl_wk_xchg_t *x, fl_wk_xchg_stats_t *out);
 
 /* The L2 norm of the error-feedback residuals (0 when dense). Between steps only. */
 double fl_wk_xchg_residual_norm(const fl_wk_xchg_t *x);
+
+/* Whether the exchange keeps error-feedback residuals (top-k), and the range it exchanges. */
+bool fl_wk_xchg_has_residual(const fl_wk_xchg_t *x);
+void fl_wk_xchg_range(const fl_wk_xchg_t *x, size_t *from, size_t *n);
+
+/* The residuals of the range (n floats, parameter from first; wherever they live, host or
+ * device) into out, or restored from in. Between steps only. FL_OK, FL_EINVAL (dense), the
+ * device's error, FL_ENONFINITE (a restored value that is not finite). */
+int fl_wk_xchg_residual_get(fl_wk_xchg_t *x, float *out);
+int fl_wk_xchg_residual_put(fl_wk_xchg_t *x, const float *in);
 
 /* Compresses on device rd instead of the host (top-k only): the buckets come from rd's
  * gradient, which must be the range's (one device, or --hierarchy flat). */
