@@ -25,6 +25,7 @@ typedef struct sim_dev {
     size_t nblocks;
     size_t cap;
     size_t used;
+    long fail_seen; /* runs of o.sim_fail_op so far */
 } sim_dev_t;
 
 typedef struct sim_event {
@@ -270,6 +271,25 @@ static void jitter(sim_stream_t *q)
     nanosleep(&ts, NULL);
 }
 
+/* The fault a test asked for (fl_dev_opts_t.sim_fail_op): FL_EGPU on the chosen run of the
+ * chosen operation, counted over every stream of the device. */
+static int injected_fault(fl_dev_t *d, const dev_op_t *op)
+{
+    const char *name = fl_dev_op_name(op->code);
+    if (d->o.sim_fail_op == NULL || d->o.sim_fail_after <= 0 ||
+        strcmp(name, d->o.sim_fail_op) != 0)
+        return FL_OK;
+    sim_dev_t *m = d->impl;
+    pthread_mutex_lock(&m->mu);
+    bool hit = ++m->fail_seen == d->o.sim_fail_after;
+    pthread_mutex_unlock(&m->mu);
+    if (!hit)
+        return FL_OK;
+    return fl_fail(FL_EGPU, "device %s: %s: an illegal memory access was encountered (a fault "
+                            "injected on run %ld of it)",
+                   d->name, name, d->o.sim_fail_after);
+}
+
 static void fail_stream(sim_stream_t *q, int rc)
 {
     if (q->rc == FL_OK) {
@@ -288,6 +308,8 @@ static void execute(sim_stream_t *q, qop_t *it)
         /* The jitter first: a block freed during it is then caught by the check. */
         jitter(q);
         int rc = check_extents(q->d, &it->op);
+        if (rc == FL_OK)
+            rc = injected_fault(q->d, &it->op);
         if (rc == FL_OK)
             rc = fl_dev_host_run(&it->op);
         if (rc != FL_OK) {

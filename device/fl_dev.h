@@ -83,6 +83,12 @@ typedef struct fl_dev_opts {
     int sim_jitter_us;  /* sim: each operation starts after a random 0..N us, widening the
                            window of a missing event (0: none) */
     int timeout_ms;     /* bound of every wait inside the backend (default 600000) */
+    const char *sim_fail_op; /* sim, fault injection (tests): the sim_fail_after-th run of the
+                                operation of this name (as the backend's errors name it, e.g.
+                                "GEMM (weight gradient)") on this device fails its stream with
+                                FL_EGPU, as a GPU fault would; NULL: none. Borrowed for the
+                                device's life. */
+    long sim_fail_after;
 } fl_dev_opts_t;
 
 void fl_dev_opts_init(fl_dev_opts_t *o);

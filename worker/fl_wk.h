@@ -273,6 +273,10 @@ typedef struct fl_wk_train_opts {
                               logical devices on one GPU) */
     int sim_jitter_us;     /* sim: random delay before each device operation (tests) */
     size_t sim_mem_bytes;  /* sim: each device's memory (0: the default) */
+    int sim_fail_device;   /* sim, fault injection (tests): this device's sim_fail_after-th run
+                              of operation sim_fail_op fails (fl_dev_opts_t); -1: none */
+    char sim_fail_op[48];
+    long sim_fail_after;
     fl_opt_opts_t opt;
     fl_lr_sched_t lr;
     bool scale_lr;         /* linear scaling rule: lr * global batch / batch */

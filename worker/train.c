@@ -76,6 +76,7 @@ void fl_wk_train_opts_init(fl_wk_train_opts_t *o)
     o->overhead_target = 0.1;
     o->replan_every = 4;
     o->run_ahead = 1;
+    o->sim_fail_device = -1;
 }
 
 static void ready(int device, size_t from, void *ud)
@@ -921,8 +922,14 @@ int fl_wk_train(fl_comm_t *comm, const fl_wk_dataset_t *train, const fl_wk_datas
                  (rc = agree(&tr, tr.rank == 0 ? save(&tr, step + 1, ep) : FL_OK)) != FL_OK))
                 break;
         }
-        if (rc != FL_OK)
+        if (rc != FL_OK) {
+            /* Every host stops in the same step (the exchange needs them all): say which, and
+             * where this one was. */
+            const char *host = tr.comm != NULL ? fl_comm_peer_host(tr.comm, tr.rank) : NULL;
+            fl_fail_ctx(rc, "rank %d (host %s), epoch %d step %ld", tr.rank,
+                        host != NULL ? host : "local", ep + 1, step + 1);
             break;
+        }
         res->train_loss = ep_batches ? ep_loss / (double)ep_batches : 0.0;
         res->epochs = ep + 1;
         if (test != NULL && (rc = materialize(&tr)) != FL_OK)
@@ -987,6 +994,10 @@ int fl_wk_train(fl_comm_t *comm, const fl_wk_dataset_t *train, const fl_wk_datas
     }
     res->comm_ms = run_steps ? xs.busy_ms / (double)run_steps : 0.0;
     res->exposed_ms = run_steps ? exposed_ms / (double)run_steps : 0.0;
+    /* Closing a failed device reports its error again: the step's text is the one to keep. */
+    char why[2048] = "";
+    if (rc != FL_OK)
+        snprintf(why, sizeof why, "%s", fl_last_error());
     teardown(&tr);
-    return rc;
+    return rc != FL_OK ? fl_fail(rc, "%s", why) : FL_OK;
 }

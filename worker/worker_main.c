@@ -176,16 +176,34 @@ static const char *env_get(const char *name, void *ud)
 
 /* Prints the current detail text as the one line of a usage error; returns exit code 2. */
 /* The simulated GPU's testing knobs, from the environment: FLODL_SIM_JITTER_US (a random delay
- * before each device operation, widening the window of a missing event) and FLODL_SIM_MEM
- * (each device's memory, bytes). */
-static void sim_env(fl_wk_train_opts_t *t)
+ * before each device operation, widening the window of a missing event), FLODL_SIM_MEM (each
+ * device's memory, bytes) and FLODL_SIM_FAIL=RANK:DEVICE:N:OPERATION (a fault: on rank RANK,
+ * device DEVICE's N-th run of OPERATION, named as device errors name it, fails as a GPU fault
+ * would). */
+static int sim_env(fl_wk_train_opts_t *t, int rank)
 {
     const char *j = getenv("FLODL_SIM_JITTER_US");
     const char *m = getenv("FLODL_SIM_MEM");
+    const char *f = getenv("FLODL_SIM_FAIL");
     if (j != NULL)
         t->sim_jitter_us = atoi(j);
     if (m != NULL)
         t->sim_mem_bytes = (size_t)strtoull(m, NULL, 10);
+    if (f == NULL || f[0] == '\0')
+        return FL_OK;
+    int r = -1;
+    int dev = -1;
+    long n = 0;
+    int at = 0;
+    if (sscanf(f, "%d:%d:%ld:%n", &r, &dev, &n, &at) != 3 || at == 0 || f[at] == '\0' ||
+        r < 0 || dev < 0 || n < 1 || strlen(f + at) >= sizeof t->sim_fail_op)
+        return fl_fail(FL_EINVAL, "FLODL_SIM_FAIL: '%s' is not RANK:DEVICE:N:OPERATION", f);
+    if (r == rank) {
+        t->sim_fail_device = dev;
+        t->sim_fail_after = n;
+        snprintf(t->sim_fail_op, sizeof t->sim_fail_op, "%s", f + at);
+    }
+    return FL_OK;
 }
 
 static int usage_error(void)
@@ -684,7 +702,8 @@ int main(int argc, char **argv)
     }
     if (a.mode != 99 && fl_wk_device_select(a.device, a.gpus, a.replicas_given, &a.to) != FL_OK)
         return usage_error();
-    sim_env(&a.to);
+    if (sim_env(&a.to, a.co.rank > 0 ? a.co.rank : 0) != FL_OK)
+        return usage_error();
     /* One BLAS thread per process: the devices are threads of their own and the ranks share
      * the machine's cores. */
     openblas_set_num_threads(1);
