@@ -40,6 +40,8 @@ typedef struct sim_event {
     int rc;             /* the error of the stream of the last completed record */
     char err[512];
     int pending;        /* records and waits queued and not yet run (event_close waits) */
+    uint64_t t_gen;     /* the latest generation whose completion was timed, and when */
+    int64_t t_ns;
 } sim_event_t;
 
 /* Marks generation gen completed. A wait for generation g passes once every record up to g
@@ -324,8 +326,13 @@ static void execute(sim_stream_t *q, qop_t *it)
         char err[512];
         snprintf(err, sizeof err, "%s", q->err);
         pthread_mutex_unlock(&q->mu);
+        int64_t now = fl_now_ns();
         pthread_mutex_lock(&e->mu);
         complete_gen(e, it->gen);
+        if (it->gen > e->t_gen) {
+            e->t_gen = it->gen;
+            e->t_ns = now;
+        }
         e->rc = rc;
         snprintf(e->err, sizeof e->err, "%s", err);
         e->pending--;
@@ -557,6 +564,32 @@ static bool event_done(fl_event_t *e)
     return done;
 }
 
+/* When the record reached the front of its stream, all before it done: the host clock then. */
+static int record_time(fl_event_t *e, int64_t *t)
+{
+    sim_event_t *v = e->impl;
+    pthread_mutex_lock(&v->mu);
+    bool ok = v->recorded > 0 && v->completed >= v->recorded && v->t_gen == v->recorded;
+    *t = v->t_ns;
+    pthread_mutex_unlock(&v->mu);
+    return ok ? FL_OK
+              : fl_fail(FL_EINVAL, "device %s: elapsed time of an event never recorded or not "
+                                   "completed yet",
+                        e->d->name);
+}
+
+static int event_elapsed(fl_event_t *a, fl_event_t *b, double *ms)
+{
+    int64_t ta;
+    int64_t tb;
+    int rc = record_time(a, &ta);
+    if (rc == FL_OK)
+        rc = record_time(b, &tb);
+    if (rc == FL_OK)
+        *ms = (double)(tb - ta) / 1e6;
+    return rc;
+}
+
 static int run(fl_stream_t *s, const dev_op_t *op)
 {
     return enqueue(s, Q_RUN, op, NULL, 0);
@@ -590,6 +623,7 @@ const dev_backend_t fl_dev_sim_backend = {
     .event_open = event_open,
     .event_close = event_close,
     .event_record = event_record,
+    .event_elapsed = event_elapsed,
     .stream_wait = stream_wait,
     .event_done = event_done,
     .event_sync = event_sync,

@@ -176,6 +176,16 @@ int fl_stream_wait(fl_stream_t *s, fl_event_t *e);
  * cudaStream_t on cuda, NULL on cpu and sim. Valid until the stream is destroyed. */
 void *fl_stream_native(fl_stream_t *s);
 
+/* An event whose completions are timed, for fl_event_elapsed_ms (on cuda a timing event, a
+ * little slower to record than fl_event_create's). */
+int fl_event_create_timed(fl_dev_t *d, fl_event_t **out);
+
+/* The device's time between the completions of start's and end's last records (timed events of
+ * one device, both recorded and completed; wait for end first): cuda's cudaEventElapsedTime,
+ * on cpu and sim the host clock when each record completed. FL_OK; FL_EINVAL (an event not
+ * timed, of another device, never recorded or not yet completed). Thread-safe. */
+int fl_event_elapsed_ms(fl_event_t *start, fl_event_t *end, double *ms);
+
 /* Whether e's last record has completed (never recorded: true). */
 bool fl_event_done(fl_event_t *e);
 

@@ -189,6 +189,7 @@ void fl_wk_devices_destroy(fl_wk_devices_t **pd)
         fl_wk_sampler_deinit(&r->smp);
         if (r->registered)
             fl_dev_host_unregister(fl_wk_rdev_dev(r->rd), r->grad);
+        fl_wk_bclock_deinit(&r->clock);
         fl_wk_rdev_destroy(&r->rd);
         free(r->idx);
         free(r->next_idx);
@@ -330,7 +331,7 @@ static void cadence_batches(fl_wk_devices_t *d, replica_t *r)
         snprintf(r->err, sizeof r->err, "%s", fl_last_error());
         return;
     }
-    int64_t t_start = fl_now_ns();
+    r->rc = fl_wk_bclock_start(&r->clock, r->rd);
     for (int b = 0; b < r->count && r->rc == FL_OK; b++) {
         int64_t t0 = fl_now_ns();
         fl_wk_sampler_batch(&d->host, r->first + (size_t)b, r->idx);
@@ -363,11 +364,15 @@ static void cadence_batches(fl_wk_devices_t *d, replica_t *r)
             r->grad[i] = r->own[i] * (float)r->count;
         }
     }
+    /* The end is recorded after the last --throttle sleep: a throttled device is slower. */
+    double secs = 0.0;
+    if (r->rc == FL_OK)
+        r->rc = fl_wk_bclock_stop(&r->clock, r->rd, &secs);
     if (r->rc != FL_OK) {
         snprintf(r->err, sizeof r->err, "%s", fl_last_error());
         return;
     }
-    r->batch_s = (double)(fl_now_ns() - t_start) / 1e9 / r->count;
+    r->batch_s = secs / r->count;
     if (d->max_norm > 0.0 && !d->local_sgd) {
         double f = fl_cmp_clip_factor(l2(r->grad, d->np) / r->count, d->max_norm);
         for (size_t i = 0; f != 1.0 && i < d->np; i++)
@@ -572,6 +577,16 @@ void fl_wk_devices_combine(fl_wk_devices_t *d, float scale, fl_wk_ready_fn ready
             ready(j, fl_shard_offset(d->np, d->n, j), ud);
     else
         ready(0, 0, ud);
+}
+
+int fl_wk_devices_clock_start(fl_wk_devices_t *d, int j)
+{
+    return fl_wk_bclock_start(&d->rep[j].clock, d->rep[j].rd);
+}
+
+int fl_wk_devices_clock_stop(fl_wk_devices_t *d, int j, double *seconds)
+{
+    return fl_wk_bclock_stop(&d->rep[j].clock, d->rep[j].rd, seconds);
 }
 
 int fl_wk_devices_host_batch(fl_wk_devices_t *d, int j, const float *params, size_t index,

@@ -29,6 +29,7 @@ typedef struct replica {
     size_t first;
     float *one;
     double batch_s;
+    fl_wk_bclock_t clock; /* its batch_s, from events on its compute stream */
     /* --policy cadence (local SGD): the device's own parameters (during a round; its delta from
      * the round's start after) and optimizer */
     float *own;

@@ -100,6 +100,19 @@ double fl_wk_dcmp_residual_norm(fl_wk_dcmp_t *c);
 int fl_wk_dcmp_residual_get(fl_wk_dcmp_t *c, float *out);
 int fl_wk_dcmp_residual_put(fl_wk_dcmp_t *c, const float *in);
 
+/* ---- El Che's clock (batch_clock.c): device time between two points of its compute stream */
+
+typedef struct fl_wk_bclock {
+    fl_event_t *t0, *t1; /* timed events, made at the first start */
+} fl_wk_bclock_t;
+
+/* start records the start on rd's compute stream; stop records the end, waits for it and gives
+ * the device's seconds between the two. The device's error, FL_ENOMEM. One thread at a time
+ * (the device's). deinit: NULL-safe, after the device's last use of them. */
+int fl_wk_bclock_start(fl_wk_bclock_t *c, fl_wk_rdev_t *rd);
+int fl_wk_bclock_stop(fl_wk_bclock_t *c, fl_wk_rdev_t *rd, double *seconds);
+void fl_wk_bclock_deinit(fl_wk_bclock_t *c);
+
 /* ---- the process's devices (devices.c) ---- */
 
 typedef struct fl_wk_devices fl_wk_devices_t;
@@ -326,6 +339,10 @@ int fl_wk_devices_opt_load(fl_wk_devices_t *d, int j, const fl_opt_t *host);
 
 /* Devices compute their steps from z's gathered layers instead of a flat buffer (NULL: flat). */
 void fl_wk_devices_set_full(fl_wk_devices_t *d, fl_wk_full_t *z);
+
+/* Device j's El Che clock (batch_clock.c), for a caller driving its batches (--policy async). */
+int fl_wk_devices_clock_start(fl_wk_devices_t *d, int j);
+int fl_wk_devices_clock_stop(fl_wk_devices_t *d, int j, double *seconds);
 
 /* Device j computes the gradient of the host's batch `index` (El Che's sequence) on params
  * into grad, clipped to o->max_norm when set (its workspace; --throttle applies). */
