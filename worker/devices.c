@@ -389,6 +389,8 @@ static void replica_step(replica_t *r)
         return;
     }
     bool tell = d->ready != NULL && (d->n == 1 || d->local == FL_WK_LOCAL_NONE);
+    bool overlap = fl_wk_devices_overlapped(d);
+    fl_wk_rdev_layer_fn tell_fn = overlap ? fl_wk_devices_layer_told : tell ? layer_tell : NULL;
     int64_t t0 = fl_now_ns();
     fl_wk_sampler_batch(&r->smp, d->cur_batch, r->idx);
     bool ahead = d->cur_batch + 1 < fl_wk_sampler_batches(&r->smp);
@@ -399,7 +401,7 @@ static void replica_step(replica_t *r)
     bool on_device = d->keep_grad || d->intra != NULL;
     r->rc = fl_wk_rdev_grad(r->rd, src != NULL ? NULL : d->params, src, d->train, r->idx, tag,
                             ahead ? r->next_idx : NULL, tag + 1, on_device ? NULL : r->grad,
-                            tell ? layer_tell : NULL, r, &r->loss, &r->correct);
+                            tell_fn, r, &r->loss, &r->correct);
     /* The pass's end, for the reduce-scatter queued after every device's (the compute stream
      * is this thread's). */
     if (r->rc == FL_OK && d->intra != NULL)
@@ -411,7 +413,7 @@ static void replica_step(replica_t *r)
     throttle(r, t0);
     if (r->rc != FL_OK)
         snprintf(r->err, sizeof r->err, "%s", fl_last_error());
-    if (d->n == 1 || d->local != FL_WK_LOCAL_SHARDS || d->intra != NULL)
+    if (d->n == 1 || d->local != FL_WK_LOCAL_SHARDS || d->intra != NULL || overlap)
         return;
     if (!all_computed(d))
         return;
@@ -435,7 +437,7 @@ static void run_one(replica_t *r, int brc, const char *berr)
         if (!d->updating && !d->cadence && d->full != NULL)
             fl_wk_full_device_done(d->full, r->j);
         if (!d->updating && !d->cadence && d->n > 1 && d->local == FL_WK_LOCAL_SHARDS &&
-            d->intra == NULL)
+            d->intra == NULL && !fl_wk_devices_overlapped(d))
             all_computed(d);
     } else if (d->updating) {
         r->rc = fl_wk_rdev_update(r->rd, d->upd_grad, d->upd_norm, d->upd_lr);
@@ -501,6 +503,8 @@ int fl_wk_devices_step(fl_wk_devices_t *d, const float *params, size_t batch_ind
     int L = d->n;
     d->arrived = 0;
     d->aborted = false;
+    memset(d->layer_told, 0, sizeof d->layer_told);
+    d->reducing = fl_wk_devices_overlapped(d) && ready != NULL;
     int rc = d->full != NULL && !d->cadence ? fl_wk_full_begin(d->full) : FL_OK;
     if (rc != FL_OK)
         return rc;

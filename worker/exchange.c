@@ -40,6 +40,8 @@ struct fl_wk_xchg {
     char err[1024];
     fl_wk_xchg_stats_t st;
     int tid;
+    fl_wk_xchg_prepare_fn prepare; /* fills a bucket before it is sent (NULL: it is filled) */
+    void *prepare_ud;
 };
 
 /* Exchanges one bucket in place. Runs on the exchange thread only. */
@@ -114,6 +116,8 @@ static void *xchg_main(void *arg)
         fl_wk_xchg_stats_t one = {0};
         int64_t t0 = fl_now_ns();
         /* After a failure the communicator is broken: the rest of the step is skipped. */
+        if (!failed && x->prepare != NULL)
+            x->prepare(x->start[b], x->len[b], x->prepare_ud);
         if (!failed)
             rc = exchange(x, b, &one);
         int64_t t1 = fl_now_ns();
@@ -318,6 +322,12 @@ double fl_wk_xchg_residual_norm(const fl_wk_xchg_t *x)
         s += r * r;
     }
     return sqrt(s);
+}
+
+void fl_wk_xchg_set_prepare(fl_wk_xchg_t *x, fl_wk_xchg_prepare_fn fn, void *ud)
+{
+    x->prepare = fn;
+    x->prepare_ud = ud;
 }
 
 void fl_wk_xchg_set_track(fl_wk_xchg_t *x, int tid)

@@ -116,6 +116,12 @@ int fl_wk_check_model(const fl_wk_mlp_shape_t *m, const fl_wk_dataset_t *d,
     return test != NULL ? check_labels(m, test) : FL_OK;
 }
 
+/* An overlapped step's first leg: the bucket's mean over the host's devices. */
+static void reduce_bucket(size_t start, size_t len, void *ud)
+{
+    fl_wk_devices_reduce_range(ud, start, len);
+}
+
 /* One exchange per device, each on its own sub-communicator. */
 static int per_device_exchanges(trainer_t *tr, fl_wk_local_t local, bool pieces)
 {
@@ -143,7 +149,13 @@ static int per_device_exchanges(trainer_t *tr, fl_wk_local_t local, bool pieces)
         else
             rc = fl_wk_xchg_create(tr->subs[j], o, tr->grad, fl_shard_offset(tr->np, L, j),
                                    fl_shard_count(tr->np, L, j), &tr->xchg[j]);
+        /* Two levels in host memory: each shard's exchange reduces its buckets as the backward
+         * pass completes them (devices_overlap.c). */
+        if (rc == FL_OK && local == FL_WK_LOCAL_SHARDS && !o->no_overlap)
+            fl_wk_xchg_set_prepare(tr->xchg[j], reduce_bucket, tr->dev);
     }
+    if (rc == FL_OK && local == FL_WK_LOCAL_SHARDS)
+        fl_wk_devices_set_overlap(tr->dev, !o->no_overlap);
     return rc;
 }
 

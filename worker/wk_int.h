@@ -157,6 +157,16 @@ float *fl_wk_devices_grad(fl_wk_devices_t *d, int j);
 int fl_wk_devices_step(fl_wk_devices_t *d, const float *params, size_t batch_index,
                        fl_wk_ready_fn ready, void *ud, double *loss, size_t *correct);
 
+/* FL_WK_LOCAL_SHARDS on CPU replicas (on: the caller's exchanges reduce): each step's devices
+ * tell every layer as it lands, ready hears each shard's range grow as the last device finishes
+ * a layer, and the exchange reduces each bucket across the devices itself with
+ * fl_wk_devices_reduce_range before sending it (the same bits as the reduction after the pass),
+ * so the exchange starts during the backward pass. Nothing on other configurations. */
+void fl_wk_devices_set_overlap(fl_wk_devices_t *d, bool on);
+/* grad[start, start + len) = the devices' mean, during an overlapped step (else nothing); from
+ * the exchange's thread, after ready named the range. */
+void fl_wk_devices_reduce_range(fl_wk_devices_t *d, size_t start, size_t len);
+
 /* ---- El Che's cadence (cadence.c): batches per device between synchronisations ---- */
 
 typedef struct fl_wk_cadence {
@@ -572,6 +582,12 @@ int fl_wk_xchg_on_device(fl_wk_xchg_t *x, fl_wk_rdev_t *rd);
 
 /* Device j's device (for fl_wk_xchg_on_device). */
 fl_wk_rdev_t *fl_wk_devices_rdev(fl_wk_devices_t *d, int j);
+
+/* Called on the exchange's thread with each bucket's range before it is exchanged (the
+ * devices' reduction of an overlapped step, fl_wk_devices_reduce_range). Set before the first
+ * step. */
+typedef void (*fl_wk_xchg_prepare_fn)(size_t start, size_t len, void *ud);
+void fl_wk_xchg_set_prepare(fl_wk_xchg_t *x, fl_wk_xchg_prepare_fn fn, void *ud);
 
 /* Records each bucket's exchange on timeline track tid (o->timeline). */
 void fl_wk_xchg_set_track(fl_wk_xchg_t *x, int tid);
