@@ -131,8 +131,8 @@ run() {  # run NAME [worker flags]
   figures "$tmp/$name.rank0.log"
 }
 
-printf '%-22s %6s %7s %10s %8s %9s %9s %7s %15s %8s\n' run steps "acc %" "samples/s" "step ms" \
-  "exch ms" "exposed" "hidden" "to host MiB/st" "vs flat"
+printf '%-22s %6s %7s %10s %8s %9s %9s %9s %7s %15s %8s\n' run steps "acc %" "samples/s" \
+  "step ms" "compute" "exch ms" "exposed" "hidden" "to host MiB/st" "vs flat"
 flat_b=""
 for cfg in "flat dense|--hierarchy flat" "hybrid dense|--hierarchy hybrid" \
            "hybrid top-k $density|--hierarchy hybrid --topk $density"; do
@@ -144,10 +144,11 @@ for cfg in "flat dense|--hierarchy flat" "hybrid dense|--hierarchy hybrid" \
   per=$(awk -v m="$remote" -v s="$steps" 'BEGIN { printf "%.4f", m / s }')
   [ -z "$flat_b" ] && flat_b=$per
   awk -v n="$name" -v st="$steps" -v a="$acc" -v sp="$sps" -v se="$secs" -v x="$xch" \
-    -v e="$exposed" -v h="$hidden" -v p="$per" -v f="$flat_b" 'BEGIN {
-      printf "%-22s %6d %7.2f %10.0f %8.2f %9.2f %9.2f %6d%% %15.4f %7.1fx\n", n, st, a, sp,
-        1e3 * se / st, x, e, h, p, (p > 0 ? f / p : 0) }'
+    -v e="$exposed" -v h="$hidden" -v p="$per" -v f="$flat_b" -v c="$comp" 'BEGIN {
+      printf "%-22s %6d %7.2f %10.0f %8.2f %9.2f %9.2f %9.2f %6d%% %15.4f %7.1fx\n", n, st, a,
+        sp, 1e3 * se / st, c, x, e, h, p, (p > 0 ? f / p : 0) }'
 done
 echo "to host MiB/st: MiB rank 0 sent to the other hosts per step (its $replicas devices" \
   "together); vs flat: how many times fewer than flat dense. step ms: training seconds / steps;" \
-  "exch ms: exchange time per step, exposed: of it what the step waited for, hidden: the rest."
+  "compute: the devices' passes per step; exch ms: exchange time per step, exposed: of it what" \
+  "the step waited for after the passes, hidden: the rest."
