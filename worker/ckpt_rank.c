@@ -6,10 +6,13 @@
  * into other hosts, devices or hierarchy starts these at zero (the ranges still reshard). */
 #include "wk_int.h"
 
+#include <dirent.h>
+#include <errno.h>
 #include <inttypes.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
 #define MAX_FILE_BYTES ((size_t)1 << 40)
 
@@ -186,6 +189,77 @@ int fl_wk_ckpt_rank_load(const char *dir, int rank, int world, const fl_wk_train
         }
         for (int j = 0; j < s->nopt && rc == FL_OK; j++)
             rc = restore_opt(f, path, j, s->opt[j]);
+        *restored = rc == FL_OK;
+    }
+    fl_st_close(&f);
+    return rc;
+}
+
+/* ---- --mode ps: the worker's one residual, by the server's step ---- */
+
+/* Removes rank's state files of steps other than step and keep. */
+static void prune_rank(const char *dir, int rank, long step, long keep)
+{
+    DIR *d = opendir(dir);
+    if (d == NULL)
+        return;
+    struct dirent *e;
+    while ((e = readdir(d)) != NULL) {
+        long s;
+        int r;
+        int end = 0;
+        if (sscanf(e->d_name, "state-s%ld-r%d.safetensors%n", &s, &r, &end) != 2 ||
+            e->d_name[end] != '\0' || r != rank || s == step || s == keep)
+            continue;
+        char path[4096];
+        snprintf(path, sizeof path, "%s/%s", dir, e->d_name);
+        unlink(path);
+    }
+    closedir(d);
+}
+
+int fl_wk_ckpt_ef_save(const char *dir, int rank, long step, long keep, const fl_cmp_ef_t *ef)
+{
+    const float *r;
+    const float *v;
+    size_t n;
+    fl_cmp_ef_state(ef, &r, &v, &n);
+    if (fl_wk_ckpt_mkdirs(dir) != 0)
+        return fl_fail(FL_EIO, "--checkpoint: cannot make %s: %s", dir, strerror(errno));
+    fl_st_tensor_t ts[2];
+    size_t nt = 0;
+    ts[nt++] = (fl_st_tensor_t){"ef.0", FL_FLOAT32, 1, {n}, r, n * sizeof(float)};
+    if (v != NULL)
+        ts[nt++] = (fl_st_tensor_t){"ef.0.velocity", FL_FLOAT32, 1, {n}, v, n * sizeof(float)};
+    char st[32];
+    snprintf(st, sizeof st, "%ld", step);
+    fl_st_meta_t meta[2] = {{"flodl.mode", "ps"}, {"flodl.step", st}};
+    char path[4096];
+    state_path(path, sizeof path, dir, step, rank);
+    int rc = fl_st_write(path, ts, nt, meta, 2);
+    if (rc == FL_OK)
+        prune_rank(dir, rank, step, keep);
+    return rc;
+}
+
+int fl_wk_ckpt_ef_load(const char *dir, int rank, long step, fl_cmp_ef_t *ef, bool *restored)
+{
+    *restored = false;
+    char path[4096];
+    state_path(path, sizeof path, dir, step, rank);
+    fl_st_file_t *f = NULL;
+    if (fl_st_open(path, MAX_FILE_BYTES, &f) != FL_OK)
+        return FL_OK; /* none for this step: the server resumed from another */
+    const float *r;
+    const float *v;
+    size_t n;
+    fl_cmp_ef_state(ef, &r, &v, &n);
+    const fl_st_tensor_t *t = fl_st_find(f, "ef.0");
+    const fl_st_tensor_t *tv = fl_st_find(f, "ef.0.velocity");
+    int rc = FL_OK;
+    if (meta_is(f, "flodl.mode", "ps") && t != NULL && t->dtype == FL_FLOAT32 &&
+        t->bytes == n * sizeof(float) && (tv == NULL || tv->bytes == t->bytes)) {
+        rc = fl_cmp_ef_restore(ef, t->data, tv != NULL ? tv->data : NULL, n);
         *restored = rc == FL_OK;
     }
     fl_st_close(&f);

@@ -228,8 +228,7 @@ static long manifest_step(const char *dir)
     return s;
 }
 
-/* mkdir -p. 0 or -1 with errno. */
-static int make_dirs(const char *dir)
+int fl_wk_ckpt_mkdirs(const char *dir)
 {
     char p[4096];
     snprintf(p, sizeof p, "%s", dir);
@@ -251,7 +250,7 @@ int fl_wk_ckpt_save(const char *dir, fl_comm_t *comm, int rank, int world,
     /* A failure here is still reported through the ranks' agreement below, so that no rank
      * is left waiting in it. */
     int rc = FL_OK;
-    if (make_dirs(dir) != 0)
+    if (fl_wk_ckpt_mkdirs(dir) != 0)
         rc = fl_fail(FL_EIO, "--checkpoint: cannot make %s: %s", dir, strerror(errno));
     long previous = manifest_step(dir);
     fl_wk_range_t *mine = malloc(FL_WK_MAX_RANGES * sizeof *mine);

@@ -432,6 +432,16 @@ int fl_wk_ckpt_rank_load(const char *dir, int rank, int world, const fl_wk_train
 fl_opt_t *fl_wk_devices_local_opt(fl_wk_devices_t *d, int j);
 fl_opt_t *fl_wk_async_opt(fl_wk_async_t *a, int j);
 
+/* --mode ps (ckpt_rank.c): the worker's residual of its pushes at `step` (the server's), in
+ * dir/state-s<step>-r<rank>.safetensors, this rank's files of other steps but `keep` removed;
+ * and restored from the file of `step` when there is one of this length (*restored says). FL_OK,
+ * FL_EIO naming the path, FL_EPROTO (a corrupt file), FL_ENONFINITE. */
+int fl_wk_ckpt_ef_save(const char *dir, int rank, long step, long keep, const fl_cmp_ef_t *ef);
+int fl_wk_ckpt_ef_load(const char *dir, int rank, long step, fl_cmp_ef_t *ef, bool *restored);
+
+/* mkdir -p: 0, or -1 with errno. */
+int fl_wk_ckpt_mkdirs(const char *dir);
+
 /* ---- sharded checkpoints (shard_ckpt.c) ---- */
 
 /* A range of the flat parameters a rank owns with its optimizer state, as checkpoints name

@@ -50,7 +50,8 @@ static const char usage[] =
     "    trains its own copy and parameters are averaged every --max-anchor batches of the\n"
     "    slowest; async: the devices go on while a round is averaged, at most --run-ahead N\n"
     "    rounds (default 1) beyond the last completed averaging)\n"
-    "  --checkpoint DIR (training state after every epoch: a file per shard and a manifest)\n"
+    "  --checkpoint DIR (training state after every epoch: a file per shard and a manifest;\n"
+    "    --mode ps: the worker's top-k residual, the server checkpoints the rest)\n"
     "  --resume DIR (from such a checkpoint, into any hosts, devices and --shard)\n"
     "  --resume-if-any DIR (--resume DIR when DIR holds a checkpoint, else a fresh start: a\n"
     "    restarted container or pod picks up where the job left off)\n"
@@ -672,11 +673,14 @@ int main(int argc, char **argv)
             printf("--resume-if-any: no checkpoint in %s yet: starting fresh\n", a.resume_if_any);
     }
     if (a.mode == FL_WK_MODE_PS && (a.to.shard != FL_WK_SHARD_NONE || a.to.max_anchor > 0 ||
-                                    a.to.policy != FL_WK_POLICY_SYNC ||
-                                    a.to.checkpoint_dir != NULL || a.to.resume_dir != NULL))
-        return bad("--shard, --max-anchor, --policy, --checkpoint and --resume: in --mode ps the optimizer "
-                   "state and checkpoints live on the parameter server (flodl-ps --checkpoint-dir)"
-                   " and the devices' mean is pushed every step");
+                                    a.to.policy != FL_WK_POLICY_SYNC))
+        return bad("--shard, --max-anchor and --policy: in --mode ps the optimizer state lives on "
+                   "the parameter server and the devices' mean is pushed every step");
+    if (a.mode == FL_WK_MODE_PS && (a.to.checkpoint_dir != NULL || a.to.resume_dir != NULL) &&
+        !(a.to.topk > 0))
+        return bad("--checkpoint and --resume: in --mode ps the training state lives on the "
+                   "parameter server (flodl-ps --checkpoint-dir); the worker keeps only --topk's "
+                   "residual");
     /* The default momentum belongs to the default SGD: Adam and AdamW have betas instead, and
      * only a --momentum given with them is a mistake. */
     if (a.to.opt.kind != FL_OPT_SGD && !a.momentum_given)
