@@ -277,9 +277,9 @@ static void teardown_dir(void)
     rmdir(dir);
 }
 
-/* The two-level exchange overlapped with the backward pass (each shard's exchange reduces its
- * buckets as the last device finishes their layers) trains the very bits of the reduction after
- * the whole pass (--no-overlap): dense, top-k and clipped, 2 x 2 and 3 x 3 devices. */
+/* The two-level exchange overlapped with the backward pass (--overlap: each shard's exchange
+ * reduces its buckets as the last device finishes their layers) trains the very bits of the
+ * reduction after the whole pass: dense, top-k and clipped, 2 x 2, 3 x 3 and 2 x 3 devices. */
 START_TEST(test_overlap_trains_the_same_bits)
 {
     fl_wk_dataset_t d;
@@ -300,12 +300,13 @@ START_TEST(test_overlap_trains_the_same_bits)
         o.replicas = cases[c].L;
         o.topk = cases[c].topk;
         o.max_norm = cases[c].max_norm;
+        o.overlap = true;
         int rc = fl_test_run_hosts(cases[c].W, &o, NULL, &d, NULL, err, sizeof err);
         ck_assert_msg(rc == FL_OK, "overlapped: %s", err);
-        o.no_overlap = true;
+        o.overlap = false;
         o.save_path = b;
         rc = fl_test_run_hosts(cases[c].W, &o, NULL, &d, NULL, err, sizeof err);
-        ck_assert_msg(rc == FL_OK, "--no-overlap: %s", err);
+        ck_assert_msg(rc == FL_OK, "after the pass: %s", err);
         double diff = fl_test_params_diff(layers, a, b);
         snprintf(what, sizeof what, "%d x %d, top-k %g, clip %g", cases[c].W, cases[c].L,
                  cases[c].topk, cases[c].max_norm);

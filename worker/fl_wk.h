@@ -280,9 +280,9 @@ typedef struct fl_wk_train_opts {
     fl_opt_opts_t opt;
     fl_lr_sched_t lr;
     bool scale_lr;         /* linear scaling rule: lr * global batch / batch */
-    bool no_overlap;       /* two levels on CPU replicas: reduce after the whole backward pass
-                              instead of bucket by bucket during it (the same bits; for
-                              comparisons) */
+    bool overlap;          /* two levels on CPU replicas: reduce and exchange bucket by bucket
+                              during the backward pass instead of after it (the same bits;
+                              off by default: see README, "Overlap with the backward pass") */
     double max_norm;       /* gradient clipping by global L2 norm (0: off) */
     double topk;           /* density of top-k with error feedback (0: dense) */
     int topk_warmup;       /* epochs of DGC density warm-up (0: none) */

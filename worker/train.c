@@ -151,11 +151,11 @@ static int per_device_exchanges(trainer_t *tr, fl_wk_local_t local, bool pieces)
                                    fl_shard_count(tr->np, L, j), &tr->xchg[j]);
         /* Two levels in host memory: each shard's exchange reduces its buckets as the backward
          * pass completes them (devices_overlap.c). */
-        if (rc == FL_OK && local == FL_WK_LOCAL_SHARDS && !o->no_overlap)
+        if (rc == FL_OK && local == FL_WK_LOCAL_SHARDS && o->overlap)
             fl_wk_xchg_set_prepare(tr->xchg[j], reduce_bucket, tr->dev);
     }
     if (rc == FL_OK && local == FL_WK_LOCAL_SHARDS)
-        fl_wk_devices_set_overlap(tr->dev, !o->no_overlap);
+        fl_wk_devices_set_overlap(tr->dev, o->overlap);
     return rc;
 }
 

@@ -40,8 +40,8 @@ static const char usage[] =
     "    repeated id gives two devices on one GPU)  --cpu-replicas L (devices on the CPU)\n"
     "  --hierarchy hybrid|flat (several devices per host, --mode ring: two-level exchange, the\n"
     "    default, or every device its own ring member)\n"
-    "  --no-overlap (two levels on CPU replicas: reduce after the backward pass instead of\n"
-    "    bucket by bucket during it; the same parameters)\n"
+    "  --overlap (two levels on CPU replicas: reduce and exchange bucket by bucket during the\n"
+    "    backward pass instead of after it; the same parameters)\n"
     "  --shard none|grad|hybrid|full (optimizer state: on every device; 1/(hosts x devices)\n"
     "    each, gradients reduce-scattered and parameters all-gathered across hosts; 1/devices\n"
     "    each, replicated across hosts; full: parameters too, each layer gathered only while it\n"
@@ -79,7 +79,7 @@ static const char usage[] =
 enum {
     O_MODE = 1000, O_TRAIN_IMAGES, O_TRAIN_LABELS, O_TEST_IMAGES, O_TEST_LABELS, O_TRAIN_CSV,
     O_TEST_CSV, O_DATA_SEED, O_LAYERS, O_BATCH, O_EPOCHS, O_SEED, O_NO_SHUFFLE, O_OPTIM,
-    O_SCALE_LR, O_NO_OVERLAP, O_LZ4, O_RECONNECT, O_MAX_NORM, O_REPLICAS, O_HIER, O_SHARD, O_POLICY, O_MPORT, O_MBIND, O_TIMELINE, O_CURVE, O_INSECURE, O_CKPT, O_RESUME, O_RESUME_ANY, O_ANCHOR, O_RUN_AHEAD, O_OVERHEAD, O_HINT, O_THROTTLE, O_DEVICE, O_GPUS, O_TOPK, O_TOPK_WARMUP, O_TOPK_VALUES, O_BUCKET, O_INIT,
+    O_SCALE_LR, O_OVERLAP, O_LZ4, O_RECONNECT, O_MAX_NORM, O_REPLICAS, O_HIER, O_SHARD, O_POLICY, O_MPORT, O_MBIND, O_TIMELINE, O_CURVE, O_INSECURE, O_CKPT, O_RESUME, O_RESUME_ANY, O_ANCHOR, O_RUN_AHEAD, O_OVERHEAD, O_HINT, O_THROTTLE, O_DEVICE, O_GPUS, O_TOPK, O_TOPK_WARMUP, O_TOPK_VALUES, O_BUCKET, O_INIT,
     O_SAVE, O_SAVE_EVERY, O_METRICS, O_PROGRESS, O_QUIET, O_SIZE, O_STEPS, O_DTYPE, O_OP, O_HELP,
     O_VERSION
 };
@@ -303,7 +303,7 @@ static int apply(wargs_t *a, int ch, const char *name, const char *v)
             a->reconnect_ms = (int)n;
         break;
     case O_SCALE_LR: t->scale_lr = true; break;
-    case O_NO_OVERLAP: t->no_overlap = true; break;
+    case O_OVERLAP: t->overlap = true; break;
     case O_MAX_NORM: rc = num("--max-grad-norm", v, 0.0, 1e12, &t->max_norm); break;
     case O_REPLICAS:
         if ((rc = fl_cli_long("--cpu-replicas", v, 1, 64, &n)) == FL_OK) {
@@ -560,7 +560,7 @@ int main(int argc, char **argv)
         {"epochs", 1, NULL, O_EPOCHS}, {"seed", 1, NULL, O_SEED},
         {"no-shuffle", 0, NULL, O_NO_SHUFFLE}, {"lz4", 0, NULL, O_LZ4},
         {"reconnect-timeout", 1, NULL, O_RECONNECT}, {"scale-lr", 0, NULL, O_SCALE_LR},
-        {"no-overlap", 0, NULL, O_NO_OVERLAP}, {"max-grad-norm", 1, NULL, O_MAX_NORM},
+        {"overlap", 0, NULL, O_OVERLAP}, {"max-grad-norm", 1, NULL, O_MAX_NORM},
         {"cpu-replicas", 1, NULL, O_REPLICAS}, {"hierarchy", 1, NULL, O_HIER},
         {"shard", 1, NULL, O_SHARD}, {"policy", 1, NULL, O_POLICY},
         {"metrics-port", 1, NULL, O_MPORT}, {"metrics-bind", 1, NULL, O_MBIND},
