@@ -279,7 +279,8 @@ static void teardown_dir(void)
 
 /* The two-level exchange overlapped with the backward pass (--overlap: each shard's exchange
  * reduces its buckets as the last device finishes their layers) trains the very bits of the
- * reduction after the whole pass: dense, top-k and clipped, 2 x 2, 3 x 3 and 2 x 3 devices. */
+ * reduction after the whole pass (on sim: of the device-copy leg): dense, top-k and clipped,
+ * 2 x 2, 3 x 3 and 2 x 3 devices. */
 START_TEST(test_overlap_trains_the_same_bits)
 {
     fl_wk_dataset_t d;

@@ -150,8 +150,9 @@ int fl_wk_devices_create(const fl_wk_mlp_shape_t *m, const fl_wk_dataset_t *trai
     }
     /* sim only for now: on cuda the same code (NCCL, or copies for --gpus 0,0) has been
      * compiled but not yet run on a GPU (tests/test_intra.c's gpu build), so GPUs keep the
-     * host-memory leg until it has. */
-    if (local == FL_WK_LOCAL_SHARDS && L > 1 && o->device == FL_DEV_SIM &&
+     * host-memory leg until it has. --overlap takes the host-memory leg too: each layer leaves
+     * its device behind its event as the backward pass finishes it (devices_overlap.c). */
+    if (local == FL_WK_LOCAL_SHARDS && L > 1 && o->device == FL_DEV_SIM && !o->overlap &&
         (rc = intra_create(d)) != FL_OK)
         goto fail;
     if (o->max_anchor > 0) {

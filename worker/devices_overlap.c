@@ -1,4 +1,5 @@
-/* The two-level exchange's first leg in host memory (CPU replicas), overlapped with the
+/* The two-level exchange's first leg in host memory (CPU replicas, and devices whose layers
+ * are copied out behind their events as the pass finishes them), overlapped with the
  * backward pass: every device tells each layer as its gradient lands (last layer first); the
  * last device to finish a layer makes the parameters from that layer's weights on ready for
  * every shard reaching there, and each shard's exchange thread reduces a bucket across the

@@ -280,7 +280,7 @@ typedef struct fl_wk_train_opts {
     fl_opt_opts_t opt;
     fl_lr_sched_t lr;
     bool scale_lr;         /* linear scaling rule: lr * global batch / batch */
-    bool overlap;          /* two levels on CPU replicas: reduce and exchange bucket by bucket
+    bool overlap;          /* two levels: reduce (in host memory) and exchange bucket by bucket
                               during the backward pass instead of after it (the same bits;
                               off by default: see README, "Overlap with the backward pass") */
     double max_norm;       /* gradient clipping by global L2 norm (0: off) */

@@ -157,7 +157,7 @@ float *fl_wk_devices_grad(fl_wk_devices_t *d, int j);
 int fl_wk_devices_step(fl_wk_devices_t *d, const float *params, size_t batch_index,
                        fl_wk_ready_fn ready, void *ud, double *loss, size_t *correct);
 
-/* FL_WK_LOCAL_SHARDS on CPU replicas (on: the caller's exchanges reduce): each step's devices
+/* FL_WK_LOCAL_SHARDS in host memory (on: the caller's exchanges reduce): each step's devices
  * tell every layer as it lands, ready hears each shard's range grow as the last device finishes
  * a layer, and the exchange reduces each bucket across the devices itself with
  * fl_wk_devices_reduce_range before sending it (the same bits as the reduction after the pass),
