@@ -195,6 +195,36 @@ int fl_wk_ckpt_rank_load(const char *dir, int rank, int world, const fl_wk_train
     return rc;
 }
 
+void fl_wk_rank_state_of(const fl_wk_train_opts_t *o, int nx, fl_wk_xchg_t *const *xchg,
+                         fl_wk_devices_t *dev, fl_wk_async_t *async, fl_wk_rank_state_t *s)
+{
+    memset(s, 0, sizeof *s);
+    s->nx = nx;
+    s->xchg = xchg;
+    bool local = o->policy != FL_WK_POLICY_SYNC;
+    for (int j = 0; local && j < o->replicas; j++) {
+        fl_opt_t *opt = async != NULL ? fl_wk_async_opt(async, j) : fl_wk_devices_local_opt(dev, j);
+        if (opt != NULL)
+            s->opt[s->nopt++] = opt;
+    }
+}
+
+int fl_wk_ckpt_rank_resume(const fl_wk_train_opts_t *o, int rank, int world, long step,
+                           fl_wk_rank_state_t *s)
+{
+    bool restored = false;
+    int rc = fl_wk_ckpt_rank_load(o->resume_dir, rank, world, o, step, s, &restored);
+    bool any = s->nopt > 0;
+    for (int j = 0; j < s->nx; j++)
+        any = any || fl_wk_xchg_has_residual(s->xchg[j]);
+    if (rc == FL_OK && any && !restored && rank == 0 && !o->quiet)
+        printf("--resume: %s holds no %s of this layout (hosts, devices, hierarchy): they "
+               "start afresh\n",
+               o->resume_dir,
+               s->nopt > 0 ? "per-device optimizer state" : "error-feedback residuals");
+    return rc;
+}
+
 /* ---- --mode ps: the worker's one residual, by the server's step ---- */
 
 /* Removes rank's state files of steps other than step and keep. */

@@ -430,39 +430,10 @@ static int keep_on_devices(trainer_t *tr, fl_opt_t *const *opts)
     return rc;
 }
 
-/* What the rank holds beyond the ranges: residuals, local SGD's optimizers (ckpt_rank.c). */
+/* What the rank holds beyond the ranges (ckpt_rank.c). */
 static void rank_state(trainer_t *tr, fl_wk_rank_state_t *s)
 {
-    memset(s, 0, sizeof *s);
-    s->nx = tr->nx;
-    s->xchg = tr->xchg;
-    bool local = tr->o->policy != FL_WK_POLICY_SYNC;
-    for (int j = 0; local && j < tr->o->replicas; j++) {
-        fl_opt_t *opt = tr->async != NULL ? fl_wk_async_opt(tr->async, j)
-                                          : fl_wk_devices_local_opt(tr->dev, j);
-        if (opt != NULL)
-            s->opt[s->nopt++] = opt;
-    }
-}
-
-/* On --resume: the rank's own state, when the checkpoint was taken in this layout. */
-static int resume_rank_state(trainer_t *tr, long step)
-{
-    const fl_wk_train_opts_t *o = tr->o;
-    fl_wk_rank_state_t s;
-    rank_state(tr, &s);
-    bool restored = false;
-    int rc = fl_wk_ckpt_rank_load(o->resume_dir, tr->rank, piece_world(tr), o, step, &s,
-                                  &restored);
-    bool any = s.nopt > 0;
-    for (int j = 0; j < s.nx; j++)
-        any = any || fl_wk_xchg_has_residual(s.xchg[j]);
-    if (rc == FL_OK && any && !restored && tr->rank == 0 && !o->quiet)
-        printf("--resume: %s holds no %s of this layout (hosts, devices, hierarchy): they "
-               "start afresh\n",
-               o->resume_dir,
-               s.nopt > 0 ? "per-device optimizer state" : "error-feedback residuals");
-    return rc;
+    fl_wk_rank_state_of(tr->o, tr->nx, tr->xchg, tr->dev, tr->async, s);
 }
 
 /* Device t's optimizer state into the host's, for a checkpoint. */
@@ -796,8 +767,11 @@ int fl_wk_train(fl_comm_t *comm, const fl_wk_dataset_t *train, const fl_wk_datas
     }
     if (o->resume_dir != NULL && tr.full != NULL)
         fl_wk_full_scatter(tr.full, tr.params);
+    fl_wk_rank_state_t own; /* the rank's own state for checkpoints (its objects live on) */
+    rank_state(&tr, &own);
     if ((rc = keep_on_devices(&tr, opts)) != FL_OK ||
-        (o->resume_dir != NULL && (rc = resume_rank_state(&tr, step)) != FL_OK)) {
+        (o->resume_dir != NULL &&
+         (rc = fl_wk_ckpt_rank_resume(o, tr.rank, piece_world(&tr), step, &own)) != FL_OK)) {
         teardown(&tr);
         return rc;
     }
@@ -963,8 +937,6 @@ int fl_wk_train(fl_comm_t *comm, const fl_wk_dataset_t *train, const fl_wk_datas
         if (test != NULL && (rc = agree(&tr, rc)) != FL_OK)
             break;
         fl_wk_obs_epoch(&tr.obs, ep + 1);
-        fl_wk_rank_state_t own;
-        rank_state(&tr, &own);
         if (rc == FL_OK && o->checkpoint_dir != NULL && (rc = materialize(&tr)) == FL_OK &&
             (rc = save_device_state(&tr, opts)) == FL_OK)
             rc = fl_wk_ckpt_save(o->checkpoint_dir, tr.comm, tr.rank, piece_world(&tr), o,

@@ -428,9 +428,20 @@ int fl_wk_ckpt_rank_save(const char *dir, int rank, int world, const fl_wk_train
 int fl_wk_ckpt_rank_load(const char *dir, int rank, int world, const fl_wk_train_opts_t *o,
                          long step, fl_wk_rank_state_t *s, bool *restored);
 
+/* s for a rank training with o: its nx exchanges (borrowed), and under --policy cadence or
+ * async every device's own optimizer (dev's, or async's when not NULL). */
+void fl_wk_rank_state_of(const fl_wk_train_opts_t *o, int nx, struct fl_wk_xchg *const *xchg,
+                         struct fl_wk_devices *dev, struct fl_wk_async *async,
+                         fl_wk_rank_state_t *s);
+
+/* --resume: fl_wk_ckpt_rank_load from o->resume_dir, rank 0 saying so (unless quiet) when what s
+ * holds starts afresh. Its errors. */
+int fl_wk_ckpt_rank_resume(const fl_wk_train_opts_t *o, int rank, int world, long step,
+                           fl_wk_rank_state_t *s);
+
 /* Local SGD's optimizer of device j (NULL before fl_wk_devices_local_create). */
-fl_opt_t *fl_wk_devices_local_opt(fl_wk_devices_t *d, int j);
-fl_opt_t *fl_wk_async_opt(fl_wk_async_t *a, int j);
+fl_opt_t *fl_wk_devices_local_opt(struct fl_wk_devices *d, int j);
+fl_opt_t *fl_wk_async_opt(struct fl_wk_async *a, int j);
 
 /* --mode ps (ckpt_rank.c): the worker's residual of its pushes at `step` (the server's), in
  * dir/state-s<step>-r<rank>.safetensors, this rank's files of other steps but `keep` removed;
