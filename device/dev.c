@@ -230,13 +230,15 @@ int fl_stream_sync(fl_stream_t *s, int timeout_ms)
     return s->d->be->stream_sync(s, timeout_ms > 0 ? timeout_ms : s->d->o.timeout_ms);
 }
 
-int fl_event_create(fl_dev_t *d, fl_event_t **out)
+static int event_create(fl_dev_t *d, bool timed, fl_event_t **out)
 {
     *out = NULL;
     fl_event_t *e = calloc(1, sizeof *e);
     if (e == NULL)
         return fl_fail(FL_ENOMEM, "device %s: out of memory for an event", d->name);
     e->d = d;
+    e->timed = timed;
+    e->t_ns = -1;
     int rc = d->be->event_open(e);
     if (rc != FL_OK) {
         free(e);
@@ -244,6 +246,29 @@ int fl_event_create(fl_dev_t *d, fl_event_t **out)
     }
     *out = e;
     return FL_OK;
+}
+
+int fl_event_create(fl_dev_t *d, fl_event_t **out)
+{
+    return event_create(d, false, out);
+}
+
+int fl_event_create_timed(fl_dev_t *d, fl_event_t **out)
+{
+    return event_create(d, true, out);
+}
+
+int fl_event_elapsed_ms(fl_event_t *start, fl_event_t *end, double *ms)
+{
+    *ms = 0.0;
+    if (start->d != end->d)
+        return fl_fail(FL_EINVAL, "device %s: elapsed time between an event of it and one of %s",
+                       start->d->name, end->d->name);
+    if (!start->timed || !end->timed)
+        return fl_fail(FL_EINVAL, "device %s: elapsed time of an event made without timing "
+                                  "(fl_event_create_timed)",
+                       start->d->name);
+    return start->d->be->event_elapsed(start, end, ms);
 }
 
 void fl_event_destroy(fl_event_t **pe)

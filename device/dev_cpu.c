@@ -87,10 +87,21 @@ static void event_close(fl_event_t *e)
     (void)e;
 }
 
+/* Every operation ran when it was issued: the record completes now. */
 static int event_record(fl_event_t *e, fl_stream_t *s)
 {
-    (void)e;
     (void)s;
+    if (e->timed)
+        e->t_ns = fl_now_ns();
+    return FL_OK;
+}
+
+static int event_elapsed(fl_event_t *a, fl_event_t *b, double *ms)
+{
+    if (a->t_ns < 0 || b->t_ns < 0)
+        return fl_fail(FL_EINVAL, "device %s: elapsed time of an event never recorded",
+                       a->d->name);
+    *ms = (double)(b->t_ns - a->t_ns) / 1e6;
     return FL_OK;
 }
 
@@ -148,6 +159,7 @@ const dev_backend_t fl_dev_cpu_backend = {
     .event_open = event_open,
     .event_close = event_close,
     .event_record = event_record,
+    .event_elapsed = event_elapsed,
     .stream_wait = stream_wait,
     .event_done = event_done,
     .event_sync = event_sync,

@@ -322,7 +322,8 @@ static int event_open(fl_event_t *e)
     if (rc != FL_OK)
         return rc;
     cudaEvent_t v = NULL;
-    cudaError_t c = cudaEventCreateWithFlags(&v, cudaEventDisableTiming);
+    cudaError_t c = cudaEventCreateWithFlags(&v, e->timed ? cudaEventDefault
+                                                          : cudaEventDisableTiming);
     if (c != cudaSuccess)
         return fl_dev_cuda_fail(e->d, "event create", c);
     e->impl = v;
@@ -365,6 +366,23 @@ static int event_sync(fl_event_t *e, int timeout_ms)
                         [v]() { return cudaEventQuery(v); });
 }
 
+static int event_elapsed(fl_event_t *a, fl_event_t *b, double *ms)
+{
+    float f = 0.0f;
+    cudaError_t c = cudaEventElapsedTime(&f, ev(a), ev(b));
+    if (c != cudaSuccess) {
+        /* Not ready or never recorded: the caller's mistake, not a broken device. */
+        if (c == cudaErrorNotReady || c == cudaErrorInvalidResourceHandle) {
+            cudaGetLastError();
+            return fl_fail(FL_EINVAL, "device %s: elapsed time: %s", a->d->name,
+                           cudaGetErrorString(c));
+        }
+        return fl_dev_cuda_fail(a->d, "event elapsed time", c);
+    }
+    *ms = (double)f;
+    return FL_OK;
+}
+
 static void *stream_native(fl_stream_t *s)
 {
     return (void *)fl_dev_cuda_stream(s)->st;
@@ -397,4 +415,5 @@ extern "C" const dev_backend_t fl_dev_cuda_backend = {
     host_register,
     host_unregister,
     stream_native,
+    event_elapsed,
 };

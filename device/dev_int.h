@@ -68,6 +68,8 @@ struct fl_stream {
 struct fl_event {
     fl_dev_t *d;
     void *impl;
+    bool timed;   /* fl_event_create_timed: fl_event_elapsed_ms may read it */
+    int64_t t_ns; /* cpu: the host clock at the last record (its work is done by then) */
 };
 
 struct fl_dev_topk {
@@ -105,6 +107,8 @@ typedef struct dev_backend {
     void (*host_unregister)(fl_dev_t *d, void *p);
     /* The backend's own stream handle (cuda: the cudaStream_t; NULL: none, as on cpu and sim). */
     void *(*stream_native)(fl_stream_t *s);
+    /* Milliseconds between two completed records of timed events of the device. */
+    int (*event_elapsed)(fl_event_t *start, fl_event_t *end, double *ms);
 } dev_backend_t;
 
 extern const dev_backend_t fl_dev_cpu_backend;

@@ -25,6 +25,7 @@ typedef struct sim_dev {
     size_t nblocks;
     size_t cap;
     size_t used;
+    long fail_seen; /* runs of o.sim_fail_op so far */
 } sim_dev_t;
 
 typedef struct sim_event {
@@ -39,6 +40,8 @@ typedef struct sim_event {
     int rc;             /* the error of the stream of the last completed record */
     char err[512];
     int pending;        /* records and waits queued and not yet run (event_close waits) */
+    uint64_t t_gen;     /* the latest generation whose completion was timed, and when */
+    int64_t t_ns;
 } sim_event_t;
 
 /* Marks generation gen completed. A wait for generation g passes once every record up to g
@@ -270,6 +273,25 @@ static void jitter(sim_stream_t *q)
     nanosleep(&ts, NULL);
 }
 
+/* The fault a test asked for (fl_dev_opts_t.sim_fail_op): FL_EGPU on the chosen run of the
+ * chosen operation, counted over every stream of the device. */
+static int injected_fault(fl_dev_t *d, const dev_op_t *op)
+{
+    const char *name = fl_dev_op_name(op->code);
+    if (d->o.sim_fail_op == NULL || d->o.sim_fail_after <= 0 ||
+        strcmp(name, d->o.sim_fail_op) != 0)
+        return FL_OK;
+    sim_dev_t *m = d->impl;
+    pthread_mutex_lock(&m->mu);
+    bool hit = ++m->fail_seen == d->o.sim_fail_after;
+    pthread_mutex_unlock(&m->mu);
+    if (!hit)
+        return FL_OK;
+    return fl_fail(FL_EGPU, "device %s: %s: an illegal memory access was encountered (a fault "
+                            "injected on run %ld of it)",
+                   d->name, name, d->o.sim_fail_after);
+}
+
 static void fail_stream(sim_stream_t *q, int rc)
 {
     if (q->rc == FL_OK) {
@@ -289,6 +311,8 @@ static void execute(sim_stream_t *q, qop_t *it)
         jitter(q);
         int rc = check_extents(q->d, &it->op);
         if (rc == FL_OK)
+            rc = injected_fault(q->d, &it->op);
+        if (rc == FL_OK)
             rc = fl_dev_host_run(&it->op);
         if (rc != FL_OK) {
             pthread_mutex_lock(&q->mu);
@@ -302,8 +326,13 @@ static void execute(sim_stream_t *q, qop_t *it)
         char err[512];
         snprintf(err, sizeof err, "%s", q->err);
         pthread_mutex_unlock(&q->mu);
+        int64_t now = fl_now_ns();
         pthread_mutex_lock(&e->mu);
         complete_gen(e, it->gen);
+        if (it->gen > e->t_gen) {
+            e->t_gen = it->gen;
+            e->t_ns = now;
+        }
         e->rc = rc;
         snprintf(e->err, sizeof e->err, "%s", err);
         e->pending--;
@@ -535,6 +564,32 @@ static bool event_done(fl_event_t *e)
     return done;
 }
 
+/* When the record reached the front of its stream, all before it done: the host clock then. */
+static int record_time(fl_event_t *e, int64_t *t)
+{
+    sim_event_t *v = e->impl;
+    pthread_mutex_lock(&v->mu);
+    bool ok = v->recorded > 0 && v->completed >= v->recorded && v->t_gen == v->recorded;
+    *t = v->t_ns;
+    pthread_mutex_unlock(&v->mu);
+    return ok ? FL_OK
+              : fl_fail(FL_EINVAL, "device %s: elapsed time of an event never recorded or not "
+                                   "completed yet",
+                        e->d->name);
+}
+
+static int event_elapsed(fl_event_t *a, fl_event_t *b, double *ms)
+{
+    int64_t ta;
+    int64_t tb;
+    int rc = record_time(a, &ta);
+    if (rc == FL_OK)
+        rc = record_time(b, &tb);
+    if (rc == FL_OK)
+        *ms = (double)(tb - ta) / 1e6;
+    return rc;
+}
+
 static int run(fl_stream_t *s, const dev_op_t *op)
 {
     return enqueue(s, Q_RUN, op, NULL, 0);
@@ -568,6 +623,7 @@ const dev_backend_t fl_dev_sim_backend = {
     .event_open = event_open,
     .event_close = event_close,
     .event_record = event_record,
+    .event_elapsed = event_elapsed,
     .stream_wait = stream_wait,
     .event_done = event_done,
     .event_sync = event_sync,

@@ -83,6 +83,12 @@ typedef struct fl_dev_opts {
     int sim_jitter_us;  /* sim: each operation starts after a random 0..N us, widening the
                            window of a missing event (0: none) */
     int timeout_ms;     /* bound of every wait inside the backend (default 600000) */
+    const char *sim_fail_op; /* sim, fault injection (tests): the sim_fail_after-th run of the
+                                operation of this name (as the backend's errors name it, e.g.
+                                "GEMM (weight gradient)") on this device fails its stream with
+                                FL_EGPU, as a GPU fault would; NULL: none. Borrowed for the
+                                device's life. */
+    long sim_fail_after;
 } fl_dev_opts_t;
 
 void fl_dev_opts_init(fl_dev_opts_t *o);
@@ -169,6 +175,16 @@ int fl_stream_wait(fl_stream_t *s, fl_event_t *e);
 /* The backend's own stream for libraries that queue work on it themselves (NCCL): the
  * cudaStream_t on cuda, NULL on cpu and sim. Valid until the stream is destroyed. */
 void *fl_stream_native(fl_stream_t *s);
+
+/* An event whose completions are timed, for fl_event_elapsed_ms (on cuda a timing event, a
+ * little slower to record than fl_event_create's). */
+int fl_event_create_timed(fl_dev_t *d, fl_event_t **out);
+
+/* The device's time between the completions of start's and end's last records (timed events of
+ * one device, both recorded and completed; wait for end first): cuda's cudaEventElapsedTime,
+ * on cpu and sim the host clock when each record completed. FL_OK; FL_EINVAL (an event not
+ * timed, of another device, never recorded or not yet completed). Thread-safe. */
+int fl_event_elapsed_ms(fl_event_t *start, fl_event_t *end, double *ms);
 
 /* Whether e's last record has completed (never recorded: true). */
 bool fl_event_done(fl_event_t *e);

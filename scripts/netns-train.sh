@@ -80,11 +80,33 @@ netns_setup "$hosts"
 echo "network: $hosts hosts on a bridge, tbf $rate both ways on every port; $replicas CPU" \
   "replicas per host; model $layers, batch $batch per device, $epochs epoch(s)"
 
-# One training run: prints "steps samples/s step_ms compute_ms exchange_ms remote_mib".
+# The figures of rank 0's summary line in LOG, one per field, as "steps acc secs sps compute_ms
+# exchange_ms exposed_ms hidden_pct remote_mib"; a field it cannot find fails the script,
+# naming the field and showing the line (the worker's summary format is what this reads).
+figures() {  # figures LOG
+  local line f v out=()
+  line=$(grep -m1 '^rank 0 summary: ' "$1") || { echo "$me: no 'rank 0 summary:' line in $1" >&2; return 1; }
+  for f in 'epochs, \([0-9][0-9]*\) steps' 'test accuracy \([0-9.][0-9.]*\)%' \
+           ', \([0-9.][0-9.]*\) s, [0-9.]* samples/s' ' \([0-9.][0-9.]*\) samples/s' \
+           'per step compute \([0-9.][0-9.]*\) ms' 'exchange \([0-9.][0-9.]*\) ms (exposed' \
+           '(exposed \([0-9.][0-9.]*\) ms' ', \([0-9][0-9]*\)% hidden' \
+           '(\([0-9.][0-9.]*\) MiB to other hosts)'; do
+    v=$(sed -n "s|.*$f.*|\1|p" <<<"$line")
+    if [ -z "$v" ]; then
+      echo "$me: cannot read '$f' from rank 0's summary line:" >&2
+      echo "  $line" >&2
+      return 1
+    fi
+    out+=("$v")
+  done
+  echo "${out[*]}"
+}
+
+# One training run: prints figures' fields. flodl-ps's output goes to its own log.
 run() {  # run NAME [worker flags]
   local name=$1 r rc status=0 wpids=()
   shift
-  netns_start_ps "$ps_bin" "$hosts" 900 || return 1
+  netns_start_ps "$ps_bin" "$hosts" 900 >"$tmp/$name.ps.log" || return 1
   for ((r = 0; r < hosts; r++)); do
     ip netns exec "$(ns_of "$r")" timeout 800 "$wk_bin" --rank "$r" --world-size "$hosts" \
       --coordinator "$ps_ep" --host "$(addr "$r")" "${security[@]}" --mode ring --cpu-replicas "$replicas" \
@@ -106,30 +128,27 @@ run() {  # run NAME [worker flags]
   wait "$ps_pid" 2>/dev/null || true
   pids=()
   [ $status -eq 0 ] || return 1
-  sed -n 's/^rank 0 summary: [0-9]* epochs, \([0-9]*\) steps, test accuracy \([0-9.]*\)%.*, \([0-9.]*\) s, \([0-9.]*\) samples\/s; per step compute \([0-9.]*\) ms, exchange \([0-9.]*\) ms.*(\([0-9.]*\) MiB to other hosts).*/\1 \2 \3 \4 \5 \6 \7/p' \
-    "$tmp/$name.rank0.log"
+  figures "$tmp/$name.rank0.log"
 }
 
-printf '%-22s %8s %9s %10s %11s %12s %15s %9s\n' run steps "acc %" "samples/s" "step ms" \
-  "exchange ms" "to host MiB/st" "vs flat"
+printf '%-22s %6s %7s %10s %8s %9s %9s %9s %7s %15s %8s\n' run steps "acc %" "samples/s" \
+  "step ms" "compute" "exch ms" "exposed" "hidden" "to host MiB/st" "vs flat"
 flat_b=""
 for cfg in "flat dense|--hierarchy flat" "hybrid dense|--hierarchy hybrid" \
            "hybrid top-k $density|--hierarchy hybrid --topk $density"; do
   name=${cfg%%|*}
   read -r -a flags <<<"${cfg#*|}"
   out=$(run "${name// /-}" "${flags[@]}") || { echo "$me: $name failed" >&2; exit 1; }
-  if [ -z "$out" ]; then
-    echo "$me: $name: no summary from rank 0:" >&2
-    tail -5 "$tmp/${name// /-}.rank0.log" >&2
-    exit 1
-  fi
-  read -r steps acc secs sps comp xch remote <<<"$out"
+  read -r steps acc secs sps comp xch exposed hidden remote <<<"$out"
+  if [ "${steps:-0}" -eq 0 ]; then echo "$me: $name: rank 0 ran no steps" >&2; exit 1; fi
   per=$(awk -v m="$remote" -v s="$steps" 'BEGIN { printf "%.4f", m / s }')
   [ -z "$flat_b" ] && flat_b=$per
   awk -v n="$name" -v st="$steps" -v a="$acc" -v sp="$sps" -v se="$secs" -v x="$xch" \
-    -v p="$per" -v f="$flat_b" 'BEGIN {
-      printf "%-22s %8d %9.2f %10.0f %11.2f %12.2f %15.4f %8.1fx\n", n, st, a, sp,
-        1e3 * se / st, x, p, (p > 0 ? f / p : 0) }'
+    -v e="$exposed" -v h="$hidden" -v p="$per" -v f="$flat_b" -v c="$comp" 'BEGIN {
+      printf "%-22s %6d %7.2f %10.0f %8.2f %9.2f %9.2f %9.2f %6d%% %15.4f %7.1fx\n", n, st, a,
+        sp, 1e3 * se / st, c, x, e, h, p, (p > 0 ? f / p : 0) }'
 done
 echo "to host MiB/st: MiB rank 0 sent to the other hosts per step (its $replicas devices" \
-  "together); vs flat: how many times fewer than flat dense. step ms: training seconds / steps."
+  "together); vs flat: how many times fewer than flat dense. step ms: training seconds / steps;" \
+  "compute: the devices' passes per step; exch ms: exchange time per step, exposed: of it what" \
+  "the step waited for after the passes, hidden: the rest."

@@ -599,6 +599,44 @@ START_TEST(test_events_order_streams)
 }
 END_TEST
 
+/* Timed events: the time between two records' completions (cuda's cudaEventElapsedTime, the
+ * host clock at completion on cpu and sim), for El Che's batch times; refused for an event
+ * without timing, never recorded, or of another device. */
+START_TEST(test_event_elapsed)
+{
+    bench_t b = open_kind(kinds[_i], 200);
+    fl_event_t *t0 = NULL;
+    fl_event_t *t1 = NULL;
+    fl_event_t *plain = NULL;
+    OK(fl_event_create_timed(b.d, &t0));
+    OK(fl_event_create_timed(b.d, &t1));
+    OK(fl_event_create(b.d, &plain));
+    double ms = -1.0;
+    ck_assert_int_eq(fl_event_elapsed_ms(t0, t1, &ms), FL_EINVAL); /* never recorded */
+    size_t n = 1 << 16;
+    float *h = calloc(n, sizeof *h);
+    fl_dptr_t acc = up(&b, h, n * 4);
+    OK(fl_event_record(t0, b.s));
+    for (int r = 0; r < 20; r++)
+        OK(fl_dev_axpy(b.s, acc, acc, n, 1.0f));
+    OK(fl_event_record(t1, b.s));
+    OK(fl_event_record(plain, b.s));
+    OK(fl_event_sync(t1, 10000));
+    OK(fl_event_elapsed_ms(t0, t1, &ms));
+    ck_assert_msg(ms >= 0.0 && ms < 1e7, "elapsed %g ms", ms); /* end after start */
+    OK(fl_event_elapsed_ms(t1, t1, &ms));
+    ck_assert(ms == 0.0);
+    ck_assert_int_eq(fl_event_elapsed_ms(t0, plain, &ms), FL_EINVAL);
+    ck_assert_msg(strstr(fl_last_error(), "timing") != NULL, "%s", fl_last_error());
+    fl_dev_free(b.d, &acc);
+    fl_event_destroy(&t0);
+    fl_event_destroy(&t1);
+    fl_event_destroy(&plain);
+    free(h);
+    close_bench(&b);
+}
+END_TEST
+
 /* ---- between the devices of one host: a peer copy behind another device's event, and the
  *      intra-host reduction's kernel (rows summed in order: the host loop's bits) ---- */
 
@@ -867,6 +905,7 @@ Suite *dev_suite(void)
     tcase_add_loop_test(t, test_ef_topk_match_compression, 0, NKINDS);
     tcase_add_loop_test(t, test_topk_sets, 0, NKINDS);
     tcase_add_loop_test(t, test_events_order_streams, 0, NKINDS);
+    tcase_add_loop_test(t, test_event_elapsed, 0, NKINDS);
     tcase_add_loop_test(t, test_refusals, 0, NKINDS);
     tcase_add_loop_test(t, test_peer_and_sum_rows, 0, NKINDS);
 #ifndef DEV_TEST_CUDA

@@ -2,6 +2,7 @@
  * another layout (other hosts, devices and --shard) so that the resumed run trains the same
  * parameters as one that never stopped; a checkpoint of another model or optimizer, or with a
  * range missing, is refused with the reason. */
+#include <glob.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -172,6 +173,120 @@ START_TEST(test_el_che_resume_keeps_the_schedule)
 }
 END_TEST
 
+/* Removes the checkpoint's per-rank state files (residuals, local optimizers): how many. */
+static size_t remove_state_files(const char *ck)
+{
+    char pat[256];
+    snprintf(pat, sizeof pat, "%s/state-s*-r*.safetensors", ck);
+    glob_t g;
+    if (glob(pat, 0, NULL, &g) != 0)
+        return 0;
+    size_t n = g.gl_pathc;
+    for (size_t i = 0; i < n; i++)
+        ck_assert(unlink(g.gl_pathv[i]) == 0);
+    globfree(&g);
+    return n;
+}
+
+/* A rank's own state (top-k's residuals, local SGD's optimizer per device) goes into the
+ * checkpoint: W hosts of o run one epoch with --checkpoint, then resume for the second and
+ * train exactly the parameters of a run that never stopped; resumed from the same checkpoint
+ * without the state files (residuals and momenta at zero, as before #13) they differ. */
+static void resume_own_state(fl_wk_train_opts_t *o, int W, const char *what)
+{
+    fl_wk_dataset_t d;
+    fl_test_clusters(&d, N, 13);
+    char straight[128], resumed[128], bare[128], ck[128], err[1200] = "";
+    snprintf(straight, sizeof straight, "%s/straight.safetensors", dir);
+    snprintf(resumed, sizeof resumed, "%s/resumed.safetensors", dir);
+    snprintf(bare, sizeof bare, "%s/bare.safetensors", dir);
+    snprintf(ck, sizeof ck, "%s/ck", dir);
+    o->epochs = 2;
+    o->save_path = straight;
+    int rc = fl_test_run_hosts(W, o, NULL, &d, NULL, err, sizeof err);
+    ck_assert_msg(rc == FL_OK, "%s straight: %s", what, err);
+    o->epochs = 1;
+    o->save_path = NULL;
+    o->checkpoint_dir = ck;
+    rc = fl_test_run_hosts(W, o, NULL, &d, NULL, err, sizeof err);
+    ck_assert_msg(rc == FL_OK, "%s first epoch: %s", what, err);
+    o->epochs = 2;
+    o->checkpoint_dir = NULL;
+    o->resume_dir = ck;
+    o->save_path = resumed;
+    rc = fl_test_run_hosts(W, o, NULL, &d, NULL, err, sizeof err);
+    ck_assert_msg(rc == FL_OK, "%s resumed: %s", what, err);
+    double same = fl_test_params_diff(LAYERS, straight, resumed);
+    ck_assert_msg(same == 0.0, "%s: resumed differs from straight by %.3g", what, same);
+    ck_assert_msg(remove_state_files(ck) == (size_t)W, "%s: not one state file per rank", what);
+    o->save_path = bare;
+    rc = fl_test_run_hosts(W, o, NULL, &d, NULL, err, sizeof err);
+    ck_assert_msg(rc == FL_OK, "%s resumed without state: %s", what, err);
+    double lost = fl_test_params_diff(LAYERS, straight, bare);
+    ck_assert_msg(lost > 1e-5, "%s: the state files made no difference (%.3g)", what, lost);
+    o->resume_dir = NULL;
+    o->save_path = NULL;
+    rm_dir(ck);
+    unlink(straight);
+    unlink(resumed);
+    unlink(bare);
+    fl_wk_dataset_free(&d);
+}
+
+static void topk_opts(fl_wk_train_opts_t *o)
+{
+    base_opts(o);
+    o->replicas = 2;
+    o->topk = 0.1;
+    o->bucket_bytes = 64 * sizeof(float); /* several buckets, a residual each */
+}
+
+/* Residuals of the two-level exchange (one per device's shard, on the host) and of the flat
+ * ring (one per device; on the device itself under sim), and of one device per host. */
+START_TEST(test_topk_residuals_resume)
+{
+    fl_wk_train_opts_t o;
+    topk_opts(&o);
+    resume_own_state(&o, 2, "2 x 2 hybrid top-k");
+    topk_opts(&o);
+    o.hierarchy = FL_WK_HIER_FLAT;
+    resume_own_state(&o, 2, "2 x 2 flat top-k");
+    topk_opts(&o);
+    o.replicas = 1;
+    resume_own_state(&o, 2, "2 x 1 top-k");
+}
+END_TEST
+
+START_TEST(test_topk_residuals_resume_sharded)
+{
+    fl_wk_train_opts_t o;
+    topk_opts(&o);
+    o.shard = FL_WK_SHARD_HYBRID;
+    o.max_norm = 1.0; /* clipped before accumulation */
+    resume_own_state(&o, 2, "2 x 2 --shard hybrid top-k");
+}
+END_TEST
+
+/* Local SGD: every device's own optimizer (momentum) and, with top-k, the residuals of the
+ * rounds' deltas; --policy async with no run-ahead (the same rounds every run). */
+START_TEST(test_local_sgd_state_resumes)
+{
+    fl_wk_train_opts_t o;
+    topk_opts(&o);
+    o.policy = FL_WK_POLICY_CADENCE;
+    o.max_anchor = 2;
+    o.replan_every = 0; /* fixed counts: every run sees the same rounds */
+    resume_own_state(&o, 2, "--policy cadence top-k");
+    topk_opts(&o);
+    o.topk = 0;
+    o.policy = FL_WK_POLICY_ASYNC;
+    o.max_anchor = 2;
+    o.replan_every = 0;
+    o.run_ahead = 0;
+    resume_own_state(&o, 2, "--policy async");
+}
+END_TEST
+
 START_TEST(test_bad_checkpoints_refused)
 {
     fl_wk_dataset_t d;
@@ -312,6 +427,9 @@ static Suite *suite(void)
     tcase_add_test(t, test_resident_state_resumes);
     tcase_add_test(t, test_full_resumes_into_other_layouts);
     tcase_add_test(t, test_el_che_resume_keeps_the_schedule);
+    tcase_add_test(t, test_topk_residuals_resume);
+    tcase_add_test(t, test_topk_residuals_resume_sharded);
+    tcase_add_test(t, test_local_sgd_state_resumes);
     tcase_add_test(t, test_bad_checkpoints_refused);
     tcase_add_test(t, test_killed_writers_temporaries_removed);
     suite_add_tcase(s, t);

@@ -277,6 +277,48 @@ static void teardown_dir(void)
     rmdir(dir);
 }
 
+/* The two-level exchange overlapped with the backward pass (--overlap: each shard's exchange
+ * reduces its buckets as the last device finishes their layers) trains the very bits of the
+ * reduction after the whole pass (on sim: of the device-copy leg): dense, top-k and clipped,
+ * 2 x 2, 3 x 3 and 2 x 3 devices. */
+START_TEST(test_overlap_trains_the_same_bits)
+{
+    fl_wk_dataset_t d;
+    fl_test_clusters(&d, N, 7);
+    const char *layers = "6,16,16,3";
+    char a[128], b[128], what[160], err[1200] = "";
+    snprintf(a, sizeof a, "%s/overlap.safetensors", dir);
+    snprintf(b, sizeof b, "%s/barrier.safetensors", dir);
+    static const struct {
+        int W, L;
+        double topk, max_norm;
+    } cases[] = {{2, 2, 0, 0}, {2, 2, 0.1, 0}, {3, 3, 0, 1.0}, {2, 3, 0.05, 0.5}};
+    for (size_t c = 0; c < sizeof cases / sizeof cases[0]; c++) {
+        fl_wk_train_opts_t o;
+        base_opts(&o, layers, a);
+        o.mode = FL_WK_MODE_RING;
+        o.batch = 4;
+        o.replicas = cases[c].L;
+        o.topk = cases[c].topk;
+        o.max_norm = cases[c].max_norm;
+        o.overlap = true;
+        int rc = fl_test_run_hosts(cases[c].W, &o, NULL, &d, NULL, err, sizeof err);
+        ck_assert_msg(rc == FL_OK, "overlapped: %s", err);
+        o.overlap = false;
+        o.save_path = b;
+        rc = fl_test_run_hosts(cases[c].W, &o, NULL, &d, NULL, err, sizeof err);
+        ck_assert_msg(rc == FL_OK, "after the pass: %s", err);
+        double diff = fl_test_params_diff(layers, a, b);
+        snprintf(what, sizeof what, "%d x %d, top-k %g, clip %g", cases[c].W, cases[c].L,
+                 cases[c].topk, cases[c].max_norm);
+        ck_assert_msg(diff == 0.0, "%s: overlapped differs by %.3g", what, diff);
+    }
+    unlink(a);
+    unlink(b);
+    fl_wk_dataset_free(&d);
+}
+END_TEST
+
 static Suite *suite(void)
 {
     Suite *s = suite_create("wk_hybrid");
@@ -287,6 +329,7 @@ static Suite *suite(void)
     tcase_add_test(t, test_three_hosts_two_devices_equal_one_worker);
     tcase_add_test(t, test_hybrid_sends_fewer_bytes_across_hosts);
     tcase_add_test(t, test_topk_over_hybrid_legs_learns);
+    tcase_add_test(t, test_overlap_trains_the_same_bits);
     tcase_add_test(t, test_hosts_with_different_device_counts_refused);
     tcase_add_test(t, test_sharded_state_trains_the_same_parameters);
     tcase_add_test(t, test_shard_combinations_refused);

@@ -35,8 +35,10 @@ typedef struct ps_job {
     fl_ps_server_t *srv;
 } ps_job_t;
 
-/* A coordinator and a 2-shard sync server running the optimizer o describes. */
-static void ps_start(ps_job_t *j, int world, const fl_wk_train_opts_t *o)
+/* A coordinator and a 2-shard sync server running the optimizer o describes; with ckpt, it
+ * checkpoints there every `every` steps (and at its stop), resuming from there when asked. */
+static void ps_start_ck(ps_job_t *j, int world, const fl_wk_train_opts_t *o, const char *ckpt,
+                        uint64_t every, bool resume)
 {
     fl_coord_opts_t co;
     fl_coord_opts_init(&co);
@@ -55,8 +57,16 @@ static void ps_start(ps_job_t *j, int world, const fl_wk_train_opts_t *o)
     so.opt = o->opt;
     so.lr = o->lr;
     so.log_level = FL_LOG_OFF;
+    so.checkpoint_dir = ckpt;
+    so.ckpt_every_steps = every;
+    so.resume = resume;
     ck_assert_msg(fl_ps_server_create(&so, &j->srv) == FL_OK, "%s", fl_last_error());
     ck_assert(fl_ps_server_start(j->srv) == FL_OK);
+}
+
+static void ps_start(ps_job_t *j, int world, const fl_wk_train_opts_t *o)
+{
+    ps_start_ck(j, world, o, NULL, 0, false);
 }
 
 static void ps_end(ps_job_t *j)
@@ -101,16 +111,14 @@ static void *rank_main(void *p)
     return NULL;
 }
 
-/* world ranks train through a fresh parameter server; rank 0 saves to save. */
-static void run_ps(int world, const fl_wk_train_opts_t *base, const fl_wk_dataset_t *d,
-                   rank_arg_t *args)
+/* world ranks train through the server of j; rank 0 saves to base->save_path. */
+static void run_ranks(ps_job_t *j, int world, const fl_wk_train_opts_t *base,
+                      const fl_wk_dataset_t *d, rank_arg_t *args)
 {
-    ps_job_t j;
-    ps_start(&j, world, base);
     pthread_t th[4];
     for (int r = 0; r < world; r++) {
         memset(&args[r], 0, sizeof args[r]);
-        args[r].endpoint = fl_coord_endpoint(j.coord);
+        args[r].endpoint = fl_coord_endpoint(j->coord);
         args[r].rank = r;
         args[r].world = world;
         args[r].o = *base;
@@ -122,6 +130,15 @@ static void run_ps(int world, const fl_wk_train_opts_t *base, const fl_wk_datase
         pthread_join(th[r], NULL);
     for (int r = 0; r < world; r++)
         ck_assert_msg(args[r].rc == FL_OK, "rank %d: %s", r, args[r].err);
+}
+
+/* world ranks train through a fresh parameter server; rank 0 saves to save. */
+static void run_ps(int world, const fl_wk_train_opts_t *base, const fl_wk_dataset_t *d,
+                   rank_arg_t *args)
+{
+    ps_job_t j;
+    ps_start(&j, world, base);
+    run_ranks(&j, world, base, d, args);
     ps_end(&j);
 }
 
@@ -192,6 +209,70 @@ START_TEST(test_ps_topk_learns)
 }
 END_TEST
 
+/* The workers' top-k residuals across a restart of the whole job: the server checkpoints
+ * every epoch, each worker saves its residual at the epoch's end (--checkpoint), and the job
+ * resumed from both (--resume) trains the parameters of one that never stopped; resumed with
+ * the residuals at zero (files removed), it does not. */
+START_TEST(test_ps_topk_residual_resumes)
+{
+    fl_wk_dataset_t d;
+    fl_test_clusters(&d, N, 99);
+    char straight[128], resumed[128], bare[128], srv[128], srv2[128], wk[128], cmd[1024];
+    snprintf(straight, sizeof straight, "%s/straight.safetensors", dir);
+    snprintf(resumed, sizeof resumed, "%s/resumed.safetensors", dir);
+    snprintf(bare, sizeof bare, "%s/bare.safetensors", dir);
+    snprintf(srv, sizeof srv, "%s/srv", dir);
+    snprintf(srv2, sizeof srv2, "%s/srv-copy", dir);
+    snprintf(wk, sizeof wk, "%s/wk", dir);
+    enum { W = 2 };
+    static rank_arg_t args[W];
+    fl_wk_train_opts_t o;
+    base_opts(&o, straight);
+    o.batch = 16;
+    o.topk = 0.1;
+    run_ps(W, &o, &d, args);
+    uint64_t per_epoch = N / (W * 16);
+
+    ps_job_t j;
+    ps_start_ck(&j, W, &o, srv, per_epoch, false);
+    o.epochs = 1;
+    o.save_path = NULL;
+    o.checkpoint_dir = wk;
+    run_ranks(&j, W, &o, &d, args);
+    ps_end(&j);
+    snprintf(cmd, sizeof cmd, "cp -r '%s' '%s'", srv, srv2);
+    ck_assert(system(cmd) == 0);
+
+    ps_start_ck(&j, W, &o, srv, per_epoch, true);
+    o.epochs = 2;
+    o.checkpoint_dir = NULL;
+    o.resume_dir = wk;
+    o.save_path = resumed;
+    run_ranks(&j, W, &o, &d, args);
+    ps_end(&j);
+    ck_assert_int_eq(args[0].res.steps, (long)per_epoch);
+    double diff = fl_test_params_diff("6,16,3", straight, resumed);
+    ck_assert_msg(diff == 0.0, "resumed differs from straight by %.3g", diff);
+
+    for (int r = 0; r < W; r++) {
+        char path[256];
+        snprintf(path, sizeof path, "%s/state-s%llu-r%d.safetensors", wk,
+                 (unsigned long long)per_epoch, r);
+        ck_assert_msg(unlink(path) == 0, "no %s", path);
+    }
+    ps_start_ck(&j, W, &o, srv2, per_epoch, true);
+    o.save_path = bare;
+    run_ranks(&j, W, &o, &d, args);
+    ps_end(&j);
+    diff = fl_test_params_diff("6,16,3", straight, bare);
+    ck_assert_msg(diff > 1e-5, "the residuals made no difference (%.3g)", diff);
+    snprintf(cmd, sizeof cmd, "rm -rf '%s' '%s' '%s' '%s' '%s' '%s'", srv, srv2, wk, straight,
+             resumed, bare);
+    ck_assert(system(cmd) == 0);
+    fl_wk_dataset_free(&d);
+}
+END_TEST
+
 static Suite *suite(void)
 {
     Suite *s = suite_create("wk_ps");
@@ -199,6 +280,7 @@ static Suite *suite(void)
     tcase_set_timeout(t, 120);
     tcase_add_test(t, test_ps_data_parallel_equivalence);
     tcase_add_test(t, test_ps_topk_learns);
+    tcase_add_test(t, test_ps_topk_residual_resumes);
     suite_add_tcase(s, t);
     return s;
 }

@@ -281,8 +281,8 @@ static void *device_main(void *p)
         for (int k = 0; k < v->j; k++)
             first += (size_t)a->cnt[(size_t)r * (size_t)a->L + (size_t)k];
         memcpy(v->start, v->p, a->np * sizeof(float));
-        int rc = FL_OK;
-        int64_t tb = fl_now_ns();
+        /* The round's time on the device's own clock (events on its compute stream). */
+        int rc = fl_wk_devices_clock_start(a->d, v->j);
         int slot = r % a->slots;
         v->rloss[slot] = 0.0;
         v->rcorrect[slot] = 0;
@@ -300,7 +300,9 @@ static void *device_main(void *p)
             v->correct += correct;
             v->batches++;
         }
-        double busy = (double)(fl_now_ns() - tb) / 1e9;
+        double busy = 0.0;
+        if (rc == FL_OK)
+            rc = fl_wk_devices_clock_stop(a->d, v->j, &busy);
         v->busy_s += busy;
         v->rbusy[slot] = busy;
         pthread_mutex_lock(&a->mu);
@@ -538,4 +540,9 @@ void fl_wk_async_epoch_figures(const fl_wk_async_t *a, double *loss, size_t *cor
 void fl_wk_async_stats(const fl_wk_async_t *a, fl_wk_async_stats_t *out)
 {
     *out = a->st;
+}
+
+fl_opt_t *fl_wk_async_opt(fl_wk_async_t *a, int j)
+{
+    return j >= 0 && j < a->L ? a->dev[j].opt : NULL;
 }

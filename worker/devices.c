@@ -150,8 +150,9 @@ int fl_wk_devices_create(const fl_wk_mlp_shape_t *m, const fl_wk_dataset_t *trai
     }
     /* sim only for now: on cuda the same code (NCCL, or copies for --gpus 0,0) has been
      * compiled but not yet run on a GPU (tests/test_intra.c's gpu build), so GPUs keep the
-     * host-memory leg until it has. */
-    if (local == FL_WK_LOCAL_SHARDS && L > 1 && o->device == FL_DEV_SIM &&
+     * host-memory leg until it has. --overlap takes the host-memory leg too: each layer leaves
+     * its device behind its event as the backward pass finishes it (devices_overlap.c). */
+    if (local == FL_WK_LOCAL_SHARDS && L > 1 && o->device == FL_DEV_SIM && !o->overlap &&
         (rc = intra_create(d)) != FL_OK)
         goto fail;
     if (o->max_anchor > 0) {
@@ -189,6 +190,7 @@ void fl_wk_devices_destroy(fl_wk_devices_t **pd)
         fl_wk_sampler_deinit(&r->smp);
         if (r->registered)
             fl_dev_host_unregister(fl_wk_rdev_dev(r->rd), r->grad);
+        fl_wk_bclock_deinit(&r->clock);
         fl_wk_rdev_destroy(&r->rd);
         free(r->idx);
         free(r->next_idx);
@@ -330,7 +332,7 @@ static void cadence_batches(fl_wk_devices_t *d, replica_t *r)
         snprintf(r->err, sizeof r->err, "%s", fl_last_error());
         return;
     }
-    int64_t t_start = fl_now_ns();
+    r->rc = fl_wk_bclock_start(&r->clock, r->rd);
     for (int b = 0; b < r->count && r->rc == FL_OK; b++) {
         int64_t t0 = fl_now_ns();
         fl_wk_sampler_batch(&d->host, r->first + (size_t)b, r->idx);
@@ -363,11 +365,15 @@ static void cadence_batches(fl_wk_devices_t *d, replica_t *r)
             r->grad[i] = r->own[i] * (float)r->count;
         }
     }
+    /* The end is recorded after the last --throttle sleep: a throttled device is slower. */
+    double secs = 0.0;
+    if (r->rc == FL_OK)
+        r->rc = fl_wk_bclock_stop(&r->clock, r->rd, &secs);
     if (r->rc != FL_OK) {
         snprintf(r->err, sizeof r->err, "%s", fl_last_error());
         return;
     }
-    r->batch_s = (double)(fl_now_ns() - t_start) / 1e9 / r->count;
+    r->batch_s = secs / r->count;
     if (d->max_norm > 0.0 && !d->local_sgd) {
         double f = fl_cmp_clip_factor(l2(r->grad, d->np) / r->count, d->max_norm);
         for (size_t i = 0; f != 1.0 && i < d->np; i++)
@@ -384,6 +390,8 @@ static void replica_step(replica_t *r)
         return;
     }
     bool tell = d->ready != NULL && (d->n == 1 || d->local == FL_WK_LOCAL_NONE);
+    bool overlap = fl_wk_devices_overlapped(d);
+    fl_wk_rdev_layer_fn tell_fn = overlap ? fl_wk_devices_layer_told : tell ? layer_tell : NULL;
     int64_t t0 = fl_now_ns();
     fl_wk_sampler_batch(&r->smp, d->cur_batch, r->idx);
     bool ahead = d->cur_batch + 1 < fl_wk_sampler_batches(&r->smp);
@@ -394,7 +402,7 @@ static void replica_step(replica_t *r)
     bool on_device = d->keep_grad || d->intra != NULL;
     r->rc = fl_wk_rdev_grad(r->rd, src != NULL ? NULL : d->params, src, d->train, r->idx, tag,
                             ahead ? r->next_idx : NULL, tag + 1, on_device ? NULL : r->grad,
-                            tell ? layer_tell : NULL, r, &r->loss, &r->correct);
+                            tell_fn, r, &r->loss, &r->correct);
     /* The pass's end, for the reduce-scatter queued after every device's (the compute stream
      * is this thread's). */
     if (r->rc == FL_OK && d->intra != NULL)
@@ -406,7 +414,7 @@ static void replica_step(replica_t *r)
     throttle(r, t0);
     if (r->rc != FL_OK)
         snprintf(r->err, sizeof r->err, "%s", fl_last_error());
-    if (d->n == 1 || d->local != FL_WK_LOCAL_SHARDS || d->intra != NULL)
+    if (d->n == 1 || d->local != FL_WK_LOCAL_SHARDS || d->intra != NULL || overlap)
         return;
     if (!all_computed(d))
         return;
@@ -430,7 +438,7 @@ static void run_one(replica_t *r, int brc, const char *berr)
         if (!d->updating && !d->cadence && d->full != NULL)
             fl_wk_full_device_done(d->full, r->j);
         if (!d->updating && !d->cadence && d->n > 1 && d->local == FL_WK_LOCAL_SHARDS &&
-            d->intra == NULL)
+            d->intra == NULL && !fl_wk_devices_overlapped(d))
             all_computed(d);
     } else if (d->updating) {
         r->rc = fl_wk_rdev_update(r->rd, d->upd_grad, d->upd_norm, d->upd_lr);
@@ -496,6 +504,8 @@ int fl_wk_devices_step(fl_wk_devices_t *d, const float *params, size_t batch_ind
     int L = d->n;
     d->arrived = 0;
     d->aborted = false;
+    memset(d->layer_told, 0, sizeof d->layer_told);
+    d->reducing = fl_wk_devices_overlapped(d) && ready != NULL;
     int rc = d->full != NULL && !d->cadence ? fl_wk_full_begin(d->full) : FL_OK;
     if (rc != FL_OK)
         return rc;
@@ -574,6 +584,16 @@ void fl_wk_devices_combine(fl_wk_devices_t *d, float scale, fl_wk_ready_fn ready
         ready(0, 0, ud);
 }
 
+int fl_wk_devices_clock_start(fl_wk_devices_t *d, int j)
+{
+    return fl_wk_bclock_start(&d->rep[j].clock, d->rep[j].rd);
+}
+
+int fl_wk_devices_clock_stop(fl_wk_devices_t *d, int j, double *seconds)
+{
+    return fl_wk_bclock_stop(&d->rep[j].clock, d->rep[j].rd, seconds);
+}
+
 int fl_wk_devices_host_batch(fl_wk_devices_t *d, int j, const float *params, size_t index,
                              float *grad, double *loss, size_t *correct)
 {
@@ -613,6 +633,11 @@ int fl_wk_devices_local_create(fl_wk_devices_t *d, const fl_opt_opts_t *opt)
             return rc;
     }
     return FL_OK;
+}
+
+fl_opt_t *fl_wk_devices_local_opt(fl_wk_devices_t *d, int j)
+{
+    return j >= 0 && j < d->n ? d->rep[j].opt : NULL;
 }
 
 int fl_wk_devices_local_round(fl_wk_devices_t *d, const float *start, const int *counts,

@@ -29,6 +29,7 @@ typedef struct replica {
     size_t first;
     float *one;
     double batch_s;
+    fl_wk_bclock_t clock; /* its batch_s, from events on its compute stream */
     /* --policy cadence (local SGD): the device's own parameters (during a round; its delta from
      * the round's start after) and optimizer */
     float *own;
@@ -66,6 +67,11 @@ struct fl_wk_devices {
     int arrived;
     bool aborted;
     bool have_barrier;
+    /* the first leg overlapped with the backward pass (devices_overlap.c): devices that
+     * finished each layer this step (under mu), whether this step's exchange reduces */
+    bool overlap;
+    int layer_told[FL_WK_MAX_LAYERS];
+    bool reducing;
     replica_t rep[MAX_DEVICES];
     /* The two-level exchange on sim and cuda devices: the reduce-scatter of the gradients
      * that stay on the devices (fl_intra.h), on a stream of its own per device behind the
@@ -97,6 +103,11 @@ struct fl_wk_devices {
     bool quit;
     bool have_pool;
 };
+
+/* Overlap (devices_overlap.c): d's steps leave the first leg to the exchange; a device's pass
+ * tells layers through layer_told (ud: its replica). */
+bool fl_wk_devices_overlapped(const fl_wk_devices_t *d);
+void fl_wk_devices_layer_told(int layer, void *ud);
 
 /* Every device runs the generation's work once (a step, or the update when d->updating); returns
  * when all have. Device 0 runs on the calling thread. */

@@ -40,6 +40,8 @@ struct fl_wk_xchg {
     char err[1024];
     fl_wk_xchg_stats_t st;
     int tid;
+    fl_wk_xchg_prepare_fn prepare; /* fills a bucket before it is sent (NULL: it is filled) */
+    void *prepare_ud;
 };
 
 /* Exchanges one bucket in place. Runs on the exchange thread only. */
@@ -114,6 +116,8 @@ static void *xchg_main(void *arg)
         fl_wk_xchg_stats_t one = {0};
         int64_t t0 = fl_now_ns();
         /* After a failure the communicator is broken: the rest of the step is skipped. */
+        if (!failed && x->prepare != NULL)
+            x->prepare(x->start[b], x->len[b], x->prepare_ud);
         if (!failed)
             rc = exchange(x, b, &one);
         int64_t t1 = fl_now_ns();
@@ -320,7 +324,54 @@ double fl_wk_xchg_residual_norm(const fl_wk_xchg_t *x)
     return sqrt(s);
 }
 
+void fl_wk_xchg_set_prepare(fl_wk_xchg_t *x, fl_wk_xchg_prepare_fn fn, void *ud)
+{
+    x->prepare = fn;
+    x->prepare_ud = ud;
+}
+
 void fl_wk_xchg_set_track(fl_wk_xchg_t *x, int tid)
 {
     x->tid = tid;
+}
+
+bool fl_wk_xchg_has_residual(const fl_wk_xchg_t *x)
+{
+    return x->ef != NULL;
+}
+
+void fl_wk_xchg_range(const fl_wk_xchg_t *x, size_t *from, size_t *n)
+{
+    *from = x->nb > 0 ? x->start[x->nb - 1] : 0;
+    *n = x->nb > 0 ? x->start[0] + x->len[0] - *from : 0;
+}
+
+int fl_wk_xchg_residual_get(fl_wk_xchg_t *x, float *out)
+{
+    if (x->ef == NULL)
+        return fl_fail(FL_EINVAL, "exchange: a dense exchange has no residual");
+    if (x->dcmp != NULL)
+        return fl_wk_dcmp_residual_get(x->dcmp, out);
+    size_t from = x->start[x->nb - 1];
+    for (size_t b = 0; b < x->nb; b++) {
+        const float *r;
+        const float *v;
+        size_t n;
+        fl_cmp_ef_state(x->ef[b], &r, &v, &n);
+        memcpy(out + (x->start[b] - from), r, n * sizeof(float));
+    }
+    return FL_OK;
+}
+
+int fl_wk_xchg_residual_put(fl_wk_xchg_t *x, const float *in)
+{
+    if (x->ef == NULL)
+        return fl_fail(FL_EINVAL, "exchange: a dense exchange has no residual");
+    if (x->dcmp != NULL)
+        return fl_wk_dcmp_residual_put(x->dcmp, in);
+    size_t from = x->start[x->nb - 1];
+    int rc = FL_OK;
+    for (size_t b = 0; b < x->nb && rc == FL_OK; b++)
+        rc = fl_cmp_ef_restore(x->ef[b], in + (x->start[b] - from), NULL, x->len[b]);
+    return rc;
 }

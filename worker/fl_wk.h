@@ -273,9 +273,16 @@ typedef struct fl_wk_train_opts {
                               logical devices on one GPU) */
     int sim_jitter_us;     /* sim: random delay before each device operation (tests) */
     size_t sim_mem_bytes;  /* sim: each device's memory (0: the default) */
+    int sim_fail_device;   /* sim, fault injection (tests): this device's sim_fail_after-th run
+                              of operation sim_fail_op fails (fl_dev_opts_t); -1: none */
+    char sim_fail_op[48];
+    long sim_fail_after;
     fl_opt_opts_t opt;
     fl_lr_sched_t lr;
     bool scale_lr;         /* linear scaling rule: lr * global batch / batch */
+    bool overlap;          /* two levels: reduce (in host memory) and exchange bucket by bucket
+                              during the backward pass instead of after it (the same bits;
+                              off by default: see README, "Overlap with the backward pass") */
     double max_norm;       /* gradient clipping by global L2 norm (0: off) */
     double topk;           /* density of top-k with error feedback (0: dense) */
     int topk_warmup;       /* epochs of DGC density warm-up (0: none) */

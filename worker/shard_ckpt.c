@@ -154,6 +154,19 @@ static int write_manifest(const char *dir, int world, const fl_wk_train_opts_t *
     return rc;
 }
 
+/* Whether name is a file of one step and rank: a range's, or the rank's own state
+ * (ckpt_rank.c). */
+static bool step_file(const char *name, long *s, int *r)
+{
+    int t;
+    int end = 0;
+    if (sscanf(name, "shard-s%ld-r%d-d%d.safetensors%n", s, r, &t, &end) == 3 &&
+        name[end] == '\0')
+        return true;
+    end = 0;
+    return sscanf(name, "state-s%ld-r%d.safetensors%n", s, r, &end) == 2 && name[end] == '\0';
+}
+
 /* Removes every rank's files of steps other than step and keep (rank 0, once the manifest of
  * step is written: the ranks of an earlier layout included). */
 static void prune(const char *dir, long step, long keep)
@@ -165,10 +178,7 @@ static void prune(const char *dir, long step, long keep)
     while ((e = readdir(d)) != NULL) {
         long s;
         int r;
-        int t;
-        char tail[32];
-        if (sscanf(e->d_name, "shard-s%ld-r%d-d%d.%31s", &s, &r, &t, tail) != 4 ||
-            strcmp(tail, "safetensors") != 0 || s == step || s == keep)
+        if (!step_file(e->d_name, &s, &r) || s == step || s == keep)
             continue;
         char path[4096];
         snprintf(path, sizeof path, "%s/%s", dir, e->d_name);
@@ -187,12 +197,9 @@ static bool own_name(const char *name, void *ud)
     const own_names_t *o = ud;
     long s;
     int r;
-    int t;
-    int end = 0;
     if (o->rank == 0 && strcmp(name, MANIFEST) == 0)
         return true;
-    return sscanf(name, "shard-s%ld-r%d-d%d.safetensors%n", &s, &r, &t, &end) == 3 &&
-           name[end] == '\0' && r == o->rank;
+    return step_file(name, &s, &r) && r == o->rank;
 }
 
 void fl_wk_ckpt_clean(const char *dir, int rank, bool quiet)
@@ -221,8 +228,7 @@ static long manifest_step(const char *dir)
     return s;
 }
 
-/* mkdir -p. 0 or -1 with errno. */
-static int make_dirs(const char *dir)
+int fl_wk_ckpt_mkdirs(const char *dir)
 {
     char p[4096];
     snprintf(p, sizeof p, "%s", dir);
@@ -239,12 +245,12 @@ static int make_dirs(const char *dir)
 
 int fl_wk_ckpt_save(const char *dir, fl_comm_t *comm, int rank, int world,
                     const fl_wk_train_opts_t *o, const float *params, fl_opt_t *const *opts,
-                    long step, int epoch, double samples)
+                    const fl_wk_rank_state_t *own, long step, int epoch, double samples)
 {
     /* A failure here is still reported through the ranks' agreement below, so that no rank
      * is left waiting in it. */
     int rc = FL_OK;
-    if (make_dirs(dir) != 0)
+    if (fl_wk_ckpt_mkdirs(dir) != 0)
         rc = fl_fail(FL_EIO, "--checkpoint: cannot make %s: %s", dir, strerror(errno));
     long previous = manifest_step(dir);
     fl_wk_range_t *mine = malloc(FL_WK_MAX_RANGES * sizeof *mine);
@@ -256,6 +262,8 @@ int fl_wk_ckpt_save(const char *dir, fl_comm_t *comm, int rank, int world,
             rc = write_range(dir, rank, &mine[i], step, epoch, o, params, opts);
     }
     free(mine);
+    if (rc == FL_OK && own != NULL)
+        rc = fl_wk_ckpt_rank_save(dir, rank, world, o, step, own);
     /* Every rank says whether it wrote, so the manifest names only complete steps. */
     double failed = rc != FL_OK;
     char detail[1024] = "";

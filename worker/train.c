@@ -76,6 +76,7 @@ void fl_wk_train_opts_init(fl_wk_train_opts_t *o)
     o->overhead_target = 0.1;
     o->replan_every = 4;
     o->run_ahead = 1;
+    o->sim_fail_device = -1;
 }
 
 static void ready(int device, size_t from, void *ud)
@@ -115,6 +116,12 @@ int fl_wk_check_model(const fl_wk_mlp_shape_t *m, const fl_wk_dataset_t *d,
     return test != NULL ? check_labels(m, test) : FL_OK;
 }
 
+/* An overlapped step's first leg: the bucket's mean over the host's devices. */
+static void reduce_bucket(size_t start, size_t len, void *ud)
+{
+    fl_wk_devices_reduce_range(ud, start, len);
+}
+
 /* One exchange per device, each on its own sub-communicator. */
 static int per_device_exchanges(trainer_t *tr, fl_wk_local_t local, bool pieces)
 {
@@ -142,7 +149,13 @@ static int per_device_exchanges(trainer_t *tr, fl_wk_local_t local, bool pieces)
         else
             rc = fl_wk_xchg_create(tr->subs[j], o, tr->grad, fl_shard_offset(tr->np, L, j),
                                    fl_shard_count(tr->np, L, j), &tr->xchg[j]);
+        /* Two levels in host memory: each shard's exchange reduces its buckets as the backward
+         * pass completes them (devices_overlap.c). */
+        if (rc == FL_OK && local == FL_WK_LOCAL_SHARDS && o->overlap)
+            fl_wk_xchg_set_prepare(tr->xchg[j], reduce_bucket, tr->dev);
     }
+    if (rc == FL_OK && local == FL_WK_LOCAL_SHARDS)
+        fl_wk_devices_set_overlap(tr->dev, o->overlap);
     return rc;
 }
 
@@ -195,11 +208,6 @@ static int setup(trainer_t *tr)
     if (local_sgd && o->max_anchor < 1)
         return fl_fail(FL_EINVAL, "--policy %s needs --max-anchor N: the slowest device's "
                                   "batches between averages",
-                       pname);
-    if (local_sgd && (o->checkpoint_dir != NULL || o->resume_dir != NULL))
-        return fl_fail(FL_EINVAL, "--policy %s keeps an optimizer per device, which "
-                                  "--checkpoint does not save yet: use it without --checkpoint "
-                                  "and --resume",
                        pname);
     if (local_sgd && o->shard != FL_WK_SHARD_NONE)
         return fl_fail(FL_EINVAL, "--policy %s: every device keeps its own optimizer, "
@@ -420,6 +428,12 @@ static int keep_on_devices(trainer_t *tr, fl_opt_t *const *opts)
     tr->resident_ranges = rc == FL_OK && ranges;
     tr->keep_grad = rc == FL_OK && keep;
     return rc;
+}
+
+/* What the rank holds beyond the ranges (ckpt_rank.c). */
+static void rank_state(trainer_t *tr, fl_wk_rank_state_t *s)
+{
+    fl_wk_rank_state_of(tr->o, tr->nx, tr->xchg, tr->dev, tr->async, s);
 }
 
 /* Device t's optimizer state into the host's, for a checkpoint. */
@@ -753,7 +767,11 @@ int fl_wk_train(fl_comm_t *comm, const fl_wk_dataset_t *train, const fl_wk_datas
     }
     if (o->resume_dir != NULL && tr.full != NULL)
         fl_wk_full_scatter(tr.full, tr.params);
-    if ((rc = keep_on_devices(&tr, opts)) != FL_OK) {
+    fl_wk_rank_state_t own; /* the rank's own state for checkpoints (its objects live on) */
+    rank_state(&tr, &own);
+    if ((rc = keep_on_devices(&tr, opts)) != FL_OK ||
+        (o->resume_dir != NULL &&
+         (rc = fl_wk_ckpt_rank_resume(o, tr.rank, piece_world(&tr), step, &own)) != FL_OK)) {
         teardown(&tr);
         return rc;
     }
@@ -890,8 +908,14 @@ int fl_wk_train(fl_comm_t *comm, const fl_wk_dataset_t *train, const fl_wk_datas
                  (rc = agree(&tr, tr.rank == 0 ? save(&tr, step + 1, ep) : FL_OK)) != FL_OK))
                 break;
         }
-        if (rc != FL_OK)
+        if (rc != FL_OK) {
+            /* Every host stops in the same step (the exchange needs them all): say which, and
+             * where this one was. */
+            const char *host = tr.comm != NULL ? fl_comm_peer_host(tr.comm, tr.rank) : NULL;
+            fl_fail_ctx(rc, "rank %d (host %s), epoch %d step %ld", tr.rank,
+                        host != NULL ? host : "local", ep + 1, step + 1);
             break;
+        }
         res->train_loss = ep_batches ? ep_loss / (double)ep_batches : 0.0;
         res->epochs = ep + 1;
         if (test != NULL && (rc = materialize(&tr)) != FL_OK)
@@ -916,7 +940,7 @@ int fl_wk_train(fl_comm_t *comm, const fl_wk_dataset_t *train, const fl_wk_datas
         if (rc == FL_OK && o->checkpoint_dir != NULL && (rc = materialize(&tr)) == FL_OK &&
             (rc = save_device_state(&tr, opts)) == FL_OK)
             rc = fl_wk_ckpt_save(o->checkpoint_dir, tr.comm, tr.rank, piece_world(&tr), o,
-                                 tr.params, opts, step, ep + 1, tr.samples);
+                                 tr.params, opts, &own, step, ep + 1, tr.samples);
     }
     if (rc == FL_OK && o->save_path != NULL && (rc = materialize(&tr)) == FL_OK)
         rc = agree(&tr, tr.rank == 0 ? save(&tr, step, res->epochs) : FL_OK);
@@ -954,6 +978,10 @@ int fl_wk_train(fl_comm_t *comm, const fl_wk_dataset_t *train, const fl_wk_datas
     }
     res->comm_ms = run_steps ? xs.busy_ms / (double)run_steps : 0.0;
     res->exposed_ms = run_steps ? exposed_ms / (double)run_steps : 0.0;
+    /* Closing a failed device reports its error again: the step's text is the one to keep. */
+    char why[2048] = "";
+    if (rc != FL_OK)
+        snprintf(why, sizeof why, "%s", fl_last_error());
     teardown(&tr);
-    return rc;
+    return rc != FL_OK ? fl_fail(rc, "%s", why) : FL_OK;
 }

@@ -90,6 +90,20 @@ static void teardown(ps_trainer_t *t)
         fclose(t->metrics);
 }
 
+/* --resume (or a server that went back to a checkpoint): the top-k residual this worker saved
+ * at `step` in dir; without one it goes on with what it has (zero at a start), saying so. */
+static int own_residual(ps_trainer_t *t, const char *dir, uint64_t step, bool at_start)
+{
+    if (t->ef == NULL)
+        return FL_OK;
+    bool restored = false;
+    int rc = fl_wk_ckpt_ef_load(dir, t->rank, (long)step, t->ef, &restored);
+    if (rc == FL_OK && !restored && !t->o->quiet)
+        printf("rank %d: no top-k residual of step %llu in %s: it %s\n", t->rank,
+               (unsigned long long)step, dir, at_start ? "starts at zero" : "goes on as it is");
+    return rc;
+}
+
 /* The gradient this step pushes: the devices' mean, clipped; or its top-k with error
  * feedback at the epoch's density. */
 static int make_grad(ps_trainer_t *t, double density, fl_ps_grad_t *g)
@@ -173,6 +187,12 @@ int fl_wk_train_ps(fl_ps_client_t *cl, int rank, int world, const fl_wk_dataset_
                fl_ps_consistency_name(fl_ps_client_consistency(cl)),
                o->topk > 0 ? "top-k" : "dense", nb, start > 0 ? " (resuming)" : "");
 
+    /* The residual of the step the server resumed at, when this worker saved one. */
+    if (o->resume_dir != NULL && (rc = own_residual(&t, o->resume_dir, start, true)) != FL_OK) {
+        teardown(&t);
+        return rc;
+    }
+    long saved = -1; /* the step of this worker's last residual file */
     int64_t t_start = fl_now_ns(), t_last = t_start;
     long cur_epoch = -1;
     double compute_ms = 0.0, comm_ms = 0.0, ep_loss = 0.0;
@@ -207,7 +227,9 @@ int fl_wk_train_ps(fl_ps_client_t *cl, int rank, int world, const fl_wk_dataset_
                        rank, (unsigned long long)fl_ps_client_step(cl));
             step = fl_ps_client_step(cl);
             cur_epoch = -1;
-            rc = FL_OK;
+            /* The server went back to a checkpoint: so does the residual, when saved there. */
+            rc = o->checkpoint_dir != NULL ? own_residual(&t, o->checkpoint_dir, step, false)
+                                           : FL_OK;
             continue;
         }
         if (rc != FL_OK)
@@ -251,6 +273,12 @@ int fl_wk_train_ps(fl_ps_client_t *cl, int rank, int world, const fl_wk_dataset_
             continue;
         /* An epoch ended: these are the parameters after its last update. */
         res->epochs = (int)(step / nb);
+        if (o->checkpoint_dir != NULL && t.ef != NULL) {
+            if ((rc = fl_wk_ckpt_ef_save(o->checkpoint_dir, rank, (long)step, saved, t.ef)) !=
+                FL_OK)
+                break;
+            saved = (long)step;
+        }
         res->train_loss = ep_steps ? ep_loss / (double)ep_steps : 0.0;
         if (test != NULL && rank == 0) {
             size_t ok;

@@ -95,6 +95,23 @@ int fl_wk_dcmp_bind(fl_wk_dcmp_t *c);
 int fl_wk_dcmp_bucket(fl_wk_dcmp_t *c, size_t start, size_t len, size_t k, uint32_t **idx,
                       float **val);
 double fl_wk_dcmp_residual_norm(fl_wk_dcmp_t *c);
+/* The residuals (n floats of the range) to or from the host, waited for; between steps only
+ * (checkpoints). The device's error; FL_ENONFINITE for a restored value that is not finite. */
+int fl_wk_dcmp_residual_get(fl_wk_dcmp_t *c, float *out);
+int fl_wk_dcmp_residual_put(fl_wk_dcmp_t *c, const float *in);
+
+/* ---- El Che's clock (batch_clock.c): device time between two points of its compute stream */
+
+typedef struct fl_wk_bclock {
+    fl_event_t *t0, *t1; /* timed events, made at the first start */
+} fl_wk_bclock_t;
+
+/* start records the start on rd's compute stream; stop records the end, waits for it and gives
+ * the device's seconds between the two. The device's error, FL_ENOMEM. One thread at a time
+ * (the device's). deinit: NULL-safe, after the device's last use of them. */
+int fl_wk_bclock_start(fl_wk_bclock_t *c, fl_wk_rdev_t *rd);
+int fl_wk_bclock_stop(fl_wk_bclock_t *c, fl_wk_rdev_t *rd, double *seconds);
+void fl_wk_bclock_deinit(fl_wk_bclock_t *c);
 
 /* ---- the process's devices (devices.c) ---- */
 
@@ -139,6 +156,16 @@ float *fl_wk_devices_grad(fl_wk_devices_t *d, int j);
  * FL_OK or the model's error (no ready call for a step that failed before its reduction). */
 int fl_wk_devices_step(fl_wk_devices_t *d, const float *params, size_t batch_index,
                        fl_wk_ready_fn ready, void *ud, double *loss, size_t *correct);
+
+/* FL_WK_LOCAL_SHARDS in host memory (on: the caller's exchanges reduce): each step's devices
+ * tell every layer as it lands, ready hears each shard's range grow as the last device finishes
+ * a layer, and the exchange reduces each bucket across the devices itself with
+ * fl_wk_devices_reduce_range before sending it (the same bits as the reduction after the pass),
+ * so the exchange starts during the backward pass. Nothing on other configurations. */
+void fl_wk_devices_set_overlap(fl_wk_devices_t *d, bool on);
+/* grad[start, start + len) = the devices' mean, during an overlapped step (else nothing); from
+ * the exchange's thread, after ready named the range. */
+void fl_wk_devices_reduce_range(fl_wk_devices_t *d, size_t start, size_t len);
 
 /* ---- El Che's cadence (cadence.c): batches per device between synchronisations ---- */
 
@@ -323,6 +350,10 @@ int fl_wk_devices_opt_load(fl_wk_devices_t *d, int j, const fl_opt_t *host);
 /* Devices compute their steps from z's gathered layers instead of a flat buffer (NULL: flat). */
 void fl_wk_devices_set_full(fl_wk_devices_t *d, fl_wk_full_t *z);
 
+/* Device j's El Che clock (batch_clock.c), for a caller driving its batches (--policy async). */
+int fl_wk_devices_clock_start(fl_wk_devices_t *d, int j);
+int fl_wk_devices_clock_stop(fl_wk_devices_t *d, int j, double *seconds);
+
 /* Device j computes the gradient of the host's batch `index` (El Che's sequence) on params
  * into grad, clipped to o->max_norm when set (its workspace; --throttle applies). */
 int fl_wk_devices_host_batch(fl_wk_devices_t *d, int j, const float *params, size_t index,
@@ -374,6 +405,54 @@ void fl_wk_async_epoch_figures(const fl_wk_async_t *a, double *loss, size_t *cor
                                size_t *batches);
 void fl_wk_async_stats(const fl_wk_async_t *a, fl_wk_async_stats_t *out);
 
+/* ---- a rank's own state in checkpoints (ckpt_rank.c) ---- */
+
+/* What a rank holds that no range file does: the error-feedback residuals of its exchanges
+ * (top-k), and local SGD's optimizer of each device (--policy cadence and async). */
+typedef struct fl_wk_rank_state {
+    int nx;
+    struct fl_wk_xchg *const *xchg; /* nx exchanges (those without residuals are skipped) */
+    int nopt;
+    fl_opt_t *opt[64];         /* nopt devices' own optimizers (0: none) */
+} fl_wk_rank_state_t;
+
+/* Writes s to dir/state-s<step>-r<rank>.safetensors (nothing when s holds nothing), with the
+ * layout it was taken in (hosts: world, devices, hierarchy). FL_OK or FL_EIO naming the path. */
+int fl_wk_ckpt_rank_save(const char *dir, int rank, int world, const fl_wk_train_opts_t *o,
+                         long step, const fl_wk_rank_state_t *s);
+
+/* Restores s from the file of rank and step in dir when it was taken in this layout (the same
+ * hosts, devices, hierarchy and exchange ranges); otherwise (another layout, an older
+ * checkpoint without the file) s keeps its fresh state, and *restored says which. FL_OK,
+ * FL_EPROTO (a corrupt file), FL_ENONFINITE, the device's error. */
+int fl_wk_ckpt_rank_load(const char *dir, int rank, int world, const fl_wk_train_opts_t *o,
+                         long step, fl_wk_rank_state_t *s, bool *restored);
+
+/* s for a rank training with o: its nx exchanges (borrowed), and under --policy cadence or
+ * async every device's own optimizer (dev's, or async's when not NULL). */
+void fl_wk_rank_state_of(const fl_wk_train_opts_t *o, int nx, struct fl_wk_xchg *const *xchg,
+                         struct fl_wk_devices *dev, struct fl_wk_async *async,
+                         fl_wk_rank_state_t *s);
+
+/* --resume: fl_wk_ckpt_rank_load from o->resume_dir, rank 0 saying so (unless quiet) when what s
+ * holds starts afresh. Its errors. */
+int fl_wk_ckpt_rank_resume(const fl_wk_train_opts_t *o, int rank, int world, long step,
+                           fl_wk_rank_state_t *s);
+
+/* Local SGD's optimizer of device j (NULL before fl_wk_devices_local_create). */
+fl_opt_t *fl_wk_devices_local_opt(struct fl_wk_devices *d, int j);
+fl_opt_t *fl_wk_async_opt(struct fl_wk_async *a, int j);
+
+/* --mode ps (ckpt_rank.c): the worker's residual of its pushes at `step` (the server's), in
+ * dir/state-s<step>-r<rank>.safetensors, this rank's files of other steps but `keep` removed;
+ * and restored from the file of `step` when there is one of this length (*restored says). FL_OK,
+ * FL_EIO naming the path, FL_EPROTO (a corrupt file), FL_ENONFINITE. */
+int fl_wk_ckpt_ef_save(const char *dir, int rank, long step, long keep, const fl_cmp_ef_t *ef);
+int fl_wk_ckpt_ef_load(const char *dir, int rank, long step, fl_cmp_ef_t *ef, bool *restored);
+
+/* mkdir -p: 0, or -1 with errno. */
+int fl_wk_ckpt_mkdirs(const char *dir);
+
 /* ---- sharded checkpoints (shard_ckpt.c) ---- */
 
 /* A range of the flat parameters a rank owns with its optimizer state, as checkpoints name
@@ -397,11 +476,12 @@ int fl_wk_ranges(const fl_wk_train_opts_t *o, size_t np, int world, int rank, fl
  * dir/shard-s<step>-r<rank>-d<id>.safetensors, then (after every rank wrote, comm may be NULL on
  * one host) rank 0 writes dir/manifest.safetensors naming every range of the job and the job's
  * samples so far (the schedule's position), atomically; rank 0 then removes older steps' files,
- * the previous step's kept. Every rank learns whether every rank succeeded. FL_OK, FL_EIO naming
+ * the previous step's kept. own (may be NULL): this rank's own state, written beside its ranges
+ * (fl_wk_ckpt_rank_save). Every rank learns whether every rank succeeded. FL_OK, FL_EIO naming
  * the path, or a collective's error. */
 int fl_wk_ckpt_save(const char *dir, fl_comm_t *comm, int rank, int world,
                     const fl_wk_train_opts_t *o, const float *params, fl_opt_t *const *opts,
-                    long step, int epoch, double samples);
+                    const fl_wk_rank_state_t *own, long step, int epoch, double samples);
 
 /* Removes the temporary files that writers of this rank's checkpoint files (rank 0: and of
  * the manifest) left in dir when they were killed, unless their pid runs (fl_st_clean_tmp),
@@ -507,12 +587,28 @@ void fl_wk_xchg_stats(const fl_wk_xchg_t *x, fl_wk_xchg_stats_t *out);
 /* The L2 norm of the error-feedback residuals (0 when dense). Between steps only. */
 double fl_wk_xchg_residual_norm(const fl_wk_xchg_t *x);
 
+/* Whether the exchange keeps error-feedback residuals (top-k), and the range it exchanges. */
+bool fl_wk_xchg_has_residual(const fl_wk_xchg_t *x);
+void fl_wk_xchg_range(const fl_wk_xchg_t *x, size_t *from, size_t *n);
+
+/* The residuals of the range (n floats, parameter from first; wherever they live, host or
+ * device) into out, or restored from in. Between steps only. FL_OK, FL_EINVAL (dense), the
+ * device's error, FL_ENONFINITE (a restored value that is not finite). */
+int fl_wk_xchg_residual_get(fl_wk_xchg_t *x, float *out);
+int fl_wk_xchg_residual_put(fl_wk_xchg_t *x, const float *in);
+
 /* Compresses on device rd instead of the host (top-k only): the buckets come from rd's
  * gradient, which must be the range's (one device, or --hierarchy flat). */
 int fl_wk_xchg_on_device(fl_wk_xchg_t *x, fl_wk_rdev_t *rd);
 
 /* Device j's device (for fl_wk_xchg_on_device). */
 fl_wk_rdev_t *fl_wk_devices_rdev(fl_wk_devices_t *d, int j);
+
+/* Called on the exchange's thread with each bucket's range before it is exchanged (the
+ * devices' reduction of an overlapped step, fl_wk_devices_reduce_range). Set before the first
+ * step. */
+typedef void (*fl_wk_xchg_prepare_fn)(size_t start, size_t len, void *ud);
+void fl_wk_xchg_set_prepare(fl_wk_xchg_t *x, fl_wk_xchg_prepare_fn fn, void *ud);
 
 /* Records each bucket's exchange on timeline track tid (o->timeline). */
 void fl_wk_xchg_set_track(fl_wk_xchg_t *x, int tid);

@@ -40,6 +40,8 @@ static const char usage[] =
     "    repeated id gives two devices on one GPU)  --cpu-replicas L (devices on the CPU)\n"
     "  --hierarchy hybrid|flat (several devices per host, --mode ring: two-level exchange, the\n"
     "    default, or every device its own ring member)\n"
+    "  --overlap (two levels: reduce and exchange bucket by bucket during the backward pass\n"
+    "    instead of after it; the same parameters)\n"
     "  --shard none|grad|hybrid|full (optimizer state: on every device; 1/(hosts x devices)\n"
     "    each, gradients reduce-scattered and parameters all-gathered across hosts; 1/devices\n"
     "    each, replicated across hosts; full: parameters too, each layer gathered only while it\n"
@@ -48,7 +50,8 @@ static const char usage[] =
     "    trains its own copy and parameters are averaged every --max-anchor batches of the\n"
     "    slowest; async: the devices go on while a round is averaged, at most --run-ahead N\n"
     "    rounds (default 1) beyond the last completed averaging)\n"
-    "  --checkpoint DIR (training state after every epoch: a file per shard and a manifest)\n"
+    "  --checkpoint DIR (training state after every epoch: a file per shard and a manifest;\n"
+    "    --mode ps: the worker's top-k residual, the server checkpoints the rest)\n"
     "  --resume DIR (from such a checkpoint, into any hosts, devices and --shard)\n"
     "  --resume-if-any DIR (--resume DIR when DIR holds a checkpoint, else a fresh start: a\n"
     "    restarted container or pod picks up where the job left off)\n"
@@ -76,7 +79,7 @@ static const char usage[] =
 enum {
     O_MODE = 1000, O_TRAIN_IMAGES, O_TRAIN_LABELS, O_TEST_IMAGES, O_TEST_LABELS, O_TRAIN_CSV,
     O_TEST_CSV, O_DATA_SEED, O_LAYERS, O_BATCH, O_EPOCHS, O_SEED, O_NO_SHUFFLE, O_OPTIM,
-    O_SCALE_LR, O_LZ4, O_RECONNECT, O_MAX_NORM, O_REPLICAS, O_HIER, O_SHARD, O_POLICY, O_MPORT, O_MBIND, O_TIMELINE, O_CURVE, O_INSECURE, O_CKPT, O_RESUME, O_RESUME_ANY, O_ANCHOR, O_RUN_AHEAD, O_OVERHEAD, O_HINT, O_THROTTLE, O_DEVICE, O_GPUS, O_TOPK, O_TOPK_WARMUP, O_TOPK_VALUES, O_BUCKET, O_INIT,
+    O_SCALE_LR, O_OVERLAP, O_LZ4, O_RECONNECT, O_MAX_NORM, O_REPLICAS, O_HIER, O_SHARD, O_POLICY, O_MPORT, O_MBIND, O_TIMELINE, O_CURVE, O_INSECURE, O_CKPT, O_RESUME, O_RESUME_ANY, O_ANCHOR, O_RUN_AHEAD, O_OVERHEAD, O_HINT, O_THROTTLE, O_DEVICE, O_GPUS, O_TOPK, O_TOPK_WARMUP, O_TOPK_VALUES, O_BUCKET, O_INIT,
     O_SAVE, O_SAVE_EVERY, O_METRICS, O_PROGRESS, O_QUIET, O_SIZE, O_STEPS, O_DTYPE, O_OP, O_HELP,
     O_VERSION
 };
@@ -176,16 +179,34 @@ static const char *env_get(const char *name, void *ud)
 
 /* Prints the current detail text as the one line of a usage error; returns exit code 2. */
 /* The simulated GPU's testing knobs, from the environment: FLODL_SIM_JITTER_US (a random delay
- * before each device operation, widening the window of a missing event) and FLODL_SIM_MEM
- * (each device's memory, bytes). */
-static void sim_env(fl_wk_train_opts_t *t)
+ * before each device operation, widening the window of a missing event), FLODL_SIM_MEM (each
+ * device's memory, bytes) and FLODL_SIM_FAIL=RANK:DEVICE:N:OPERATION (a fault: on rank RANK,
+ * device DEVICE's N-th run of OPERATION, named as device errors name it, fails as a GPU fault
+ * would). */
+static int sim_env(fl_wk_train_opts_t *t, int rank)
 {
     const char *j = getenv("FLODL_SIM_JITTER_US");
     const char *m = getenv("FLODL_SIM_MEM");
+    const char *f = getenv("FLODL_SIM_FAIL");
     if (j != NULL)
         t->sim_jitter_us = atoi(j);
     if (m != NULL)
         t->sim_mem_bytes = (size_t)strtoull(m, NULL, 10);
+    if (f == NULL || f[0] == '\0')
+        return FL_OK;
+    int r = -1;
+    int dev = -1;
+    long n = 0;
+    int at = 0;
+    if (sscanf(f, "%d:%d:%ld:%n", &r, &dev, &n, &at) != 3 || at == 0 || f[at] == '\0' ||
+        r < 0 || dev < 0 || n < 1 || strlen(f + at) >= sizeof t->sim_fail_op)
+        return fl_fail(FL_EINVAL, "FLODL_SIM_FAIL: '%s' is not RANK:DEVICE:N:OPERATION", f);
+    if (r == rank) {
+        t->sim_fail_device = dev;
+        t->sim_fail_after = n;
+        snprintf(t->sim_fail_op, sizeof t->sim_fail_op, "%s", f + at);
+    }
+    return FL_OK;
 }
 
 static int usage_error(void)
@@ -282,6 +303,7 @@ static int apply(wargs_t *a, int ch, const char *name, const char *v)
             a->reconnect_ms = (int)n;
         break;
     case O_SCALE_LR: t->scale_lr = true; break;
+    case O_OVERLAP: t->overlap = true; break;
     case O_MAX_NORM: rc = num("--max-grad-norm", v, 0.0, 1e12, &t->max_norm); break;
     case O_REPLICAS:
         if ((rc = fl_cli_long("--cpu-replicas", v, 1, 64, &n)) == FL_OK) {
@@ -537,7 +559,8 @@ int main(int argc, char **argv)
         {"layers", 1, NULL, O_LAYERS}, {"batch-size", 1, NULL, O_BATCH},
         {"epochs", 1, NULL, O_EPOCHS}, {"seed", 1, NULL, O_SEED},
         {"no-shuffle", 0, NULL, O_NO_SHUFFLE}, {"lz4", 0, NULL, O_LZ4},
-        {"reconnect-timeout", 1, NULL, O_RECONNECT}, {"scale-lr", 0, NULL, O_SCALE_LR}, {"max-grad-norm", 1, NULL, O_MAX_NORM},
+        {"reconnect-timeout", 1, NULL, O_RECONNECT}, {"scale-lr", 0, NULL, O_SCALE_LR},
+        {"overlap", 0, NULL, O_OVERLAP}, {"max-grad-norm", 1, NULL, O_MAX_NORM},
         {"cpu-replicas", 1, NULL, O_REPLICAS}, {"hierarchy", 1, NULL, O_HIER},
         {"shard", 1, NULL, O_SHARD}, {"policy", 1, NULL, O_POLICY},
         {"metrics-port", 1, NULL, O_MPORT}, {"metrics-bind", 1, NULL, O_MBIND},
@@ -650,11 +673,14 @@ int main(int argc, char **argv)
             printf("--resume-if-any: no checkpoint in %s yet: starting fresh\n", a.resume_if_any);
     }
     if (a.mode == FL_WK_MODE_PS && (a.to.shard != FL_WK_SHARD_NONE || a.to.max_anchor > 0 ||
-                                    a.to.policy != FL_WK_POLICY_SYNC ||
-                                    a.to.checkpoint_dir != NULL || a.to.resume_dir != NULL))
-        return bad("--shard, --max-anchor, --policy, --checkpoint and --resume: in --mode ps the optimizer "
-                   "state and checkpoints live on the parameter server (flodl-ps --checkpoint-dir)"
-                   " and the devices' mean is pushed every step");
+                                    a.to.policy != FL_WK_POLICY_SYNC))
+        return bad("--shard, --max-anchor and --policy: in --mode ps the optimizer state lives on "
+                   "the parameter server and the devices' mean is pushed every step");
+    if (a.mode == FL_WK_MODE_PS && (a.to.checkpoint_dir != NULL || a.to.resume_dir != NULL) &&
+        !(a.to.topk > 0))
+        return bad("--checkpoint and --resume: in --mode ps the training state lives on the "
+                   "parameter server (flodl-ps --checkpoint-dir); the worker keeps only --topk's "
+                   "residual");
     /* The default momentum belongs to the default SGD: Adam and AdamW have betas instead, and
      * only a --momentum given with them is a mistake. */
     if (a.to.opt.kind != FL_OPT_SGD && !a.momentum_given)
@@ -684,7 +710,8 @@ int main(int argc, char **argv)
     }
     if (a.mode != 99 && fl_wk_device_select(a.device, a.gpus, a.replicas_given, &a.to) != FL_OK)
         return usage_error();
-    sim_env(&a.to);
+    if (sim_env(&a.to, a.co.rank > 0 ? a.co.rank : 0) != FL_OK)
+        return usage_error();
     /* One BLAS thread per process: the devices are threads of their own and the ranks share
      * the machine's cores. */
     openblas_set_num_threads(1);

@@ -177,3 +177,29 @@ double fl_wk_dcmp_residual_norm(fl_wk_dcmp_t *c)
     memcpy(&ss, &c->hout[0], sizeof ss);
     return sqrt(ss);
 }
+
+/* The residual crosses to and from the host on the exchange's stream, waited for: between
+ * steps nothing else is queued on it. */
+int fl_wk_dcmp_residual_get(fl_wk_dcmp_t *c, float *out)
+{
+    int rc = fl_dev_bind(c->dev);
+    if (rc == FL_OK)
+        rc = fl_dev_d2h(c->s, out, c->residual, c->n * sizeof(float));
+    if (rc == FL_OK)
+        rc = fl_event_record(c->done, c->s);
+    return rc == FL_OK ? fl_event_sync(c->done, 0) : rc;
+}
+
+int fl_wk_dcmp_residual_put(fl_wk_dcmp_t *c, const float *in)
+{
+    for (size_t i = 0; i < c->n; i++)
+        if (!isfinite(in[i]))
+            return fl_fail(FL_ENONFINITE, "device %s: a restored residual is not finite at %zu",
+                           fl_dev_name(c->dev), c->from + i);
+    int rc = fl_dev_bind(c->dev);
+    if (rc == FL_OK)
+        rc = fl_dev_h2d(c->s, c->residual, in, c->n * sizeof(float));
+    if (rc == FL_OK)
+        rc = fl_event_record(c->done, c->s);
+    return rc == FL_OK ? fl_event_sync(c->done, 0) : rc;
+}
