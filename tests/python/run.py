@@ -131,14 +131,105 @@ def t_uncaught():
                      "coordinator should have said at once" % (r, g["elapsed"]))
 
 
+def optimizer_job(n):
+    got = check_all_ok("optimizer", with_coordinator("optimizer", n))
+    if got[0]:
+        print("  %d ranks: %d buckets, largest relative difference dense %.2e, top-k at "
+              "density 1 %.2e; top-k 1%% residual norm %.3g" % (
+                  n, got[0]["buckets"], got[0]["worst"], got[0]["worst_topk"],
+                  got[0]["residual_norm"]))
+
+
 def t_optimizer():
     for n in (2, 4):
-        got = check_all_ok("optimizer", with_coordinator("optimizer", n))
-        if got[0]:
-            print("  %d ranks: %d buckets, largest relative difference dense %.2e, top-k at "
-                  "density 1 %.2e; top-k 1%% residual norm %.3g" % (
-                      n, got[0]["buckets"], got[0]["worst"], got[0]["worst_topk"],
-                      got[0]["residual_norm"]))
+        optimizer_job(n)
+
+
+def launch(args, prog, timeout_s=90, extra_env=None):
+    """flodl-launch ARGS -- PROG (its own throw-away keys: CURVE); (status, output)."""
+    env = dict(os.environ, **(extra_env or {}))
+    env.pop("FLODL_INSECURE", None)
+    env.pop("FLODL_CURVE_DIR", None)
+    try:
+        p = subprocess.run([os.path.join(BUILD, "worker", "flodl-launch")] + args + ["--"] +
+                           prog, env=env, timeout=timeout_s, stdout=subprocess.PIPE,
+                           stderr=subprocess.STDOUT, text=True)
+        return p.returncode, p.stdout
+    except subprocess.TimeoutExpired as e:
+        out = e.stdout.decode() if isinstance(e.stdout, bytes) else (e.stdout or "")
+        return -1, out + "\n(killed: still running after %d s)" % timeout_s
+
+
+def launch_results(out, n):
+    """Each rank's RESULT line under flodl-launch's "[rank K] " prefixes."""
+    got = [None] * n
+    for line in out.splitlines():
+        for k in range(n):
+            pre = "[rank %d] RESULT " % k
+            if line.startswith(pre):
+                got[k] = json.loads(line[len(pre):])
+    return got
+
+
+PS_SGD = ["--ps-flag=--shards=2", "--ps-flag=--lr=0.1", "--ps-flag=--momentum=0.9"]
+
+
+def t_ps():
+    """mode="ps" (flodl-ps, 2 shards, sync, SGD with momentum) against the dense ring of
+    t_optimizer (run here when it did not run): the same parameters within 1e-5."""
+    import tempfile
+    with tempfile.TemporaryDirectory() as tmp:
+        out = os.path.join(tmp, "params")
+        env = {"FLODL_TEST_OUT": out}
+        for n in (2, 4):
+            os.environ["FLODL_TEST_OUT"] = out
+            optimizer_job(n)
+            del os.environ["FLODL_TEST_OUT"]
+            rc, text = launch(["--workers", str(n)] + PS_SGD, ["/usr/bin/python3", CASES, "ps"],
+                              extra_env=env)
+            got = launch_results(text, n)
+            if rc != 0 or not all(g and g.get("ok") for g in got):
+                fail("ps: %d ranks: status %d:\n%s" % (n, rc, text[-3000:]))
+                continue
+            ring = torch.load(out + ".ring%d" % n)
+            ps = torch.load(out + ".ps%d" % n)
+            worst = max(((p - q).abs().max() / q.abs().max()).item() for p, q in zip(ps, ring))
+            print("  %d ranks: parameter server vs one process %.2e, vs the dense ring %.2e "
+                  "(relative)" % (n, got[0]["worst"], worst))
+            if worst > 1e-5:
+                fail("ps: %d ranks: the parameter server's parameters differ from the ring's "
+                     "by %g (relative)" % (n, worst))
+
+
+def t_ps_async():
+    rc, text = launch(["--workers", "2", "--ps-flag=--shards=1", "--ps-flag=--lr=0.05",
+                       "--ps-flag=--consistency=async"], ["/usr/bin/python3", CASES, "ps_async"])
+    got = launch_results(text, 2)
+    if rc != 0 or not all(g and g.get("ok") for g in got):
+        fail("ps_async: status %d:\n%s" % (rc, text[-3000:]))
+    else:
+        print("  async, top-k 50%%: loss %.3g -> %.3g" % (got[0]["first"], got[0]["last"]))
+
+
+def t_ps_bad():
+    n = 3
+    rc, text = launch(["--workers", str(n), "--ps-flag=--shards=1"],
+                      ["/usr/bin/python3", CASES, "ps_bad"])
+    got = launch_results(text, n)
+    for r, g in enumerate(got):
+        if not (g and g.get("ok")):
+            fail("ps_bad: rank %d has no result:\n%s" % (r, text[-3000:]))
+            return
+        print("  rank %d raised after %.2f s: %s" % (r, g["elapsed"], g["text"][:300]))
+        if g["elapsed"] > 15:
+            fail("ps_bad: rank %d took %.1f s" % (r, g["elapsed"]))
+
+
+def t_state():
+    got = check_all_ok("state", with_coordinator("state", 3))
+    if got[0]:
+        print("  checkpoint resumed bit for bit (%d residual buckets); accumulation within "
+              "%.2e" % (got[0]["residuals"], got[0]["worst_accumulate"]))
 
 
 def t_launch():
@@ -191,7 +282,24 @@ def t_example():
         fail("example: status %d, accuracy %.1f%%:\n%s" % (p.returncode, acc, p.stdout[-3000:]))
 
 
-ALL = ["collectives", "bad", "kill", "uncaught", "optimizer", "launch", "install", "example"]
+def t_example_ps():
+    """The README's command: the same CNN through flodl-ps (2 shards, SGD with momentum),
+    4 processes, top-k 1%; it must learn."""
+    p = subprocess.run([os.path.join(BUILD, "worker", "flodl-launch"), "--workers", "4",
+                        "--ps-flag=--shards=2", "--ps-flag=--lr=0.02",
+                        "--ps-flag=--momentum=0.9", "--", "/usr/bin/python3",
+                        os.path.join(SRC, "examples", "pytorch_ps.py")],
+                       timeout=100, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    summary = [l for l in p.stdout.splitlines() if "summary:" in l]
+    acc = float(summary[0].rsplit("accuracy ", 1)[1].rstrip("%")) if summary else 0.0
+    print("  " + (summary[0] if summary else "(no summary)"))
+    if p.returncode != 0 or acc < 80:
+        fail("example_ps: status %d, accuracy %.1f%%:\n%s" % (p.returncode, acc,
+                                                              p.stdout[-3000:]))
+
+
+ALL = ["collectives", "bad", "kill", "uncaught", "launch", "install", "state", "ps", "ps_async",
+       "ps_bad", "example", "example_ps"]
 for name in sys.argv[2:] or ALL:
     t0 = time.monotonic()
     print("== %s" % name, flush=True)
