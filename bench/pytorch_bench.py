@@ -8,8 +8,9 @@ Run under flodl-launch (the flodl side's ranks, and the gloo rendezvous's addres
 broadcasts through flodl):
     PYTHONPATH=python ./build/worker/flodl-launch --workers 4 -- /usr/bin/python3 \
         bench/pytorch_bench.py [--steps 10] [--warmup 3] [--rounds 2] [--batch 32]
-or ./build/bench/flodl-bench pytorch [same flags] (which runs that command). PyTorch 1.13 or
-2.x; CPU only."""
+or ./build/bench/flodl-bench pytorch [same flags] (which runs that command);
+scripts/netns-pytorch.sh runs it with every rank in a network namespace of its own, on emulated
+1 Gbit/s links. PyTorch 1.13 or 2.x; CPU only."""
 import argparse
 import os
 import socket
@@ -68,14 +69,19 @@ def timed(model, opt, x, y, warmup, steps, barrier):
 
 
 def gloo_init(rank, size):
-    port = torch.zeros(1)
+    """gloo's rendezvous on rank 0's address (FLODL_HOST, as flodl's, or 127.0.0.1) and a free
+    port there, which rank 0 broadcasts through flodl."""
+    where = torch.zeros(5)  # port, then the IPv4 address's four bytes
     if rank == 0:
+        host = os.environ.get("FLODL_HOST") or "127.0.0.1"
         s = socket.socket()
-        s.bind(("127.0.0.1", 0))
-        port[0] = s.getsockname()[1]
+        s.bind((host, 0))
+        where[0] = s.getsockname()[1]
+        where[1:] = torch.tensor([float(b) for b in socket.inet_aton(host)])
         s.close()
-    flodl.broadcast(port, root=0, name="gloo port")
-    dist.init_process_group("gloo", init_method="tcp://127.0.0.1:%d" % int(port.item()),
+    flodl.broadcast(where, root=0, name="gloo address")
+    host = ".".join(str(int(b)) for b in where[1:].tolist())
+    dist.init_process_group("gloo", init_method="tcp://%s:%d" % (host, int(where[0].item())),
                             rank=rank, world_size=size)
 
 
@@ -115,9 +121,11 @@ def main():
     if rank == 0:
         base = statistics.median(times["PyTorch DDP (gloo)"])
         print("pytorch_bench: %d ranks, MLP %s (%.1f M parameters), batch %d per rank, "
-              "PyTorch %s, %d round(s) x (%d warm-up + %d timed steps) each"
+              "PyTorch %s, %d round(s) x (%d warm-up + %d timed steps) each; flodl %s, gloo "
+              "plain text"
               % (size, "-".join(str(w) for w in WIDTHS), nparams / 1e6, args.batch,
-                 torch.__version__, args.rounds, args.warmup, args.steps))
+                 torch.__version__, args.rounds, args.warmup, args.steps,
+                 "encrypted (CurveZMQ)" if os.environ.get("FLODL_CURVE_DIR") else "plain text"))
         print("%-22s %12s %12s %12s %10s" % ("exchange", "median ms", "p10 ms", "p90 ms",
                                              "vs DDP"))
         for label, ts in times.items():
@@ -131,6 +139,8 @@ def main():
     for label, (m, opt, _) in runs.items():
         if isinstance(opt, flodl.torch.DistributedOptimizer):
             opt.close()
+    # DDP's reducer holds the process group: drop it before the group goes.
+    del runs, ddp, ddp_opt
     dist.destroy_process_group()
     flodl.shutdown()
 

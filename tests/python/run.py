@@ -270,10 +270,59 @@ def t_install():
         print("  " + q.stdout.strip())
 
 
+# The README's PyTorch section: each command line names one of these, and the case runs it.
+README_CASES = {"examples/pytorch_mnist_like.py": "example", "examples/pytorch_ps.py":
+                "example_ps", "tests/python/run.py": "(this test)", "flodl-bench pytorch":
+                "bench"}
+
+
+def readme_lines():
+    """The command lines of the README's "## PyTorch" section's sh blocks."""
+    with open(os.path.join(SRC, "README.md")) as f:
+        text = f.read()
+    section = text.split("\n## PyTorch\n", 1)[1].split("\n## ", 1)[0]
+    lines, block = [], False
+    for line in section.splitlines():
+        if line.startswith("```"):
+            block = line.startswith("```sh")
+            continue
+        line = line.split(" #", 1)[0].strip()
+        if block and line and not line.startswith("#"):
+            lines.append(line)
+    return lines
+
+
+def readme_command(key):
+    """The README's line naming key, as argv (./build/ -> this build) and its environment
+    assignments (paths relative to the source tree), to run from the source tree."""
+    import shlex
+    lines = [l for l in readme_lines() if key in l]
+    if len(lines) != 1:
+        raise AssertionError("the README's PyTorch section has %d lines with %s" % (len(lines),
+                                                                                  key))
+    words = shlex.split(lines[0])
+    env = dict(os.environ)
+    while "=" in words[0] and not words[0].startswith(("-", ".", "/")):
+        k, v = words.pop(0).split("=", 1)
+        env[k] = os.path.join(SRC, v)
+    words = [os.path.join(BUILD, w[len("./build/"):]) if w.startswith("./build/") else w
+             for w in words]
+    return words, env
+
+
+def t_readme():
+    for line in readme_lines():
+        known = [c for k, c in README_CASES.items() if k in line]
+        if not known:
+            fail("readme: no case runs the PyTorch section's line: %s" % line)
+        else:
+            print("  %s: %s" % (known[0], line))
+
+
 def t_example():
     """The README's command: 4 processes, top-k 1%, 200 steps; it must learn."""
-    p = subprocess.run([os.path.join(BUILD, "worker", "flodl-launch"), "--workers", "4", "--",
-                        "/usr/bin/python3", os.path.join(SRC, "examples", "pytorch_mnist_like.py")],
+    argv, env = readme_command("examples/pytorch_mnist_like.py")
+    p = subprocess.run(argv, cwd=SRC, env=env,
                        timeout=100, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     summary = [l for l in p.stdout.splitlines() if "summary:" in l]
     acc = float(summary[0].rsplit("accuracy ", 1)[1].rstrip("%")) if summary else 0.0
@@ -285,11 +334,8 @@ def t_example():
 def t_example_ps():
     """The README's command: the same CNN through flodl-ps (2 shards, SGD with momentum),
     4 processes, top-k 1%; it must learn."""
-    p = subprocess.run([os.path.join(BUILD, "worker", "flodl-launch"), "--workers", "4",
-                        "--ps-flag=--shards=2", "--ps-flag=--lr=0.02",
-                        "--ps-flag=--momentum=0.9", "--", "/usr/bin/python3",
-                        os.path.join(SRC, "examples", "pytorch_ps.py")],
-                       timeout=100, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    argv, env = readme_command("examples/pytorch_ps.py")
+    p = subprocess.run(argv, cwd=SRC, env=env, timeout=100, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     summary = [l for l in p.stdout.splitlines() if "summary:" in l]
     acc = float(summary[0].rsplit("accuracy ", 1)[1].rstrip("%")) if summary else 0.0
     print("  " + (summary[0] if summary else "(no summary)"))
@@ -298,8 +344,23 @@ def t_example_ps():
                                                               p.stdout[-3000:]))
 
 
-ALL = ["collectives", "bad", "kill", "uncaught", "launch", "install", "state", "ps", "ps_async",
-       "ps_bad", "example", "example_ps"]
+def t_bench():
+    """The README's benchmark line, shortened (one step of each, batch 4): the three rows."""
+    argv, env = readme_command("flodl-bench pytorch")
+    argv += ["--steps", "1", "--warmup", "1", "--rounds", "1", "--batch", "4"]
+    p = subprocess.run(argv, cwd=SRC, env=env, timeout=120, stdout=subprocess.PIPE,
+                       stderr=subprocess.STDOUT, text=True)
+    rows = [l for l in p.stdout.splitlines()
+            if l.startswith("[rank 0] ") and l.rstrip().endswith("x")]
+    for l in rows:
+        print("  " + l)
+    if p.returncode != 0 or len(rows) != 3:
+        fail("bench: status %d, %d rows:\n%s" % (p.returncode, len(rows), p.stdout[-3000:]))
+
+
+ALL = ["readme", "collectives", "bad", "kill", "uncaught", "launch", "install", "state", "ps",
+       "ps_async",
+       "ps_bad", "example", "example_ps", "bench"]
 for name in sys.argv[2:] or ALL:
     t0 = time.monotonic()
     print("== %s" % name, flush=True)
