@@ -273,7 +273,8 @@ def t_install():
 # The README's PyTorch section: each command line names one of these, and the case runs it.
 README_CASES = {"examples/pytorch_mnist_like.py": "example", "examples/pytorch_ps.py":
                 "example_ps", "tests/python/run.py": "(this test)", "flodl-bench pytorch":
-                "bench"}
+                "bench", "scripts/netns-pytorch.sh": "by hand (root, network namespaces, "
+                "minutes)"}
 
 
 def readme_lines():
