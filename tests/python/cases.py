@@ -222,13 +222,15 @@ def ps():
 
 
 def ps_async():
-    """The server's --consistency async: step() never waits for the other ranks, and it
-    learns (a linear target)."""
+    """The server's --consistency async (or ssp, FLODL_TEST_CONSISTENCY): it learns (a linear
+    target), with top-k 50% pushes."""
     m = torch.nn.Linear(10, 1)
     opt = flodl.torch.DistributedOptimizer(torch.optim.SGD(m.parameters(), lr=0.0),
                                            m.named_parameters(), mode="ps",
                                            compression=flodl.TopK(0.5))
-    assert opt.consistency == "async", opt.consistency
+    want = os.environ.get("FLODL_TEST_CONSISTENCY", "async")
+    assert opt.consistency == want, (opt.consistency, want)
+    assert want != "ssp" or opt._ps.staleness == 1, opt._ps.staleness
     gen = torch.Generator().manual_seed(3 + flodl.rank())
     w = torch.arange(10, dtype=torch.float32).view(1, 10) / 10
     first = None

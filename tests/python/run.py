@@ -202,13 +202,18 @@ def t_ps():
 
 
 def t_ps_async():
-    rc, text = launch(["--workers", "2", "--ps-flag=--shards=1", "--ps-flag=--lr=0.05",
-                       "--ps-flag=--consistency=async"], ["/usr/bin/python3", CASES, "ps_async"])
-    got = launch_results(text, 2)
-    if rc != 0 or not all(g and g.get("ok") for g in got):
-        fail("ps_async: status %d:\n%s" % (rc, text[-3000:]))
-    else:
-        print("  async, top-k 50%%: loss %.3g -> %.3g" % (got[0]["first"], got[0]["last"]))
+    """The other consistency models of flodl-ps: async, and ssp with staleness 1."""
+    for model, flags in (("async", []), ("ssp", ["--ps-flag=--staleness=1"])):
+        rc, text = launch(["--workers", "2", "--ps-flag=--shards=1", "--ps-flag=--lr=0.05",
+                           "--ps-flag=--consistency=" + model] + flags,
+                          ["/usr/bin/python3", CASES, "ps_async"],
+                          extra_env={"FLODL_TEST_CONSISTENCY": model})
+        got = launch_results(text, 2)
+        if rc != 0 or not all(g and g.get("ok") for g in got):
+            fail("ps_async: %s: status %d:\n%s" % (model, rc, text[-3000:]))
+        else:
+            print("  %s, top-k 50%%: loss %.3g -> %.3g" % (model, got[0]["first"],
+                                                          got[0]["last"]))
 
 
 def t_ps_bad():
