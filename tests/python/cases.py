@@ -247,6 +247,33 @@ def ps_async():
     result(ok=True, first=first, last=loss.item())
 
 
+def ps_restart():
+    """Trains through flodl-ps while run.py kills it (kill -9) and starts it again with
+    --resume: step() comes back with the checkpoint's parameters and ps_step goes on from the
+    checkpoint's step, to the end."""
+    m = torch.nn.Linear(10, 1)
+    opt = flodl.torch.DistributedOptimizer(torch.optim.SGD(m.parameters(), lr=0.0),
+                                           m.named_parameters(), mode="ps")
+    gen = torch.Generator().manual_seed(11 + flodl.rank())
+    w = torch.arange(10, dtype=torch.float32).view(1, 10) / 10
+    back = 0
+    while opt.ps_step < 40:
+        before = opt.ps_step
+        x = torch.randn(16, 10, generator=gen)
+        opt.zero_grad()
+        loss = torch.nn.functional.mse_loss(m(x), x @ w.t())
+        loss.backward()
+        opt.step()
+        if opt.ps_step != before + 1:
+            back += 1
+            print("resumed at step %d (was at %d)" % (opt.ps_step, before), flush=True)
+        print("STEP %d" % opt.ps_step, flush=True)
+        time.sleep(0.05)
+    assert back >= 1, "no restart seen"
+    flodl.shutdown()
+    result(ok=True, resumes=back, last=loss.item())
+
+
 def ps_bad():
     """The last rank's model has another shape: every rank's DistributedOptimizer(mode="ps")
     raises at the rendezvous, naming the tensor."""

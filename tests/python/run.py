@@ -216,6 +216,69 @@ def t_ps_async():
                                                           got[0]["last"]))
 
 
+def t_ps_restart():
+    """flodl-ps killed (-9) mid-run and started again with --resume on the same port: both
+    ranks go on from its checkpoint and finish."""
+    import select
+    import signal
+    import socket
+    import tempfile
+    with socket.socket() as so:
+        so.bind(("127.0.0.1", 0))
+        port = so.getsockname()[1]
+    with tempfile.TemporaryDirectory() as tmp:
+        cmd = [os.path.join(BUILD, "server", "flodl-ps"), "--bind", "tcp://127.0.0.1:%d" % port,
+               "--world-size", "2", "--shards", "1", "--lr", "0.05", "--insecure",
+               "--checkpoint-dir", tmp, "--checkpoint-every", "1", "--log-level", "error"]
+        ps = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.STDOUT)
+        procs = []
+        for r in range(2):
+            env = dict(os.environ, FLODL_RANK=str(r), FLODL_WORLD_SIZE="2",
+                       FLODL_COORDINATOR="tcp://127.0.0.1:%d" % port, FLODL_INSECURE="1")
+            env.pop("FLODL_CURVE_DIR", None)
+            procs.append(subprocess.Popen(["/usr/bin/python3", CASES, "ps_restart"], env=env,
+                                          stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                                          text=True))
+        out0 = ""
+        deadline = time.monotonic() + 60
+        while "STEP 10\n" not in out0 and time.monotonic() < deadline:
+            if select.select([procs[0].stdout], [], [], 1)[0]:
+                line = procs[0].stdout.readline()
+                if not line:
+                    break
+                out0 += line
+        if "STEP 10\n" not in out0:
+            fail("ps_restart: rank 0 did not reach step 10:\n" + out0[-2000:])
+        ps.send_signal(signal.SIGKILL)
+        ps.wait()
+        time.sleep(0.5)
+        ps = subprocess.Popen(cmd + ["--resume"], stdout=subprocess.PIPE,
+                              stderr=subprocess.STDOUT, text=True)
+        outs = []
+        for r, p in enumerate(procs):
+            try:
+                out, _ = p.communicate(timeout=max(1, deadline - time.monotonic()))
+            except subprocess.TimeoutExpired:
+                p.kill()
+                out, _ = p.communicate()
+            outs.append(out if r else out0 + out)
+        try:
+            ps_out, _ = ps.communicate(timeout=15)
+        except subprocess.TimeoutExpired:
+            ps.kill()
+            ps_out, _ = ps.communicate()
+    for r, (p, out) in enumerate(zip(procs, outs)):
+        g = results([out])[0]
+        if p.returncode != 0 or not (g and g.get("ok")):
+            fail("ps_restart: rank %d exited with %s:\n%s" % (r, p.returncode, out[-3000:]))
+        else:
+            print("  rank %d: %s; loss at the end %.3g" % (
+                r, [l for l in out.splitlines() if l.startswith("resumed")][0], g["last"]))
+    if ps.returncode != 0:
+        fail("ps_restart: the restarted flodl-ps exited with %s:\n%s" % (ps.returncode,
+                                                                         ps_out[-2000:]))
+
+
 def t_ps_bad():
     n = 3
     rc, text = launch(["--workers", str(n), "--ps-flag=--shards=1"],
@@ -365,8 +428,7 @@ def t_bench():
 
 
 ALL = ["readme", "collectives", "bad", "kill", "uncaught", "launch", "install", "state", "ps",
-       "ps_async",
-       "ps_bad", "example", "example_ps", "bench"]
+       "ps_async", "ps_restart", "ps_bad", "example", "example_ps", "bench"]
 for name in sys.argv[2:] or ALL:
     t0 = time.monotonic()
     print("== %s" % name, flush=True)
