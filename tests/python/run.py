@@ -1,7 +1,9 @@
 """The flodl Python package's tests (ctest label python): each case runs N ranks of cases.py as
-processes, with a coordinator embedded here (fl_coord through the package's ctypes layer) or
-under flodl-launch, and checks every rank's result. Skipped (exit 77) when /usr/bin/python3
-cannot import torch.
+processes, with a coordinator embedded here (fl_coord through the package's ctypes layer),
+under flodl-launch (with flodl-ps shards for DistributedOptimizer(mode="ps")), or against a
+flodl-ps started here (the restart case), and checks every rank's result. The README's PyTorch
+command lines are run from the README itself. Skipped (exit 77) when /usr/bin/python3 cannot
+import torch.
     /usr/bin/python3 tests/python/run.py BUILD_DIR [CASE...]"""
 import ctypes
 import json
@@ -391,8 +393,8 @@ def t_readme():
 def t_example():
     """The README's command: 4 processes, top-k 1%, 200 steps; it must learn."""
     argv, env = readme_command("examples/pytorch_mnist_like.py")
-    p = subprocess.run(argv, cwd=SRC, env=env,
-                       timeout=100, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    p = subprocess.run(argv, cwd=SRC, env=env, timeout=100, stdout=subprocess.PIPE,
+                       stderr=subprocess.STDOUT, text=True)
     summary = [l for l in p.stdout.splitlines() if "summary:" in l]
     acc = float(summary[0].rsplit("accuracy ", 1)[1].rstrip("%")) if summary else 0.0
     print("  " + (summary[0] if summary else "(no summary)"))
@@ -404,7 +406,8 @@ def t_example_ps():
     """The README's command: the same CNN through flodl-ps (2 shards, SGD with momentum),
     4 processes, top-k 1%; it must learn."""
     argv, env = readme_command("examples/pytorch_ps.py")
-    p = subprocess.run(argv, cwd=SRC, env=env, timeout=100, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    p = subprocess.run(argv, cwd=SRC, env=env, timeout=100, stdout=subprocess.PIPE,
+                       stderr=subprocess.STDOUT, text=True)
     summary = [l for l in p.stdout.splitlines() if "summary:" in l]
     acc = float(summary[0].rsplit("accuracy ", 1)[1].rstrip("%")) if summary else 0.0
     print("  " + (summary[0] if summary else "(no summary)"))
