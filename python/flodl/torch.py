@@ -469,6 +469,9 @@ def broadcast_optimizer_state(optimizer, root=0):
     error = None
     if me != root:
         try:
+            # A full unpickle: PyTorch 1.13's weights_only loader refuses floats (the
+            # hyperparameters). Root is a member of this job (CurveZMQ-authenticated by
+            # default), as trusted as the code every rank runs.
             sd = torch.load(io.BytesIO(data), map_location="cpu", weights_only=False)
             mine = optimizer.state_dict()["param_groups"]
             got = [len(g["params"]) for g in sd["param_groups"]]
