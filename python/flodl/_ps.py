@@ -125,6 +125,14 @@ class PsExchange:
         self.idx = torch.empty(k.value, dtype=torch.int32)
         self.val = torch.empty(k.value, dtype=torch.float32)
 
+    def _what(self, step):
+        """What a push is, naming the parameters whose gradient holds a NaN or Inf."""
+        bad = [n for n, p in self.named
+               if p.grad is not None and not bool(torch.isfinite(p.grad).all())]
+        return "push of step %d's gradient (%d parameters%s)" % (
+            step, self.numel, ", NaN or Inf in the gradient of %s" % ", ".join(
+                "'%s'" % n for n in bad) if bad else "")
+
     def push_pull(self):
         """Pushes this step's gradient and writes the server's next parameters into the model.
         Returns False when the server restarted from a checkpoint (the parameters are then its
@@ -139,9 +147,10 @@ class PsExchange:
         else:
             self._ef_state()
             k = ctypes.c_size_t()
-            flodl._check(_lib.fl_cmp_ef_step(self.ef, self.ws, g.data_ptr(),
-                                             ctypes.byref(self.topk), self.idx.data_ptr(),
-                                             self.val.data_ptr(), ctypes.byref(k), None),
+            rc = _lib.fl_cmp_ef_step(self.ef, self.ws, g.data_ptr(), ctypes.byref(self.topk),
+                                     self.idx.data_ptr(), self.val.data_ptr(), ctypes.byref(k),
+                                     None)
+            flodl._check(rc, self._what(self.step_count()) if rc == _lib.FL_ENONFINITE else
                          "top-k of the parameter-server push")
             grad.idx = self.idx.data_ptr()
             grad.val = self.val.data_ptr()
@@ -151,8 +160,8 @@ class PsExchange:
         if rc == _lib.FL_ERESYNC:
             self._scatter_params()
             return False
-        flodl._check(rc, "push of step %d's gradient (%d parameters) and pull" %
-                     (step, self.numel))
+        flodl._check(rc, self._what(step) if rc == _lib.FL_ENONFINITE else
+                     "push of step %d's gradient (%d parameters) and pull" % (step, self.numel))
         self._scatter_params()
         return True
 

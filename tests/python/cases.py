@@ -243,6 +243,10 @@ def ps_async():
         first = first if first is not None else loss.item()
     assert loss.item() < first / 5, (first, loss.item())
     assert opt.state_dict()["flodl_residuals"]["ps"]["residual"].numel() == 11
+    # A NaN in a gradient is refused before anything is sent, naming the rank and the tensor;
+    # the server (async) and the other rank do not wait for it.
+    m.weight.grad[0, 3] = float("nan")
+    expect(flodl.FlodlError, ["rank %d" % flodl.rank(), "'weight'", "NaN"], opt.step)
     flodl.shutdown()
     result(ok=True, first=first, last=loss.item())
 
