@@ -40,6 +40,7 @@ class _Bucket:
             index, ", ".join(e[0] for e in entries[:3]) + (", ..." if len(entries) > 3 else ""))
         self.ef = None   # top-k: error feedback state (residual), created on first use
         self.ws = None
+        self.buf = None  # the packed gradients, kept across steps (no allocation per step)
         self.reset()
 
     def reset(self):
@@ -256,7 +257,11 @@ class DistributedOptimizer:
         for _, p, _, _ in b.entries:
             g = p.grad if p.grad is not None else torch.zeros_like(p)
             parts.append(g.detach().reshape(-1))
-        b.flat = torch.cat(parts)
+        # Reused: the exchange of the previous step is over (synchronize copied its result
+        # out), and a fresh model-sized tensor each step costs its page faults again.
+        if b.buf is None or b.buf.dtype != parts[0].dtype or b.buf.device != parts[0].device:
+            b.buf = torch.empty(b.numel, dtype=parts[0].dtype, device=parts[0].device)
+        b.flat = torch.cat(parts, out=b.buf)
 
     def _send_ready(self):
         while self._next < len(self._buckets) and self._buckets[self._next].flat is not None:
@@ -314,19 +319,21 @@ class DistributedOptimizer:
         s.values = flodl._WIRE[self.compression.values]
         s.k_max = k.value  # the same density on every rank: no round to gather the k's
         b.ef, b.ws, b.topk, b.k, b.sparse = ef, ws, t, k.value, s
+        # Kept across steps, as the packed gradients are.
+        b.idx = torch.empty(b.k, dtype=torch.int32)
+        b.val = torch.empty(b.k, dtype=torch.float32)
+        b.out = torch.empty(b.numel, dtype=torch.float32)
 
     def _topk(self, b):
         self._topk_state(b)
         g = b.flat.to(device="cpu", dtype=torch.float32).contiguous()
-        idx = torch.empty(b.k, dtype=torch.int32)
-        val = torch.empty(b.k, dtype=torch.float32)
+        idx, val, out = b.idx, b.val, b.out
         k = ctypes.c_size_t()
         skipped = ctypes.c_bool()
         flodl._check(_lib.fl_cmp_ef_step(b.ef, b.ws, g.data_ptr(), ctypes.byref(b.topk),
                                          idx.data_ptr(), val.data_ptr(), ctypes.byref(k),
                                          ctypes.byref(skipped)),
                      "top-k of %s" % b.label)
-        out = torch.empty(b.numel, dtype=torch.float32)
         comm = flodl._need()
         with flodl._lock:
             flodl._check(_lib.fl_sparse_allreduce(comm, idx.data_ptr(), val.data_ptr(), k.value,
