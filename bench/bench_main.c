@@ -1,5 +1,5 @@
 /* flodl-bench: benchmarks that print figures, side by side with a peer where one exists.
- * Subcommands: allreduce, topk, sparse-allreduce, train, ps. */
+ * Subcommands: allreduce, topk, sparse-allreduce, train, ps, pytorch. */
 #include <stdio.h>
 #include <string.h>
 
@@ -10,6 +10,7 @@ int bench_topk_main(int argc, char **argv);
 int bench_sparse_main(int argc, char **argv);
 int bench_train_main(int argc, char **argv);
 int bench_ps_main(int argc, char **argv);
+int bench_pytorch_main(int argc, char **argv);
 
 static const char usage[] =
     "usage: flodl-bench SUBCOMMAND [flags]   (SUBCOMMAND --help)\n"
@@ -17,7 +18,8 @@ static const char usage[] =
     "  topk               top-k selection on one thread, beside torch.topk\n"
     "  sparse-allreduce   top-k sparse allreduce over N ranks, beside the dense one\n"
     "  train              end-to-end training: samples/s and time to accuracy, 1..N workers\n"
-    "  ps                 parameter-server push/pull steps, 1..S shards, beside the ring\n";
+    "  ps                 parameter-server push/pull steps, 1..S shards, beside the ring\n"
+    "  pytorch            flodl's DistributedOptimizer beside PyTorch DDP (gloo), 4 processes\n";
 
 int main(int argc, char **argv)
 {
@@ -37,6 +39,8 @@ int main(int argc, char **argv)
         return bench_train_main(argc - 1, argv + 1);
     if (strcmp(argv[1], "ps") == 0)
         return bench_ps_main(argc - 1, argv + 1);
+    if (strcmp(argv[1], "pytorch") == 0)
+        return bench_pytorch_main(argc - 1, argv + 1);
     fprintf(stderr, "flodl-bench: unknown subcommand '%s'\n%s", argv[1], usage);
     return 2;
 }

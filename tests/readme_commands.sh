@@ -1,7 +1,9 @@
 #!/usr/bin/env bash
 # The README's command lines, run: every line of its ```sh blocks outside the sections that have
 # a test of their own (the GPU section: readme_gpu.sh; Reliability: readme_faultmatrix.sh;
-# PyTorch: tests/python/run.py, which runs the example under flodl-launch and itself;
+# PyTorch: tests/python/run.py, which runs the examples, the benchmark (shortened) and itself,
+# each from the README's own line, and whose readme case (ctest readme_pytorch) checks that
+# no other line is there;
 # Deploying: scripts/deploy-test.sh, whose commands deploy_readme checks are the README's) is
 # either run here, the way a user would (hosts, ports and paths of the multi-host examples
 # replaced by this machine's, the workers' epochs cut to one), or named in the list of lines

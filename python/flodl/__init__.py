@@ -56,6 +56,7 @@ _WIRE = {"float32": _lib.FL_FLOAT32, "float16": _lib.FL_FLOAT16, "bfloat16": _li
 _OPS = {"sum": _lib.FL_SUM, "avg": _lib.FL_AVG, "average": _lib.FL_AVG}
 
 _comm = None
+_psc = None               # the parameter-server client of DistributedOptimizer(mode="ps")
 _rank = -1
 _size = 0
 _lock = threading.RLock()  # one thread at a time per communicator (comm.h)
@@ -145,22 +146,42 @@ def init(timeout_ms=None, rendezvous_timeout_ms=None, job_id=None, host=None):
         comm = ctypes.c_void_p()
         _check(_lib.fl_comm_init(ctypes.byref(o), ctypes.byref(comm)), "init")
         _comm = comm
-        global _prev_excepthook
-        if _prev_excepthook is None:
-            _prev_excepthook = sys.excepthook
-            sys.excepthook = _excepthook
-            atexit.register(_at_exit)
+        _exit_hooks()
         _size = _lib.fl_comm_size(comm)
         _rank = _lib.fl_comm_rank(comm)
         _keep[:] = keep
+
+
+def _exit_hooks():
+    global _prev_excepthook
+    if _prev_excepthook is None:
+        _prev_excepthook = sys.excepthook
+        sys.excepthook = _excepthook
+        atexit.register(_at_exit)
+
+
+def _ps_joined(client, rank_, size_):
+    """DistributedOptimizer(mode="ps") made this process a parameter-server client: rank() and
+    size() answer from it, and shutdown() leaves the job through it."""
+    global _psc, _rank, _size
+    with _lock:
+        _psc = client
+        _rank, _size = rank_, size_
+        _exit_hooks()
 
 
 def shutdown(error=None):
     """Leaves the job. error (a string): this rank stops on an error of its own, and the
     coordinator tells the others at once. Safe to call twice; called at exit when the program
     did not (with the uncaught exception that ended it, if any)."""
-    global _comm, _rank, _size
+    global _comm, _psc, _rank, _size
     with _lock:
+        if _psc is not None:
+            if error is not None:
+                _lib.fl_ps_client_abort(_psc, -1, str(error).encode())
+            _lib.fl_ps_client_destroy(ctypes.byref(_psc))
+            _psc = None
+            _size = 0
         if _comm is None:
             return
         if error is not None:
@@ -171,22 +192,28 @@ def shutdown(error=None):
 
 
 def is_initialized():
-    return _comm is not None
+    return _comm is not None or _psc is not None
 
 
 def _need():
     if _comm is None:
+        if _psc is not None:
+            raise FlodlError("flodl: rank %d is a parameter-server client "
+                             "(DistributedOptimizer(mode='ps')); collectives need flodl.init() "
+                             "in a job without one" % _rank)
         raise FlodlError("flodl: not initialized; call flodl.init() first")
     return _comm
 
 
 def rank():
-    _need()
+    if _psc is None:
+        _need()
     return _rank
 
 
 def size():
-    _need()
+    if _psc is None:
+        _need()
     return _size
 
 

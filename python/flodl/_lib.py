@@ -61,6 +61,9 @@ FL_OK = 0
 FL_FLOAT32, FL_FLOAT16, FL_BFLOAT16 = 1, 2, 3
 FL_UINT8 = 6
 FL_SUM, FL_AVG = 1, 2
+FL_ENONFINITE = -9
+FL_ERESYNC = -10
+FL_PS_SYNC, FL_PS_ASYNC, FL_PS_SSP = 0, 1, 2
 
 _SPARE = 512  # bytes after the fields we know: room for fields a newer library appends
 
@@ -138,6 +141,40 @@ class SparseOpts(ctypes.Structure):
     ]
 
 
+class PsClientOpts(ctypes.Structure):
+    _fields_ = [
+        ("struct_size", c_size),
+        ("rank", c_int),
+        ("world_size", c_int),
+        ("coordinator", c_char_p),
+        ("job_id", c_char_p),
+        ("curve_dir", c_char_p),
+        ("host", c_char_p),
+        ("param_count", c_size),
+        ("model_signature", ctypes.c_uint64),
+        ("settings", c_char_p),
+        ("timeout_ms", c_int),
+        ("rendezvous_timeout_ms", c_int),
+        ("reconnect_timeout_ms", c_int),
+        ("values", c_int),
+        ("lz4", c_int),
+        ("log_level", c_int),
+        ("tune_malloc", c_int),
+        ("model_shapes", c_char_p),
+        ("_spare", ctypes.c_char * _SPARE),
+    ]
+
+
+class PsGrad(ctypes.Structure):
+    _fields_ = [
+        ("dense", c_void_p),
+        ("idx", c_void_p),
+        ("val", c_void_p),
+        ("k", c_size),
+        ("batch", ctypes.c_uint32),
+    ]
+
+
 def _sig(name, restype, *argtypes):
     f = getattr(lib, name)
     f.restype = restype
@@ -181,3 +218,17 @@ fl_coord_start = _sig("fl_coord_start", c_int, c_void_p)
 fl_coord_wait = _sig("fl_coord_wait", c_int, c_void_p, c_int)
 fl_coord_stop = _sig("fl_coord_stop", None, c_void_p)
 fl_coord_destroy = _sig("fl_coord_destroy", None, P(c_void_p))
+fl_ps_consistency_name = _sig("fl_ps_consistency_name", c_char_p, c_int)
+fl_ps_client_opts_init = _sig("fl_ps_client_opts_init", None, P(PsClientOpts))
+fl_ps_client_opts_from_env = _sig("fl_ps_client_opts_from_env", c_int, P(PsClientOpts))
+fl_ps_client_create = _sig("fl_ps_client_create", c_int, P(PsClientOpts), P(c_void_p))
+fl_ps_client_destroy = _sig("fl_ps_client_destroy", None, P(c_void_p))
+fl_ps_client_abort = _sig("fl_ps_client_abort", None, c_void_p, c_int, c_char_p)
+fl_ps_client_param_count = _sig("fl_ps_client_param_count", c_size, c_void_p)
+fl_ps_client_num_shards = _sig("fl_ps_client_num_shards", c_int, c_void_p)
+fl_ps_client_consistency = _sig("fl_ps_client_consistency", c_int, c_void_p)
+fl_ps_client_staleness = _sig("fl_ps_client_staleness", c_int, c_void_p)
+fl_ps_client_step = _sig("fl_ps_client_step", ctypes.c_uint64, c_void_p)
+fl_ps_client_init = _sig("fl_ps_client_init", c_int, c_void_p, c_void_p)
+fl_ps_client_push_pull = _sig("fl_ps_client_push_pull", c_int, c_void_p, P(PsGrad), c_void_p)
+fl_ps_client_pull = _sig("fl_ps_client_pull", c_int, c_void_p, c_void_p)

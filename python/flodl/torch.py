@@ -1,6 +1,7 @@
 """flodl for PyTorch training: DistributedOptimizer averages gradients over the ranks while the
-backward pass is still running, and broadcast_parameters makes every rank start from root's
-weights.
+backward pass is still running (or, with mode="ps", trains through flodl-ps), broadcast_parameters
+makes every rank start from root's weights and broadcast_optimizer_state from root's optimizer
+state.
 
     opt = flodl.torch.DistributedOptimizer(torch.optim.SGD(model.parameters(), lr=0.1),
                                            model.named_parameters(),
@@ -12,8 +13,10 @@ Gradients are grouped into buckets of about bucket_mb, in the reverse order of t
 ready; once a bucket is complete (and every bucket before it has gone), a background thread
 exchanges it while backward goes on. Buckets go in the same order on every rank. step() waits
 for the exchange, writes the averaged gradients back into .grad, then steps the wrapped
-optimizer. One backward pass per step."""
+optimizer. backward_passes_per_step=K accumulates K backward passes locally and exchanges once,
+on the K-th (as Horovod's)."""
 import ctypes
+import io
 import queue
 import threading
 
@@ -21,9 +24,10 @@ import torch
 
 import flodl
 from . import _lib
+from ._ps import PsExchange
 from ._tensor import _dtypes, _host
 
-__all__ = ["DistributedOptimizer", "broadcast_parameters"]
+__all__ = ["DistributedOptimizer", "broadcast_parameters", "broadcast_optimizer_state"]
 
 
 class _Bucket:
@@ -36,6 +40,7 @@ class _Bucket:
             index, ", ".join(e[0] for e in entries[:3]) + (", ..." if len(entries) > 3 else ""))
         self.ef = None   # top-k: error feedback state (residual), created on first use
         self.ws = None
+        self.buf = None  # the packed gradients, kept across steps (no allocation per step)
         self.reset()
 
     def reset(self):
@@ -52,14 +57,41 @@ class DistributedOptimizer:
     named_parameters: the model's (name, parameter) pairs, the same on every rank (names appear
     in error texts). compression: None (dense averaging) or flodl.TopK(density, values): each
     bucket sends only its largest entries, keeping the rest as a residual added to the next
-    step's gradient (error feedback, saved in state_dict()). bucket_mb: bucket size in MiB."""
+    step's gradient (error feedback, saved in state_dict()). bucket_mb: bucket size in MiB.
+    backward_passes_per_step: K backward passes (their gradients summed in .grad, as PyTorch
+    does) before one exchange and one step(); a K+1-th pass raises.
 
-    def __init__(self, optimizer, named_parameters=None, compression=None, bucket_mb=25.0):
+    mode="ring" (default): the ranks of flodl.init() average the gradients (allreduce), and
+    step() steps the wrapped optimizer on every rank. mode="ps": no flodl.init(); this rank
+    joins the job's parameter server (flodl-ps with shards, e.g. flodl-launch
+    --ps-flag=--shards=2), declaring its model (the parameters' count, names and shapes, which
+    every rank and flodl-ps --init must share); rank 0 offers its parameters as the initial
+    ones and every rank starts from the server's. step() pushes the gradient (dense, or top-k
+    with error feedback over the whole model) and writes the parameters the server's optimizer
+    made (flodl-ps --optimizer, --lr, ...) into the model: the wrapped optimizer never steps
+    and its hyperparameters are not used. The server's --consistency (sync, async, ssp) says
+    whether step() waits for the other ranks. timeout_ms: the deadline of one exchange."""
+
+    def __init__(self, optimizer, named_parameters=None, compression=None, bucket_mb=25.0,
+                 backward_passes_per_step=1, mode="ring", timeout_ms=None):
         if compression is not None and not isinstance(compression, flodl.TopK):
             raise TypeError("flodl.torch.DistributedOptimizer: compression must be None or "
                             "flodl.TopK, not %r" % (compression,))
+        if mode not in ("ring", "ps"):
+            raise ValueError("flodl.torch.DistributedOptimizer: mode %r is not 'ring' or 'ps'"
+                             % (mode,))
+        if int(backward_passes_per_step) < 1:
+            raise ValueError("flodl.torch.DistributedOptimizer: backward_passes_per_step %r is "
+                             "not >= 1" % (backward_passes_per_step,))
         self.optimizer = optimizer
         self.compression = compression
+        self.mode = mode
+        self.backward_passes_per_step = int(backward_passes_per_step)
+        self._ps = None
+        self._buckets = []
+        self._next = 0
+        self._hooks = []
+        self._thread = None
         if named_parameters is None:
             named_parameters = [("param.%d.%d" % (g, i), p)
                                 for g, group in enumerate(optimizer.param_groups)
@@ -74,6 +106,16 @@ class DistributedOptimizer:
             if p.dtype not in _dtypes():
                 raise TypeError("flodl.torch.DistributedOptimizer: parameter '%s' has dtype %s "
                                 "(float32, float16, bfloat16 only)" % (n, p.dtype))
+        if mode == "ps":
+            if flodl._comm is not None:
+                raise flodl.FlodlError("flodl.torch.DistributedOptimizer(mode='ps'): rank %d "
+                                       "called flodl.init(): a process is a ring rank or a "
+                                       "parameter-server client, not both" % flodl._rank)
+            if flodl._psc is not None:
+                raise flodl.FlodlError("flodl.torch.DistributedOptimizer(mode='ps'): rank %d "
+                                       "already has one; one per process" % flodl._rank)
+            self._ps = PsExchange(named, compression, timeout_ms)
+            return
         limit = max(1, int(float(bucket_mb) * (1 << 20)))
         self._buckets = []
         cur, size = [], 0
@@ -91,6 +133,7 @@ class DistributedOptimizer:
             for e in b.entries:
                 self._of[id(e[1])] = b
         self._lock = threading.Lock()
+        self._passes = {}         # id(param) -> backward passes since the last step
         self._next = 0            # the next bucket to hand to the thread, in bucket order
         self._queue = queue.Queue()
         self._thread = threading.Thread(target=self._exchange_loop, name="flodl-exchange",
@@ -121,8 +164,29 @@ class DistributedOptimizer:
     def __getattr__(self, name):
         return getattr(self.__dict__["optimizer"], name)
 
+    @property
+    def consistency(self):
+        """mode="ps": the server's consistency model, "sync", "async" or "ssp"."""
+        return self._ps.consistency if self._ps is not None else "sync"
+
+    @property
+    def ps_step(self):
+        """mode="ps": the step whose gradient this rank computes next (the server's count)."""
+        return self._ps.step_count() if self._ps is not None else None
+
+    @property
+    def ps_shards(self):
+        """mode="ps": the parameter server's shard count."""
+        return self._ps.shards if self._ps is not None else 0
+
     def state_dict(self):
         sd = self.optimizer.state_dict()
+        if self._ps is not None:
+            r = self._ps.residual()
+            if r is not None:
+                sd["flodl_residuals"] = {"ps": {"names": [n for n, _ in self._ps.named],
+                                                "residual": r}}
+            return sd
         if self.compression is not None:
             res = {}
             for b in self._buckets:
@@ -142,7 +206,13 @@ class DistributedOptimizer:
         state_dict = dict(state_dict)
         res = state_dict.pop("flodl_residuals", None)
         self.optimizer.load_state_dict(state_dict)
-        if res and self.compression is not None:
+        if res and self._ps is not None and "ps" in res:
+            names = [n for n, _ in self._ps.named]
+            if res["ps"]["names"] != names:
+                raise ValueError("flodl.torch.DistributedOptimizer.load_state_dict: the residual "
+                                 "is for %s, this model has %s" % (res["ps"]["names"], names))
+            self._ps.restore_residual(res["ps"]["residual"])
+        elif res and self.compression is not None:
             for idx, saved in res.items():
                 b = self._buckets[int(idx)]
                 names = [e[0] for e in b.entries]
@@ -166,7 +236,17 @@ class DistributedOptimizer:
         b = self._of[id(p)]
         with self._lock:
             if id(p) not in b.waiting:
-                return  # a second backward before step(): the first gradient already went
+                name = next(e[0] for e in b.entries if e[1] is p)
+                raise RuntimeError(
+                    "flodl: rank %d: parameter '%s' got a gradient more than "
+                    "backward_passes_per_step=%d times before step(); call step() after every "
+                    "%d backward passes, or raise backward_passes_per_step"
+                    % (flodl._rank, name, self.backward_passes_per_step,
+                       self.backward_passes_per_step))
+            passes = self._passes.get(id(p), 0) + 1
+            self._passes[id(p)] = passes
+            if passes < self.backward_passes_per_step:
+                return  # accumulating in .grad: the exchange waits for the last pass
             b.waiting.discard(id(p))
             if not b.waiting:
                 self._pack(b)
@@ -177,7 +257,11 @@ class DistributedOptimizer:
         for _, p, _, _ in b.entries:
             g = p.grad if p.grad is not None else torch.zeros_like(p)
             parts.append(g.detach().reshape(-1))
-        b.flat = torch.cat(parts)
+        # Reused: the exchange of the previous step is over (synchronize copied its result
+        # out), and a fresh model-sized tensor each step costs its page faults again.
+        if b.buf is None or b.buf.dtype != parts[0].dtype or b.buf.device != parts[0].device:
+            b.buf = torch.empty(b.numel, dtype=parts[0].dtype, device=parts[0].device)
+        b.flat = torch.cat(parts, out=b.buf)
 
     def _send_ready(self):
         while self._next < len(self._buckets) and self._buckets[self._next].flat is not None:
@@ -235,19 +319,21 @@ class DistributedOptimizer:
         s.values = flodl._WIRE[self.compression.values]
         s.k_max = k.value  # the same density on every rank: no round to gather the k's
         b.ef, b.ws, b.topk, b.k, b.sparse = ef, ws, t, k.value, s
+        # Kept across steps, as the packed gradients are.
+        b.idx = torch.empty(b.k, dtype=torch.int32)
+        b.val = torch.empty(b.k, dtype=torch.float32)
+        b.out = torch.empty(b.numel, dtype=torch.float32)
 
     def _topk(self, b):
         self._topk_state(b)
         g = b.flat.to(device="cpu", dtype=torch.float32).contiguous()
-        idx = torch.empty(b.k, dtype=torch.int32)
-        val = torch.empty(b.k, dtype=torch.float32)
+        idx, val, out = b.idx, b.val, b.out
         k = ctypes.c_size_t()
         skipped = ctypes.c_bool()
         flodl._check(_lib.fl_cmp_ef_step(b.ef, b.ws, g.data_ptr(), ctypes.byref(b.topk),
                                          idx.data_ptr(), val.data_ptr(), ctypes.byref(k),
                                          ctypes.byref(skipped)),
                      "top-k of %s" % b.label)
-        out = torch.empty(b.numel, dtype=torch.float32)
         comm = flodl._need()
         with flodl._lock:
             flodl._check(_lib.fl_sparse_allreduce(comm, idx.data_ptr(), val.data_ptr(), k.value,
@@ -258,7 +344,10 @@ class DistributedOptimizer:
 
     def synchronize(self):
         """Waits for every bucket's exchange and writes the averaged gradients into .grad.
-        Buckets whose parameters got no gradient in this pass go with zeros."""
+        Buckets whose parameters got no gradient in this pass go with zeros. mode="ps": nothing
+        (the exchange is step()'s)."""
+        if self._ps is not None:
+            return
         with self._lock:
             for b in self._buckets:
                 if b.flat is None:
@@ -285,15 +374,26 @@ class DistributedOptimizer:
                 for b in self._buckets:
                     b.result = None
                     b.reset()
+                self._passes = {}
                 self._next = 0
 
     def step(self, closure=None):
+        if self._ps is not None:
+            loss = None
+            if closure is not None:
+                with torch.enable_grad():
+                    loss = closure()
+            self._ps.push_pull()
+            return loss
         self.synchronize()
         return self.optimizer.step(closure) if closure is not None else self.optimizer.step()
 
     def close(self):
-        """Stops the exchange thread and frees the compressor state."""
-        if self._thread.is_alive():
+        """Stops the exchange thread and frees the compressor state. mode="ps": the rank stays
+        in the job until flodl.shutdown() (or the program's end)."""
+        if self._ps is not None:
+            self._ps.close()
+        if self._thread is not None and self._thread.is_alive():
             self._queue.put(None)
             self._thread.join()
         for h in self._hooks:
@@ -330,3 +430,69 @@ def broadcast_parameters(params, root=0):
                              "broadcast of parameter '%s' from rank %d" % (name, root))
             if h is not t:
                 t.copy_(h)
+
+
+def _broadcast_bytes(data, root, what):
+    """root's bytes on every rank (data: root's, ignored elsewhere)."""
+    comm = flodl._need()
+    n = torch.tensor([len(data) if flodl.rank() == root else 0], dtype=torch.int64)
+    with flodl._lock:
+        flodl._check(_lib.fl_broadcast(comm, n.data_ptr(), 8, _lib.FL_UINT8, int(root)),
+                     "broadcast of the size of %s from rank %d" % (what, root))
+    buf = torch.empty(int(n.item()), dtype=torch.uint8)
+    if flodl.rank() == root:
+        buf.copy_(torch.frombuffer(bytearray(data), dtype=torch.uint8))
+    if buf.numel() > 0:
+        with flodl._lock:
+            flodl._check(_lib.fl_broadcast(comm, buf.data_ptr(), buf.numel(), _lib.FL_UINT8,
+                                           int(root)),
+                         "broadcast of %s from rank %d" % (what, root))
+    return buf.numpy().tobytes()
+
+
+def broadcast_optimizer_state(optimizer, root=0):
+    """Makes every rank's optimizer state and hyperparameters root's, as Horovod's function of
+    that name: the state tensors (momentum buffers, Adam's moments and step counts) and every
+    scalar of the parameter groups (lr, momentum, betas, ...). optimizer: a torch.optim
+    optimizer or a DistributedOptimizer (its wrapped optimizer; top-k residuals are each rank's
+    own and stay). Root's state_dict travels whole, so a rank whose optimizer has no state yet
+    (never stepped) gets root's, created by load_state_dict, without Horovod's zero-gradient
+    step (which would count one Adam step and apply weight decay once); root's empty state
+    empties the others'. A rank whose optimizer does not match root's (another count of
+    parameter groups or parameters) makes every rank raise, naming it."""
+    if isinstance(optimizer, DistributedOptimizer):
+        if optimizer._ps is not None:
+            raise flodl.FlodlError("flodl.torch.broadcast_optimizer_state: rank %d trains "
+                                   "through the parameter server, whose optimizer state is the "
+                                   "server's" % flodl._rank)
+        optimizer = optimizer.optimizer
+    me = flodl.rank()
+    data = b""
+    if me == root:
+        f = io.BytesIO()
+        torch.save(optimizer.state_dict(), f)
+        data = f.getvalue()
+    data = _broadcast_bytes(data, root, "the optimizer state")
+    error = None
+    if me != root:
+        try:
+            # A full unpickle: PyTorch 1.13's weights_only loader refuses floats (the
+            # hyperparameters). Root is a member of this job (CurveZMQ-authenticated by
+            # default), as trusted as the code every rank runs.
+            sd = torch.load(io.BytesIO(data), map_location="cpu", weights_only=False)
+            mine = optimizer.state_dict()["param_groups"]
+            got = [len(g["params"]) for g in sd["param_groups"]]
+            have = [len(g["params"]) for g in mine]
+            if got != have:
+                raise ValueError("rank %d's optimizer has parameter groups of %s parameters, "
+                                 "rank %d's %s" % (me, have, root, got))
+            optimizer.load_state_dict(sd)
+        except Exception as e:  # every rank must hear it, or the others would go on alone
+            error = e
+    flag = torch.tensor([1.0 if error is not None else 0.0])
+    failed = flodl.allgather(flag, name="broadcast_optimizer_state: failed")
+    if failed.sum().item() > 0:
+        ranks = [r for r in range(flodl.size()) if failed[r].item() > 0]
+        raise ValueError("flodl.torch.broadcast_optimizer_state from rank %d failed on rank(s) "
+                         "%s%s" % (root, ",".join(str(r) for r in ranks),
+                                   ": %s" % error if error is not None else ""))

@@ -1,6 +1,7 @@
 """One rank of a tests/python/run.py case: rank, world size and coordinator come from the
 environment (flodl-launch's or the driver's). Prints one line "RESULT <json>" at the end;
 exits non-zero on a failed check."""
+import io
 import json
 import os
 import signal
@@ -135,24 +136,35 @@ def train(m, opt, x, y, steps):
     return loss.item()
 
 
-def equivalence(compression):
+def save_params(m, tag):
+    """Rank 0 leaves the parameters for run.py to compare between jobs (FLODL_TEST_OUT)."""
+    out = os.environ.get("FLODL_TEST_OUT")
+    if out and flodl.rank() == 0:
+        torch.save([p.detach().clone() for p in m.parameters()],
+                   "%s.%s%d" % (out, tag, flodl.size()))
+
+
+def equivalence(compression, mode="ring", save=None):
     """n ranks, each with its part of every batch, end with the parameters of one process that
-    trains on the combined batches."""
-    r, n = flodl.rank(), flodl.size()
+    trains on the combined batches. mode="ps": through flodl-ps, whose optimizer (SGD, lr 0.1,
+    momentum 0.9) is run.py's flags; the server then gives every rank rank 0's start."""
     steps, per = 4, 8
-    gen = torch.Generator().manual_seed(1)
-    x = torch.randn(steps, per * n, 10, generator=gen)
-    y = torch.randn(steps, per * n, 1, generator=gen)
     m = model()
-    if r != 0:  # differs until broadcast_parameters makes it root's
+    r = int(os.environ["FLODL_RANK"])
+    if r != 0:  # differs until broadcast_parameters (or the server) makes it rank 0's
         with torch.no_grad():
             for p in m.parameters():
                 p.add_(1.0)
-    flodl.torch.broadcast_parameters(m.state_dict(), root=0)
+    if mode == "ring":
+        flodl.torch.broadcast_parameters(m.state_dict(), root=0)
     opt = flodl.torch.DistributedOptimizer(torch.optim.SGD(m.parameters(), lr=0.1, momentum=0.9),
                                            m.named_parameters(), compression=compression,
-                                           bucket_mb=0.002)
-    assert len(opt._buckets) >= 3, len(opt._buckets)
+                                           bucket_mb=0.002, mode=mode)
+    n = flodl.size()
+    assert mode == "ps" or len(opt._buckets) >= 3, len(opt._buckets)
+    gen = torch.Generator().manual_seed(1)
+    x = torch.randn(steps, per * n, 10, generator=gen)
+    y = torch.randn(steps, per * n, 1, generator=gen)
     mine = slice(r * per, (r + 1) * per)
     train(m, opt, x[:, mine], y[:, mine], steps)
     ref = model()
@@ -163,6 +175,8 @@ def equivalence(compression):
         worst = max(worst, rel)
         assert rel <= 1e-5, "%s: %s differs from the one-process run by %g (relative)" % (
             compression, name, rel)
+    if save:
+        save_params(m, save)
     buckets = len(opt._buckets)
     opt.close()
     return worst, buckets
@@ -192,11 +206,246 @@ def topk_sparse():
 def optimizer():
     """Dense averaging, then top-k at density 1 (which must equal it), then top-k 1%."""
     flodl.init(timeout_ms=20000)
-    worst, buckets = equivalence(None)
+    worst, buckets = equivalence(None, save="ring")
     worst_topk, _ = equivalence(flodl.TopK(1.0))
     norm = topk_sparse()
     flodl.shutdown()
     result(ok=True, worst=worst, worst_topk=worst_topk, buckets=buckets, residual_norm=norm)
+
+
+def ps():
+    """DistributedOptimizer(mode="ps") under flodl-launch with flodl-ps shards: the same
+    parameters as one process (and, run.py checks, as the dense ring)."""
+    worst, _ = equivalence(None, mode="ps", save="ps")
+    flodl.shutdown()
+    result(ok=True, worst=worst)
+
+
+def ps_async():
+    """The server's --consistency async (or ssp, FLODL_TEST_CONSISTENCY): it learns (a linear
+    target), with top-k 50% pushes."""
+    m = torch.nn.Linear(10, 1)
+    opt = flodl.torch.DistributedOptimizer(torch.optim.SGD(m.parameters(), lr=0.0),
+                                           m.named_parameters(), mode="ps",
+                                           compression=flodl.TopK(0.5))
+    want = os.environ.get("FLODL_TEST_CONSISTENCY", "async")
+    assert opt.consistency == want, (opt.consistency, want)
+    assert want != "ssp" or opt._ps.staleness == 1, opt._ps.staleness
+    gen = torch.Generator().manual_seed(3 + flodl.rank())
+    w = torch.arange(10, dtype=torch.float32).view(1, 10) / 10
+    first = None
+    for s in range(60):
+        x = torch.randn(16, 10, generator=gen)
+        opt.zero_grad()
+        loss = torch.nn.functional.mse_loss(m(x), x @ w.t())
+        loss.backward()
+        opt.step()
+        first = first if first is not None else loss.item()
+    assert loss.item() < first / 5, (first, loss.item())
+    assert opt.state_dict()["flodl_residuals"]["ps"]["residual"].numel() == 11
+    # A NaN in a gradient is refused before anything is sent, naming the rank and the tensor;
+    # the server (async) and the other rank do not wait for it.
+    m.weight.grad[0, 3] = float("nan")
+    expect(flodl.FlodlError, ["rank %d" % flodl.rank(), "'weight'", "NaN"], opt.step)
+    flodl.shutdown()
+    result(ok=True, first=first, last=loss.item())
+
+
+def ps_restart():
+    """Trains through flodl-ps while run.py kills it (kill -9) and starts it again with
+    --resume: step() comes back with the checkpoint's parameters and ps_step goes on from the
+    checkpoint's step, to the end."""
+    m = torch.nn.Linear(10, 1)
+    opt = flodl.torch.DistributedOptimizer(torch.optim.SGD(m.parameters(), lr=0.0),
+                                           m.named_parameters(), mode="ps")
+    gen = torch.Generator().manual_seed(11 + flodl.rank())
+    w = torch.arange(10, dtype=torch.float32).view(1, 10) / 10
+    back = 0
+    while opt.ps_step < 40:
+        before = opt.ps_step
+        x = torch.randn(16, 10, generator=gen)
+        opt.zero_grad()
+        loss = torch.nn.functional.mse_loss(m(x), x @ w.t())
+        loss.backward()
+        opt.step()
+        if opt.ps_step != before + 1:
+            back += 1
+            print("resumed at step %d (was at %d)" % (opt.ps_step, before), flush=True)
+        print("STEP %d" % opt.ps_step, flush=True)
+        time.sleep(0.05)
+    assert back >= 1, "no restart seen"
+    flodl.shutdown()
+    result(ok=True, resumes=back, last=loss.item())
+
+
+def ps_bad():
+    """The last rank's model has another shape: every rank's DistributedOptimizer(mode="ps")
+    raises at the rendezvous, naming the tensor."""
+    n = int(os.environ["FLODL_WORLD_SIZE"])
+    r = int(os.environ["FLODL_RANK"])
+    m = model() if r != n - 1 else torch.nn.Sequential(torch.nn.Linear(10, 33))
+    t0 = time.monotonic()
+    text = expect(flodl.FlodlError, ["rank"], lambda: flodl.torch.DistributedOptimizer(
+        torch.optim.SGD(m.parameters(), lr=0.1), m.named_parameters(), mode="ps",
+        timeout_ms=20000))
+    result(ok=True, elapsed=time.monotonic() - t0, text=text)
+
+
+def same_state(a, b, what):
+    """Two optimizers' state_dicts hold the same bits and hyperparameters."""
+    sa, sb = a.state_dict(), b.state_dict()
+    assert sa["param_groups"] == sb["param_groups"], (what, sa["param_groups"],
+                                                      sb["param_groups"])
+    assert sa["state"].keys() == sb["state"].keys(), (what, sa["state"].keys(),
+                                                      sb["state"].keys())
+    for k in sa["state"]:
+        for f, v in sa["state"][k].items():
+            w = sb["state"][k][f]
+            ok = torch.equal(v, w) if isinstance(v, torch.Tensor) else v == w
+            assert ok, "%s: state %s.%s differs: %r, %r" % (what, k, f, v, w)
+
+
+def optstate():
+    """broadcast_optimizer_state: every rank trains its own number of steps (rank 0 none, so
+    its optimizer has no state) at its own learning rate; then all hold root's state and
+    hyperparameters, as root's own replay gives them, for SGD with momentum and Adam (step
+    counts included), plain or wrapped in a DistributedOptimizer."""
+    r, n = flodl.rank(), flodl.size()
+    root = n - 1
+
+    def trained(make, rank):
+        m = model()
+        opt = make(m, 0.01 * (rank + 1))
+        gen = torch.Generator().manual_seed(5)
+        for _ in range(rank):
+            x = torch.randn(8, 10, generator=gen)
+            opt.zero_grad()
+            m(x).pow(2).mean().backward()
+            opt.step()
+        return m, opt
+
+    makers = {
+        "sgd": lambda m, lr: torch.optim.SGD(m.parameters(), lr=lr, momentum=0.9),
+        "adam": lambda m, lr: torch.optim.Adam(m.parameters(), lr=lr, betas=(0.8, 0.99)),
+    }
+    for name, make in makers.items():
+        for wrapped in (False, True):
+            m, opt = trained(make, r)
+            if wrapped:
+                opt = flodl.torch.DistributedOptimizer(opt, m.named_parameters())
+            flodl.torch.broadcast_optimizer_state(opt, root=root)
+            _, want = trained(make, root)
+            same_state(opt.optimizer if wrapped else opt, want, "%s%s" % (
+                name, " wrapped" if wrapped else ""))
+            if wrapped:
+                opt.close()
+    # A rank whose optimizer holds another number of parameters: every rank raises.
+    m = model()
+    params = list(m.parameters())
+    opt = torch.optim.SGD(params if r != 0 else params[:2], lr=0.1, momentum=0.9)
+    expect(ValueError, ["rank(s) 0", "broadcast_optimizer_state"],
+           lambda: flodl.torch.broadcast_optimizer_state(opt, root=root))
+
+
+def run_topk(m, opt, x, y, first, last):
+    for s in range(first, last):
+        opt.zero_grad()
+        torch.nn.functional.mse_loss(m(x[s]), y[s]).backward()
+        opt.step()
+
+
+def checkpoint():
+    """Top-k 5% with SGD momentum: 4 steps, a checkpoint (model and optimizer state_dict with
+    the residuals, through torch.save), a fresh model and optimizer loading it and 4 more
+    steps end with the bits of 8 steps uninterrupted."""
+    r = flodl.rank()
+    gen = torch.Generator().manual_seed(7 + r)
+    x = torch.randn(8, 16, 10, generator=gen)
+    y = x.sum(dim=2, keepdim=True) * 0.1
+
+    def fresh(perturb):
+        m = model()
+        if perturb:  # a restarted process: what it had is overwritten by the checkpoint
+            with torch.no_grad():
+                for p in m.parameters():
+                    p.mul_(-3.0)
+        opt = flodl.torch.DistributedOptimizer(
+            torch.optim.SGD(m.parameters(), lr=0.05, momentum=0.9), m.named_parameters(),
+            compression=flodl.TopK(0.05), bucket_mb=0.002)
+        return m, opt
+
+    m, opt = fresh(False)
+    run_topk(m, opt, x, y, 0, 8)
+    whole = [p.detach().clone() for p in m.parameters()]
+    opt.close()
+    m, opt = fresh(False)
+    run_topk(m, opt, x, y, 0, 4)
+    f = io.BytesIO()
+    torch.save({"model": m.state_dict(), "opt": opt.state_dict()}, f)
+    nres = len(opt.state_dict()["flodl_residuals"])
+    opt.close()
+    m, opt = fresh(True)
+    f.seek(0)
+    ck = torch.load(f)
+    m.load_state_dict(ck["model"])
+    opt.load_state_dict(ck["opt"])
+    run_topk(m, opt, x, y, 4, 8)
+    for i, (p, q) in enumerate(zip(m.parameters(), whole)):
+        assert torch.equal(p, q), "parameter %d: resumed differs from uninterrupted by %g" % (
+            i, (p - q).abs().max().item())
+    opt.close()
+    return nres
+
+
+def accumulate():
+    """backward_passes_per_step=2: nothing leaves on the first backward pass, every bucket on
+    the second; the parameters are those of one process accumulating the combined micro-
+    batches; a third pass before step() raises, naming the parameter."""
+    r, n = flodl.rank(), flodl.size()
+    steps, k, per = 3, 2, 4
+    gen = torch.Generator().manual_seed(9)
+    x = torch.randn(steps, k, per * n, 10, generator=gen)
+    y = torch.randn(steps, k, per * n, 1, generator=gen)
+    m = model()
+    opt = flodl.torch.DistributedOptimizer(torch.optim.SGD(m.parameters(), lr=0.1, momentum=0.9),
+                                           m.named_parameters(), bucket_mb=0.002,
+                                           backward_passes_per_step=k)
+    ref = model()
+    ropt = torch.optim.SGD(ref.parameters(), lr=0.1, momentum=0.9)
+    mine = slice(r * per, (r + 1) * per)
+    for s in range(steps):
+        opt.zero_grad()
+        ropt.zero_grad()
+        for j in range(k):
+            torch.nn.functional.mse_loss(m(x[s, j, mine]), y[s, j, mine]).backward()
+            sent = opt._next
+            assert sent == (len(opt._buckets) if j == k - 1 else 0), (j, sent)
+            torch.nn.functional.mse_loss(ref(x[s, j]), y[s, j]).backward()
+        opt.step()
+        ropt.step()
+    worst = 0.0
+    for (name, p), q in zip(m.named_parameters(), ref.parameters()):
+        rel = ((p - q).abs().max() / q.abs().max()).item()
+        worst = max(worst, rel)
+        assert rel <= 1e-5, "%s differs from one process by %g (relative)" % (name, rel)
+    opt.zero_grad()
+    for j in range(k):
+        m(x[0, 0, mine]).sum().backward()
+    expect(RuntimeError, ["rank %d" % r, "parameter '4.", "backward_passes_per_step=2"],
+           lambda: m(x[0, 0, mine]).sum().backward())
+    opt.synchronize()  # every rank sent the same buckets: the exchange completes
+    opt.close()
+    return worst
+
+
+def state():
+    """One job for broadcast_optimizer_state, the top-k checkpoint and gradient accumulation."""
+    flodl.init(timeout_ms=20000)
+    optstate()
+    nres = checkpoint()
+    worst = accumulate()
+    flodl.shutdown()
+    result(ok=True, residuals=nres, worst_accumulate=worst)
 
 
 if __name__ == "__main__":

@@ -1,7 +1,9 @@
 """The flodl Python package's tests (ctest label python): each case runs N ranks of cases.py as
-processes, with a coordinator embedded here (fl_coord through the package's ctypes layer) or
-under flodl-launch, and checks every rank's result. Skipped (exit 77) when /usr/bin/python3
-cannot import torch.
+processes, with a coordinator embedded here (fl_coord through the package's ctypes layer),
+under flodl-launch (with flodl-ps shards for DistributedOptimizer(mode="ps")), or against a
+flodl-ps started here (the restart case), and checks every rank's result. The README's PyTorch
+command lines are run from the README itself. Skipped (exit 77) when /usr/bin/python3 cannot
+import torch.
     /usr/bin/python3 tests/python/run.py BUILD_DIR [CASE...]"""
 import ctypes
 import json
@@ -131,14 +133,173 @@ def t_uncaught():
                      "coordinator should have said at once" % (r, g["elapsed"]))
 
 
+def optimizer_job(n):
+    got = check_all_ok("optimizer", with_coordinator("optimizer", n))
+    if got[0]:
+        print("  %d ranks: %d buckets, largest relative difference dense %.2e, top-k at "
+              "density 1 %.2e; top-k 1%% residual norm %.3g" % (
+                  n, got[0]["buckets"], got[0]["worst"], got[0]["worst_topk"],
+                  got[0]["residual_norm"]))
+
+
 def t_optimizer():
     for n in (2, 4):
-        got = check_all_ok("optimizer", with_coordinator("optimizer", n))
-        if got[0]:
-            print("  %d ranks: %d buckets, largest relative difference dense %.2e, top-k at "
-                  "density 1 %.2e; top-k 1%% residual norm %.3g" % (
-                      n, got[0]["buckets"], got[0]["worst"], got[0]["worst_topk"],
-                      got[0]["residual_norm"]))
+        optimizer_job(n)
+
+
+def launch(args, prog, timeout_s=90, extra_env=None):
+    """flodl-launch ARGS -- PROG (its own throw-away keys: CURVE); (status, output)."""
+    env = dict(os.environ, **(extra_env or {}))
+    env.pop("FLODL_INSECURE", None)
+    env.pop("FLODL_CURVE_DIR", None)
+    try:
+        p = subprocess.run([os.path.join(BUILD, "worker", "flodl-launch")] + args + ["--"] +
+                           prog, env=env, timeout=timeout_s, stdout=subprocess.PIPE,
+                           stderr=subprocess.STDOUT, text=True)
+        return p.returncode, p.stdout
+    except subprocess.TimeoutExpired as e:
+        out = e.stdout.decode() if isinstance(e.stdout, bytes) else (e.stdout or "")
+        return -1, out + "\n(killed: still running after %d s)" % timeout_s
+
+
+def launch_results(out, n):
+    """Each rank's RESULT line under flodl-launch's "[rank K] " prefixes."""
+    got = [None] * n
+    for line in out.splitlines():
+        for k in range(n):
+            pre = "[rank %d] RESULT " % k
+            if line.startswith(pre):
+                got[k] = json.loads(line[len(pre):])
+    return got
+
+
+PS_SGD = ["--ps-flag=--shards=2", "--ps-flag=--lr=0.1", "--ps-flag=--momentum=0.9"]
+
+
+def t_ps():
+    """mode="ps" (flodl-ps, 2 shards, sync, SGD with momentum) against the dense ring of
+    t_optimizer (run here when it did not run): the same parameters within 1e-5."""
+    import tempfile
+    with tempfile.TemporaryDirectory() as tmp:
+        out = os.path.join(tmp, "params")
+        env = {"FLODL_TEST_OUT": out}
+        for n in (2, 4):
+            os.environ["FLODL_TEST_OUT"] = out
+            optimizer_job(n)
+            del os.environ["FLODL_TEST_OUT"]
+            rc, text = launch(["--workers", str(n)] + PS_SGD, ["/usr/bin/python3", CASES, "ps"],
+                              extra_env=env)
+            got = launch_results(text, n)
+            if rc != 0 or not all(g and g.get("ok") for g in got):
+                fail("ps: %d ranks: status %d:\n%s" % (n, rc, text[-3000:]))
+                continue
+            ring = torch.load(out + ".ring%d" % n)
+            ps = torch.load(out + ".ps%d" % n)
+            worst = max(((p - q).abs().max() / q.abs().max()).item() for p, q in zip(ps, ring))
+            print("  %d ranks: parameter server vs one process %.2e, vs the dense ring %.2e "
+                  "(relative)" % (n, got[0]["worst"], worst))
+            if worst > 1e-5:
+                fail("ps: %d ranks: the parameter server's parameters differ from the ring's "
+                     "by %g (relative)" % (n, worst))
+
+
+def t_ps_async():
+    """The other consistency models of flodl-ps: async, and ssp with staleness 1."""
+    for model, flags in (("async", []), ("ssp", ["--ps-flag=--staleness=1"])):
+        rc, text = launch(["--workers", "2", "--ps-flag=--shards=1", "--ps-flag=--lr=0.05",
+                           "--ps-flag=--consistency=" + model] + flags,
+                          ["/usr/bin/python3", CASES, "ps_async"],
+                          extra_env={"FLODL_TEST_CONSISTENCY": model})
+        got = launch_results(text, 2)
+        if rc != 0 or not all(g and g.get("ok") for g in got):
+            fail("ps_async: %s: status %d:\n%s" % (model, rc, text[-3000:]))
+        else:
+            print("  %s, top-k 50%%: loss %.3g -> %.3g" % (model, got[0]["first"],
+                                                          got[0]["last"]))
+
+
+def t_ps_restart():
+    """flodl-ps killed (-9) mid-run and started again with --resume on the same port: both
+    ranks go on from its checkpoint and finish."""
+    import select
+    import signal
+    import socket
+    import tempfile
+    with socket.socket() as so:
+        so.bind(("127.0.0.1", 0))
+        port = so.getsockname()[1]
+    with tempfile.TemporaryDirectory() as tmp:
+        cmd = [os.path.join(BUILD, "server", "flodl-ps"), "--bind", "tcp://127.0.0.1:%d" % port,
+               "--world-size", "2", "--shards", "1", "--lr", "0.05", "--insecure",
+               "--checkpoint-dir", tmp, "--checkpoint-every", "1", "--log-level", "error"]
+        ps = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.STDOUT)
+        procs = []
+        for r in range(2):
+            env = dict(os.environ, FLODL_RANK=str(r), FLODL_WORLD_SIZE="2",
+                       FLODL_COORDINATOR="tcp://127.0.0.1:%d" % port, FLODL_INSECURE="1")
+            env.pop("FLODL_CURVE_DIR", None)
+            procs.append(subprocess.Popen(["/usr/bin/python3", CASES, "ps_restart"], env=env,
+                                          stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                                          text=True))
+        out0 = ""
+        deadline = time.monotonic() + 60
+        while "STEP 10\n" not in out0 and time.monotonic() < deadline:
+            if select.select([procs[0].stdout], [], [], 1)[0]:
+                line = procs[0].stdout.readline()
+                if not line:
+                    break
+                out0 += line
+        if "STEP 10\n" not in out0:
+            fail("ps_restart: rank 0 did not reach step 10:\n" + out0[-2000:])
+        ps.send_signal(signal.SIGKILL)
+        ps.wait()
+        time.sleep(0.5)
+        ps = subprocess.Popen(cmd + ["--resume"], stdout=subprocess.PIPE,
+                              stderr=subprocess.STDOUT, text=True)
+        outs = []
+        for r, p in enumerate(procs):
+            try:
+                out, _ = p.communicate(timeout=max(1, deadline - time.monotonic()))
+            except subprocess.TimeoutExpired:
+                p.kill()
+                out, _ = p.communicate()
+            outs.append(out if r else out0 + out)
+        try:
+            ps_out, _ = ps.communicate(timeout=15)
+        except subprocess.TimeoutExpired:
+            ps.kill()
+            ps_out, _ = ps.communicate()
+    for r, (p, out) in enumerate(zip(procs, outs)):
+        g = results([out])[0]
+        if p.returncode != 0 or not (g and g.get("ok")):
+            fail("ps_restart: rank %d exited with %s:\n%s" % (r, p.returncode, out[-3000:]))
+        else:
+            print("  rank %d: %s; loss at the end %.3g" % (
+                r, [l for l in out.splitlines() if l.startswith("resumed")][0], g["last"]))
+    if ps.returncode != 0:
+        fail("ps_restart: the restarted flodl-ps exited with %s:\n%s" % (ps.returncode,
+                                                                         ps_out[-2000:]))
+
+
+def t_ps_bad():
+    n = 3
+    rc, text = launch(["--workers", str(n), "--ps-flag=--shards=1"],
+                      ["/usr/bin/python3", CASES, "ps_bad"])
+    got = launch_results(text, n)
+    for r, g in enumerate(got):
+        if not (g and g.get("ok")):
+            fail("ps_bad: rank %d has no result:\n%s" % (r, text[-3000:]))
+            return
+        print("  rank %d raised after %.2f s: %s" % (r, g["elapsed"], g["text"][:300]))
+        if g["elapsed"] > 15:
+            fail("ps_bad: rank %d took %.1f s" % (r, g["elapsed"]))
+
+
+def t_state():
+    got = check_all_ok("state", with_coordinator("state", 3))
+    if got[0]:
+        print("  checkpoint resumed bit for bit (%d residual buckets); accumulation within "
+              "%.2e" % (got[0]["residuals"], got[0]["worst_accumulate"]))
 
 
 def t_launch():
@@ -179,11 +340,61 @@ def t_install():
         print("  " + q.stdout.strip())
 
 
+# The README's PyTorch section: each command line names one of these, and the case runs it.
+README_CASES = {"examples/pytorch_mnist_like.py": "example", "examples/pytorch_ps.py":
+                "example_ps", "tests/python/run.py": "(this test)", "flodl-bench pytorch":
+                "bench", "scripts/netns-pytorch.sh": "by hand (root, network namespaces, "
+                "minutes)"}
+
+
+def readme_lines():
+    """The command lines of the README's "## PyTorch" section's sh blocks."""
+    with open(os.path.join(SRC, "README.md")) as f:
+        text = f.read()
+    section = text.split("\n## PyTorch\n", 1)[1].split("\n## ", 1)[0]
+    lines, block = [], False
+    for line in section.splitlines():
+        if line.startswith("```"):
+            block = line.startswith("```sh")
+            continue
+        line = line.split(" #", 1)[0].strip()
+        if block and line and not line.startswith("#"):
+            lines.append(line)
+    return lines
+
+
+def readme_command(key):
+    """The README's line naming key, as argv (./build/ -> this build) and its environment
+    assignments (paths relative to the source tree), to run from the source tree."""
+    import shlex
+    lines = [l for l in readme_lines() if key in l]
+    if len(lines) != 1:
+        raise AssertionError("the README's PyTorch section has %d lines with %s" % (len(lines),
+                                                                                  key))
+    words = shlex.split(lines[0])
+    env = dict(os.environ)
+    while "=" in words[0] and not words[0].startswith(("-", ".", "/")):
+        k, v = words.pop(0).split("=", 1)
+        env[k] = os.path.join(SRC, v)
+    words = [os.path.join(BUILD, w[len("./build/"):]) if w.startswith("./build/") else w
+             for w in words]
+    return words, env
+
+
+def t_readme():
+    for line in readme_lines():
+        known = [c for k, c in README_CASES.items() if k in line]
+        if not known:
+            fail("readme: no case runs the PyTorch section's line: %s" % line)
+        else:
+            print("  %s: %s" % (known[0], line))
+
+
 def t_example():
     """The README's command: 4 processes, top-k 1%, 200 steps; it must learn."""
-    p = subprocess.run([os.path.join(BUILD, "worker", "flodl-launch"), "--workers", "4", "--",
-                        "/usr/bin/python3", os.path.join(SRC, "examples", "pytorch_mnist_like.py")],
-                       timeout=100, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    argv, env = readme_command("examples/pytorch_mnist_like.py")
+    p = subprocess.run(argv, cwd=SRC, env=env, timeout=100, stdout=subprocess.PIPE,
+                       stderr=subprocess.STDOUT, text=True)
     summary = [l for l in p.stdout.splitlines() if "summary:" in l]
     acc = float(summary[0].rsplit("accuracy ", 1)[1].rstrip("%")) if summary else 0.0
     print("  " + (summary[0] if summary else "(no summary)"))
@@ -191,7 +402,36 @@ def t_example():
         fail("example: status %d, accuracy %.1f%%:\n%s" % (p.returncode, acc, p.stdout[-3000:]))
 
 
-ALL = ["collectives", "bad", "kill", "uncaught", "optimizer", "launch", "install", "example"]
+def t_example_ps():
+    """The README's command: the same CNN through flodl-ps (2 shards, SGD with momentum),
+    4 processes, top-k 1%; it must learn."""
+    argv, env = readme_command("examples/pytorch_ps.py")
+    p = subprocess.run(argv, cwd=SRC, env=env, timeout=100, stdout=subprocess.PIPE,
+                       stderr=subprocess.STDOUT, text=True)
+    summary = [l for l in p.stdout.splitlines() if "summary:" in l]
+    acc = float(summary[0].rsplit("accuracy ", 1)[1].rstrip("%")) if summary else 0.0
+    print("  " + (summary[0] if summary else "(no summary)"))
+    if p.returncode != 0 or acc < 80:
+        fail("example_ps: status %d, accuracy %.1f%%:\n%s" % (p.returncode, acc,
+                                                              p.stdout[-3000:]))
+
+
+def t_bench():
+    """The README's benchmark line, shortened (one step of each, batch 4): the three rows."""
+    argv, env = readme_command("flodl-bench pytorch")
+    argv += ["--steps", "1", "--warmup", "1", "--rounds", "1", "--batch", "4"]
+    p = subprocess.run(argv, cwd=SRC, env=env, timeout=120, stdout=subprocess.PIPE,
+                       stderr=subprocess.STDOUT, text=True)
+    rows = [l for l in p.stdout.splitlines()
+            if l.startswith("[rank 0] ") and l.rstrip().endswith("x")]
+    for l in rows:
+        print("  " + l)
+    if p.returncode != 0 or len(rows) != 3:
+        fail("bench: status %d, %d rows:\n%s" % (p.returncode, len(rows), p.stdout[-3000:]))
+
+
+ALL = ["readme", "collectives", "bad", "kill", "uncaught", "launch", "install", "state", "ps",
+       "ps_async", "ps_restart", "ps_bad", "example", "example_ps", "bench"]
 for name in sys.argv[2:] or ALL:
     t0 = time.monotonic()
     print("== %s" % name, flush=True)
