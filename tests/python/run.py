@@ -4,7 +4,10 @@ under flodl-launch (with flodl-ps shards for DistributedOptimizer(mode="ps")), o
 flodl-ps started here (the restart case), and checks every rank's result. The README's PyTorch
 command lines are run from the README itself. Skipped (exit 77) when /usr/bin/python3 cannot
 import torch.
-    /usr/bin/python3 tests/python/run.py BUILD_DIR [CASE...]"""
+    /usr/bin/python3 tests/python/run.py BUILD_DIR [CASE...]
+FLODL_TEST_PYTHON=/path/to/python runs the ranks (and the README's lines) with another
+interpreter, e.g. a virtual environment with PyTorch 2.x (scripts/test-torch2.sh); run.py itself
+should then run under it too."""
 import ctypes
 import json
 import os
@@ -29,6 +32,7 @@ import flodl  # noqa: E402
 from flodl import _lib  # noqa: E402
 
 CASES = os.path.join(HERE, "cases.py")
+PY = os.environ.get("FLODL_TEST_PYTHON", "/usr/bin/python3")
 failures = []
 
 
@@ -63,7 +67,7 @@ def with_coordinator(case, n, heartbeat_ms=5000, timeout_s=90, expect_dead=()):
         env = dict(os.environ, FLODL_RANK=str(r), FLODL_WORLD_SIZE=str(n),
                    FLODL_COORDINATOR=ep, FLODL_INSECURE="1")
         env.pop("FLODL_CURVE_DIR", None)
-        procs.append(subprocess.Popen(["/usr/bin/python3", CASES, case], env=env,
+        procs.append(subprocess.Popen([PY, CASES, case], env=env,
                                       stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
                                       text=True))
     outs = []
@@ -187,7 +191,7 @@ def t_ps():
             os.environ["FLODL_TEST_OUT"] = out
             optimizer_job(n)
             del os.environ["FLODL_TEST_OUT"]
-            rc, text = launch(["--workers", str(n)] + PS_SGD, ["/usr/bin/python3", CASES, "ps"],
+            rc, text = launch(["--workers", str(n)] + PS_SGD, [PY, CASES, "ps"],
                               extra_env=env)
             got = launch_results(text, n)
             if rc != 0 or not all(g and g.get("ok") for g in got):
@@ -208,7 +212,7 @@ def t_ps_async():
     for model, flags in (("async", []), ("ssp", ["--ps-flag=--staleness=1"])):
         rc, text = launch(["--workers", "2", "--ps-flag=--shards=1", "--ps-flag=--lr=0.05",
                            "--ps-flag=--consistency=" + model] + flags,
-                          ["/usr/bin/python3", CASES, "ps_async"],
+                          [PY, CASES, "ps_async"],
                           extra_env={"FLODL_TEST_CONSISTENCY": model})
         got = launch_results(text, 2)
         if rc != 0 or not all(g and g.get("ok") for g in got):
@@ -238,7 +242,7 @@ def t_ps_restart():
             env = dict(os.environ, FLODL_RANK=str(r), FLODL_WORLD_SIZE="2",
                        FLODL_COORDINATOR="tcp://127.0.0.1:%d" % port, FLODL_INSECURE="1")
             env.pop("FLODL_CURVE_DIR", None)
-            procs.append(subprocess.Popen(["/usr/bin/python3", CASES, "ps_restart"], env=env,
+            procs.append(subprocess.Popen([PY, CASES, "ps_restart"], env=env,
                                           stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
                                           text=True))
         out0 = ""
@@ -284,7 +288,7 @@ def t_ps_restart():
 def t_ps_bad():
     n = 3
     rc, text = launch(["--workers", str(n), "--ps-flag=--shards=1"],
-                      ["/usr/bin/python3", CASES, "ps_bad"])
+                      [PY, CASES, "ps_bad"])
     got = launch_results(text, n)
     for r, g in enumerate(got):
         if not (g and g.get("ok")):
@@ -308,7 +312,7 @@ def t_launch():
     env.pop("FLODL_INSECURE", None)
     env.pop("FLODL_CURVE_DIR", None)
     p = subprocess.run([os.path.join(BUILD, "worker", "flodl-launch"), "--workers", "2", "--",
-                        "/usr/bin/python3", CASES, "collectives"], env=env, timeout=90,
+                        PY, CASES, "collectives"], env=env, timeout=90,
                        stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     oks = [l for l in p.stdout.splitlines() if '"ok": true' in l]
     if p.returncode != 0 or len(oks) != 2 or not all(l.startswith("[rank ") for l in oks):
@@ -323,7 +327,7 @@ def t_install():
     with tempfile.TemporaryDirectory() as tmp:
         shutil.copytree(os.path.join(SRC, "python"), os.path.join(tmp, "src"),
                         ignore=shutil.ignore_patterns("build", "__pycache__", "*.egg-info"))
-        p = subprocess.run(["/usr/bin/python3", "-m", "pip", "install", "--no-index",
+        p = subprocess.run([PY, "-m", "pip", "install", "--no-index",
                             "--no-build-isolation", "--no-deps", "--target",
                             os.path.join(tmp, "site"), os.path.join(tmp, "src")],
                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
@@ -332,7 +336,7 @@ def t_install():
             fail("install: pip failed:\n" + p.stdout[-2000:])
             return
         env = dict(os.environ, PYTHONPATH=os.path.join(tmp, "site"))
-        q = subprocess.run(["/usr/bin/python3", "-c", "import flodl, flodl.torch; "
+        q = subprocess.run([PY, "-c", "import flodl, flodl.torch; "
                             "print(flodl.__file__, flodl.library_version())"], cwd=tmp, env=env,
                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
         if q.returncode != 0 or not q.stdout.startswith(os.path.join(tmp, "site")):
@@ -344,7 +348,7 @@ def t_install():
 README_CASES = {"examples/pytorch_mnist_like.py": "example", "examples/pytorch_ps.py":
                 "example_ps", "tests/python/run.py": "(this test)", "flodl-bench pytorch":
                 "bench", "scripts/netns-pytorch.sh": "by hand (root, network namespaces, "
-                "minutes)"}
+                "minutes)", "scripts/test-torch2.sh": "by hand (PyTorch 2.x from PyPI, GBs)"}
 
 
 def readme_lines():
@@ -378,6 +382,7 @@ def readme_command(key):
         env[k] = os.path.join(SRC, v)
     words = [os.path.join(BUILD, w[len("./build/"):]) if w.startswith("./build/") else w
              for w in words]
+    words = [PY if w == "/usr/bin/python3" else w for w in words]
     return words, env
 
 
@@ -420,6 +425,9 @@ def t_bench():
     """The README's benchmark line, shortened (one step of each, batch 4): the three rows."""
     argv, env = readme_command("flodl-bench pytorch")
     argv += ["--steps", "1", "--warmup", "1", "--rounds", "1", "--batch", "4"]
+    if PY != "/usr/bin/python3":
+        i = argv.index("pytorch") + 1
+        argv[i:i] = ["--python", PY]
     p = subprocess.run(argv, cwd=SRC, env=env, timeout=120, stdout=subprocess.PIPE,
                        stderr=subprocess.STDOUT, text=True)
     rows = [l for l in p.stdout.splitlines()
