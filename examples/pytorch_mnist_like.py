@@ -36,7 +36,7 @@ def batch(patterns, n, gen):
 
 def main():
     ap = argparse.ArgumentParser()
-    ap.add_argument("--steps", type=int, default=200)
+    ap.add_argument("--steps", type=int, default=400)
     ap.add_argument("--batch", type=int, default=32, help="per rank")
     ap.add_argument("--lr", type=float, default=0.02)
     ap.add_argument("--density", type=float, default=0.01, help="top-k density; 1: dense")
@@ -46,6 +46,7 @@ def main():
     rank, size = flodl.rank(), flodl.size()
     patterns = torch.randn(10, 1, 28, 28, generator=torch.Generator().manual_seed(0))
     gen = torch.Generator().manual_seed(1000 + rank)
+    torch.manual_seed(0)  # the same run twice: rank 0's initial weights, sent to every rank
     model = Net()
     flodl.torch.broadcast_parameters(model.state_dict(), root=0)
     compression = flodl.TopK(args.density) if args.density < 1 else None

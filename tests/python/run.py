@@ -395,16 +395,27 @@ def t_readme():
             print("  %s: %s" % (known[0], line))
 
 
-def t_example():
-    """The README's command: 4 processes, top-k 1%, 200 steps; it must learn."""
-    argv, env = readme_command("examples/pytorch_mnist_like.py")
+def example_run(argv, env, what):
+    """Runs the example; returns its test accuracy (0 and a failure when it did not finish)."""
     p = subprocess.run(argv, cwd=SRC, env=env, timeout=100, stdout=subprocess.PIPE,
                        stderr=subprocess.STDOUT, text=True)
     summary = [l for l in p.stdout.splitlines() if "summary:" in l]
     acc = float(summary[0].rsplit("accuracy ", 1)[1].rstrip("%")) if summary else 0.0
     print("  " + (summary[0] if summary else "(no summary)"))
     if p.returncode != 0 or acc < 80:
-        fail("example: status %d, accuracy %.1f%%:\n%s" % (p.returncode, acc, p.stdout[-3000:]))
+        fail("%s: status %d, accuracy %.1f%%:\n%s" % (what, p.returncode, acc, p.stdout[-3000:]))
+    return acc
+
+
+def t_example():
+    """The README's command: 4 processes, top-k 1%, 400 steps; it must learn, and reach the
+    dense run's accuracy (--density 1, same data and steps) within 1 point."""
+    argv, env = readme_command("examples/pytorch_mnist_like.py")
+    topk = example_run(argv, env, "example")
+    dense = example_run(argv + ["--density", "1"], env, "example (dense)")
+    if topk < dense - 1.0:
+        fail("example: top-k 1%% reached %.1f%%, more than 1 point below dense's %.1f%%"
+             % (topk, dense))
 
 
 def t_example_ps():
