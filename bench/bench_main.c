@@ -10,6 +10,7 @@ int bench_topk_main(int argc, char **argv);
 int bench_sparse_main(int argc, char **argv);
 int bench_train_main(int argc, char **argv);
 int bench_ps_main(int argc, char **argv);
+int bench_floor_main(int argc, char **argv);
 
 static const char usage[] =
     "usage: flodl-bench SUBCOMMAND [flags]   (SUBCOMMAND --help)\n"
@@ -37,6 +38,8 @@ int main(int argc, char **argv)
         return bench_train_main(argc - 1, argv + 1);
     if (strcmp(argv[1], "ps") == 0)
         return bench_ps_main(argc - 1, argv + 1);
+    if (strcmp(argv[1], "zmq-floor") == 0) /* the floor's peers, started by allreduce */
+        return bench_floor_main(argc - 1, argv + 1);
     fprintf(stderr, "flodl-bench: unknown subcommand '%s'\n%s", argv[1], usage);
     return 2;
 }
