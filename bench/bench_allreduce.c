@@ -205,7 +205,7 @@ static void fmt_size(size_t b, char *out, size_t cap)
 
 static void print_table(const ar_bench_t *b, const bench_sizes_t *s, const double *fl,
                         const double *tcp, const double *shm, bool have_mpi, const double *floor,
-                        bool have_floor)
+                        const double *xchg, bool have_floor)
 {
     double f = b->ranks > 1 ? 2.0 * (b->ranks - 1) / b->ranks : 0.0;
     printf("\nflodl-bench allreduce: %d ranks on this machine (%s), float32 sum in place; median "
@@ -213,7 +213,7 @@ static void print_table(const ar_bench_t *b, const bench_sizes_t *s, const doubl
            b->ranks, b->bind ? "rank k bound to CPU k mod ncpus, MPI alike" : "unbound");
     printf("%10s %11s %9s %9s", "size", "flodl us", "algbw", "busbw");
     if (have_floor)
-        printf(" | %9s %8s", "zmq 1-way", "f/floor");
+        printf(" | %9s %8s %9s %8s", "zmq 1-way", "f/floor", "zmq xchg", "f/xchg");
     if (have_mpi)
         printf(" | %11s %9s | %11s %9s | %12s %12s", "mpi-tcp us", "busbw", "mpi-shm us",
                "busbw", "busbw f/tcp", "time f/tcp");
@@ -224,7 +224,9 @@ static void print_table(const ar_bench_t *b, const bench_sizes_t *s, const doubl
         double algbw = fl[i] > 0 ? (double)s->bytes[i] / (fl[i] * 1e3) : 0;
         printf("%10s %11.1f %7.3f GB/s %5.3f GB/s", sz, fl[i], algbw, algbw * f);
         if (have_floor)
-            printf(" | %9.1f %7.2fx", floor[i], floor[i] > 0 && fl[i] > 0 ? fl[i] / floor[i] : 0);
+            printf(" | %9.1f %7.2fx %9.1f %7.2fx", floor[i],
+                   floor[i] > 0 && fl[i] > 0 ? fl[i] / floor[i] : 0, xchg[i],
+                   xchg[i] > 0 && fl[i] > 0 ? fl[i] / xchg[i] : 0);
         if (have_mpi) {
             double tb = tcp[i] > 0 ? (double)s->bytes[i] / (tcp[i] * 1e3) * f : 0;
             double sb = shm[i] > 0 ? (double)s->bytes[i] / (shm[i] * 1e3) * f : 0;
@@ -237,6 +239,8 @@ static void print_table(const ar_bench_t *b, const bench_sizes_t *s, const doubl
     if (have_floor)
         printf("zmq 1-way: ZeroMQ's own one-way latency of one message of the size (PUSH/PULL, "
                "2 processes on the CPUs of ranks 0 and 1, half the median round trip); f/floor: "
+               "flodl's time over it\nzmq xchg: both processes send one message of the size "
+               "at once, then take the other's (the least 2 ranks' allreduce does); f/xchg: "
                "flodl's time over it\n");
     if (have_mpi)
         printf("busbw f/tcp: flodl busbw over Open MPI's TCP busbw (higher is better); time "
@@ -348,10 +352,11 @@ int bench_allreduce_main(int argc, char **argv)
 
     double fl[BENCH_MAX_SIZES], tcp[BENCH_MAX_SIZES], shm[BENCH_MAX_SIZES];
     double floor_us[BENCH_MAX_SIZES];
+    double xchg_us[BENCH_MAX_SIZES];
     bool have_floor = false;
     if (!b.no_floor) {
         fprintf(stderr, "flodl-bench: ZeroMQ one-way floor, 2 processes...\n");
-        have_floor = bench_floor_run(b.min, b.max, b.bind, &sizes, floor_us) == 0;
+        have_floor = bench_floor_run(b.min, b.max, b.bind, &sizes, floor_us, xchg_us) == 0;
     }
     fprintf(stderr, "flodl-bench: flodl allreduce, %d ranks...\n", b.ranks);
     int status = spawn_flodl(&b, &sizes, fl);
@@ -367,6 +372,6 @@ int bench_allreduce_main(int argc, char **argv)
                             "scripts/install-deps.sh bench, then rebuild)\n");
         }
     }
-    print_table(&b, &sizes, fl, tcp, shm, have_mpi, floor_us, have_floor);
+    print_table(&b, &sizes, fl, tcp, shm, have_mpi, floor_us, xchg_us, have_floor);
     return status;
 }

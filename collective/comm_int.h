@@ -9,6 +9,7 @@
 #include "fl_coll.h"
 #include "fl_msg.h"
 #include "fl_tp.h"
+#include "release.h"
 
 /* A message that arrived for a later collective than the one running. */
 typedef struct stash_ent {
@@ -70,7 +71,7 @@ struct fl_comm {
 
     /* Zero-copy sends not yet released by ZeroMQ, per region (ring chunk; index size is
      * "anything else"). The release hook runs in ZeroMQ's I/O thread. */
-    _Atomic int64_t *inflight;
+    fl_rel_t *inflight;
 
     /* Working memory for accumulation in a wider type, reused across calls. */
     void *scratch;

@@ -240,6 +240,9 @@ typedef struct fl_tp_status {
     _Atomic uint64_t seq;      /* its sequence number */
     _Atomic uint32_t step;     /* its progress */
     _Atomic int32_t waiting_on; /* the rank awaited, -1 when none */
+    /* Events the control thread has posted so far (counted before each is sent): while it is
+     * 0 the owner need not poll the events pipe before every operation. */
+    _Atomic uint32_t posted;
 } fl_tp_status_t;
 
 /* The code of the SHUTDOWN event that says the coordinator went away and the member is
