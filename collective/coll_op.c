@@ -94,6 +94,10 @@ int coll_begin(fl_comm_t *c, coll_op_t *op, fl_coll_kind_t kind, size_t count,
     return FL_OK;
 }
 
+/* How long a receive waits in the data socket alone before it looks for the control thread's
+ * events again: an abort is seen within this much. */
+#define RECV_SLICE_MS 100
+
 /* How long one sleep of a release wait may last: short enough to notice an abort. */
 static int slice_ms(int64_t deadline)
 {
@@ -288,9 +292,18 @@ int coll_recv(coll_op_t *op, fl_tp_msg_t *m)
     }
     fl_tp_sock_t *socks[2] = {c->data_in, c->events};
     for (;;) {
-        /* Take what is waiting without a poll; block on data and abort events only when the
-         * socket is empty (an abort matters only once data stops coming). */
-        int rc = fl_tp_try_recv(c->data_in, m);
+        /* While the control thread has posted nothing, wait in the data socket's own receive,
+         * in slices, looking at its count between them: a poll over the data and events
+         * sockets costs several system calls more per message. Once it has posted, take what
+         * is waiting without a wait, and poll both only when the socket is empty (an abort
+         * matters only once data stops coming). */
+        int left = fl_deadline_left_ms(op->deadline);
+        bool quiet =
+            left > 0 && atomic_load_explicit(&c->status->posted, memory_order_acquire) == 0;
+        int rc = quiet ? fl_tp_recv_for(c->data_in, m, left < RECV_SLICE_MS ? left : RECV_SLICE_MS)
+                       : fl_tp_try_recv(c->data_in, m);
+        if (quiet && rc == FL_ETIMEDOUT)
+            continue; /* the slice ended: look again */
         if (rc == FL_OK) {
             bool keep;
             if ((rc = classify(op, m, &keep)) != FL_OK)
@@ -307,7 +320,6 @@ int coll_recv(coll_op_t *op, fl_tp_msg_t *m)
         if (rc != FL_ETIMEDOUT)
             return coll_fail(op, rc, "%s", fl_last_error());
         bool ready[2] = {false, false};
-        int left = fl_deadline_left_ms(op->deadline);
         int n = fl_tp_poll(socks, 2, left, ready);
         if (n < 0)
             return coll_fail(op, n, "%s", fl_last_error());

@@ -114,6 +114,11 @@ int fl_comm_peer_sock(fl_comm_t *c, int peer, fl_tp_sock_t **out);
 /* Grows the scratch area to at least bytes. FL_OK or FL_ENOMEM. */
 int fl_comm_scratch(fl_comm_t *c, size_t bytes, void **out);
 
+/* fl_allreduce with this algorithm (FL_ALGO_AUTO: picked by size) instead of the
+ * communicator's (collectives.c). */
+int fl_allreduce_algo(fl_comm_t *c, const void *sendbuf, void *recvbuf, size_t count,
+                      fl_dtype_t dtype, fl_op_t op, fl_algo_t algo);
+
 /* ---- device buffers (staging.c) ---- */
 
 /* True when a or b is CUDA device memory. Loads no driver: false at once in a process that

@@ -161,20 +161,14 @@ int fl_sparse_allreduce(fl_comm_t *c, const uint32_t *idx, const float *val, siz
     if (kmax > 0 && k > kmax)
         return fl_fail(FL_EINVAL, "rank %d: sparse allreduce: %zu pairs, more than k_max %zu",
                        c->rank, k, opts->k_max);
-    if (kmax == 0) {
-        int64_t *ks = calloc((size_t)c->size, sizeof *ks);
-        if (ks == NULL)
-            return fl_fail(FL_ENOMEM, "rank %d: sparse allreduce: out of memory", c->rank);
-        ks[c->rank] = (int64_t)k;
-        if ((rc = fl_allgather(c, &ks[c->rank], ks, (size_t)c->size, FL_INT64)) != FL_OK) {
-            free(ks);
+    bool agreed = kmax == 0; /* kmax comes from the ranks, not the options */
+    if (agreed) {
+        /* The path needs only the largest k: one small allreduce (one hop for a few ranks,
+         * the same 8 bytes to each peer a ring all-gather of the ks sends over N-1 hops). */
+        int64_t km = (int64_t)k;
+        if ((rc = fl_allreduce(c, &km, &km, 1, FL_INT64, FL_MAX)) != FL_OK)
             return rc;
-        }
-        for (int q = 0; q < c->size; q++) {
-            kmax = (uint64_t)ks[q] > kmax ? (uint64_t)ks[q] : kmax;
-            ktot += (uint64_t)ks[q];
-        }
-        free(ks);
+        kmax = (uint64_t)km;
     }
 
     size_t vsize = fl_dtype_size(opts->values);
@@ -183,12 +177,23 @@ int fl_sparse_allreduce(fl_comm_t *c, const uint32_t *idx, const float *val, siz
                      2.0 * (double)n * sizeof(float);
     if (c->size == 1)
         ktot = k;
+    if (dense && agreed) {
+        /* The dense path's stats count every rank's pairs. */
+        int64_t kt = (int64_t)k;
+        if ((rc = fl_allreduce(c, &kt, &kt, 1, FL_INT64, FL_SUM)) != FL_OK)
+            return rc;
+        ktot = (uint64_t)kt;
+    }
     if (dense || c->size == 1) {
         /* The same rounded values the sparse path would add, straight into the output. */
         memset(out, 0, n * sizeof *out);
         for (size_t j = 0; j < k; j++)
             out[idx[j]] = fl_cmp_round(val[j], opts->values);
-        if (c->size > 1 && (rc = fl_allreduce(c, out, out, n, FL_FLOAT32, op)) != FL_OK)
+        /* The ring (unless another algorithm is forced): the fallback is taken when the pairs
+         * would outweigh it, and the stats compare against its bytes. */
+        fl_algo_t algo = c->algo == FL_ALGO_AUTO ? FL_ALGO_RING : c->algo;
+        if (c->size > 1 &&
+            (rc = fl_allreduce_algo(c, out, out, n, FL_FLOAT32, op, algo)) != FL_OK)
             return rc;
         finish_stats(c, n, sent_before, ktot, dense, stats);
         return FL_OK;

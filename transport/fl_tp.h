@@ -124,6 +124,12 @@ int fl_tp_recv(fl_tp_sock_t *sock, fl_tp_msg_t *m, int64_t deadline_ms);
  * detail text) when no message is waiting. For loops that poll several sockets themselves. */
 int fl_tp_try_recv(fl_tp_sock_t *sock, fl_tp_msg_t *m);
 
+/* fl_tp_recv for at most timeout_ms (>= 0), waiting inside ZeroMQ's receive (one wait on the
+ * socket) rather than in a poll, which costs several system calls more per message. FL_ETIMEDOUT
+ * (no detail text) when nothing came; otherwise as fl_tp_recv. Not for ROUTER sockets (they
+ * take fl_tp_recv). */
+int fl_tp_recv_for(fl_tp_sock_t *sock, fl_tp_msg_t *m, int timeout_ms);
+
 /* Releases the frames of m and its header. NULL-safe, idempotent. */
 void fl_tp_msg_close(fl_tp_msg_t *m);
 
