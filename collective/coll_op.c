@@ -4,11 +4,9 @@
  * progress and the peer waited for, then breaks the communicator. */
 #include "comm_int.h"
 
-#include <sched.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <unistd.h>
 
 #define STASH_MIN_CAP ((size_t)256 << 20)
 

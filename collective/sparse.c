@@ -1,6 +1,7 @@
 /* Sparse allreduce: each rank's top-k pairs, encoded as one sparse block, go round the ring
- * (an all-gather of variable-size blocks, forwarded as they arrive), then every rank adds the N
- * blocks into the dense output in rank order 0..N-1, so every rank computes the same bits. When
+ * (an all-gather of variable-size blocks, forwarded as they arrive); every rank adds the N
+ * blocks into the dense output in rank order 0..N-1, each as soon as it and those before it
+ * have arrived, so every rank computes the same bits. When
  * the gathered pairs would outweigh a dense ring (N * k * bytes-per-pair > 2 * n * 4), each rank
  * scatters its own (already rounded) pairs into the output and the dense ring runs instead. */
 #include "comm_int.h"
@@ -59,7 +60,26 @@ static int gather_blocks(coll_op_t *op, fl_cmp_ws_t *ws, const uint8_t *mine, si
     ck.count = n;
     if (nr > 1)
         rc = coll_send_block(op, right, &ck, mine, mine_len);
-    while (rc == FL_OK && op->msgs_got < op->msgs_expected) {
+    /* The output's zeros and the sums go in while blocks are still on their way: blocks are
+     * added in rank order 0..N-1 (the same bits on every rank) as soon as each one and all
+     * before it are here. The caller's buffer is output only; a failure leaves it undefined. */
+    if (rc == FL_OK)
+        memset(out, 0, n * sizeof *out);
+    int next = 0; /* the next rank whose block is to be added */
+    uint64_t sum = 0;
+    for (;;) {
+        while (rc == FL_OK && next < nr && (next == r || have[next])) {
+            const void *blk = next == r ? (const void *)mine : fl_tp_msg_data(&got[next], 0);
+            size_t len = next == r ? mine_len : fl_tp_msg_size(&got[next], 0);
+            size_t kq;
+            if ((rc = fl_cmp_sparse_accumulate(ws, blk, len, out, n, &kq)) != FL_OK)
+                rc = coll_fail(op, FL_EPROTO, "sparse block of rank %d: %s", next,
+                               fl_last_error());
+            sum += kq;
+            next++;
+        }
+        if (rc != FL_OK || op->msgs_got >= op->msgs_expected)
+            break;
         fl_tp_msg_t m;
         if ((rc = coll_recv(op, &m)) != FL_OK)
             break;
@@ -93,19 +113,8 @@ static int gather_blocks(coll_op_t *op, fl_cmp_ws_t *ws, const uint8_t *mine, si
         got[owner] = m;
         have[owner] = true;
     }
-    if (rc == FL_OK) {
-        memset(out, 0, n * sizeof *out);
-        uint64_t sum = 0;
-        for (int q = 0; q < nr && rc == FL_OK; q++) {
-            const void *blk = q == r ? (const void *)mine : fl_tp_msg_data(&got[q], 0);
-            size_t len = q == r ? mine_len : fl_tp_msg_size(&got[q], 0);
-            size_t kq;
-            if ((rc = fl_cmp_sparse_accumulate(ws, blk, len, out, n, &kq)) != FL_OK)
-                rc = coll_fail(op, FL_EPROTO, "sparse block of rank %d: %s", q, fl_last_error());
-            sum += kq;
-        }
+    if (rc == FL_OK)
         *ktot = sum;
-    }
     for (int q = 0; q < nr; q++)
         if (have[q])
             fl_tp_msg_close(&got[q]);
