@@ -224,8 +224,9 @@ static int refuse(fl_tp_sock_t *s, fl_tp_msg_t *m, fl_stat_t stat, int rc)
 /* Status of read_message when no message is waiting (not an error, and no detail text). */
 #define NOT_READY 1
 
-/* Reads one message if one is waiting (the first part without blocking; the rest of a message
- * is always there once its first part is, ZeroMQ delivers messages whole). */
+/* Reads one message if one is waiting (the first part without blocking, or with wait up to the
+ * socket's RCVTIMEO; the rest of a message is always there once its first part is, ZeroMQ
+ * delivers messages whole). */
 static int read_parts(fl_tp_sock_t *s, fl_tp_msg_t *m, tally_t *t, bool wait)
 {
     zmq_msg_t hdr;
