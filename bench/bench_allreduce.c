@@ -19,6 +19,8 @@ typedef struct ar_bench {
     size_t min;
     size_t max;
     bool no_mpi;
+    bool no_floor; /* skip ZeroMQ's one-way floor */
+    bool algos;    /* time each algorithm forced, and print the switch points */
     bool bind;   /* bind rank k to CPU k mod ncpus (flodl and MPI alike) */
     bool report; /* child of the launcher: only RESULT lines on stdout */
     fl_comm_opts_t comm;
@@ -27,13 +29,18 @@ typedef struct ar_bench {
 } ar_bench_t;
 
 static const char usage[] =
-    "usage: flodl-bench allreduce [--ranks N] [--min BYTES] [--max BYTES] [--no-mpi]\n"
+    "usage: flodl-bench allreduce [--ranks N] [--min BYTES] [--max BYTES] [--no-mpi] [--no-floor]\n"
+    "                             [--algos]\n"
     "                             [--bind core|none]\n"
     "                             [communicator flags: --segment, --stripes, --small, --algo]\n"
     "       flodl-bench allreduce --rank K --world-size N --coordinator EP [...]   (join)\n"
     "Float32 sum allreduce, in place. Launch mode starts a coordinator and N ranks here and,\n"
     "when mpirun and flodl-mpi-bench are present, MPI_Allreduce over TCP and shared memory.\n"
-    "--bind core (default) places rank k on CPU k mod ncpus, for flodl and MPI alike.\n";
+    "--bind core (default) places rank k on CPU k mod ncpus, for flodl and MPI alike.\n"
+    "Beside them, ZeroMQ's own one-way latency per size (2 processes, PUSH/PULL, half the\n"
+    "median round trip) and flodl's time over it (--no-floor skips it).\n"
+    "--algos times each algorithm (direct, rd, ring) forced, with the fastest per size and\n"
+    "the switch points AUTO uses.\n";
 
 /* Runs the sweep as one rank; rank 0 prints one RESULT line per size. */
 static int run_rank(ar_bench_t *b)
@@ -195,29 +202,54 @@ static int spawn_mpi(const ar_bench_t *b, const bench_sizes_t *sizes, const char
     return bench_wait(pid, 600000) == 0 ? 0 : 1;
 }
 
+static const char *algo_name(fl_algo_t a)
+{
+    switch (a) {
+    case FL_ALGO_RING: return "ring";
+    case FL_ALGO_RD: return "rd";
+    case FL_ALGO_DIRECT: return "direct";
+    default: return "auto";
+    }
+}
+
+/* What the ranks run at a size: the forced algorithm, or AUTO's pick. */
+static fl_algo_t algo_at(const ar_bench_t *b, size_t bytes)
+{
+    if (b->comm.algo != FL_ALGO_AUTO)
+        return b->comm.algo;
+    return fl_allreduce_pick(b->ranks, bytes, b->comm.small_bytes);
+}
+
 static void fmt_size(size_t b, char *out, size_t cap)
 {
     fl_fmt_bytes(b, out, cap);
 }
 
 static void print_table(const ar_bench_t *b, const bench_sizes_t *s, const double *fl,
-                        const double *tcp, const double *shm, bool have_mpi)
+                        const double *tcp, const double *shm, bool have_mpi, const double *floor,
+                        const double *xchg, bool have_floor)
 {
     double f = b->ranks > 1 ? 2.0 * (b->ranks - 1) / b->ranks : 0.0;
     printf("\nflodl-bench allreduce: %d ranks on this machine (%s), float32 sum in place; median "
            "of repetitions, slowest rank per op\n",
            b->ranks, b->bind ? "rank k bound to CPU k mod ncpus, MPI alike" : "unbound");
+    printf("%10s %6s %11s %9s %9s", "size", "algo", "flodl us", "algbw", "busbw");
+    if (have_floor)
+        printf(" | %9s %8s %9s %8s", "zmq 1-way", "f/floor", "zmq xchg", "f/xchg");
     if (have_mpi)
-        printf("%10s %11s %9s %9s | %11s %9s | %11s %9s | %12s %12s\n", "size", "flodl us",
-               "algbw", "busbw", "mpi-tcp us", "busbw", "mpi-shm us", "busbw",
-               "busbw f/tcp", "time f/tcp");
-    else
-        printf("%10s %11s %9s %9s\n", "size", "flodl us", "algbw", "busbw");
+        printf(" | %11s %9s | %11s %9s | %12s %12s", "mpi-tcp us", "busbw", "mpi-shm us",
+               "busbw", "busbw f/tcp", "time f/tcp");
+    printf("\n");
     for (size_t i = 0; i < s->n; i++) {
         char sz[32];
         fmt_size(s->bytes[i], sz, sizeof sz);
         double algbw = fl[i] > 0 ? (double)s->bytes[i] / (fl[i] * 1e3) : 0;
-        printf("%10s %11.1f %7.3f GB/s %5.3f GB/s", sz, fl[i], algbw, algbw * f);
+        printf("%10s %6s %11.1f %7.3f GB/s %5.3f GB/s", sz, algo_name(algo_at(b, s->bytes[i])),
+               fl[i], algbw, algbw * f);
+        if (have_floor)
+            printf(" | %9.1f %7.2fx %9.1f %7.2fx", floor[i],
+                   floor[i] > 0 && fl[i] > 0 ? fl[i] / floor[i] : 0, xchg[i],
+                   xchg[i] > 0 && fl[i] > 0 ? fl[i] / xchg[i] : 0);
         if (have_mpi) {
             double tb = tcp[i] > 0 ? (double)s->bytes[i] / (tcp[i] * 1e3) * f : 0;
             double sb = shm[i] > 0 ? (double)s->bytes[i] / (shm[i] * 1e3) * f : 0;
@@ -227,15 +259,70 @@ static void print_table(const ar_bench_t *b, const bench_sizes_t *s, const doubl
         }
         printf("\n");
     }
+    if (have_floor)
+        printf("zmq 1-way: ZeroMQ's own one-way latency of one message of the size (PUSH/PULL, "
+               "2 processes on the CPUs of ranks 0 and 1, half the median round trip); f/floor: "
+               "flodl's time over it\nzmq xchg: both processes send one message of the size "
+               "at once, then take the other's (the least 2 ranks' allreduce does); f/xchg: "
+               "flodl's time over it\n");
     if (have_mpi)
         printf("busbw f/tcp: flodl busbw over Open MPI's TCP busbw (higher is better); time "
                "f/tcp: flodl time over MPI's (lower is better)\n");
 }
 
+/* --algos: the sweep once per algorithm, forced, and the fastest per size, beside what AUTO
+ * picks with these flags; then where the fastest changes (the measured switch points). */
+static int run_algos(ar_bench_t *b, const bench_sizes_t *s)
+{
+    static char *const names[3] = {"direct", "rd", "ring"};
+    double us[3][BENCH_MAX_SIZES];
+    int status = 0;
+    int nfwd = b->nfwd;
+    for (int a = 0; a < 3; a++) {
+        fprintf(stderr, "flodl-bench: flodl allreduce, %d ranks, --algo %s...\n", b->ranks,
+                names[a]);
+        b->fwd[nfwd] = "--algo";
+        b->fwd[nfwd + 1] = names[a];
+        b->nfwd = nfwd + 2;
+        if (spawn_flodl(b, s, us[a]) != 0)
+            status = 1;
+    }
+    b->nfwd = nfwd;
+    printf("\nflodl-bench allreduce --algos: %d ranks, each algorithm forced (us per op, median); "
+           "auto: what AUTO runs with --small %zu\n",
+           b->ranks, b->comm.small_bytes);
+    printf("%10s %11s %11s %11s | %8s %8s\n", "size", "direct", "rd", "ring", "fastest",
+           "auto");
+    int prev = -1;
+    char switches[512] = "";
+    size_t used = 0;
+    for (size_t i = 0; i < s->n; i++) {
+        int best = -1;
+        for (int a = 0; a < 3; a++)
+            if (us[a][i] > 0 && (best < 0 || us[a][i] < us[best][i]))
+                best = a;
+        char sz[32];
+        fmt_size(s->bytes[i], sz, sizeof sz);
+        printf("%10s %11.1f %11.1f %11.1f | %8s %8s\n", sz, us[0][i], us[1][i], us[2][i],
+               best >= 0 ? names[best] : "-",
+               algo_name(fl_allreduce_pick(b->ranks, s->bytes[i], b->comm.small_bytes)));
+        if (best >= 0 && prev >= 0 && best != prev && used < sizeof switches)
+            used += (size_t)snprintf(switches + used, sizeof switches - used, "%s%s -> %s at %s",
+                                     used ? ", " : "", names[prev], names[best], sz);
+        if (best >= 0)
+            prev = best;
+    }
+    printf("measured switch points: %s; AUTO switches at %zu bytes (one-shot to recursive "
+           "doubling, up to %d ranks) and above --small %zu (to the ring)\n",
+           used ? switches : "none", FL_DIRECT_MAX_BYTES, FL_DIRECT_MAX_RANKS,
+           b->comm.small_bytes);
+    return status;
+}
+
 int bench_allreduce_main(int argc, char **argv);
 int bench_allreduce_main(int argc, char **argv)
 {
-    enum { O_RANKS = 1000, O_MIN, O_MAX, O_NOMPI, O_BIND, O_REPORT, O_HELP };
+    enum { O_RANKS = 1000, O_MIN, O_MAX, O_NOMPI, O_NOFLOOR, O_ALGOS, O_BIND, O_REPORT, O_HELP };
     static struct option longopts[40];
     int nopt = 0;
     for (int i = 0; fl_comm_opt_names[i] != NULL; i++)
@@ -245,6 +332,8 @@ int bench_allreduce_main(int argc, char **argv)
     longopts[nopt++] = (struct option){"min", required_argument, NULL, O_MIN};
     longopts[nopt++] = (struct option){"max", required_argument, NULL, O_MAX};
     longopts[nopt++] = (struct option){"no-mpi", no_argument, NULL, O_NOMPI};
+    longopts[nopt++] = (struct option){"no-floor", no_argument, NULL, O_NOFLOOR};
+    longopts[nopt++] = (struct option){"algos", no_argument, NULL, O_ALGOS};
     longopts[nopt++] = (struct option){"bind", required_argument, NULL, O_BIND};
     longopts[nopt++] = (struct option){"report", no_argument, NULL, O_REPORT};
     longopts[nopt++] = (struct option){"help", no_argument, NULL, O_HELP};
@@ -300,6 +389,8 @@ int bench_allreduce_main(int argc, char **argv)
             break;
         }
         case O_NOMPI: b.no_mpi = true; break;
+        case O_NOFLOOR: b.no_floor = true; break;
+        case O_ALGOS: b.algos = true; break;
         case O_BIND:
             if (strcmp(optarg, "core") != 0 && strcmp(optarg, "none") != 0) {
                 fprintf(stderr, "flodl-bench: --bind: '%s' is not one of core|none\n", optarg);
@@ -333,7 +424,16 @@ int bench_allreduce_main(int argc, char **argv)
         return run_rank(&b);
     }
 
+    if (b.algos)
+        return run_algos(&b, &sizes);
     double fl[BENCH_MAX_SIZES], tcp[BENCH_MAX_SIZES], shm[BENCH_MAX_SIZES];
+    double floor_us[BENCH_MAX_SIZES];
+    double xchg_us[BENCH_MAX_SIZES];
+    bool have_floor = false;
+    if (!b.no_floor) {
+        fprintf(stderr, "flodl-bench: ZeroMQ one-way floor, 2 processes...\n");
+        have_floor = bench_floor_run(b.min, b.max, b.bind, &sizes, floor_us, xchg_us) == 0;
+    }
     fprintf(stderr, "flodl-bench: flodl allreduce, %d ranks...\n", b.ranks);
     int status = spawn_flodl(&b, &sizes, fl);
     bool have_mpi = false;
@@ -348,6 +448,6 @@ int bench_allreduce_main(int argc, char **argv)
                             "scripts/install-deps.sh bench, then rebuild)\n");
         }
     }
-    print_table(&b, &sizes, fl, tcp, shm, have_mpi);
+    print_table(&b, &sizes, fl, tcp, shm, have_mpi, floor_us, xchg_us, have_floor);
     return status;
 }

@@ -11,6 +11,7 @@ int bench_sparse_main(int argc, char **argv);
 int bench_train_main(int argc, char **argv);
 int bench_ps_main(int argc, char **argv);
 int bench_pytorch_main(int argc, char **argv);
+int bench_floor_main(int argc, char **argv);
 
 static const char usage[] =
     "usage: flodl-bench SUBCOMMAND [flags]   (SUBCOMMAND --help)\n"
@@ -41,6 +42,8 @@ int main(int argc, char **argv)
         return bench_ps_main(argc - 1, argv + 1);
     if (strcmp(argv[1], "pytorch") == 0)
         return bench_pytorch_main(argc - 1, argv + 1);
+    if (strcmp(argv[1], "zmq-floor") == 0) /* the floor's peers, started by allreduce */
+        return bench_floor_main(argc - 1, argv + 1);
     fprintf(stderr, "flodl-bench: unknown subcommand '%s'\n%s", argv[1], usage);
     return 2;
 }

@@ -113,10 +113,14 @@ static int bcast_chain(coll_op_t *op, uint8_t *buf)
     return rc;
 }
 
+/* The tree up to this size at most, whatever small_bytes (sized for allreduce) says. */
+#define TREE_MAX_BYTES ((size_t)64 << 10)
+
 int fl_bcast(coll_op_t *op, void *buf)
 {
     size_t bytes = op->count * fl_dtype_size(op->dtype);
-    if (bytes <= op->c->small_bytes)
+    size_t tree_max = op->c->small_bytes < TREE_MAX_BYTES ? op->c->small_bytes : TREE_MAX_BYTES;
+    if (bytes <= tree_max)
         return bcast_tree(op, buf, bytes);
     return bcast_chain(op, buf);
 }

@@ -4,19 +4,11 @@
  * progress and the peer waited for, then breaks the communicator. */
 #include "comm_int.h"
 
-#include <sched.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <unistd.h>
 
 #define STASH_MIN_CAP ((size_t)256 << 20)
-
-static void release_region(void *data, void *hint)
-{
-    (void)data;
-    atomic_fetch_sub_explicit((_Atomic int64_t *)hint, 1, memory_order_release);
-}
 
 static size_t op_bytes(const coll_op_t *op)
 {
@@ -92,10 +84,23 @@ int coll_begin(fl_comm_t *c, coll_op_t *op, fl_coll_kind_t kind, size_t count,
     atomic_store(&c->status->step, 0);
     atomic_store(&c->status->waiting_on, -1);
 
-    /* A peer may have died while no collective was running. */
-    if (event_pending(c))
+    /* A peer may have died while no collective was running. Until the control thread has
+     * posted anything, skip the poll (two system calls); a later blocking wait in the op
+     * watches the events pipe anyway. */
+    if (atomic_load_explicit(&c->status->posted, memory_order_acquire) != 0 && event_pending(c))
         return coll_end(op, take_event(op));
     return FL_OK;
+}
+
+/* How long a receive waits in the data socket alone before it looks for the control thread's
+ * events again: an abort is seen within this much. */
+#define RECV_SLICE_MS 100
+
+/* How long one sleep of a release wait may last: short enough to notice an abort. */
+static int slice_ms(int64_t deadline)
+{
+    int left = fl_deadline_left_ms(deadline);
+    return left < 10 ? left : 10;
 }
 
 /* Waits until ZeroMQ has released every zero-copy send of the op. A send queued to a peer that
@@ -104,16 +109,15 @@ int coll_begin(fl_comm_t *c, coll_op_t *op, fl_coll_kind_t kind, size_t count,
 static int wait_released(coll_op_t *op, int64_t deadline, bool watch_events)
 {
     fl_comm_t *c = op->c;
-    unsigned spins = 0;
     for (int r = 0; r <= c->size; r++) {
-        while (atomic_load_explicit(&c->inflight[r], memory_order_acquire) > 0) {
+        /* Sleep in slices, so that an abort posted meanwhile is seen within one. */
+        while (!fl_rel_wait(&c->inflight[r], slice_ms(deadline))) {
             if (fl_deadline_left_ms(deadline) == 0)
                 return fl_fail(FL_ETIMEDOUT, "%lld zero-copy sends from region %d still held by "
                                              "ZeroMQ",
-                               (long long)atomic_load(&c->inflight[r]), r);
-            if (watch_events && ++spins % 64 == 0 && event_pending(c))
+                               (long long)fl_rel_held(&c->inflight[r]), r);
+            if (watch_events && event_pending(c))
                 return take_event(op);
-            usleep(50);
         }
     }
     return FL_OK;
@@ -286,9 +290,18 @@ int coll_recv(coll_op_t *op, fl_tp_msg_t *m)
     }
     fl_tp_sock_t *socks[2] = {c->data_in, c->events};
     for (;;) {
-        /* Take what is waiting without a poll; block on data and abort events only when the
-         * socket is empty (an abort matters only once data stops coming). */
-        int rc = fl_tp_try_recv(c->data_in, m);
+        /* While the control thread has posted nothing, wait in the data socket's own receive,
+         * in slices, looking at its count between them: a poll over the data and events
+         * sockets costs several system calls more per message. Once it has posted, take what
+         * is waiting without a wait, and poll both only when the socket is empty (an abort
+         * matters only once data stops coming). */
+        int left = fl_deadline_left_ms(op->deadline);
+        bool quiet =
+            left > 0 && atomic_load_explicit(&c->status->posted, memory_order_acquire) == 0;
+        int rc = quiet ? fl_tp_recv_for(c->data_in, m, left < RECV_SLICE_MS ? left : RECV_SLICE_MS)
+                       : fl_tp_try_recv(c->data_in, m);
+        if (quiet && rc == FL_ETIMEDOUT)
+            continue; /* the slice ended: look again */
         if (rc == FL_OK) {
             bool keep;
             if ((rc = classify(op, m, &keep)) != FL_OK)
@@ -305,7 +318,6 @@ int coll_recv(coll_op_t *op, fl_tp_msg_t *m)
         if (rc != FL_ETIMEDOUT)
             return coll_fail(op, rc, "%s", fl_last_error());
         bool ready[2] = {false, false};
-        int left = fl_deadline_left_ms(op->deadline);
         int n = fl_tp_poll(socks, 2, left, ready);
         if (n < 0)
             return coll_fail(op, n, "%s", fl_last_error());
@@ -352,9 +364,9 @@ int coll_send(coll_op_t *op, int peer, const fl_msg_chunk_t *ck, const void *dat
     h.frames[0].codec = FL_CODEC_RAW;
     fl_buf_t b = {(void *)data, bytes, NULL, NULL};
     if (region >= 0) {
-        atomic_fetch_add_explicit(&c->inflight[region], 1, memory_order_relaxed);
+        fl_rel_add(&c->inflight[region], 1);
         b.hint = &c->inflight[region];
-        b.release = release_region;
+        b.release = fl_rel_hook;
     }
     rc = fl_tp_send(s, NULL, &h, &b, 1, op->deadline);
     if (rc != FL_OK) {
@@ -417,19 +429,14 @@ int coll_send_empty(coll_op_t *op, int peer, fl_msg_type_t type, const fl_msg_ba
 
 int coll_wait_region(coll_op_t *op, int region)
 {
-    _Atomic int64_t *cnt = &op->c->inflight[region];
-    unsigned spins = 0;
-    while (atomic_load_explicit(cnt, memory_order_acquire) > 0) {
+    fl_rel_t *cnt = &op->c->inflight[region];
+    while (!fl_rel_wait(cnt, slice_ms(op->deadline))) {
         if (fl_deadline_left_ms(op->deadline) == 0)
             return coll_fail(op, FL_ETIMEDOUT, "earlier sends from chunk %d never completed",
                              region);
         /* A send to a dead peer is never released: watch for the abort too. */
-        if (++spins % 64 == 0 && event_pending(op->c))
+        if (event_pending(op->c))
             return take_event(op);
-        if (spins < 64)
-            sched_yield();
-        else
-            usleep(20);
     }
     return FL_OK;
 }

@@ -4,10 +4,6 @@
 
 #include <string.h>
 
-/* One-shot sends N-1 copies of the buffer: beyond a handful of ranks recursive doubling's
- * log2(N) rounds cost less than the fan-out. */
-#define DIRECT_MAX_RANKS 8
-
 static int check(fl_comm_t *c, const char *what, const void *a, const void *b, size_t count,
                  fl_dtype_t dtype)
 {
@@ -55,6 +51,13 @@ static int check_op(fl_comm_t *c, const char *what, fl_dtype_t dtype, fl_op_t op
 int fl_allreduce(fl_comm_t *c, const void *sendbuf, void *recvbuf, size_t count,
                  fl_dtype_t dtype, fl_op_t op)
 {
+    return fl_allreduce_algo(c, sendbuf, recvbuf, count, dtype, op,
+                             c != NULL ? c->algo : FL_ALGO_AUTO);
+}
+
+int fl_allreduce_algo(fl_comm_t *c, const void *sendbuf, void *recvbuf, size_t count,
+                      fl_dtype_t dtype, fl_op_t op, fl_algo_t algo)
+{
     int rc = check(c, "allreduce", sendbuf, recvbuf, count, dtype);
     if (rc == FL_OK)
         rc = check_op(c, "allreduce", dtype, op);
@@ -76,13 +79,8 @@ int fl_allreduce(fl_comm_t *c, const void *sendbuf, void *recvbuf, size_t count,
             memmove(recvbuf, sendbuf, bytes);
         return coll_end(&o, FL_OK);
     }
-    fl_algo_t algo = c->algo;
-    if (algo == FL_ALGO_AUTO) {
-        if (bytes > c->small_bytes)
-            algo = FL_ALGO_RING;
-        else
-            algo = c->size <= DIRECT_MAX_RANKS ? FL_ALGO_DIRECT : FL_ALGO_RD;
-    }
+    if (algo == FL_ALGO_AUTO)
+        algo = fl_allreduce_pick(c->size, bytes, c->small_bytes);
     c->last_algo = algo;
     if (algo == FL_ALGO_DIRECT)
         rc = fl_direct_allreduce(&o, sendbuf, recvbuf);

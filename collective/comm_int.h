@@ -9,6 +9,7 @@
 #include "fl_coll.h"
 #include "fl_msg.h"
 #include "fl_tp.h"
+#include "release.h"
 
 /* A message that arrived for a later collective than the one running. */
 typedef struct stash_ent {
@@ -70,7 +71,7 @@ struct fl_comm {
 
     /* Zero-copy sends not yet released by ZeroMQ, per region (ring chunk; index size is
      * "anything else"). The release hook runs in ZeroMQ's I/O thread. */
-    _Atomic int64_t *inflight;
+    fl_rel_t *inflight;
 
     /* Working memory for accumulation in a wider type, reused across calls. */
     void *scratch;
@@ -112,6 +113,11 @@ int fl_comm_peer_sock(fl_comm_t *c, int peer, fl_tp_sock_t **out);
 
 /* Grows the scratch area to at least bytes. FL_OK or FL_ENOMEM. */
 int fl_comm_scratch(fl_comm_t *c, size_t bytes, void **out);
+
+/* fl_allreduce with this algorithm (FL_ALGO_AUTO: picked by size) instead of the
+ * communicator's (collectives.c). */
+int fl_allreduce_algo(fl_comm_t *c, const void *sendbuf, void *recvbuf, size_t count,
+                      fl_dtype_t dtype, fl_op_t op, fl_algo_t algo);
 
 /* ---- device buffers (staging.c) ---- */
 

@@ -90,6 +90,22 @@ static inline uint32_t fl_ring_nseg(size_t cnt, size_t segn)
     return (uint32_t)((cnt + segn - 1) / segn);
 }
 
+/* ---- allreduce algorithm choice (algo_pick.c) ---- */
+
+/* One-shot sends N-1 copies of the buffer: beyond this many ranks recursive doubling's log2(N)
+ * rounds cost less than the fan-out. */
+#define FL_DIRECT_MAX_RANKS 8
+
+/* Up to this many bytes (and small_bytes) AUTO runs one-shot on up to FL_DIRECT_MAX_RANKS
+ * ranks; above it, recursive doubling, whose two rounds at 4 ranks beat one-shot's fan-out of
+ * whole buffers as they grow (measured on loopback: flodl-bench allreduce --algos). */
+#define FL_DIRECT_MAX_BYTES ((size_t)8 << 10)
+
+/* The algorithm FL_ALGO_AUTO runs for an allreduce of bytes over n ranks: one-shot up to
+ * FL_DIRECT_MAX_BYTES on up to FL_DIRECT_MAX_RANKS ranks, recursive doubling up to small_bytes,
+ * the ring above. Every rank computes the same choice from the same arguments. */
+fl_algo_t fl_allreduce_pick(int n, size_t bytes, size_t small_bytes);
+
 /* Elements per segment for a segment size in bytes and an element size (at least 1 element,
  * and at most 4096 segments per chunk so that queues stay short). */
 size_t fl_ring_segn(size_t chunk_cnt, size_t elem_bytes, size_t segment_bytes);

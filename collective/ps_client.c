@@ -117,13 +117,12 @@ static void close_shards(fl_ps_client_t *cl)
         }
     }
     int64_t until = fl_deadline_in(10000);
-    while (atomic_load(&cl->inflight) > 0 && fl_deadline_left_ms(until) > 0)
-        usleep(100);
-    bool held = atomic_load(&cl->inflight) > 0;
+    fl_rel_wait(&cl->inflight, fl_deadline_left_ms(until));
+    bool held = fl_rel_held(&cl->inflight) > 0;
     if (held)
         FL_ERROR(cl->ctx, "rank %d: ZeroMQ still holds %lld pushes 10 s after their sockets "
                           "closed; keeping their buffers",
-                 cl->o.rank, (long long)atomic_load(&cl->inflight));
+                 cl->o.rank, (long long)fl_rel_held(&cl->inflight));
     for (int s = 0; s < cl->nshards && !held; s++) {
         free(cl->shards[s].stage);
         free(cl->shards[s].rel_idx);

@@ -9,6 +9,7 @@
 
 #include "fl_cmp.h"
 #include "fl_tp.h"
+#include "release.h"
 
 typedef struct cl_shard {
     uint32_t index;
@@ -53,7 +54,7 @@ struct fl_ps_client {
     int abort_rc;
     char abort_text[768];
     int64_t last_mark_ms;  /* rank 0: when it last asked for a checkpoint */
-    _Atomic int64_t inflight; /* zero-copy sends ZeroMQ still holds */
+    fl_rel_t inflight; /* zero-copy sends ZeroMQ still holds */
     fl_cmp_ws_t *ws;
 
     fl_ps_client_stats_t stats;

@@ -18,13 +18,6 @@
 /* How long after its own wait a shard's error about a held pull may take to arrive. */
 #define REPLY_MARGIN_MS 5000
 
-static void release_inflight(void *data, void *hint)
-{
-    (void)data;
-    fl_ps_client_t *cl = hint;
-    atomic_fetch_sub_explicit(&cl->inflight, 1, memory_order_release);
-}
-
 static int grow(void **buf, size_t *cap, size_t need)
 {
     if (need <= *cap)
@@ -71,10 +64,10 @@ static size_t dense_frames(fl_ps_client_t *cl, cl_shard_t *sh, const void *src, 
         uint8_t *to = (uint8_t *)sh->stage + n * cap;
         size_t z = 0;
         if (cap > 0 && fl_cmp_lz4_compress(from, raw, to, cap, &z) == FL_OK && z < raw) {
-            frames[n] = (fl_buf_t){to, z, cl, release_inflight};
+            frames[n] = (fl_buf_t){to, z, &cl->inflight, fl_rel_hook};
             h->frames[n] = (fl_msg_frame_t){z, dtype, FL_CODEC_LZ4, raw};
         } else {
-            frames[n] = (fl_buf_t){(void *)from, raw, cl, release_inflight};
+            frames[n] = (fl_buf_t){(void *)from, raw, &cl->inflight, fl_rel_hook};
             h->frames[n] = (fl_msg_frame_t){raw, dtype, FL_CODEC_RAW, raw};
         }
     }
@@ -127,7 +120,7 @@ static int send_push(fl_ps_client_t *cl, cl_shard_t *sh, const fl_ps_grad_t *g,
         if ((rc = fl_cmp_sparse_encode(cl->ws, sh->rel_idx, g->val + lo, k, (size_t)sh->count,
                                        &so, sh->stage, sh->stage_cap, &len)) != FL_OK)
             return fl_fail_ctx(rc, "rank %d: push to shard %u", cl->o.rank, sh->index);
-        frames[0] = (fl_buf_t){sh->stage, len, cl, release_inflight};
+        frames[0] = (fl_buf_t){sh->stage, len, &cl->inflight, fl_rel_hook};
         h.frames[0] = (fl_msg_frame_t){len, cl->o.values, FL_CODEC_SPARSE, len};
         n = 1;
     } else if (cl->o.values != FL_FLOAT32) {
@@ -150,7 +143,7 @@ static int send_push(fl_ps_client_t *cl, cl_shard_t *sh, const fl_ps_grad_t *g,
     size_t sent = 0; /* the transport takes the frames */
     for (size_t f = 0; f < n; f++)
         sent += frames[f].len;
-    atomic_fetch_add_explicit(&cl->inflight, (int64_t)n, memory_order_relaxed);
+    fl_rel_add(&cl->inflight, (int64_t)n);
     rc = fl_tp_send(sh->sock, NULL, &h, n > 0 ? frames : NULL, n, deadline);
     if (rc != FL_OK)
         return fl_fail_ctx(rc, "rank %d: push to shard %u (%s)", cl->o.rank, sh->index,
@@ -259,13 +252,10 @@ static int on_reply(fl_ps_client_t *cl, xchg_t *x, int s, fl_tp_msg_t *m, float 
 
 static int wait_released(fl_ps_client_t *cl, int64_t deadline)
 {
-    while (atomic_load_explicit(&cl->inflight, memory_order_acquire) > 0) {
-        if (fl_deadline_left_ms(deadline) == 0)
-            return fl_fail(FL_ETIMEDOUT, "rank %d: pushes still held by ZeroMQ at the "
-                                         "deadline",
-                           cl->o.rank);
-        usleep(50);
-    }
+    if (!fl_rel_wait(&cl->inflight, fl_deadline_left_ms(deadline)))
+        return fl_fail(FL_ETIMEDOUT, "rank %d: pushes still held by ZeroMQ at the "
+                                     "deadline",
+                       cl->o.rank);
     return FL_OK;
 }
 

@@ -1,6 +1,7 @@
 /* Sparse allreduce: each rank's top-k pairs, encoded as one sparse block, go round the ring
- * (an all-gather of variable-size blocks, forwarded as they arrive), then every rank adds the N
- * blocks into the dense output in rank order 0..N-1, so every rank computes the same bits. When
+ * (an all-gather of variable-size blocks, forwarded as they arrive); every rank adds the N
+ * blocks into the dense output in rank order 0..N-1, each as soon as it and those before it
+ * have arrived, so every rank computes the same bits. When
  * the gathered pairs would outweigh a dense ring (N * k * bytes-per-pair > 2 * n * 4), each rank
  * scatters its own (already rounded) pairs into the output and the dense ring runs instead. */
 #include "comm_int.h"
@@ -59,7 +60,26 @@ static int gather_blocks(coll_op_t *op, fl_cmp_ws_t *ws, const uint8_t *mine, si
     ck.count = n;
     if (nr > 1)
         rc = coll_send_block(op, right, &ck, mine, mine_len);
-    while (rc == FL_OK && op->msgs_got < op->msgs_expected) {
+    /* The output's zeros and the sums go in while blocks are still on their way: blocks are
+     * added in rank order 0..N-1 (the same bits on every rank) as soon as each one and all
+     * before it are here. The caller's buffer is output only; a failure leaves it undefined. */
+    if (rc == FL_OK)
+        memset(out, 0, n * sizeof *out);
+    int next = 0; /* the next rank whose block is to be added */
+    uint64_t sum = 0;
+    for (;;) {
+        while (rc == FL_OK && next < nr && (next == r || have[next])) {
+            const void *blk = next == r ? (const void *)mine : fl_tp_msg_data(&got[next], 0);
+            size_t len = next == r ? mine_len : fl_tp_msg_size(&got[next], 0);
+            size_t kq;
+            if ((rc = fl_cmp_sparse_accumulate(ws, blk, len, out, n, &kq)) != FL_OK)
+                rc = coll_fail(op, FL_EPROTO, "sparse block of rank %d: %s", next,
+                               fl_last_error());
+            sum += kq;
+            next++;
+        }
+        if (rc != FL_OK || op->msgs_got >= op->msgs_expected)
+            break;
         fl_tp_msg_t m;
         if ((rc = coll_recv(op, &m)) != FL_OK)
             break;
@@ -93,19 +113,8 @@ static int gather_blocks(coll_op_t *op, fl_cmp_ws_t *ws, const uint8_t *mine, si
         got[owner] = m;
         have[owner] = true;
     }
-    if (rc == FL_OK) {
-        memset(out, 0, n * sizeof *out);
-        uint64_t sum = 0;
-        for (int q = 0; q < nr && rc == FL_OK; q++) {
-            const void *blk = q == r ? (const void *)mine : fl_tp_msg_data(&got[q], 0);
-            size_t len = q == r ? mine_len : fl_tp_msg_size(&got[q], 0);
-            size_t kq;
-            if ((rc = fl_cmp_sparse_accumulate(ws, blk, len, out, n, &kq)) != FL_OK)
-                rc = coll_fail(op, FL_EPROTO, "sparse block of rank %d: %s", q, fl_last_error());
-            sum += kq;
-        }
+    if (rc == FL_OK)
         *ktot = sum;
-    }
     for (int q = 0; q < nr; q++)
         if (have[q])
             fl_tp_msg_close(&got[q]);
@@ -161,20 +170,14 @@ int fl_sparse_allreduce(fl_comm_t *c, const uint32_t *idx, const float *val, siz
     if (kmax > 0 && k > kmax)
         return fl_fail(FL_EINVAL, "rank %d: sparse allreduce: %zu pairs, more than k_max %zu",
                        c->rank, k, opts->k_max);
-    if (kmax == 0) {
-        int64_t *ks = calloc((size_t)c->size, sizeof *ks);
-        if (ks == NULL)
-            return fl_fail(FL_ENOMEM, "rank %d: sparse allreduce: out of memory", c->rank);
-        ks[c->rank] = (int64_t)k;
-        if ((rc = fl_allgather(c, &ks[c->rank], ks, (size_t)c->size, FL_INT64)) != FL_OK) {
-            free(ks);
+    bool agreed = kmax == 0; /* kmax comes from the ranks, not the options */
+    if (agreed) {
+        /* The path needs only the largest k: one small allreduce (one hop for a few ranks,
+         * the same 8 bytes to each peer a ring all-gather of the ks sends over N-1 hops). */
+        int64_t km = (int64_t)k;
+        if ((rc = fl_allreduce(c, &km, &km, 1, FL_INT64, FL_MAX)) != FL_OK)
             return rc;
-        }
-        for (int q = 0; q < c->size; q++) {
-            kmax = (uint64_t)ks[q] > kmax ? (uint64_t)ks[q] : kmax;
-            ktot += (uint64_t)ks[q];
-        }
-        free(ks);
+        kmax = (uint64_t)km;
     }
 
     size_t vsize = fl_dtype_size(opts->values);
@@ -183,12 +186,23 @@ int fl_sparse_allreduce(fl_comm_t *c, const uint32_t *idx, const float *val, siz
                      2.0 * (double)n * sizeof(float);
     if (c->size == 1)
         ktot = k;
+    if (dense && agreed) {
+        /* The dense path's stats count every rank's pairs. */
+        int64_t kt = (int64_t)k;
+        if ((rc = fl_allreduce(c, &kt, &kt, 1, FL_INT64, FL_SUM)) != FL_OK)
+            return rc;
+        ktot = (uint64_t)kt;
+    }
     if (dense || c->size == 1) {
         /* The same rounded values the sparse path would add, straight into the output. */
         memset(out, 0, n * sizeof *out);
         for (size_t j = 0; j < k; j++)
             out[idx[j]] = fl_cmp_round(val[j], opts->values);
-        if (c->size > 1 && (rc = fl_allreduce(c, out, out, n, FL_FLOAT32, op)) != FL_OK)
+        /* The ring (unless another algorithm is forced): the fallback is taken when the pairs
+         * would outweigh it, and the stats compare against its bytes. */
+        fl_algo_t algo = c->algo == FL_ALGO_AUTO ? FL_ALGO_RING : c->algo;
+        if (c->size > 1 &&
+            (rc = fl_allreduce_algo(c, out, out, n, FL_FLOAT32, op, algo)) != FL_OK)
             return rc;
         finish_stats(c, n, sent_before, ktot, dense, stats);
         return FL_OK;

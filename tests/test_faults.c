@@ -586,12 +586,15 @@ static void check_after_failure(const rank_report_t *rep)
 
 /* ---- tests ---- */
 
-START_TEST(test_rank_killed)
+/* Rank 2 of 4 killed (SIGKILL) in the middle of allreduces of count float32 with algo: every
+ * survivor fails with FL_EPEER naming it, its host and the operation, within the heartbeat
+ * timeout, and the coordinator reports the death. */
+static void rank_killed(fl_algo_t algo, size_t count)
 {
     const scenario_t sc = {.world = 4,
-                           .count = (size_t)2 << 20, /* 8 MiB of float32 */
+                           .count = count,
                            .timeout_ms = 30000,
-                           .algo = FL_ALGO_RING,
+                           .algo = algo,
                            .segment = (size_t)1 << 20,
                            .special = 2,
                            .progress_at = 2,
@@ -648,6 +651,26 @@ START_TEST(test_rank_killed)
     ck_assert_msg(coord_rc == FL_EPEER && names_rank(coord_text, sc.special) &&
                       strstr(coord_text, "dead") != NULL,
                   "fl_coord_wait: %s: %s", fl_strerror(coord_rc), coord_text);
+}
+
+START_TEST(test_rank_killed)
+{
+    rank_killed(FL_ALGO_RING, (size_t)2 << 20); /* 8 MiB of float32 */
+}
+END_TEST
+
+/* The same death under each algorithm the size switch can pick, at sizes it picks them for. */
+START_TEST(test_rank_killed_each_algo)
+{
+    static const struct {
+        fl_algo_t algo;
+        size_t count;
+    } runs[] = {{FL_ALGO_DIRECT, 1024},        /* 4 KiB */
+                {FL_ALGO_RD, 16384},           /* 64 KiB */
+                {FL_ALGO_RING, 65536},         /* 256 KiB, one segment a chunk */
+                {FL_ALGO_AUTO, 1024},          /* AUTO's one-shot */
+                {FL_ALGO_AUTO, 16384}};        /* AUTO's recursive doubling */
+    rank_killed(runs[_i].algo, runs[_i].count);
 }
 END_TEST
 
@@ -1051,6 +1074,7 @@ Suite *faults_suite(void)
     TCase *t = tcase_create("deaths");
     tcase_set_timeout(t, 60);
     tcase_add_test(t, test_rank_killed);
+    tcase_add_loop_test(t, test_rank_killed_each_algo, 0, 5);
     tcase_add_test(t, test_coordinator_killed);
     suite_add_tcase(s, t);
     t = tcase_create("stall");

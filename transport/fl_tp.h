@@ -124,6 +124,12 @@ int fl_tp_recv(fl_tp_sock_t *sock, fl_tp_msg_t *m, int64_t deadline_ms);
  * detail text) when no message is waiting. For loops that poll several sockets themselves. */
 int fl_tp_try_recv(fl_tp_sock_t *sock, fl_tp_msg_t *m);
 
+/* fl_tp_recv for at most timeout_ms (>= 0), waiting inside ZeroMQ's receive (one wait on the
+ * socket) rather than in a poll, which costs several system calls more per message. FL_ETIMEDOUT
+ * (no detail text) when nothing came; otherwise as fl_tp_recv. Not for ROUTER sockets (they
+ * take fl_tp_recv). */
+int fl_tp_recv_for(fl_tp_sock_t *sock, fl_tp_msg_t *m, int timeout_ms);
+
 /* Releases the frames of m and its header. NULL-safe, idempotent. */
 void fl_tp_msg_close(fl_tp_msg_t *m);
 
@@ -240,6 +246,9 @@ typedef struct fl_tp_status {
     _Atomic uint64_t seq;      /* its sequence number */
     _Atomic uint32_t step;     /* its progress */
     _Atomic int32_t waiting_on; /* the rank awaited, -1 when none */
+    /* Events the control thread has posted so far (counted before each is sent): while it is
+     * 0 the owner need not poll the events pipe before every operation. */
+    _Atomic uint32_t posted;
 } fl_tp_status_t;
 
 /* The code of the SHUTDOWN event that says the coordinator went away and the member is

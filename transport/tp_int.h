@@ -27,6 +27,8 @@ struct fl_tp_sock {
     struct fl_tp_guard *guard;
     /* handshake watch of a connecting socket (tp_watch.c) */
     fl_tp_sock_t *watch;
+    /* ZMQ_RCVTIMEO as last set by fl_tp_recv_for (-1: ZeroMQ's default, none) */
+    int rcvtimeo;
 };
 
 /* ---- monitors (tp_watch.c) ---- */

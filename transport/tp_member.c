@@ -355,6 +355,7 @@ static bool is_fatal(const fl_msg_hdr_t *h)
 
 static void post(fl_tp_member_t *m, fl_msg_hdr_t *h)
 {
+    atomic_fetch_add(&m->status.posted, 1);
     if (fl_tp_send(m->ev_tx, NULL, h, NULL, 0, fl_deadline_in(1000)) != FL_OK)
         FL_ERROR(m->ctx, "%s: could not pass on a %s event: %s", m->name,
                  fl_msg_type_name(h->type), fl_last_error());

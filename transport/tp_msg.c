@@ -224,9 +224,10 @@ static int refuse(fl_tp_sock_t *s, fl_tp_msg_t *m, fl_stat_t stat, int rc)
 /* Status of read_message when no message is waiting (not an error, and no detail text). */
 #define NOT_READY 1
 
-/* Reads one message if one is waiting (the first part without blocking; the rest of a message
- * is always there once its first part is, ZeroMQ delivers messages whole). */
-static int read_parts(fl_tp_sock_t *s, fl_tp_msg_t *m, tally_t *t)
+/* Reads one message if one is waiting (the first part without blocking, or with wait up to the
+ * socket's RCVTIMEO; the rest of a message is always there once its first part is, ZeroMQ
+ * delivers messages whole). */
+static int read_parts(fl_tp_sock_t *s, fl_tp_msg_t *m, tally_t *t, bool wait)
 {
     zmq_msg_t hdr;
     int rc;
@@ -249,10 +250,10 @@ static int read_parts(fl_tp_sock_t *s, fl_tp_msg_t *m, tally_t *t)
                                   s->name));
     }
     zmq_msg_init(&hdr);
-    if (zmq_msg_recv(&hdr, s->zs, s->kind == FL_TP_ROUTER ? 0 : ZMQ_DONTWAIT) < 0) {
+    if (zmq_msg_recv(&hdr, s->zs, s->kind == FL_TP_ROUTER || wait ? 0 : ZMQ_DONTWAIT) < 0) {
         int e = zmq_errno();
         zmq_msg_close(&hdr);
-        if (e == EAGAIN)
+        if (e == EAGAIN || (wait && e == EINTR))
             return NOT_READY;
         return fl_fail(FL_EIO, "%s socket: recv header: %s", s->name, zmq_strerror(e));
     }
@@ -317,10 +318,10 @@ static int read_parts(fl_tp_sock_t *s, fl_tp_msg_t *m, tally_t *t)
     return FL_OK;
 }
 
-static int read_message(fl_tp_sock_t *s, fl_tp_msg_t *m)
+static int read_message(fl_tp_sock_t *s, fl_tp_msg_t *m, bool wait)
 {
     tally_t t = {-1, 0, 0};
-    int rc = read_parts(s, m, &t);
+    int rc = read_parts(s, m, &t, wait);
     if (s->guard != NULL && t.fd >= 0)
         fl_tp_guard_taken(s->guard, t.fd, t.bytes, t.frames);
     return rc;
@@ -332,7 +333,7 @@ int fl_tp_recv(fl_tp_sock_t *s, fl_tp_msg_t *m, int64_t deadline_ms)
     for (;;) {
         /* Try first: when a message is waiting (the common case in a busy collective) this
          * costs no poll system call. */
-        int rc = read_message(s, m);
+        int rc = read_message(s, m, false);
         if (rc != NOT_READY)
             return rc;
         zmq_pollitem_t it = {s->zs, 0, ZMQ_POLLIN, 0};
@@ -350,7 +351,25 @@ int fl_tp_recv(fl_tp_sock_t *s, fl_tp_msg_t *m, int64_t deadline_ms)
 int fl_tp_try_recv(fl_tp_sock_t *s, fl_tp_msg_t *m)
 {
     m->nframes = 0;
-    int rc = read_message(s, m);
+    int rc = read_message(s, m, false);
+    return rc == NOT_READY ? FL_ETIMEDOUT : rc;
+}
+
+int fl_tp_recv_for(fl_tp_sock_t *s, fl_tp_msg_t *m, int timeout_ms)
+{
+    if (s->kind == FL_TP_ROUTER)
+        return fl_tp_recv(s, m, fl_deadline_in(timeout_ms));
+    m->nframes = 0;
+    if (timeout_ms < 0)
+        timeout_ms = 0;
+    if (s->rcvtimeo != timeout_ms) {
+        /* Only the header's receive waits: the rest of a message is there with it. */
+        if (zmq_setsockopt(s->zs, ZMQ_RCVTIMEO, &timeout_ms, sizeof timeout_ms) != 0)
+            return fl_fail(FL_EIO, "%s socket: set RCVTIMEO: %s", s->name,
+                           zmq_strerror(zmq_errno()));
+        s->rcvtimeo = timeout_ms;
+    }
+    int rc = read_message(s, m, true);
     return rc == NOT_READY ? FL_ETIMEDOUT : rc;
 }
 

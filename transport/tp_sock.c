@@ -84,6 +84,7 @@ int fl_tp_sock_create(fl_ctx_t *ctx, fl_tp_kind_t kind, const fl_tp_opts_t *opts
     s->ctx = ctx;
     s->kind = kind;
     s->sender = -1;
+    s->rcvtimeo = -1;
     snprintf(s->name, sizeof s->name, "%s", name);
     s->max_msg_bytes = opts->max_msg_bytes ? opts->max_msg_bytes : fl_ctx_max_msg_bytes(ctx);
     s->handshake_ivl_ms = opts->handshake_ivl_ms;

@@ -17,8 +17,9 @@ extern "C" {
 
 typedef struct fl_comm fl_comm_t;
 
-/* Which allreduce algorithm runs. AUTO picks one-shot up to small_bytes when there are at most 8
- * ranks, recursive doubling up to small_bytes beyond that, and the ring above small_bytes. */
+/* Which allreduce algorithm runs. AUTO picks one-shot up to 8 KiB (and small_bytes) when there
+ * are at most 8 ranks, recursive doubling above that up to small_bytes, and the ring above
+ * small_bytes. */
 typedef enum fl_algo {
     FL_ALGO_AUTO = 0,
     FL_ALGO_RING = 1,   /* bandwidth-optimal: each rank sends 2(N-1)/N of the buffer */
@@ -42,7 +43,7 @@ typedef struct fl_comm_opts {
     int rendezvous_timeout_ms; /* deadline of the rendezvous in fl_comm_init (default 300000) */
     int stripes;               /* TCP connections per peer pair, 1..8 (default 1) */
     size_t segment_bytes;      /* pipelining unit of the ring (default 1 MiB) */
-    size_t small_bytes;        /* AUTO uses a latency algorithm up to this size (default 64 KiB) */
+    size_t small_bytes;        /* AUTO uses a latency algorithm up to this size (default 128 KiB) */
     fl_algo_t algo;            /* force an algorithm (default FL_ALGO_AUTO) */
     fl_log_level_t log_level;  /* default FL_LOG_WARN */
     uint64_t model_signature;  /* ranks of one job must agree (e.g. a hash of the parameter
