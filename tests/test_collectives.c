@@ -9,6 +9,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include "testutil.h"
@@ -1213,6 +1214,110 @@ START_TEST(test_ipc_endpoints)
 }
 END_TEST
 
+/* ---- same-host peers over ipc:// chosen by the communicator ---- */
+
+#define AUTO_SIZES 3
+static const size_t auto_counts[AUTO_SIZES] = {1000, 20000, 300001}; /* direct, rd, ring */
+
+typedef struct auto_arg {
+    bool ipc;                                  /* what the ranks should use */
+    float *out[MAX_WORLD][AUTO_SIZES];         /* each rank's results */
+    char dir[MAX_WORLD][128];                  /* each rank's socket directory */
+} auto_arg_t;
+
+static int auto_rank(fl_comm_t *comm, void *arg)
+{
+    auto_arg_t *a = arg;
+    int r = fl_comm_rank(comm);
+    int n = fl_comm_size(comm);
+    const char *dir = fl_comm_ipc_dir(comm);
+    snprintf(a->dir[r], sizeof a->dir[r], "%s", dir);
+    if (a->ipc) {
+        struct stat st;
+        if (dir[0] == '\0' || lstat(dir, &st) != 0 || !S_ISDIR(st.st_mode) ||
+            (st.st_mode & 0777) != 0700 || st.st_uid != geteuid())
+            return bad("rank %d: ipc socket directory '%s' is missing or not private", r, dir);
+    } else if (dir[0] != '\0') {
+        return bad("rank %d: ipc turned off, yet a socket directory '%s'", r, dir);
+    }
+    for (int k = 0; k < AUTO_SIZES; k++) {
+        size_t c = auto_counts[k];
+        float *buf = a->out[r][k];
+        /* Magnitudes spread over many binades: any change in the order of the additions
+         * would show in the bits. */
+        uint64_t x = 0x9E3779B97F4A7C15ULL * (uint64_t)(r + 1) + (uint64_t)k;
+        for (size_t i = 0; i < c; i++) {
+            x ^= x << 13;
+            x ^= x >> 7;
+            x ^= x << 17;
+            buf[i] = ldexpf((float)(x % 2001) - 1000.0f, (int)((x >> 20) % 40) - 20);
+        }
+        int rc = fl_allreduce(comm, buf, buf, c, FL_FLOAT32, FL_SUM);
+        if (rc != FL_OK)
+            return rc;
+        /* The one-shot exchange has opened every peer's socket by now. */
+        for (int p = 0; k == 0 && p < n; p++)
+            if (p != r && fl_comm_peer_is_ipc(comm, p) != a->ipc)
+                return bad("rank %d: data to rank %d over %s, want %s", r, p,
+                           a->ipc ? "tcp" : "ipc", a->ipc ? "ipc" : "tcp");
+    }
+    return fl_barrier(comm);
+}
+
+static void auto_run(int world, int stripes, bool ipc, auto_arg_t *a)
+{
+    fl_comm_opts_t o;
+    opts_base(&o);
+    o.stripes = stripes;
+    o.segment_bytes = 65536;
+    o.ipc = ipc ? 1 : 0;
+    a->ipc = ipc;
+    run_world(world, &o, auto_rank, a);
+    for (int r = 0; r < world; r++) {
+        struct stat st;
+        if (a->dir[r][0] != '\0')
+            ck_assert_msg(lstat(a->dir[r], &st) != 0, "rank %d's socket directory %s is left",
+                          r, a->dir[r]);
+    }
+}
+
+START_TEST(test_ipc_same_host)
+{
+    int world = _i == 0 ? 3 : 2;
+    int stripes = _i == 0 ? 1 : 2;
+    auto_arg_t *on = calloc(1, sizeof *on);
+    auto_arg_t *off = calloc(1, sizeof *off);
+    ck_assert(on != NULL && off != NULL);
+    for (int r = 0; r < world; r++) {
+        for (int k = 0; k < AUTO_SIZES; k++) {
+            on->out[r][k] = malloc(auto_counts[k] * sizeof(float));
+            off->out[r][k] = malloc(auto_counts[k] * sizeof(float));
+            ck_assert(on->out[r][k] != NULL && off->out[r][k] != NULL);
+        }
+    }
+    auto_run(world, stripes, true, on);
+    auto_run(world, stripes, false, off);
+    for (int r = 0; r < world; r++) {
+        for (int k = 0; k < AUTO_SIZES; k++) {
+            size_t bytes = auto_counts[k] * sizeof(float);
+            ck_assert_msg(memcmp(on->out[r][k], on->out[0][k], bytes) == 0,
+                          "ipc: rank %d's sum of %zu differs from rank 0's", r, auto_counts[k]);
+            ck_assert_msg(memcmp(on->out[r][k], off->out[r][k], bytes) == 0,
+                          "rank %d: the sum of %zu over ipc differs from tcp's", r,
+                          auto_counts[k]);
+        }
+    }
+    for (int r = 0; r < world; r++) {
+        for (int k = 0; k < AUTO_SIZES; k++) {
+            free(on->out[r][k]);
+            free(off->out[r][k]);
+        }
+    }
+    free(on);
+    free(off);
+}
+END_TEST
+
 Suite *collectives_suite(void);
 Suite *collectives_suite(void)
 {
@@ -1259,6 +1364,7 @@ Suite *collectives_suite(void)
     t = tcase_create("ipc");
     tcase_set_timeout(t, 60);
     tcase_add_loop_test(t, test_ipc_endpoints, 0, 2);
+    tcase_add_loop_test(t, test_ipc_same_host, 0, 2);
     suite_add_tcase(s, t);
     return s;
 }
