@@ -109,8 +109,8 @@ int fl_comm_rendezvous(fl_comm_t *c, int timeout_ms);
 int fl_comm_bind_data(fl_comm_t *c, const char *bind, int stripes);
 
 /* Binds the data socket on ipc:// too, one socket per stripe in the job's private directory,
- * when that directory can be made private; otherwise logs why and leaves peers on TCP. FL_OK or
- * the bind's error (comm_ipc.c). */
+ * when that directory can be made private; otherwise logs why and leaves peers on TCP. Always
+ * FL_OK: where ipc cannot be had, TCP serves (comm_ipc.c). */
 int fl_comm_ipc_bind(fl_comm_t *c, int stripes);
 
 /* Removes this rank's sockets and, when it is empty, the job's directory. Idempotent. */

@@ -48,6 +48,10 @@ fl_ctx_t *fl_comm_ctx(const fl_comm_t *comm);
  * explicit bind, a sub-communicator, or a directory it could not make private). */
 const char *fl_comm_ipc_dir(const fl_comm_t *comm);
 
+/* The socket directory of the job's ranks on this host: /tmp/flodl-<euid>-<hash of job id
+ * and coordinator endpoint as given>. */
+void fl_comm_ipc_dir_name(const char *job_id, const char *coordinator, char *out, size_t cap);
+
 /* True when this rank's data to peer goes over ipc:// (its socket is opened by then). */
 bool fl_comm_peer_is_ipc(const fl_comm_t *comm, int peer);
 const char *fl_coll_phase_name(int phase);

@@ -9,7 +9,11 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/socket.h>
 #include <sys/stat.h>
+#include <sys/time.h>
+#include <sys/un.h>
+#include <time.h>
 #include <unistd.h>
 
 #include "testutil.h"
@@ -65,11 +69,17 @@ static void *rank_main(void *p)
  * ipc_tag != NULL: rank r's data endpoint is ipc:///tmp/flodl-coll-<pid>-<tag>-<r>. Fails the
  * test listing every rank's error, wrong results (TEST_EBAD) first: the other errors are mostly
  * peers of the failed rank running into their deadline. */
+/* Called with the coordinator's endpoint before the ranks start, when set (one test per
+ * forked process, so a static is enough). */
+static void (*before_ranks)(const char *coordinator, const char *job_id);
+
 static void run_world_at(int world, const fl_comm_opts_t *o, const char *ipc_tag,
                          fl_test_rank_fn fn, void *arg)
 {
     ck_assert(world >= 1 && world <= MAX_WORLD);
     fl_coord_t *coord = fl_test_coord(world, 0);
+    if (before_ranks != NULL)
+        before_ranks(fl_coord_endpoint(coord), o->job_id);
     rank_slot_t *slots = calloc((size_t)world, sizeof *slots);
     pthread_t th[MAX_WORLD];
     ck_assert(slots != NULL);
@@ -1318,6 +1328,82 @@ START_TEST(test_ipc_same_host)
 }
 END_TEST
 
+/* A socket directory that another user, or a loose mode, could reach is not used: the ranks go
+ * over TCP, get the same bits, and leave the directory alone. */
+static char open_dir[128];
+
+static void make_open_dir(const char *coordinator, const char *job_id)
+{
+    fl_comm_ipc_dir_name(job_id, coordinator, open_dir, sizeof open_dir);
+    ck_assert_msg(mkdir(open_dir, 0700) == 0 && chmod(open_dir, 0755) == 0, "mkdir %s",
+                  open_dir);
+}
+
+START_TEST(test_ipc_dir_not_private)
+{
+    auto_arg_t *a = calloc(1, sizeof *a);
+    ck_assert(a != NULL);
+    for (int r = 0; r < 2; r++)
+        for (int k = 0; k < AUTO_SIZES; k++)
+            ck_assert((a->out[r][k] = malloc(auto_counts[k] * sizeof(float))) != NULL);
+    before_ranks = make_open_dir;
+    fl_comm_opts_t o;
+    opts_base(&o);
+    o.segment_bytes = 65536;
+    o.log_level = FL_LOG_OFF; /* the warning saying why is expected */
+    a->ipc = false;           /* what the ranks must end up using */
+    run_world(2, &o, auto_rank, a);
+    before_ranks = NULL;
+    struct stat st;
+    bool left = lstat(open_dir, &st) == 0 && (st.st_mode & 0777) == 0755;
+    rmdir(open_dir);
+    ck_assert_msg(left, "%s was changed or removed by ranks that may not use it", open_dir);
+    for (int k = 0; k < AUTO_SIZES; k++)
+        ck_assert(memcmp(a->out[0][k], a->out[1][k], auto_counts[k] * sizeof(float)) == 0);
+    for (int r = 0; r < 2; r++)
+        for (int k = 0; k < AUTO_SIZES; k++)
+            free(a->out[r][k]);
+    free(a);
+}
+END_TEST
+
+/* What a rank killed before fl_comm_destroy leaves (a socket nobody listens on, in its job's
+ * directory) is removed by the next communicator of the same user. */
+START_TEST(test_ipc_stale_swept)
+{
+    char dir[128];
+    char path[192];
+    fl_comm_ipc_dir_name("killed-job", "tcp://127.0.0.1:1", dir, sizeof dir);
+    snprintf(path, sizeof path, "%s/r0-p%d.0", dir, (int)getpid());
+    ck_assert(mkdir(dir, 0700) == 0);
+    struct sockaddr_un a;
+    memset(&a, 0, sizeof a);
+    a.sun_family = AF_UNIX;
+    ck_assert(strlen(path) < sizeof a.sun_path);
+    memcpy(a.sun_path, path, strlen(path) + 1);
+    int fd = socket(AF_UNIX, SOCK_STREAM, 0);
+    ck_assert(fd >= 0 && bind(fd, (struct sockaddr *)&a, sizeof a) == 0);
+    close(fd); /* bound, never listened on: what a killed rank leaves */
+    struct timeval old[2] = {{.tv_sec = time(NULL) - 60}, {.tv_sec = time(NULL) - 60}};
+    ck_assert(utimes(path, old) == 0 && utimes(dir, old) == 0);
+    auto_arg_t *aa = calloc(1, sizeof *aa);
+    ck_assert(aa != NULL);
+    for (int r = 0; r < 2; r++)
+        for (int k = 0; k < AUTO_SIZES; k++)
+            ck_assert((aa->out[r][k] = malloc(auto_counts[k] * sizeof(float))) != NULL);
+    auto_run(2, 1, true, aa);
+    struct stat st;
+    bool gone = lstat(dir, &st) != 0;
+    unlink(path);
+    rmdir(dir);
+    for (int r = 0; r < 2; r++)
+        for (int k = 0; k < AUTO_SIZES; k++)
+            free(aa->out[r][k]);
+    free(aa);
+    ck_assert_msg(gone, "%s, left by a killed rank, is still there", dir);
+}
+END_TEST
+
 Suite *collectives_suite(void);
 Suite *collectives_suite(void)
 {
@@ -1365,6 +1451,8 @@ Suite *collectives_suite(void)
     tcase_set_timeout(t, 60);
     tcase_add_loop_test(t, test_ipc_endpoints, 0, 2);
     tcase_add_loop_test(t, test_ipc_same_host, 0, 2);
+    tcase_add_test(t, test_ipc_dir_not_private);
+    tcase_add_test(t, test_ipc_stale_swept);
     suite_add_tcase(s, t);
     return s;
 }
