@@ -73,6 +73,9 @@ static void *rank_main(void *p)
  * forked process, so a static is enough). */
 static void (*before_ranks)(const char *coordinator, const char *job_id);
 
+/* A rank that runs with ipc turned off, when >= 0. */
+static int ipc_off_rank = -1;
+
 static void run_world_at(int world, const fl_comm_opts_t *o, const char *ipc_tag,
                          fl_test_rank_fn fn, void *arg)
 {
@@ -88,6 +91,8 @@ static void run_world_at(int world, const fl_comm_opts_t *o, const char *ipc_tag
         slots[r].opts.coordinator = fl_coord_endpoint(coord);
         slots[r].opts.rank = r;
         slots[r].opts.world_size = world;
+        if (r == ipc_off_rank)
+            slots[r].opts.ipc = 0;
         if (ipc_tag != NULL) {
             snprintf(slots[r].bind, sizeof slots[r].bind, "ipc:///tmp/flodl-coll-%d-%s-%d",
                      (int)getpid(), ipc_tag, r);
@@ -1404,6 +1409,42 @@ START_TEST(test_ipc_stale_swept)
 }
 END_TEST
 
+/* One rank with ipc off: its links go over TCP both ways, the others' over ipc. */
+static int mixed_rank(fl_comm_t *comm, void *arg)
+{
+    float *out = arg;
+    int r = fl_comm_rank(comm);
+    int n = fl_comm_size(comm);
+    float buf[1000];
+    for (int i = 0; i < 1000; i++)
+        buf[i] = ldexpf((float)((r * 7919 + i * 104729) % 2001) - 1000.0f, (i * 13 + r) % 40 - 20);
+    int rc = fl_allreduce(comm, buf, buf, 1000, FL_FLOAT32, FL_SUM);
+    if (rc != FL_OK)
+        return rc;
+    memcpy(out + (size_t)r * 1000, buf, sizeof buf);
+    for (int p = 0; p < n; p++) {
+        bool want = r != ipc_off_rank && p != ipc_off_rank;
+        if (p != r && fl_comm_peer_is_ipc(comm, p) != want)
+            return bad("rank %d: data to rank %d over %s, want %s", r, p, want ? "tcp" : "ipc",
+                       want ? "ipc" : "tcp");
+    }
+    return fl_barrier(comm);
+}
+
+START_TEST(test_ipc_one_rank_off)
+{
+    static float out[3 * 1000];
+    fl_comm_opts_t o;
+    opts_base(&o);
+    ipc_off_rank = 1;
+    run_world(3, &o, mixed_rank, out);
+    ipc_off_rank = -1;
+    for (int r = 1; r < 3; r++)
+        ck_assert_msg(memcmp(out, out + r * 1000, 1000 * sizeof(float)) == 0,
+                      "rank %d's sum differs from rank 0's", r);
+}
+END_TEST
+
 Suite *collectives_suite(void);
 Suite *collectives_suite(void)
 {
@@ -1453,6 +1494,7 @@ Suite *collectives_suite(void)
     tcase_add_loop_test(t, test_ipc_same_host, 0, 2);
     tcase_add_test(t, test_ipc_dir_not_private);
     tcase_add_test(t, test_ipc_stale_swept);
+    tcase_add_test(t, test_ipc_one_rank_off);
     suite_add_tcase(s, t);
     return s;
 }
