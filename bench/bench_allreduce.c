@@ -32,7 +32,7 @@ static const char usage[] =
     "usage: flodl-bench allreduce [--ranks N] [--min BYTES] [--max BYTES] [--no-mpi] [--no-floor]\n"
     "                             [--algos]\n"
     "                             [--bind core|none]\n"
-    "                             [communicator flags: --segment, --stripes, --small, --algo]\n"
+    "                             [communicator flags: --segment --stripes --small --algo --ipc]\n"
     "       flodl-bench allreduce --rank K --world-size N --coordinator EP [...]   (join)\n"
     "Float32 sum allreduce, in place. Launch mode starts a coordinator and N ranks here and,\n"
     "when mpirun and flodl-mpi-bench are present, MPI_Allreduce over TCP and shared memory.\n"
@@ -260,11 +260,12 @@ static void print_table(const ar_bench_t *b, const bench_sizes_t *s, const doubl
         printf("\n");
     }
     if (have_floor)
-        printf("zmq 1-way: ZeroMQ's own one-way latency of one message of the size (PUSH/PULL, "
-               "2 processes on the CPUs of ranks 0 and 1, half the median round trip); f/floor: "
-               "flodl's time over it\nzmq xchg: both processes send one message of the size "
-               "at once, then take the other's (the least 2 ranks' allreduce does); f/xchg: "
-               "flodl's time over it\n");
+        printf("zmq 1-way: ZeroMQ's own one-way latency of one message of the size (PUSH/PULL "
+               "over %s as flodl's ranks, 2 processes on the CPUs of ranks 0 and 1, half the "
+               "median round trip); f/floor: flodl's time over it\nzmq xchg: both processes "
+               "send one message of the size at once, then take the other's (the least 2 ranks' "
+               "allreduce does); f/xchg: flodl's time over it\n",
+               b->comm.ipc == 1 ? "ipc://" : "loopback TCP");
     if (have_mpi)
         printf("busbw f/tcp: flodl busbw over Open MPI's TCP busbw (higher is better); time "
                "f/tcp: flodl time over MPI's (lower is better)\n");
@@ -432,7 +433,8 @@ int bench_allreduce_main(int argc, char **argv)
     bool have_floor = false;
     if (!b.no_floor) {
         fprintf(stderr, "flodl-bench: ZeroMQ one-way floor, 2 processes...\n");
-        have_floor = bench_floor_run(b.min, b.max, b.bind, &sizes, floor_us, xchg_us) == 0;
+        have_floor =
+            bench_floor_run(b.min, b.max, b.bind, b.comm.ipc == 1, &sizes, floor_us, xchg_us) == 0;
     }
     fprintf(stderr, "flodl-bench: flodl allreduce, %d ranks...\n", b.ranks);
     int status = spawn_flodl(&b, &sizes, fl);

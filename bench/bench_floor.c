@@ -1,5 +1,5 @@
 /* ZeroMQ's own one-way latency, the floor under flodl's per-message cost: two processes, each
- * with a PULL socket bound on loopback and a PUSH socket to the other (the socket types
+ * with a PULL socket bound on loopback TCP (or ipc://, as flodl's same-host ranks use) and a PUSH socket to the other (the socket types
  * flodl's data plane uses), bound to the CPUs ranks 0 and 1 use, ping-pong one message of each
  * size; the floor is half the round trip, under the timing protocol of the allreduce figures
  * (warm-up, repetitions of back-to-back operations, median). Then the exchange: both send one
@@ -15,7 +15,8 @@
 #include "bench_util.h"
 #include "fl_core.h"
 
-static int open_pair(void *ctx, void **pull, void **push, char *ep, size_t cap)
+static int open_pair(void *ctx, const char *scheme, void **pull, void **push, char *ep,
+                     size_t cap)
 {
     int hwm = 0;
     *pull = zmq_socket(ctx, ZMQ_PULL);
@@ -24,7 +25,9 @@ static int open_pair(void *ctx, void **pull, void **push, char *ep, size_t cap)
         return -1;
     zmq_setsockopt(*pull, ZMQ_RCVHWM, &hwm, sizeof hwm);
     zmq_setsockopt(*push, ZMQ_SNDHWM, &hwm, sizeof hwm);
-    if (zmq_bind(*pull, "tcp://127.0.0.1:*") != 0)
+    /* ipc with a wildcard path: a socket in a fresh directory of ZeroMQ's, removed when the
+     * socket closes. */
+    if (zmq_bind(*pull, strcmp(scheme, "ipc") == 0 ? "ipc://*" : "tcp://127.0.0.1:*") != 0)
         return -1;
     return zmq_getsockopt(*pull, ZMQ_LAST_ENDPOINT, ep, &cap);
 }
@@ -57,12 +60,12 @@ static int exchange(void *push, void *pull, char *buf, const bench_sizes_t *size
 
 /* echo: prints its endpoint, takes the pinger's endpoint as the first message, then sends back
  * every message until an empty one; then the exchange sweep. */
-static int run_echo(void *ctx, size_t min, size_t max)
+static int run_echo(void *ctx, const char *scheme, size_t min, size_t max)
 {
     void *pull;
     void *push;
     char ep[256];
-    if (open_pair(ctx, &pull, &push, ep, sizeof ep) != 0)
+    if (open_pair(ctx, scheme, &pull, &push, ep, sizeof ep) != 0)
         return 1;
     printf("EP %s\n", ep);
     fflush(stdout);
@@ -92,12 +95,13 @@ static int run_echo(void *ctx, size_t min, size_t max)
     return n == 0 ? 0 : 1;
 }
 
-static int run_ping(void *ctx, const char *peer, size_t min, size_t max)
+static int run_ping(void *ctx, const char *scheme, const char *peer, size_t min, size_t max)
 {
     void *pull;
     void *push;
     char ep[256];
-    if (open_pair(ctx, &pull, &push, ep, sizeof ep) != 0 || zmq_connect(push, peer) != 0)
+    if (open_pair(ctx, scheme, &pull, &push, ep, sizeof ep) != 0 ||
+        zmq_connect(push, peer) != 0)
         return 1;
     int timeout = 60000;
     zmq_setsockopt(pull, ZMQ_RCVTIMEO, &timeout, sizeof timeout);
@@ -148,15 +152,17 @@ int bench_floor_main(int argc, char **argv);
 int bench_floor_main(int argc, char **argv)
 {
     if (argc < 2) {
-        fprintf(stderr, "usage: flodl-bench zmq-floor echo MIN MAX | ping EP MIN MAX\n");
+        fprintf(stderr, "usage: flodl-bench zmq-floor echo tcp|ipc MIN MAX | ping tcp|ipc EP MIN "
+                        "MAX\n");
         return 2;
     }
     void *ctx = zmq_ctx_new();
     int rc = 2;
-    if (strcmp(argv[1], "echo") == 0 && argc == 4)
-        rc = run_echo(ctx, strtoull(argv[2], NULL, 10), strtoull(argv[3], NULL, 10));
-    else if (strcmp(argv[1], "ping") == 0 && argc == 5)
-        rc = run_ping(ctx, argv[2], strtoull(argv[3], NULL, 10), strtoull(argv[4], NULL, 10));
+    if (strcmp(argv[1], "echo") == 0 && argc == 5)
+        rc = run_echo(ctx, argv[2], strtoull(argv[3], NULL, 10), strtoull(argv[4], NULL, 10));
+    else if (strcmp(argv[1], "ping") == 0 && argc == 6)
+        rc = run_ping(ctx, argv[2], argv[3], strtoull(argv[4], NULL, 10),
+                      strtoull(argv[5], NULL, 10));
     zmq_ctx_term(ctx);
     return rc;
 }
@@ -195,9 +201,10 @@ static void read_floor(int fd, floor_out_t *o)
     fclose(f);
 }
 
-int bench_floor_run(size_t min, size_t max, bool bind, const bench_sizes_t *sizes, double *us,
-                    double *xchg)
+int bench_floor_run(size_t min, size_t max, bool bind, bool ipc, const bench_sizes_t *sizes,
+                    double *us, double *xchg)
 {
+    char *scheme = ipc ? "ipc" : "tcp";
     for (size_t i = 0; i < sizes->n; i++)
         us[i] = xchg[i] = -1;
     char self[1024];
@@ -209,7 +216,7 @@ int bench_floor_run(size_t min, size_t max, bool bind, const bench_sizes_t *size
     char max_s[32];
     snprintf(min_s, sizeof min_s, "%zu", min);
     snprintf(max_s, sizeof max_s, "%zu", max);
-    char *eargv[] = {self, "zmq-floor", "echo", min_s, max_s, NULL};
+    char *eargv[] = {self, "zmq-floor", "echo", scheme, min_s, max_s, NULL};
     int efd;
     pid_t echo = bench_spawn_on(self, eargv, &efd, bind ? 1 : -1);
     if (echo < 0)
@@ -223,7 +230,7 @@ int bench_floor_run(size_t min, size_t max, bool bind, const bench_sizes_t *size
         bench_wait(echo, 5000);
         return 1;
     }
-    char *pargv[] = {self, "zmq-floor", "ping", ep, min_s, max_s, NULL};
+    char *pargv[] = {self, "zmq-floor", "ping", scheme, ep, min_s, max_s, NULL};
     int pfd;
     pid_t ping = bench_spawn_on(self, pargv, &pfd, bind ? 0 : -1);
     int status = 1;

@@ -104,10 +104,11 @@ int bench_read_lines(int fd, int64_t deadline, bench_line_fn fn, void *ud);
 int bench_wait_group(pid_t pid, int64_t deadline, int grace_ms);
 
 /* ZeroMQ's own one-way latency per size (bench_floor.c): two processes of this executable on
- * the CPUs of ranks 0 and 1 (when bind is set) ping-pong over PUSH/PULL on loopback; us[i] gets
+ * the CPUs of ranks 0 and 1 (when bind is set) ping-pong over PUSH/PULL on loopback TCP, or
+ * over ipc:// (ipc, what flodl's ranks on one host use by default); us[i] gets
  * half the median round trip of sizes->bytes[i], xchg[i] the median time of an exchange (both
  * send one message of the size, then take the other's); -1 where missing. 0 when it ran. */
-int bench_floor_run(size_t min, size_t max, bool bind, const bench_sizes_t *sizes, double *us,
-                    double *xchg);
+int bench_floor_run(size_t min, size_t max, bool bind, bool ipc, const bench_sizes_t *sizes,
+                    double *us, double *xchg);
 
 #endif

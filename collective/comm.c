@@ -33,6 +33,7 @@ void fl_comm_opts_init(fl_comm_opts_t *o)
     o->algo = FL_ALGO_AUTO;
     o->log_level = FL_LOG_WARN;
     o->tune_malloc = 1;
+    o->ipc = 1;
 }
 
 static int check_opts(const fl_comm_opts_t *o)
@@ -79,6 +80,8 @@ static int check_opts(const fl_comm_opts_t *o)
         return fl_fail(FL_EINVAL, "comm: algo %d is not AUTO, RING, RD or DIRECT", (int)o->algo);
     if (o->log_level < FL_LOG_DEBUG || o->log_level > FL_LOG_OFF)
         return fl_fail(FL_EINVAL, "comm: log_level %d out of range", (int)o->log_level);
+    if (o->ipc != 0 && o->ipc != 1)
+        return fl_fail(FL_EINVAL, "comm: ipc %d is not 0 or 1", o->ipc);
     return FL_OK;
 }
 
@@ -150,6 +153,7 @@ int fl_comm_init(const fl_comm_opts_t *o, fl_comm_t **out)
     c->model_signature = o->model_signature;
     snprintf(c->settings, sizeof c->settings, "%s", o->settings ? o->settings : "");
     c->last_algo = FL_ALGO_AUTO;
+    c->ipc = o->ipc == 1;
 
     fl_ctx_opts_t co;
     fl_ctx_opts_init(&co);
@@ -168,11 +172,17 @@ int fl_comm_init(const fl_comm_opts_t *o, fl_comm_t **out)
 
     c->data_out = calloc((size_t)c->size, sizeof *c->data_out);
     c->inflight = calloc((size_t)c->size + 1, sizeof *c->inflight);
-    if (c->data_out == NULL || c->inflight == NULL) {
+    c->peer_ipc = calloc((size_t)c->size, sizeof *c->peer_ipc);
+    if (c->data_out == NULL || c->inflight == NULL || c->peer_ipc == NULL) {
         rc = fl_fail(FL_ENOMEM, "comm: out of memory for %d peers", c->size);
         goto fail;
     }
     if ((rc = fl_comm_bind_data(c, o->bind, o->stripes)) != FL_OK)
+        goto fail;
+    /* Before the rendezvous: a peer that reads this rank's entry in the table finds its
+     * sockets there. An explicit ipc:// or inproc:// bind is the only endpoint. */
+    if (c->ipc && c->size > 1 && strncmp(c->endpoints[0], "tcp://", 6) == 0 &&
+        (rc = fl_comm_ipc_bind(c, o->stripes)) != FL_OK)
         goto fail;
     if ((rc = fl_comm_rendezvous(c, o->rendezvous_timeout_ms)) != FL_OK)
         goto fail;
@@ -260,7 +270,9 @@ void fl_comm_destroy(fl_comm_t **pc)
     }
     if (c->tapped == NULL)
         fl_ctx_destroy(&c->ctx); /* a sub-communicator borrows its parent's */
+    fl_comm_ipc_remove(c); /* after the context: its sockets are closed by then */
     free(c->peers);
+    free(c->peer_ipc);
     free(c->data_out);
     /* ZeroMQ's release hooks of zero-copy sends decrement inflight. A communicator of its own
      * ended its context above, which waits for every message; a sub-communicator's context lives
@@ -324,13 +336,21 @@ int fl_comm_peer_sock(fl_comm_t *c, int peer, fl_tp_sock_t **out)
     if (rc != FL_OK)
         return rc;
     const fl_msg_peer_t *p = &c->peers[peer];
+    /* A peer on this host is dialled over its ipc sockets when all of them are there. */
+    char ipc[FL_MSG_MAX_STRIPES][FL_ENDPOINT_MAX];
+    bool use_ipc = p->nendpoints <= FL_MSG_MAX_STRIPES;
+    for (uint32_t k = 0; use_ipc && k < p->nendpoints; k++)
+        use_ipc = fl_comm_ipc_endpoint(c, peer, k, ipc[k], sizeof ipc[k]);
     for (uint32_t k = 0; k < p->nendpoints; k++) {
-        if ((rc = fl_tp_sock_connect(s, p->endpoints[k])) != FL_OK) {
+        if ((rc = fl_tp_sock_connect(s, use_ipc ? ipc[k] : p->endpoints[k])) != FL_OK) {
             fl_tp_sock_destroy(&s);
             return fl_fail_ctx(rc, "rank %d: connect to rank %d (%s)", c->rank, peer, p->host);
         }
     }
     fl_tp_sock_set_stamp(s, c->job_id, c->generation, c->rank);
+    if (c->peer_ipc != NULL)
+        c->peer_ipc[peer] = use_ipc;
+    FL_DEBUG(c->ctx, "data to rank %d over %s", peer, use_ipc ? ipc[0] : p->endpoints[0]);
     c->data_out[peer] = s;
     *out = s;
     return FL_OK;

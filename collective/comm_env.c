@@ -31,5 +31,7 @@ int fl_comm_opts_from_env(fl_comm_opts_t *o)
         o->job_id = info.job_id;
     if (info.log_level >= 0)
         o->log_level = (fl_log_level_t)info.log_level;
+    if (info.ipc >= 0)
+        o->ipc = info.ipc;
     return FL_OK;
 }

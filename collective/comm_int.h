@@ -43,6 +43,12 @@ struct fl_comm {
     fl_tp_sock_t **data_out; /* PUSH per peer, connected on first use */
     char endpoints[FL_MSG_MAX_STRIPES][FL_ENDPOINT_MAX];
     int nendpoints;
+    /* Same-host peers over ipc:// (comm_ipc.c): the job's socket directory ("" when this rank
+     * binds no ipc), how many stripes are bound there, and which peers are dialled over it. */
+    bool ipc;
+    char ipc_dir[96];
+    int ipc_bound;
+    bool *peer_ipc;
     stash_ent_t *stash;
     size_t stash_bytes;
 
@@ -101,6 +107,18 @@ int fl_comm_rendezvous(fl_comm_t *c, int timeout_ms);
 /* Binds the data socket on `stripes` endpoints (bind: the base endpoint, NULL for tcp on this
  * rank's host with ephemeral ports) and records what peers should dial (comm.c). */
 int fl_comm_bind_data(fl_comm_t *c, const char *bind, int stripes);
+
+/* Binds the data socket on ipc:// too, one socket per stripe in the job's private directory,
+ * when that directory can be made private; otherwise logs why and leaves peers on TCP. Always
+ * FL_OK: where ipc cannot be had, TCP serves (comm_ipc.c). */
+int fl_comm_ipc_bind(fl_comm_t *c, int stripes);
+
+/* Removes this rank's sockets and, when it is empty, the job's directory. Idempotent. */
+void fl_comm_ipc_remove(fl_comm_t *c);
+
+/* The ipc endpoint of peer's stripe k when the peer is on this host and its socket is there;
+ * false: dial it over TCP. */
+bool fl_comm_ipc_endpoint(const fl_comm_t *c, int peer, uint32_t k, char *out, size_t cap);
 
 /* The tuning string every rank must share ("seg=1048576,small=65536,algo=0"). */
 void fl_comm_tuning(const fl_comm_t *c, char *out, size_t cap);

@@ -64,6 +64,9 @@ int fl_comm_opts_set(fl_comm_opts_t *o, const char *key, const char *value)
         else
             rc = fl_fail(FL_EINVAL, "%s: '%s' is not one of auto|ring|rd|direct", flag,
                          value ? value : "");
+    } else if (strcmp(key, "ipc") == 0) {
+        if ((rc = fl_cli_long(flag, value, 0, 1, &v)) == FL_OK)
+            o->ipc = (int)v;
     } else if (strcmp(key, "log-level") == 0) {
         if ((rc = fl_log_level_parse(value, &o->log_level)) != FL_OK)
             rc = fl_fail(FL_EINVAL, "%s: '%s' is not one of debug|info|warn|error|off", flag,
@@ -76,5 +79,5 @@ int fl_comm_opts_set(fl_comm_opts_t *o, const char *key, const char *value)
 
 const char *const fl_comm_opt_names[] = {
     "rank",    "world-size", "coordinator", "bind", "host",      "job-id",    "timeout",
-    "rendezvous-timeout", "stripes", "segment", "small", "algo", "log-level", NULL,
+    "rendezvous-timeout", "stripes", "segment", "small", "algo", "log-level", "ipc", NULL,
 };

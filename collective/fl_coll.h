@@ -43,6 +43,17 @@ const char *fl_coll_kind_name(int kind);
 /* The communicator's context (its counters by kind, for the binaries' metrics); sub-
  * communicators share their parent's. */
 fl_ctx_t *fl_comm_ctx(const fl_comm_t *comm);
+
+/* The job's ipc socket directory of this rank, "" when it binds no ipc:// (turned off, an
+ * explicit bind, a sub-communicator, or a directory it could not make private). */
+const char *fl_comm_ipc_dir(const fl_comm_t *comm);
+
+/* The socket directory of the job's ranks on this host: /tmp/flodl-<euid>-<hash of job id
+ * and coordinator endpoint as given>. */
+void fl_comm_ipc_dir_name(const char *job_id, const char *coordinator, char *out, size_t cap);
+
+/* True when this rank's data to peer goes over ipc:// (its socket is opened by then). */
+bool fl_comm_peer_is_ipc(const fl_comm_t *comm, int peer);
 const char *fl_coll_phase_name(int phase);
 
 /* ---- options by name (comm_opts.c) ---- */

@@ -347,6 +347,7 @@ typedef struct fl_launch_info {
     int log_level;                     /* -1 when unset, else an fl_log_level_t */
     char curve_dir[1024];              /* FLODL_CURVE_DIR, "" when unset */
     bool insecure;                     /* FLODL_INSECURE=1 */
+    int ipc;                           /* FLODL_IPC: 1 or 0, -1 when unset */
     const char *rank_var;              /* the variable the rank came from, or NULL */
     const char *world_var;             /* the variable the world size came from, or NULL */
     int port;                          /* the coordinator's port, of FLODL_COORDINATOR or
@@ -358,7 +359,8 @@ typedef struct fl_launch_info {
  * (Kubernetes Indexed Job); FLODL_WORLD_SIZE, WORLD_SIZE, OMPI_COMM_WORLD_SIZE;
  * FLODL_COORDINATOR, else tcp://MASTER_ADDR:MASTER_PORT (port 29500 when unset), and that
  * port alone (flodl-ps binds it when no --bind is given). Also
- * FLODL_HOST, FLODL_JOB_ID, FLODL_LOG, FLODL_CURVE_DIR, FLODL_INSECURE (1 or 0). Returns FL_OK
+ * FLODL_HOST, FLODL_JOB_ID, FLODL_LOG, FLODL_CURVE_DIR, FLODL_INSECURE (1 or 0),
+ * FLODL_IPC (1 or 0). Returns FL_OK
  * or FL_EINVAL naming the variable. */
 int fl_launch_from_env(fl_env_get_fn get, void *ud, fl_launch_info_t *out);
 

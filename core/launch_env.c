@@ -50,6 +50,7 @@ int fl_launch_from_env(fl_env_get_fn get, void *ud, fl_launch_info_t *out)
     out->rank = -1;
     out->world_size = -1;
     out->log_level = -1;
+    out->ipc = -1;
 
     v = first_set(get, ud, rank_vars, &which);
     if (v != NULL) {
@@ -120,6 +121,12 @@ int fl_launch_from_env(fl_env_get_fn get, void *ud, fl_launch_info_t *out)
         if (strcmp(v, "1") != 0 && strcmp(v, "0") != 0)
             return fl_fail(FL_EINVAL, "environment FLODL_INSECURE='%s' is not 1 or 0", v);
         out->insecure = v[0] == '1';
+    }
+    v = get("FLODL_IPC", ud);
+    if (v != NULL && v[0] != '\0') {
+        if (strcmp(v, "1") != 0 && strcmp(v, "0") != 0)
+            return fl_fail(FL_EINVAL, "environment FLODL_IPC='%s' is not 1 or 0", v);
+        out->ipc = v[0] == '1';
     }
     return FL_OK;
 }

@@ -83,6 +83,7 @@ START_TEST(test_comm_defaults_documented)
     CHECK_DEFAULT(h, fl_comm_opts, o, segment_bytes);
     CHECK_DEFAULT(h, fl_comm_opts, o, small_bytes);
     CHECK_DEFAULT(h, fl_comm_opts, o, tune_malloc);
+    CHECK_DEFAULT(h, fl_comm_opts, o, ipc);
     free(h);
 }
 END_TEST

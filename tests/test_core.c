@@ -800,6 +800,7 @@ START_TEST(test_launch_nothing_set)
     ck_assert_str_eq(li.host, "");
     ck_assert_str_eq(li.job_id, "");
     ck_assert_int_eq(li.log_level, -1);
+    ck_assert_int_eq(li.ipc, -1);
     ck_assert_ptr_null(li.rank_var);
     ck_assert_ptr_null(li.world_var);
 }
@@ -888,6 +889,26 @@ START_TEST(test_launch_coordinator_and_more)
     ck_assert_int_eq(li.rank, 0);
     ck_assert_int_eq(li.world_size, 1);
     ck_assert_str_eq(li.coordinator, "");
+}
+END_TEST
+
+START_TEST(test_launch_ipc)
+{
+    static const struct {
+        const char *v;
+        int rc, want;
+    } cases[] = {{"0", FL_OK, 0}, {"1", FL_OK, 1}, {"", FL_OK, -1}, {"yes", FL_EINVAL, -1},
+                 {"2", FL_EINVAL, -1}};
+    for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
+        const env_var_t env[] = {{"FLODL_IPC", cases[i].v}, {NULL, NULL}};
+        fl_launch_info_t li;
+        int rc = launch(env, &li);
+        ck_assert_msg(rc == cases[i].rc, "FLODL_IPC='%s': %d", cases[i].v, rc);
+        if (rc == FL_OK)
+            ck_assert_int_eq(li.ipc, cases[i].want);
+        else
+            ck_assert_ptr_nonnull(strstr(fl_last_error(), "FLODL_IPC"));
+    }
 }
 END_TEST
 
@@ -1392,6 +1413,7 @@ Suite *core_suite(void)
     tcase_add_test(t, test_launch_precedence);
     tcase_add_test(t, test_launch_coordinator_and_more);
     tcase_add_test(t, test_launch_bad_values);
+    tcase_add_test(t, test_launch_ipc);
     suite_add_tcase(s, t);
 
     t = tcase_create("cli");

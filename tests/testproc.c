@@ -26,7 +26,7 @@ static const char *const launcher_vars[] = {
     "FLODL_RANK", "FLODL_WORLD_SIZE", "FLODL_COORDINATOR", "FLODL_HOST", "FLODL_JOB_ID",
     "FLODL_LOG", "RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT",
     "OMPI_COMM_WORLD_RANK", "OMPI_COMM_WORLD_SIZE", "JOB_COMPLETION_INDEX", "FLODL_CURVE_DIR",
-    "FLODL_INSECURE", NULL,
+    "FLODL_INSECURE", "FLODL_IPC", NULL,
 };
 
 /* Starts path with argv (NULL-terminated) and env ("NAME=value" strings, NULL-terminated or

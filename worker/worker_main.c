@@ -72,6 +72,7 @@ static const char usage[] =
     "  --host ADDR  --bind ENDPOINT  --job-id ID  --timeout MS  --rendezvous-timeout MS\n"
     "  --stripes K  --segment BYTES  --small BYTES  --algo auto|ring|rd|direct\n"
     "  --log-level debug|info|warn|error (default warn, or FLODL_LOG)\n"
+    "  --ipc 0|1 (peers on this host over ipc:// sockets; default 1, or FLODL_IPC)\n"
     "parameter server (--mode ps): --lz4 (compress dense pushes and pulls when it pays)\n"
     "  --reconnect-timeout MS (wait this long for a restarted flodl-ps; default 600000)\n"
     "drill (--mode drill): --size BYTES  --steps N  --dtype TYPE  --op sum|avg\n";
@@ -619,6 +620,8 @@ int main(int argc, char **argv)
     a.env_insecure = env.insecure;
     if (env.log_level >= 0)
         a.co.log_level = (fl_log_level_t)env.log_level;
+    if (env.ipc >= 0)
+        a.co.ipc = env.ipc;
 
     int ch, li = 0;
     opterr = 0;

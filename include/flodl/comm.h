@@ -63,13 +63,20 @@ typedef struct fl_comm_opts {
                                   M_MMAP_THRESHOLD to 32 MiB and M_TRIM_THRESHOLD to 512 MiB;
                                   without it large allreduces run ~30% slower on page faults).
                                   0: leave the process's malloc settings alone. */
+    int ipc;                   /* 1 (default): ranks on the same host (the same advertised
+                                  address, or loopback on both) exchange data over ipc://
+                                  sockets in a private directory of the job (/tmp/flodl-<uid>-
+                                  <hash>, mode 0700, removed when the last rank leaves),
+                                  CURVE-secured like TCP; only with a tcp data endpoint.
+                                  0: TCP between all ranks (FLODL_IPC=0, --ipc 0). */
 } fl_comm_opts_t;
 
 /* Fills every field with its default; rank, world_size and coordinator stay unset (-1/NULL). */
 void fl_comm_opts_init(fl_comm_opts_t *opts);
 
 /* Fills rank, world size, coordinator, host and log level from the environment a launcher sets:
- * FLODL_RANK / FLODL_WORLD_SIZE / FLODL_COORDINATOR / FLODL_HOST / FLODL_JOB_ID / FLODL_LOG;
+ * FLODL_RANK / FLODL_WORLD_SIZE / FLODL_COORDINATOR / FLODL_HOST / FLODL_JOB_ID / FLODL_LOG /
+ * FLODL_IPC (1 or 0: same-host data over ipc://);
  * torchrun's RANK / WORLD_SIZE / MASTER_ADDR / MASTER_PORT; Open MPI's OMPI_COMM_WORLD_RANK /
  * OMPI_COMM_WORLD_SIZE; Kubernetes' JOB_COMPLETION_INDEX. Fields the environment does not set
  * are left as they are. Strings point into the environment and live as long as it does.

@@ -88,6 +88,7 @@ class CommOpts(ctypes.Structure):
         ("settings", c_char_p),
         ("curve_dir", c_char_p),
         ("tune_malloc", c_int),
+        ("ipc", c_int),
         ("_spare", ctypes.c_char * _SPARE),
     ]
 
