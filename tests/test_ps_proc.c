@@ -203,6 +203,41 @@ START_TEST(test_kill_and_resume)
 }
 END_TEST
 
+/* 2 hosts x 2 CPU replicas, a client per device: the host killed mid-run fails the job, and
+ * the other host's devices, waiting on their own connections, stop with an error naming it
+ * (not the deadline of a pull). */
+START_TEST(test_device_clients_host_killed)
+{
+    proc_t p[3];
+    memset(p, 0, sizeof p);
+    char ep[FL_ENDPOINT_MAX], out[12000];
+    static const char *const extra[] = {"--shards", "2", "--host", "127.0.0.1",
+                                        "--heartbeat-timeout", "1000", NULL};
+    ck_assert(start_ps(&p[0], 2, extra, NULL, ep, sizeof ep, 1));
+    static const char *const dev[] = {"--cpu-replicas", "2", "--batch-size", "16",
+                                      "--progress", "0.2", NULL};
+    start_worker(&p[1], ep, 0, 2, "50", dev);
+    start_worker(&p[2], ep, 1, 2, "50", dev);
+    bool going = proc_wait_text(p, 3, 1, 0, "push+pull", 1, fl_deadline_in(60000));
+    show(p, 3, out, sizeof out);
+    if (!going) {
+        procs_stop(p, 3);
+        ck_abort_msg("the job did not start training:%s", out);
+    }
+    ASSERT_HAS(p[1].buf[0], "a client per device");
+    kill(p[2].pid, SIGKILL);
+    bool ended = procs_wait(p, 2, fl_deadline_in(60000));
+    procs_stop(p, 3);
+    show(p, 3, out, sizeof out);
+    ck_assert_msg(ended, "rank 0 and flodl-ps did not stop after rank 1 was killed:%s", out);
+    ck_assert_msg(proc_code(&p[1]) != 0, "rank 0 exited 0 without its peer:%s", out);
+    ASSERT_HAS(p[1].buf[1], "rank 1");
+    ck_assert_msg(strstr(p[1].buf[1], "not ready after") == NULL,
+                  "rank 0 waited for a pull's deadline instead of hearing rank 1 died:%s", out);
+    procs_free(p, 3);
+}
+END_TEST
+
 /* flodl-ps --init with a NaN is refused at start with one line naming the tensor and the
  * index, before the coordinator binds (no endpoint file is written); a worker pointed at it
  * gives up after its --rendezvous-timeout. It was found only after the rendezvous, and the
@@ -340,6 +375,7 @@ static Suite *suite(void)
     tcase_add_test(t, test_train_through_the_ps);
     tcase_add_test(t, test_shards_over_two_processes);
     tcase_add_test(t, test_kill_and_resume);
+    tcase_add_test(t, test_device_clients_host_killed);
     tcase_add_test(t, test_ps_flags_refused);
     tcase_add_test(t, test_init_with_nan_refused_at_start);
     tcase_add_test(t, test_init_of_another_shape_refused);

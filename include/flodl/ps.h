@@ -149,6 +149,23 @@ int fl_ps_client_pull(fl_ps_client_t *client, float *params);
  * sent. */
 int fl_ps_client_push_pull(fl_ps_client_t *client, const fl_ps_grad_t *grad, float *params);
 
+/* Several devices per host: part `part` of `parts` is a client of its own over the
+ * contiguous shards [part * S / parts, (part + 1) * S / parts) of the S shards (whole shards,
+ * so every shard still hears one push per rank and step: the server counts ranks, not
+ * devices), using this client's connections to them. Each part is driven by its own thread
+ * (one thread at a time per part); push, pull and push_pull on a part send and receive its
+ * keys only (a dense gradient or the params buffer is still the whole vector, indexed as
+ * usual; a sparse gradient holds indices of its keys only). Every part starts at this
+ * client's step: split after fl_ps_client_init, and while parts live do not use this client
+ * itself. A part does not hear the coordinator: a restart of the parameter server shows on it
+ * as a failure (a timeout), not FL_ERESYNC. Destroy the parts (fl_ps_client_destroy) before
+ * this client. FL_OK and *out; FL_EINVAL (parts outside 1..S, or a part split again);
+ * FL_ECLOSED after a fatal error; FL_ENOMEM. */
+int fl_ps_client_split(fl_ps_client_t *client, int part, int parts, fl_ps_client_t **out);
+
+/* The keys a part pushes and pulls, [*offset, *offset + *count) (a whole client: all). */
+void fl_ps_client_part_range(const fl_ps_client_t *client, size_t *offset, size_t *count);
+
 typedef struct fl_ps_client_stats {
     uint64_t pushes;     /* gradients pushed (whole vectors) */
     uint64_t pulls;      /* parameter vectors pulled */
