@@ -416,6 +416,8 @@ int fl_ps_client_split(fl_ps_client_t *cl, int part, int parts, fl_ps_client_t *
         return fl_fail(FL_ECLOSED, "rank %d: parameter-server client broken by an earlier "
                                    "failure: %s",
                        cl->o.rank, cl->broken_text);
+    if (atomic_load(&cl->nparts) == 0)
+        atomic_store(&cl->parts_stop, 0); /* the parts of a new split start afresh */
     if (!cl->have_mark_mu) {
         pthread_mutex_init(&cl->mark_mu, NULL);
         cl->have_mark_mu = true;
@@ -574,6 +576,14 @@ int fl_ps_client_push(fl_ps_client_t *cl, const fl_ps_grad_t *grad)
 int fl_ps_client_pull(fl_ps_client_t *cl, float *params)
 {
     bool resynced = false;
+    if (cl->parent != NULL)
+        return cl_exchange(cl, NULL, false, params, false);
+    /* Its parts heard the coordinator go (they stop with FL_ERESYNC): wait for its successor. */
+    if (cl->lost) {
+        int w = cl_wait_rejoin(cl);
+        if (w != FL_ERESYNC)
+            return w;
+    }
     if (cl->resync_pending)
         return join_training(cl, params, &resynced);
     int rc = cl_exchange(cl, NULL, false, params, false);
@@ -592,8 +602,8 @@ int fl_ps_client_push_pull(fl_ps_client_t *cl, const fl_ps_grad_t *grad, float *
     int rc = FL_ERESYNC;
     if (!cl->resync_pending)
         rc = cl_exchange(cl, grad, false, params, false);
-    if (rc != FL_ERESYNC)
-        return rc;
+    if (rc != FL_ERESYNC || cl->parent != NULL)
+        return rc; /* a part: its parent joins again (fl_ps_client_split) */
     rc = join_training(cl, params, &resynced);
     return rc == FL_OK ? fl_fail(FL_ERESYNC, "rank %d: the parameter server restarted; going "
                                              "on from step %llu",

@@ -72,6 +72,9 @@ struct fl_ps_client {
     uint64_t mark_step;
     bool mark_val;
     _Atomic int nparts;    /* parts alive */
+    _Atomic int parts_stop; /* set (after stop_rc and stop_text) when the parts must stop */
+    int stop_rc;
+    char stop_text[1024];
 };
 
 /* Opens one DEALER per non-empty shard of the current map, stamped with the generation. */

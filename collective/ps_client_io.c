@@ -321,6 +321,58 @@ static int check_grad(const fl_ps_client_t *cl, const fl_ps_grad_t *g)
     return FL_OK;
 }
 
+/* The coordinator's socket this client listens to: its own; for part 0 its parent's (part 0
+ * runs on the thread that owns the parent); none for the other parts. */
+static fl_tp_sock_t *events_of(const fl_ps_client_t *cl)
+{
+    if (cl->parent == NULL)
+        return cl->events;
+    return cl->part == 0 ? cl->parent->events : NULL;
+}
+
+/* A part's view of the job: part 0 handles the parent's event. A failure stops every part of
+ * the rank with it; a lost coordinator stops them with FL_ERESYNC: the caller destroys the
+ * parts, rejoins with the parent (fl_ps_client_pull) and splits it again. */
+static int part_event(fl_ps_client_t *cl)
+{
+    fl_ps_client_t *p = cl->parent;
+    int rc = cl_on_event(p);
+    if (rc == FL_OK && !p->lost)
+        return FL_OK;
+    if (rc == FL_OK || rc == FL_ERESYNC) {
+        snprintf(p->stop_text, sizeof p->stop_text, "rank %d: the parameter server was lost: "
+                                                    "rejoin it, then split again",
+                 cl->o.rank);
+        rc = FL_ERESYNC;
+    } else {
+        snprintf(p->stop_text, sizeof p->stop_text, "%s", fl_last_error());
+    }
+    p->stop_rc = rc;
+    atomic_store(&p->parts_stop, 1);
+    return fl_fail(rc, "%s", p->stop_text);
+}
+
+/* The rank's parts were stopped (part_event): why. */
+static int part_stopped(const fl_ps_client_t *cl)
+{
+    const fl_ps_client_t *p = cl->parent;
+    if (p == NULL || !atomic_load(&p->parts_stop))
+        return FL_OK;
+    return fl_fail(p->stop_rc, "%s", p->stop_text);
+}
+
+int fl_ps_client_part_listen(fl_ps_client_t *cl, int timeout_ms)
+{
+    int rc = part_stopped(cl);
+    fl_tp_sock_t *ev = events_of(cl);
+    if (rc != FL_OK || ev == NULL || cl->parent == NULL)
+        return rc;
+    bool ready = false;
+    if (fl_tp_poll(&ev, 1, timeout_ms, &ready) > 0 && ready)
+        return part_event(cl);
+    return FL_OK;
+}
+
 /* Sends the requests and collects the answers. */
 static int run(fl_ps_client_t *cl, xchg_t *x, const fl_ps_grad_t *grad, const float *init,
                float *params)
@@ -362,8 +414,8 @@ static int run(fl_ps_client_t *cl, xchg_t *x, const fl_ps_grad_t *grad, const fl
             socks[np] = cl->shards[s].sock;
             which[np++] = s;
         }
-    socks[np] = cl->events; /* NULL for a part: its parent hears the coordinator */
-    int nwait = cl->events != NULL ? np + 1 : np;
+    socks[np] = events_of(cl);
+    int nwait = socks[np] != NULL ? np + 1 : np;
     while ((x->push && x->acks < x->want) || (x->pull && x->replies < x->want)) {
         int left = fl_deadline_left_ms(deadline);
         if (left == 0) {
@@ -379,15 +431,23 @@ static int run(fl_ps_client_t *cl, xchg_t *x, const fl_ps_grad_t *grad, const fl
                          x->replies, x->pull ? x->want : 0);
             goto out;
         }
-        int got = fl_tp_poll(socks, (size_t)nwait, left, ready);
+        /* Parts look at their siblings' news between slices of the wait. */
+        int got = fl_tp_poll(socks, (size_t)nwait, cl->parent != NULL && left > 200 ? 200 : left,
+                             ready);
         if (got < 0) {
             rc = got;
             goto out;
         }
-        if (cl->events != NULL && ready[np]) {
-            rc = cl_on_event(cl);
-            if (rc == FL_OK && cl->lost)
-                rc = cl_wait_rejoin(cl);
+        if ((rc = part_stopped(cl)) != FL_OK)
+            goto out;
+        if (socks[np] != NULL && ready[np]) {
+            if (cl->parent != NULL) {
+                rc = part_event(cl);
+            } else {
+                rc = cl_on_event(cl);
+                if (rc == FL_OK && cl->lost)
+                    rc = cl_wait_rejoin(cl);
+            }
             if (rc != FL_OK)
                 goto out;
         }
@@ -425,16 +485,23 @@ int cl_exchange(fl_ps_client_t *cl, const fl_ps_grad_t *grad, bool init, float *
                        cl->o.rank, cl->broken_text);
     /* What happened while the caller computed. */
     bool ready = false;
-    fl_tp_sock_t *ev = cl->events;
+    fl_tp_sock_t *ev = events_of(cl);
     while (ev != NULL && fl_tp_poll(&ev, 1, 0, &ready) > 0 && ready) {
-        int rc = cl_on_event(cl);
-        if (rc == FL_OK && cl->lost)
-            rc = cl_wait_rejoin(cl);
+        int rc;
+        if (cl->parent != NULL) {
+            rc = part_event(cl);
+        } else {
+            rc = cl_on_event(cl);
+            if (rc == FL_OK && cl->lost)
+                rc = cl_wait_rejoin(cl);
+        }
         if (rc != FL_OK)
             return rc;
         ready = false;
     }
-    int rc;
+    int rc = part_stopped(cl);
+    if (rc != FL_OK)
+        return rc;
     if (grad != NULL && (rc = check_grad(cl, grad)) != FL_OK)
         return rc;
     int64_t t0 = fl_now_ns();

@@ -152,7 +152,8 @@ static long resumed_step(const proc_t *p)
     return s ? atol(s + strlen("going on from step ")) : -1;
 }
 
-START_TEST(test_kill_and_resume)
+/* flodl-ps killed and restarted under workers with `more` flags. */
+static void kill_and_resume(const char *const *slow)
 {
     char dir[] = "/tmp/flodl-ps-kill-XXXXXX";
     ck_assert(mkdtemp(dir) != NULL);
@@ -167,7 +168,6 @@ START_TEST(test_kill_and_resume)
     proc_t p[3];
     memset(p, 0, sizeof p);
     proc_start(&p[0], PS_BIN, ps_argv, NULL);
-    static const char *const slow[] = {"--reconnect-timeout", "60000", NULL};
     start_worker(&p[1], ep, 0, 2, "3", slow);
     start_worker(&p[2], ep, 1, 2, "3", slow);
     /* Once a checkpoint past step 200 is on disk, kill the parameter server outright. */
@@ -200,6 +200,23 @@ START_TEST(test_kill_and_resume)
                   out);
     ck_assert_msg(final_accuracy(&p[1]) > 85.0, "%s", out);
     procs_free(p, 3);
+}
+
+START_TEST(test_kill_and_resume)
+{
+    static const char *const slow[] = {"--reconnect-timeout", "60000", NULL};
+    kill_and_resume(slow);
+}
+END_TEST
+
+/* The same with 2 devices per host, a client per device (the same global batch): the devices'
+ * clients stop when the parameter server is lost, the host rejoins the restarted one and
+ * splits again. */
+START_TEST(test_kill_and_resume_device_clients)
+{
+    static const char *const slow[] = {"--reconnect-timeout", "60000", "--cpu-replicas", "2",
+                                       "--batch-size", "32", NULL};
+    kill_and_resume(slow);
 }
 END_TEST
 
@@ -376,6 +393,7 @@ static Suite *suite(void)
     tcase_add_test(t, test_shards_over_two_processes);
     tcase_add_test(t, test_kill_and_resume);
     tcase_add_test(t, test_device_clients_host_killed);
+    tcase_add_test(t, test_kill_and_resume_device_clients);
     tcase_add_test(t, test_ps_flags_refused);
     tcase_add_test(t, test_init_with_nan_refused_at_start);
     tcase_add_test(t, test_init_of_another_shape_refused);

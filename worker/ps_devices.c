@@ -10,6 +10,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 
 typedef struct psd_part {
     struct fl_wk_psdev *x;
@@ -184,15 +185,60 @@ int fl_wk_psdev_push_pull(fl_wk_psdev_t *x, const float *grad, uint32_t batch, d
     pthread_cond_broadcast(&x->cv);
     pthread_mutex_unlock(&x->mu);
     part_step(&x->part[0]);
-    /* Each part's wait is bounded by its client's deadline, so this one is too. */
+    /* Each part's wait is bounded by its client's deadline, so this one is too. Meanwhile part
+     * 0 hears the coordinator for the others (a failure, or a lost parameter server, stops
+     * them); a part's end wakes this wait at once. */
     pthread_mutex_lock(&x->mu);
-    while (x->finished < x->parts - 1)
-        pthread_cond_wait(&x->cv, &x->mu);
+    while (x->finished < x->parts - 1) {
+        pthread_mutex_unlock(&x->mu);
+        int lrc = fl_ps_client_part_listen(x->part[0].cl, 0);
+        if (lrc != FL_OK && x->part[0].rc == FL_OK) {
+            x->part[0].rc = lrc;
+            snprintf(x->part[0].err, sizeof x->part[0].err, "%s", fl_last_error());
+        }
+        pthread_mutex_lock(&x->mu);
+        if (x->finished >= x->parts - 1)
+            break;
+        struct timespec dl;
+        clock_gettime(CLOCK_REALTIME, &dl);
+        dl.tv_nsec += 20 * 1000000L;
+        if (dl.tv_nsec >= 1000000000L) {
+            dl.tv_sec++;
+            dl.tv_nsec -= 1000000000L;
+        }
+        pthread_cond_timedwait(&x->cv, &x->mu, &dl);
+    }
     pthread_mutex_unlock(&x->mu);
+    /* The parameter server lost: every part stopped for the rejoin, whatever else it met. */
+    for (int j = 0; j < x->parts; j++)
+        if (x->part[j].rc == FL_ERESYNC)
+            return fl_fail(FL_ERESYNC, "%s", x->part[j].err);
     for (int j = 0; j < x->parts; j++)
         if (x->part[j].rc != FL_OK)
             return fl_fail(x->part[j].rc, "%s", x->part[j].err);
     return FL_OK;
+}
+
+int fl_wk_psdev_rejoin(fl_wk_psdev_t *x, fl_ps_client_t *cl, float *params)
+{
+    /* The parts' threads wait for the next generation: their clients are free to replace. */
+    for (int j = 0; j < x->parts; j++)
+        fl_ps_client_destroy(&x->part[j].cl);
+    int rc = fl_ps_client_pull(cl, params);
+    if (rc == FL_ERESYNC)
+        rc = FL_OK; /* restarted again on the way: joined all the same */
+    for (int j = 0; j < x->parts && rc == FL_OK; j++) {
+        psd_part_t *p = &x->part[j];
+        size_t lo, n;
+        if ((rc = fl_ps_client_split(cl, j, x->parts, &p->cl)) != FL_OK)
+            break;
+        fl_ps_client_part_range(p->cl, &lo, &n);
+        if (lo != p->lo || n != p->n)
+            rc = fl_fail(FL_EINVAL, "the restarted parameter server gives device %d keys "
+                                    "%zu+%zu, %zu+%zu before: restart it with the same shards",
+                         j, lo, n, p->lo, p->n);
+    }
+    return rc;
 }
 
 int fl_wk_psdev_parts(const fl_wk_psdev_t *x)

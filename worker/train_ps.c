@@ -239,11 +239,14 @@ int fl_wk_train_ps(fl_ps_client_t *cl, int rank, int world, const fl_wk_dataset_
         if ((rc = make_grad(&t, density, &g)) != FL_OK)
             break;
         int64_t t1 = fl_now_ns();
-        /* Device clients: each its keys, in parallel (a restart of the server is a failure
-         * there, FL_ERESYNC never comes). */
+        /* Device clients: each its keys, in parallel; after a restart of the server they
+         * rejoin through this client and split again. */
         rc = t.pd != NULL ? fl_wk_psdev_push_pull(t.pd, t.grad, g.batch, density, t.params)
                           : fl_ps_client_push_pull(cl, &g, t.params);
         int64_t t2 = fl_now_ns();
+        if (rc == FL_ERESYNC && t.pd != NULL &&
+            (rc = fl_wk_psdev_rejoin(t.pd, cl, t.params)) == FL_OK)
+            rc = FL_ERESYNC; /* joined again as one client would have */
         if (rc == FL_ERESYNC) {
             if (!o->quiet)
                 printf("rank %d: the parameter server restarted: going on from step %llu\n",

@@ -472,6 +472,10 @@ void fl_wk_psdev_destroy(fl_wk_psdev_t **x);
  * first part's error (named: device, keys). */
 int fl_wk_psdev_push_pull(fl_wk_psdev_t *x, const float *grad, uint32_t batch, double density,
                           float *params);
+/* After FL_ERESYNC from fl_wk_psdev_push_pull (the parameter server was lost): the parts'
+ * clients destroyed, cl rejoins the restarted server (params and its step restored) and is
+ * split again into the same ranges; the residuals stay. FL_OK, or why not. */
+int fl_wk_psdev_rejoin(fl_wk_psdev_t *x, struct fl_ps_client *cl, float *params);
 int fl_wk_psdev_parts(const fl_wk_psdev_t *x);
 uint64_t fl_wk_psdev_step(const fl_wk_psdev_t *x);
 /* Part j's residual (NULL: dense). */
