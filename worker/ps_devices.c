@@ -36,6 +36,7 @@ struct fl_wk_psdev {
     uint64_t gen;
     int finished;
     bool quit;
+    fl_ps_client_stats_t before; /* of the part clients replaced by rejoins */
     /* the step's inputs, set by the training thread before a generation starts */
     const float *grad;
     float *params;
@@ -222,6 +223,10 @@ int fl_wk_psdev_push_pull(fl_wk_psdev_t *x, const float *grad, uint32_t batch, d
 int fl_wk_psdev_rejoin(fl_wk_psdev_t *x, fl_ps_client_t *cl, float *params)
 {
     /* The parts' threads wait for the next generation: their clients are free to replace. */
+    fl_ps_client_stats_t s;
+    fl_wk_psdev_stats(x, &s);
+    x->before = s;
+    x->before.resyncs++;
     for (int j = 0; j < x->parts; j++)
         fl_ps_client_destroy(&x->part[j].cl);
     int rc = fl_ps_client_pull(cl, params);
@@ -258,8 +263,8 @@ fl_cmp_ef_t *fl_wk_psdev_ef(fl_wk_psdev_t *x, int j)
 
 void fl_wk_psdev_stats(const fl_wk_psdev_t *x, fl_ps_client_stats_t *sum)
 {
-    memset(sum, 0, sizeof *sum);
-    for (int j = 0; j < x->parts; j++) {
+    *sum = x->before;
+    for (int j = 0; j < x->parts && x->part[j].cl != NULL; j++) {
         fl_ps_client_stats_t s;
         fl_ps_client_get_stats(x->part[j].cl, &s);
         sum->bytes_sent += s.bytes_sent;
@@ -267,8 +272,8 @@ void fl_wk_psdev_stats(const fl_wk_psdev_t *x, fl_ps_client_stats_t *sum)
         sum->raw_bytes += s.raw_bytes;
         sum->wait_ms += s.wait_ms;
         if (j == 0) {
-            sum->pushes = s.pushes;
-            sum->pulls = s.pulls;
+            sum->pushes += s.pushes;
+            sum->pulls += s.pulls;
         }
     }
 }
