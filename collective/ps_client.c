@@ -212,6 +212,8 @@ int cl_take_welcome(fl_ps_client_t *cl, fl_msg_hdr_t *h)
     }
     cl->generation = h->generation;
     cl->n = w->param_count;
+    cl->lo = 0;
+    cl->hi = w->param_count;
     cl->consistency = (fl_ps_consistency_t)w->consistency;
     cl->staleness = w->staleness;
     cl->ckpt_every_steps = w->ckpt_every_steps;
@@ -378,11 +380,108 @@ void fl_ps_client_abort(fl_ps_client_t *cl, int code, const char *why)
     snprintf(cl->abort_text, sizeof cl->abort_text, "%s", why != NULL ? why : "");
 }
 
+/* A part's end: its sends released, its own buffers freed; the connections stay the
+ * parent's. */
+static void destroy_part(fl_ps_client_t *cl)
+{
+    if (!fl_rel_wait(&cl->inflight, 10000))
+        FL_ERROR(cl->ctx, "rank %d part %d: ZeroMQ still holds %lld pushes 10 s after the "
+                          "last exchange; keeping their buffers",
+                 cl->o.rank, cl->part, (long long)fl_rel_held(&cl->inflight));
+    else
+        for (int s = 0; s < cl->nshards; s++) {
+            free(cl->shards[s].stage);
+            free(cl->shards[s].rel_idx);
+            cl->shards[s].stage = NULL;
+            cl->shards[s].stage_cap = 0;
+            cl->shards[s].rel_idx = NULL;
+            cl->shards[s].rel_cap = 0;
+        }
+    atomic_fetch_sub(&cl->parent->nparts, 1);
+    fl_cmp_ws_destroy(&cl->ws);
+    free(cl);
+}
+
+int fl_ps_client_split(fl_ps_client_t *cl, int part, int parts, fl_ps_client_t **out)
+{
+    *out = NULL;
+    if (cl->parent != NULL)
+        return fl_fail(FL_EINVAL, "rank %d: a part of a client cannot be split again",
+                       cl->o.rank);
+    if (parts < 1 || parts > cl->nshards || part < 0 || part >= parts)
+        return fl_fail(FL_EINVAL, "rank %d: part %d of %d: the parameter server has %d shards "
+                                  "(1 <= parts <= shards)",
+                       cl->o.rank, part, parts, cl->nshards);
+    if (cl->broken_rc != FL_OK)
+        return fl_fail(FL_ECLOSED, "rank %d: parameter-server client broken by an earlier "
+                                   "failure: %s",
+                       cl->o.rank, cl->broken_text);
+    if (atomic_load(&cl->nparts) == 0)
+        atomic_store(&cl->parts_stop, 0); /* the parts of a new split start afresh */
+    if (!cl->have_mark_mu) {
+        pthread_mutex_init(&cl->mark_mu, NULL);
+        cl->have_mark_mu = true;
+        cl->mark_step = UINT64_MAX;
+    }
+    fl_ps_client_t *p = calloc(1, sizeof *p);
+    if (p == NULL)
+        return fl_fail(FL_ENOMEM, "rank %d: out of memory for part %d", cl->o.rank, part);
+    int first = (int)((long)part * cl->nshards / parts);
+    int end = (int)((long)(part + 1) * cl->nshards / parts);
+    p->o = cl->o;
+    p->o.coordinator = cl->coordinator;
+    p->o.job_id = cl->job_id;
+    memcpy(p->coordinator, cl->coordinator, sizeof p->coordinator);
+    memcpy(p->job_id, cl->job_id, sizeof p->job_id);
+    memcpy(p->host, cl->host, sizeof p->host);
+    p->ctx = cl->ctx;
+    p->status = cl->status;
+    p->generation = cl->generation;
+    p->n = cl->n;
+    p->consistency = cl->consistency;
+    p->staleness = cl->staleness;
+    p->ckpt_every_steps = cl->ckpt_every_steps;
+    p->ckpt_every_ms = cl->ckpt_every_ms;
+    p->shards = cl->shards + first;
+    p->nshards = end - first;
+    p->lo = p->shards[0].offset;
+    p->hi = p->shards[p->nshards - 1].offset + p->shards[p->nshards - 1].count;
+    p->step = cl->step;
+    /* Requests numbered after the parent's: a late answer to one of its requests on these
+     * connections is never taken for the part's. */
+    p->seq = cl->seq + ((uint64_t)(part + 1) << 40);
+    p->broken_rc = FL_OK;
+    p->parent = cl;
+    p->part = part;
+    int rc = fl_cmp_ws_create(&p->ws);
+    if (rc != FL_OK) {
+        free(p);
+        return rc;
+    }
+    atomic_fetch_add(&cl->nparts, 1);
+    *out = p;
+    return FL_OK;
+}
+
+void fl_ps_client_part_range(const fl_ps_client_t *cl, size_t *offset, size_t *count)
+{
+    *offset = (size_t)cl->lo;
+    *count = (size_t)(cl->hi - cl->lo);
+}
+
 void fl_ps_client_destroy(fl_ps_client_t **pcl)
 {
     if (pcl == NULL || *pcl == NULL)
         return;
     fl_ps_client_t *cl = *pcl;
+    if (cl->parent != NULL) {
+        destroy_part(cl);
+        *pcl = NULL;
+        return;
+    }
+    if (atomic_load(&cl->nparts) > 0)
+        FL_ERROR(cl->ctx, "rank %d: destroyed before its %d parts", cl->o.rank,
+                 atomic_load(&cl->nparts));
     if (cl->member != NULL) {
         /* Cleanly, on its own error (passed on to the others), or after another's failure. */
         char text[FL_MSG_TEXT_MAX];
@@ -400,6 +499,8 @@ void fl_ps_client_destroy(fl_ps_client_t **pcl)
     fl_tp_member_destroy(&cl->member);
     fl_cmp_ws_destroy(&cl->ws);
     fl_ctx_destroy(&cl->ctx);
+    if (cl->have_mark_mu)
+        pthread_mutex_destroy(&cl->mark_mu);
     free(cl);
     *pcl = NULL;
 }
@@ -475,6 +576,14 @@ int fl_ps_client_push(fl_ps_client_t *cl, const fl_ps_grad_t *grad)
 int fl_ps_client_pull(fl_ps_client_t *cl, float *params)
 {
     bool resynced = false;
+    if (cl->parent != NULL)
+        return cl_exchange(cl, NULL, false, params, false);
+    /* Its parts heard the coordinator go (they stop with FL_ERESYNC): wait for its successor. */
+    if (cl->lost) {
+        int w = cl_wait_rejoin(cl);
+        if (w != FL_ERESYNC)
+            return w;
+    }
     if (cl->resync_pending)
         return join_training(cl, params, &resynced);
     int rc = cl_exchange(cl, NULL, false, params, false);
@@ -493,8 +602,8 @@ int fl_ps_client_push_pull(fl_ps_client_t *cl, const fl_ps_grad_t *grad, float *
     int rc = FL_ERESYNC;
     if (!cl->resync_pending)
         rc = cl_exchange(cl, grad, false, params, false);
-    if (rc != FL_ERESYNC)
-        return rc;
+    if (rc != FL_ERESYNC || cl->parent != NULL)
+        return rc; /* a part: its parent joins again (fl_ps_client_split) */
     rc = join_training(cl, params, &resynced);
     return rc == FL_OK ? fl_fail(FL_ERESYNC, "rank %d: the parameter server restarted; going "
                                              "on from step %llu",

@@ -3,6 +3,7 @@
 #ifndef FL_PS_CLIENT_INT_H
 #define FL_PS_CLIENT_INT_H
 
+#include <pthread.h>
 #include <stdatomic.h>
 
 #include <flodl/ps.h>
@@ -58,6 +59,22 @@ struct fl_ps_client {
     fl_cmp_ws_t *ws;
 
     fl_ps_client_stats_t stats;
+
+    /* A part (fl_ps_client_split): parent set; ctx, status and the shard connections of
+     * shards[0..nshards) (a slice of the parent's) are borrowed; no membership, no events. */
+    fl_ps_client_t *parent;
+    int part;              /* its index among the parent's parts */
+    uint64_t lo, hi;       /* the keys its shards hold: [lo, hi) */
+    /* The parent of parts: the checkpoint mark of a step, decided by the first part there
+     * so that every part (and so every shard) marks the same step. */
+    pthread_mutex_t mark_mu;
+    bool have_mark_mu;
+    uint64_t mark_step;
+    bool mark_val;
+    _Atomic int nparts;    /* parts alive */
+    _Atomic int parts_stop; /* set (after stop_rc and stop_text) when the parts must stop */
+    int stop_rc;
+    char stop_text[1024];
 };
 
 /* Opens one DEALER per non-empty shard of the current map, stamped with the generation. */
@@ -81,6 +98,9 @@ int cl_wait_rejoin(fl_ps_client_t *cl);
 
 /* Marks the client broken with rc and the current detail text. Returns rc. */
 int cl_break(fl_ps_client_t *cl, int rc);
+
+/* Rank 0's checkpoint mark for the push of the client's step (a part asks its parent). */
+bool cl_checkpoint_mark(fl_ps_client_t *cl);
 
 /* One exchange with every non-empty shard (ps_client_io.c): an optional push (grad, or rank
  * 0's initial parameters when init is set) and an optional pull into params (latest: whatever

@@ -260,11 +260,11 @@ static int wait_released(fl_ps_client_t *cl, int64_t deadline)
 }
 
 /* Rank 0 asks for a checkpoint with the push that ends an interval. */
-static bool checkpoint_mark(fl_ps_client_t *cl)
+static bool checkpoint_mark_at(fl_ps_client_t *cl, uint64_t step)
 {
     if (cl->o.rank != 0)
         return false;
-    bool mark = cl->ckpt_every_steps > 0 && (cl->step + 1) % cl->ckpt_every_steps == 0;
+    bool mark = cl->ckpt_every_steps > 0 && (step + 1) % cl->ckpt_every_steps == 0;
     int64_t now = fl_now_ms();
     if (cl->ckpt_every_ms > 0 && now - cl->last_mark_ms >= (int64_t)cl->ckpt_every_ms)
         mark = true;
@@ -273,12 +273,31 @@ static bool checkpoint_mark(fl_ps_client_t *cl)
     return mark;
 }
 
+bool cl_checkpoint_mark(fl_ps_client_t *cl)
+{
+    fl_ps_client_t *p = cl->parent;
+    if (p == NULL)
+        return checkpoint_mark_at(cl, cl->step);
+    /* A time-based mark read by each part on its own clock could fall on different steps for
+     * different shards: the first part at a step decides for all (parts go step by step). */
+    pthread_mutex_lock(&p->mark_mu);
+    if (p->mark_step != cl->step) {
+        p->mark_step = cl->step;
+        p->mark_val = checkpoint_mark_at(p, cl->step);
+    }
+    bool mark = p->mark_val;
+    pthread_mutex_unlock(&p->mark_mu);
+    return mark;
+}
+
 static int check_grad(const fl_ps_client_t *cl, const fl_ps_grad_t *g)
 {
     /* A NaN or Inf found by one shard after others took their part would leave the step half
      * pushed: nothing leaves before the whole gradient is known finite. */
-    if (g->batch > 0 && g->dense != NULL && fl_f32_max_abs_bits(g->dense, (size_t)cl->n) >= 0x7f800000u) {
-        for (size_t i = 0; i < (size_t)cl->n; i++)
+    /* A part pushes its keys [lo, hi) only, and checks those. */
+    if (g->batch > 0 && g->dense != NULL &&
+        fl_f32_max_abs_bits(g->dense + cl->lo, (size_t)(cl->hi - cl->lo)) >= 0x7f800000u) {
+        for (size_t i = (size_t)cl->lo; i < (size_t)cl->hi; i++)
             if (!isfinite(g->dense[i]))
                 return fl_fail(FL_ENONFINITE, "rank %d: the gradient of step %llu holds %s at "
                                               "index %zu: nothing pushed",
@@ -302,12 +321,64 @@ static int check_grad(const fl_ps_client_t *cl, const fl_ps_grad_t *g)
     return FL_OK;
 }
 
+/* The coordinator's socket this client listens to: its own; for part 0 its parent's (part 0
+ * runs on the thread that owns the parent); none for the other parts. */
+static fl_tp_sock_t *events_of(const fl_ps_client_t *cl)
+{
+    if (cl->parent == NULL)
+        return cl->events;
+    return cl->part == 0 ? cl->parent->events : NULL;
+}
+
+/* A part's view of the job: part 0 handles the parent's event. A failure stops every part of
+ * the rank with it; a lost coordinator stops them with FL_ERESYNC: the caller destroys the
+ * parts, rejoins with the parent (fl_ps_client_pull) and splits it again. */
+static int part_event(fl_ps_client_t *cl)
+{
+    fl_ps_client_t *p = cl->parent;
+    int rc = cl_on_event(p);
+    if (rc == FL_OK && !p->lost)
+        return FL_OK;
+    if (rc == FL_OK || rc == FL_ERESYNC) {
+        snprintf(p->stop_text, sizeof p->stop_text, "rank %d: the parameter server was lost: "
+                                                    "rejoin it, then split again",
+                 cl->o.rank);
+        rc = FL_ERESYNC;
+    } else {
+        snprintf(p->stop_text, sizeof p->stop_text, "%s", fl_last_error());
+    }
+    p->stop_rc = rc;
+    atomic_store(&p->parts_stop, 1);
+    return fl_fail(rc, "%s", p->stop_text);
+}
+
+/* The rank's parts were stopped (part_event): why. */
+static int part_stopped(const fl_ps_client_t *cl)
+{
+    const fl_ps_client_t *p = cl->parent;
+    if (p == NULL || !atomic_load(&p->parts_stop))
+        return FL_OK;
+    return fl_fail(p->stop_rc, "%s", p->stop_text);
+}
+
+int fl_ps_client_part_listen(fl_ps_client_t *cl, int timeout_ms)
+{
+    int rc = part_stopped(cl);
+    fl_tp_sock_t *ev = events_of(cl);
+    if (rc != FL_OK || ev == NULL || cl->parent == NULL)
+        return rc;
+    bool ready = false;
+    if (fl_tp_poll(&ev, 1, timeout_ms, &ready) > 0 && ready)
+        return part_event(cl);
+    return FL_OK;
+}
+
 /* Sends the requests and collects the answers. */
 static int run(fl_ps_client_t *cl, xchg_t *x, const fl_ps_grad_t *grad, const float *init,
                float *params)
 {
     int64_t deadline = fl_deadline_in(cl->o.timeout_ms + REPLY_MARGIN_MS);
-    bool mark = grad != NULL && checkpoint_mark(cl);
+    bool mark = grad != NULL && cl_checkpoint_mark(cl);
     int rc = FL_OK;
     /* What the heartbeats say this rank is doing (the coordinator names it should the rank
      * die): the call and its step. */
@@ -343,7 +414,8 @@ static int run(fl_ps_client_t *cl, xchg_t *x, const fl_ps_grad_t *grad, const fl
             socks[np] = cl->shards[s].sock;
             which[np++] = s;
         }
-    socks[np] = cl->events;
+    socks[np] = events_of(cl);
+    int nwait = socks[np] != NULL ? np + 1 : np;
     while ((x->push && x->acks < x->want) || (x->pull && x->replies < x->want)) {
         int left = fl_deadline_left_ms(deadline);
         if (left == 0) {
@@ -359,15 +431,23 @@ static int run(fl_ps_client_t *cl, xchg_t *x, const fl_ps_grad_t *grad, const fl
                          x->replies, x->pull ? x->want : 0);
             goto out;
         }
-        int got = fl_tp_poll(socks, (size_t)np + 1, left, ready);
+        /* Parts look at their siblings' news between slices of the wait. */
+        int got = fl_tp_poll(socks, (size_t)nwait, cl->parent != NULL && left > 200 ? 200 : left,
+                             ready);
         if (got < 0) {
             rc = got;
             goto out;
         }
-        if (ready[np]) {
-            rc = cl_on_event(cl);
-            if (rc == FL_OK && cl->lost)
-                rc = cl_wait_rejoin(cl);
+        if ((rc = part_stopped(cl)) != FL_OK)
+            goto out;
+        if (socks[np] != NULL && ready[np]) {
+            if (cl->parent != NULL) {
+                rc = part_event(cl);
+            } else {
+                rc = cl_on_event(cl);
+                if (rc == FL_OK && cl->lost)
+                    rc = cl_wait_rejoin(cl);
+            }
             if (rc != FL_OK)
                 goto out;
         }
@@ -405,16 +485,23 @@ int cl_exchange(fl_ps_client_t *cl, const fl_ps_grad_t *grad, bool init, float *
                        cl->o.rank, cl->broken_text);
     /* What happened while the caller computed. */
     bool ready = false;
-    fl_tp_sock_t *ev = cl->events;
-    while (fl_tp_poll(&ev, 1, 0, &ready) > 0 && ready) {
-        int rc = cl_on_event(cl);
-        if (rc == FL_OK && cl->lost)
-            rc = cl_wait_rejoin(cl);
+    fl_tp_sock_t *ev = events_of(cl);
+    while (ev != NULL && fl_tp_poll(&ev, 1, 0, &ready) > 0 && ready) {
+        int rc;
+        if (cl->parent != NULL) {
+            rc = part_event(cl);
+        } else {
+            rc = cl_on_event(cl);
+            if (rc == FL_OK && cl->lost)
+                rc = cl_wait_rejoin(cl);
+        }
         if (rc != FL_OK)
             return rc;
         ready = false;
     }
-    int rc;
+    int rc = part_stopped(cl);
+    if (rc != FL_OK)
+        return rc;
     if (grad != NULL && (rc = check_grad(cl, grad)) != FL_OK)
         return rc;
     int64_t t0 = fl_now_ns();
@@ -453,7 +540,8 @@ int cl_exchange(fl_ps_client_t *cl, const fl_ps_grad_t *grad, bool init, float *
     free(x.replied);
     /* Every shard took the push: the step is done even when the pull behind it failed (an
      * SSP bound that held past the deadline), so a retried pull asks for the next step. */
-    if (grad != NULL && x.want > 0 && x.acks == x.want && rc != FL_ERESYNC) {
+    if (grad != NULL && (x.want > 0 || cl->parent != NULL) && x.acks == x.want &&
+        rc != FL_ERESYNC) {
         cl->step++;
         cl->stats.pushes++;
     }

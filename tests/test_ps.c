@@ -296,6 +296,92 @@ START_TEST(test_sync_half_and_lz4_exact)
 }
 END_TEST
 
+/* ---- a rank split into clients per device (fl_ps_client_split) ---- */
+
+typedef struct part_arg {
+    rank_ctx_t *r;
+    fl_ps_client_t *part;
+    int rc;
+    char err[1024];
+} part_arg_t;
+
+static void *part_main(void *arg)
+{
+    part_arg_t *a = arg;
+    static _Thread_local float g[N];
+    a->rc = FL_OK;
+    while (a->rc == FL_OK && (int)fl_ps_client_step(a->part) < a->r->steps) {
+        grad_of(a->r->rank, fl_ps_client_step(a->part), g);
+        fl_ps_grad_t grad = {.dense = g, .batch = 16};
+        a->rc = fl_ps_client_push_pull(a->part, &grad, a->r->params);
+    }
+    if (a->rc != FL_OK)
+        snprintf(a->err, sizeof a->err, "%s", fl_last_error());
+    return NULL;
+}
+
+/* Rank 0 as two parts, each on its own thread over its own shards; the other ranks whole. */
+static int split_body(rank_ctx_t *r, fl_ps_client_t *cl)
+{
+    if (r->rank != 0)
+        return train_body(r, cl);
+    init_params(r->params);
+    int rc = fl_ps_client_init(cl, r->params);
+    if (rc != FL_OK)
+        return rc;
+    fl_ps_client_t *bad = NULL;
+    int shards = fl_ps_client_num_shards(cl);
+    if (fl_ps_client_split(cl, 0, shards + 1, &bad) != FL_EINVAL)
+        return fl_fail(FL_EPROTO, "more parts than shards accepted");
+    part_arg_t a[2];
+    memset(a, 0, sizeof a);
+    for (int j = 0; j < 2; j++) {
+        a[j].r = r;
+        if ((rc = fl_ps_client_split(cl, j, 2, &a[j].part)) != FL_OK)
+            return rc;
+    }
+    if (fl_ps_client_split(a[1].part, 0, 1, &bad) != FL_EINVAL)
+        return fl_fail(FL_EPROTO, "a part split again");
+    size_t off[2], n[2];
+    for (int j = 0; j < 2; j++)
+        fl_ps_client_part_range(a[j].part, &off[j], &n[j]);
+    if (off[0] != 0 || off[0] + n[0] != off[1] || off[1] + n[1] != N || n[0] == 0)
+        rc = fl_fail(FL_EPROTO, "parts cover %zu+%zu and %zu+%zu of %d", off[0], n[0], off[1],
+                     n[1], N);
+    pthread_t th;
+    if (rc == FL_OK && pthread_create(&th, NULL, part_main, &a[1]) == 0) {
+        part_main(&a[0]); /* part 0 on the thread that owns the client */
+        pthread_join(th, NULL);
+        for (int j = 0; j < 2 && rc == FL_OK; j++)
+            if (a[j].rc != FL_OK)
+                rc = fl_fail(a[j].rc, "part %d: %s", j, a[j].err);
+    }
+    for (int j = 0; j < 2; j++)
+        fl_ps_client_destroy(&a[j].part);
+    return rc;
+}
+
+/* 3 shards (part 0: shard 0; part 1: shards 1 and 2): the server's result is the local
+ * computation's, bit for bit, with one rank split and the others whole clients. */
+START_TEST(test_sync_split_rank_exact)
+{
+    enum { W = 3, STEPS = 4 };
+    job_t j;
+    job_spec_t s = spec(W, 3, FL_PS_SYNC);
+    job_start(&j, &s);
+    static rank_ctx_t ctx[W];
+    setup_ranks(ctx, &j, W, STEPS, split_body);
+    run_ranks(ctx, W);
+    expect_all_ok(ctx, W);
+    static float ref[N];
+    reference(W, STEPS, FL_OPT_SGD, ref);
+    for (int r = 0; r < W; r++)
+        ck_assert_msg(memcmp(ctx[r].params, ref, sizeof ref) == 0,
+                      "rank %d's parameters differ from the local computation", r);
+    job_end(&j);
+}
+END_TEST
+
 /* Sparse pushes: rank r sends every 10th entry starting at r; the server's result equals the
  * same computation on the dense equivalents. */
 static int sparse_body(rank_ctx_t *r, fl_ps_client_t *cl)
@@ -546,6 +632,7 @@ static Suite *suite(void)
     tcase_add_test(t, test_sync_sgd_exact);
     tcase_add_test(t, test_sync_adam_exact_one_shard);
     tcase_add_test(t, test_sync_half_and_lz4_exact);
+    tcase_add_test(t, test_sync_split_rank_exact);
     tcase_add_test(t, test_sync_sparse_exact);
     tcase_add_test(t, test_async_applies_every_push);
     tcase_add_test(t, test_ssp_holds_the_fast_rank);

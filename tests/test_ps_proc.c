@@ -152,7 +152,8 @@ static long resumed_step(const proc_t *p)
     return s ? atol(s + strlen("going on from step ")) : -1;
 }
 
-START_TEST(test_kill_and_resume)
+/* flodl-ps killed and restarted under workers with `more` flags. */
+static void kill_and_resume(const char *const *slow)
 {
     char dir[] = "/tmp/flodl-ps-kill-XXXXXX";
     ck_assert(mkdtemp(dir) != NULL);
@@ -167,7 +168,6 @@ START_TEST(test_kill_and_resume)
     proc_t p[3];
     memset(p, 0, sizeof p);
     proc_start(&p[0], PS_BIN, ps_argv, NULL);
-    static const char *const slow[] = {"--reconnect-timeout", "60000", NULL};
     start_worker(&p[1], ep, 0, 2, "3", slow);
     start_worker(&p[2], ep, 1, 2, "3", slow);
     /* Once a checkpoint past step 200 is on disk, kill the parameter server outright. */
@@ -199,6 +199,58 @@ START_TEST(test_kill_and_resume)
     ck_assert_msg(s1 == s2 && s1 >= 300 && s1 % 100 == 0, "resumed at %ld and %ld:%s", s1, s2,
                   out);
     ck_assert_msg(final_accuracy(&p[1]) > 85.0, "%s", out);
+    procs_free(p, 3);
+}
+
+START_TEST(test_kill_and_resume)
+{
+    static const char *const slow[] = {"--reconnect-timeout", "60000", NULL};
+    kill_and_resume(slow);
+}
+END_TEST
+
+/* The same with 2 devices per host, a client per device (the same global batch): the devices'
+ * clients stop when the parameter server is lost, the host rejoins the restarted one and
+ * splits again. */
+START_TEST(test_kill_and_resume_device_clients)
+{
+    static const char *const slow[] = {"--reconnect-timeout", "60000", "--cpu-replicas", "2",
+                                       "--batch-size", "32", NULL};
+    kill_and_resume(slow);
+}
+END_TEST
+
+/* 2 hosts x 2 CPU replicas, a client per device: the host killed mid-run fails the job, and
+ * the other host's devices, waiting on their own connections, stop with an error naming it
+ * (not the deadline of a pull). */
+START_TEST(test_device_clients_host_killed)
+{
+    proc_t p[3];
+    memset(p, 0, sizeof p);
+    char ep[FL_ENDPOINT_MAX], out[12000];
+    static const char *const extra[] = {"--shards", "2", "--host", "127.0.0.1",
+                                        "--heartbeat-timeout", "1000", NULL};
+    ck_assert(start_ps(&p[0], 2, extra, NULL, ep, sizeof ep, 1));
+    static const char *const dev[] = {"--cpu-replicas", "2", "--batch-size", "16",
+                                      "--progress", "0.2", NULL};
+    start_worker(&p[1], ep, 0, 2, "50", dev);
+    start_worker(&p[2], ep, 1, 2, "50", dev);
+    bool going = proc_wait_text(p, 3, 1, 0, "push+pull", 1, fl_deadline_in(60000));
+    show(p, 3, out, sizeof out);
+    if (!going) {
+        procs_stop(p, 3);
+        ck_abort_msg("the job did not start training:%s", out);
+    }
+    ASSERT_HAS(p[1].buf[0], "a client per device");
+    kill(p[2].pid, SIGKILL);
+    bool ended = procs_wait(p, 2, fl_deadline_in(60000));
+    procs_stop(p, 3);
+    show(p, 3, out, sizeof out);
+    ck_assert_msg(ended, "rank 0 and flodl-ps did not stop after rank 1 was killed:%s", out);
+    ck_assert_msg(proc_code(&p[1]) != 0, "rank 0 exited 0 without its peer:%s", out);
+    ASSERT_HAS(p[1].buf[1], "rank 1");
+    ck_assert_msg(strstr(p[1].buf[1], "not ready after") == NULL,
+                  "rank 0 waited for a pull's deadline instead of hearing rank 1 died:%s", out);
     procs_free(p, 3);
 }
 END_TEST
@@ -340,6 +392,8 @@ static Suite *suite(void)
     tcase_add_test(t, test_train_through_the_ps);
     tcase_add_test(t, test_shards_over_two_processes);
     tcase_add_test(t, test_kill_and_resume);
+    tcase_add_test(t, test_device_clients_host_killed);
+    tcase_add_test(t, test_kill_and_resume_device_clients);
     tcase_add_test(t, test_ps_flags_refused);
     tcase_add_test(t, test_init_with_nan_refused_at_start);
     tcase_add_test(t, test_init_of_another_shape_refused);

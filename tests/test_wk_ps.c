@@ -1,7 +1,10 @@
 /* Training through the parameter server (worker/train_ps.c) on a small dataset: two ranks with
  * batch 16 against a sync server running SGD with momentum (and Adam) end with the parameters
  * of one local worker with batch 32, to float32 tolerance; top-k pushes with error feedback
- * learn; a server holding another model is refused. */
+ * learn; a server holding another model is refused. Two hosts x two devices with a client
+ * per device (each pushing and pulling its own shards) train the bits of the host's mean over
+ * one client, and of one worker with the global batch to float32 tolerance; async and top-k
+ * per device learn; their residuals resume bit for bit. */
 #include <math.h>
 #include <pthread.h>
 #include <stdio.h>
@@ -17,6 +20,8 @@
 #define N 512
 
 static char dir[64];
+static int g_shards = 2;              /* the next server's shards */
+static fl_ps_consistency_t g_cons;    /* and its consistency (sync unless a test says) */
 
 static void base_opts(fl_wk_train_opts_t *o, const char *save)
 {
@@ -44,7 +49,7 @@ static void ps_start_ck(ps_job_t *j, int world, const fl_wk_train_opts_t *o, con
     fl_coord_opts_init(&co);
     co.bind = "tcp://127.0.0.1:0";
     co.world_size = world;
-    co.num_shards = 2;
+    co.num_shards = g_shards;
     co.log_level = FL_LOG_OFF;
     ck_assert(fl_coord_create(&co, &j->coord) == FL_OK);
     ck_assert(fl_coord_start(j->coord) == FL_OK);
@@ -52,8 +57,9 @@ static void ps_start_ck(ps_job_t *j, int world, const fl_wk_train_opts_t *o, con
     fl_ps_server_opts_init(&so);
     so.coordinator = fl_coord_endpoint(j->coord);
     so.host = "127.0.0.1";
-    so.num_shards = 2;
-    so.shard_count = 2;
+    so.num_shards = g_shards;
+    so.shard_count = g_shards;
+    so.consistency = g_cons;
     so.opt = o->opt;
     so.lr = o->lr;
     so.log_level = FL_LOG_OFF;
@@ -273,6 +279,135 @@ START_TEST(test_ps_topk_residual_resumes)
 }
 END_TEST
 
+/* 2 hosts x 2 devices, batch 8 each: a client per device (2 and 4 shards, each device its
+ * own), the host's mean over one client, and one worker of batch 32. */
+START_TEST(test_ps_device_clients_equivalence)
+{
+    fl_wk_dataset_t d;
+    fl_test_clusters(&d, N, 99);
+    char one[128], host[128], dev[128];
+    snprintf(one, sizeof one, "%s/dc-one.safetensors", dir);
+    snprintf(host, sizeof host, "%s/dc-host.safetensors", dir);
+    snprintf(dev, sizeof dev, "%s/dc-dev.safetensors", dir);
+    static rank_arg_t args[2];
+    fl_wk_train_opts_t o;
+    base_opts(&o, one);
+    o.batch = 32;
+    o.opt.momentum = 0.9;
+    fl_wk_train_result_t res;
+    ck_assert_msg(fl_wk_train(NULL, &d, &d, &o, &res) == FL_OK, "%s", fl_last_error());
+    /* Clipping (on each host's mean, before the devices' split) only against one client. */
+    for (int clip = 0; clip < 2; clip++) {
+        base_opts(&o, host);
+        o.batch = 8;
+        o.replicas = 2;
+        o.opt.momentum = 0.9;
+        o.max_norm = clip ? 0.05 : 0.0;
+        o.ps_host_client = true;
+        run_ps(2, &o, &d, args);
+        o.ps_host_client = false;
+        o.save_path = dev;
+        for (int shards = 2; shards <= (clip ? 2 : 4); shards += 2) {
+            g_shards = shards;
+            run_ps(2, &o, &d, args);
+            g_shards = 2;
+            ck_assert_int_eq(args[0].res.steps, 2 * (N / 32));
+            ck_assert(args[0].res.test_acc > 0.8);
+            double diff = fl_test_params_diff("6,16,3", host, dev);
+            ck_assert_msg(diff == 0.0, "%d shards%s: a client per device vs the host's mean: "
+                                       "%.3g",
+                          shards, clip ? ", clipped" : "", diff);
+            diff = fl_test_params_diff("6,16,3", one, dev);
+            ck_assert_msg(clip || diff < 1e-4, "%d shards: 2 x 2 devices vs 1 local: %.3g",
+                          shards, diff);
+        }
+    }
+    unlink(one);
+    unlink(host);
+    unlink(dev);
+    fl_wk_dataset_free(&d);
+}
+END_TEST
+
+/* Async and SSP with a client per device, dense and top-k: every device's pushes are
+ * applied as they come, and the job still learns. */
+START_TEST(test_ps_device_clients_async_learns)
+{
+    fl_wk_dataset_t d;
+    fl_test_clusters(&d, N, 99);
+    static rank_arg_t args[2];
+    fl_wk_train_opts_t o;
+    base_opts(&o, NULL);
+    o.batch = 8;
+    o.replicas = 2;
+    o.epochs = 4;
+    fl_ps_consistency_t cons[] = {FL_PS_ASYNC, FL_PS_SSP};
+    for (int c = 0; c < 2; c++) {
+        for (int topk = 0; topk < 2; topk++) {
+            g_cons = cons[c];
+            o.topk = topk ? 0.1 : 0.0;
+            run_ps(2, &o, &d, args);
+            g_cons = FL_PS_SYNC;
+            ck_assert_msg(args[0].res.test_acc > 0.9, "%s%s: accuracy %.3f",
+                          fl_ps_consistency_name(cons[c]), topk ? ", top-k" : "",
+                          args[0].res.test_acc);
+            ck_assert_int_eq(args[1].res.steps, 4 * (N / 32));
+            if (topk)
+                ck_assert_msg(args[1].res.bytes_sent * 3 < args[1].res.raw_bytes,
+                              "%llu of %llu bytes", (unsigned long long)args[1].res.bytes_sent,
+                              (unsigned long long)args[1].res.raw_bytes);
+        }
+    }
+    fl_wk_dataset_free(&d);
+}
+END_TEST
+
+/* Each device's top-k residual is checkpointed beside the others (one file per rank) and a
+ * job resumed from the server's and the workers' checkpoints trains the bits of one that
+ * never stopped. */
+START_TEST(test_ps_device_clients_residuals_resume)
+{
+    fl_wk_dataset_t d;
+    fl_test_clusters(&d, N, 99);
+    char straight[128], resumed[128], srv[128], wk[128], cmd[1024];
+    snprintf(straight, sizeof straight, "%s/dstraight.safetensors", dir);
+    snprintf(resumed, sizeof resumed, "%s/dresumed.safetensors", dir);
+    snprintf(srv, sizeof srv, "%s/dsrv", dir);
+    snprintf(wk, sizeof wk, "%s/dwk", dir);
+    enum { W = 2 };
+    static rank_arg_t args[W];
+    fl_wk_train_opts_t o;
+    base_opts(&o, straight);
+    o.batch = 8;
+    o.replicas = 2;
+    o.topk = 0.1;
+    run_ps(W, &o, &d, args);
+    uint64_t per_epoch = N / (W * 2 * 8);
+
+    ps_job_t j;
+    ps_start_ck(&j, W, &o, srv, per_epoch, false);
+    o.epochs = 1;
+    o.save_path = NULL;
+    o.checkpoint_dir = wk;
+    run_ranks(&j, W, &o, &d, args);
+    ps_end(&j);
+
+    ps_start_ck(&j, W, &o, srv, per_epoch, true);
+    o.epochs = 2;
+    o.checkpoint_dir = NULL;
+    o.resume_dir = wk;
+    o.save_path = resumed;
+    run_ranks(&j, W, &o, &d, args);
+    ps_end(&j);
+    ck_assert_int_eq(args[0].res.steps, (long)per_epoch);
+    double diff = fl_test_params_diff("6,16,3", straight, resumed);
+    ck_assert_msg(diff == 0.0, "resumed differs from straight by %.3g", diff);
+    snprintf(cmd, sizeof cmd, "rm -rf '%s' '%s' '%s' '%s'", srv, wk, straight, resumed);
+    ck_assert(system(cmd) == 0);
+    fl_wk_dataset_free(&d);
+}
+END_TEST
+
 static Suite *suite(void)
 {
     Suite *s = suite_create("wk_ps");
@@ -281,6 +416,9 @@ static Suite *suite(void)
     tcase_add_test(t, test_ps_data_parallel_equivalence);
     tcase_add_test(t, test_ps_topk_learns);
     tcase_add_test(t, test_ps_topk_residual_resumes);
+    tcase_add_test(t, test_ps_device_clients_equivalence);
+    tcase_add_test(t, test_ps_device_clients_async_learns);
+    tcase_add_test(t, test_ps_device_clients_residuals_resume);
     suite_add_tcase(s, t);
     return s;
 }

@@ -248,31 +248,50 @@ static void prune_rank(const char *dir, int rank, long step, long keep)
     closedir(d);
 }
 
-int fl_wk_ckpt_ef_save(const char *dir, int rank, long step, long keep, const fl_cmp_ef_t *ef)
+int fl_wk_ckpt_efs_save(const char *dir, int rank, long step, long keep,
+                        const fl_cmp_ef_t *const *ef, int nef)
 {
-    const float *r;
-    const float *v;
-    size_t n;
-    fl_cmp_ef_state(ef, &r, &v, &n);
+    if (nef < 1 || nef > 64)
+        return fl_fail(FL_EINVAL, "--checkpoint: %d residuals outside 1..64", nef);
     if (fl_wk_ckpt_mkdirs(dir) != 0)
         return fl_fail(FL_EIO, "--checkpoint: cannot make %s: %s", dir, strerror(errno));
-    fl_st_tensor_t ts[2];
+    fl_st_tensor_t ts[128];
+    char names[128][32];
     size_t nt = 0;
-    ts[nt++] = (fl_st_tensor_t){"ef.0", FL_FLOAT32, 1, {n}, r, n * sizeof(float)};
-    if (v != NULL)
-        ts[nt++] = (fl_st_tensor_t){"ef.0.velocity", FL_FLOAT32, 1, {n}, v, n * sizeof(float)};
-    char st[32];
+    for (int j = 0; j < nef; j++) {
+        const float *r;
+        const float *v;
+        size_t n;
+        fl_cmp_ef_state(ef[j], &r, &v, &n);
+        snprintf(names[nt], sizeof names[nt], "ef.%d", j);
+        ts[nt] = (fl_st_tensor_t){names[nt], FL_FLOAT32, 1, {n}, r, n * sizeof(float)};
+        nt++;
+        if (v != NULL) {
+            snprintf(names[nt], sizeof names[nt], "ef.%d.velocity", j);
+            ts[nt] = (fl_st_tensor_t){names[nt], FL_FLOAT32, 1, {n}, v, n * sizeof(float)};
+            nt++;
+        }
+    }
+    char st[32], ne[16];
     snprintf(st, sizeof st, "%ld", step);
-    fl_st_meta_t meta[2] = {{"flodl.mode", "ps"}, {"flodl.step", st}};
+    snprintf(ne, sizeof ne, "%d", nef);
+    /* One residual: the file a single client writes (no count, as before device clients). */
+    fl_st_meta_t meta[3] = {{"flodl.mode", "ps"}, {"flodl.step", st}, {"flodl.ps.devices", ne}};
     char path[4096];
     state_path(path, sizeof path, dir, step, rank);
-    int rc = fl_st_write(path, ts, nt, meta, 2);
+    int rc = fl_st_write(path, ts, nt, meta, nef > 1 ? 3 : 2);
     if (rc == FL_OK)
         prune_rank(dir, rank, step, keep);
     return rc;
 }
 
-int fl_wk_ckpt_ef_load(const char *dir, int rank, long step, fl_cmp_ef_t *ef, bool *restored)
+int fl_wk_ckpt_ef_save(const char *dir, int rank, long step, long keep, const fl_cmp_ef_t *ef)
+{
+    return fl_wk_ckpt_efs_save(dir, rank, step, keep, &ef, 1);
+}
+
+int fl_wk_ckpt_efs_load(const char *dir, int rank, long step, fl_cmp_ef_t *const *ef, int nef,
+                        bool *restored)
 {
     *restored = false;
     char path[4096];
@@ -280,18 +299,39 @@ int fl_wk_ckpt_ef_load(const char *dir, int rank, long step, fl_cmp_ef_t *ef, bo
     fl_st_file_t *f = NULL;
     if (fl_st_open(path, MAX_FILE_BYTES, &f) != FL_OK)
         return FL_OK; /* none for this step: the server resumed from another */
-    const float *r;
-    const float *v;
-    size_t n;
-    fl_cmp_ef_state(ef, &r, &v, &n);
-    const fl_st_tensor_t *t = fl_st_find(f, "ef.0");
-    const fl_st_tensor_t *tv = fl_st_find(f, "ef.0.velocity");
-    int rc = FL_OK;
-    if (meta_is(f, "flodl.mode", "ps") && t != NULL && t->dtype == FL_FLOAT32 &&
-        t->bytes == n * sizeof(float) && (tv == NULL || tv->bytes == t->bytes)) {
-        rc = fl_cmp_ef_restore(ef, t->data, tv != NULL ? tv->data : NULL, n);
-        *restored = rc == FL_OK;
+    char ne[16];
+    snprintf(ne, sizeof ne, "%d", nef);
+    bool same = meta_is(f, "flodl.mode", "ps") &&
+                (nef > 1 ? meta_is(f, "flodl.ps.devices", ne)
+                         : fl_st_find(f, "ef.1") == NULL);
+    /* Every residual is checked before any is restored: a file of another split changes
+     * nothing. */
+    const fl_st_tensor_t *t[64];
+    const fl_st_tensor_t *tv[64];
+    for (int j = 0; same && j < nef; j++) {
+        const float *r;
+        const float *v;
+        size_t n;
+        char name[32];
+        fl_cmp_ef_state(ef[j], &r, &v, &n);
+        snprintf(name, sizeof name, "ef.%d", j);
+        t[j] = fl_st_find(f, name);
+        snprintf(name, sizeof name, "ef.%d.velocity", j);
+        tv[j] = fl_st_find(f, name);
+        same = t[j] != NULL && t[j]->dtype == FL_FLOAT32 && t[j]->bytes == n * sizeof(float) &&
+               (tv[j] == NULL || tv[j]->bytes == t[j]->bytes);
     }
+    int rc = FL_OK;
+    for (int j = 0; same && j < nef && rc == FL_OK; j++) {
+        size_t n = t[j]->bytes / sizeof(float);
+        rc = fl_cmp_ef_restore(ef[j], t[j]->data, tv[j] != NULL ? tv[j]->data : NULL, n);
+    }
+    *restored = same && rc == FL_OK;
     fl_st_close(&f);
     return rc;
+}
+
+int fl_wk_ckpt_ef_load(const char *dir, int rank, long step, fl_cmp_ef_t *ef, bool *restored)
+{
+    return fl_wk_ckpt_efs_load(dir, rank, step, &ef, 1, restored);
 }

@@ -256,6 +256,8 @@ typedef struct fl_wk_train_opts {
     int replan_every;       /* El Che re-plans every this many syncs (default 4; 0: never, the
                                first plan stays: for tests) */
     fl_wk_hier_t hierarchy; /* with several devices per process (--mode ring) */
+    bool ps_host_client;    /* --mode ps, several devices: the host's mean over one client
+                               (--ps-clients host) instead of a client per device (false) */
     int max_anchor;         /* El Che: > 0 lets faster devices do more batches between syncs
                                (the slowest does up to max_anchor); 0: one batch each */
     double overhead_target; /* El Che: exchange time / compute time to stay under (0.1) */

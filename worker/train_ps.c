@@ -3,8 +3,10 @@
  * parameters pulled for that step, the worker pushes the mean (dense, or top-k with error
  * feedback) and pulls the next parameters in the same round trip. The step, and so the epoch
  * and batch, come from the server: after a restart of the parameter server (FL_ERESYNC) the
- * worker goes on from the step it resumed at. Rank 0 evaluates on the test split at the end of
- * each epoch and saves the parameters with --save. */
+ * worker goes on from the step it resumed at. With several devices per host (and as many
+ * shards) each device pushes and pulls its own shards over its own connections after the
+ * reduce-scatter inside the host (ps_devices.c), unless --ps-clients host. Rank 0 evaluates on
+ * the test split at the end of each epoch and saves the parameters with --save. */
 #include "wk_int.h"
 
 #include <flodl/ps.h>
@@ -24,6 +26,8 @@ typedef struct ps_trainer {
     float *params;
     float *grad;
     fl_wk_devices_t *dev;
+    int parts;            /* device clients (0: one client for the host) */
+    fl_wk_psdev_t *pd;
     fl_cmp_ef_t *ef;
     fl_cmp_ws_t *ws;
     uint32_t *idx;
@@ -46,11 +50,16 @@ static int setup(ps_trainer_t *t, const fl_wk_dataset_t *train)
     } else {
         fl_wk_mlp_init(t->m, t->params, o->seed);
     }
-    if ((rc = fl_wk_devices_create(t->m, train, o, t->rank, t->world, FL_WK_LOCAL_MEAN,
-                                     t->grad, &t->dev)) !=
-        FL_OK)
+    /* A client per device needs a shard per device at least: with fewer shards than devices
+     * some devices push nothing, so the parts are min(devices, shards). */
+    int shards = fl_ps_client_num_shards(t->cl);
+    int parts = o->replicas < shards ? o->replicas : shards;
+    t->parts = o->replicas > 1 && !o->ps_host_client && parts > 1 ? parts : 0;
+    if ((rc = fl_wk_devices_create(t->m, train, o, t->rank, t->world,
+                                     t->parts > 0 ? FL_WK_LOCAL_SHARDS : FL_WK_LOCAL_MEAN,
+                                     t->grad, &t->dev)) != FL_OK)
         return rc;
-    if (o->topk > 0) {
+    if (o->topk > 0 && t->parts == 0) {
         fl_cmp_ef_opts_t eo;
         fl_cmp_ef_opts_init(&eo);
         eo.n = t->np;
@@ -79,6 +88,7 @@ static int setup(ps_trainer_t *t, const fl_wk_dataset_t *train)
 
 static void teardown(ps_trainer_t *t)
 {
+    fl_wk_psdev_destroy(&t->pd);
     fl_wk_devices_destroy(&t->dev);
     fl_cmp_ef_destroy(&t->ef);
     fl_cmp_ws_destroy(&t->ws);
@@ -94,10 +104,16 @@ static void teardown(ps_trainer_t *t)
  * at `step` in dir; without one it goes on with what it has (zero at a start), saying so. */
 static int own_residual(ps_trainer_t *t, const char *dir, uint64_t step, bool at_start)
 {
-    if (t->ef == NULL)
+    fl_cmp_ef_t *efs[FL_WK_PSDEV_MAX];
+    int nef = 0;
+    if (t->ef != NULL)
+        efs[nef++] = t->ef;
+    for (int j = 0; t->pd != NULL && j < t->parts && fl_wk_psdev_ef(t->pd, j) != NULL; j++)
+        efs[nef++] = fl_wk_psdev_ef(t->pd, j);
+    if (nef == 0)
         return FL_OK;
     bool restored = false;
-    int rc = fl_wk_ckpt_ef_load(dir, t->rank, (long)step, t->ef, &restored);
+    int rc = fl_wk_ckpt_efs_load(dir, t->rank, (long)step, efs, nef, &restored);
     if (rc == FL_OK && !restored && !t->o->quiet)
         printf("rank %d: no top-k residual of step %llu in %s: it %s\n", t->rank,
                (unsigned long long)step, dir, at_start ? "starts at zero" : "goes on as it is");
@@ -112,6 +128,7 @@ static int make_grad(ps_trainer_t *t, double density, fl_ps_grad_t *g)
     memset(g, 0, sizeof *g);
     g->batch = (uint32_t)(o->batch * (size_t)o->replicas);
     if (t->ef == NULL) {
+        /* Device clients: clipped here on the whole mean, their top-k after the split. */
         if (o->max_norm > 0.0) {
             double s = 0.0;
             for (size_t i = 0; i < t->np; i++)
@@ -166,6 +183,8 @@ int fl_wk_train_ps(fl_ps_client_t *cl, int rank, int world, const fl_wk_dataset_
                      fl_ps_client_param_count(cl), t.np);
     if (rc == FL_OK)
         rc = fl_ps_client_init(cl, t.params);
+    if (rc == FL_OK && t.parts > 0)
+        rc = fl_wk_psdev_create(cl, t.parts, o, &t.pd);
     if (rc != FL_OK) {
         teardown(&t);
         return rc;
@@ -181,9 +200,10 @@ int fl_wk_train_ps(fl_ps_client_t *cl, int rank, int world, const fl_wk_dataset_
     uint64_t start = fl_ps_client_step(cl);
     if (lead)
         printf("training: %s, %d ranks x %d device(s), batch %zu per device (global %ld), %zu "
-               "parameters, parameter server (%d shards, %s), %s pushes, %zu steps per epoch%s\n",
+               "parameters, parameter server (%d shards, %s%s), %s pushes, %zu steps per "
+               "epoch%s\n",
                train->source, world, o->replicas, o->batch, global_batch, t.np,
-               fl_ps_client_num_shards(cl),
+               fl_ps_client_num_shards(cl), t.parts > 0 ? "a client per device, " : "",
                fl_ps_consistency_name(fl_ps_client_consistency(cl)),
                o->topk > 0 ? "top-k" : "dense", nb, start > 0 ? " (resuming)" : "");
 
@@ -219,8 +239,14 @@ int fl_wk_train_ps(fl_ps_client_t *cl, int rank, int world, const fl_wk_dataset_
         if ((rc = make_grad(&t, density, &g)) != FL_OK)
             break;
         int64_t t1 = fl_now_ns();
-        rc = fl_ps_client_push_pull(cl, &g, t.params);
+        /* Device clients: each its keys, in parallel; after a restart of the server they
+         * rejoin through this client and split again. */
+        rc = t.pd != NULL ? fl_wk_psdev_push_pull(t.pd, t.grad, g.batch, density, t.params)
+                          : fl_ps_client_push_pull(cl, &g, t.params);
         int64_t t2 = fl_now_ns();
+        if (rc == FL_ERESYNC && t.pd != NULL &&
+            (rc = fl_wk_psdev_rejoin(t.pd, cl, t.params)) == FL_OK)
+            rc = FL_ERESYNC; /* joined again as one client would have */
         if (rc == FL_ERESYNC) {
             if (!o->quiet)
                 printf("rank %d: the parameter server restarted: going on from step %llu\n",
@@ -234,7 +260,7 @@ int fl_wk_train_ps(fl_ps_client_t *cl, int rank, int world, const fl_wk_dataset_
         }
         if (rc != FL_OK)
             break;
-        step = fl_ps_client_step(cl);
+        step = t.pd != NULL ? fl_wk_psdev_step(t.pd) : fl_ps_client_step(cl);
         steps++;
         compute_ms += (double)(t1 - t0) / 1e6;
         comm_ms += (double)(t2 - t1) / 1e6;
@@ -251,7 +277,10 @@ int fl_wk_train_ps(fl_ps_client_t *cl, int rank, int world, const fl_wk_dataset_
         int64_t now = fl_now_ns();
         if (lead && (double)(now - t_last) / 1e9 >= o->progress_s) {
             fl_ps_client_stats_t cs;
-            fl_ps_client_get_stats(cl, &cs);
+            if (t.pd != NULL)
+                fl_wk_psdev_stats(t.pd, &cs);
+            else
+                fl_ps_client_get_stats(cl, &cs);
             char eta[64], sent[96];
             fl_wk_progress_eta(eta, sizeof eta, (double)(step + 1) / (double)total,
                                (double)start / (double)total, (double)(now - t_start) / 1e9);
@@ -273,9 +302,15 @@ int fl_wk_train_ps(fl_ps_client_t *cl, int rank, int world, const fl_wk_dataset_
             continue;
         /* An epoch ended: these are the parameters after its last update. */
         res->epochs = (int)(step / nb);
-        if (o->checkpoint_dir != NULL && t.ef != NULL) {
-            if ((rc = fl_wk_ckpt_ef_save(o->checkpoint_dir, rank, (long)step, saved, t.ef)) !=
-                FL_OK)
+        if (o->checkpoint_dir != NULL && (t.ef != NULL || (t.pd != NULL && o->topk > 0))) {
+            const fl_cmp_ef_t *efs[FL_WK_PSDEV_MAX];
+            int nef = 0;
+            if (t.ef != NULL)
+                efs[nef++] = t.ef;
+            for (int j = 0; t.pd != NULL && j < t.parts; j++)
+                efs[nef++] = fl_wk_psdev_ef(t.pd, j);
+            if ((rc = fl_wk_ckpt_efs_save(o->checkpoint_dir, rank, (long)step, saved, efs,
+                                          nef)) != FL_OK)
                 break;
             saved = (long)step;
         }
@@ -302,7 +337,10 @@ int fl_wk_train_ps(fl_ps_client_t *cl, int rank, int world, const fl_wk_dataset_
         res->test_loss = NAN;
     }
     fl_ps_client_stats_t cs;
-    fl_ps_client_get_stats(cl, &cs);
+    if (t.pd != NULL)
+        fl_wk_psdev_stats(t.pd, &cs);
+    else
+        fl_ps_client_get_stats(cl, &cs);
     res->steps = steps;
     res->seconds = (double)(fl_now_ns() - t_start) / 1e9;
     res->samples_per_s =

@@ -449,6 +449,39 @@ fl_opt_t *fl_wk_async_opt(struct fl_wk_async *a, int j);
  * FL_EIO naming the path, FL_EPROTO (a corrupt file), FL_ENONFINITE. */
 int fl_wk_ckpt_ef_save(const char *dir, int rank, long step, long keep, const fl_cmp_ef_t *ef);
 int fl_wk_ckpt_ef_load(const char *dir, int rank, long step, fl_cmp_ef_t *ef, bool *restored);
+/* The same with nef residuals, one per device client (ef.0 .. ef.<nef-1>, and the file says
+ * how many and where each starts): restored only into the same split (*restored false
+ * otherwise, and then nothing changed). nef 1 is the file of the two calls above. */
+int fl_wk_ckpt_efs_save(const char *dir, int rank, long step, long keep,
+                        const fl_cmp_ef_t *const *ef, int nef);
+int fl_wk_ckpt_efs_load(const char *dir, int rank, long step, fl_cmp_ef_t *const *ef, int nef,
+                        bool *restored);
+
+/* ---- --mode ps with several devices: a client per device (ps_devices.c) ---- */
+#define FL_WK_PSDEV_MAX 64
+typedef struct fl_wk_psdev fl_wk_psdev_t;
+struct fl_ps_client;
+/* parts clients split from cl (after fl_ps_client_init; parts <= its shards), each on its own
+ * thread but part 0 (the caller's), with a top-k residual of its keys when o->topk > 0. FL_OK,
+ * or the split's error. Destroy before cl. */
+int fl_wk_psdev_create(struct fl_ps_client *cl, int parts, const fl_wk_train_opts_t *o,
+                       fl_wk_psdev_t **out);
+void fl_wk_psdev_destroy(fl_wk_psdev_t **x);
+/* Every part pushes its keys of grad (the host's mean: dense, or its top-k at density) with
+ * the host's batch and pulls its keys of params, in parallel; returns when all have, with the
+ * first part's error (named: device, keys). */
+int fl_wk_psdev_push_pull(fl_wk_psdev_t *x, const float *grad, uint32_t batch, double density,
+                          float *params);
+/* After FL_ERESYNC from fl_wk_psdev_push_pull (the parameter server was lost): the parts'
+ * clients destroyed, cl rejoins the restarted server (params and its step restored) and is
+ * split again into the same ranges; the residuals stay. FL_OK, or why not. */
+int fl_wk_psdev_rejoin(fl_wk_psdev_t *x, struct fl_ps_client *cl, float *params);
+int fl_wk_psdev_parts(const fl_wk_psdev_t *x);
+uint64_t fl_wk_psdev_step(const fl_wk_psdev_t *x);
+/* Part j's residual (NULL: dense). */
+fl_cmp_ef_t *fl_wk_psdev_ef(fl_wk_psdev_t *x, int j);
+/* The parts' bytes summed; pushes and pulls counted once per step. */
+void fl_wk_psdev_stats(const fl_wk_psdev_t *x, struct fl_ps_client_stats *sum);
 
 /* mkdir -p: 0, or -1 with errno. */
 int fl_wk_ckpt_mkdirs(const char *dir);

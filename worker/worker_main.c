@@ -40,6 +40,9 @@ static const char usage[] =
     "    repeated id gives two devices on one GPU)  --cpu-replicas L (devices on the CPU)\n"
     "  --hierarchy hybrid|flat (several devices per host, --mode ring: two-level exchange, the\n"
     "    default, or every device its own ring member)\n"
+    "  --ps-clients device|host (several devices per host, --mode ps: each device pushes and\n"
+    "    pulls its own shards on its own connections, the default, or the host's mean goes\n"
+    "    out over one client)\n"
     "  --overlap (two levels: reduce and exchange bucket by bucket during the backward pass\n"
     "    instead of after it; the same parameters)\n"
     "  --shard none|grad|hybrid|full (optimizer state: on every device; 1/(hosts x devices)\n"
@@ -80,7 +83,7 @@ static const char usage[] =
 enum {
     O_MODE = 1000, O_TRAIN_IMAGES, O_TRAIN_LABELS, O_TEST_IMAGES, O_TEST_LABELS, O_TRAIN_CSV,
     O_TEST_CSV, O_DATA_SEED, O_LAYERS, O_BATCH, O_EPOCHS, O_SEED, O_NO_SHUFFLE, O_OPTIM,
-    O_SCALE_LR, O_OVERLAP, O_LZ4, O_RECONNECT, O_MAX_NORM, O_REPLICAS, O_HIER, O_SHARD, O_POLICY, O_MPORT, O_MBIND, O_TIMELINE, O_CURVE, O_INSECURE, O_CKPT, O_RESUME, O_RESUME_ANY, O_ANCHOR, O_RUN_AHEAD, O_OVERHEAD, O_HINT, O_THROTTLE, O_DEVICE, O_GPUS, O_TOPK, O_TOPK_WARMUP, O_TOPK_VALUES, O_BUCKET, O_INIT,
+    O_SCALE_LR, O_OVERLAP, O_LZ4, O_RECONNECT, O_MAX_NORM, O_REPLICAS, O_HIER, O_PS_CLIENTS, O_SHARD, O_POLICY, O_MPORT, O_MBIND, O_TIMELINE, O_CURVE, O_INSECURE, O_CKPT, O_RESUME, O_RESUME_ANY, O_ANCHOR, O_RUN_AHEAD, O_OVERHEAD, O_HINT, O_THROTTLE, O_DEVICE, O_GPUS, O_TOPK, O_TOPK_WARMUP, O_TOPK_VALUES, O_BUCKET, O_INIT,
     O_SAVE, O_SAVE_EVERY, O_METRICS, O_PROGRESS, O_QUIET, O_SIZE, O_STEPS, O_DTYPE, O_OP, O_HELP,
     O_VERSION
 };
@@ -319,6 +322,14 @@ static int apply(wargs_t *a, int ch, const char *name, const char *v)
             t->hierarchy = FL_WK_HIER_FLAT;
         else
             rc = fl_fail(FL_EINVAL, "--hierarchy: '%s' is not one of hybrid|flat", v);
+        break;
+    case O_PS_CLIENTS:
+        if (strcmp(v, "device") == 0)
+            t->ps_host_client = false;
+        else if (strcmp(v, "host") == 0)
+            t->ps_host_client = true;
+        else
+            rc = fl_fail(FL_EINVAL, "--ps-clients: '%s' is not one of device|host", v);
         break;
     case O_POLICY:
         if (strcmp(v, "sync") == 0)
@@ -563,6 +574,7 @@ int main(int argc, char **argv)
         {"reconnect-timeout", 1, NULL, O_RECONNECT}, {"scale-lr", 0, NULL, O_SCALE_LR},
         {"overlap", 0, NULL, O_OVERLAP}, {"max-grad-norm", 1, NULL, O_MAX_NORM},
         {"cpu-replicas", 1, NULL, O_REPLICAS}, {"hierarchy", 1, NULL, O_HIER},
+        {"ps-clients", 1, NULL, O_PS_CLIENTS},
         {"shard", 1, NULL, O_SHARD}, {"policy", 1, NULL, O_POLICY},
         {"metrics-port", 1, NULL, O_MPORT}, {"metrics-bind", 1, NULL, O_MBIND},
         {"timeline", 1, NULL, O_TIMELINE}, {"curve-dir", 1, NULL, O_CURVE},

@@ -149,6 +149,31 @@ int fl_ps_client_pull(fl_ps_client_t *client, float *params);
  * sent. */
 int fl_ps_client_push_pull(fl_ps_client_t *client, const fl_ps_grad_t *grad, float *params);
 
+/* Several devices per host: part `part` of `parts` is a client of its own over the
+ * contiguous shards [part * S / parts, (part + 1) * S / parts) of the S shards (whole shards,
+ * so every shard still hears one push per rank and step: the server counts ranks, not
+ * devices), using this client's connections to them. Each part is driven by its own thread
+ * (one thread at a time per part); push, pull and push_pull on a part send and receive its
+ * keys only (a dense gradient or the params buffer is still the whole vector, indexed as
+ * usual; a sparse gradient holds indices of its keys only). Every part starts at this
+ * client's step: split after fl_ps_client_init, and while parts live do not use this client
+ * itself. Part 0 must be driven by the thread that owns this client: it listens to the
+ * coordinator for all parts. When the job fails, every part's call fails with the failure;
+ * when the parameter server is lost, every part's call returns FL_ERESYNC: destroy the parts,
+ * call fl_ps_client_pull on this client (it waits for the restarted server and joins it again:
+ * FL_OK with its parameters and fl_ps_client_step restored) and split again. Destroy the
+ * parts (fl_ps_client_destroy) before this client. FL_OK and *out; FL_EINVAL (parts outside 1..S, or a part split again);
+ * FL_ECLOSED after a fatal error; FL_ENOMEM. */
+int fl_ps_client_split(fl_ps_client_t *client, int part, int parts, fl_ps_client_t **out);
+
+/* Part 0, while the other parts' calls run (its own is done): listens to the coordinator for
+ * them, as its own calls do, for up to timeout_ms (0: only looks). FL_OK; or the failure, or
+ * FL_ERESYNC, the parts were stopped with. Other clients: FL_OK at once. */
+int fl_ps_client_part_listen(fl_ps_client_t *client, int timeout_ms);
+
+/* The keys a part pushes and pulls, [*offset, *offset + *count) (a whole client: all). */
+void fl_ps_client_part_range(const fl_ps_client_t *client, size_t *offset, size_t *count);
+
 typedef struct fl_ps_client_stats {
     uint64_t pushes;     /* gradients pushed (whole vectors) */
     uint64_t pulls;      /* parameter vectors pulled */
