@@ -96,7 +96,7 @@ static void sweep(void)
     while ((e = readdir(root)) != NULL) {
         if (strncmp(e->d_name, prefix, plen) != 0 || strlen(e->d_name) != plen + 16)
             continue;
-        char dir[128];
+        char dir[sizeof IPC_ROOT + sizeof e->d_name];
         snprintf(dir, sizeof dir, IPC_ROOT "/%s", e->d_name);
         /* Its age before the sweep: removing a socket makes it look new. */
         struct stat st;
@@ -105,7 +105,7 @@ static void sweep(void)
             continue;
         struct dirent *f;
         while ((f = readdir(d)) != NULL) {
-            char path[sizeof dir + 256];
+            char path[sizeof dir + sizeof f->d_name];
             snprintf(path, sizeof path, "%s/%s", dir, f->d_name);
             if (f->d_name[0] != '.' && sock_stale(path, now))
                 unlink(path);
