@@ -2,6 +2,7 @@
  * destruction (leave cleanly, flush queued sends within the deadline), peer sockets created on
  * first use, scratch memory and counters. The collectives themselves live in collectives.c. */
 #include "comm_int.h"
+#include "member_opts.h"
 
 #include <flodl/compress.h>
 
@@ -45,24 +46,10 @@ static int check_opts(const fl_comm_opts_t *o)
                        "comm: fl_comm_opts_t.struct_size is %zu, this libflodl %s expects %zu: "
                        "fill the options with fl_comm_opts_init",
                        o->struct_size, FL_VERSION_STRING, sizeof *o);
-    if (o->world_size < 1 || o->world_size > FL_MSG_MAX_PEERS)
-        return fl_fail(FL_EINVAL, "comm: world_size %d out of range 1..%d", o->world_size,
-                       FL_MSG_MAX_PEERS);
-    if (o->rank < 0 || o->rank >= o->world_size)
-        return fl_fail(FL_EINVAL, "comm: rank %d out of range 0..%d (world size %d)", o->rank,
-                       o->world_size - 1, o->world_size);
-    if (o->coordinator == NULL)
-        return fl_fail(FL_EINVAL, "comm: rank %d: no coordinator endpoint given", o->rank);
-    if (fl_tp_endpoint_parse(o->coordinator, &ep) != FL_OK)
-        return fl_fail_ctx(FL_EINVAL, "comm: rank %d: coordinator", o->rank);
-    if (o->job_id == NULL || o->job_id[0] == '\0' || strlen(o->job_id) >= FL_JOB_MAX)
-        return fl_fail(FL_EINVAL, "comm: job_id must be 1..%d bytes", FL_JOB_MAX - 1);
-    if (fl_text_scan(o->job_id, strlen(o->job_id), NULL) != strlen(o->job_id))
-        return fl_fail(FL_EINVAL, "comm: job_id must be UTF-8 without control characters");
-    if (o->host != NULL && (o->host[0] == '\0' || strlen(o->host) >= FL_HOST_MAX))
-        return fl_fail(FL_EINVAL, "comm: host must be 1..%d bytes", FL_HOST_MAX - 1);
-    if (o->settings != NULL && fl_settings_check(o->settings, FL_MSG_SETTINGS_MAX) != FL_OK)
-        return fl_fail_ctx(FL_EINVAL, "comm: rank %d", o->rank);
+    int rc = fl_member_opts_check("comm", o->rank, o->world_size, o->coordinator, o->job_id,
+                                  o->host, o->settings);
+    if (rc != FL_OK)
+        return rc;
     if (o->bind != NULL && fl_tp_endpoint_parse(o->bind, &ep) != FL_OK)
         return fl_fail_ctx(FL_EINVAL, "comm: rank %d: bind", o->rank);
     if (o->timeout_ms < 1 || o->rendezvous_timeout_ms < 1)

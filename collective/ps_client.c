@@ -4,6 +4,7 @@
  * restarted one welcomes the rank again (the membership reconnects), the client takes the new
  * map, and the next call joins the training again where the server resumed: FL_ERESYNC. */
 #include "ps_client_int.h"
+#include "member_opts.h"
 
 #include <inttypes.h>
 #include <stdio.h>
@@ -59,28 +60,16 @@ int fl_ps_client_opts_from_env(fl_ps_client_opts_t *o)
 
 static int check_opts(const fl_ps_client_opts_t *o)
 {
-    fl_tp_endpoint_t ep;
     /* First, before any other field is read: a struct of another size has other fields. */
     if (o->struct_size != sizeof *o)
         return fl_fail(FL_EINVAL,
                        "ps client: fl_ps_client_opts_t.struct_size is %zu, this libflodl %s "
                        "expects %zu: fill the options with fl_ps_client_opts_init",
                        o->struct_size, FL_VERSION_STRING, sizeof *o);
-    if (o->world_size < 1 || o->world_size > FL_MSG_MAX_PEERS)
-        return fl_fail(FL_EINVAL, "ps client: world_size %d out of range 1..%d", o->world_size,
-                       FL_MSG_MAX_PEERS);
-    if (o->rank < 0 || o->rank >= o->world_size)
-        return fl_fail(FL_EINVAL, "ps client: rank %d out of range 0..%d", o->rank,
-                       o->world_size - 1);
-    if (o->coordinator == NULL || fl_tp_endpoint_parse(o->coordinator, &ep) != FL_OK)
-        return fl_fail(FL_EINVAL, "ps client: rank %d: no valid coordinator endpoint (%s)",
-                       o->rank, o->coordinator ? o->coordinator : "none");
-    if (o->job_id == NULL || o->job_id[0] == '\0' || strlen(o->job_id) >= FL_JOB_MAX)
-        return fl_fail(FL_EINVAL, "ps client: job_id must be 1..%d bytes", FL_JOB_MAX - 1);
-    if (o->host != NULL && (o->host[0] == '\0' || strlen(o->host) >= FL_HOST_MAX))
-        return fl_fail(FL_EINVAL, "ps client: host must be 1..%d bytes", FL_HOST_MAX - 1);
-    if (o->settings != NULL && fl_settings_check(o->settings, FL_MSG_SETTINGS_MAX) != FL_OK)
-        return fl_fail_ctx(FL_EINVAL, "ps client: rank %d", o->rank);
+    int rc = fl_member_opts_check("ps client", o->rank, o->world_size, o->coordinator,
+                                  o->job_id, o->host, o->settings);
+    if (rc != FL_OK)
+        return rc;
     if (o->param_count == 0)
         return fl_fail(FL_EINVAL, "ps client: rank %d: param_count is 0", o->rank);
     if (o->timeout_ms < 1 || o->rendezvous_timeout_ms < 1 || o->reconnect_timeout_ms < 0)

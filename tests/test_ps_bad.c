@@ -440,12 +440,40 @@ START_TEST(test_bad_pushes_and_pulls_are_refused)
 }
 END_TEST
 
+/* The client checks what it says of itself as the communicator does (member_opts.c), before it
+ * connects anywhere: a job id that is not wire text never reaches a server. */
+START_TEST(test_client_identity_is_checked)
+{
+    fl_ps_client_opts_t o;
+    fl_ps_client_opts_init(&o);
+    o.rank = 0;
+    o.world_size = 1;
+    o.coordinator = "tcp://127.0.0.1:9";
+    o.param_count = N;
+    o.log_level = FL_LOG_OFF;
+    fl_ps_client_t *cl = NULL;
+    o.job_id = "job\nx";
+    ck_assert_int_eq(fl_ps_client_create(&o, &cl), FL_EINVAL);
+    ASSERT_HAS(fl_last_error(), "ps client: job_id must be UTF-8 without control characters");
+    o.job_id = JOB;
+    o.rank = 1;
+    ck_assert_int_eq(fl_ps_client_create(&o, &cl), FL_EINVAL);
+    ASSERT_HAS(fl_last_error(), "ps client: rank 1 out of range 0..0");
+    o.rank = 0;
+    o.coordinator = "smtp://127.0.0.1:25";
+    ck_assert_int_eq(fl_ps_client_create(&o, &cl), FL_EINVAL);
+    ASSERT_HAS(fl_last_error(), "ps client: rank 0: coordinator");
+    ck_assert_ptr_null(cl);
+}
+END_TEST
+
 static Suite *suite(void)
 {
     Suite *s = suite_create("ps_bad");
     TCase *t = tcase_create("bad input");
     tcase_set_timeout(t, 60);
     tcase_add_test(t, test_bad_pushes_and_pulls_are_refused);
+    tcase_add_test(t, test_client_identity_is_checked);
     suite_add_tcase(s, t);
     return s;
 }
