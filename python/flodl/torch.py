@@ -88,6 +88,7 @@ class DistributedOptimizer:
         self.mode = mode
         self.backward_passes_per_step = int(backward_passes_per_step)
         self._ps = None
+        self._ps_restarts = 0
         self._buckets = []
         self._next = 0
         self._hooks = []
@@ -173,6 +174,12 @@ class DistributedOptimizer:
     def ps_step(self):
         """mode="ps": the step whose gradient this rank computes next (the server's count)."""
         return self._ps.step_count() if self._ps is not None else None
+
+    @property
+    def ps_restarts(self):
+        """mode="ps": how many steps came back with a restarted server's parameters (their
+        gradient dropped): flodl-ps resumed from a checkpoint under this rank."""
+        return self._ps_restarts
 
     @property
     def ps_shards(self):
@@ -383,7 +390,8 @@ class DistributedOptimizer:
             if closure is not None:
                 with torch.enable_grad():
                     loss = closure()
-            self._ps.push_pull()
+            if not self._ps.push_pull():
+                self._ps_restarts += 1
             return loss
         self.synchronize()
         return self.optimizer.step(closure) if closure is not None else self.optimizer.step()

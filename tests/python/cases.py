@@ -267,8 +267,11 @@ def ps_restart():
         opt.zero_grad()
         loss = torch.nn.functional.mse_loss(m(x), x @ w.t())
         loss.backward()
+        restarts = opt.ps_restarts
         opt.step()
-        if opt.ps_step != before + 1:
+        if opt.ps_restarts != restarts:
+            # the checkpoint's step may be the one this rank was about to reach: count what
+            # step() says, not a jump in ps_step
             back += 1
             print("resumed at step %d (was at %d)" % (opt.ps_step, before), flush=True)
         print("STEP %d" % opt.ps_step, flush=True)
