@@ -36,7 +36,7 @@ def batch(patterns, n, gen):
 
 def main():
     ap = argparse.ArgumentParser()
-    ap.add_argument("--steps", type=int, default=400)
+    ap.add_argument("--steps", type=int, default=600)
     ap.add_argument("--batch", type=int, default=32, help="per rank")
     ap.add_argument("--lr", type=float, default=0.02)
     ap.add_argument("--density", type=float, default=0.01, help="top-k density; 1: dense")

@@ -408,8 +408,11 @@ def example_run(argv, env, what):
 
 
 def t_example():
-    """The README's command: 4 processes, top-k 1%, 400 steps; it must learn, and reach the
-    dense run's accuracy (--density 1, same data and steps) within 1 point."""
+    """The README's command: 4 processes, top-k 1%, 600 steps; it must learn, and reach the
+    dense run's accuracy (--density 1, same data and steps) within 1 point. The runs are
+    deterministic on one machine, but the CPU's kernels change the numbers: at 400 steps top-k
+    reached 99.0% against dense's 99.6% on one machine and 98.2% against 100% on another, which
+    600 steps brought to 99.6% (800: 99.6%)."""
     argv, env = readme_command("examples/pytorch_mnist_like.py")
     topk = example_run(argv, env, "example")
     dense = example_run(argv + ["--density", "1"], env, "example (dense)")
