@@ -29,6 +29,10 @@ build_cmd='docker build --network host -f deploy/Dockerfile -t flodl:cpu .'
 up_cmd='docker-compose -p flodl -f deploy/compose.yaml up'
 down_cmd='docker-compose -p flodl -f deploy/compose.yaml down -v'
 compose=(docker-compose -p flodl -f deploy/compose.yaml)
+# The health checks every second (deploy/compose.yaml's FLODL_HEALTH_INTERVAL, 3 s by default):
+# on a fast machine a worker trains its 10 epochs in about 3 s, and with the default interval
+# it could exit before its first probe.
+export FLODL_HEALTH_INTERVAL=1s
 
 say() { echo "== deploy-test [$(($(date +%s) - t_start)) s]: $*"; }
 fail() {
@@ -243,7 +247,11 @@ done
 echo "checkpoints on the volume: $(ls "$(vol checkpoints)/ring" | tr '\n' ' ')(epoch 10)"
 for s in ps worker-0 worker-1; do
   n=$(docker inspect -f '{{range .State.Health.Log}}{{.ExitCode}} {{end}}' "$(cid "$s")" | tr ' ' '\n' | grep -c '^0$')
-  [ "$n" -ge 1 ] || fail "$s: flodl-health never passed while it ran"
+  if [ "$n" -lt 1 ]; then
+    docker inspect -f '{{range .State.Health.Log}}{{.Start}} exit {{.ExitCode}}: {{.Output}}{{println}}{{end}}' \
+      "$(cid "$s")" | sed 's/^/    /'
+    fail "$s: flodl-health never passed while it ran ($(docker inspect -f '{{.State.StartedAt}} to {{.State.FinishedAt}}' "$(cid "$s")"), probing every $FLODL_HEALTH_INTERVAL)"
+  fi
   echo "  $s: health check (flodl-health) passed $n time(s)"
 done
 
