@@ -2,10 +2,11 @@
 # One command on a GPU machine (CUDA, nvcc, cmake, compute-sanitizer, python3 with PyTorch; no
 # network, none of flodl's Debian libraries: those come unpacked from .deps/debs, see
 # scripts/gpu-deps.sh): builds flodl with CUDA, runs the GPU suites, the sanitizers, the worker
-# on cuda against cpu, a 2-worker top-k job and the GPU benchmark. Prints PASS, FAIL or SKIP per
+# on cuda against cpu, a 2-worker top-k job, 2 hosts x the GPUs with the first leg on the
+# devices (NCCL) against host memory (scripts/hybrid-check.sh) and the GPU benchmark. Prints PASS, FAIL or SKIP per
 # check and a summary; everything also goes to a log (build-gpu/gpu-check.log, or
 # $OUT/gpu-check.log when $OUT is set).
-#   scripts/gpu-check.sh [--steps build,ctest,memcheck,racecheck,parity,ring,bench]
+#   scripts/gpu-check.sh [--steps build,ctest,memcheck,racecheck,parity,ring,hybrid,bench]
 #                        [--build-dir DIR] [--log FILE] [--cuda-arch ARCH] [--cpu-seconds S]
 #                        [--bench-flags "FLAGS"] [--dry-run] [--allow-no-gpu]
 # Without a usable GPU (nvidia-smi, then the worker itself, say why), or with --dry-run, every
@@ -17,7 +18,7 @@
 set -uo pipefail
 root=$(cd "$(dirname "$0")/.." && pwd)
 
-all_steps="build,ctest,memcheck,racecheck,parity,ring,bench"
+all_steps="build,ctest,memcheck,racecheck,parity,ring,hybrid,bench"
 steps=$all_steps
 build=$root/build-gpu
 log=""
@@ -68,6 +69,7 @@ t_memcheck=${GPU_CHECK_T_MEMCHECK:-400}
 t_racecheck=${GPU_CHECK_T_RACECHECK:-500}
 t_parity=${GPU_CHECK_T_PARITY:-180}
 t_ring=${GPU_CHECK_T_RING:-300}
+t_hybrid=${GPU_CHECK_T_HYBRID:-400}
 t_bench=${GPU_CHECK_T_BENCH:-560}
 
 results=()
@@ -281,6 +283,29 @@ step_ring() {
   fi
 }
 
+# The GPUs of one host as two logical devices at least: distinct GPUs (NCCL), or GPU 0 listed
+# twice (device copies) on a machine with one.
+hybrid_gpus() {
+  local n
+  n=$(nvidia-smi -L 2>/dev/null | grep -c '^GPU ')
+  if [ "${n:-0}" -ge 2 ]; then seq -s, 0 $((n - 1)); else echo 0,0; fi
+}
+
+# 2 hosts (2 processes) x the GPUs: the first leg on the devices, after the backward pass and
+# overlapped with it, trains the host-memory leg's parameters (1e-4 relative) and says so.
+step_hybrid() {
+  local f=$work/hybrid.out rc gpus
+  gpus=$(hybrid_gpus)
+  capture "$f" "$t_hybrid" "$root/scripts/hybrid-check.sh" --build "$build" --device cuda \
+    --gpus "$gpus" --work "$work/hybrid" --seconds 120
+  rc=$?
+  if [ $rc -eq 0 ]; then
+    result PASS "2 hosts x --gpus $gpus, first leg" "$(grep -E '^PASS' "$f" | grep -c .) checks: $(grep -o 'first leg [a-z]*' "$f" | sort -u | tr '\n' ' ')"
+  else
+    result FAIL "2 hosts x --gpus $gpus, first leg" "exit $rc: $(grep -E '^FAIL' "$f" | head -n 2 | tr '\n' ' ')"
+  fi
+}
+
 step_bench() {
   local f=$work/bench.out rc
   local extra
@@ -313,6 +338,7 @@ plan() {
     parity) echo "cuda = cpu, sgd|$w --device cuda|cpu --epochs 1 --optimizer sgd --save, params_diff.py"
             echo "cuda = cpu, adam|$w --device cuda|cpu --epochs 1 --optimizer adam --lr 0.001 --save, params_diff.py" ;;
     ring) echo "2-worker ring, top-k 0.01, cuda|flodl-launch --workers 2 -- --device cuda --topk 0.01 --epochs 2: > 85%" ;;
+    hybrid) echo "2 hosts x GPUs, first leg|scripts/hybrid-check.sh --build $build --device cuda --gpus 0,1,.. (or 0,0): --first-leg devices (NCCL), and with --overlap, = --first-leg host" ;;
     bench) echo "flodl-bench train --device cuda|flodl-bench train --device cuda --cpu-seconds $cpu_s $bench_flags"
            echo "throughput: flodl >= torch / 1.2|the bench's target line" ;;
   esac
@@ -353,6 +379,7 @@ main() {
           step_parity sgd --optimizer sgd
           step_parity adam --optimizer adam --lr 0.001 ;;
         ring) step_ring ;;
+        hybrid) step_hybrid ;;
         bench) step_bench ;;
       esac
     done

@@ -48,7 +48,23 @@ if "$py" "$src/scripts/params_diff.py" "$tmp/cpu.safetensors" "$tmp/other.safete
   fail "params_diff.py accepted parameters of another seed"
 fi
 
-# 3. gpu-check.sh on a machine without a GPU.
+# 3. The 2-host x devices job gpu-check.sh runs on GPUs (scripts/hybrid-check.sh), here on sim:
+# the devices' leg (copies), after the pass and overlapped, trains the host leg's very bits, and
+# a leg that differs is caught.
+out=$(timeout 400 "$src/scripts/hybrid-check.sh" --build "$build" --device sim --gpus 0,1 \
+      --bound 0 -- --layers 64,32,10 2>&1) || fail "hybrid-check.sh on sim: $out"
+[ "$(grep -c '^PASS' <<< "$out")" -eq 5 ] || fail "hybrid-check.sh: not 5 checks passed: $out"
+grep -q 'first leg inside the host: copy, bucket by bucket' <<< "$out" ||
+  fail "hybrid-check.sh: the overlapped run did not take the devices' leg: $out"
+if out=$(timeout 400 "$src/scripts/hybrid-check.sh" --build "$build" --device sim --gpus 0,1 \
+         --leg nccl -- --layers 64,32,10 2>&1); then
+  fail "hybrid-check.sh accepted a run whose leg was not the one asked for: $out"
+fi
+grep -q "FAIL  devices: the summary does not say 'first leg inside the host: nccl" <<< "$out" ||
+  fail "hybrid-check.sh does not say which leg it missed: $out"
+echo "hybrid-check.sh: 2 hosts x 2 sim devices, the three legs the same bits"
+
+# 4. gpu-check.sh on a machine without a GPU.
 if command -v nvidia-smi > /dev/null 2>&1 && nvidia-smi > /dev/null 2>&1; then
   echo "a GPU is here: gpu-check.sh runs for real there, not in this test"
   exit 0

@@ -106,6 +106,10 @@ while IFS= read -r line; do
       echo "run: $line"
       timeout 600 "${words[@]}" > "$tmp/launch.log" 2>&1 < /dev/null ||
         fail "'$line': $(tail -n 3 "$tmp/launch.log")" ;;
+    "./scripts/hybrid-check.sh --build build --device sim --gpus 0,1 --bound 0")
+      echo "run: $line"
+      timeout 600 ./scripts/hybrid-check.sh --build "$build" --device sim --gpus 0,1 --bound 0 \
+        > "$tmp/hybrid.log" 2>&1 < /dev/null || fail "'$line': $(grep -E '^FAIL' "$tmp/hybrid.log" | head -n 3)" ;;
     "./scripts/install-deps.sh bench"*)
       echo "by hand: $line (installs Open MPI and PyTorch, a large download, for the benchmarks)" ;;
     "./build/bench/flodl-bench "*)

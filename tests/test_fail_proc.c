@@ -224,11 +224,11 @@ START_TEST(test_frozen_rank_wakes_and_exits_ps)
 END_TEST
 
 /* Nothing changes for a job that succeeds: exit 0 and every rank done. */
-/* A device fault mid-step (the simulated GPU's FLODL_SIM_FAIL: rank 2's device 1 fails its
- * 41st weight-gradient GEMM, in step 21) stops every host in that step: each exits non-zero
- * within seconds naming the step, and the message names the host, the device, the operation
- * and the error, on the failing rank and, passed on, on the others. */
-START_TEST(test_device_fault_stops_every_host_in_its_step)
+/* A device fault mid-step (the simulated GPU's FLODL_SIM_FAIL: rank 2's device 1 fails the
+ * 41st run of an operation it runs twice a step, in step 21) stops every host in that step:
+ * each exits non-zero within seconds naming the step, and the message names the host, the
+ * device, the operation and the error, on the failing rank and, passed on, on the others. */
+static void device_fault_case(const char *op, bool overlap)
 {
     char dir[] = "/tmp/flodl-failproc-XXXXXX";
     ck_assert(mkdtemp(dir) != NULL);
@@ -240,33 +240,50 @@ START_TEST(test_device_fault_stops_every_host_in_its_step)
     proc_t ps[1 + W];
     memset(ps, 0, sizeof ps);
     ck_assert(start_ps(&ps[0], W, ps_extra, NULL, ep, sizeof ep, 24));
-    static const char *const env[] = {"FLODL_SIM_FAIL=2:1:41:GEMM (weight gradient)", NULL};
+    char fail[96];
+    snprintf(fail, sizeof fail, "FLODL_SIM_FAIL=2:1:41:%s", op);
+    const char *const env[] = {fail, NULL};
     char rank[W][8];
     for (int r = 0; r < W; r++) {
         snprintf(rank[r], sizeof rank[r], "%d", r);
         const char *argv[] = {WK_BIN, "--rank", rank[r], "--world-size", "4", "--coordinator",
                               ep, "--quiet", "--timeout", "300000", "--train-csv", good,
                               "--layers", "4,8,3", "--batch-size", "4", "--epochs", "50",
-                              "--device", "sim", "--gpus", "0,1", NULL};
+                              "--device", "sim", "--gpus", "0,1",
+                              overlap ? "--overlap" : NULL, NULL};
         proc_start(&ps[1 + r], WK_BIN, argv, env);
     }
     expect_job_failed(ps, 2, 5000, NULL);
     const char *mine = ps[1 + 2].buf[1];
-    const char *want[] = {"rank 2 (host 127.0.0.", "step 21:", "device sim:1",
-                          "GEMM (weight gradient)", "illegal memory access"};
+    const char *want[] = {"rank 2 (host 127.0.0.", "step 21:", "device sim:1", op,
+                          "illegal memory access"};
     for (size_t i = 0; i < sizeof want / sizeof want[0]; i++)
         ck_assert_msg(strstr(mine, want[i]) != NULL, "rank 2 does not say '%s': %s", want[i],
                       mine);
     for (int r = 0; r < W; r++) {
         const char *e = ps[1 + r].buf[1];
         ck_assert_msg(strstr(e, "step 21:") != NULL && strstr(e, "device sim:1") != NULL &&
-                          strstr(e, "GEMM (weight gradient)") != NULL &&
-                          strstr(e, "rank 2 (host") != NULL,
+                          strstr(e, op) != NULL && strstr(e, "rank 2 (host") != NULL,
                       "worker %d does not name the step, host, device and operation: %s", r, e);
     }
     procs_free(ps, 1 + W);
     unlink(good);
     rmdir(dir);
+}
+
+START_TEST(test_device_fault_stops_every_host_in_its_step)
+{
+    device_fault_case("GEMM (weight gradient)", false);
+}
+END_TEST
+
+/* The same in the first leg inside the host, overlapped with the backward pass (--overlap:
+ * each layer's reduce-scatter on the devices, whose sum kernel fails on device 1): the error
+ * surfaces in an exchange thread's wait for the bucket, and still stops every host in step
+ * 21 with the device and operation named. */
+START_TEST(test_device_fault_in_the_overlapped_first_leg)
+{
+    device_fault_case("sum of rows", true);
 }
 END_TEST
 
@@ -306,6 +323,7 @@ Suite *fail_proc_suite(void)
     tcase_add_test(t, test_frozen_rank_wakes_and_exits_ring);
     tcase_add_test(t, test_frozen_rank_wakes_and_exits_ps);
     tcase_add_test(t, test_device_fault_stops_every_host_in_its_step);
+    tcase_add_test(t, test_device_fault_in_the_overlapped_first_leg);
     tcase_add_test(t, test_clean_job_outcome);
     suite_add_tcase(s, t);
     return s;

@@ -180,6 +180,11 @@ START_TEST(test_configuration_errors)
     expect_usage_error(h, "--device");
     const char *hh[] = {"--mode", "local", "--hierarchy", "tree", NULL};
     expect_usage_error(hh, "hybrid|flat");
+    const char *fl[] = {"--mode", "local", "--first-leg", "nvlink", NULL};
+    expect_usage_error(fl, "auto|devices|host");
+    const char *fc[] = {"--mode", "local", "--cpu-replicas", "2", "--first-leg", "devices",
+                        "--epochs", "1", NULL};
+    expect_usage_error(fc, "--first-leg devices: cpu replicas reduce in host memory");
     const char *sh[] = {"--mode", "local", "--shard", "zero", NULL};
     expect_usage_error(sh, "none|grad|full|hybrid");
     const char *ps[] = {"--mode", "ps", "--shard", "grad", NULL};

@@ -279,21 +279,29 @@ static void teardown_dir(void)
 
 /* The two-level exchange overlapped with the backward pass (--overlap: each shard's exchange
  * reduces its buckets as the last device finishes their layers) trains the very bits of the
- * reduction after the whole pass (on sim: of the device-copy leg): dense, top-k and clipped,
- * 2 x 2, 3 x 3 and 2 x 3 devices. */
+ * reduction after the whole pass: dense, top-k and clipped, 2 x 2, 3 x 3, 2 x 3 and 2 x 4
+ * devices. On cpu both reduce in host memory; on sim (test_wk_hybrid_sim) both go through the
+ * intra-host collectives (device copies), after the pass in one call, or overlapped in one
+ * reduce-scatter per layer behind the devices' layer events. The 2 x 4 model has a layer of
+ * fewer parameters than devices (1 -> 1: its bucket is empty, its parameters in the next). */
 START_TEST(test_overlap_trains_the_same_bits)
 {
     fl_wk_dataset_t d;
     fl_test_clusters(&d, N, 7);
-    const char *layers = "6,16,16,3";
     char a[128], b[128], what[160], err[1200] = "";
     snprintf(a, sizeof a, "%s/overlap.safetensors", dir);
     snprintf(b, sizeof b, "%s/barrier.safetensors", dir);
     static const struct {
         int W, L;
         double topk, max_norm;
-    } cases[] = {{2, 2, 0, 0}, {2, 2, 0.1, 0}, {3, 3, 0, 1.0}, {2, 3, 0.05, 0.5}};
+        const char *layers;
+    } cases[] = {{2, 2, 0, 0, "6,16,16,3"},
+                 {2, 2, 0.1, 0, "6,16,16,3"},
+                 {3, 3, 0, 1.0, "6,16,16,3"},
+                 {2, 3, 0.05, 0.5, "6,16,16,3"},
+                 {2, 4, 0, 0, "6,16,1,1,3"}};
     for (size_t c = 0; c < sizeof cases / sizeof cases[0]; c++) {
+        const char *layers = cases[c].layers;
         fl_wk_train_opts_t o;
         base_opts(&o, layers, a);
         o.mode = FL_WK_MODE_RING;
@@ -302,19 +310,91 @@ START_TEST(test_overlap_trains_the_same_bits)
         o.topk = cases[c].topk;
         o.max_norm = cases[c].max_norm;
         o.overlap = true;
-        int rc = fl_test_run_hosts(cases[c].W, &o, NULL, &d, NULL, err, sizeof err);
-        ck_assert_msg(rc == FL_OK, "overlapped: %s", err);
+        snprintf(what, sizeof what, "%d x %d, top-k %g, clip %g, layers %s", cases[c].W,
+                 cases[c].L, cases[c].topk, cases[c].max_norm, layers);
+        /* The leg each device kind takes: host memory on cpu, device copies on sim. */
+        const char *leg = o.device == FL_DEV_SIM ? "copy" : "host";
+        fl_wk_train_result_t res[3];
+        int rc = fl_test_run_hosts(cases[c].W, &o, NULL, &d, res, err, sizeof err);
+        ck_assert_msg(rc == FL_OK, "%s: overlapped: %s", what, err);
+        for (int r = 0; r < cases[c].W; r++)
+            ck_assert_msg(res[r].first_leg != NULL && strcmp(res[r].first_leg, leg) == 0 &&
+                              res[r].first_leg_overlapped,
+                          "%s: rank %d's first leg is '%s' (overlapped %d), expected '%s' "
+                          "overlapped",
+                          what, r, res[r].first_leg ? res[r].first_leg : "(null)",
+                          res[r].first_leg_overlapped, leg);
         o.overlap = false;
         o.save_path = b;
-        rc = fl_test_run_hosts(cases[c].W, &o, NULL, &d, NULL, err, sizeof err);
-        ck_assert_msg(rc == FL_OK, "after the pass: %s", err);
+        rc = fl_test_run_hosts(cases[c].W, &o, NULL, &d, res, err, sizeof err);
+        ck_assert_msg(rc == FL_OK, "%s: after the pass: %s", what, err);
+        for (int r = 0; r < cases[c].W; r++)
+            ck_assert_msg(strcmp(res[r].first_leg, leg) == 0 && !res[r].first_leg_overlapped,
+                          "%s: rank %d's first leg without --overlap is '%s' (overlapped %d)",
+                          what, r, res[r].first_leg, res[r].first_leg_overlapped);
         double diff = fl_test_params_diff(layers, a, b);
-        snprintf(what, sizeof what, "%d x %d, top-k %g, clip %g", cases[c].W, cases[c].L,
-                 cases[c].topk, cases[c].max_norm);
         ck_assert_msg(diff == 0.0, "%s: overlapped differs by %.3g", what, diff);
     }
     unlink(a);
     unlink(b);
+    fl_wk_dataset_free(&d);
+}
+END_TEST
+
+/* --first-leg: on sim the devices' leg (device copies) and the host-memory leg train the same
+ * bits, after the pass and overlapped, and each run says which leg it took; on cpu the devices'
+ * leg is refused, naming the flag. */
+START_TEST(test_first_leg_choice)
+{
+    fl_wk_dataset_t d;
+    fl_test_clusters(&d, N, 7);
+    const char *layers = "6,16,16,3";
+    char ref[128], out[128], what[96], err[1200] = "";
+    snprintf(ref, sizeof ref, "%s/leg-ref.safetensors", dir);
+    snprintf(out, sizeof out, "%s/leg.safetensors", dir);
+    fl_wk_train_opts_t o;
+    base_opts(&o, layers, ref);
+    o.mode = FL_WK_MODE_RING;
+    o.batch = 4;
+    o.replicas = 2;
+    o.topk = 0.1;
+    fl_wk_train_result_t res[2];
+    if (o.device != FL_DEV_SIM) {
+        o.first_leg = FL_WK_LEG_DEVICES;
+        int rc = fl_test_run_hosts(2, &o, NULL, &d, res, err, sizeof err);
+        ck_assert_msg(rc == FL_EINVAL && strstr(err, "--first-leg devices") != NULL,
+                      "cpu replicas with --first-leg devices: %d %s", rc, err);
+        fl_wk_dataset_free(&d);
+        return;
+    }
+    static const struct {
+        fl_wk_leg_t leg;
+        bool overlap;
+        const char *name;
+    } runs[] = {{FL_WK_LEG_DEVICES, false, "copy"},
+                {FL_WK_LEG_HOST, false, "host"},
+                {FL_WK_LEG_HOST, true, "host"},
+                {FL_WK_LEG_AUTO, true, "copy"}};
+    for (size_t i = 0; i < sizeof runs / sizeof runs[0]; i++) {
+        o.first_leg = runs[i].leg;
+        o.overlap = runs[i].overlap;
+        o.save_path = i == 0 ? ref : out;
+        snprintf(what, sizeof what, "leg %d%s", (int)runs[i].leg,
+                 runs[i].overlap ? " overlapped" : "");
+        int rc = fl_test_run_hosts(2, &o, NULL, &d, res, err, sizeof err);
+        ck_assert_msg(rc == FL_OK, "%s: %s", what, err);
+        for (int r = 0; r < 2; r++)
+            ck_assert_msg(strcmp(res[r].first_leg, runs[i].name) == 0 &&
+                              res[r].first_leg_overlapped == runs[i].overlap,
+                          "%s: rank %d took '%s' (overlapped %d), expected '%s'", what, r,
+                          res[r].first_leg, res[r].first_leg_overlapped, runs[i].name);
+        if (i > 0) {
+            double diff = fl_test_params_diff(layers, ref, out);
+            ck_assert_msg(diff == 0.0, "%s differs from the devices' leg by %.3g", what, diff);
+        }
+    }
+    unlink(ref);
+    unlink(out);
     fl_wk_dataset_free(&d);
 }
 END_TEST
@@ -330,6 +410,7 @@ static Suite *suite(void)
     tcase_add_test(t, test_hybrid_sends_fewer_bytes_across_hosts);
     tcase_add_test(t, test_topk_over_hybrid_legs_learns);
     tcase_add_test(t, test_overlap_trains_the_same_bits);
+    tcase_add_test(t, test_first_leg_choice);
     tcase_add_test(t, test_hosts_with_different_device_counts_refused);
     tcase_add_test(t, test_sharded_state_trains_the_same_parameters);
     tcase_add_test(t, test_shard_combinations_refused);

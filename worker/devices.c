@@ -49,6 +49,7 @@ static void intra_destroy(fl_wk_devices_t *d)
 {
     if (d->intra != NULL)
         fl_intra_wait(d->intra, 0);
+    fl_wk_devices_leg_destroy(d);
     fl_intra_destroy(&d->intra);
     for (int j = 0; j < d->n; j++) {
         fl_stream_destroy(&d->xs[j]);
@@ -148,12 +149,19 @@ int fl_wk_devices_create(const fl_wk_mlp_shape_t *m, const fl_wk_dataset_t *trai
         }
         d->rep[j].started = true;
     }
-    /* sim only for now: on cuda the same code (NCCL, or copies for --gpus 0,0) has been
-     * compiled but not yet run on a GPU (tests/test_intra.c's gpu build), so GPUs keep the
-     * host-memory leg until it has. --overlap takes the host-memory leg too: each layer leaves
-     * its device behind its event as the backward pass finishes it (devices_overlap.c). */
-    if (local == FL_WK_LOCAL_SHARDS && L > 1 && o->device == FL_DEV_SIM && !o->overlap &&
-        (rc = intra_create(d)) != FL_OK)
+    /* By default sim only: on cuda the same code (NCCL, or copies for --gpus 0,0) has been
+     * compiled but not yet run on a GPU (tests/test_intra.c's gpu build, the worker's in
+     * scripts/gpu-check.sh), so GPUs keep the host-memory leg unless --first-leg devices asks.
+     * With --overlap the leg goes bucket by bucket behind the layers' events
+     * (devices_overlap.c). */
+    if (o->first_leg == FL_WK_LEG_DEVICES && o->device == FL_DEV_CPU && L > 1) {
+        rc = fl_fail(FL_EINVAL, "--first-leg devices: cpu replicas reduce in host memory (it "
+                                "takes --device sim or cuda)");
+        goto fail;
+    }
+    bool on_devices = o->first_leg == FL_WK_LEG_DEVICES ||
+                      (o->first_leg == FL_WK_LEG_AUTO && o->device == FL_DEV_SIM);
+    if (local == FL_WK_LOCAL_SHARDS && L > 1 && on_devices && (rc = intra_create(d)) != FL_OK)
         goto fail;
     if (o->max_anchor > 0) {
         if ((rc = fl_wk_sampler_init(&d->host, train->n, world, rank, o->batch, o->shuffle,
@@ -507,6 +515,8 @@ int fl_wk_devices_step(fl_wk_devices_t *d, const float *params, size_t batch_ind
     memset(d->layer_told, 0, sizeof d->layer_told);
     d->reducing = fl_wk_devices_overlapped(d) && ready != NULL;
     int rc = d->full != NULL && !d->cadence ? fl_wk_full_begin(d->full) : FL_OK;
+    if (rc == FL_OK)
+        rc = fl_wk_devices_leg_begin(d);
     if (rc != FL_OK)
         return rc;
     fl_wk_devices_run_all(d);
@@ -526,6 +536,8 @@ int fl_wk_devices_step(fl_wk_devices_t *d, const float *params, size_t batch_ind
         *loss += d->rep[j].loss / L;
         *correct += d->rep[j].correct;
     }
+    if (d->reducing && d->intra != NULL)
+        return fl_wk_devices_leg_end(d);
     if (d->intra != NULL && d->local == FL_WK_LOCAL_SHARDS && !d->cadence) {
         if ((rc = intra_reduce(d)) != FL_OK)
             return rc;

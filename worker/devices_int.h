@@ -79,6 +79,18 @@ struct fl_wk_devices {
     fl_intra_t *intra;
     fl_stream_t *xs[MAX_DEVICES];
     fl_event_t *computed[MAX_DEVICES];
+    /* ... overlapped with the backward pass (devices_overlap.c): bucket l is
+     * [leg_edge[l], leg_edge[l + 1]), queued once every device finished layer l; leg_next: the
+     * layers below it are not queued yet this step; landed[l][j] is recorded on xs[j] after
+     * device j's piece of bucket l reached the host; the first error queueing them. leg_mu
+     * guards these and makes one thread at a time use intra. */
+    pthread_mutex_t leg_mu;
+    bool have_leg_mu;
+    size_t leg_edge[FL_WK_MAX_LAYERS + 1];
+    int leg_next;
+    fl_event_t *landed[FL_WK_MAX_LAYERS][MAX_DEVICES];
+    int leg_rc;
+    char leg_err[512];
     fl_wk_full_t *full; /* --shard full: layers gathered from their shards (NULL: params) */
     /* the step in progress */
     const float *params;
@@ -108,6 +120,12 @@ struct fl_wk_devices {
  * tells layers through layer_told (ud: its replica). */
 bool fl_wk_devices_overlapped(const fl_wk_devices_t *d);
 void fl_wk_devices_layer_told(int layer, void *ud);
+/* The intra-host leg of an overlapped step: before the devices run (the last step's queued
+ * reduce-scatters done, nothing queued yet), after (the first error queueing a bucket), and
+ * its buckets' events and lock freed (before the intra handle). */
+int fl_wk_devices_leg_begin(fl_wk_devices_t *d);
+int fl_wk_devices_leg_end(const fl_wk_devices_t *d);
+void fl_wk_devices_leg_destroy(fl_wk_devices_t *d);
 
 /* Every device runs the generation's work once (a step, or the update when d->updating); returns
  * when all have. Device 0 runs on the calling thread. */

@@ -117,8 +117,8 @@ static void *xchg_main(void *arg)
         int64_t t0 = fl_now_ns();
         /* After a failure the communicator is broken: the rest of the step is skipped. */
         if (!failed && x->prepare != NULL)
-            x->prepare(x->start[b], x->len[b], x->prepare_ud);
-        if (!failed)
+            rc = x->prepare(x->start[b], x->len[b], x->prepare_ud);
+        if (!failed && rc == FL_OK)
             rc = exchange(x, b, &one);
         int64_t t1 = fl_now_ns();
         double ms = (double)(t1 - t0) / 1e6;

@@ -225,6 +225,16 @@ typedef enum fl_wk_hier {
     FL_WK_HIER_FLAT = 1,   /* every device its own member of one exchange across all hosts */
 } fl_wk_hier_t;
 
+/* Where several devices of a host reduce their gradients (the first leg, --first-leg). */
+typedef enum fl_wk_leg {
+    FL_WK_LEG_AUTO = 0,    /* the devices on sim; host memory on cpu, and on cuda until the
+                              NCCL leg has run on a GPU (scripts/gpu-check.sh) */
+    FL_WK_LEG_DEVICES = 1, /* the intra-host collectives on the devices (fl_intra.h: NCCL
+                              between distinct GPUs, device copies on sim and for a GPU listed
+                              twice); sim and cuda only */
+    FL_WK_LEG_HOST = 2,    /* each device's gradient copied to host memory and reduced there */
+} fl_wk_leg_t;
+
 /* How optimizer state is split among the devices (--shard). */
 typedef enum fl_wk_shard {
     FL_WK_SHARD_NONE = 0,   /* every device holds all of it (DDP) */
@@ -282,6 +292,7 @@ typedef struct fl_wk_train_opts {
     fl_opt_opts_t opt;
     fl_lr_sched_t lr;
     bool scale_lr;         /* linear scaling rule: lr * global batch / batch */
+    fl_wk_leg_t first_leg; /* several devices: where they reduce (default FL_WK_LEG_AUTO) */
     bool overlap;          /* two levels: reduce (in host memory) and exchange bucket by bucket
                               during the backward pass instead of after it (the same bits;
                               off by default: see README, "Overlap with the backward pass") */
@@ -341,6 +352,12 @@ typedef struct fl_wk_train_result {
                                completed averaging */
     long throttles;         /* ... round starts that waited at the bound */
     double throttled_ms;    /* ... and their wait, summed over devices */
+    /* Several devices per host: where their gradients were reduced inside the host, "host"
+     * (host memory) or the intra-host collectives' "copy" or "nccl" ("" with one device or a
+     * flat exchange; a static string), and whether bucket by bucket during the backward pass
+     * (--overlap) rather than after it. */
+    const char *first_leg;
+    bool first_leg_overlapped;
 } fl_wk_train_result_t;
 
 /* The settings every rank of the job must share (model, optimizer and schedule, batch per

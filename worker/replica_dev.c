@@ -276,13 +276,14 @@ static int drain(fl_wk_rdev_t *r, bool wait)
 }
 
 /* The backward pass queued layer l's gradient: copy it out behind an event (or, when the
- * exchange compresses on the device, only record the event and tell at once). */
+ * exchange compresses on the device or the gradient stays there for the intra-host leg, only
+ * record the event and tell at once: the listener queues its own work behind the event). */
 static void layer_queued(int l, void *ud)
 {
     fl_wk_rdev_t *r = ud;
     if (r->rc != FL_OK)
         return;
-    if (r->compress) {
+    if (r->compress || r->host_grad == NULL) {
         r->rc = fl_event_record(r->layer_done[l], r->cs);
         if (r->rc == FL_OK && r->tell != NULL)
             r->tell(l, r->ud);
@@ -348,7 +349,9 @@ static int grad_pass(fl_wk_rdev_t *r, const float *params, const fl_wk_mlp_src_t
     r->rc = FL_OK;
     if ((rc = fl_stream_wait(r->cs, sl->staged)) != FL_OK)
         return rc;
-    fl_wk_layer_done_fn out = keep ? NULL : layer_queued;
+    /* A gradient kept for the intra-host leg is still told layer by layer when someone
+     * listens (--overlap: each bucket's reduce-scatter queued behind its layer's event). */
+    fl_wk_layer_done_fn out = keep && !(r->intra && tell != NULL) ? NULL : layer_queued;
     if (src != NULL)
         rc = fl_wk_mlp_dgrad_hsrc(r->m, r->ws, src, sl->dx, sl->dy, r->batch, r->dgrad, out, r);
     else

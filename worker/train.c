@@ -117,9 +117,9 @@ int fl_wk_check_model(const fl_wk_mlp_shape_t *m, const fl_wk_dataset_t *d,
 }
 
 /* An overlapped step's first leg: the bucket's mean over the host's devices. */
-static void reduce_bucket(size_t start, size_t len, void *ud)
+static int reduce_bucket(size_t start, size_t len, void *ud)
 {
-    fl_wk_devices_reduce_range(ud, start, len);
+    return fl_wk_devices_reduce_range(ud, start, len);
 }
 
 /* One exchange per device, each on its own sub-communicator. */
@@ -155,7 +155,7 @@ static int per_device_exchanges(trainer_t *tr, fl_wk_local_t local, bool pieces)
             fl_wk_xchg_set_prepare(tr->xchg[j], reduce_bucket, tr->dev);
     }
     if (rc == FL_OK && local == FL_WK_LOCAL_SHARDS)
-        fl_wk_devices_set_overlap(tr->dev, o->overlap);
+        rc = fl_wk_devices_set_overlap(tr->dev, o->overlap);
     return rc;
 }
 
@@ -978,6 +978,9 @@ int fl_wk_train(fl_comm_t *comm, const fl_wk_dataset_t *train, const fl_wk_datas
     }
     res->comm_ms = run_steps ? xs.busy_ms / (double)run_steps : 0.0;
     res->exposed_ms = run_steps ? exposed_ms / (double)run_steps : 0.0;
+    if (tr.dev != NULL) {
+        res->first_leg = fl_wk_devices_first_leg(tr.dev, &res->first_leg_overlapped);
+    }
     /* Closing a failed device reports its error again: the step's text is the one to keep. */
     char why[2048] = "";
     if (rc != FL_OK)

@@ -74,7 +74,8 @@ fl_event_t *fl_wk_rdev_layer_event(const fl_wk_rdev_t *r, int layer);
 void fl_wk_rdev_set_compress(fl_wk_rdev_t *r, bool on);
 /* The gradient stays in the device's gradient buffer (fl_wk_rdev_grad_buf, padded to
  * fl_intra_padded(np, replicas)) when grad is NULL, for the intra-host collectives, without
- * resident parameters. */
+ * resident parameters; tell (when given) hears each layer as soon as its event
+ * (fl_wk_rdev_layer_event) is recorded, for work queued behind it. */
 void fl_wk_rdev_set_intra(fl_wk_rdev_t *r, bool on);
 
 /* ---- top-k with error feedback on the device (xchg_dev.c) ---- */
@@ -157,15 +158,26 @@ float *fl_wk_devices_grad(fl_wk_devices_t *d, int j);
 int fl_wk_devices_step(fl_wk_devices_t *d, const float *params, size_t batch_index,
                        fl_wk_ready_fn ready, void *ud, double *loss, size_t *correct);
 
-/* FL_WK_LOCAL_SHARDS in host memory (on: the caller's exchanges reduce): each step's devices
- * tell every layer as it lands, ready hears each shard's range grow as the last device finishes
- * a layer, and the exchange reduces each bucket across the devices itself with
- * fl_wk_devices_reduce_range before sending it (the same bits as the reduction after the pass),
- * so the exchange starts during the backward pass. Nothing on other configurations. */
-void fl_wk_devices_set_overlap(fl_wk_devices_t *d, bool on);
+/* FL_WK_LOCAL_SHARDS overlapped with the backward pass (on: the caller's exchanges reduce):
+ * each step's devices tell every layer as it is done, ready hears each shard's range grow as
+ * the last device finishes a layer, and the exchange calls fl_wk_devices_reduce_range on each
+ * bucket before sending it, so the exchange starts during the backward pass. In host memory
+ * (cpu replicas, and devices without the intra-host leg) that call reduces the bucket across
+ * the devices itself; on the intra-host leg (devices_overlap.c) the last device to finish a
+ * layer queues that layer's reduce-scatter on the devices and its copy to the host behind the
+ * devices' layer events, and the call waits for the copies. The same bits as the reduction
+ * after the pass either way. Nothing on other configurations. FL_OK, or the devices' error
+ * making the leg's events (overlap then stays off). */
+int fl_wk_devices_set_overlap(fl_wk_devices_t *d, bool on);
 /* grad[start, start + len) = the devices' mean, during an overlapped step (else nothing); from
- * the exchange's thread, after ready named the range. */
-void fl_wk_devices_reduce_range(fl_wk_devices_t *d, size_t start, size_t len);
+ * the exchange's thread, after ready named the range. FL_OK, or the devices' error (the
+ * reduce-scatter or the copy failed, or did not finish within the devices' timeout: the
+ * detail names the rank, the device and the operation). */
+int fl_wk_devices_reduce_range(fl_wk_devices_t *d, size_t start, size_t len);
+/* The first leg of the step's exchange: "host" (host memory), or the intra-host collectives'
+ * implementation ("copy", "nccl"); "" with one device or no exchange inside the host.
+ * *overlapped: whether it goes bucket by bucket during the backward pass. */
+const char *fl_wk_devices_first_leg(const fl_wk_devices_t *d, bool *overlapped);
 
 /* ---- El Che's cadence (cadence.c): batches per device between synchronisations ---- */
 
@@ -639,8 +651,8 @@ fl_wk_rdev_t *fl_wk_devices_rdev(fl_wk_devices_t *d, int j);
 
 /* Called on the exchange's thread with each bucket's range before it is exchanged (the
  * devices' reduction of an overlapped step, fl_wk_devices_reduce_range). Set before the first
- * step. */
-typedef void (*fl_wk_xchg_prepare_fn)(size_t start, size_t len, void *ud);
+ * step. A code other than FL_OK fails the step's exchange with it (the bucket is not sent). */
+typedef int (*fl_wk_xchg_prepare_fn)(size_t start, size_t len, void *ud);
 void fl_wk_xchg_set_prepare(fl_wk_xchg_t *x, fl_wk_xchg_prepare_fn fn, void *ud);
 
 /* Records each bucket's exchange on timeline track tid (o->timeline). */

@@ -45,6 +45,9 @@ static const char usage[] =
     "    out over one client)\n"
     "  --overlap (two levels: reduce and exchange bucket by bucket during the backward pass\n"
     "    instead of after it; the same parameters)\n"
+    "  --first-leg auto|devices|host (several GPUs or sim devices: reduce inside the host on\n"
+    "    the devices, NCCL or device copies, or in host memory; auto: devices on sim, host\n"
+    "    memory on cuda until the NCCL leg has run on a GPU)\n"
     "  --shard none|grad|hybrid|full (optimizer state: on every device; 1/(hosts x devices)\n"
     "    each, gradients reduce-scattered and parameters all-gathered across hosts; 1/devices\n"
     "    each, replicated across hosts; full: parameters too, each layer gathered only while it\n"
@@ -83,7 +86,7 @@ static const char usage[] =
 enum {
     O_MODE = 1000, O_TRAIN_IMAGES, O_TRAIN_LABELS, O_TEST_IMAGES, O_TEST_LABELS, O_TRAIN_CSV,
     O_TEST_CSV, O_DATA_SEED, O_LAYERS, O_BATCH, O_EPOCHS, O_SEED, O_NO_SHUFFLE, O_OPTIM,
-    O_SCALE_LR, O_OVERLAP, O_LZ4, O_RECONNECT, O_MAX_NORM, O_REPLICAS, O_HIER, O_PS_CLIENTS, O_SHARD, O_POLICY, O_MPORT, O_MBIND, O_TIMELINE, O_CURVE, O_INSECURE, O_CKPT, O_RESUME, O_RESUME_ANY, O_ANCHOR, O_RUN_AHEAD, O_OVERHEAD, O_HINT, O_THROTTLE, O_DEVICE, O_GPUS, O_TOPK, O_TOPK_WARMUP, O_TOPK_VALUES, O_BUCKET, O_INIT,
+    O_SCALE_LR, O_OVERLAP, O_FIRST_LEG, O_LZ4, O_RECONNECT, O_MAX_NORM, O_REPLICAS, O_HIER, O_PS_CLIENTS, O_SHARD, O_POLICY, O_MPORT, O_MBIND, O_TIMELINE, O_CURVE, O_INSECURE, O_CKPT, O_RESUME, O_RESUME_ANY, O_ANCHOR, O_RUN_AHEAD, O_OVERHEAD, O_HINT, O_THROTTLE, O_DEVICE, O_GPUS, O_TOPK, O_TOPK_WARMUP, O_TOPK_VALUES, O_BUCKET, O_INIT,
     O_SAVE, O_SAVE_EVERY, O_METRICS, O_PROGRESS, O_QUIET, O_SIZE, O_STEPS, O_DTYPE, O_OP, O_HELP,
     O_VERSION
 };
@@ -323,6 +326,16 @@ static int apply(wargs_t *a, int ch, const char *name, const char *v)
         else
             rc = fl_fail(FL_EINVAL, "--hierarchy: '%s' is not one of hybrid|flat", v);
         break;
+    case O_FIRST_LEG:
+        if (strcmp(v, "auto") == 0)
+            t->first_leg = FL_WK_LEG_AUTO;
+        else if (strcmp(v, "devices") == 0)
+            t->first_leg = FL_WK_LEG_DEVICES;
+        else if (strcmp(v, "host") == 0)
+            t->first_leg = FL_WK_LEG_HOST;
+        else
+            rc = fl_fail(FL_EINVAL, "--first-leg: '%s' is not one of auto|devices|host", v);
+        break;
     case O_PS_CLIENTS:
         if (strcmp(v, "device") == 0)
             t->ps_host_client = false;
@@ -496,6 +509,10 @@ static void summary(int rank, const fl_wk_train_result_t *r, bool have_test)
            "%.2f MiB, residuals %.2f MiB\n",
            rank, (double)r->mem_params / 1048576.0, (double)r->mem_grads / 1048576.0,
            (double)r->mem_opt_state / 1048576.0, (double)r->mem_residual / 1048576.0);
+    if (r->first_leg != NULL && r->first_leg[0] != '\0')
+        printf("rank %d first leg inside the host: %s, %s\n", rank, r->first_leg,
+               r->first_leg_overlapped ? "bucket by bucket during the backward pass (--overlap)"
+                                       : "after the backward pass");
     if (r->gathers > 0)
         printf("rank %d --shard full: %llu layer gathers, %.0f%% ready before the device asked "
                "(prefetch), devices waited %.2f ms per step for the rest\n",
@@ -572,7 +589,8 @@ int main(int argc, char **argv)
         {"epochs", 1, NULL, O_EPOCHS}, {"seed", 1, NULL, O_SEED},
         {"no-shuffle", 0, NULL, O_NO_SHUFFLE}, {"lz4", 0, NULL, O_LZ4},
         {"reconnect-timeout", 1, NULL, O_RECONNECT}, {"scale-lr", 0, NULL, O_SCALE_LR},
-        {"overlap", 0, NULL, O_OVERLAP}, {"max-grad-norm", 1, NULL, O_MAX_NORM},
+        {"overlap", 0, NULL, O_OVERLAP}, {"first-leg", 1, NULL, O_FIRST_LEG},
+        {"max-grad-norm", 1, NULL, O_MAX_NORM},
         {"cpu-replicas", 1, NULL, O_REPLICAS}, {"hierarchy", 1, NULL, O_HIER},
         {"ps-clients", 1, NULL, O_PS_CLIENTS},
         {"shard", 1, NULL, O_SHARD}, {"policy", 1, NULL, O_POLICY},
