@@ -342,8 +342,8 @@ START_TEST(test_overlap_trains_the_same_bits)
 END_TEST
 
 /* --first-leg: on sim the devices' leg (device copies) and the host-memory leg train the same
- * bits, after the pass and overlapped, and each run says which leg it took; on cpu the devices'
- * leg is refused, naming the flag. */
+ * bits, after the pass and overlapped, with --shard hybrid too, and each run says which leg it
+ * took; on cpu the devices' leg is refused, naming the flag. */
 START_TEST(test_first_leg_choice)
 {
     fl_wk_dataset_t d;
@@ -393,6 +393,25 @@ START_TEST(test_first_leg_choice)
             ck_assert_msg(diff == 0.0, "%s differs from the devices' leg by %.3g", what, diff);
         }
     }
+    /* --shard hybrid: each device steps its range on the device; on the devices' leg the
+     * ranges then go from device to device (a broadcast per range) instead of the whole model
+     * from the host to each device: the same bits (sim's jitter would show a pass that read
+     * the parameters before their broadcast landed). */
+    o.topk = 0;
+    o.overlap = false;
+    o.shard = FL_WK_SHARD_HYBRID;
+    for (int i = 0; i < 2; i++) {
+        o.first_leg = i == 0 ? FL_WK_LEG_HOST : FL_WK_LEG_DEVICES;
+        o.save_path = i == 0 ? ref : out;
+        int rc = fl_test_run_hosts(2, &o, NULL, &d, res, err, sizeof err);
+        ck_assert_msg(rc == FL_OK, "--shard hybrid, leg %d: %s", (int)o.first_leg, err);
+        for (int r = 0; r < 2; r++)
+            ck_assert_msg(res[r].params_gathered_on_devices == (i == 1),
+                          "--shard hybrid, leg %d: rank %d gathered on the devices: %d",
+                          (int)o.first_leg, r, res[r].params_gathered_on_devices);
+    }
+    double diff = fl_test_params_diff(layers, ref, out);
+    ck_assert_msg(diff == 0.0, "--shard hybrid: the devices' all-gather differs by %.3g", diff);
     unlink(ref);
     unlink(out);
     fl_wk_dataset_free(&d);

@@ -31,6 +31,8 @@ static int intra_create(fl_wk_devices_t *d)
         rc = fl_stream_create(devs[j], &d->xs[j]);
         if (rc == FL_OK)
             rc = fl_event_create(devs[j], &d->computed[j]);
+        if (rc == FL_OK)
+            rc = fl_event_create(devs[j], &d->gathered[j]);
         fl_wk_rdev_set_intra(d->rep[j].rd, true);
     }
     char host[32];
@@ -54,6 +56,7 @@ static void intra_destroy(fl_wk_devices_t *d)
     for (int j = 0; j < d->n; j++) {
         fl_stream_destroy(&d->xs[j]);
         fl_event_destroy(&d->computed[j]);
+        fl_event_destroy(&d->gathered[j]);
     }
 }
 

@@ -72,6 +72,40 @@ int fl_wk_devices_put_params(fl_wk_devices_t *d, const float *params)
     return FL_OK;
 }
 
+bool fl_wk_devices_can_gather(const fl_wk_devices_t *d)
+{
+    return d->intra != NULL && d->resident && !d->shared && d->n > 1;
+}
+
+int fl_wk_devices_gather_ranges(fl_wk_devices_t *d, const size_t *off, const size_t *len)
+{
+    if (!fl_wk_devices_can_gather(d))
+        return fl_fail(FL_EINVAL, "rank %d: no all-gather on the devices (the first leg is in "
+                                  "host memory)",
+                       d->rank);
+    /* Every update has run (fl_wk_devices_update waited for each range's copy to the host),
+     * and no pass reads the parameters until its compute stream has passed `gathered`. */
+    fl_dptr_t bufs[MAX_DEVICES] = {{0}};
+    int rc = FL_OK;
+    for (int root = 0; root < d->n && rc == FL_OK; root++) {
+        if (len[root] == 0)
+            continue;
+        for (int j = 0; j < d->n; j++)
+            bufs[j] = fl_dptr_f32(fl_wk_rdev_params_buf(d->rep[j].rd), off[root]);
+        rc = fl_intra_broadcast(d->intra, bufs, len[root], root, d->xs, NULL);
+    }
+    for (int j = 0; j < d->n && rc == FL_OK; j++) {
+        rc = fl_event_record(d->gathered[j], d->xs[j]);
+        if (rc == FL_OK)
+            rc = fl_stream_wait(fl_wk_rdev_stream(d->rep[j].rd), d->gathered[j]);
+    }
+    /* The calling thread drives device 0: current again after the others' streams. */
+    int brc = fl_wk_rdev_bind(d->rep[0].rd);
+    if (rc != FL_OK)
+        return fl_fail_ctx(rc, "rank %d: the parameters' all-gather on the devices", d->rank);
+    return brc;
+}
+
 int fl_wk_devices_opt_save(fl_wk_devices_t *d, int j, fl_opt_t *host)
 {
     fl_wk_rdev_t *rd = d->rep[j].rd;

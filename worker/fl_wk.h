@@ -358,6 +358,8 @@ typedef struct fl_wk_train_result {
      * (--overlap) rather than after it. */
     const char *first_leg;
     bool first_leg_overlapped;
+    bool params_gathered_on_devices; /* --shard hybrid: the updated ranges went from device to
+                                        device (the same leg), not through the host */
 } fl_wk_train_result_t;
 
 /* The settings every rank of the job must share (model, optimizer and schedule, batch per

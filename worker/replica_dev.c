@@ -444,6 +444,11 @@ fl_stream_t *fl_wk_rdev_stream(fl_wk_rdev_t *r)
     return r->cs;
 }
 
+fl_dptr_t fl_wk_rdev_params_buf(const fl_wk_rdev_t *r)
+{
+    return r->dparams;
+}
+
 fl_dptr_t fl_wk_rdev_grad_buf(const fl_wk_rdev_t *r)
 {
     return r->gbuf;

@@ -34,6 +34,7 @@ typedef struct trainer {
     bool resident;             /* parameters and optimizer on the devices (--policy sync) */
     bool resident_ranges;      /* ... each device stepping its range (--shard hybrid, grad) */
     bool keep_grad;            /* ... and the gradient too (one device, no exchange) */
+    bool gathered_on_devices;  /* ... the ranges all-gathered on the devices (gather_ranges) */
     FILE *metrics;
     /* El Che (o->max_anchor > 0) */
     fl_wk_cadence_t cad;
@@ -446,6 +447,22 @@ static int save_device_state(trainer_t *tr, fl_opt_t *const *opts)
     return rc;
 }
 
+/* After a sharded update on the devices: the whole model on every device, all-gathered on
+ * the devices themselves when the ranges are all this host's (--shard hybrid on the devices'
+ * first leg), else from the host's gathered copy. */
+static int gather_ranges(trainer_t *tr)
+{
+    if (!fl_wk_devices_can_gather(tr->dev) || fl_wk_shards_across_hosts(tr->shards))
+        return fl_wk_devices_put_params(tr->dev, tr->params);
+    size_t off[64];
+    size_t len[64];
+    int n = fl_wk_shards_count(tr->shards);
+    for (int t = 0; t < n; t++)
+        fl_wk_shards_range(tr->shards, t, &off[t], &len[t]);
+    tr->gathered_on_devices = true;
+    return fl_wk_devices_gather_ranges(tr->dev, off, len);
+}
+
 /* The update of the step: on the devices, or on the host's shards. */
 static int update(trainer_t *tr, double lr)
 {
@@ -846,9 +863,10 @@ int fl_wk_train(fl_comm_t *comm, const fl_wk_dataset_t *train, const fl_wk_datas
             /* --shard full: the next forward pass gathers each layer as it needs it. */
             if (tr.full == NULL && (rc = fl_wk_shards_gather(tr.shards, tr.params)) != FL_OK)
                 break;
-            /* Resident ranges: every device takes the gathered model (on cpu it is theirs). */
+            /* Resident ranges: every device takes the gathered model (on cpu it is theirs),
+             * all-gathered on the devices where the ranges are all this host's. */
             if (tr.resident_ranges && o->device != FL_DEV_CPU &&
-                (rc = fl_wk_devices_put_params(tr.dev, tr.params)) != FL_OK)
+                (rc = gather_ranges(&tr)) != FL_OK)
                 break;
             legs_ms += (double)(fl_now_ns() - t_ag) / 1e6;
             /* El Che's exchange time: the buckets' wait and --shard grad's legs. */
@@ -980,6 +998,7 @@ int fl_wk_train(fl_comm_t *comm, const fl_wk_dataset_t *train, const fl_wk_datas
     res->exposed_ms = run_steps ? exposed_ms / (double)run_steps : 0.0;
     if (tr.dev != NULL) {
         res->first_leg = fl_wk_devices_first_leg(tr.dev, &res->first_leg_overlapped);
+        res->params_gathered_on_devices = tr.gathered_on_devices;
     }
     /* Closing a failed device reports its error again: the step's text is the one to keep. */
     char why[2048] = "";

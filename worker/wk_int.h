@@ -354,6 +354,18 @@ int fl_wk_devices_update(fl_wk_devices_t *d, const float *grad, double max_norm,
 int fl_wk_devices_get_params(fl_wk_devices_t *d, float *params);
 int fl_wk_devices_put_params(fl_wk_devices_t *d, const float *params);
 
+/* Resident ranges (--shard hybrid, every range on this host): true when the devices can
+ * all-gather the ranges among themselves (the first leg on the devices: the intra-host
+ * collectives). fl_wk_devices_gather_ranges then sends device j's updated range [off[j],
+ * off[j] + len[j]) to every other device (one broadcast per range: NCCL's, or device copies),
+ * queued on the devices' intra-host streams after the update, and makes each compute stream
+ * wait for them before the next pass: no host copy of the whole model per device. FL_OK or the
+ * devices' error (queued work fails the next step on the device, naming it). */
+bool fl_wk_devices_can_gather(const fl_wk_devices_t *d);
+int fl_wk_devices_gather_ranges(fl_wk_devices_t *d, const size_t *off, const size_t *len);
+/* Device j's parameter buffer (resident parameters). */
+fl_dptr_t fl_wk_rdev_params_buf(const fl_wk_rdev_t *r);
+
 /* Device j's optimizer state into host (checkpoints), or host's into device j (resume; j -1:
  * every device, --shard none). */
 int fl_wk_devices_opt_save(fl_wk_devices_t *d, int j, fl_opt_t *host);
