@@ -243,6 +243,60 @@ START_TEST(test_sharded_state_trains_the_same_parameters)
 }
 END_TEST
 
+/* Memory per device as the device counts it (sim: its allocations): --shard hybrid with Adam
+ * holds half the optimizer state of --shard none on 2 devices, and the device's own count
+ * drops by that much (the summary's two figures agree); on cpu there is no device count. */
+START_TEST(test_device_memory_measured)
+{
+    fl_wk_dataset_t d;
+    fl_test_clusters(&d, N, 7);
+    fl_wk_train_opts_t o;
+    base_opts(&o, "6,64,64,3", NULL);
+    o.mode = FL_WK_MODE_RING;
+    o.batch = 8;
+    o.replicas = 2;
+    o.opt.kind = FL_OPT_ADAM;
+    char err[1200] = "";
+    fl_wk_train_result_t none[2];
+    fl_wk_train_result_t hyb[2];
+    int rc = fl_test_run_hosts(2, &o, NULL, &d, none, err, sizeof err);
+    ck_assert_msg(rc == FL_OK, "--shard none: %s", err);
+    o.shard = FL_WK_SHARD_HYBRID;
+    rc = fl_test_run_hosts(2, &o, NULL, &d, hyb, err, sizeof err);
+    ck_assert_msg(rc == FL_OK, "--shard hybrid: %s", err);
+    if (o.device != FL_DEV_SIM) {
+        ck_assert_msg(none[0].mem_device_total == 0 && none[0].mem_device_used == 0,
+                      "cpu replicas report device memory: %llu of %llu",
+                      (unsigned long long)none[0].mem_device_used,
+                      (unsigned long long)none[0].mem_device_total);
+        fl_wk_dataset_free(&d);
+        return;
+    }
+    for (int r = 0; r < 2; r++) {
+        uint64_t need = none[r].mem_params + none[r].mem_grads + none[r].mem_opt_state;
+        ck_assert_msg(none[r].mem_device_total > 0 && none[r].mem_device_used >= need &&
+                          none[r].mem_device_used <= none[r].mem_device_total,
+                      "rank %d: %llu bytes in use of %llu, the model's state alone takes %llu", r,
+                      (unsigned long long)none[r].mem_device_used,
+                      (unsigned long long)none[r].mem_device_total,
+                      (unsigned long long)need);
+        /* Half, rounded up to the widest device's range (4803 parameters on 2 devices). */
+        ck_assert_msg(hyb[r].mem_opt_state * 2 >= none[r].mem_opt_state &&
+                          hyb[r].mem_opt_state * 2 <= none[r].mem_opt_state + 16,
+                      "rank %d: optimizer state %llu (hybrid) against %llu (none)", r,
+                      (unsigned long long)hyb[r].mem_opt_state,
+                      (unsigned long long)none[r].mem_opt_state);
+        int64_t saved = (int64_t)none[r].mem_device_used - (int64_t)hyb[r].mem_device_used;
+        int64_t want = (int64_t)(none[r].mem_opt_state - hyb[r].mem_opt_state);
+        ck_assert_msg(saved > want - 4096 && saved < want + 4096,
+                      "rank %d: the device counts %lld bytes fewer with --shard hybrid, the "
+                      "optimizer state is %lld fewer",
+                      r, (long long)saved, (long long)want);
+    }
+    fl_wk_dataset_free(&d);
+}
+END_TEST
+
 START_TEST(test_shard_combinations_refused)
 {
     fl_wk_dataset_t d;
@@ -433,6 +487,7 @@ static Suite *suite(void)
     tcase_add_test(t, test_hosts_with_different_device_counts_refused);
     tcase_add_test(t, test_sharded_state_trains_the_same_parameters);
     tcase_add_test(t, test_shard_combinations_refused);
+    tcase_add_test(t, test_device_memory_measured);
     suite_add_tcase(s, t);
     return s;
 }

@@ -72,6 +72,23 @@ int fl_wk_devices_put_params(fl_wk_devices_t *d, const float *params)
     return FL_OK;
 }
 
+void fl_wk_devices_mem_used(fl_wk_devices_t *d, uint64_t *used, uint64_t *total)
+{
+    *used = 0;
+    *total = 0;
+    for (int j = 0; j < d->n; j++) {
+        fl_dev_t *dev = fl_wk_rdev_dev(d->rep[j].rd);
+        size_t f = 0;
+        size_t t = 0;
+        if (fl_dev_kind(dev) == FL_DEV_CPU || fl_dev_mem_info(dev, &f, &t) != FL_OK || f > t)
+            continue;
+        if (t - f > *used) {
+            *used = t - f;
+            *total = t;
+        }
+    }
+}
+
 bool fl_wk_devices_can_gather(const fl_wk_devices_t *d)
 {
     return d->intra != NULL && d->resident && !d->shared && d->n > 1;

@@ -343,6 +343,11 @@ typedef struct fl_wk_train_result {
     uint64_t mem_grads;
     uint64_t mem_opt_state;
     uint64_t mem_residual;
+    /* ... and as the device itself counts it (fl_dev_mem_info: total - free, the largest over
+     * the devices and over the samples at each epoch's end; sim: its allocations; cuda: the
+     * whole GPU's, the CUDA context and other processes included). 0 on cpu. */
+    uint64_t mem_device_used;
+    uint64_t mem_device_total;
     double divergence;     /* --policy cadence: the last averaging's ||before - after|| /
                               ||after|| (the device that strayed most) */
     uint64_t gathers;       /* --shard full: layers the devices asked for */

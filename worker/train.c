@@ -936,6 +936,13 @@ int fl_wk_train(fl_comm_t *comm, const fl_wk_dataset_t *train, const fl_wk_datas
         }
         res->train_loss = ep_batches ? ep_loss / (double)ep_batches : 0.0;
         res->epochs = ep + 1;
+        uint64_t used;
+        uint64_t total;
+        fl_wk_devices_mem_used(tr.dev, &used, &total);
+        if (used > res->mem_device_used) {
+            res->mem_device_used = used;
+            res->mem_device_total = total;
+        }
         if (test != NULL && (rc = materialize(&tr)) != FL_OK)
             break;
         if (test != NULL && tr.rank == 0) {

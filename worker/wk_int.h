@@ -148,6 +148,10 @@ size_t fl_wk_devices_batches(const fl_wk_devices_t *d);
 /* A workspace for evaluation (device 0's). */
 fl_wk_mlp_ws_t *fl_wk_devices_ws(fl_wk_devices_t *d);
 
+/* The devices' memory as they count it (fl_dev_mem_info): the most any device has in use
+ * (total - free) and that device's total; both 0 on cpu, whose "device" is the host. */
+void fl_wk_devices_mem_used(fl_wk_devices_t *d, uint64_t *used, uint64_t *total);
+
 /* Device j's gradient buffer (device 0's is the caller's grad). */
 float *fl_wk_devices_grad(fl_wk_devices_t *d, int j);
 

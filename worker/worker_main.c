@@ -505,10 +505,16 @@ static void summary(int rank, const fl_wk_train_result_t *r, bool have_test)
            "%.2f ms, exchange %.2f ms (exposed %.2f ms, %.0f%% hidden); %s\n",
            rank, r->epochs, r->steps, acc, r->seconds, r->samples_per_s, r->compute_ms,
            r->comm_ms, r->exposed_ms, hidden < 0 ? 0 : hidden, sent);
+    char dev_mem[128] = "";
+    if (r->mem_device_total > 0)
+        snprintf(dev_mem, sizeof dev_mem, "; in use on the device (its own count) %.2f MiB of "
+                                          "%.0f MiB",
+                 (double)r->mem_device_used / 1048576.0,
+                 (double)r->mem_device_total / 1048576.0);
     printf("rank %d memory per device: parameters %.2f MiB, gradients %.2f MiB, optimizer state "
-           "%.2f MiB, residuals %.2f MiB\n",
+           "%.2f MiB, residuals %.2f MiB%s\n",
            rank, (double)r->mem_params / 1048576.0, (double)r->mem_grads / 1048576.0,
-           (double)r->mem_opt_state / 1048576.0, (double)r->mem_residual / 1048576.0);
+           (double)r->mem_opt_state / 1048576.0, (double)r->mem_residual / 1048576.0, dev_mem);
     if (r->first_leg != NULL && r->first_leg[0] != '\0')
         printf("rank %d first leg inside the host: %s, %s%s\n", rank, r->first_leg,
                r->first_leg_overlapped ? "bucket by bucket during the backward pass (--overlap)"
