@@ -1,0 +1,57 @@
+/* Private to the training loop (train.c) and its setup (train_setup.c): the trainer, the state
+ * of one fl_wk_train call. */
+#ifndef FL_WK_TRAIN_INT_H
+#define FL_WK_TRAIN_INT_H
+
+#include <stdio.h>
+
+#include "wk_int.h"
+
+typedef struct trainer {
+    const fl_wk_train_opts_t *o;
+    const fl_wk_mlp_shape_t *m;
+    const fl_wk_dataset_t *train;
+    fl_comm_t *comm;
+    int rank;
+    int world;
+    size_t np;
+    float *params;
+    float *grad;
+    fl_wk_devices_t *dev;
+    int nx;                    /* exchanges: one, or one per device (its own connection) */
+    int nsubs;
+    fl_comm_t *subs[64];       /* their sub-communicators, when nx > 1 */
+    fl_wk_xchg_t *xchg[64];
+    fl_wk_shards_t *shards;
+    fl_wk_full_t *full;        /* --shard full: the parameters' pieces (NULL otherwise) */
+    fl_wk_async_t *async;      /* --policy async (NULL otherwise) */
+    bool resident;             /* parameters and optimizer on the devices (--policy sync) */
+    bool resident_ranges;      /* ... each device stepping its range (--shard hybrid, grad) */
+    bool keep_grad;            /* ... and the gradient too (one device, no exchange) */
+    bool gathered_on_devices;  /* ... the ranges all-gathered on the devices (gather_ranges) */
+    FILE *metrics;
+    /* El Che (o->max_anchor > 0) */
+    fl_wk_cadence_t cad;
+    size_t next;        /* the host's next batch this epoch */
+    double exch_ema_s;  /* exchange seconds per sync */
+    long syncs;
+    const fl_lr_sched_t *sched;
+    double samples;     /* the job's, trained on */
+    fl_wk_obs_t obs;
+} trainer_t;
+
+/* The trainer's parts from its options (model, devices, exchanges, shards, El Che, metrics):
+ * FL_OK, or the first error with its detail (the options named); fl_wk_trainer_teardown frees
+ * what was made either way. */
+int fl_wk_trainer_setup(trainer_t *tr);
+void fl_wk_trainer_teardown(trainer_t *tr);
+
+/* Device t's optimizer, whichever --shard holds it (checkpoints); NULL past the last. */
+void fl_wk_trainer_optimizers(trainer_t *tr, fl_opt_t **opts);
+
+/* The parameters (and with them the optimizer) go to the devices and stay there under
+ * --policy sync (opts: a resumed optimizer state, loaded with them). FL_OK or the devices'
+ * error. */
+int fl_wk_trainer_keep(trainer_t *tr, fl_opt_t *const *opts);
+
+#endif
