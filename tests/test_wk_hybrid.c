@@ -466,6 +466,31 @@ START_TEST(test_first_leg_choice)
     }
     double diff = fl_test_params_diff(layers, ref, out);
     ck_assert_msg(diff == 0.0, "--shard hybrid: the devices' all-gather differs by %.3g", diff);
+    /* Top-k after the pass on the devices' leg: each device compresses the shard it holds
+     * reduced (residuals there, only the pairs copied out), the host leg on the host: the same
+     * bits. 173 parameters on 4 devices: the exchange's shards 2 and 3 start one and two
+     * elements below the reduce-scatter's (87 against 88, 130 against 132, the last in the
+     * output layer's weights), which devices 1 and 2 reduced (fetched from them). */
+    const char *odd = "6,17,3";
+    base_opts(&o, odd, ref);
+    o.mode = FL_WK_MODE_RING;
+    o.batch = 4;
+    o.replicas = 4;
+    o.topk = 0.1;
+    o.max_norm = 0.5;
+    for (int i = 0; i < 2; i++) {
+        o.first_leg = i == 0 ? FL_WK_LEG_HOST : FL_WK_LEG_DEVICES;
+        o.save_path = i == 0 ? ref : out;
+        fl_wk_train_result_t r3[2];
+        int rc = fl_test_run_hosts(2, &o, NULL, &d, r3, err, sizeof err);
+        ck_assert_msg(rc == FL_OK, "top-k 2 x 4, leg %d: %s", (int)o.first_leg, err);
+        for (int r = 0; r < 2; r++)
+            ck_assert_msg(r3[r].topk_on_devices == (i == 1),
+                          "top-k 2 x 4, leg %d: rank %d's top-k on the devices: %d",
+                          (int)o.first_leg, r, r3[r].topk_on_devices);
+    }
+    diff = fl_test_params_diff(odd, ref, out);
+    ck_assert_msg(diff == 0.0, "top-k 2 x 4: on the devices differs from the host by %.3g", diff);
     unlink(ref);
     unlink(out);
     fl_wk_dataset_free(&d);

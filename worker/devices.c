@@ -33,6 +33,8 @@ static int intra_create(fl_wk_devices_t *d)
             rc = fl_event_create(devs[j], &d->computed[j]);
         if (rc == FL_OK)
             rc = fl_event_create(devs[j], &d->gathered[j]);
+        if (rc == FL_OK)
+            rc = fl_event_create(devs[j], &d->reduced[j]);
         fl_wk_rdev_set_intra(d->rep[j].rd, true);
     }
     char host[32];
@@ -57,12 +59,53 @@ static void intra_destroy(fl_wk_devices_t *d)
         fl_stream_destroy(&d->xs[j]);
         fl_event_destroy(&d->computed[j]);
         fl_event_destroy(&d->gathered[j]);
+        fl_event_destroy(&d->reduced[j]);
     }
+}
+
+bool fl_wk_devices_can_keep_shards(const fl_wk_devices_t *d)
+{
+    return d->intra != NULL && d->local == FL_WK_LOCAL_SHARDS && d->n > 1;
+}
+
+void fl_wk_devices_shards_on_devices(fl_wk_devices_t *d)
+{
+    d->keep_shards = fl_wk_devices_can_keep_shards(d);
+}
+
+/* keep_shards: the reduce-scatter leaves device j [j S, (j + 1) S) of the mean, the exchange's
+ * shard j is [off_j, off_j + cnt_j) (fl_shard_offset: balanced), which starts at most L - 1
+ * elements lower and never ends higher: those first elements come from the devices that
+ * reduced them, on stream j behind their streams' end of the reduce-scatter. */
+static int fetch_shard_heads(fl_wk_devices_t *d, const fl_dptr_t *bufs, size_t S)
+{
+    int rc = FL_OK;
+    for (int k = 0; k < d->n && rc == FL_OK; k++)
+        rc = fl_event_record(d->reduced[k], d->xs[k]); /* k's part of the mean is done */
+    for (int j = 0; j < d->n && rc == FL_OK; j++) {
+        size_t i = fl_shard_offset(d->np, d->n, j);
+        size_t end = i + fl_shard_count(d->np, d->n, j);
+        size_t own = (size_t)j * S;
+        while (i < end && i < own && rc == FL_OK) {
+            int k = (int)(i / S);
+            size_t stop = (size_t)(k + 1) * S;
+            stop = stop < own ? stop : own;
+            stop = stop < end ? stop : end;
+            rc = fl_stream_wait(d->xs[j], d->reduced[k]);
+            if (rc == FL_OK)
+                rc = fl_dev_peer_copy(d->xs[j], fl_dptr_f32(bufs[j], i),
+                                      fl_wk_rdev_dev(d->rep[k].rd), fl_dptr_f32(bufs[k], i),
+                                      (stop - i) * sizeof(float));
+            i = stop;
+        }
+    }
+    return rc;
 }
 
 /* After every device computed (their compute streams hold the passes): the devices' mean
  * reduce-scattered on the devices, each shard copied into device 0's host buffer, as
- * reduce_shard would have left it there (the same sum, in device order, the same bits). */
+ * reduce_shard would have left it there (the same sum, in device order, the same bits), or
+ * (keep_shards) left on the devices for the exchange's top-k there. */
 static int intra_reduce(fl_wk_devices_t *d)
 {
     int L = d->n;
@@ -75,8 +118,10 @@ static int intra_reduce(fl_wk_devices_t *d)
     }
     if (rc == FL_OK)
         rc = fl_intra_reduce_scatter(d->intra, bufs, d->np, FL_AVG, d->xs, NULL);
+    if (rc == FL_OK && d->keep_shards)
+        rc = fetch_shard_heads(d, bufs, S);
     float *grad = d->rep[0].grad;
-    for (int j = 0; j < L && rc == FL_OK; j++) {
+    for (int j = 0; j < L && rc == FL_OK && !d->keep_shards; j++) {
         size_t from = (size_t)j * S;
         size_t n = from < d->np ? (d->np - from < S ? d->np - from : S) : 0;
         if (n > 0)

@@ -80,6 +80,8 @@ struct fl_wk_devices {
     fl_stream_t *xs[MAX_DEVICES];
     fl_event_t *computed[MAX_DEVICES];
     fl_event_t *gathered[MAX_DEVICES]; /* resident ranges all-gathered on the devices */
+    bool keep_shards; /* the reduced shards stay on the devices (top-k there) */
+    fl_event_t *reduced[MAX_DEVICES]; /* ... device j's part of the mean is done (keep_shards) */
     /* ... overlapped with the backward pass (devices_overlap.c): bucket l is
      * [leg_edge[l], leg_edge[l + 1]), queued once every device finished layer l; leg_next: the
      * layers below it are not queued yet this step; landed[l][j] is recorded on xs[j] after

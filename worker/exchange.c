@@ -312,6 +312,11 @@ int fl_wk_xchg_on_device(fl_wk_xchg_t *x, fl_wk_rdev_t *rd)
     return rc;
 }
 
+bool fl_wk_xchg_on_device_p(const fl_wk_xchg_t *x)
+{
+    return x->dcmp != NULL;
+}
+
 double fl_wk_xchg_residual_norm(const fl_wk_xchg_t *x)
 {
     if (x->dcmp != NULL)

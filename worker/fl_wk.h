@@ -365,6 +365,8 @@ typedef struct fl_wk_train_result {
     bool first_leg_overlapped;
     bool params_gathered_on_devices; /* --shard hybrid: the updated ranges went from device to
                                         device (the same leg), not through the host */
+    bool topk_on_devices; /* top-k with error feedback ran on the devices that hold the
+                             gradient (residuals there, only the pairs copied out) */
 } fl_wk_train_result_t;
 
 /* The settings every rank of the job must share (model, optimizer and schedule, batch per

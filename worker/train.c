@@ -738,6 +738,7 @@ int fl_wk_train(fl_comm_t *comm, const fl_wk_dataset_t *train, const fl_wk_datas
     if (tr.dev != NULL) {
         res->first_leg = fl_wk_devices_first_leg(tr.dev, &res->first_leg_overlapped);
         res->params_gathered_on_devices = tr.gathered_on_devices;
+        res->topk_on_devices = tr.nx > 0 && fl_wk_xchg_on_device_p(tr.xchg[0]);
     }
     /* Closing a failed device reports its error again: the step's text is the one to keep. */
     char why[2048] = "";

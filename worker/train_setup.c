@@ -154,11 +154,19 @@ int fl_wk_trainer_setup(trainer_t *tr)
     /* Top-k where the gradient is: on the device, when each exchange takes one device's own
      * gradient (one device per host, or flat) and the step's gradient is not combined on the
      * host first (El Che, local SGD). On cpu the host's error feedback is the device's. */
+    /* Two levels on the devices' first leg after the pass: device j holds its shard reduced
+     * (fl_wk_devices_shards_on_devices), so its top-k runs there too; overlapped, the layers'
+     * buckets are spread over the devices, and the shards are reduced on the host's side. */
     bool own = (tr->nx == 1 && L == 1) || (tr->nx == L && local == FL_WK_LOCAL_NONE);
-    if (own && o->topk > 0 && o->device != FL_DEV_CPU && o->policy == FL_WK_POLICY_SYNC &&
-        o->max_anchor == 0)
+    bool shards = tr->nx == L && L > 1 && local == FL_WK_LOCAL_SHARDS && !o->overlap &&
+                  fl_wk_devices_can_keep_shards(tr->dev);
+    if ((own || shards) && o->topk > 0 && o->device != FL_DEV_CPU &&
+        o->policy == FL_WK_POLICY_SYNC && o->max_anchor == 0) {
         for (int j = 0; j < tr->nx && rc == FL_OK; j++)
             rc = fl_wk_xchg_on_device(tr->xchg[j], fl_wk_devices_rdev(tr->dev, j));
+        if (rc == FL_OK && shards)
+            fl_wk_devices_shards_on_devices(tr->dev);
+    }
     if (rc != FL_OK)
         return rc;
     fl_wk_obs_init(&tr->obs, o->obs, tr->rank);

@@ -152,6 +152,14 @@ fl_wk_mlp_ws_t *fl_wk_devices_ws(fl_wk_devices_t *d);
  * (total - free) and that device's total; both 0 on cpu, whose "device" is the host. */
 void fl_wk_devices_mem_used(fl_wk_devices_t *d, uint64_t *used, uint64_t *total);
 
+/* FL_WK_LOCAL_SHARDS on the intra-host collectives, after the pass (not overlapped): whether
+ * the devices can keep the reduced shards, and then keep them: after the reduce-scatter each
+ * device j holds shard j of the mean (fl_shard_offset's layout: the few elements below the
+ * reduce-scatter's own shard come from the device that reduced them) in its gradient buffer,
+ * and nothing is copied to the host; the exchange compresses there (fl_wk_xchg_on_device). */
+bool fl_wk_devices_can_keep_shards(const fl_wk_devices_t *d);
+void fl_wk_devices_shards_on_devices(fl_wk_devices_t *d);
+
 /* Device j's gradient buffer (device 0's is the caller's grad). */
 float *fl_wk_devices_grad(fl_wk_devices_t *d, int j);
 
@@ -661,6 +669,8 @@ int fl_wk_xchg_residual_put(fl_wk_xchg_t *x, const float *in);
 /* Compresses on device rd instead of the host (top-k only): the buckets come from rd's
  * gradient, which must be the range's (one device, or --hierarchy flat). */
 int fl_wk_xchg_on_device(fl_wk_xchg_t *x, fl_wk_rdev_t *rd);
+/* Whether it does (fl_wk_xchg_on_device succeeded on a top-k exchange). */
+bool fl_wk_xchg_on_device_p(const fl_wk_xchg_t *x);
 
 /* Device j's device (for fl_wk_xchg_on_device). */
 fl_wk_rdev_t *fl_wk_devices_rdev(fl_wk_devices_t *d, int j);

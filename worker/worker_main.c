@@ -516,9 +516,10 @@ static void summary(int rank, const fl_wk_train_result_t *r, bool have_test)
            rank, (double)r->mem_params / 1048576.0, (double)r->mem_grads / 1048576.0,
            (double)r->mem_opt_state / 1048576.0, (double)r->mem_residual / 1048576.0, dev_mem);
     if (r->first_leg != NULL && r->first_leg[0] != '\0')
-        printf("rank %d first leg inside the host: %s, %s%s\n", rank, r->first_leg,
+        printf("rank %d first leg inside the host: %s, %s%s%s\n", rank, r->first_leg,
                r->first_leg_overlapped ? "bucket by bucket during the backward pass (--overlap)"
                                        : "after the backward pass",
+               r->topk_on_devices ? "; each shard's top-k on its device" : "",
                r->params_gathered_on_devices ? "; the updated ranges all-gathered on the devices"
                                              : "");
     if (r->gathers > 0)
