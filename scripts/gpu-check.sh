@@ -3,7 +3,8 @@
 # network, none of flodl's Debian libraries: those come unpacked from .deps/debs, see
 # scripts/gpu-deps.sh): builds flodl with CUDA, runs the GPU suites, the sanitizers, the worker
 # on cuda against cpu, a 2-worker top-k job, 2 hosts x the GPUs with the first leg on the
-# devices (NCCL) against host memory (scripts/hybrid-check.sh) and the GPU benchmark. Prints PASS, FAIL or SKIP per
+# devices (NCCL) against host memory (scripts/hybrid-check.sh) and the GPU benchmarks
+# (flodl-bench train, and scripts/two-level-bench.sh: flat and hybrid, dense and top-k). Prints PASS, FAIL or SKIP per
 # check and a summary; everything also goes to a log (build-gpu/gpu-check.log, or
 # $OUT/gpu-check.log when $OUT is set).
 #   scripts/gpu-check.sh [--steps build,ctest,memcheck,racecheck,parity,ring,hybrid,bench]
@@ -318,6 +319,18 @@ step_bench() {
   else
     result FAIL "flodl-bench train --device cuda" "exit $rc"
   fi
+  # The two-level exchange on the machine's GPUs: flat and hybrid, dense and top-k, overlapped,
+  # the first leg on the devices (scripts/two-level-bench.sh, 2 ranks on 2 loopback addresses).
+  local tl=$work/two-level.out gpus
+  gpus=$(hybrid_gpus)
+  capture "$tl" "$t_bench" "$root/scripts/two-level-bench.sh" --device cuda --gpus "$gpus" \
+    --build "$build" --seconds 120 -- --first-leg devices
+  rc=$?
+  if [ $rc -eq 0 ]; then
+    result PASS "two-level bench, --gpus $gpus" "$(grep -E '^hybrid dense overlap' "$tl" | tr -s ' ')"
+  else
+    result FAIL "two-level bench, --gpus $gpus" "exit $rc"
+  fi
   if grep -q "target met" "$f"; then
     result PASS "throughput: flodl >= torch / 1.2" "$(grep -E "target flodl" "$f" | tr -s ' ')"
   elif grep -q "NOT met" "$f"; then
@@ -340,6 +353,7 @@ plan() {
     ring) echo "2-worker ring, top-k 0.01, cuda|flodl-launch --workers 2 -- --device cuda --topk 0.01 --epochs 2: > 85%" ;;
     hybrid) echo "2 hosts x GPUs, first leg|scripts/hybrid-check.sh --build $build --device cuda --gpus 0,1,.. (or 0,0): --first-leg devices (NCCL), and with --overlap, = --first-leg host" ;;
     bench) echo "flodl-bench train --device cuda|flodl-bench train --device cuda --cpu-seconds $cpu_s $bench_flags"
+           echo "two-level bench|scripts/two-level-bench.sh --device cuda --gpus 0,1,.. (or 0,0) -- --first-leg devices"
            echo "throughput: flodl >= torch / 1.2|the bench's target line" ;;
   esac
 }

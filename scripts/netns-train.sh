@@ -80,27 +80,8 @@ netns_setup "$hosts"
 echo "network: $hosts hosts on a bridge, tbf $rate both ways on every port; $replicas CPU" \
   "replicas per host; model $layers, batch $batch per device, $epochs epoch(s)"
 
-# The figures of rank 0's summary line in LOG, one per field, as "steps acc secs sps compute_ms
-# exchange_ms exposed_ms hidden_pct remote_mib"; a field it cannot find fails the script,
-# naming the field and showing the line (the worker's summary format is what this reads).
-figures() {  # figures LOG
-  local line f v out=()
-  line=$(grep -m1 '^rank 0 summary: ' "$1") || { echo "$me: no 'rank 0 summary:' line in $1" >&2; return 1; }
-  for f in 'epochs, \([0-9][0-9]*\) steps' 'test accuracy \([0-9.][0-9.]*\)%' \
-           ', \([0-9.][0-9.]*\) s, [0-9.]* samples/s' ' \([0-9.][0-9.]*\) samples/s' \
-           'per step compute \([0-9.][0-9.]*\) ms' 'exchange \([0-9.][0-9.]*\) ms (exposed' \
-           '(exposed \([0-9.][0-9.]*\) ms' ', \([0-9][0-9]*\)% hidden' \
-           '(\([0-9.][0-9.]*\) MiB to other hosts)'; do
-    v=$(sed -n "s|.*$f.*|\1|p" <<<"$line")
-    if [ -z "$v" ]; then
-      echo "$me: cannot read '$f' from rank 0's summary line:" >&2
-      echo "  $line" >&2
-      return 1
-    fi
-    out+=("$v")
-  done
-  echo "${out[*]}"
-}
+# shellcheck source=summary-lib.sh
+. "$root/scripts/summary-lib.sh"
 
 # One training run: prints figures' fields. flodl-ps's output goes to its own log.
 run() {  # run NAME [worker flags]

@@ -64,7 +64,28 @@ grep -q "FAIL  devices: the summary does not say 'first leg inside the host: ncc
   fail "hybrid-check.sh does not say which leg it missed: $out"
 echo "hybrid-check.sh: 2 hosts x 2 sim devices, the three legs the same bits"
 
-# 4. gpu-check.sh on a machine without a GPU.
+# 4. The two-level benchmark gpu-check.sh runs on GPUs (scripts/two-level-bench.sh), here on
+# sim: six runs, each figure read, hybrid sending less to the other host than flat and top-k
+# less than dense, each run's first leg named; and a bad flag refused.
+out=$(timeout 400 "$src/scripts/two-level-bench.sh" --device sim --gpus 0,1 --build "$build" \
+      --layers 64,32,10 2>&1) || fail "two-level-bench.sh on sim: $out"
+mib() { awk -v r="$1" 'index($0, r) == 1 { print $(NF - 1); exit }' <<< "$out"; }
+rows=$(grep -cE '^(flat|hybrid) ' <<< "$out")
+[ "$rows" -eq 6 ] || fail "two-level-bench.sh: $rows rows, expected 6: $out"
+awk -v f="$(mib 'flat dense ')" -v h="$(mib 'hybrid dense ')" -v t="$(mib 'hybrid top-k 0.01 ')" \
+  'BEGIN { exit !(f > h && h > t && t > 0) }' ||
+  fail "two-level-bench.sh: MiB to the other host not flat > hybrid > hybrid top-k > 0: $out"
+grep -qE '^hybrid dense overlap .* copy,overlap$' <<< "$out" ||
+  fail "two-level-bench.sh: the overlapped run's first leg is not named: $out"
+grep -qE '^hybrid top-k 0.01 .* copy,top-k-dev$' <<< "$out" ||
+  fail "two-level-bench.sh: hybrid top-k did not compress on the devices: $out"
+if out=$("$src/scripts/two-level-bench.sh" --device sim --gpus 0 --build "$build" 2>&1); then
+  fail "two-level-bench.sh accepted --gpus 0 (one device)"
+fi
+grep -q "not a list of two or more ids" <<< "$out" || fail "two-level-bench.sh: $out"
+echo "two-level-bench.sh: 6 runs on 2 x 2 sim devices, every figure read"
+
+# 5. gpu-check.sh on a machine without a GPU.
 if command -v nvidia-smi > /dev/null 2>&1 && nvidia-smi > /dev/null 2>&1; then
   echo "a GPU is here: gpu-check.sh runs for real there, not in this test"
   exit 0

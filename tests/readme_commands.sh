@@ -110,6 +110,12 @@ while IFS= read -r line; do
       echo "run: $line"
       timeout 600 ./scripts/hybrid-check.sh --build "$build" --device sim --gpus 0,1 --bound 0 \
         > "$tmp/hybrid.log" 2>&1 < /dev/null || fail "'$line': $(grep -E '^FAIL' "$tmp/hybrid.log" | head -n 3)" ;;
+    "./scripts/two-level-bench.sh --build build")
+      echo "run: $line"
+      timeout 600 ./scripts/two-level-bench.sh --build "$build" > "$tmp/two-level.log" 2>&1 < /dev/null ||
+        fail "'$line': $(tail -n 3 "$tmp/two-level.log")"
+      [ "$(grep -cE '^(flat|hybrid) ' "$tmp/two-level.log")" -eq 6 ] ||
+        fail "'$line': not six runs: $(cat "$tmp/two-level.log")" ;;
     "./scripts/install-deps.sh bench"*)
       echo "by hand: $line (installs Open MPI and PyTorch, a large download, for the benchmarks)" ;;
     "./build/bench/flodl-bench "*)
