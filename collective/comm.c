@@ -200,6 +200,24 @@ fail:
     return rc;
 }
 
+/* The goodbye says how the rank ends: cleanly (code 0), on its own error (the error's code
+ * and text, which the coordinator passes on to every other rank), or after another's failure.
+ * Sent once: the member's control thread stops with it. */
+static void goodbye(fl_comm_t *c)
+{
+    if (c->member == NULL)
+        return;
+    char text[FL_MSG_TEXT_MAX];
+    int code = c->aborted ? c->abort_rc : c->broken_rc != FL_OK ? 1 : 0;
+    if (c->aborted)
+        snprintf(text, sizeof text, "%.440s (after %llu collectives)", c->abort_text,
+                 (unsigned long long)c->seq);
+    else
+        snprintf(text, sizeof text, "rank %d leaves after %llu collectives%s", c->rank,
+                 (unsigned long long)c->seq, c->broken_rc != FL_OK ? " (after a failure)" : "");
+    fl_tp_member_stop(c->member, code, text);
+}
+
 void fl_comm_abort(fl_comm_t *c, int code, const char *why)
 {
     if (c == NULL || c->aborted)
@@ -212,6 +230,10 @@ void fl_comm_abort(fl_comm_t *c, int code, const char *why)
         snprintf(c->broken_text, sizeof c->broken_text, "rank %d stopped on its own error: %s",
                  c->rank, c->abort_text);
     }
+    /* Now, not at fl_comm_destroy: what the rank frees before that may block (a device whose
+     * kernel hangs, a thread stuck until its deadline), and the others should not wait for
+     * it to hear why. */
+    goodbye(c);
 }
 
 void fl_comm_destroy(fl_comm_t **pc)
@@ -219,21 +241,7 @@ void fl_comm_destroy(fl_comm_t **pc)
     if (pc == NULL || *pc == NULL)
         return;
     fl_comm_t *c = *pc;
-    if (c->member != NULL) {
-        /* The goodbye says how the rank ends: cleanly (code 0), on its own error (the error's
-         * code and text, which the coordinator passes on to every other rank), or after
-         * another's failure. */
-        char text[FL_MSG_TEXT_MAX];
-        int code = c->aborted ? c->abort_rc : c->broken_rc != FL_OK ? 1 : 0;
-        if (c->aborted)
-            snprintf(text, sizeof text, "%.440s (after %llu collectives)", c->abort_text,
-                     (unsigned long long)c->seq);
-        else
-            snprintf(text, sizeof text, "rank %d leaves after %llu collectives%s", c->rank,
-                     (unsigned long long)c->seq,
-                     c->broken_rc != FL_OK ? " (after a failure)" : "");
-        fl_tp_member_stop(c->member, code, text);
-    }
+    goodbye(c);
     int linger = c->broken_rc != FL_OK ? 0 : (c->timeout_ms < 10000 ? c->timeout_ms : 10000);
     if (c->data_out != NULL) {
         for (int p = 0; p < c->size; p++) {

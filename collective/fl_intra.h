@@ -113,6 +113,22 @@ int fl_intra_broadcast(fl_intra_t *x, const fl_dptr_t *bufs, size_t count, int r
  * NCCL error. */
 int fl_intra_wait(fl_intra_t *x, int timeout_ms);
 
+/* For a caller that waits for its own events recorded behind the handle's calls (the
+ * worker's overlapped first leg, which waits bucket by bucket): without waiting, FL_OK, the
+ * error a failed handle keeps, or an asynchronous failure of queued work the implementation
+ * sees (NCCL: ncclCommGetAsyncError, naming the host, the device, the operation and NCCL's
+ * text). One thread at a time with the handle's other calls. */
+int fl_intra_poll(fl_intra_t *x);
+
+/* Stops what is blocked on the devices (NCCL: ncclCommAbort on every communicator) and leaves
+ * the handle failed with rc and the calling thread's detail text, which the caller sets first
+ * (a poll's error, or its deadline naming what was late). Returns rc. One thread at a time
+ * with the handle's other calls. */
+int fl_intra_abort(fl_intra_t *x, int rc);
+
+/* The handle's deadline (fl_intra_opts_t.timeout_ms). */
+int fl_intra_timeout_ms(const fl_intra_t *x);
+
 #ifdef __cplusplus
 }
 #endif

@@ -287,3 +287,22 @@ int fl_intra_wait(fl_intra_t *x, int timeout_ms)
     }
     return FL_OK;
 }
+
+int fl_intra_poll(fl_intra_t *x)
+{
+    if (x->rc != FL_OK)
+        return fl_fail(x->rc, "%s", x->err);
+    return x->be->poll != NULL ? x->be->poll(x) : FL_OK;
+}
+
+int fl_intra_abort(fl_intra_t *x, int rc)
+{
+    if (x->be->abort != NULL)
+        x->be->abort(x);
+    return x->rc != FL_OK ? fl_fail(x->rc, "%s", x->err) : fl_intra_set_failed(x, rc);
+}
+
+int fl_intra_timeout_ms(const fl_intra_t *x)
+{
+    return x->timeout_ms;
+}

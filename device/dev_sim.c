@@ -287,6 +287,12 @@ static int injected_fault(fl_dev_t *d, const dev_op_t *op)
     pthread_mutex_unlock(&m->mu);
     if (!hit)
         return FL_OK;
+    if (d->o.sim_stall_ms > 0) {
+        /* A hung kernel: whoever waits for this stream must give up at its own deadline. */
+        struct timespec ts = {d->o.sim_stall_ms / 1000, (d->o.sim_stall_ms % 1000) * 1000000L};
+        nanosleep(&ts, NULL);
+        return FL_OK;
+    }
     return fl_fail(FL_EGPU, "device %s: %s: an illegal memory access was encountered (a fault "
                             "injected on run %ld of it)",
                    d->name, name, d->o.sim_fail_after);

@@ -89,6 +89,8 @@ typedef struct fl_dev_opts {
                                 FL_EGPU, as a GPU fault would; NULL: none. Borrowed for the
                                 device's life. */
     long sim_fail_after;
+    int sim_stall_ms;        /* sim: > 0: that run stalls its stream this long, then succeeds
+                                (a kernel that hangs), instead of failing */
 } fl_dev_opts_t;
 
 void fl_dev_opts_init(fl_dev_opts_t *o);

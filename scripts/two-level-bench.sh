@@ -78,8 +78,9 @@ trap 'echo "$me: interrupted" >&2; exit 130' INT TERM
 # shellcheck source=summary-lib.sh
 . "$root/scripts/summary-lib.sh"
 
-# One job: flodl-ps on a free port, rank r on host 127.0.0.(r + 1); prints figures' fields and
-# the first leg. Everything is bounded by --seconds.
+# One job: flodl-ps on a free port, rank r on host 127.0.0.(r + 1); writes figures' fields and
+# the first leg to $tmp/NAME.out. Everything is bounded by --seconds. Runs in this shell (not a
+# subshell), so that cleanup knows its processes.
 run() {  # run NAME [worker flags]
   local name=$1 r rc status=0 wpids=() ps_pid ep=""
   shift
@@ -113,7 +114,9 @@ run() {  # run NAME [worker flags]
   wait "$ps_pid" 2>/dev/null || true
   pids=()
   [ $status -eq 0 ] || return 1
-  echo "$(figures "$tmp/$name.rank0.log") $(first_leg "$tmp/$name.rank0.log")"
+  local f
+  f=$(figures "$tmp/$name.rank0.log") || return 1
+  echo "$f $(first_leg "$tmp/$name.rank0.log")" >"$tmp/$name.out"
 }
 
 echo "$me: 2 ranks on 127.0.0.1 and 127.0.0.2 (loopback), ${devs[*]}; model $layers, batch" \
@@ -127,11 +130,12 @@ for cfg in "flat dense|--hierarchy flat" "flat top-k $density|--hierarchy flat -
            "hybrid top-k overlap|--hierarchy hybrid --topk $density --overlap"; do
   name=${cfg%%|*}
   read -r -a flags <<<"${cfg#*|}"
-  if ! out=$(run "${name// /-}" "${flags[@]}"); then
+  if ! run "${name// /-}" "${flags[@]}"; then
     echo "$me: $name failed" >&2
     failed=1
     continue
   fi
+  out=$(cat "$tmp/${name// /-}.out")
   read -r steps acc _ sps comp xch exposed hidden remote leg <<<"$out"
   if [ "${steps:-0}" -eq 0 ]; then echo "$me: $name: rank 0 ran no steps" >&2; failed=1; continue; fi
   # The step's time from the job's samples per second: 2 ranks x ndev devices x batch each.

@@ -287,6 +287,63 @@ START_TEST(test_device_fault_in_the_overlapped_first_leg)
 }
 END_TEST
 
+/* A kernel that hangs in the overlapped first leg (FLODL_SIM_STALL_MS: rank 2's device 1 stalls
+ * its 41st sum of rows, in step 21, for 15 s): rank 2's exchange gives up at its own deadline
+ * (--timeout 2000 there, 30000 on the others, so their own waits cannot be what stops them),
+ * names the layer and the deadline, and leaves the job at once; the others hear it from the
+ * coordinator and exit within seconds, long before the stall ends. */
+START_TEST(test_hung_kernel_in_the_overlapped_first_leg)
+{
+    char dir[] = "/tmp/flodl-failproc-XXXXXX";
+    ck_assert(mkdtemp(dir) != NULL);
+    char good[128];
+    snprintf(good, sizeof good, "%s/good.csv", dir);
+    write_csv(good, 400, 3);
+    char ep[256] = "";
+    static const char *const ps_extra[] = {"--heartbeat-timeout", "5000", NULL};
+    proc_t ps[1 + W];
+    memset(ps, 0, sizeof ps);
+    ck_assert(start_ps(&ps[0], W, ps_extra, NULL, ep, sizeof ep, 26));
+    static const char *const env[] = {"FLODL_SIM_FAIL=2:1:41:sum of rows",
+                                      "FLODL_SIM_STALL_MS=15000", NULL};
+    char rank[W][8];
+    int64_t t0 = fl_now_ms();
+    for (int r = 0; r < W; r++) {
+        snprintf(rank[r], sizeof rank[r], "%d", r);
+        const char *argv[] = {WK_BIN, "--rank", rank[r], "--world-size", "4", "--coordinator",
+                              ep, "--quiet", "--timeout", r == 2 ? "2000" : "30000",
+                              "--train-csv", good, "--layers", "4,8,3", "--batch-size", "4",
+                              "--epochs", "50", "--device", "sim", "--gpus", "0,1", "--overlap",
+                              NULL};
+        proc_start(&ps[1 + r], WK_BIN, argv, env);
+    }
+    bool all = procs_wait(ps, 1 + W, fl_deadline_in(60000));
+    procs_stop(ps, 1 + W);
+    char info[16384];
+    show(ps, 1 + W, info, sizeof info);
+    ck_assert_msg(all, "processes still running a minute on: %s", info);
+    for (int r = 0; r < W; r++) {
+        const char *e = ps[1 + r].buf[1];
+        ck_assert_msg(proc_code(&ps[1 + r]) == 1, "worker %d exited %d: %s", r,
+                      proc_code(&ps[1 + r]), info);
+        ck_assert_msg(strstr(e, "rank 2 (host") != NULL && strstr(e, "step 21:") != NULL &&
+                          strstr(e, "the first leg inside the host") != NULL &&
+                          strstr(e, "not done in 2000 ms") != NULL,
+                      "worker %d does not name rank 2, the step, the leg and its deadline: %s",
+                      r, e);
+        /* The stall ends 15 s after step 21 began: the others must not have waited for it. */
+        if (r != 2)
+            ck_assert_msg(ps[1 + r].end_ms - t0 < 12000,
+                          "worker %d ended %lld ms after the start (the stall takes 15 s): %s", r,
+                          (long long)(ps[1 + r].end_ms - t0), info);
+    }
+    ck_assert_msg(strstr(ps[0].buf[1], "job failed") != NULL, "%s", info);
+    procs_free(ps, 1 + W);
+    unlink(good);
+    rmdir(dir);
+}
+END_TEST
+
 START_TEST(test_clean_job_outcome)
 {
     const char *extra[W][10];
@@ -324,6 +381,7 @@ Suite *fail_proc_suite(void)
     tcase_add_test(t, test_frozen_rank_wakes_and_exits_ps);
     tcase_add_test(t, test_device_fault_stops_every_host_in_its_step);
     tcase_add_test(t, test_device_fault_in_the_overlapped_first_leg);
+    tcase_add_test(t, test_hung_kernel_in_the_overlapped_first_leg);
     tcase_add_test(t, test_clean_job_outcome);
     suite_add_tcase(s, t);
     return s;

@@ -22,7 +22,7 @@ static void *device_main(void *arg);
 
 /* The reduce-scatter among the devices (sim: device copies; cuda: NCCL, or copies for GPUs
  * listed twice), each device's gradient kept on it for that. */
-static int intra_create(fl_wk_devices_t *d)
+static int intra_create(fl_wk_devices_t *d, int timeout_ms)
 {
     fl_dev_t *devs[MAX_DEVICES];
     int rc = FL_OK;
@@ -35,6 +35,8 @@ static int intra_create(fl_wk_devices_t *d)
             rc = fl_event_create(devs[j], &d->gathered[j]);
         if (rc == FL_OK)
             rc = fl_event_create(devs[j], &d->reduced[j]);
+        if (rc == FL_OK)
+            rc = fl_event_create(devs[j], &d->updated[j]);
         fl_wk_rdev_set_intra(d->rep[j].rd, true);
     }
     char host[32];
@@ -42,6 +44,8 @@ static int intra_create(fl_wk_devices_t *d)
     fl_intra_opts_t io;
     fl_intra_opts_init(&io);
     io.host = host; /* copied by the handle */
+    if (timeout_ms > 0)
+        io.timeout_ms = timeout_ms;
     if (rc == FL_OK)
         rc = fl_intra_create(devs, d->n, &io, &d->intra);
     /* The calling thread drives device 0: current again after the others' streams. */
@@ -60,6 +64,7 @@ static void intra_destroy(fl_wk_devices_t *d)
         fl_event_destroy(&d->computed[j]);
         fl_event_destroy(&d->gathered[j]);
         fl_event_destroy(&d->reduced[j]);
+        fl_event_destroy(&d->updated[j]);
     }
 }
 
@@ -207,9 +212,15 @@ int fl_wk_devices_create(const fl_wk_mlp_shape_t *m, const fl_wk_dataset_t *trai
                                 "takes --device sim or cuda)");
         goto fail;
     }
+    if (o->first_leg == FL_WK_LEG_DEVICES && local == FL_WK_LOCAL_NONE && L > 1) {
+        rc = fl_fail(FL_EINVAL, "--first-leg devices: --hierarchy flat has no first leg (every "
+                                "device is a member of the exchange across hosts)");
+        goto fail;
+    }
     bool on_devices = o->first_leg == FL_WK_LEG_DEVICES ||
                       (o->first_leg == FL_WK_LEG_AUTO && o->device == FL_DEV_SIM);
-    if (local == FL_WK_LOCAL_SHARDS && L > 1 && on_devices && (rc = intra_create(d)) != FL_OK)
+    if (local == FL_WK_LOCAL_SHARDS && L > 1 && on_devices &&
+        (rc = intra_create(d, o->device_timeout_ms)) != FL_OK)
         goto fail;
     if (o->max_anchor > 0) {
         if ((rc = fl_wk_sampler_init(&d->host, train->n, world, rank, o->batch, o->shuffle,

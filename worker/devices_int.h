@@ -79,6 +79,7 @@ struct fl_wk_devices {
     fl_intra_t *intra;
     fl_stream_t *xs[MAX_DEVICES];
     fl_event_t *computed[MAX_DEVICES];
+    fl_event_t *updated[MAX_DEVICES];  /* device j's update has run (its compute stream) */
     fl_event_t *gathered[MAX_DEVICES]; /* resident ranges all-gathered on the devices */
     bool keep_shards; /* the reduced shards stay on the devices (top-k there) */
     fl_event_t *reduced[MAX_DEVICES]; /* ... device j's part of the mean is done (keep_shards) */

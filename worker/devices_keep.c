@@ -87,6 +87,8 @@ void fl_wk_devices_mem_used(fl_wk_devices_t *d, uint64_t *used, uint64_t *total)
             *total = t;
         }
     }
+    /* Asking a GPU makes it current (cuda): the calling thread drives device 0. */
+    fl_wk_rdev_bind(d->rep[0].rd);
 }
 
 bool fl_wk_devices_can_gather(const fl_wk_devices_t *d)
@@ -100,10 +102,15 @@ int fl_wk_devices_gather_ranges(fl_wk_devices_t *d, const size_t *off, const siz
         return fl_fail(FL_EINVAL, "rank %d: no all-gather on the devices (the first leg is in "
                                   "host memory)",
                        d->rank);
-    /* Every update has run (fl_wk_devices_update waited for each range's copy to the host),
-     * and no pass reads the parameters until its compute stream has passed `gathered`. */
+    /* Each device's broadcast goes behind its update (on its compute stream), and no pass
+     * reads the parameters until its compute stream has passed `gathered`. */
     fl_dptr_t bufs[MAX_DEVICES] = {{0}};
     int rc = FL_OK;
+    for (int j = 0; j < d->n && rc == FL_OK; j++) {
+        rc = fl_event_record(d->updated[j], fl_wk_rdev_stream(d->rep[j].rd));
+        if (rc == FL_OK)
+            rc = fl_stream_wait(d->xs[j], d->updated[j]);
+    }
     for (int root = 0; root < d->n && rc == FL_OK; root++) {
         if (len[root] == 0)
             continue;

@@ -110,9 +110,15 @@ int fl_wk_devices_leg_begin(fl_wk_devices_t *d)
 
 int fl_wk_devices_leg_end(const fl_wk_devices_t *d)
 {
-    if (d->leg_rc == FL_OK)
-        return FL_OK;
-    return fl_fail(d->leg_rc, "%s", d->leg_err);
+    if (d->leg_rc != FL_OK)
+        return fl_fail(d->leg_rc, "%s", d->leg_err);
+    /* Every device told every layer: each bucket was queued (else the exchange would wait
+     * for a bucket nobody made ready). */
+    if (d->leg_next != 0)
+        return fl_fail(FL_EIO, "the first leg inside the host: layers 0..%d were not reduced "
+                               "(a device did not tell them)",
+                       d->leg_next - 1);
+    return FL_OK;
 }
 
 /* Queues bucket l on the devices: its reduce-scatter behind every device's event for layer l,
@@ -174,14 +180,17 @@ static void leg_layers_done(fl_wk_devices_t *d, replica_t *r)
         d->leg_next = l;
     }
     int now = d->leg_next;
+    pthread_mutex_unlock(&d->leg_mu);
+    /* The queueing made the other devices current on this thread: its own device again (a
+     * failure fails the step through leg_rc: the pass in flight overwrites r->rc). */
+    int brc = fl_wk_rdev_bind(r->rd);
+    pthread_mutex_lock(&d->leg_mu);
+    if (brc != FL_OK && d->leg_rc == FL_OK) {
+        d->leg_rc = brc;
+        snprintf(d->leg_err, sizeof d->leg_err, "%s", fl_last_error());
+    }
     bool ok = d->leg_rc == FL_OK;
     pthread_mutex_unlock(&d->leg_mu);
-    /* The queueing made the other devices current on this thread: its own device again. */
-    int brc = fl_wk_rdev_bind(r->rd);
-    if (brc != FL_OK && r->rc == FL_OK) {
-        r->rc = brc;
-        snprintf(r->err, sizeof r->err, "%s", fl_last_error());
-    }
     if (!ok || now == before)
         return;
     size_t from = d->leg_edge[now];
@@ -217,9 +226,43 @@ void fl_wk_devices_layer_told(int layer, void *ud)
     }
 }
 
+/* Waits for e, a bucket's copy to the host, in slices of POLL_MS, polling the collectives'
+ * asynchronous errors between them as fl_intra_wait does (an NCCL failure on one GPU can keep
+ * the others blocked forever, and only the poll sees it), up to the handle's deadline; a
+ * failure or the deadline aborts the collectives (NCCL: every communicator) so that nothing
+ * stays blocked on the devices. */
+#define POLL_MS 10
+static int leg_wait_event(fl_wk_devices_t *d, fl_event_t *e, int layer)
+{
+    int ms = fl_intra_timeout_ms(d->intra);
+    int64_t deadline = fl_now_ms() + ms;
+    for (;;) {
+        int rc = fl_event_sync(e, POLL_MS);
+        if (rc == FL_OK)
+            return FL_OK;
+        /* Its record ran and brought its stream's error: it names the device that failed (a
+         * peer's fault reaches every stream that waited for it). */
+        if (rc != FL_ETIMEDOUT || fl_event_done(e))
+            return fl_fail_ctx(rc, "the first leg inside the host (reduce-scatter on the "
+                                   "devices) of layer %d",
+                               layer);
+        pthread_mutex_lock(&d->leg_mu);
+        rc = fl_intra_poll(d->intra);
+        if (rc == FL_OK && fl_now_ms() >= deadline)
+            rc = fl_fail(FL_ETIMEDOUT, "not done in %d ms (the devices' deadline, --timeout)",
+                         ms);
+        if (rc != FL_OK)
+            rc = fl_intra_abort(d->intra, rc);
+        pthread_mutex_unlock(&d->leg_mu);
+        if (rc != FL_OK)
+            return fl_fail_ctx(rc, "the first leg inside the host (reduce-scatter on the "
+                                   "devices) of layer %d",
+                               layer);
+    }
+}
+
 /* The intra-host leg: the copies of every bucket that holds part of [start, start + len) have
- * landed. A failure or the deadline also asks the collectives (NCCL's asynchronous error; its
- * communicators aborted so nothing stays blocked on the GPUs). */
+ * landed. */
 static int leg_wait(fl_wk_devices_t *d, size_t start, size_t len)
 {
     pthread_mutex_lock(&d->leg_mu);
@@ -234,19 +277,9 @@ static int leg_wait(fl_wk_devices_t *d, size_t start, size_t len)
         size_t hi = d->leg_edge[l + 1];
         if (hi == lo || hi <= start || lo >= start + len)
             continue;
-        for (int j = 0; j < d->n; j++) {
-            if ((rc = fl_event_sync(d->landed[l][j], 0)) == FL_OK)
-                continue;
-            snprintf(err, sizeof err, "%s", fl_last_error());
-            pthread_mutex_lock(&d->leg_mu);
-            fl_intra_wait(d->intra, 1);
-            pthread_mutex_unlock(&d->leg_mu);
-            /* The error names the device that failed (a peer's fault reaches every stream
-             * that waited for it), so the device whose event told of it is not named. */
-            return fl_fail(rc, "the first leg inside the host (reduce-scatter on the devices) "
-                               "of layer %d: %s",
-                           l, err);
-        }
+        for (int j = 0; j < d->n; j++)
+            if ((rc = leg_wait_event(d, d->landed[l][j], l)) != FL_OK)
+                return rc;
     }
     return FL_OK;
 }

@@ -284,11 +284,14 @@ typedef struct fl_wk_train_opts {
     int gpus[64];          /* sim and cuda: device j's id (default j; --gpus 0,0 gives two
                               logical devices on one GPU) */
     int sim_jitter_us;     /* sim: random delay before each device operation (tests) */
+    int device_timeout_ms; /* deadline of the collectives among the devices (fl_intra; the
+                              worker's --timeout; 0: fl_intra's default, 600 s) */
     size_t sim_mem_bytes;  /* sim: each device's memory (0: the default) */
     int sim_fail_device;   /* sim, fault injection (tests): this device's sim_fail_after-th run
                               of operation sim_fail_op fails (fl_dev_opts_t); -1: none */
     char sim_fail_op[48];
     long sim_fail_after;
+    int sim_stall_ms;      /* ... that run stalls this long instead of failing (a hung kernel) */
     fl_opt_opts_t opt;
     fl_lr_sched_t lr;
     bool scale_lr;         /* linear scaling rule: lr * global batch / batch */

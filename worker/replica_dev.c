@@ -121,6 +121,7 @@ int fl_wk_rdev_create(const fl_wk_train_opts_t *o, int j, size_t dim, fl_wk_rdev
     if (o->sim_fail_device == j && o->sim_fail_op[0] != '\0') {
         dop.sim_fail_op = o->sim_fail_op;
         dop.sim_fail_after = o->sim_fail_after;
+        dop.sim_stall_ms = o->sim_stall_ms;
     }
     if (o->sim_mem_bytes > 0)
         dop.mem_bytes = o->sim_mem_bytes;

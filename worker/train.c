@@ -471,7 +471,7 @@ int fl_wk_train(fl_comm_t *comm, const fl_wk_dataset_t *train, const fl_wk_datas
     if (rc == FL_OK)
         rc = fl_wk_trainer_setup(&tr);
     if (rc != FL_OK) {
-        fl_wk_trainer_teardown(&tr);
+        fl_wk_trainer_teardown(&tr, FL_OK, NULL);
         return rc;
     }
     long global_batch = (long)o->batch * o->replicas * tr.world;
@@ -511,7 +511,7 @@ int fl_wk_train(fl_comm_t *comm, const fl_wk_dataset_t *train, const fl_wk_datas
     if (o->resume_dir != NULL &&
         (rc = fl_wk_ckpt_load(o->resume_dir, o, piece_world(&tr), tr.rank, tr.params, opts,
                               &step, &first_epoch, &tr.samples)) != FL_OK) {
-        fl_wk_trainer_teardown(&tr);
+        fl_wk_trainer_teardown(&tr, FL_OK, NULL);
         return rc;
     }
     if (o->resume_dir != NULL && tr.full != NULL)
@@ -521,7 +521,7 @@ int fl_wk_train(fl_comm_t *comm, const fl_wk_dataset_t *train, const fl_wk_datas
     if ((rc = fl_wk_trainer_keep(&tr, opts)) != FL_OK ||
         (o->resume_dir != NULL &&
          (rc = fl_wk_ckpt_rank_resume(o, tr.rank, piece_world(&tr), step, &own)) != FL_OK)) {
-        fl_wk_trainer_teardown(&tr);
+        fl_wk_trainer_teardown(&tr, FL_OK, NULL);
         return rc;
     }
     if (lead && o->resume_dir != NULL)
@@ -744,6 +744,6 @@ int fl_wk_train(fl_comm_t *comm, const fl_wk_dataset_t *train, const fl_wk_datas
     char why[2048] = "";
     if (rc != FL_OK)
         snprintf(why, sizeof why, "%s", fl_last_error());
-    fl_wk_trainer_teardown(&tr);
+    fl_wk_trainer_teardown(&tr, rc, why);
     return rc != FL_OK ? fl_fail(rc, "%s", why) : FL_OK;
 }

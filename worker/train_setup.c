@@ -198,7 +198,7 @@ int fl_wk_trainer_setup(trainer_t *tr)
     return FL_OK;
 }
 
-void fl_wk_trainer_teardown(trainer_t *tr)
+void fl_wk_trainer_teardown(trainer_t *tr, int rc, const char *why)
 {
     for (int j = 0; j < tr->nx; j++)
         fl_wk_xchg_destroy(&tr->xchg[j]);
@@ -207,6 +207,10 @@ void fl_wk_trainer_teardown(trainer_t *tr)
     fl_wk_async_destroy(&tr->async);
     for (int j = 0; j < tr->nsubs; j++)
         fl_comm_destroy(&tr->subs[j]);
+    /* No thread uses the communicator any more: a failure is told to the job now, before the
+     * devices are freed (a hung kernel can hold that up until it ends). */
+    if (rc != FL_OK && tr->comm != NULL)
+        fl_comm_abort(tr->comm, rc, why);
     fl_wk_devices_destroy(&tr->dev);
     free(tr->params);
     free(tr->grad);

@@ -189,12 +189,15 @@ static const char *env_get(const char *name, void *ud)
  * before each device operation, widening the window of a missing event), FLODL_SIM_MEM (each
  * device's memory, bytes) and FLODL_SIM_FAIL=RANK:DEVICE:N:OPERATION (a fault: on rank RANK,
  * device DEVICE's N-th run of OPERATION, named as device errors name it, fails as a GPU fault
- * would). */
+ * would; with FLODL_SIM_STALL_MS=MS it stalls that long instead, as a hung kernel would). */
 static int sim_env(fl_wk_train_opts_t *t, int rank)
 {
     const char *j = getenv("FLODL_SIM_JITTER_US");
     const char *m = getenv("FLODL_SIM_MEM");
     const char *f = getenv("FLODL_SIM_FAIL");
+    const char *st = getenv("FLODL_SIM_STALL_MS");
+    if (st != NULL)
+        t->sim_stall_ms = atoi(st);
     if (j != NULL)
         t->sim_jitter_us = atoi(j);
     if (m != NULL)
@@ -816,6 +819,7 @@ int main(int argc, char **argv)
         rc = fl_wk_drill_run(comm, &a.d);
     } else {
         fl_wk_train_result_t res;
+        a.to.device_timeout_ms = a.co.timeout_ms;
         rc = fl_wk_train(comm, &train, have_test ? &test : NULL, &a.to, &res);
         if (rc == FL_OK && !a.to.quiet)
             summary(comm ? fl_comm_rank(comm) : 0, &res, have_test);

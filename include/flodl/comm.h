@@ -95,9 +95,11 @@ int fl_comm_init(const fl_comm_opts_t *opts, fl_comm_t **out);
 void fl_comm_destroy(fl_comm_t **comm);
 
 /* Says that this rank stops on an error of its own (code, a negative fl_err_t; why, the
- * detail): fl_comm_destroy then leaves the job "with an error", and the coordinator tells the
- * other ranks at once, naming this rank and why, instead of letting them wait for it until
- * their deadline. Later collectives return FL_ECLOSED. One thread at a time per comm. */
+ * detail): it leaves the job "with an error" at once (not at fl_comm_destroy, so that freeing
+ * a hung device or waiting for a stuck thread does not delay it), and the coordinator tells the
+ * other ranks, naming this rank and why, instead of letting them wait for it until their
+ * deadline. Later collectives return FL_ECLOSED. One thread at a time per comm: no other
+ * thread may be in a call on comm or on its sub-communicators. */
 void fl_comm_abort(fl_comm_t *comm, int code, const char *why);
 
 int fl_comm_rank(const fl_comm_t *comm);
