@@ -223,7 +223,32 @@ START_TEST(test_frozen_rank_wakes_and_exits_ps)
 }
 END_TEST
 
-/* Nothing changes for a job that succeeds: exit 0 and every rank done. */
+/* flodl-ps and W workers with 2 simulated GPUs each (model 4,8,3, batch 4, 50 epochs of a
+ * 400-sample CSV written in dir, the job's good file): env for every worker, --timeout
+ * timeout2 on rank 2 and timeout elsewhere, --overlap when asked. dir is a mkdtemp template. */
+static void start_sim_job(proc_t *ps, char *dir, char *good, size_t cap,
+                          const char *const *env, const char *timeout, const char *timeout2,
+                          bool overlap, int slot)
+{
+    ck_assert(mkdtemp(dir) != NULL);
+    snprintf(good, cap, "%s/good.csv", dir);
+    write_csv(good, 400, 3);
+    char ep[256] = "";
+    static const char *const ps_extra[] = {"--heartbeat-timeout", "5000", NULL};
+    memset(ps, 0, sizeof *ps * (1 + W));
+    ck_assert(start_ps(&ps[0], W, ps_extra, NULL, ep, sizeof ep, slot));
+    char rank[W][8];
+    for (int r = 0; r < W; r++) {
+        snprintf(rank[r], sizeof rank[r], "%d", r);
+        const char *argv[] = {WK_BIN, "--rank", rank[r], "--world-size", "4", "--coordinator",
+                              ep, "--quiet", "--timeout", r == 2 ? timeout2 : timeout,
+                              "--train-csv", good, "--layers", "4,8,3", "--batch-size", "4",
+                              "--epochs", "50", "--device", "sim", "--gpus", "0,1",
+                              overlap ? "--overlap" : NULL, NULL};
+        proc_start(&ps[1 + r], WK_BIN, argv, env);
+    }
+}
+
 /* A device fault mid-step (the simulated GPU's FLODL_SIM_FAIL: rank 2's device 1 fails the
  * 41st run of an operation it runs twice a step, in step 21) stops every host in that step:
  * each exits non-zero within seconds naming the step, and the message names the host, the
@@ -231,28 +256,12 @@ END_TEST
 static void device_fault_case(const char *op, bool overlap)
 {
     char dir[] = "/tmp/flodl-failproc-XXXXXX";
-    ck_assert(mkdtemp(dir) != NULL);
     char good[128];
-    snprintf(good, sizeof good, "%s/good.csv", dir);
-    write_csv(good, 400, 3);
-    char ep[256] = "";
-    static const char *const ps_extra[] = {"--heartbeat-timeout", "5000", NULL};
-    proc_t ps[1 + W];
-    memset(ps, 0, sizeof ps);
-    ck_assert(start_ps(&ps[0], W, ps_extra, NULL, ep, sizeof ep, 24));
     char fail[96];
     snprintf(fail, sizeof fail, "FLODL_SIM_FAIL=2:1:41:%s", op);
     const char *const env[] = {fail, NULL};
-    char rank[W][8];
-    for (int r = 0; r < W; r++) {
-        snprintf(rank[r], sizeof rank[r], "%d", r);
-        const char *argv[] = {WK_BIN, "--rank", rank[r], "--world-size", "4", "--coordinator",
-                              ep, "--quiet", "--timeout", "300000", "--train-csv", good,
-                              "--layers", "4,8,3", "--batch-size", "4", "--epochs", "50",
-                              "--device", "sim", "--gpus", "0,1",
-                              overlap ? "--overlap" : NULL, NULL};
-        proc_start(&ps[1 + r], WK_BIN, argv, env);
-    }
+    proc_t ps[1 + W];
+    start_sim_job(ps, dir, good, sizeof good, env, "300000", "300000", overlap, 24);
     expect_job_failed(ps, 2, 5000, NULL);
     const char *mine = ps[1 + 2].buf[1];
     const char *want[] = {"rank 2 (host 127.0.0.", "step 21:", "device sim:1", op,
@@ -295,28 +304,12 @@ END_TEST
 START_TEST(test_hung_kernel_in_the_overlapped_first_leg)
 {
     char dir[] = "/tmp/flodl-failproc-XXXXXX";
-    ck_assert(mkdtemp(dir) != NULL);
     char good[128];
-    snprintf(good, sizeof good, "%s/good.csv", dir);
-    write_csv(good, 400, 3);
-    char ep[256] = "";
-    static const char *const ps_extra[] = {"--heartbeat-timeout", "5000", NULL};
-    proc_t ps[1 + W];
-    memset(ps, 0, sizeof ps);
-    ck_assert(start_ps(&ps[0], W, ps_extra, NULL, ep, sizeof ep, 26));
     static const char *const env[] = {"FLODL_SIM_FAIL=2:1:41:sum of rows",
                                       "FLODL_SIM_STALL_MS=15000", NULL};
-    char rank[W][8];
+    proc_t ps[1 + W];
     int64_t t0 = fl_now_ms();
-    for (int r = 0; r < W; r++) {
-        snprintf(rank[r], sizeof rank[r], "%d", r);
-        const char *argv[] = {WK_BIN, "--rank", rank[r], "--world-size", "4", "--coordinator",
-                              ep, "--quiet", "--timeout", r == 2 ? "2000" : "30000",
-                              "--train-csv", good, "--layers", "4,8,3", "--batch-size", "4",
-                              "--epochs", "50", "--device", "sim", "--gpus", "0,1", "--overlap",
-                              NULL};
-        proc_start(&ps[1 + r], WK_BIN, argv, env);
-    }
+    start_sim_job(ps, dir, good, sizeof good, env, "30000", "2000", true, 26);
     bool all = procs_wait(ps, 1 + W, fl_deadline_in(60000));
     procs_stop(ps, 1 + W);
     char info[16384];
@@ -344,6 +337,7 @@ START_TEST(test_hung_kernel_in_the_overlapped_first_leg)
 }
 END_TEST
 
+/* Nothing changes for a job that succeeds: exit 0 and every rank done. */
 START_TEST(test_clean_job_outcome)
 {
     const char *extra[W][10];
