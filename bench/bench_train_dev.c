@@ -101,6 +101,24 @@ static void parse_summary(dv_run_t *r, const char *line)
     r->nsum++;
 }
 
+/* A progress line: "epoch E/N step S/T (P% ETA ...) loss L acc A% X samples/s ..." (the part
+ * in brackets is optional: older workers printed none). */
+static void parse_progress(dv_run_t *r, const char *p)
+{
+    const char *st = strstr(p, " step ");
+    const char *sp = strstr(p, " samples/s");
+    long step;
+    if (st == NULL || sp == NULL || sscanf(st, " step %ld", &step) != 1) return;
+    const char *num = sp;
+    while (num > p && num[-1] != ' ')
+        num--;
+    char *end;
+    double sps = strtod(num, &end);
+    if (end != sp || sps <= 0) return;
+    r->progress_sps = sps;
+    r->progress_step = step;
+}
+
 static void on_line(const char *line, void *ud)
 {
     dv_run_t *r = ud;
@@ -117,17 +135,7 @@ static void on_line(const char *line, void *ud)
     } else if ((p = strstr(line, "training: ")) != NULL && (p = strstr(p, " parameters")) != NULL) {
         r->params = strtol(field_start(line, p), NULL, 10);
     } else if ((p = strstr(line, "epoch ")) != NULL && strstr(line, " step ") != NULL) {
-        int e;
-        int n;
-        long step;
-        double loss;
-        double acc;
-        double sps;
-        if (sscanf(p, "epoch %d/%d step %ld loss %lf acc %lf%% %lf samples/s", &e, &n, &step, &loss,
-                   &acc, &sps) == 6) {
-            r->progress_sps = sps;
-            r->progress_step = step;
-        }
+        parse_progress(r, p);
     }
 }
 

@@ -103,6 +103,8 @@ static int member_create(fl_comm_t *p, int t, fl_comm_t **out)
 /* Makes c member `me` of the group whose members are ents[0..size) (sorted). */
 static int member_join(fl_comm_t *p, fl_comm_t *c, const ent_t *ents, int size, int me)
 {
+    if (size < 1 || me < 0 || me >= size)
+        return fl_fail(FL_EINVAL, "rank %d: member %d of a group of %d", p->rank, me, size);
     c->rank = me;
     c->size = size;
     c->peers = calloc((size_t)size, sizeof *c->peers);

@@ -268,6 +268,9 @@ int fl_event_elapsed_ms(fl_event_t *start, fl_event_t *end, double *ms)
         return fl_fail(FL_EINVAL, "device %s: elapsed time of an event made without timing "
                                   "(fl_event_create_timed)",
                        start->d->name);
+    if (!start->recorded || !end->recorded)
+        return fl_fail(FL_EINVAL, "device %s: elapsed time of an event never recorded",
+                       start->d->name);
     return start->d->be->event_elapsed(start, end, ms);
 }
 
@@ -291,7 +294,11 @@ static int same_device(const fl_event_t *e, const fl_stream_t *s)
 int fl_event_record(fl_event_t *e, fl_stream_t *s)
 {
     int rc = same_device(e, s);
-    return rc != FL_OK ? rc : s->d->be->event_record(e, s);
+    if (rc == FL_OK)
+        rc = s->d->be->event_record(e, s);
+    if (rc == FL_OK)
+        e->recorded = true;
+    return rc;
 }
 
 int fl_stream_wait(fl_stream_t *s, fl_event_t *e)

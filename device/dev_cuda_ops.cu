@@ -35,20 +35,38 @@ struct bias_rows_f {
     __device__ void operator()(size_t i) const { z[i] = bias[i % cols]; }
 };
 
-/* One thread per column, rows in order: the host's sum, so its bits. */
-struct bias_grad_f {
-    float *gb;
-    const float *dz;
-    size_t rows;
-    size_t cols;
-    __device__ void operator()(size_t j) const
-    {
-        float acc = 0.0f;
-        for (size_t r = 0; r < rows; r++)
-            acc += dz[r * cols + j];
-        gb[j] = acc;
+/* The bias gradient gb[j] = sum over rows of dz[r][j], rows in order (the host's sum, so its
+ * bits). One thread per column would leave a 4096-wide layer 16 blocks whose threads each wait
+ * for 512 loads in turn; instead a block takes BG_COLS columns, its threads bring a tile of
+ * BG_ROWS rows into shared memory together (coalesced, many loads in flight), and one thread
+ * per column adds the tile's rows in order to the sum it carries from the tiles before. */
+#define BG_COLS 32
+#define BG_ROWS 64
+#define BG_THREADS 256
+__global__ void bias_grad_kernel(float *gb, const float *dz, size_t rows, size_t cols)
+{
+    __shared__ float tile[BG_ROWS][BG_COLS + 1];
+    size_t c0 = (size_t)blockIdx.x * BG_COLS;
+    unsigned tc = threadIdx.x % BG_COLS;
+    unsigned tr = threadIdx.x / BG_COLS;
+    float acc = 0.0f;
+    for (size_t r0 = 0; r0 < rows; r0 += BG_ROWS) {
+        for (unsigned r = tr; r < BG_ROWS; r += BG_THREADS / BG_COLS) {
+            size_t row = r0 + r;
+            size_t col = c0 + tc;
+            tile[r][tc] = row < rows && col < cols ? dz[row * cols + col] : 0.0f;
+        }
+        __syncthreads();
+        if (threadIdx.x < BG_COLS) {
+            size_t n = rows - r0 < BG_ROWS ? rows - r0 : BG_ROWS;
+            for (size_t r = 0; r < n; r++)
+                acc += tile[r][threadIdx.x];
+        }
+        __syncthreads();
     }
-};
+    if (threadIdx.x < BG_COLS && c0 + threadIdx.x < cols)
+        gb[c0 + threadIdx.x] = acc;
+}
 
 /* The intra-host reduction: rows in order, fl_math.h's body. */
 struct sum_rows_f {
@@ -171,13 +189,25 @@ struct xent_row_f {
     }
 };
 
-/* The summed loss in row order, as the host adds it. */
+/* The summed loss in row order, as the host adds it: the block brings the rows into shared
+ * memory a chunk at a time (loads in flight together), one thread adds them in order. */
+#define XS_CHUNK 512
 __global__ void xent_sum_kernel(const double *row_loss, size_t rows, double *out)
 {
+    __shared__ double chunk[XS_CHUNK];
     double sum = 0.0;
-    for (size_t r = 0; r < rows; r++)
-        sum += row_loss[r];
-    out[0] = sum;
+    for (size_t r0 = 0; r0 < rows; r0 += XS_CHUNK) {
+        size_t n = rows - r0 < XS_CHUNK ? rows - r0 : XS_CHUNK;
+        for (size_t r = threadIdx.x; r < n; r += blockDim.x)
+            chunk[r] = row_loss[r0 + r];
+        __syncthreads();
+        if (threadIdx.x == 0)
+            for (size_t r = 0; r < n; r++)
+                sum += chunk[r];
+        __syncthreads();
+    }
+    if (threadIdx.x == 0)
+        out[0] = sum;
 }
 
 typedef cub::BlockReduce<double, FL_CUDA_BLOCK> block_sum_t;
@@ -351,7 +381,7 @@ static int xent(fl_stream_t *s, const dev_op_t *op)
     if (e == cudaSuccess)
         e = launch_each(st, op->n[0], f);
     if (e == cudaSuccess) {
-        xent_sum_kernel<<<1, 1, 0, st>>>(f.row_loss, op->n[0], out);
+        xent_sum_kernel<<<1, FL_CUDA_BLOCK, 0, st>>>(f.row_loss, op->n[0], out);
         e = cudaGetLastError();
     }
     return check(s->d, op, e);
@@ -409,7 +439,11 @@ static int elementwise(fl_stream_t *s, const dev_op_t *op)
         e = launch_each(st, n, relu_back_f{x, y});
         break;
     case DOP_BIAS_GRAD:
-        e = launch_each(st, op->n[1], bias_grad_f{x, y, op->n[0], op->n[1]});
+        if (op->n[1] > 0) {
+            unsigned g = (unsigned)((op->n[1] + BG_COLS - 1) / BG_COLS);
+            bias_grad_kernel<<<g, BG_THREADS, 0, st>>>(x, y, op->n[0], op->n[1]);
+            e = cudaGetLastError();
+        }
         break;
     case DOP_SUM_ROWS:
         e = launch_each(st, n, sum_rows_f{x, y, n, op->n[1], op->f[0]});

@@ -10,9 +10,11 @@
 # test command runs it on sim devices (the figures of sim say nothing about a GPU).
 #   scripts/two-level-bench.sh [--device cpu|sim|cuda] [--gpus LIST | --replicas L]
 #                              [--layers SIZES] [--batch B] [--epochs E] [--density D]
-#                              [--build DIR] [--seconds S] [-- flodl-worker flags]
+#                              [--build DIR] [--seconds S] [--first-leg auto|devices|host]
+#                              [-- flodl-worker flags]
 # Defaults: --device cpu --replicas 2 --layers 64,1024,1024,10 --batch 64 --epochs 1
-# --density 0.01 --seconds 600 (each run's bound). Exit 0 when every run finished and every
+# --density 0.01 --seconds 600 (each run's bound). --first-leg goes to the hybrid runs only (a
+# flat job has no first leg, and the worker refuses the flag there). Exit 0 when every run finished and every
 # figure was read, 1 when one was not, 2 for bad arguments.
 set -uo pipefail
 root=$(cd "$(dirname "$0")/.." && pwd)
@@ -26,6 +28,7 @@ epochs=1
 density=0.01
 build=""
 secs=600
+first_leg=""
 extra=()
 die() { echo "$me: $*" >&2; exit 2; }
 need_val() { [ $# -ge 2 ] || die "$1 needs a value"; }
@@ -40,6 +43,7 @@ while [ $# -gt 0 ]; do
     --density) need_val "$@"; density=$2; shift 2 ;;
     --build) need_val "$@"; build=$2; shift 2 ;;
     --seconds) need_val "$@"; secs=$2; shift 2 ;;
+    --first-leg) need_val "$@"; first_leg=$2; shift 2 ;;
     --) shift; extra=("$@"); break ;;
     -h|--help) sed -n '2,/^set -uo/{/^set -uo/d;s/^# \{0,1\}//;p}' "$0"; exit 0 ;;
     *) die "unknown argument '$1' (see --help)" ;;
@@ -48,6 +52,7 @@ done
 is_uint() { case "$1" in ''|*[!0-9]*) return 1 ;; esac; }
 case "$device" in cpu|sim|cuda) ;; *) die "--device: '$device' is not one of cpu|sim|cuda" ;; esac
 is_uint "$secs" && [ "$secs" -gt 0 ] || die "--seconds: a positive number of seconds"
+case "$first_leg" in ''|auto|devices|host) ;; *) die "--first-leg: '$first_leg' is not one of auto|devices|host" ;; esac
 if [ "$device" = cpu ]; then
   [ -z "$gpus" ] || die "--gpus: CPU replicas take --replicas"
   is_uint "$replicas" && [ "$replicas" -ge 2 ] && [ "$replicas" -le 64 ] || die "--replicas: 2..64"
@@ -130,6 +135,7 @@ for cfg in "flat dense|--hierarchy flat" "flat top-k $density|--hierarchy flat -
            "hybrid top-k overlap|--hierarchy hybrid --topk $density --overlap"; do
   name=${cfg%%|*}
   read -r -a flags <<<"${cfg#*|}"
+  case "$name" in hybrid*) [ -n "$first_leg" ] && flags+=(--first-leg "$first_leg") ;; esac
   if ! run "${name// /-}" "${flags[@]}"; then
     echo "$me: $name failed" >&2
     failed=1

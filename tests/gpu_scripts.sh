@@ -66,9 +66,11 @@ echo "hybrid-check.sh: 2 hosts x 2 sim devices, the three legs the same bits"
 
 # 4. The two-level benchmark gpu-check.sh runs on GPUs (scripts/two-level-bench.sh), here on
 # sim: six runs, each figure read, hybrid sending less to the other host than flat and top-k
-# less than dense, each run's first leg named; and a bad flag refused.
+# less than dense, each run's first leg named; and a bad flag refused. --first-leg devices, as
+# gpu-check.sh passes it, goes to the hybrid runs only (the worker refuses it for flat ones:
+# the first GPU run of this script failed both flat runs that way).
 out=$(timeout 400 "$src/scripts/two-level-bench.sh" --device sim --gpus 0,1 --build "$build" \
-      --layers 64,32,10 2>&1) || fail "two-level-bench.sh on sim: $out"
+      --layers 64,32,10 --first-leg devices 2>&1) || fail "two-level-bench.sh on sim: $out"
 mib() { awk -v r="$1" 'index($0, r) == 1 { print $(NF - 1); exit }' <<< "$out"; }
 rows=$(grep -cE '^(flat|hybrid) ' <<< "$out")
 [ "$rows" -eq 6 ] || fail "two-level-bench.sh: $rows rows, expected 6: $out"
@@ -83,7 +85,22 @@ if out=$("$src/scripts/two-level-bench.sh" --device sim --gpus 0 --build "$build
   fail "two-level-bench.sh accepted --gpus 0 (one device)"
 fi
 grep -q "not a list of two or more ids" <<< "$out" || fail "two-level-bench.sh: $out"
+if out=$("$src/scripts/two-level-bench.sh" --device sim --gpus 0,1 --first-leg nccl --build "$build" 2>&1); then
+  fail "two-level-bench.sh accepted --first-leg nccl"
+fi
+grep -q "not one of auto|devices|host" <<< "$out" || fail "two-level-bench.sh: $out"
 echo "two-level-bench.sh: 6 runs on 2 x 2 sim devices, every figure read"
+
+# 4b. flodl-bench train's device section: the CPU run is capped (--cpu-seconds) and then its
+# figure is the last progress line's samples/s (on the first GPU run it read none: the
+# progress line had changed, and the row said 'failed').
+if [ -x "$build/bench/flodl-bench" ]; then
+  out=$(timeout 300 "$build/bench/flodl-bench" train --device sim --layers 64,2048,2048,10 \
+        --cpu-seconds 3 2>&1) || fail "flodl-bench train --device sim --cpu-seconds 3: $out"
+  grep -qE '^flodl-worker --device cpu +[0-9]+ ' <<< "$out" ||
+    fail "flodl-bench train: the capped CPU run has no samples/s: $out"
+  echo "flodl-bench train: the CPU run stopped after 3 s still gives its samples/s"
+fi
 
 # 5. gpu-check.sh on a machine without a GPU.
 if command -v nvidia-smi > /dev/null 2>&1 && nvidia-smi > /dev/null 2>&1; then

@@ -170,6 +170,26 @@ START_TEST(test_elementwise_bits)
     }
     expect_bits("bias gradient", got, want, cols);
 
+    /* Rows over several of cuda's tiles (64 rows, 32 columns), neither a multiple: the sum
+     * still runs over the rows in order. */
+    size_t rows2 = 600;
+    size_t cols2 = 45;
+    float *z2 = randv(rows2 * cols2, 5, 2.0);
+    float *got2 = malloc(cols2 * sizeof *got2);
+    float *want2 = malloc(cols2 * sizeof *want2);
+    fl_dptr_t dz2 = up(&b, z2, rows2 * cols2 * sizeof(float));
+    OK(fl_dev_bias_grad(b.s, db, dz2, rows2, cols2));
+    down(&b, got2, db, cols2 * sizeof(float));
+    for (size_t j = 0; j < cols2; j++) {
+        want2[j] = 0.0f;
+        for (size_t r = 0; r < rows2; r++)
+            want2[j] += z2[r * cols2 + j];
+    }
+    expect_bits("bias gradient over tiles", got2, want2, cols2);
+    free(got2);
+    free(want2);
+    free(z2);
+
     OK(fl_dev_scale(b.s, dz, n, 0.37f));
     OK(fl_dev_axpy(b.s, dz, da, n, -1.7f));
     OK(fl_dev_axpy(b.s, dz, da, n, 1.0f));
