@@ -461,21 +461,30 @@ START_TEST(test_first_leg_choice)
      * ranges then go from device to device (a broadcast per range) instead of the whole model
      * from the host to each device: the same bits (sim's jitter would show a pass that read
      * the parameters before their broadcast landed). */
+    /* --shard grad: each device steps its piece of its column; the columns, all-gathered
+     * across hosts in host memory, go into their own device each and from there to the others
+     * (the model crosses to the devices once, not once per device): the same bits. */
     o.topk = 0;
     o.overlap = false;
-    o.shard = FL_WK_SHARD_HYBRID;
-    for (int i = 0; i < 2; i++) {
-        o.first_leg = i == 0 ? FL_WK_LEG_HOST : FL_WK_LEG_DEVICES;
-        o.save_path = i == 0 ? ref : out;
-        int rc = fl_test_run_hosts(2, &o, NULL, &d, res, err, sizeof err);
-        ck_assert_msg(rc == FL_OK, "--shard hybrid, leg %d: %s", (int)o.first_leg, err);
-        for (int r = 0; r < 2; r++)
-            ck_assert_msg(res[r].params_gathered_on_devices == (i == 1),
-                          "--shard hybrid, leg %d: rank %d gathered on the devices: %d",
-                          (int)o.first_leg, r, res[r].params_gathered_on_devices);
+    const fl_wk_shard_t gathered[2] = {FL_WK_SHARD_HYBRID, FL_WK_SHARD_GRAD};
+    for (int m = 0; m < 2; m++) {
+        o.shard = gathered[m];
+        for (int i = 0; i < 2; i++) {
+            o.first_leg = i == 0 ? FL_WK_LEG_HOST : FL_WK_LEG_DEVICES;
+            o.save_path = i == 0 ? ref : out;
+            int rc = fl_test_run_hosts(2, &o, NULL, &d, res, err, sizeof err);
+            ck_assert_msg(rc == FL_OK, "--shard %s, leg %d: %s", fl_wk_shard_name(o.shard),
+                          (int)o.first_leg, err);
+            for (int r = 0; r < 2; r++)
+                ck_assert_msg(res[r].params_gathered_on_devices == (i == 1),
+                              "--shard %s, leg %d: rank %d gathered on the devices: %d",
+                              fl_wk_shard_name(o.shard), (int)o.first_leg, r,
+                              res[r].params_gathered_on_devices);
+        }
+        double diff = fl_test_params_diff(layers, ref, out);
+        ck_assert_msg(diff == 0.0, "--shard %s: the devices' all-gather differs by %.3g",
+                      fl_wk_shard_name(o.shard), diff);
     }
-    double diff = fl_test_params_diff(layers, ref, out);
-    ck_assert_msg(diff == 0.0, "--shard hybrid: the devices' all-gather differs by %.3g", diff);
     /* Top-k after the pass on the devices' leg: each device compresses the shard it holds
      * reduced (residuals there, only the pairs copied out), the host leg on the host: the same
      * bits. 173 parameters on 4 devices: the exchange's shards 2 and 3 start one and two
@@ -499,7 +508,7 @@ START_TEST(test_first_leg_choice)
                           "top-k 2 x 4, leg %d: rank %d's top-k on the devices: %d",
                           (int)o.first_leg, r, r3[r].topk_on_devices);
     }
-    diff = fl_test_params_diff(odd, ref, out);
+    double diff = fl_test_params_diff(odd, ref, out);
     ck_assert_msg(diff == 0.0, "top-k 2 x 4: on the devices differs from the host by %.3g", diff);
     unlink(ref);
     unlink(out);

@@ -72,6 +72,19 @@ int fl_wk_devices_put_params(fl_wk_devices_t *d, const float *params)
     return FL_OK;
 }
 
+int fl_wk_devices_put_columns(fl_wk_devices_t *d, const float *params, const size_t *off,
+                              const size_t *len)
+{
+    for (int j = 0; j < d->n; j++) {
+        int rc = fl_wk_rdev_bind(d->rep[j].rd);
+        if (rc == FL_OK)
+            rc = fl_wk_rdev_put_range(d->rep[j].rd, params, off[j], len[j]);
+        if (rc != FL_OK)
+            return fl_fail_ctx(rc, "rank %d: device %d's column into the device", d->rank, j);
+    }
+    return fl_wk_rdev_bind(d->rep[0].rd);
+}
+
 void fl_wk_devices_mem_used(fl_wk_devices_t *d, uint64_t *used, uint64_t *total)
 {
     *used = 0;

@@ -366,8 +366,9 @@ typedef struct fl_wk_train_result {
      * (--overlap) rather than after it. */
     const char *first_leg;
     bool first_leg_overlapped;
-    bool params_gathered_on_devices; /* --shard hybrid: the updated ranges went from device to
-                                        device (the same leg), not through the host */
+    bool params_gathered_on_devices; /* --shard hybrid|grad: the updated ranges went from
+                                        device to device (the same leg), not each device's
+                                        whole model from the host */
     bool topk_on_devices; /* top-k with error feedback ran on the devices that hold the
                              gradient (residuals there, only the pairs copied out) */
 } fl_wk_train_result_t;

@@ -429,6 +429,16 @@ int fl_wk_rdev_put_params(fl_wk_rdev_t *r, const float *params)
     return rc == FL_OK ? fl_stream_sync(r->cs, 0) : rc;
 }
 
+int fl_wk_rdev_put_range(fl_wk_rdev_t *r, const float *params, size_t off, size_t len)
+{
+    if (off > r->np || len > r->np - off)
+        return fl_fail(FL_EINVAL, "device %d: parameter range [%zu, +%zu) past %zu parameters",
+                       r->j, off, len, r->np);
+    return len == 0 ? FL_OK
+                    : fl_dev_h2d(r->cs, fl_dptr_f32(r->dparams, off), params + off,
+                                 len * sizeof(float));
+}
+
 int fl_wk_rdev_get_params(fl_wk_rdev_t *r, float *params)
 {
     int rc = fl_dev_d2h(r->cs, params, r->dparams, r->np * sizeof(float));

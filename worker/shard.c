@@ -243,6 +243,13 @@ void fl_wk_shards_range(const fl_wk_shards_t *s, int t, size_t *off, size_t *len
     *len = s->len[t];
 }
 
+void fl_wk_shards_column(const fl_wk_shards_t *s, int t, size_t *off, size_t *len)
+{
+    bool across = fl_wk_shards_across_hosts(s);
+    *off = across ? s->shard_off[t] : s->off[t];
+    *len = across ? s->shard_len[t] : s->len[t];
+}
+
 fl_opt_t *fl_wk_shards_opt(fl_wk_shards_t *s, int t)
 {
     return s->opt[t];

@@ -179,18 +179,25 @@ static int save_device_state(trainer_t *tr, fl_opt_t *const *opts)
     return rc;
 }
 
-/* After a sharded update on the devices: the whole model on every device, all-gathered on
- * the devices themselves when the ranges are all this host's (--shard hybrid on the devices'
- * first leg), else from the host's gathered copy. */
+/* After a sharded update on the devices: the whole model on every device. On the devices'
+ * first leg it is all-gathered on the devices themselves: --shard hybrid's ranges (all this
+ * host's) go from device to device; --shard grad's columns, gathered across hosts in host
+ * memory, go into their own device each and from there to the others. Else every device takes
+ * the host's gathered copy. */
 static int gather_ranges(trainer_t *tr)
 {
-    if (!fl_wk_devices_can_gather(tr->dev) || fl_wk_shards_across_hosts(tr->shards))
+    if (!fl_wk_devices_can_gather(tr->dev))
         return fl_wk_devices_put_params(tr->dev, tr->params);
     size_t off[64];
     size_t len[64];
     int n = fl_wk_shards_count(tr->shards);
     for (int t = 0; t < n; t++)
-        fl_wk_shards_range(tr->shards, t, &off[t], &len[t]);
+        fl_wk_shards_column(tr->shards, t, &off[t], &len[t]);
+    int rc = fl_wk_shards_across_hosts(tr->shards)
+                 ? fl_wk_devices_put_columns(tr->dev, tr->params, off, len)
+                 : FL_OK;
+    if (rc != FL_OK)
+        return rc;
     tr->gathered_on_devices = true;
     return fl_wk_devices_gather_ranges(tr->dev, off, len);
 }

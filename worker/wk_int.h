@@ -55,6 +55,11 @@ int fl_wk_rdev_keep(fl_wk_rdev_t *r, const fl_opt_opts_t *opt, size_t off, size_
                     float *params);
 /* The resident parameters from or to the host, waited for. */
 int fl_wk_rdev_put_params(fl_wk_rdev_t *r, const float *params);
+/* params[off, off + len) from the host into the resident parameters, queued on the device's
+ * compute stream behind its update and not waited for: the caller leaves that host range
+ * unchanged until the device's next pass has run (the next step's update writes it only after
+ * the pass, which waits for this copy). */
+int fl_wk_rdev_put_range(fl_wk_rdev_t *r, const float *params, size_t off, size_t len);
 int fl_wk_rdev_get_params(fl_wk_rdev_t *r, float *params);
 fl_dev_opt_t *fl_wk_rdev_opt(fl_wk_rdev_t *r);
 fl_stream_t *fl_wk_rdev_stream(fl_wk_rdev_t *r);
@@ -287,6 +292,9 @@ void fl_wk_shards_bytes(const fl_wk_shards_t *s, uint64_t *sent, uint64_t *remot
 /* The owned ranges: how many, range t's [off, off + len), its optimizer. */
 int fl_wk_shards_count(const fl_wk_shards_t *s);
 void fl_wk_shards_range(const fl_wk_shards_t *s, int t, size_t *off, size_t *len);
+/* Device t's shard [off, off + len): the column it reduces and gathers across hosts (--shard
+ * grad), the range it owns otherwise. */
+void fl_wk_shards_column(const fl_wk_shards_t *s, int t, size_t *off, size_t *len);
 fl_opt_t *fl_wk_shards_opt(fl_wk_shards_t *s, int t);
 
 /* Range t of rank (of world ranks exchanging pieces; 1 on one host) under o->shard: a pure
@@ -375,6 +383,12 @@ int fl_wk_devices_put_params(fl_wk_devices_t *d, const float *params);
  * devices' error (queued work fails the next step on the device, naming it). */
 bool fl_wk_devices_can_gather(const fl_wk_devices_t *d);
 int fl_wk_devices_gather_ranges(fl_wk_devices_t *d, const size_t *off, const size_t *len);
+/* --shard grad, pieces across hosts: device j's column [off[j], off[j] + len[j]), gathered
+ * across hosts into params (host memory), copied into device j alone; the broadcasts of
+ * fl_wk_devices_gather_ranges then give it to the others (the model crosses from the host to
+ * the devices once, not once per device). Not waited for (fl_wk_rdev_put_range). */
+int fl_wk_devices_put_columns(fl_wk_devices_t *d, const float *params, const size_t *off,
+                              const size_t *len);
 /* Device j's parameter buffer (resident parameters). */
 fl_dptr_t fl_wk_rdev_params_buf(const fl_wk_rdev_t *r);
 
