@@ -370,23 +370,36 @@ void fl_ps_client_abort(fl_ps_client_t *cl, int code, const char *why)
 }
 
 /* A part's end: its sends released, its own buffers freed; the connections stay the
- * parent's. */
+ * parent's. Pushes still queued when the parameter server was lost (on their way to it when it
+ * died; the part's call returned FL_ERESYNC without waiting for them) would stay on those
+ * connections until the parent rejoins, which it does only after its parts are gone: so the
+ * part's connections are closed here (dropping what is queued; ZeroMQ's I/O thread then lets
+ * go of it) and opened again for the parent. Should ZeroMQ still hold a send after 10 s, the
+ * part and every buffer a send may point into are kept, never freed under it. */
 static void destroy_part(fl_ps_client_t *cl)
 {
-    if (!fl_rel_wait(&cl->inflight, 10000))
-        FL_ERROR(cl->ctx, "rank %d part %d: ZeroMQ still holds %lld pushes 10 s after the "
-                          "last exchange; keeping their buffers",
-                 cl->o.rank, cl->part, (long long)fl_rel_held(&cl->inflight));
-    else
-        for (int s = 0; s < cl->nshards; s++) {
-            free(cl->shards[s].stage);
-            free(cl->shards[s].rel_idx);
-            cl->shards[s].stage = NULL;
-            cl->shards[s].stage_cap = 0;
-            cl->shards[s].rel_idx = NULL;
-            cl->shards[s].rel_cap = 0;
-        }
+    if (!fl_rel_wait(&cl->inflight, 100)) {
+        FL_INFO(cl->ctx, "rank %d part %d: dropping %lld pushes queued to the parameter server",
+                cl->o.rank, cl->part, (long long)fl_rel_held(&cl->inflight));
+        if (cl_reset_shards(cl) != FL_OK)
+            FL_WARN(cl->ctx, "rank %d part %d: reconnecting its shards: %s", cl->o.rank, cl->part,
+                    fl_last_error());
+    }
     atomic_fetch_sub(&cl->parent->nparts, 1);
+    if (!fl_rel_wait(&cl->inflight, 10000)) {
+        FL_ERROR(cl->ctx, "rank %d part %d: ZeroMQ still holds %lld pushes 10 s after their "
+                          "connections closed; keeping their buffers",
+                 cl->o.rank, cl->part, (long long)fl_rel_held(&cl->inflight));
+        return;
+    }
+    for (int s = 0; s < cl->nshards; s++) {
+        free(cl->shards[s].stage);
+        free(cl->shards[s].rel_idx);
+        cl->shards[s].stage = NULL;
+        cl->shards[s].stage_cap = 0;
+        cl->shards[s].rel_idx = NULL;
+        cl->shards[s].rel_cap = 0;
+    }
     fl_cmp_ws_destroy(&cl->ws);
     free(cl);
 }

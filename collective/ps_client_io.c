@@ -527,10 +527,15 @@ int cl_exchange(fl_ps_client_t *cl, const fl_ps_grad_t *grad, bool init, float *
                 cl_break(cl, FL_EIO);
             fl_fail(rc, "%s", detail);
         }
-        /* The caller's buffers are free to reuse only once ZeroMQ let go of them. */
+        /* The caller's buffers are free to reuse only once ZeroMQ let go of them. A part that
+         * lost the parameter server leaves its queued pushes to its destruction, which drops
+         * them (they sit on the parent's connections to the lost server: waiting here for them
+         * would time out and turn the rejoin into a failure). */
         char detail[1024];
         snprintf(detail, sizeof detail, "%s", fl_last_error());
-        int wr = wait_released(cl, fl_deadline_in(rc == FL_OK ? cl->o.timeout_ms : 5000));
+        int wr = rc == FL_ERESYNC && cl->parent != NULL
+                     ? FL_OK
+                     : wait_released(cl, fl_deadline_in(rc == FL_OK ? cl->o.timeout_ms : 5000));
         if (wr != FL_OK)
             rc = cl_break(cl, wr);
         else if (rc != FL_OK)

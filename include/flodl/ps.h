@@ -159,7 +159,9 @@ int fl_ps_client_push_pull(fl_ps_client_t *client, const fl_ps_grad_t *grad, flo
  * client's step: split after fl_ps_client_init, and while parts live do not use this client
  * itself. Part 0 must be driven by the thread that owns this client: it listens to the
  * coordinator for all parts. When the job fails, every part's call fails with the failure;
- * when the parameter server is lost, every part's call returns FL_ERESYNC: destroy the parts,
+ * when the parameter server is lost, every part's call returns FL_ERESYNC (pushes of that call
+ * may still be queued: the buffers they came from are free again once the part is destroyed,
+ * which drops them): destroy the parts,
  * call fl_ps_client_pull on this client (it waits for the restarted server and joins it again:
  * FL_OK with its parameters and fl_ps_client_step restored) and split again. Destroy the
  * parts (fl_ps_client_destroy) before this client. FL_OK and *out; FL_EINVAL (parts outside 1..S, or a part split again);
