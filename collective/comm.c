@@ -276,9 +276,7 @@ void fl_comm_destroy(fl_comm_t **pc)
     if (c->tapped != NULL && c->inflight != NULL) {
         int64_t until = fl_deadline_in(2000);
         for (int r = 0; r <= c->size; r++)
-            fl_rel_wait(&c->inflight[r], fl_deadline_left_ms(until));
-        for (int r = 0; r <= c->size; r++)
-            held = held || fl_rel_held(&c->inflight[r]) > 0;
+            held = !fl_rel_wait(&c->inflight[r], fl_deadline_left_ms(until)) || held;
     }
     if (!held)
         free((void *)c->inflight);

@@ -105,9 +105,7 @@ static void close_shards(fl_ps_client_t *cl)
             fl_tp_sock_destroy(&sh->sock);
         }
     }
-    int64_t until = fl_deadline_in(10000);
-    fl_rel_wait(&cl->inflight, fl_deadline_left_ms(until));
-    bool held = fl_rel_held(&cl->inflight) > 0;
+    bool held = !fl_rel_wait(&cl->inflight, 10000);
     if (held)
         FL_ERROR(cl->ctx, "rank %d: ZeroMQ still holds %lld pushes 10 s after their sockets "
                           "closed; keeping their buffers",
@@ -390,6 +388,14 @@ static void destroy_part(fl_ps_client_t *cl)
         FL_ERROR(cl->ctx, "rank %d part %d: ZeroMQ still holds %lld pushes 10 s after their "
                           "connections closed; keeping their buffers",
                  cl->o.rank, cl->part, (long long)fl_rel_held(&cl->inflight));
+        /* The stage buffers hang off the parent's shards, which the parent's rejoin frees:
+         * taken from them, they are kept with the part. */
+        for (int s = 0; s < cl->nshards; s++) {
+            cl->shards[s].stage = NULL;
+            cl->shards[s].stage_cap = 0;
+            cl->shards[s].rel_idx = NULL;
+            cl->shards[s].rel_cap = 0;
+        }
         return;
     }
     for (int s = 0; s < cl->nshards; s++) {

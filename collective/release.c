@@ -17,21 +17,33 @@ void fl_rel_hook(void *data, void *hint)
 {
     (void)data;
     fl_rel_t *r = hint;
+    /* busy spans every touch of r: a waiter that saw the count reach zero may free r only once
+     * busy is zero too (fl_rel_wait waits for that), or this hook would write freed memory. */
+    atomic_fetch_add(&r->busy, 1);
     atomic_fetch_sub(&r->n, 1);
     atomic_fetch_add(&r->gen, 1);
     if (atomic_load(&r->waiters) > 0)
         syscall(SYS_futex, &r->gen, FUTEX_WAKE_PRIVATE, INT_MAX, NULL, NULL, 0);
+    atomic_fetch_sub(&r->busy, 1);
+}
+
+/* Nothing held: the hooks that released the last sends finish their few instructions. */
+static bool settled(fl_rel_t *r)
+{
+    while (atomic_load(&r->busy) > 0)
+        sched_yield();
+    return true;
 }
 
 bool fl_rel_wait(fl_rel_t *r, int timeout_ms)
 {
     for (int i = 0; i < YIELDS && timeout_ms > 0; i++) {
         if (fl_rel_held(r) <= 0)
-            return true;
+            return settled(r);
         sched_yield();
     }
     if (fl_rel_held(r) <= 0)
-        return true;
+        return settled(r);
     if (timeout_ms <= 0)
         return false;
     struct timespec until;
@@ -67,5 +79,5 @@ bool fl_rel_wait(fl_rel_t *r, int timeout_ms)
             break;
     }
     atomic_fetch_sub(&r->waiters, 1);
-    return done;
+    return done && settled(r);
 }

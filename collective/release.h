@@ -12,6 +12,7 @@ typedef struct fl_rel {
     _Atomic int64_t n;        /* sends not yet released */
     _Atomic uint32_t gen;     /* bumped by every release: the futex word */
     _Atomic uint32_t waiters; /* threads in fl_rel_wait: the hook wakes only when set */
+    _Atomic uint32_t busy;    /* hooks between their first and last touch of this struct */
 } fl_rel_t;
 
 /* Counts k more sends (before handing them to ZeroMQ). */
@@ -28,8 +29,9 @@ static inline int64_t fl_rel_held(fl_rel_t *r)
 /* The fl_buf_t release hook (hint: the fl_rel_t); runs in ZeroMQ's I/O thread. */
 void fl_rel_hook(void *data, void *hint);
 
-/* Waits until nothing is held or timeout_ms passes (0: only looks). True when nothing is held.
- * Any number of threads may wait. */
+/* Waits until nothing is held or timeout_ms passes (0: only looks). True when nothing is held
+ * and no release hook is still touching r: the caller may then free it. Any number of threads
+ * may wait. */
 bool fl_rel_wait(fl_rel_t *r, int timeout_ms);
 
 #endif

@@ -243,8 +243,8 @@ static int stream_open(fl_stream_t *s)
     return FL_OK;
 }
 
-/* Polls query() until it is done or timeout_ms passed: 50 us between polls at first, growing
- * to 1 ms, so short waits stay short and long ones cost little CPU. */
+/* Polls query() until it is done or timeout_ms passed (the policy below: a step's waits end
+ * within microseconds of the work, long ones cost little CPU). */
 template <typename Q>
 static int bounded_wait(const fl_dev_t *d, const char *what, int timeout_ms, Q query)
 {

@@ -186,6 +186,7 @@ START_TEST(test_elementwise_bits)
             want2[j] += z2[r * cols2 + j];
     }
     expect_bits("bias gradient over tiles", got2, want2, cols2);
+    fl_dev_free(b.d, &dz2);
     free(got2);
     free(want2);
     free(z2);
