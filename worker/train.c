@@ -303,35 +303,6 @@ static int compute(trainer_t *tr, size_t *bi, size_t nbatches, step_out_t *so, b
     return FL_OK;
 }
 
-/* El Che's learning rate: the schedule follows the job's batches in units of a per-batch
- * sync's (world x devices), and a sync of r times more batches steps sqrt(r) times further (the
- * square-root scaling rule, for every optimizer: linear scaling diverged on large anchors). */
-static double cadence_lr(const trainer_t *tr, const fl_lr_sched_t *sched, double samples_before,
-                         double job_batches)
-{
-    const fl_wk_train_opts_t *o = tr->o;
-    double per_sync = (double)o->replicas * tr->world;
-    long step = (long)(samples_before / ((double)o->batch * per_sync));
-    double r = job_batches / per_sync;
-    double f = sqrt(r);
-    return fl_lr_at(sched, step) * f;
-}
-
-/* El Che after a sync: the exchange time folded in, and every few syncs a new plan from the
- * job's slowest device and longest exchange (the same on every rank). */
-static int cadence_after(trainer_t *tr, double exchange_s)
-{
-    tr->exch_ema_s = tr->syncs == 0 ? exchange_s : 0.7 * tr->exch_ema_s + 0.3 * exchange_s;
-    if (++tr->syncs, tr->o->replan_every <= 0 || tr->syncs % tr->o->replan_every != 0)
-        return FL_OK;
-    double v[2] = {fl_wk_cadence_slowest(&tr->cad), tr->exch_ema_s};
-    int rc;
-    if (tr->comm != NULL && (rc = fl_allreduce(tr->comm, v, v, 2, FL_FLOAT64, FL_MAX)) != FL_OK)
-        return rc;
-    fl_wk_cadence_plan(&tr->cad, v[0], v[1]);
-    return FL_OK;
-}
-
 /* Memory per device as --shard and the exchange split it: parameters held for compute, the
  * gradient each device's backward pass fills, optimizer state, error-feedback residuals (one
  * per exchanged range, with top-k). */
@@ -394,70 +365,6 @@ static void observe_step(trainer_t *tr, const fl_wk_xchg_stats_t *xs, double los
         }
     }
     fl_wk_obs_step(&tr->obs, &st);
-}
-
-/* --policy async: what the averagings of an epoch report to. */
-typedef struct async_ctx {
-    trainer_t *tr;
-    int ep;
-    long *step;
-    long first_step;
-    int64_t t_start;
-    int64_t t_last;
-    double first_samples;
-    double comm_ms;
-    double divergence;
-} async_ctx_t;
-
-static void on_average(const fl_wk_async_avg_t *av, void *ud)
-{
-    async_ctx_t *c = ud;
-    trainer_t *tr = c->tr;
-    const fl_wk_train_opts_t *o = tr->o;
-    long step = (*c->step)++;
-    c->divergence = av->divergence;
-    c->comm_ms += av->exchange_s * 1e3;
-    double acc = av->host_batches > 0 ? (double)av->correct / (av->host_batches * (double)o->batch)
-                                      : 0.0;
-    int64_t now = fl_now_ns();
-    double secs = (double)(now - c->t_start) / 1e9;
-    double sps = secs > 0 ? (tr->samples - c->first_samples) / secs : 0.0;
-    if (o->obs != NULL) {
-        fl_wk_obs_step_t st;
-        memset(&st, 0, sizeof st);
-        st.samples = tr->samples;
-        st.loss = av->loss;
-        st.samples_per_s = sps;
-        st.exposed_s = av->exchange_s;
-        st.divergence = av->divergence;
-        st.ctx = tr->comm != NULL ? fl_comm_ctx(tr->comm) : NULL;
-        fl_wk_obs_step(&tr->obs, &st);
-    }
-    if (tr->metrics != NULL)
-        fprintf(tr->metrics,
-                "{\"rank\":%d,\"epoch\":%d,\"step\":%ld,\"loss\":%.6f,\"acc\":%.5f,"
-                "\"job_batches\":%.0f,\"exchange_ms\":%.3f,\"wait_ms\":%.3f,"
-                "\"divergence\":%.6g}\n",
-                tr->rank, c->ep, step, av->loss, acc, av->job_batches, av->exchange_s * 1e3,
-                av->wait_s * 1e3, av->divergence);
-    if (tr->rank == 0 && !o->quiet && (double)(now - c->t_last) / 1e9 >= o->progress_s) {
-        printf("epoch %d/%d averaging %ld loss %.4f acc %.1f%% %.0f samples/s exchange %.1f ms "
-               "(hidden: the devices go on) divergence %.4f\n",
-               c->ep + 1, o->epochs, step + 1, av->loss, 100.0 * acc, sps,
-               c->comm_ms / (double)(step + 1 - c->first_step), av->divergence);
-        fflush(stdout);
-        c->t_last = now;
-    }
-}
-
-/* --policy async: one epoch (El Che re-plans inside it, as the averagings go). */
-static int async_epoch(trainer_t *tr, async_ctx_t *c, double *loss, size_t *correct,
-                       size_t *batches)
-{
-    int rc = fl_wk_async_epoch(tr->async, tr->params, tr->sched, &tr->samples, on_average, c);
-    if (rc == FL_OK)
-        fl_wk_async_epoch_figures(tr->async, loss, correct, batches);
-    return rc;
 }
 
 int fl_wk_train(fl_comm_t *comm, const fl_wk_dataset_t *train, const fl_wk_dataset_t *test,
@@ -553,7 +460,7 @@ int fl_wk_train(fl_comm_t *comm, const fl_wk_dataset_t *train, const fl_wk_datas
                               .t_start = t_start, .t_last = t_last,
                               .first_samples = first_samples};
             double mean = 0.0;
-            rc = async_epoch(&tr, &ac, &mean, &ep_correct, &ep_batches);
+            rc = fl_wk_async_epoch_run(&tr, &ac, &mean, &ep_correct, &ep_batches);
             ep_loss = mean * (double)ep_batches;
             t_last = ac.t_last;
             res->divergence = ac.divergence;
@@ -586,7 +493,7 @@ int fl_wk_train(fl_comm_t *comm, const fl_wk_dataset_t *train, const fl_wk_datas
                                       : fl_wk_shards_clip(tr.shards, tr.grad, o->max_norm)) !=
                     FL_OK)
                 break;
-            double lr = o->max_anchor > 0 ? cadence_lr(&tr, &sched, tr.samples - so.job_batches *
+            double lr = o->max_anchor > 0 ? fl_wk_cadence_lr(&tr, &sched, tr.samples - so.job_batches *
                                                                                (double)o->batch,
                                                        so.job_batches)
                                           : fl_lr_at(&sched, step);
@@ -610,7 +517,7 @@ int fl_wk_train(fl_comm_t *comm, const fl_wk_dataset_t *train, const fl_wk_datas
             legs_ms += (double)(fl_now_ns() - t_ag) / 1e6;
             /* El Che's exchange time: the buckets' wait and --shard grad's legs. */
             if (o->max_anchor > 0 &&
-                (rc = cadence_after(&tr, (double)(t2 - t1) / 1e9 + legs_ms / 1e3)) != FL_OK)
+                (rc = fl_wk_cadence_after(&tr, (double)(t2 - t1) / 1e9 + legs_ms / 1e3)) != FL_OK)
                 break;
             double c_ms = (double)(t1 - t0) / 1e6;
             double x_ms = (double)(t2 - t1) / 1e6 + legs_ms; /* --shard grad's legs too */

@@ -1,5 +1,5 @@
-/* Private to the training loop (train.c) and its setup (train_setup.c): the trainer, the state
- * of one fl_wk_train call. */
+/* Private to the training loop (train.c), its setup (train_setup.c) and its local-SGD policies
+ * (train_policy.c): the trainer, the state of one fl_wk_train call. */
 #ifndef FL_WK_TRAIN_INT_H
 #define FL_WK_TRAIN_INT_H
 
@@ -54,5 +54,31 @@ void fl_wk_trainer_optimizers(trainer_t *tr, fl_opt_t **opts);
  * --policy sync (opts: a resumed optimizer state, loaded with them). FL_OK or the devices'
  * error. */
 int fl_wk_trainer_keep(trainer_t *tr, fl_opt_t *const *opts);
+
+/* El Che's learning rate: the schedule follows the job's batches in units of a per-batch
+ * sync's, a sync of r times more batches stepping sqrt(r) times further. */
+double fl_wk_cadence_lr(const trainer_t *tr, const fl_lr_sched_t *sched, double samples_before,
+                        double job_batches);
+/* El Che after a sync: the exchange time folded in, and every few syncs a new plan (the same on
+ * every rank). FL_OK or the allreduce's error. */
+int fl_wk_cadence_after(trainer_t *tr, double exchange_s);
+
+/* --policy async: what the averagings of an epoch report to. */
+typedef struct async_ctx {
+    trainer_t *tr;
+    int ep;
+    long *step;
+    long first_step;
+    int64_t t_start;
+    int64_t t_last;
+    double first_samples;
+    double comm_ms;
+    double divergence;
+} async_ctx_t;
+
+/* --policy async: one epoch, reported through c; the epoch's mean loss, correct count and this
+ * host's batches. */
+int fl_wk_async_epoch_run(trainer_t *tr, async_ctx_t *c, double *loss, size_t *correct,
+                          size_t *batches);
 
 #endif
