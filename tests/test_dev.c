@@ -124,6 +124,32 @@ START_TEST(test_copies)
 }
 END_TEST
 
+/* The bias gradient of a rows x cols random matrix against the host's loop, bit for bit. */
+static void bias_grad_bits(bench_t *b, size_t rows, size_t cols, uint64_t seed, double scale,
+                           const char *what)
+{
+    float *z = randv(rows * cols, seed, scale);
+    float *got = malloc(cols * sizeof *got);
+    float *want = malloc(cols * sizeof *want);
+    ck_assert(got != NULL && want != NULL);
+    fl_dptr_t dz = up(b, z, rows * cols * sizeof(float));
+    fl_dptr_t db;
+    OK(fl_dev_alloc(b->d, cols * sizeof(float), &db));
+    OK(fl_dev_bias_grad(b->s, db, dz, rows, cols));
+    down(b, got, db, cols * sizeof(float));
+    for (size_t j = 0; j < cols; j++) {
+        want[j] = 0.0f;
+        for (size_t r = 0; r < rows; r++)
+            want[j] += z[r * cols + j];
+    }
+    expect_bits(what, got, want, cols);
+    fl_dev_free(b->d, &dz);
+    fl_dev_free(b->d, &db);
+    free(z);
+    free(got);
+    free(want);
+}
+
 /* ---- elementwise kernels: the host loops' bits ---- */
 
 START_TEST(test_elementwise_bits)
@@ -160,37 +186,12 @@ START_TEST(test_elementwise_bits)
         want[i] = bias[i % cols];
     expect_bits("bias rows", got, want, n);
 
-    OK(fl_dev_h2d(b.s, dz, z, n * sizeof(float)));
-    OK(fl_dev_bias_grad(b.s, db, dz, rows, cols));
-    down(&b, got, db, cols * sizeof(float));
-    for (size_t j = 0; j < cols; j++) {
-        want[j] = 0.0f;
-        for (size_t r = 0; r < rows; r++)
-            want[j] += z[r * cols + j];
-    }
-    expect_bits("bias gradient", got, want, cols);
-
+    bias_grad_bits(&b, rows, cols, 2, 3.0, "bias gradient");
     /* Rows over several of cuda's tiles (64 rows, 32 columns), neither a multiple: the sum
      * still runs over the rows in order. */
-    size_t rows2 = 600;
-    size_t cols2 = 45;
-    float *z2 = randv(rows2 * cols2, 5, 2.0);
-    float *got2 = malloc(cols2 * sizeof *got2);
-    float *want2 = malloc(cols2 * sizeof *want2);
-    fl_dptr_t dz2 = up(&b, z2, rows2 * cols2 * sizeof(float));
-    OK(fl_dev_bias_grad(b.s, db, dz2, rows2, cols2));
-    down(&b, got2, db, cols2 * sizeof(float));
-    for (size_t j = 0; j < cols2; j++) {
-        want2[j] = 0.0f;
-        for (size_t r = 0; r < rows2; r++)
-            want2[j] += z2[r * cols2 + j];
-    }
-    expect_bits("bias gradient over tiles", got2, want2, cols2);
-    fl_dev_free(b.d, &dz2);
-    free(got2);
-    free(want2);
-    free(z2);
+    bias_grad_bits(&b, 600, 45, 5, 2.0, "bias gradient over tiles");
 
+    OK(fl_dev_h2d(b.s, dz, z, n * sizeof(float)));
     OK(fl_dev_scale(b.s, dz, n, 0.37f));
     OK(fl_dev_axpy(b.s, dz, da, n, -1.7f));
     OK(fl_dev_axpy(b.s, dz, da, n, 1.0f));
