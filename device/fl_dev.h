@@ -91,6 +91,10 @@ typedef struct fl_dev_opts {
     long sim_fail_after;
     int sim_stall_ms;        /* sim: > 0: that run stalls its stream this long, then succeeds
                                 (a kernel that hangs), instead of failing */
+    bool sim_late_done;      /* sim (tests): an event still pending when a wait shorter than
+                                timeout_ms starts completes only after that wait has timed out:
+                                the race between a poll slice's end and the completion, every
+                                time */
 } fl_dev_opts_t;
 
 void fl_dev_opts_init(fl_dev_opts_t *o);

@@ -331,6 +331,49 @@ static void teardown_dir(void)
     rmdir(dir);
 }
 
+/* A poll slice that times out while its event completes is no failure: on sim with
+ * sim_late_done, every bucket's event still pending when the exchange waits for it completes
+ * just after the 10 ms slice has timed out, so each wait meets that race. The overlapped leg
+ * still trains the bits of the leg after the pass (it once failed the job with "an event did
+ * not complete in 10 ms"). The jitter keeps the events pending when the waits start. */
+START_TEST(test_overlap_slice_timeout_as_event_completes)
+{
+    fl_wk_dataset_t d;
+    fl_test_clusters(&d, N, 7);
+    char a[128], b[128], err[1200] = "";
+    snprintf(a, sizeof a, "%s/late.safetensors", dir);
+    snprintf(b, sizeof b, "%s/late_barrier.safetensors", dir);
+    const char *layers = "6,16,16,3";
+    fl_wk_train_opts_t o;
+    base_opts(&o, layers, a);
+    o.epochs = 1;
+    o.mode = FL_WK_MODE_RING;
+    o.batch = 4;
+    o.replicas = 2;
+    o.device = FL_DEV_SIM;
+    o.sim_jitter_us = 3000;
+    o.sim_late_done = true;
+    o.overlap = true;
+    fl_wk_train_result_t res[2];
+    int rc = fl_test_run_hosts(2, &o, NULL, &d, res, err, sizeof err);
+    ck_assert_msg(rc == FL_OK, "overlapped, every slice late: %s", err);
+    ck_assert_msg(strcmp(res[0].first_leg, "copy") == 0 && res[0].first_leg_overlapped,
+                  "rank 0's first leg is '%s' (overlapped %d), expected 'copy' overlapped",
+                  res[0].first_leg, res[0].first_leg_overlapped);
+    o.overlap = false;
+    o.sim_late_done = false;
+    o.sim_jitter_us = 20;
+    o.save_path = b;
+    rc = fl_test_run_hosts(2, &o, NULL, &d, res, err, sizeof err);
+    ck_assert_msg(rc == FL_OK, "after the pass: %s", err);
+    double diff = fl_test_params_diff(layers, a, b);
+    ck_assert_msg(diff == 0.0, "overlapped with late events differs by %.3g", diff);
+    unlink(a);
+    unlink(b);
+    fl_wk_dataset_free(&d);
+}
+END_TEST
+
 /* The two-level exchange overlapped with the backward pass (--overlap: each shard's exchange
  * reduces its buckets as the last device finishes their layers) trains the very bits of the
  * reduction after the whole pass: dense, top-k and clipped, 2 x 2, 3 x 3, 2 x 3 and 2 x 4
@@ -527,6 +570,7 @@ static Suite *suite(void)
     tcase_add_test(t, test_hybrid_sends_fewer_bytes_across_hosts);
     tcase_add_test(t, test_topk_over_hybrid_legs_learns);
     tcase_add_test(t, test_overlap_trains_the_same_bits);
+    tcase_add_test(t, test_overlap_slice_timeout_as_event_completes);
     tcase_add_test(t, test_first_leg_choice);
     tcase_add_test(t, test_hosts_with_different_device_counts_refused);
     tcase_add_test(t, test_sharded_state_trains_the_same_parameters);

@@ -238,11 +238,15 @@ static int leg_wait_event(fl_wk_devices_t *d, fl_event_t *e, int layer)
     int64_t deadline = fl_now_ms() + ms;
     for (;;) {
         int rc = fl_event_sync(e, POLL_MS);
+        /* Done after the slice timed out: the timeout is stale, the event's own status is
+         * the answer (the device's bound, which a completed event does not wait out). */
+        if (rc == FL_ETIMEDOUT && fl_event_done(e))
+            rc = fl_event_sync(e, 0);
         if (rc == FL_OK)
             return FL_OK;
         /* Its record ran and brought its stream's error: it names the device that failed (a
          * peer's fault reaches every stream that waited for it). */
-        if (rc != FL_ETIMEDOUT || fl_event_done(e))
+        if (rc != FL_ETIMEDOUT)
             return fl_fail_ctx(rc, "the first leg inside the host (reduce-scatter on the "
                                    "devices) of layer %d",
                                layer);

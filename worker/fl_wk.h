@@ -292,6 +292,8 @@ typedef struct fl_wk_train_opts {
     char sim_fail_op[48];
     long sim_fail_after;
     int sim_stall_ms;      /* ... that run stalls this long instead of failing (a hung kernel) */
+    bool sim_late_done;    /* sim (tests): every poll slice times out as its event completes
+                              (fl_dev_opts_t) */
     fl_opt_opts_t opt;
     fl_lr_sched_t lr;
     bool scale_lr;         /* linear scaling rule: lr * global batch / batch */

@@ -118,6 +118,7 @@ int fl_wk_rdev_create(const fl_wk_train_opts_t *o, int j, size_t dim, fl_wk_rdev
     dop.kind = o->device;
     dop.id = o->device == FL_DEV_CPU ? 0 : o->gpus[j];
     dop.sim_jitter_us = o->sim_jitter_us;
+    dop.sim_late_done = o->sim_late_done;
     if (o->sim_fail_device == j && o->sim_fail_op[0] != '\0') {
         dop.sim_fail_op = o->sim_fail_op;
         dop.sim_fail_after = o->sim_fail_after;
