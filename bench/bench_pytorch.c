@@ -20,7 +20,7 @@ static const char usage[] =
     "--batch, --density: the script's --help). --insecure: flodl in plain text, as gloo is\n"
     "(by default flodl-launch's throw-away CurveZMQ keys encrypt flodl's side). PYTHON: --python,\n"
     "else /usr/bin/python3. The script is looked up beside flodl-bench, then in\n"
-    "../share/flodl; flodl-launch beside flodl-bench, then in ../worker.\n";
+    "../share/flodl; flodl-launch beside flodl-bench, then in ../launch.\n";
 
 static bool is_file(const char *path, int mode)
 {
@@ -68,10 +68,10 @@ int bench_pytorch_main(int argc, char **argv)
     bench_self_dir(dir, sizeof dir);
     char launch[PATH_MAX + 32];
     char script[PATH_MAX + 32];
-    static const char *const lsubs[] = {"", "../worker/", NULL};
+    static const char *const lsubs[] = {"", "../launch/", NULL};
     static const char *const ssubs[] = {"", "../share/flodl/", NULL};
     if (!find_in(dir, lsubs, "flodl-launch", X_OK, launch, sizeof launch)) {
-        fprintf(stderr, "flodl-bench pytorch: no flodl-launch in %s or %s/../worker\n", dir, dir);
+        fprintf(stderr, "flodl-bench pytorch: no flodl-launch in %s or %s/../launch\n", dir, dir);
         return 1;
     }
     if (!find_in(dir, ssubs, SCRIPT, R_OK, script, sizeof script)) {

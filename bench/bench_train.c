@@ -97,19 +97,20 @@ static bool is_executable(const char *path)
     return stat(path, &st) == 0 && S_ISREG(st.st_mode) && access(path, X_OK) == 0;
 }
 
-/* name in our own directory (installed), else in ../worker/ (the build tree). */
+/* name in our own directory (installed), else in ../worker/ or ../launch/ (the build tree). */
 static int find_binary(const char *name, char *out, size_t cap)
 {
     char dir[PATH_MAX];
     bench_self_dir(dir, sizeof dir);
+    const char *sub = strcmp(name, "flodl-launch") == 0 ? "launch" : "worker";
     int w = snprintf(out, cap, "%s/%s", dir, name);
     if (w > 0 && (size_t)w < cap && is_executable(out))
         return 0;
-    w = snprintf(out, cap, "%s/../worker/%s", dir, name);
+    w = snprintf(out, cap, "%s/../%s/%s", dir, sub, name);
     if (w > 0 && (size_t)w < cap && is_executable(out))
         return 0;
-    fprintf(stderr, "flodl-bench: cannot find %s in %s or %s/../worker (pass --%s PATH)\n", name,
-            dir, dir, strcmp(name, "flodl-launch") == 0 ? "launch" : "worker");
+    fprintf(stderr, "flodl-bench: cannot find %s in %s or %s/../%s (pass --%s PATH)\n", name, dir,
+            dir, sub, sub);
     return -1;
 }
 

@@ -6,7 +6,7 @@ STEPS timed ones; rank 0 prints the median step time of each (over every round's
 and its ratio to DDP's. Both sides bucket at 25 MiB and overlap the exchange with backward.
 Run under flodl-launch (the flodl side's ranks, and the gloo rendezvous's address, which rank 0
 broadcasts through flodl):
-    PYTHONPATH=python ./build/worker/flodl-launch --workers 4 -- /usr/bin/python3 \
+    PYTHONPATH=python ./build/launch/flodl-launch --workers 4 -- /usr/bin/python3 \
         bench/pytorch_bench.py [--steps 10] [--warmup 3] [--rounds 2] [--batch 32]
 or ./build/bench/flodl-bench pytorch [same flags] (which runs that command);
 scripts/netns-pytorch.sh runs it with every rank in a network namespace of its own, on emulated

@@ -2,7 +2,7 @@
 (28x28 images of 10 classes: a fixed random pattern per class plus noise), top-k 1% with error
 feedback. Every rank draws its own part of each batch; rank 0 prints the loss and accuracy.
     flodl-launch --workers 4 -- /usr/bin/python3 examples/pytorch_mnist_like.py [--steps N]
-(from the source tree: PYTHONPATH=python and ./build/worker/flodl-launch)."""
+(from the source tree: PYTHONPATH=python and ./build/launch/flodl-launch)."""
 import argparse
 import time
 

@@ -4,7 +4,7 @@ the gradient of its part of each batch (top-k 1% with error feedback) and pulls 
 parameters. No flodl.init(): DistributedOptimizer(mode="ps") joins the job.
     flodl-launch --workers 4 --ps-flag=--shards=2 --ps-flag=--lr=0.02 --ps-flag=--momentum=0.9 \
         -- /usr/bin/python3 examples/pytorch_ps.py [--steps N] [--density D]
-(from the source tree: PYTHONPATH=python and ./build/worker/flodl-launch). Add
+(from the source tree: PYTHONPATH=python and ./build/launch/flodl-launch). Add
 --ps-flag=--consistency=async (or ssp with --ps-flag=--staleness=S) for the other models."""
 import argparse
 import os

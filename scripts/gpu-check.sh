@@ -346,7 +346,7 @@ step_parity() { # NAME STEPS BOUND FLAGS...
 
 step_ring() {
   local f=$work/ring.out rc acc
-  capture "$f" "$t_ring" "$build/worker/flodl-launch" --workers 2 -- --device cuda --topk 0.01 \
+  capture "$f" "$t_ring" "$build/launch/flodl-launch" --workers 2 -- --device cuda --topk 0.01 \
     --epochs 2
   rc=$?
   acc=$(grep -E "rank 0 summary: " "$f" | sed -n 's/.*test accuracy \([0-9.]*\)%.*/\1/p' | tail -n 1)

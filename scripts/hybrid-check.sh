@@ -38,7 +38,7 @@ while [ $# -gt 0 ]; do
   shift
 done
 [ -n "$build" ] || die "--build DIR is needed"
-launch=$build/worker/flodl-launch
+launch=$build/launch/flodl-launch
 [ -x "$launch" ] || die "no $launch (build first)"
 case "$device" in sim|cuda) ;; *) die "--device: '$device' is not one of sim|cuda" ;; esac
 [[ "$gpus" =~ ^[0-9]+(,[0-9]+)+$ ]] || die "--gpus: '$gpus' is not a list of two or more ids"

@@ -13,4 +13,4 @@ workers=4
 if [ "${1:-}" = "--workers" ]; then workers="$2"; shift 2; fi
 build=$("$root/scripts/build.sh" "$root/build")
 defaults=(--topk 0.01 --epochs 10)
-exec "$build/worker/flodl-launch" --workers "$workers" -- "${defaults[@]}" "$@"
+exec "$build/launch/flodl-launch" --workers "$workers" -- "${defaults[@]}" "$@"

@@ -102,7 +102,7 @@ while IFS= read -r line; do
     "flodl-worker --mode ps --rank k --world-size 4 --coordinator tcp://ps-0.example:29500"*)
       echo "run: $line (ranks 0..3 on 127.0.0.1, one epoch)"
       run_workers ps-0.example "${words[@]}" || fail "'$line': the job failed" ;;
-    "./build/worker/flodl-launch --workers 4 --ps-flag"*)
+    "./build/launch/flodl-launch --workers 4 --ps-flag"*)
       echo "run: $line"
       timeout 600 "${words[@]}" > "$tmp/launch.log" 2>&1 < /dev/null ||
         fail "'$line': $(tail -n 3 "$tmp/launch.log")" ;;

@@ -148,7 +148,7 @@ START_TEST(test_version)
     ck_assert_str_eq(fl_version(), FL_VERSION_STRING);
     ck_assert_int_eq(fl_version_code(),
                      FL_VERSION_MAJOR * 10000 + FL_VERSION_MINOR * 100 + FL_VERSION_PATCH);
-    static const char *const bins[] = {PS_BIN, WK_BIN, FLODL_BIN_DIR "/worker/flodl-launch",
+    static const char *const bins[] = {PS_BIN, WK_BIN, FLODL_BIN_DIR "/launch/flodl-launch",
                                        FLODL_BIN_DIR "/server/flodl-keygen"};
     static const char *const names[] = {"flodl-ps ", "flodl-worker ", "flodl-launch ",
                                         "flodl-keygen "};

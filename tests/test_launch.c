@@ -20,7 +20,7 @@
 
 #include "testutil.h"
 
-#define LAUNCH_BIN FLODL_BIN_DIR "/worker/flodl-launch"
+#define LAUNCH_BIN FLODL_BIN_DIR "/launch/flodl-launch"
 #define OUT_CAP ((size_t)1 << 20)
 #define MAX_ARGS 40
 

@@ -12,7 +12,7 @@
 
 #include "testutil.h"
 #include "wkdata.h"
-#include "wk_int.h"
+#include "train_int.h"
 
 #define LAYERS "6,16,3"
 

@@ -10,7 +10,7 @@
 
 #include "testutil.h"
 #include "wkdata.h"
-#include "wk_int.h"
+#include "train_int.h"
 
 START_TEST(test_plan_follows_speed)
 {

@@ -11,7 +11,7 @@
 
 #include "testproc.h"
 #include "testutil.h"
-#include "wk_int.h"
+#include "train_int.h"
 #include "wkdata.h"
 
 #define N 512

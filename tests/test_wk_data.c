@@ -12,7 +12,7 @@
 
 #include "fl_wk.h"
 #include "testutil.h"
-#include "wk_int.h"
+#include "train_int.h"
 
 #define NELEM(a) (sizeof(a) / sizeof((a)[0]))
 

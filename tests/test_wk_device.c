@@ -9,7 +9,7 @@
 #include <unistd.h>
 
 #include "testutil.h"
-#include "wk_int.h"
+#include "train_int.h"
 #include "wkdata.h"
 
 #define N 384

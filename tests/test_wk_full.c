@@ -13,7 +13,7 @@
 #include <unistd.h>
 
 #include "fl_wk.h"
-#include "wk_int.h"
+#include "train_int.h"
 #include "testutil.h"
 #include "wkdata.h"
 

@@ -14,7 +14,7 @@
 #include <flodl/coordinator.h>
 
 #include "fl_wk.h"
-#include "wk_int.h"
+#include "train_int.h"
 #include "testutil.h"
 #include "wkdata.h"
 

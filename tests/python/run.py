@@ -157,7 +157,7 @@ def launch(args, prog, timeout_s=90, extra_env=None):
     env.pop("FLODL_INSECURE", None)
     env.pop("FLODL_CURVE_DIR", None)
     try:
-        p = subprocess.run([os.path.join(BUILD, "worker", "flodl-launch")] + args + ["--"] +
+        p = subprocess.run([os.path.join(BUILD, "launch", "flodl-launch")] + args + ["--"] +
                            prog, env=env, timeout=timeout_s, stdout=subprocess.PIPE,
                            stderr=subprocess.STDOUT, text=True)
         return p.returncode, p.stdout
@@ -311,7 +311,7 @@ def t_launch():
     env = dict(os.environ)
     env.pop("FLODL_INSECURE", None)
     env.pop("FLODL_CURVE_DIR", None)
-    p = subprocess.run([os.path.join(BUILD, "worker", "flodl-launch"), "--workers", "2", "--",
+    p = subprocess.run([os.path.join(BUILD, "launch", "flodl-launch"), "--workers", "2", "--",
                         PY, CASES, "collectives"], env=env, timeout=90,
                        stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     oks = [l for l in p.stdout.splitlines() if '"ok": true' in l]

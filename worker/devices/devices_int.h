@@ -1,0 +1,138 @@
+/* Private to devices.c and devices_keep.c: the devices of a worker process, each a replica
+ * with its device (replica_dev.c), its sampler and its share of the step in progress, and the
+ * pool of threads that drive them. */
+#ifndef FL_WK_DEVICES_INT_H
+#define FL_WK_DEVICES_INT_H
+
+#include <pthread.h>
+
+#include "wk_devices.h"
+
+#define MAX_DEVICES 64
+
+typedef struct replica {
+    fl_wk_devices_t *d;
+    fl_wk_sampler_t smp;
+    fl_wk_rdev_t *rd;
+    uint32_t *idx;
+    uint32_t *next_idx; /* the batch after, staged while this one computes */
+    float *grad; /* device 0's gradient lands straight in the caller's */
+    double loss;
+    size_t correct;
+    int rc;
+    char err[512];
+    int j;
+    double throttle;
+    /* El Che: this sync's batches, their first index in the host's sequence, the gradient of
+     * one batch before it is added (NULL until needed), mean seconds per batch */
+    int count;
+    size_t first;
+    float *one;
+    double batch_s;
+    fl_wk_bclock_t clock; /* its batch_s, from events on its compute stream */
+    /* --policy cadence (local SGD): the device's own parameters (during a round; its delta from
+     * the round's start after) and optimizer */
+    float *own;
+    fl_opt_t *opt;
+    bool registered; /* grad is page-locked for the device */
+    /* its thread, alive for the run */
+    pthread_t th;
+    bool started;
+    uint64_t seen; /* the last work generation it took */
+} replica_t;
+
+struct fl_wk_devices {
+    const fl_wk_mlp_shape_t *m;
+    const fl_wk_dataset_t *train;
+    size_t batch;
+    int n;
+    int rank;
+    size_t np;
+    fl_wk_local_t local;
+    double max_norm;
+    fl_obs_timeline_t *tl;
+    /* El Che: the host's share of each epoch, in one sequence the devices take batches from */
+    fl_wk_sampler_t host;
+    bool have_host;
+    bool cadence; /* the step in progress is a cadence step */
+    /* the local round in progress */
+    bool local_sgd;
+    const float *round_start;
+    const fl_lr_sched_t *sched;
+    double step0;
+    /* FL_WK_LOCAL_SHARDS: a barrier once every gradient is there (abortable, for a step whose
+     * threads did not all start) */
+    pthread_mutex_t mu;
+    pthread_cond_t cv;
+    int arrived;
+    bool aborted;
+    bool have_barrier;
+    /* the first leg overlapped with the backward pass (devices_overlap.c): devices that
+     * finished each layer this step (under mu), whether this step's exchange reduces */
+    bool overlap;
+    int layer_told[FL_WK_MAX_LAYERS];
+    bool reducing;
+    replica_t rep[MAX_DEVICES];
+    /* The two-level exchange on sim and cuda devices: the reduce-scatter of the gradients
+     * that stay on the devices (fl_intra.h), on a stream of its own per device behind the
+     * compute stream's end (NULL: cpu replicas, reduced in host memory by reduce_shard) */
+    fl_intra_t *intra;
+    fl_stream_t *xs[MAX_DEVICES];
+    fl_event_t *computed[MAX_DEVICES];
+    fl_event_t *updated[MAX_DEVICES];  /* device j's update has run (its compute stream) */
+    fl_event_t *gathered[MAX_DEVICES]; /* resident ranges all-gathered on the devices */
+    bool keep_shards; /* the reduced shards stay on the devices (top-k there) */
+    fl_event_t *reduced[MAX_DEVICES]; /* ... device j's part of the mean is done (keep_shards) */
+    /* ... overlapped with the backward pass (devices_overlap.c): bucket l is
+     * [leg_edge[l], leg_edge[l + 1]), queued once every device finished layer l; leg_next: the
+     * layers below it are not queued yet this step; landed[l][j] is recorded on xs[j] after
+     * device j's piece of bucket l reached the host; the first error queueing them. leg_mu
+     * guards these and makes one thread at a time use intra. */
+    pthread_mutex_t leg_mu;
+    bool have_leg_mu;
+    size_t leg_edge[FL_WK_MAX_LAYERS + 1];
+    int leg_next;
+    fl_event_t *landed[FL_WK_MAX_LAYERS][MAX_DEVICES];
+    int leg_rc;
+    char leg_err[512];
+    fl_wk_full_t *full; /* --shard full: layers gathered from their shards (NULL: params) */
+    /* the step in progress */
+    const float *params;
+    size_t cur_batch;
+    fl_wk_ready_fn ready;
+    void *ud;
+    long epoch;
+    /* resident parameters (fl_wk_devices_keep) */
+    bool resident;
+    bool keep_grad;
+    bool shared; /* cpu: the devices' parameters are one host buffer, device 0 steps it */
+    /* the update in progress */
+    bool updating;
+    const float *upd_grad;
+    double upd_norm;
+    double upd_lr;
+    /* the device threads: work generation gen, finished of them done with it */
+    pthread_mutex_t pool_mu;
+    pthread_cond_t pool_cv;
+    uint64_t gen;
+    int finished;
+    bool quit;
+    bool have_pool;
+};
+
+/* Overlap (devices_overlap.c): d's steps leave the first leg to the exchange; a device's pass
+ * tells layers through layer_told (ud: its replica). */
+bool fl_wk_devices_overlapped(const fl_wk_devices_t *d);
+void fl_wk_devices_layer_told(int layer, void *ud);
+/* The intra-host leg of an overlapped step: before the devices run (the last step's queued
+ * reduce-scatters done, nothing queued yet), after (the first error queueing a bucket), and
+ * its buckets' events and lock freed (before the intra handle). */
+int fl_wk_devices_leg_begin(fl_wk_devices_t *d);
+int fl_wk_devices_leg_end(const fl_wk_devices_t *d);
+void fl_wk_devices_leg_destroy(fl_wk_devices_t *d);
+
+/* Every device runs the generation's work once (a step, or the update when d->updating); returns
+ * when all have. Device 0 runs on the calling thread. */
+void fl_wk_devices_run_all(fl_wk_devices_t *d);
+
+#endif

@@ -1,0 +1,279 @@
+/* --mode ps with several devices per host: after the devices' reduce-scatter inside the host,
+ * device j's exchange pushes and pulls its own key range (a run of whole PS shards, from
+ * fl_ps_client_split) over its own connections, each part on its own thread (part 0 on the
+ * training thread), with its own top-k error feedback over its range. The pulled ranges land
+ * side by side in the host's parameter buffer that every device reads: the all-gather. The
+ * devices, the training loop and the checkpoint files are the caller's. */
+#include "wk_xchg.h"
+
+#include <pthread.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+typedef struct psd_part {
+    struct fl_wk_psdev *x;
+    int j;
+    fl_ps_client_t *cl;
+    size_t lo, n;        /* its keys */
+    fl_cmp_ef_t *ef;     /* top-k: the residual of its keys */
+    fl_cmp_ws_t *ws;
+    uint32_t *idx;
+    float *val;
+    pthread_t th;
+    bool started;
+    uint64_t seen;       /* the generation it ran last */
+    int rc;
+    char err[1024];
+} psd_part_t;
+
+struct fl_wk_psdev {
+    int parts;
+    psd_part_t part[FL_WK_PSDEV_MAX];
+    pthread_mutex_t mu;
+    pthread_cond_t cv;
+    uint64_t gen;
+    int finished;
+    bool quit;
+    fl_ps_client_stats_t before; /* of the part clients replaced by rejoins */
+    /* the step's inputs, set by the training thread before a generation starts */
+    const float *grad;
+    float *params;
+    uint32_t batch;
+    double density;
+};
+
+/* Part j's push of its keys (dense, or its top-k with error feedback) and the pull of them. */
+static void part_step(psd_part_t *p)
+{
+    fl_wk_psdev_t *x = p->x;
+    fl_ps_grad_t g;
+    memset(&g, 0, sizeof g);
+    g.batch = x->batch;
+    p->rc = FL_OK;
+    if (p->ef == NULL) {
+        g.dense = x->grad;
+    } else {
+        fl_cmp_topk_opts_t k;
+        fl_cmp_topk_opts_init(&k);
+        k.density = x->density;
+        size_t got = 0;
+        bool skipped = false;
+        p->rc = fl_cmp_ef_step(p->ef, p->ws, x->grad + p->lo, &k, p->idx, p->val, &got,
+                               &skipped);
+        /* The selection is over the part's keys; the push speaks of the whole vector. */
+        for (size_t i = 0; p->rc == FL_OK && i < got; i++)
+            p->idx[i] += (uint32_t)p->lo;
+        g.idx = p->idx;
+        g.val = p->val;
+        g.k = got;
+    }
+    if (p->rc == FL_OK)
+        p->rc = fl_ps_client_push_pull(p->cl, &g, x->params);
+    if (p->rc != FL_OK)
+        snprintf(p->err, sizeof p->err, "device %d (keys %zu+%zu): %s", p->j, p->lo, p->n,
+                 fl_last_error());
+}
+
+static void *part_main(void *arg)
+{
+    psd_part_t *p = arg;
+    fl_wk_psdev_t *x = p->x;
+    pthread_mutex_lock(&x->mu);
+    for (;;) {
+        while (p->seen == x->gen && !x->quit)
+            pthread_cond_wait(&x->cv, &x->mu);
+        if (x->quit)
+            break;
+        p->seen = x->gen;
+        pthread_mutex_unlock(&x->mu);
+        part_step(p);
+        pthread_mutex_lock(&x->mu);
+        x->finished++;
+        pthread_cond_broadcast(&x->cv);
+    }
+    pthread_mutex_unlock(&x->mu);
+    return NULL;
+}
+
+int fl_wk_psdev_create(fl_ps_client_t *cl, int parts, const fl_wk_train_opts_t *o,
+                       fl_wk_psdev_t **out)
+{
+    *out = NULL;
+    if (parts < 1 || parts > FL_WK_PSDEV_MAX)
+        return fl_fail(FL_EINVAL, "--mode ps: %d device clients outside 1..%d", parts,
+                       FL_WK_PSDEV_MAX);
+    fl_wk_psdev_t *x = calloc(1, sizeof *x);
+    if (x == NULL)
+        return fl_fail(FL_ENOMEM, "out of memory for the device clients");
+    pthread_mutex_init(&x->mu, NULL);
+    pthread_cond_init(&x->cv, NULL);
+    int rc = FL_OK;
+    for (int j = 0; j < parts && rc == FL_OK; j++) {
+        psd_part_t *p = &x->part[j];
+        p->x = x;
+        p->j = j;
+        x->parts = j + 1;
+        if ((rc = fl_ps_client_split(cl, j, parts, &p->cl)) != FL_OK)
+            break;
+        fl_ps_client_part_range(p->cl, &p->lo, &p->n);
+        if (o->topk > 0) {
+            fl_cmp_ef_opts_t eo;
+            fl_cmp_ef_opts_init(&eo);
+            eo.n = p->n;
+            eo.name = "gradient";
+            eo.wire = o->topk_values;
+            /* Clipping is the training thread's, on the whole mean, before the split. */
+            eo.max_norm = 0.0;
+            p->idx = malloc(p->n * sizeof *p->idx);
+            p->val = malloc(p->n * sizeof *p->val);
+            if (p->idx == NULL || p->val == NULL)
+                rc = fl_fail(FL_ENOMEM, "out of memory for device %d's top-k pairs", j);
+            if (rc == FL_OK && (rc = fl_cmp_ef_create(&eo, &p->ef)) == FL_OK)
+                rc = fl_cmp_ws_create(&p->ws);
+        }
+    }
+    for (int j = 1; j < x->parts && rc == FL_OK; j++) {
+        if (pthread_create(&x->part[j].th, NULL, part_main, &x->part[j]) != 0)
+            rc = fl_fail(FL_EIO, "cannot start the parameter-server thread of device %d", j);
+        else
+            x->part[j].started = true;
+    }
+    if (rc != FL_OK) {
+        fl_wk_psdev_destroy(&x);
+        return rc;
+    }
+    *out = x;
+    return FL_OK;
+}
+
+void fl_wk_psdev_destroy(fl_wk_psdev_t **px)
+{
+    if (px == NULL || *px == NULL)
+        return;
+    fl_wk_psdev_t *x = *px;
+    pthread_mutex_lock(&x->mu);
+    x->quit = true;
+    pthread_cond_broadcast(&x->cv);
+    pthread_mutex_unlock(&x->mu);
+    for (int j = 0; j < x->parts; j++) {
+        psd_part_t *p = &x->part[j];
+        if (p->started)
+            pthread_join(p->th, NULL);
+        fl_ps_client_destroy(&p->cl);
+        fl_cmp_ef_destroy(&p->ef);
+        fl_cmp_ws_destroy(&p->ws);
+        free(p->idx);
+        free(p->val);
+    }
+    pthread_mutex_destroy(&x->mu);
+    pthread_cond_destroy(&x->cv);
+    free(x);
+    *px = NULL;
+}
+
+int fl_wk_psdev_push_pull(fl_wk_psdev_t *x, const float *grad, uint32_t batch, double density,
+                          float *params)
+{
+    pthread_mutex_lock(&x->mu);
+    x->grad = grad;
+    x->params = params;
+    x->batch = batch;
+    x->density = density;
+    x->gen++;
+    x->finished = 0;
+    pthread_cond_broadcast(&x->cv);
+    pthread_mutex_unlock(&x->mu);
+    part_step(&x->part[0]);
+    /* Each part's wait is bounded by its client's deadline, so this one is too. Meanwhile part
+     * 0 hears the coordinator for the others (a failure, or a lost parameter server, stops
+     * them); a part's end wakes this wait at once. */
+    pthread_mutex_lock(&x->mu);
+    while (x->finished < x->parts - 1) {
+        pthread_mutex_unlock(&x->mu);
+        int lrc = fl_ps_client_part_listen(x->part[0].cl, 0);
+        if (lrc != FL_OK && x->part[0].rc == FL_OK) {
+            x->part[0].rc = lrc;
+            snprintf(x->part[0].err, sizeof x->part[0].err, "%s", fl_last_error());
+        }
+        pthread_mutex_lock(&x->mu);
+        if (x->finished >= x->parts - 1)
+            break;
+        struct timespec dl;
+        clock_gettime(CLOCK_REALTIME, &dl);
+        dl.tv_nsec += 20 * 1000000L;
+        if (dl.tv_nsec >= 1000000000L) {
+            dl.tv_sec++;
+            dl.tv_nsec -= 1000000000L;
+        }
+        pthread_cond_timedwait(&x->cv, &x->mu, &dl);
+    }
+    pthread_mutex_unlock(&x->mu);
+    /* The parameter server lost: every part stopped for the rejoin, whatever else it met. */
+    for (int j = 0; j < x->parts; j++)
+        if (x->part[j].rc == FL_ERESYNC)
+            return fl_fail(FL_ERESYNC, "%s", x->part[j].err);
+    for (int j = 0; j < x->parts; j++)
+        if (x->part[j].rc != FL_OK)
+            return fl_fail(x->part[j].rc, "%s", x->part[j].err);
+    return FL_OK;
+}
+
+int fl_wk_psdev_rejoin(fl_wk_psdev_t *x, fl_ps_client_t *cl, float *params)
+{
+    /* The parts' threads wait for the next generation: their clients are free to replace. */
+    fl_ps_client_stats_t s;
+    fl_wk_psdev_stats(x, &s);
+    x->before = s;
+    x->before.resyncs++;
+    for (int j = 0; j < x->parts; j++)
+        fl_ps_client_destroy(&x->part[j].cl);
+    int rc = fl_ps_client_pull(cl, params);
+    if (rc == FL_ERESYNC)
+        rc = FL_OK; /* restarted again on the way: joined all the same */
+    for (int j = 0; j < x->parts && rc == FL_OK; j++) {
+        psd_part_t *p = &x->part[j];
+        size_t lo, n;
+        if ((rc = fl_ps_client_split(cl, j, x->parts, &p->cl)) != FL_OK)
+            break;
+        fl_ps_client_part_range(p->cl, &lo, &n);
+        if (lo != p->lo || n != p->n)
+            rc = fl_fail(FL_EINVAL, "the restarted parameter server gives device %d keys "
+                                    "%zu+%zu, %zu+%zu before: restart it with the same shards",
+                         j, lo, n, p->lo, p->n);
+    }
+    return rc;
+}
+
+int fl_wk_psdev_parts(const fl_wk_psdev_t *x)
+{
+    return x->parts;
+}
+
+uint64_t fl_wk_psdev_step(const fl_wk_psdev_t *x)
+{
+    return fl_ps_client_step(x->part[0].cl);
+}
+
+fl_cmp_ef_t *fl_wk_psdev_ef(fl_wk_psdev_t *x, int j)
+{
+    return j >= 0 && j < x->parts ? x->part[j].ef : NULL;
+}
+
+void fl_wk_psdev_stats(const fl_wk_psdev_t *x, fl_ps_client_stats_t *sum)
+{
+    *sum = x->before;
+    for (int j = 0; j < x->parts && x->part[j].cl != NULL; j++) {
+        fl_ps_client_stats_t s;
+        fl_ps_client_get_stats(x->part[j].cl, &s);
+        sum->bytes_sent += s.bytes_sent;
+        sum->bytes_recv += s.bytes_recv;
+        sum->raw_bytes += s.raw_bytes;
+        sum->wait_ms += s.wait_ms;
+        if (j == 0) {
+            sum->pushes += s.pushes;
+            sum->pulls += s.pulls;
+        }
+    }
+}

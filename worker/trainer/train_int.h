@@ -1,0 +1,183 @@
+/* worker/trainer: the training loop (train.c, train_ps.c), its setup (train_setup.c), its
+ * local-SGD policies (train_policy.c, async.c), its metrics and progress line (wk_obs.c,
+ * progress.c), and the trainer, the state of one fl_wk_train call. */
+#ifndef FL_WK_TRAIN_INT_H
+#define FL_WK_TRAIN_INT_H
+
+#include <stdio.h>
+
+#include "fl_obs.h"
+#include "wk_ckpt.h"
+
+/* Checks the model against the data (inputs; every label, of both splits, below its outputs)
+ * and the test split against the training data: FL_EINVAL saying what differs (a label: its
+ * file, index and value). */
+int fl_wk_check_model(const fl_wk_mlp_shape_t *m, const fl_wk_dataset_t *train,
+                      const fl_wk_dataset_t *test);
+
+/* Progress line pieces (progress.c): "42% ETA 1m23s" for a job `done` (0..1) of the way, this
+ * run having started at `start` and run elapsed_s; "sent 1.2 MiB (9.8x less than dense)" or
+ * "nothing exchanged". */
+void fl_wk_progress_eta(char *out, size_t cap, double done, double start, double elapsed_s);
+void fl_wk_progress_sent(char *out, size_t cap, uint64_t sent, uint64_t raw);
+
+/* ---- --policy async (async.c): local SGD with bounded run-ahead ---- */
+
+typedef struct fl_wk_async fl_wk_async_t;
+
+typedef struct fl_wk_async_avg { /* one averaging */
+    long index;          /* in the epoch */
+    double job_batches;  /* the job's batches it averaged */
+    double host_batches; /* of which this host's */
+    double loss;         /* their mean loss (this host's) */
+    size_t correct;      /* their correct predictions (this host's) */
+    double exchange_s;   /* its allreduce */
+    double wait_s;       /* the training thread's wait for this host's devices */
+    double divergence;   /* ||before - after|| / ||after||, this host's device that strayed most */
+} fl_wk_async_avg_t;
+
+typedef struct fl_wk_async_stats {
+    long averagings;
+    int max_lead;        /* most rounds a device started ahead of the last completed averaging */
+    long throttles;      /* round starts that waited at the run-ahead bound */
+    double throttled_s;  /* the devices' time waiting there, summed */
+    double busy_s;       /* the devices' time computing, summed */
+    double exchange_s;   /* the averagings' allreduces */
+    uint64_t sent, remote; /* their bytes, and of them to other hosts */
+} fl_wk_async_stats_t;
+
+typedef void (*fl_wk_async_fn)(const fl_wk_async_avg_t *avg, void *ud);
+
+/* The devices of d (made with o->max_anchor > 0), each with its own parameters and optimizer
+ * (o->opt), averaging over comm (NULL: one host) with at most o->run_ahead rounds in flight,
+ * in rounds of cad's counts (re-planned every o->replan_every averagings; borrowed). */
+int fl_wk_async_create(fl_wk_devices_t *d, const fl_wk_train_opts_t *o, fl_comm_t *comm,
+                       size_t np, fl_wk_cadence_t *cad, fl_wk_async_t **out);
+void fl_wk_async_destroy(fl_wk_async_t **a);
+
+/* One epoch from params (the job's, the same on every rank); params end as the last averaging
+ * left them and *samples counts the job's samples. on_avg hears every averaging (on the calling
+ * thread). FL_OK, a device's error, a collective's error, FL_EPEER when another host failed
+ * (every host stops at the same averaging). */
+int fl_wk_async_epoch(fl_wk_async_t *a, float *params, const fl_lr_sched_t *sched,
+                      double *samples, fl_wk_async_fn on_avg, void *ud);
+
+/* The epoch's mean loss per batch, correct predictions and batches of this host. */
+void fl_wk_async_epoch_figures(const fl_wk_async_t *a, double *loss, size_t *correct,
+                               size_t *batches);
+void fl_wk_async_stats(const fl_wk_async_t *a, fl_wk_async_stats_t *out);
+
+/* s for a rank training with o: its nx exchanges (borrowed), and under --policy cadence or
+ * async every device's own optimizer (dev's, or async's when not NULL). */
+void fl_wk_rank_state_of(const fl_wk_train_opts_t *o, int nx, struct fl_wk_xchg *const *xchg,
+                         struct fl_wk_devices *dev, struct fl_wk_async *async,
+                         fl_wk_rank_state_t *s);
+
+/* --policy async: device j's own optimizer. */
+fl_opt_t *fl_wk_async_opt(struct fl_wk_async *a, int j);
+
+/* ---- metrics and timeline of the training (wk_obs.c) ---- */
+
+
+typedef struct fl_wk_obs {
+    fl_obs_t *obs; /* NULL: nothing is recorded */
+    char labels[32];
+    int steps, samples, sent, remote, recv, ratio, residual, loss, sps, compute, exposed, last,
+        epoch, divergence, errors;
+    int step_h, wait_h; /* histograms of step and exchange-wait times */
+    int bad[FL_STAT_COUNT]; /* refused messages by kind (the bad_* stats); -1 for the others */
+} fl_wk_obs_t;
+
+typedef struct fl_wk_obs_step {
+    double samples;       /* the job's, so far */
+    uint64_t sent, remote, recv, raw;
+    double residual;
+    double loss;
+    double samples_per_s;
+    double compute_s;
+    double exposed_s;
+    double divergence;
+    const fl_ctx_t *ctx; /* the communicator's, for its counters by kind (NULL: none) */
+} fl_wk_obs_step_t;
+
+/* Registers the series (labelled with the rank) in obs (NULL: a no-op recorder). */
+void fl_wk_obs_init(fl_wk_obs_t *m, fl_obs_t *obs, int rank);
+void fl_wk_obs_step(fl_wk_obs_t *m, const fl_wk_obs_step_t *s);
+void fl_wk_obs_epoch(fl_wk_obs_t *m, int epochs);
+void fl_wk_obs_error(fl_wk_obs_t *m);
+
+typedef struct trainer {
+    const fl_wk_train_opts_t *o;
+    const fl_wk_mlp_shape_t *m;
+    const fl_wk_dataset_t *train;
+    fl_comm_t *comm;
+    int rank;
+    int world;
+    size_t np;
+    float *params;
+    float *grad;
+    fl_wk_devices_t *dev;
+    int nx;                    /* exchanges: one, or one per device (its own connection) */
+    int nsubs;
+    fl_comm_t *subs[64];       /* their sub-communicators, when nx > 1 */
+    fl_wk_xchg_t *xchg[64];
+    fl_wk_shards_t *shards;
+    fl_wk_full_t *full;        /* --shard full: the parameters' pieces (NULL otherwise) */
+    fl_wk_async_t *async;      /* --policy async (NULL otherwise) */
+    bool resident;             /* parameters and optimizer on the devices (--policy sync) */
+    bool resident_ranges;      /* ... each device stepping its range (--shard hybrid, grad) */
+    bool keep_grad;            /* ... and the gradient too (one device, no exchange) */
+    bool gathered_on_devices;  /* ... the ranges all-gathered on the devices (gather_ranges) */
+    FILE *metrics;
+    /* El Che (o->max_anchor > 0) */
+    fl_wk_cadence_t cad;
+    size_t next;        /* the host's next batch this epoch */
+    double exch_ema_s;  /* exchange seconds per sync */
+    long syncs;
+    const fl_lr_sched_t *sched;
+    double samples;     /* the job's, trained on */
+    fl_wk_obs_t obs;
+} trainer_t;
+
+/* The trainer's parts from its options (model, devices, exchanges, shards, El Che, metrics):
+ * FL_OK, or the first error with its detail (the options named); fl_wk_trainer_teardown frees
+ * what was made either way. A training that failed (rc, why: its detail) leaves the job with
+ * the error (fl_comm_abort) once its threads are stopped and before its devices are freed. */
+int fl_wk_trainer_setup(trainer_t *tr);
+void fl_wk_trainer_teardown(trainer_t *tr, int rc, const char *why);
+
+/* Device t's optimizer, whichever --shard holds it (checkpoints); NULL past the last. */
+void fl_wk_trainer_optimizers(trainer_t *tr, fl_opt_t **opts);
+
+/* The parameters (and with them the optimizer) go to the devices and stay there under
+ * --policy sync (opts: a resumed optimizer state, loaded with them). FL_OK or the devices'
+ * error. */
+int fl_wk_trainer_keep(trainer_t *tr, fl_opt_t *const *opts);
+
+/* El Che's learning rate: the schedule follows the job's batches in units of a per-batch
+ * sync's, a sync of r times more batches stepping sqrt(r) times further. */
+double fl_wk_cadence_lr(const trainer_t *tr, const fl_lr_sched_t *sched, double samples_before,
+                        double job_batches);
+/* El Che after a sync: the exchange time folded in, and every few syncs a new plan (the same on
+ * every rank). FL_OK or the allreduce's error. */
+int fl_wk_cadence_after(trainer_t *tr, double exchange_s);
+
+/* --policy async: what the averagings of an epoch report to. */
+typedef struct async_ctx {
+    trainer_t *tr;
+    int ep;
+    long *step;
+    long first_step;
+    int64_t t_start;
+    int64_t t_last;
+    double first_samples;
+    double comm_ms;
+    double divergence;
+} async_ctx_t;
+
+/* --policy async: one epoch, reported through c; the epoch's mean loss, correct count and this
+ * host's batches. */
+int fl_wk_async_epoch_run(trainer_t *tr, async_ctx_t *c, double *loss, size_t *correct,
+                          size_t *batches);
+
+#endif
