@@ -1,6 +1,6 @@
 /* The built-in dataset: a synthetic 10-class problem made from a 64-bit seed, bit-identical on
  * every machine, so that training runs need no download and ranks need not ship data. Also
- * fl_wk_dataset_free for every loader. Files (IDX, CSV) are data_idx.c's and data_csv.c's.
+ * fl_dataset_free for every loader. Files (IDX, CSV) are data_idx.c's and data_csv.c's.
  *
  * How it is made (a Gaussian mixture seen through a random linear map, like scikit-learn's
  * make_classification with several clusters per class):
@@ -42,7 +42,7 @@
 #pragma STDC FP_CONTRACT OFF
 #endif
 
-enum { DIM = FL_WK_BUILTIN_DIM, CLASSES = FL_WK_BUILTIN_CLASSES, LATENT = 10, CLUSTERS = 8 };
+enum { DIM = FL_DATA_BUILTIN_DIM, CLASSES = FL_DATA_BUILTIN_CLASSES, LATENT = 10, CLUSTERS = 8 };
 
 #define SPREAD 1.0
 #define SIGMA 0.45
@@ -199,12 +199,12 @@ static void model_make(model_t *m, uint64_t seed)
 }
 
 static int draw(const model_t *m, uint64_t seed, int stream, size_t n, const char *what,
-                fl_wk_dataset_t *d)
+                fl_dataset_t *d)
 {
     d->x = malloc(n * DIM * sizeof *d->x);
     d->y = malloc(n * sizeof *d->y);
     if (d->x == NULL || d->y == NULL) {
-        fl_wk_dataset_free(d);
+        fl_dataset_free(d);
         return fl_fail(FL_ENOMEM, "built-in dataset: no memory for %zu samples", n);
     }
     d->n = n;
@@ -233,7 +233,7 @@ static int draw(const model_t *m, uint64_t seed, int stream, size_t n, const cha
     return FL_OK;
 }
 
-int fl_wk_data_builtin(uint64_t seed, fl_wk_dataset_t *train, fl_wk_dataset_t *test)
+int fl_data_builtin(uint64_t seed, fl_dataset_t *train, fl_dataset_t *test)
 {
     assert(train != NULL && test != NULL);
     memset(train, 0, sizeof *train);
@@ -242,17 +242,17 @@ int fl_wk_data_builtin(uint64_t seed, fl_wk_dataset_t *train, fl_wk_dataset_t *t
     if (m == NULL)
         return fl_fail(FL_ENOMEM, "built-in dataset: no memory");
     model_make(m, seed);
-    int rc = draw(m, seed, STREAM_TRAIN, FL_WK_BUILTIN_TRAIN, "train", train);
+    int rc = draw(m, seed, STREAM_TRAIN, FL_DATA_BUILTIN_TRAIN, "train", train);
     if (rc == FL_OK) {
-        rc = draw(m, seed, STREAM_TEST, FL_WK_BUILTIN_TEST, "test", test);
+        rc = draw(m, seed, STREAM_TEST, FL_DATA_BUILTIN_TEST, "test", test);
         if (rc != FL_OK)
-            fl_wk_dataset_free(train);
+            fl_dataset_free(train);
     }
     free(m);
     return rc;
 }
 
-void fl_wk_dataset_free(fl_wk_dataset_t *d)
+void fl_dataset_free(fl_dataset_t *d)
 {
     if (d == NULL)
         return;

@@ -168,7 +168,7 @@ static bool is_header(const char *s)
     return !parse_number(trim(first, first + len), &v);
 }
 
-int fl_wk_data_csv(const char *path, fl_wk_dataset_t *out)
+int fl_data_csv(const char *path, fl_dataset_t *out)
 {
     memset(out, 0, sizeof *out);
     FILE *f = fopen(path, "r");

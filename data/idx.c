@@ -169,7 +169,7 @@ static int read_images(gzFile f, const char *path, size_t n, size_t dim, float *
     return FL_OK;
 }
 
-int fl_wk_data_idx(const char *images, const char *labels, fl_wk_dataset_t *out)
+int fl_data_idx(const char *images, const char *labels, fl_dataset_t *out)
 {
     memset(out, 0, sizeof *out);
     gzFile fi = NULL;
@@ -225,6 +225,6 @@ done:
     if (fl != NULL)
         gzclose(fl);
     if (rc != FL_OK)
-        fl_wk_dataset_free(out);
+        fl_dataset_free(out);
     return rc;
 }

@@ -33,7 +33,7 @@ static uint32_t below(uint64_t *st, uint32_t bound)
     return (uint32_t)(m >> 32);
 }
 
-int fl_wk_sampler_init(fl_wk_sampler_t *s, size_t n, int world, int rank, size_t batch,
+int fl_sampler_init(fl_sampler_t *s, size_t n, int world, int rank, size_t batch,
                        bool shuffle, uint64_t seed)
 {
     assert(s != NULL);
@@ -61,11 +61,11 @@ int fl_wk_sampler_init(fl_wk_sampler_t *s, size_t n, int world, int rank, size_t
     s->batch = batch;
     s->shuffle = shuffle;
     s->seed = seed;
-    fl_wk_sampler_set_epoch(s, 0);
+    fl_sampler_set_epoch(s, 0);
     return FL_OK;
 }
 
-void fl_wk_sampler_deinit(fl_wk_sampler_t *s)
+void fl_sampler_deinit(fl_sampler_t *s)
 {
     if (s == NULL)
         return;
@@ -73,7 +73,7 @@ void fl_wk_sampler_deinit(fl_wk_sampler_t *s)
     memset(s, 0, sizeof *s);
 }
 
-void fl_wk_sampler_set_epoch(fl_wk_sampler_t *s, long epoch)
+void fl_sampler_set_epoch(fl_sampler_t *s, long epoch)
 {
     assert(s != NULL && s->perm != NULL);
     for (size_t i = 0; i < s->n; i++)
@@ -91,15 +91,15 @@ void fl_wk_sampler_set_epoch(fl_wk_sampler_t *s, long epoch)
     }
 }
 
-size_t fl_wk_sampler_batches(const fl_wk_sampler_t *s)
+size_t fl_sampler_batches(const fl_sampler_t *s)
 {
     assert(s != NULL && s->world >= 1 && s->batch >= 1);
     return (s->n / (size_t)s->world) / s->batch;
 }
 
-void fl_wk_sampler_batch(const fl_wk_sampler_t *s, size_t i, uint32_t *idx)
+void fl_sampler_batch(const fl_sampler_t *s, size_t i, uint32_t *idx)
 {
-    assert(s != NULL && s->perm != NULL && i < fl_wk_sampler_batches(s));
+    assert(s != NULL && s->perm != NULL && i < fl_sampler_batches(s));
     size_t w = (size_t)s->world;
     size_t base = i * s->batch;
     for (size_t t = 0; t < s->batch; t++)

@@ -1,8 +1,8 @@
 /* Private to flodl-launch: a group of child processes started and supervised by one thread.
  * launch_proc.c owns fork/exec, the output relay (one prefixed line per write), reaping and
  * the signals the launcher takes (through a signalfd); launch_main.c owns flags and policy. */
-#ifndef FL_WK_LAUNCH_INT_H
-#define FL_WK_LAUNCH_INT_H
+#ifndef FL_LAUNCH_INT_H
+#define FL_LAUNCH_INT_H
 
 #include <stdbool.h>
 #include <stddef.h>
@@ -12,49 +12,49 @@
 extern "C" {
 #endif
 
-typedef struct fl_wk_procs fl_wk_procs_t; /* body lives in launch_proc.c */
+typedef struct fl_launch_procs fl_launch_procs_t; /* body lives in launch_proc.c */
 
 /* Creates an empty group for up to cap children. Blocks SIGINT, SIGTERM and SIGCHLD for the
- * calling thread (they arrive through fl_wk_procs_pump instead) and ignores SIGPIPE, so a closed
+ * calling thread (they arrive through fl_launch_procs_pump instead) and ignores SIGPIPE, so a closed
  * stdout never kills the launcher before it has stopped its children. Returns FL_OK,
  * FL_EINVAL (cap 0), FL_ENOMEM or FL_EIO. One thread at a time per group. */
-int fl_wk_procs_create(size_t cap, fl_wk_procs_t **out);
+int fl_launch_procs_create(size_t cap, fl_launch_procs_t **out);
 
 /* SIGKILLs every child still running, reaps it (bounded), flushes partial lines and frees the
  * group. NULL-safe; sets *procs = NULL. */
-void fl_wk_procs_destroy(fl_wk_procs_t **procs);
+void fl_launch_procs_destroy(fl_launch_procs_t **procs);
 
 /* Starts path with argv (NULL-terminated, argv[0] included) as a child named name ("rank 3",
  * "flodl-ps"); its stdout and stderr lines are relayed to ours behind prefix ("[rank 3] ").
  * cpu >= 0 pins the child to that CPU. The child gets stdin from /dev/null, default signal
  * handling, and SIGTERM when the launcher dies. Returns FL_OK and the child's index, or
  * FL_ENOMEM / FL_EIO (group full, pipe or fork failed) with the detail set. */
-int fl_wk_procs_spawn(fl_wk_procs_t *procs, const char *name, const char *prefix, const char *path,
+int fl_launch_procs_spawn(fl_launch_procs_t *procs, const char *name, const char *prefix, const char *path,
                       char *const argv[], int cpu, size_t *index);
 
 /* Waits up to timeout_ms for output, exits or a signal; relays complete lines and reaps the
  * children that exited. *signo gets SIGINT or SIGTERM if one arrived, else 0. */
-void fl_wk_procs_pump(fl_wk_procs_t *procs, int timeout_ms, int *signo);
+void fl_launch_procs_pump(fl_launch_procs_t *procs, int timeout_ms, int *signo);
 
 /* The next child reaped since the last call, in reaping order: true with its index and wait
  * status, or false when none is pending. */
-bool fl_wk_procs_next_exit(fl_wk_procs_t *procs, size_t *index, int *status);
+bool fl_launch_procs_next_exit(fl_launch_procs_t *procs, size_t *index, int *status);
 
 /* Sends sig to child index if it has not been reaped (by PID; never to anything else). */
-void fl_wk_procs_kill(fl_wk_procs_t *procs, size_t index, int sig);
+void fl_launch_procs_kill(fl_launch_procs_t *procs, size_t index, int sig);
 
 /* Children not reaped yet. */
-size_t fl_wk_procs_running(const fl_wk_procs_t *procs);
+size_t fl_launch_procs_running(const fl_launch_procs_t *procs);
 
-/* The name given to fl_wk_procs_spawn; the string belongs to the group. */
-const char *fl_wk_procs_name(const fl_wk_procs_t *procs, size_t index);
+/* The name given to fl_launch_procs_spawn; the string belongs to the group. */
+const char *fl_launch_procs_name(const fl_launch_procs_t *procs, size_t index);
 
 /* Relays what is left in the pipes until every child closed its output or the deadline (a
  * grandchild may keep a pipe open), then closes them and flushes partial lines. */
-void fl_wk_procs_drain(fl_wk_procs_t *procs, int64_t deadline_ms);
+void fl_launch_procs_drain(fl_launch_procs_t *procs, int64_t deadline_ms);
 
 /* "exited with status 2" or "was killed by signal 9 (Killed)", from a wait status. */
-void fl_wk_status_describe(int status, char *out, size_t cap);
+void fl_launch_status_describe(int status, char *out, size_t cap);
 
 #ifdef __cplusplus
 }

@@ -78,7 +78,7 @@ typedef struct launch_opts {
 
 /* One job: flodl-ps is child 0, rank k is child k + 1. */
 typedef struct job {
-    fl_wk_procs_t *procs;
+    fl_launch_procs_t *procs;
     size_t nworkers;
     size_t started;
     size_t workers_ok;
@@ -260,8 +260,8 @@ static int find_program(const char *prog, char *out, size_t cap)
 static void stop_all(job_t *j, int sig)
 {
     for (size_t i = 1; i < j->started; i++)
-        fl_wk_procs_kill(j->procs, i, sig);
-    fl_wk_procs_kill(j->procs, 0, sig);
+        fl_launch_procs_kill(j->procs, i, sig);
+    fl_launch_procs_kill(j->procs, 0, sig);
     if (!j->stopping) {
         j->stopping = true;
         j->deadline = fl_deadline_in(GRACE_MS);
@@ -293,9 +293,9 @@ static void on_exit_status(job_t *j, size_t i, int status)
         return; /* we stopped it, or it noticed the job failing: the cause is already named */
     if (!WIFEXITED(status) || WEXITSTATUS(status) != 0) {
         char how[96];
-        fl_wk_status_describe(status, how, sizeof how);
-        bool others = fl_wk_procs_running(j->procs) > 0;
-        fprintf(stderr, "flodl-launch: %s %s%s\n", fl_wk_procs_name(j->procs, i), how,
+        fl_launch_status_describe(status, how, sizeof how);
+        bool others = fl_launch_procs_running(j->procs) > 0;
+        fprintf(stderr, "flodl-launch: %s %s%s\n", fl_launch_procs_name(j->procs, i), how,
                 others ? "; stopping the others" : "");
         j->code = 1;
         stop_all(j, SIGTERM);
@@ -314,7 +314,7 @@ static void on_exit_status(job_t *j, size_t i, int status)
 
 static void on_deadline(job_t *j)
 {
-    size_t left = fl_wk_procs_running(j->procs);
+    size_t left = fl_launch_procs_running(j->procs);
     if (j->killed) {
         fprintf(stderr, "flodl-launch: %zu process(es) survived SIGKILL for %d s; giving up\n",
                 left, KILL_WAIT_MS / 1000);
@@ -346,14 +346,14 @@ static void step(job_t *j, int max_ms)
 {
     int left = fl_deadline_left_ms(j->deadline);
     int signo;
-    fl_wk_procs_pump(j->procs, left < max_ms ? left : max_ms, &signo);
+    fl_launch_procs_pump(j->procs, left < max_ms ? left : max_ms, &signo);
     if (signo != 0)
         on_signal(j, signo);
     size_t i;
     int status;
-    while (fl_wk_procs_next_exit(j->procs, &i, &status))
+    while (fl_launch_procs_next_exit(j->procs, &i, &status))
         on_exit_status(j, i, status);
-    if (fl_deadline_left_ms(j->deadline) == 0 && fl_wk_procs_running(j->procs) > 0)
+    if (fl_deadline_left_ms(j->deadline) == 0 && fl_launch_procs_running(j->procs) > 0)
         on_deadline(j);
 }
 
@@ -481,7 +481,7 @@ static void start_ps(job_t *j, const launch_opts_t *o, const char *path, const c
         argv[a++] = o->pargs[i];
     argv[a] = NULL;
     size_t idx;
-    int rc = fl_wk_procs_spawn(j->procs, "flodl-ps", "[ps] ", path, (char *const *)argv, -1,
+    int rc = fl_launch_procs_spawn(j->procs, "flodl-ps", "[ps] ", path, (char *const *)argv, -1,
                                &idx);
     free(argv);
     if (rc != FL_OK) {
@@ -543,7 +543,7 @@ static void start_workers(job_t *j, const launch_opts_t *o, const char *path, co
             snprintf(prefix, sizeof prefix, "[rank %ld] ", k);
             program_env(o, k, ep);
             size_t idx;
-            if (fl_wk_procs_spawn(j->procs, name, prefix, path, o->prog, pin_cpu(o, k), &idx) !=
+            if (fl_launch_procs_spawn(j->procs, name, prefix, path, o->prog, pin_cpu(o, k), &idx) !=
                 FL_OK) {
                 fprintf(stderr, "flodl-launch: cannot start rank %ld: %s; stopping the others\n",
                         k, fl_last_error());
@@ -584,7 +584,7 @@ static void start_workers(job_t *j, const launch_opts_t *o, const char *path, co
         snprintf(name, sizeof name, "rank %ld", k);
         snprintf(prefix, sizeof prefix, "[rank %ld] ", k);
         size_t idx;
-        if (fl_wk_procs_spawn(j->procs, name, prefix, path, (char *const *)argv,
+        if (fl_launch_procs_spawn(j->procs, name, prefix, path, (char *const *)argv,
                               pin_cpu(o, k), &idx) != FL_OK) {
             fprintf(stderr, "flodl-launch: cannot start rank %ld: %s; stopping the others\n", k,
                     fl_last_error());
@@ -624,7 +624,7 @@ static int run_job(const launch_opts_t *o_in, const char *ps_path, const char *w
     }
     o = &ob;
     job_t j = {.nworkers = (size_t)o->workers, .code = -1, .deadline = INT64_MAX};
-    if (fl_wk_procs_create((size_t)o->workers + 1, &j.procs) != FL_OK) {
+    if (fl_launch_procs_create((size_t)o->workers + 1, &j.procs) != FL_OK) {
         fprintf(stderr, "flodl-launch: %s\n", fl_last_error());
         if (keys[0] != '\0')
             remove_keys(keys);
@@ -635,10 +635,10 @@ static int run_job(const launch_opts_t *o_in, const char *ps_path, const char *w
     char ep[512];
     if (j.started == 1 && wait_endpoint(&j, epfile, ep, sizeof ep))
         start_workers(&j, o, wk_path, ep);
-    while (fl_wk_procs_running(j.procs) > 0 && !j.gave_up)
+    while (fl_launch_procs_running(j.procs) > 0 && !j.gave_up)
         step(&j, 1000);
-    fl_wk_procs_drain(j.procs, fl_deadline_in(DRAIN_MS));
-    fl_wk_procs_destroy(&j.procs);
+    fl_launch_procs_drain(j.procs, fl_deadline_in(DRAIN_MS));
+    fl_launch_procs_destroy(&j.procs);
     unlink(epfile);
     if (keys[0] != '\0')
         remove_keys(keys);

@@ -43,7 +43,7 @@ typedef struct child {
     stream_t s[2];
 } child_t;
 
-struct fl_wk_procs {
+struct fl_launch_procs {
     child_t *kids;
     size_t n;
     size_t cap;
@@ -58,7 +58,7 @@ struct fl_wk_procs {
     bool out_broken[3]; /* a write to fd 1 or 2 failed for good: drop what would go there */
 };
 
-int fl_wk_procs_create(size_t cap, fl_wk_procs_t **out)
+int fl_launch_procs_create(size_t cap, fl_launch_procs_t **out)
 {
     *out = NULL;
     if (cap == 0)
@@ -70,7 +70,7 @@ int fl_wk_procs_create(size_t cap, fl_wk_procs_t **out)
         fcntl(fd, F_SETFD, 0);
     if (fd > 2)
         close(fd);
-    fl_wk_procs_t *p = calloc(1, sizeof *p);
+    fl_launch_procs_t *p = calloc(1, sizeof *p);
     if (p == NULL)
         return fl_fail(FL_ENOMEM, "launch: no memory for a process group");
     p->cap = cap;
@@ -82,7 +82,7 @@ int fl_wk_procs_create(size_t cap, fl_wk_procs_t **out)
     p->rbuf = malloc(READ_CAP);
     if (p->kids == NULL || p->exits == NULL || p->pfd == NULL || p->pfd_stream == NULL ||
         p->rbuf == NULL) {
-        fl_wk_procs_destroy(&p);
+        fl_launch_procs_destroy(&p);
         return fl_fail(FL_ENOMEM, "launch: no memory for %zu children", cap);
     }
     sigset_t mask;
@@ -91,13 +91,13 @@ int fl_wk_procs_create(size_t cap, fl_wk_procs_t **out)
     sigaddset(&mask, SIGTERM);
     sigaddset(&mask, SIGCHLD);
     if (sigprocmask(SIG_BLOCK, &mask, &p->oldmask) != 0) {
-        fl_wk_procs_destroy(&p);
+        fl_launch_procs_destroy(&p);
         return fl_fail(FL_EIO, "launch: sigprocmask: %s", strerror(errno));
     }
     if ((p->sigfd = signalfd(-1, &mask, SFD_NONBLOCK | SFD_CLOEXEC)) < 0) {
         int e = errno;
         sigprocmask(SIG_SETMASK, &p->oldmask, NULL);
-        fl_wk_procs_destroy(&p);
+        fl_launch_procs_destroy(&p);
         return fl_fail(FL_EIO, "launch: signalfd: %s", strerror(e));
     }
     struct sigaction ign = {.sa_handler = SIG_IGN};
@@ -108,7 +108,7 @@ int fl_wk_procs_create(size_t cap, fl_wk_procs_t **out)
 
 /* Writes all of buf to fd 1 or 2 unless that stream broke (EPIPE, a closed terminal): the job
  * goes on without its output rather than dying with its children still running. */
-static void write_all(fl_wk_procs_t *p, int fd, const char *buf, size_t len)
+static void write_all(fl_launch_procs_t *p, int fd, const char *buf, size_t len)
 {
     int64_t deadline = fl_deadline_in(10000);
     while (len > 0 && !p->out_broken[fd]) {
@@ -125,14 +125,14 @@ static void write_all(fl_wk_procs_t *p, int fd, const char *buf, size_t len)
     }
 }
 
-static void emit(fl_wk_procs_t *p, stream_t *s)
+static void emit(fl_launch_procs_t *p, stream_t *s)
 {
     write_all(p, s->out, s->line, s->len);
     s->len = 0;
 }
 
 /* Appends data to the stream's open line, writing each line once it is whole (or full). */
-static void relay(fl_wk_procs_t *p, const child_t *c, stream_t *s, const char *data, size_t n)
+static void relay(fl_launch_procs_t *p, const child_t *c, stream_t *s, const char *data, size_t n)
 {
     while (n > 0) {
         if (s->len == 0) {
@@ -158,7 +158,7 @@ static void relay(fl_wk_procs_t *p, const child_t *c, stream_t *s, const char *d
 }
 
 /* Closes the stream at EOF, writing a last line that lacked its newline. */
-static void stream_close(fl_wk_procs_t *p, stream_t *s)
+static void stream_close(fl_launch_procs_t *p, stream_t *s)
 {
     if (s->fd >= 0)
         close(s->fd);
@@ -169,7 +169,7 @@ static void stream_close(fl_wk_procs_t *p, stream_t *s)
     }
 }
 
-static void child_free(fl_wk_procs_t *p, child_t *c)
+static void child_free(fl_launch_procs_t *p, child_t *c)
 {
     for (int k = 0; k < 2; k++) {
         if (c->s[k].line != NULL)
@@ -179,20 +179,20 @@ static void child_free(fl_wk_procs_t *p, child_t *c)
     }
 }
 
-void fl_wk_procs_destroy(fl_wk_procs_t **procs)
+void fl_launch_procs_destroy(fl_launch_procs_t **procs)
 {
-    fl_wk_procs_t *p = *procs;
+    fl_launch_procs_t *p = *procs;
     if (p == NULL)
         return;
     *procs = NULL;
     if (p->sigfd >= 0 && p->kids != NULL) {
         for (size_t i = 0; i < p->n; i++)
-            fl_wk_procs_kill(p, i, SIGKILL);
+            fl_launch_procs_kill(p, i, SIGKILL);
         int64_t deadline = fl_deadline_in(5000); /* SIGKILL is reaped within this */
         int signo;
-        while (fl_wk_procs_running(p) > 0 && fl_deadline_left_ms(deadline) > 0)
-            fl_wk_procs_pump(p, 100, &signo);
-        fl_wk_procs_drain(p, fl_deadline_in(1000));
+        while (fl_launch_procs_running(p) > 0 && fl_deadline_left_ms(deadline) > 0)
+            fl_launch_procs_pump(p, 100, &signo);
+        fl_launch_procs_drain(p, fl_deadline_in(1000));
     }
     for (size_t i = 0; p->kids != NULL && i < p->n; i++)
         child_free(p, &p->kids[i]);
@@ -209,7 +209,7 @@ void fl_wk_procs_destroy(fl_wk_procs_t **procs)
 }
 
 /* Runs in the forked child until exec: async-signal-safe calls only. */
-static _Noreturn void child_exec(const fl_wk_procs_t *p, pid_t parent, int devnull,
+static _Noreturn void child_exec(const fl_launch_procs_t *p, pid_t parent, int devnull,
                                  const int out[2], const int err[2], const cpu_set_t *cpu,
                                  const char *path, char *const argv[])
 {
@@ -238,7 +238,7 @@ static _Noreturn void child_exec(const fl_wk_procs_t *p, pid_t parent, int devnu
     _exit(127);
 }
 
-int fl_wk_procs_spawn(fl_wk_procs_t *p, const char *name, const char *prefix, const char *path,
+int fl_launch_procs_spawn(fl_launch_procs_t *p, const char *name, const char *prefix, const char *path,
                       char *const argv[], int cpu, size_t *index)
 {
     if (p->n == p->cap)
@@ -302,7 +302,7 @@ fail:
     return rc;
 }
 
-static void reap(fl_wk_procs_t *p)
+static void reap(fl_launch_procs_t *p)
 {
     for (size_t i = 0; i < p->n; i++) {
         child_t *c = &p->kids[i];
@@ -318,7 +318,7 @@ static void reap(fl_wk_procs_t *p)
     }
 }
 
-static void read_signals(fl_wk_procs_t *p, int *signo)
+static void read_signals(fl_launch_procs_t *p, int *signo)
 {
     struct signalfd_siginfo si;
     while (read(p->sigfd, &si, sizeof si) == (ssize_t)sizeof si)
@@ -326,7 +326,7 @@ static void read_signals(fl_wk_procs_t *p, int *signo)
             *signo = (int)si.ssi_signo;
 }
 
-void fl_wk_procs_pump(fl_wk_procs_t *p, int timeout_ms, int *signo)
+void fl_launch_procs_pump(fl_launch_procs_t *p, int timeout_ms, int *signo)
 {
     *signo = 0;
     nfds_t nfd = 0;
@@ -359,7 +359,7 @@ void fl_wk_procs_pump(fl_wk_procs_t *p, int timeout_ms, int *signo)
     reap(p);
 }
 
-bool fl_wk_procs_next_exit(fl_wk_procs_t *p, size_t *index, int *status)
+bool fl_launch_procs_next_exit(fl_launch_procs_t *p, size_t *index, int *status)
 {
     if (p->nexit_read == p->nexit)
         return false;
@@ -368,14 +368,14 @@ bool fl_wk_procs_next_exit(fl_wk_procs_t *p, size_t *index, int *status)
     return true;
 }
 
-void fl_wk_procs_kill(fl_wk_procs_t *p, size_t index, int sig)
+void fl_launch_procs_kill(fl_launch_procs_t *p, size_t index, int sig)
 {
     /* Only unreaped children: a reaped PID may already belong to someone else. */
     if (index < p->n && p->kids[index].pid > 0 && !p->kids[index].reaped)
         kill(p->kids[index].pid, sig);
 }
 
-size_t fl_wk_procs_running(const fl_wk_procs_t *p)
+size_t fl_launch_procs_running(const fl_launch_procs_t *p)
 {
     size_t n = 0;
     for (size_t i = 0; i < p->n; i++)
@@ -383,12 +383,12 @@ size_t fl_wk_procs_running(const fl_wk_procs_t *p)
     return n;
 }
 
-const char *fl_wk_procs_name(const fl_wk_procs_t *p, size_t index)
+const char *fl_launch_procs_name(const fl_launch_procs_t *p, size_t index)
 {
     return index < p->n ? p->kids[index].name : "?";
 }
 
-void fl_wk_procs_drain(fl_wk_procs_t *p, int64_t deadline_ms)
+void fl_launch_procs_drain(fl_launch_procs_t *p, int64_t deadline_ms)
 {
     for (;;) {
         bool any_open = false;
@@ -398,7 +398,7 @@ void fl_wk_procs_drain(fl_wk_procs_t *p, int64_t deadline_ms)
         if (!any_open || left == 0)
             break;
         int signo;
-        fl_wk_procs_pump(p, left < 100 ? left : 100, &signo);
+        fl_launch_procs_pump(p, left < 100 ? left : 100, &signo);
     }
     for (size_t i = 0; i < p->n; i++)
         for (int k = 0; k < 2; k++)
@@ -406,7 +406,7 @@ void fl_wk_procs_drain(fl_wk_procs_t *p, int64_t deadline_ms)
                 stream_close(p, &p->kids[i].s[k]);
 }
 
-void fl_wk_status_describe(int status, char *out, size_t cap)
+void fl_launch_status_describe(int status, char *out, size_t cap)
 {
     if (WIFEXITED(status))
         snprintf(out, cap, "exited with status %d", WEXITSTATUS(status));

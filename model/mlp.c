@@ -14,7 +14,7 @@
 
 #define MAX_SIZE 1000000
 
-int fl_wk_mlp_parse(const char *s, fl_wk_mlp_shape_t *out)
+int fl_mlp_parse(const char *s, fl_mlp_shape_t *out)
 {
     memset(out, 0, sizeof *out);
     if (s == NULL || *s == '\0')
@@ -28,8 +28,8 @@ int fl_wk_mlp_parse(const char *s, fl_wk_mlp_shape_t *out)
         if (end == p || errno != 0 || v < 1 || v > MAX_SIZE)
             return fl_fail(FL_EINVAL, "layers '%s': size %d is not an integer in 1..%d", s,
                            n + 1, MAX_SIZE);
-        if (n > FL_WK_MAX_LAYERS)
-            return fl_fail(FL_EINVAL, "layers '%s': more than %d layers", s, FL_WK_MAX_LAYERS);
+        if (n > FL_MLP_MAX_LAYERS)
+            return fl_fail(FL_EINVAL, "layers '%s': more than %d layers", s, FL_MLP_MAX_LAYERS);
         out->sizes[n++] = (int)v;
         if (*end == '\0')
             break;
@@ -43,7 +43,7 @@ int fl_wk_mlp_parse(const char *s, fl_wk_mlp_shape_t *out)
     return FL_OK;
 }
 
-size_t fl_wk_mlp_weight_at(const fl_wk_mlp_shape_t *m, int layer)
+size_t fl_mlp_weight_at(const fl_mlp_shape_t *m, int layer)
 {
     size_t off = 0;
     for (int l = 0; l < layer; l++)
@@ -51,17 +51,17 @@ size_t fl_wk_mlp_weight_at(const fl_wk_mlp_shape_t *m, int layer)
     return off;
 }
 
-size_t fl_wk_mlp_bias_at(const fl_wk_mlp_shape_t *m, int layer)
+size_t fl_mlp_bias_at(const fl_mlp_shape_t *m, int layer)
 {
-    return fl_wk_mlp_weight_at(m, layer) + (size_t)m->sizes[layer + 1] * (size_t)m->sizes[layer];
+    return fl_mlp_weight_at(m, layer) + (size_t)m->sizes[layer + 1] * (size_t)m->sizes[layer];
 }
 
-size_t fl_wk_mlp_nparams(const fl_wk_mlp_shape_t *m)
+size_t fl_mlp_nparams(const fl_mlp_shape_t *m)
 {
-    return fl_wk_mlp_weight_at(m, m->nlayers);
+    return fl_mlp_weight_at(m, m->nlayers);
 }
 
-uint64_t fl_wk_mlp_signature(const fl_wk_mlp_shape_t *m)
+uint64_t fl_mlp_signature(const fl_mlp_shape_t *m)
 {
     /* FNV-1a over a tag, the layer count and the sizes. */
     uint64_t h = 0xcbf29ce484222325ULL;
@@ -84,7 +84,7 @@ static uint64_t splitmix(uint64_t *s)
     return z ^ (z >> 31);
 }
 
-void fl_wk_mlp_init(const fl_wk_mlp_shape_t *m, float *params, uint64_t seed)
+void fl_mlp_init(const fl_mlp_shape_t *m, float *params, uint64_t seed)
 {
     /* kaiming_uniform_(a=sqrt(5)) gives bound sqrt(6 / ((1 + 5) * fan_in)) = 1 / sqrt(fan_in);
      * nn.Linear's bias uses the same bound. */
@@ -92,7 +92,7 @@ void fl_wk_mlp_init(const fl_wk_mlp_shape_t *m, float *params, uint64_t seed)
     for (int l = 0; l < m->nlayers; l++) {
         float bound = 1.0f / sqrtf((float)m->sizes[l]);
         size_t nw = (size_t)m->sizes[l + 1] * (size_t)m->sizes[l];
-        float *w = params + fl_wk_mlp_weight_at(m, l);
+        float *w = params + fl_mlp_weight_at(m, l);
         for (size_t i = 0; i < nw + (size_t)m->sizes[l + 1]; i++) {
             float u = (float)(splitmix(&st) >> 40) * 0x1p-24f; /* [0, 1) */
             w[i] = (2.0f * u - 1.0f) * bound;                  /* bias follows the weight */

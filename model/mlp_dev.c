@@ -2,7 +2,7 @@
  * workspace's stream, the loss and correct count left in device memory until the caller reads
  * them. Layers come from the flat parameters or from a source (--shard full). The backward pass
  * tells each finished layer (last first) as soon as its gradient is queued, so its copy out and
- * exchange can start behind the remaining layers. The host entry points (fl_wk_mlp_grad, _eval)
+ * exchange can start behind the remaining layers. The host entry points (fl_mlp_grad, _eval)
  * run the same code on a cpu device over the caller's buffers, without copies. */
 #include "fl_mlp.h"
 
@@ -10,12 +10,12 @@
 #include <stdlib.h>
 #include <string.h>
 
-struct fl_wk_mlp_ws {
+struct fl_mlp_ws {
     fl_dev_t *dev;
-    fl_dev_t *own_dev; /* a host workspace's cpu device (fl_wk_mlp_ws_create) */
+    fl_dev_t *own_dev; /* a host workspace's cpu device (fl_mlp_ws_create) */
     fl_stream_t *s;
     size_t batch;
-    fl_dptr_t act[FL_WK_MAX_LAYERS + 1]; /* act[l]: input of layer l after ReLU (act[0] unused:
+    fl_dptr_t act[FL_MLP_MAX_LAYERS + 1]; /* act[l]: input of layer l after ReLU (act[0] unused:
                                             the caller's x); act[nlayers]: logits */
     fl_dptr_t dz;                        /* gradient of a layer's output, batch x widest */
     fl_dptr_t da;                        /* gradient of a layer's input, batch x widest */
@@ -28,7 +28,7 @@ struct fl_wk_mlp_ws {
     double *hout;      /* the two results, read back */
 };
 
-static size_t widest(const fl_wk_mlp_shape_t *m)
+static size_t widest(const fl_mlp_shape_t *m)
 {
     size_t w = 0;
     for (int l = 0; l <= m->nlayers; l++)
@@ -36,13 +36,13 @@ static size_t widest(const fl_wk_mlp_shape_t *m)
     return w;
 }
 
-int fl_wk_mlp_ws_create_on(fl_dev_t *dev, const fl_wk_mlp_shape_t *m, size_t batch,
-                           fl_wk_mlp_ws_t **out)
+int fl_mlp_ws_create_on(fl_dev_t *dev, const fl_mlp_shape_t *m, size_t batch,
+                           fl_mlp_ws_t **out)
 {
     *out = NULL;
     if (batch == 0)
         return fl_fail(FL_EINVAL, "model: batch of 0");
-    fl_wk_mlp_ws_t *w = calloc(1, sizeof *w);
+    fl_mlp_ws_t *w = calloc(1, sizeof *w);
     if (w == NULL)
         return fl_fail(FL_ENOMEM, "model: out of memory");
     w->dev = dev;
@@ -68,34 +68,34 @@ int fl_wk_mlp_ws_create_on(fl_dev_t *dev, const fl_wk_mlp_shape_t *m, size_t bat
     if (rc == FL_OK)
         rc = fl_dev_host_alloc(dev, 2 * sizeof(double), (void **)&w->hout);
     if (rc != FL_OK) {
-        fl_wk_mlp_ws_destroy(&w);
+        fl_mlp_ws_destroy(&w);
         return fl_fail_ctx(rc, "model: activations for a batch of %zu", batch);
     }
     *out = w;
     return FL_OK;
 }
 
-int fl_wk_mlp_ws_create(const fl_wk_mlp_shape_t *m, size_t batch, fl_wk_mlp_ws_t **out)
+int fl_mlp_ws_create(const fl_mlp_shape_t *m, size_t batch, fl_mlp_ws_t **out)
 {
     *out = NULL;
     fl_dev_opts_t o;
     fl_dev_opts_init(&o);
     fl_dev_t *d = NULL;
     int rc = fl_dev_create(&o, &d);
-    if (rc == FL_OK && (rc = fl_wk_mlp_ws_create_on(d, m, batch, out)) == FL_OK)
+    if (rc == FL_OK && (rc = fl_mlp_ws_create_on(d, m, batch, out)) == FL_OK)
         (*out)->own_dev = d;
     else
         fl_dev_destroy(&d);
     return rc;
 }
 
-void fl_wk_mlp_ws_destroy(fl_wk_mlp_ws_t **ws)
+void fl_mlp_ws_destroy(fl_mlp_ws_t **ws)
 {
     if (ws == NULL || *ws == NULL)
         return;
-    fl_wk_mlp_ws_t *w = *ws;
+    fl_mlp_ws_t *w = *ws;
     fl_stream_destroy(&w->s); /* waits for what is queued before the memory goes */
-    for (int l = 0; l <= FL_WK_MAX_LAYERS; l++)
+    for (int l = 0; l <= FL_MLP_MAX_LAYERS; l++)
         fl_dev_free(w->dev, &w->act[l]);
     fl_dptr_t *bufs[] = {&w->dz, &w->da, &w->row_loss, &w->out,
                          &w->x,  &w->y,  &w->slot[0],  &w->slot[1]};
@@ -107,17 +107,17 @@ void fl_wk_mlp_ws_destroy(fl_wk_mlp_ws_t **ws)
     *ws = NULL;
 }
 
-fl_dev_t *fl_wk_mlp_ws_dev(const fl_wk_mlp_ws_t *ws)
+fl_dev_t *fl_mlp_ws_dev(const fl_mlp_ws_t *ws)
 {
     return ws->dev;
 }
 
-fl_stream_t *fl_wk_mlp_ws_stream(const fl_wk_mlp_ws_t *ws)
+fl_stream_t *fl_mlp_ws_stream(const fl_mlp_ws_t *ws)
 {
     return ws->s;
 }
 
-int fl_wk_mlp_check_labels(const fl_wk_mlp_shape_t *m, const int32_t *y, size_t b)
+int fl_mlp_check_labels(const fl_mlp_shape_t *m, const int32_t *y, size_t b)
 {
     int c = m->sizes[m->nlayers];
     for (size_t r = 0; r < b; r++)
@@ -129,16 +129,16 @@ int fl_wk_mlp_check_labels(const fl_wk_mlp_shape_t *m, const int32_t *y, size_t 
 
 /* Layer l's weight (bias after it) from the flat parameters or the source. */
 typedef struct layers {
-    const fl_wk_mlp_shape_t *m;
+    const fl_mlp_shape_t *m;
     fl_dptr_t flat;
-    const fl_wk_mlp_dsrc_t *src;
+    const fl_mlp_dsrc_t *src;
     fl_dptr_t last; /* the last layer, held from the forward pass into the backward */
 } layers_t;
 
 static int get_layer(const layers_t *p, int l, fl_dptr_t *w)
 {
     if (p->src == NULL) {
-        *w = fl_dptr_f32(p->flat, fl_wk_mlp_weight_at(p->m, l));
+        *w = fl_dptr_f32(p->flat, fl_mlp_weight_at(p->m, l));
         return FL_OK;
     }
     int rc = p->src->get(p->src->ud, l, w);
@@ -153,9 +153,9 @@ static void put_layer(const layers_t *p, int l)
 
 /* act[l+1] = act[l] W_l^T + b_l, with ReLU except after the last layer, whose weights stay
  * held (the backward pass starts with them). */
-static int forward(layers_t *p, fl_wk_mlp_ws_t *ws, fl_dptr_t x, size_t b)
+static int forward(layers_t *p, fl_mlp_ws_t *ws, fl_dptr_t x, size_t b)
 {
-    const fl_wk_mlp_shape_t *m = p->m;
+    const fl_mlp_shape_t *m = p->m;
     for (int l = 0; l < m->nlayers; l++) {
         size_t in = (size_t)m->sizes[l];
         size_t out = (size_t)m->sizes[l + 1];
@@ -179,10 +179,10 @@ static int forward(layers_t *p, fl_wk_mlp_ws_t *ws, fl_dptr_t x, size_t b)
     return FL_OK;
 }
 
-static int backward(layers_t *p, fl_wk_mlp_ws_t *ws, fl_dptr_t x, size_t b, fl_dptr_t grad,
-                    fl_wk_layer_done_fn done, void *ud)
+static int backward(layers_t *p, fl_mlp_ws_t *ws, fl_dptr_t x, size_t b, fl_dptr_t grad,
+                    fl_mlp_layer_done_fn done, void *ud)
 {
-    const fl_wk_mlp_shape_t *m = p->m;
+    const fl_mlp_shape_t *m = p->m;
     fl_dptr_t dz = ws->dz;
     fl_dptr_t da = ws->da;
     int rc = FL_OK;
@@ -190,8 +190,8 @@ static int backward(layers_t *p, fl_wk_mlp_ws_t *ws, fl_dptr_t x, size_t b, fl_d
         size_t in = (size_t)m->sizes[l];
         size_t out = (size_t)m->sizes[l + 1];
         fl_dptr_t a = l == 0 ? x : ws->act[l];
-        fl_dptr_t gw = fl_dptr_f32(grad, fl_wk_mlp_weight_at(m, l));
-        fl_dptr_t gb = fl_dptr_f32(grad, fl_wk_mlp_bias_at(m, l));
+        fl_dptr_t gw = fl_dptr_f32(grad, fl_mlp_weight_at(m, l));
+        fl_dptr_t gb = fl_dptr_f32(grad, fl_mlp_bias_at(m, l));
         if ((rc = fl_dev_gemm_wgrad(ws->s, b, out, in, dz, a, gw)) != FL_OK ||
             (rc = fl_dev_bias_grad(ws->s, gb, dz, b, out)) != FL_OK)
             break;
@@ -217,9 +217,9 @@ static int backward(layers_t *p, fl_wk_mlp_ws_t *ws, fl_dptr_t x, size_t b, fl_d
     return rc;
 }
 
-int fl_wk_mlp_dgrad(const fl_wk_mlp_shape_t *m, fl_wk_mlp_ws_t *ws, fl_dptr_t params,
-                    const fl_wk_mlp_dsrc_t *src, fl_dptr_t x, fl_dptr_t y, size_t b, fl_dptr_t grad,
-                    fl_wk_layer_done_fn done, void *ud)
+int fl_mlp_dgrad(const fl_mlp_shape_t *m, fl_mlp_ws_t *ws, fl_dptr_t params,
+                    const fl_mlp_dsrc_t *src, fl_dptr_t x, fl_dptr_t y, size_t b, fl_dptr_t grad,
+                    fl_mlp_layer_done_fn done, void *ud)
 {
     if (b == 0 || b > ws->batch)
         return fl_fail(FL_EINVAL, "model: batch of %zu samples, the workspace holds %zu", b,
@@ -235,7 +235,7 @@ int fl_wk_mlp_dgrad(const fl_wk_mlp_shape_t *m, fl_wk_mlp_ws_t *ws, fl_dptr_t pa
 }
 
 /* Reads the loss sum and correct count of the last pass over b samples. */
-static int result(fl_wk_mlp_ws_t *ws, size_t b, double *sum, size_t *correct)
+static int result(fl_mlp_ws_t *ws, size_t b, double *sum, size_t *correct)
 {
     int rc = fl_dev_d2h(ws->s, ws->hout, ws->out, 2 * sizeof(double));
     if (rc == FL_OK)
@@ -253,7 +253,7 @@ static int result(fl_wk_mlp_ws_t *ws, size_t b, double *sum, size_t *correct)
     return FL_OK;
 }
 
-int fl_wk_mlp_dresult(fl_wk_mlp_ws_t *ws, size_t b, double *loss, size_t *correct)
+int fl_mlp_dresult(fl_mlp_ws_t *ws, size_t b, double *loss, size_t *correct)
 {
     double sum = 0.0;
     int rc = result(ws, b, &sum, correct);
@@ -264,7 +264,7 @@ int fl_wk_mlp_dresult(fl_wk_mlp_ws_t *ws, size_t b, double *loss, size_t *correc
 
 /* Host samples as device memory: the buffer itself on cpu, else copied into slot (made on first
  * use for the workspace's batch). */
-static int stage(fl_wk_mlp_ws_t *ws, fl_dptr_t *slot, const void *host, size_t bytes,
+static int stage(fl_mlp_ws_t *ws, fl_dptr_t *slot, const void *host, size_t bytes,
                  size_t slot_bytes, fl_dptr_t *out)
 {
     if (fl_dev_kind(ws->dev) == FL_DEV_CPU)
@@ -276,7 +276,7 @@ static int stage(fl_wk_mlp_ws_t *ws, fl_dptr_t *slot, const void *host, size_t b
     return rc;
 }
 
-int fl_wk_mlp_deval(const fl_wk_mlp_shape_t *m, fl_wk_mlp_ws_t *ws, fl_dptr_t params,
+int fl_mlp_deval(const fl_mlp_shape_t *m, fl_mlp_ws_t *ws, fl_dptr_t params,
                     const float *x, const int32_t *y, size_t n, double *loss, size_t *correct)
 {
     double sum = 0.0;
@@ -289,7 +289,7 @@ int fl_wk_mlp_deval(const fl_wk_mlp_shape_t *m, fl_wk_mlp_ws_t *ws, fl_dptr_t pa
         layers_t p = {.m = m, .flat = params};
         double l = 0.0;
         size_t c = 0;
-        int rc = fl_wk_mlp_check_labels(m, y + at, b);
+        int rc = fl_mlp_check_labels(m, y + at, b);
         if (rc == FL_OK)
             rc = stage(ws, &ws->x, x + at * dim, b * dim * sizeof(float),
                        ws->batch * dim * sizeof(float), &dx);
@@ -302,7 +302,7 @@ int fl_wk_mlp_deval(const fl_wk_mlp_shape_t *m, fl_wk_mlp_ws_t *ws, fl_dptr_t pa
                              fl_dptr_null(), ws->row_loss, ws->out);
         /* The read waits for the chunk, so the staging slots are free for the next. */
         if (rc == FL_OK)
-            rc = fl_wk_mlp_dresult(ws, b, &l, &c);
+            rc = fl_mlp_dresult(ws, b, &l, &c);
         if (rc != FL_OK)
             return rc;
         sum += l * (double)b;
@@ -319,9 +319,9 @@ int fl_wk_mlp_deval(const fl_wk_mlp_shape_t *m, fl_wk_mlp_ws_t *ws, fl_dptr_t pa
  * waited for, so that the source may reuse its buffer as soon as the layer is put back. The
  * copy is queued behind the work that used the slot two layers ago. */
 typedef struct host_src {
-    const fl_wk_mlp_shape_t *m;
-    const fl_wk_mlp_src_t *src;
-    fl_wk_mlp_ws_t *ws;
+    const fl_mlp_shape_t *m;
+    const fl_mlp_src_t *src;
+    fl_mlp_ws_t *ws;
     int next;
 } host_src_t;
 
@@ -332,7 +332,7 @@ static int host_get(void *ud, int layer, fl_dptr_t *w)
     int rc = h->src->get(h->src->ud, layer, &hw);
     if (rc != FL_OK)
         return rc;
-    fl_wk_mlp_ws_t *ws = h->ws;
+    fl_mlp_ws_t *ws = h->ws;
     if (fl_dev_kind(ws->dev) == FL_DEV_CPU)
         return fl_dev_wrap(ws->dev, hw, w);
     fl_dptr_t *slot = &ws->slot[h->next];
@@ -354,71 +354,71 @@ static void host_put(void *ud, int layer)
     h->src->put(h->src->ud, layer);
 }
 
-int fl_wk_mlp_dgrad_hsrc(const fl_wk_mlp_shape_t *m, fl_wk_mlp_ws_t *ws, const fl_wk_mlp_src_t *src,
+int fl_mlp_dgrad_hsrc(const fl_mlp_shape_t *m, fl_mlp_ws_t *ws, const fl_mlp_src_t *src,
                          fl_dptr_t x, fl_dptr_t y, size_t b, fl_dptr_t grad,
-                         fl_wk_layer_done_fn done, void *ud)
+                         fl_mlp_layer_done_fn done, void *ud)
 {
     host_src_t hs = {.m = m, .src = src, .ws = ws};
-    fl_wk_mlp_dsrc_t ds = {host_get, host_put, &hs};
-    return fl_wk_mlp_dgrad(m, ws, fl_dptr_null(), &ds, x, y, b, grad, done, ud);
+    fl_mlp_dsrc_t ds = {host_get, host_put, &hs};
+    return fl_mlp_dgrad(m, ws, fl_dptr_null(), &ds, x, y, b, grad, done, ud);
 }
 
-/* fl_wk_mlp_grad's body on host buffers; src NULL: the flat params. */
-static int host_grad(const fl_wk_mlp_shape_t *m, fl_wk_mlp_ws_t *ws, const float *params,
-                     const fl_wk_mlp_src_t *src, const float *x, const int32_t *y, size_t b,
-                     float *grad, double *loss, size_t *correct, fl_wk_layer_done_fn done, void *ud)
+/* fl_mlp_grad's body on host buffers; src NULL: the flat params. */
+static int host_grad(const fl_mlp_shape_t *m, fl_mlp_ws_t *ws, const float *params,
+                     const fl_mlp_src_t *src, const float *x, const int32_t *y, size_t b,
+                     float *grad, double *loss, size_t *correct, fl_mlp_layer_done_fn done, void *ud)
 {
     if (b == 0 || b > ws->batch)
         return fl_fail(FL_EINVAL, "model: batch of %zu samples, the workspace holds %zu", b,
                        ws->batch);
-    int rc = fl_wk_mlp_check_labels(m, y, b);
+    int rc = fl_mlp_check_labels(m, y, b);
     if (rc != FL_OK)
         return rc;
     if (fl_dev_kind(ws->dev) != FL_DEV_CPU)
-        return fl_fail(FL_EINVAL, "model: host buffers on device %s: use fl_wk_mlp_dgrad",
+        return fl_fail(FL_EINVAL, "model: host buffers on device %s: use fl_mlp_dgrad",
                        fl_dev_name(ws->dev));
     fl_dptr_t dp = fl_dptr_null();
     fl_dptr_t dx;
     fl_dptr_t dy;
     fl_dptr_t dg;
     host_src_t hs = {.m = m, .src = src, .ws = ws};
-    fl_wk_mlp_dsrc_t ds = {host_get, host_put, &hs};
+    fl_mlp_dsrc_t ds = {host_get, host_put, &hs};
     if ((params != NULL && (rc = fl_dev_wrap(ws->dev, params, &dp)) != FL_OK) ||
         (rc = fl_dev_wrap(ws->dev, x, &dx)) != FL_OK ||
         (rc = fl_dev_wrap(ws->dev, y, &dy)) != FL_OK ||
         (rc = fl_dev_wrap(ws->dev, grad, &dg)) != FL_OK)
         return rc;
-    rc = fl_wk_mlp_dgrad(m, ws, dp, src != NULL ? &ds : NULL, dx, dy, b, dg, done, ud);
+    rc = fl_mlp_dgrad(m, ws, dp, src != NULL ? &ds : NULL, dx, dy, b, dg, done, ud);
     if (rc == FL_OK)
-        rc = fl_wk_mlp_dresult(ws, b, loss, correct);
+        rc = fl_mlp_dresult(ws, b, loss, correct);
     return rc;
 }
 
-int fl_wk_mlp_grad(const fl_wk_mlp_shape_t *m, fl_wk_mlp_ws_t *ws, const float *params,
+int fl_mlp_grad(const fl_mlp_shape_t *m, fl_mlp_ws_t *ws, const float *params,
                    const float *x, const int32_t *y, size_t b, float *grad, double *loss,
-                   size_t *correct, fl_wk_layer_done_fn done, void *ud)
+                   size_t *correct, fl_mlp_layer_done_fn done, void *ud)
 {
     return host_grad(m, ws, params, NULL, x, y, b, grad, loss, correct, done, ud);
 }
 
-int fl_wk_mlp_grad_src(const fl_wk_mlp_shape_t *m, fl_wk_mlp_ws_t *ws, const fl_wk_mlp_src_t *src,
+int fl_mlp_grad_src(const fl_mlp_shape_t *m, fl_mlp_ws_t *ws, const fl_mlp_src_t *src,
                        const float *x, const int32_t *y, size_t b, float *grad, double *loss,
-                       size_t *correct, fl_wk_layer_done_fn done, void *ud)
+                       size_t *correct, fl_mlp_layer_done_fn done, void *ud)
 {
     return host_grad(m, ws, NULL, src, x, y, b, grad, loss, correct, done, ud);
 }
 
-int fl_wk_mlp_eval(const fl_wk_mlp_shape_t *m, fl_wk_mlp_ws_t *ws, const float *params,
+int fl_mlp_eval(const fl_mlp_shape_t *m, fl_mlp_ws_t *ws, const float *params,
                    const float *x, const int32_t *y, size_t n, double *loss, size_t *correct)
 {
     /* Host parameters on the workspace's device: as they are on cpu, else a copy. */
-    size_t bytes = fl_wk_mlp_nparams(m) * sizeof(float);
+    size_t bytes = fl_mlp_nparams(m) * sizeof(float);
     fl_dptr_t dp;
     int rc = fl_dev_mirror(ws->dev, (void *)params, bytes, &dp);
     if (rc == FL_OK)
         rc = fl_dev_h2d(ws->s, dp, params, bytes);
     if (rc == FL_OK)
-        rc = fl_wk_mlp_deval(m, ws, dp, x, y, n, loss, correct);
+        rc = fl_mlp_deval(m, ws, dp, x, y, n, loss, correct);
     fl_stream_sync(ws->s, 0); /* nothing queued may still read dp */
     fl_dev_unmirror(ws->dev, &dp);
     return rc;

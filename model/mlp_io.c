@@ -10,7 +10,7 @@
 
 /* The model's tensors in the flat vector's order, with PyTorch's names (into names) and
  * shapes; their data from params (NULL: none). */
-static void tensors(const fl_wk_mlp_shape_t *m, const float *params, fl_st_tensor_t *t,
+static void tensors(const fl_mlp_shape_t *m, const float *params, fl_st_tensor_t *t,
                     char (*names)[32])
 {
     for (int l = 0; l < m->nlayers; l++) {
@@ -19,27 +19,27 @@ static void tensors(const fl_wk_mlp_shape_t *m, const float *params, fl_st_tenso
         snprintf(names[2 * l], sizeof names[0], "layers.%d.weight", l);
         snprintf(names[2 * l + 1], sizeof names[0], "layers.%d.bias", l);
         t[2 * l] = (fl_st_tensor_t){names[2 * l], FL_FLOAT32, 2, {out, in},
-                                    params ? params + fl_wk_mlp_weight_at(m, l) : NULL,
+                                    params ? params + fl_mlp_weight_at(m, l) : NULL,
                                     out * in * sizeof(float)};
         t[2 * l + 1] = (fl_st_tensor_t){names[2 * l + 1], FL_FLOAT32, 1, {out},
-                                        params ? params + fl_wk_mlp_bias_at(m, l) : NULL,
+                                        params ? params + fl_mlp_bias_at(m, l) : NULL,
                                         out * sizeof(float)};
     }
 }
 
-int fl_wk_mlp_save(const fl_wk_mlp_shape_t *m, const float *params, const char *path,
+int fl_mlp_save(const fl_mlp_shape_t *m, const float *params, const char *path,
                    const fl_st_meta_t *meta, size_t nmeta)
 {
-    fl_st_tensor_t t[2 * FL_WK_MAX_LAYERS];
-    char names[2 * FL_WK_MAX_LAYERS][32];
+    fl_st_tensor_t t[2 * FL_MLP_MAX_LAYERS];
+    char names[2 * FL_MLP_MAX_LAYERS][32];
     tensors(m, params, t, names);
     return fl_st_write(path, t, (size_t)(2 * m->nlayers), meta, nmeta);
 }
 
-int fl_wk_mlp_shapes(const fl_wk_mlp_shape_t *m, fl_model_shapes_t *out)
+int fl_mlp_shapes(const fl_mlp_shape_t *m, fl_model_shapes_t *out)
 {
-    fl_st_tensor_t t[2 * FL_WK_MAX_LAYERS];
-    char names[2 * FL_WK_MAX_LAYERS][32];
+    fl_st_tensor_t t[2 * FL_MLP_MAX_LAYERS];
+    char names[2 * FL_MLP_MAX_LAYERS][32];
     tensors(m, NULL, t, names);
     int rc = FL_OK;
     for (int i = 0; i < 2 * m->nlayers && rc == FL_OK; i++)
@@ -102,7 +102,7 @@ static bool seq_weight(const char *name, long *k, size_t *prefix)
  * file has none of those, an nn.Sequential's state dict (<k>.weight/bias, possibly under a
  * prefix such as "net."), its Linear modules taken in the order of k (the ReLUs between them
  * have no tensors). FL_EINVAL saying which names were expected and what the file holds. */
-static int file_names(const fl_st_file_t *f, const fl_wk_mlp_shape_t *m, const char *path,
+static int file_names(const fl_st_file_t *f, const fl_mlp_shape_t *m, const char *path,
                       char (*w)[128], char (*b)[128])
 {
     int L = m->nlayers;
@@ -112,7 +112,7 @@ static int file_names(const fl_st_file_t *f, const fl_wk_mlp_shape_t *m, const c
     }
     if (fl_st_find(f, "layers.0.weight") != NULL)
         return FL_OK; /* flodl's own names: take() names any one that is missing */
-    long ks[FL_WK_MAX_LAYERS];
+    long ks[FL_MLP_MAX_LAYERS];
     int found = 0;
     size_t plen = 0;
     const char *prefix = NULL;
@@ -152,20 +152,20 @@ static int file_names(const fl_st_file_t *f, const fl_wk_mlp_shape_t *m, const c
     return FL_OK;
 }
 
-int fl_wk_mlp_load(const fl_wk_mlp_shape_t *m, float *params, const char *path)
+int fl_mlp_load(const fl_mlp_shape_t *m, float *params, const char *path)
 {
     fl_st_file_t *f = NULL;
     int rc = fl_st_open(path, 0, &f);
     if (rc != FL_OK)
         return rc;
-    char w[FL_WK_MAX_LAYERS][128];
-    char b[FL_WK_MAX_LAYERS][128];
+    char w[FL_MLP_MAX_LAYERS][128];
+    char b[FL_MLP_MAX_LAYERS][128];
     rc = file_names(f, m, path, w, b);
     for (int l = 0; l < m->nlayers && rc == FL_OK; l++) {
         uint64_t ws[2] = {(uint64_t)m->sizes[l + 1], (uint64_t)m->sizes[l]};
-        rc = take(f, path, w[l], 2, ws, params + fl_wk_mlp_weight_at(m, l));
+        rc = take(f, path, w[l], 2, ws, params + fl_mlp_weight_at(m, l));
         if (rc == FL_OK)
-            rc = take(f, path, b[l], 1, ws, params + fl_wk_mlp_bias_at(m, l));
+            rc = take(f, path, b[l], 1, ws, params + fl_mlp_bias_at(m, l));
     }
     if (rc == FL_OK && fl_st_count(f) != (size_t)(2 * m->nlayers))
         rc = fl_fail(FL_EINVAL, "%s: %zu tensors, the model has %d layers (%d tensors)", path,

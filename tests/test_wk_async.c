@@ -19,7 +19,7 @@
 static void base_opts(fl_wk_train_opts_t *o)
 {
     fl_wk_train_opts_init(o);
-    fl_wk_mlp_parse(LAYERS, &o->shape);
+    fl_mlp_parse(LAYERS, &o->shape);
     o->mode = FL_WK_MODE_RING;
     o->batch = 8;
     o->replicas = 2;
@@ -32,7 +32,7 @@ static void base_opts(fl_wk_train_opts_t *o)
 
 START_TEST(test_run_ahead_zero_is_cadence)
 {
-    fl_wk_dataset_t d;
+    fl_dataset_t d;
     fl_test_clusters(&d, 1024, 11);
     char dir[] = "/tmp/flodl-async-XXXXXX";
     ck_assert(mkdtemp(dir) != NULL);
@@ -63,13 +63,13 @@ START_TEST(test_run_ahead_zero_is_cadence)
     unlink(a);
     unlink(b);
     rmdir(dir);
-    fl_wk_dataset_free(&d);
+    fl_dataset_free(&d);
 }
 END_TEST
 
 START_TEST(test_devices_run_ahead_within_the_bound)
 {
-    fl_wk_dataset_t d;
+    fl_dataset_t d;
     fl_test_clusters(&d, 1024, 11);
     char err[1200] = "";
     fl_wk_train_opts_t o;
@@ -92,13 +92,13 @@ START_TEST(test_devices_run_ahead_within_the_bound)
     ck_assert(res[0].test_loss == res[1].test_loss);
     /* The averaging's bytes are counted. */
     ck_assert_uint_gt(res[0].bytes_sent, 0);
-    fl_wk_dataset_free(&d);
+    fl_dataset_free(&d);
 }
 END_TEST
 
 START_TEST(test_one_host_async_learns)
 {
-    fl_wk_dataset_t d;
+    fl_dataset_t d;
     fl_test_clusters(&d, 1024, 11);
     fl_wk_train_opts_t o;
     base_opts(&o);
@@ -110,7 +110,7 @@ START_TEST(test_one_host_async_learns)
     ck_assert_msg(fl_wk_train(NULL, &d, &d, &o, &r) == FL_OK, "%s", fl_last_error());
     ck_assert_msg(r.test_acc > 0.9, "async reached %.1f%%", 100 * r.test_acc);
     ck_assert_int_le(r.run_ahead_max, 1);
-    fl_wk_dataset_free(&d);
+    fl_dataset_free(&d);
 }
 END_TEST
 
@@ -118,7 +118,7 @@ END_TEST
  * error, not at a deadline. */
 START_TEST(test_failing_device_ends_the_run)
 {
-    fl_wk_dataset_t d;
+    fl_dataset_t d;
     fl_test_clusters(&d, 512, 11);
     d.y[300] = 7; /* the model has 3 classes */
     d.classes = 3;
@@ -134,7 +134,7 @@ START_TEST(test_failing_device_ends_the_run)
     ck_assert_msg(strstr(fl_last_error(), "label 7") != NULL, "%s", fl_last_error());
     ck_assert_msg(fl_now_ns() - t0 < 10000000000LL, "took %lld ns",
                   (long long)(fl_now_ns() - t0));
-    fl_wk_dataset_free(&d);
+    fl_dataset_free(&d);
 }
 END_TEST
 
@@ -142,7 +142,7 @@ END_TEST
  * averaging, and both stop at once (not at the communicator's 15 s deadline). */
 START_TEST(test_failure_on_one_host_stops_both)
 {
-    fl_wk_dataset_t d;
+    fl_dataset_t d;
     fl_test_clusters(&d, 1024, 11);
     d.y[700] = 7;
     fl_wk_train_opts_t o;
@@ -161,13 +161,13 @@ START_TEST(test_failure_on_one_host_stops_both)
     ck_assert_msg(strstr(err, "label 7") != NULL || strstr(err, "another rank") != NULL, "%s",
                   err);
     ck_assert_msg(secs < 10.0, "stopping took %.1f s", secs);
-    fl_wk_dataset_free(&d);
+    fl_dataset_free(&d);
 }
 END_TEST
 
 START_TEST(test_async_combinations_refused)
 {
-    fl_wk_dataset_t d;
+    fl_dataset_t d;
     fl_test_clusters(&d, 512, 11);
     fl_wk_train_opts_t o;
     base_opts(&o);
@@ -189,7 +189,7 @@ START_TEST(test_async_combinations_refused)
     ck_assert_int_eq(fl_wk_train(NULL, &d, &d, &o, &r), FL_EINVAL);
     ck_assert_msg(strstr(fl_last_error(), "--run-ahead") != NULL, "%s", fl_last_error());
     /* --checkpoint is accepted: test_wk_ckpt.c resumes an async run. */
-    fl_wk_dataset_free(&d);
+    fl_dataset_free(&d);
 }
 END_TEST
 

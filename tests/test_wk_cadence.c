@@ -72,19 +72,19 @@ END_TEST
 
 START_TEST(test_cadence_step_weighs_every_batch_alike)
 {
-    fl_wk_dataset_t d;
+    fl_dataset_t d;
     fl_test_clusters(&d, 480, 11);
     fl_wk_train_opts_t o;
     fl_wk_train_opts_init(&o);
-    fl_wk_mlp_parse("6,16,3", &o.shape);
+    fl_mlp_parse("6,16,3", &o.shape);
     o.batch = 8;
     o.replicas = 2;
     o.max_anchor = 4;
     o.seed = 3;
-    size_t np = fl_wk_mlp_nparams(&o.shape);
+    size_t np = fl_mlp_nparams(&o.shape);
     float *params = malloc(np * sizeof *params);
     float *grad = calloc(np, sizeof *grad);
-    fl_wk_mlp_init(&o.shape, params, 3);
+    fl_mlp_init(&o.shape, params, 3);
     fl_wk_devices_t *dev = NULL;
     ck_assert_msg(fl_wk_devices_create(&o.shape, &d, &o, 0, 1, FL_WK_LOCAL_MEAN, grad, &dev) ==
                       FL_OK,
@@ -102,26 +102,26 @@ START_TEST(test_cadence_step_weighs_every_batch_alike)
     fl_wk_devices_combine(dev, 1.0f / 3.0f, NULL, NULL);
 
     /* The same three batches by hand, from a sampler of the host's share. */
-    fl_wk_mlp_ws_t *ws = NULL;
-    ck_assert(fl_wk_mlp_ws_create(&o.shape, 8, &ws) == FL_OK);
+    fl_mlp_ws_t *ws = NULL;
+    ck_assert(fl_mlp_ws_create(&o.shape, 8, &ws) == FL_OK);
     float *g = malloc(np * sizeof *g);
     double *want = calloc(np, sizeof *want);
     double want_loss = 0;
-    fl_wk_sampler_t smp;
-    ck_assert(fl_wk_sampler_init(&smp, 480, 1, 0, 8, o.shuffle, o.seed) == FL_OK);
-    fl_wk_sampler_set_epoch(&smp, 0);
+    fl_sampler_t smp;
+    ck_assert(fl_sampler_init(&smp, 480, 1, 0, 8, o.shuffle, o.seed) == FL_OK);
+    fl_sampler_set_epoch(&smp, 0);
     for (size_t b = 5; b < 8; b++) {
         uint32_t idx[8];
         float x[8 * 6];
         int32_t y[8];
-        fl_wk_sampler_batch(&smp, b, idx);
+        fl_sampler_batch(&smp, b, idx);
         for (int t = 0; t < 8; t++) {
             memcpy(x + t * 6, d.x + idx[t] * 6, 6 * sizeof(float));
             y[t] = d.y[idx[t]];
         }
         double l;
         size_t ok;
-        ck_assert(fl_wk_mlp_grad(&o.shape, ws, params, x, y, 8, g, &l, &ok, NULL, NULL) ==
+        ck_assert(fl_mlp_grad(&o.shape, ws, params, x, y, 8, g, &l, &ok, NULL, NULL) ==
                   FL_OK);
         want_loss += l / 3;
         for (size_t i = 0; i < np; i++)
@@ -131,24 +131,24 @@ START_TEST(test_cadence_step_weighs_every_batch_alike)
         ck_assert_msg(fabs(grad[i] - want[i]) <= 1e-5 * (1 + fabs(want[i])),
                       "parameter %zu: %g, expected %g", i, grad[i], want[i]);
     ck_assert_msg(fabs(loss - want_loss) < 1e-5, "loss %g, expected %g", loss, want_loss);
-    fl_wk_sampler_deinit(&smp);
-    fl_wk_mlp_ws_destroy(&ws);
+    fl_sampler_deinit(&smp);
+    fl_mlp_ws_destroy(&ws);
     fl_wk_devices_destroy(&dev);
     free(g);
     free(want);
     free(params);
     free(grad);
-    fl_wk_dataset_free(&d);
+    fl_dataset_free(&d);
 }
 END_TEST
 
 START_TEST(test_slow_device_does_fewer_batches_and_the_job_learns)
 {
-    fl_wk_dataset_t d;
+    fl_dataset_t d;
     fl_test_clusters(&d, 3072, 11);
     fl_wk_train_opts_t o;
     fl_wk_train_opts_init(&o);
-    fl_wk_mlp_parse("6,64,3", &o.shape);
+    fl_mlp_parse("6,64,3", &o.shape);
     o.batch = 16;
     o.replicas = 4;
     o.epochs = 3;
@@ -168,7 +168,7 @@ START_TEST(test_slow_device_does_fewer_batches_and_the_job_learns)
     ck_assert_msg(che.test_acc > 0.9 && che.test_acc > sync.test_acc - 0.02,
                   "El Che reached %.1f%%, per-batch sync %.1f%%", 100 * che.test_acc,
                   100 * sync.test_acc);
-    fl_wk_dataset_free(&d);
+    fl_dataset_free(&d);
 }
 END_TEST
 
@@ -176,7 +176,7 @@ END_TEST
  * steps from the same parameters, and the average of P - lr g_j is P - lr mean(g_j). */
 START_TEST(test_local_sgd_of_one_batch_is_the_sync_step)
 {
-    fl_wk_dataset_t d;
+    fl_dataset_t d;
     fl_test_clusters(&d, 512, 11);
     char dir[] = "/tmp/flodl-cadence-XXXXXX";
     ck_assert(mkdtemp(dir) != NULL);
@@ -185,7 +185,7 @@ START_TEST(test_local_sgd_of_one_batch_is_the_sync_step)
     snprintf(b, sizeof b, "%s/local.safetensors", dir);
     fl_wk_train_opts_t o;
     fl_wk_train_opts_init(&o);
-    fl_wk_mlp_parse("6,16,3", &o.shape);
+    fl_mlp_parse("6,16,3", &o.shape);
     o.batch = 8;
     o.replicas = 2;
     o.epochs = 2;
@@ -207,17 +207,17 @@ START_TEST(test_local_sgd_of_one_batch_is_the_sync_step)
     unlink(a);
     unlink(b);
     rmdir(dir);
-    fl_wk_dataset_free(&d);
+    fl_dataset_free(&d);
 }
 END_TEST
 
 START_TEST(test_local_sgd_across_hosts_learns)
 {
-    fl_wk_dataset_t d;
+    fl_dataset_t d;
     fl_test_clusters(&d, 1024, 11);
     fl_wk_train_opts_t o;
     fl_wk_train_opts_init(&o);
-    fl_wk_mlp_parse("6,16,3", &o.shape);
+    fl_mlp_parse("6,16,3", &o.shape);
     o.mode = FL_WK_MODE_RING;
     o.batch = 8;
     o.replicas = 2;
@@ -237,17 +237,17 @@ START_TEST(test_local_sgd_across_hosts_learns)
                   res[0].divergence);
     /* Both hosts hold the same parameters after every averaging: the same evaluation. */
     ck_assert(res[0].test_loss == res[1].test_loss);
-    fl_wk_dataset_free(&d);
+    fl_dataset_free(&d);
 }
 END_TEST
 
 START_TEST(test_policy_combinations_refused)
 {
-    fl_wk_dataset_t d;
+    fl_dataset_t d;
     fl_test_clusters(&d, 512, 11);
     fl_wk_train_opts_t o;
     fl_wk_train_opts_init(&o);
-    fl_wk_mlp_parse("6,16,3", &o.shape);
+    fl_mlp_parse("6,16,3", &o.shape);
     o.batch = 8;
     o.replicas = 2;
     o.quiet = true;
@@ -259,7 +259,7 @@ START_TEST(test_policy_combinations_refused)
     o.shard = FL_WK_SHARD_HYBRID;
     ck_assert_int_eq(fl_wk_train(NULL, &d, &d, &o, &r), FL_EINVAL);
     ck_assert_msg(strstr(fl_last_error(), "--shard") != NULL, "%s", fl_last_error());
-    fl_wk_dataset_free(&d);
+    fl_dataset_free(&d);
 }
 END_TEST
 

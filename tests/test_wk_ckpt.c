@@ -22,7 +22,7 @@ static char dir[64];
 static void base_opts(fl_wk_train_opts_t *o)
 {
     fl_wk_train_opts_init(o);
-    fl_wk_mlp_parse(LAYERS, &o->shape);
+    fl_mlp_parse(LAYERS, &o->shape);
     o->mode = FL_WK_MODE_RING;
     o->epochs = 2;
     o->shuffle = true; /* the sampler's epoch permutation must continue too */
@@ -44,7 +44,7 @@ static void rm_dir(const char *path)
 static void resume_into(fl_wk_shard_t shard1, int W2, int L2, fl_wk_shard_t shard2,
                         fl_opt_kind_t kind)
 {
-    fl_wk_dataset_t d;
+    fl_dataset_t d;
     fl_test_clusters(&d, N, 13);
     char straight[128], resumed[128], ck[128], err[1200] = "";
     snprintf(straight, sizeof straight, "%s/straight.safetensors", dir);
@@ -77,7 +77,7 @@ static void resume_into(fl_wk_shard_t shard1, int W2, int L2, fl_wk_shard_t shar
     for (int r = 0; r < files; r++)
         for (int t = 0; t < files; t++)
             for (int u = 0; u < (shard1 == FL_WK_SHARD_FULL ? 2 : 1); u++) {
-                int id = shard1 == FL_WK_SHARD_FULL ? t * FL_WK_MAX_LAYERS + u : t;
+                int id = shard1 == FL_WK_SHARD_FULL ? t * FL_MLP_MAX_LAYERS + u : t;
                 snprintf(path, sizeof path, "%s/shard-s%d-r%d-d%d.safetensors", ck, N / 32, r,
                          id);
                 ck_assert_msg(access(path, R_OK) == 0, "missing %s", path);
@@ -100,7 +100,7 @@ static void resume_into(fl_wk_shard_t shard1, int W2, int L2, fl_wk_shard_t shar
     rm_dir(ck);
     unlink(straight);
     unlink(resumed);
-    fl_wk_dataset_free(&d);
+    fl_dataset_free(&d);
 }
 
 START_TEST(test_resume_into_one_host_of_four_devices)
@@ -139,7 +139,7 @@ END_TEST
  * checkpoint left it (warm-up included), not from its first step. */
 START_TEST(test_el_che_resume_keeps_the_schedule)
 {
-    fl_wk_dataset_t d;
+    fl_dataset_t d;
     fl_test_clusters(&d, N, 13);
     char straight[128], resumed[128], ck[128], err[1200] = "";
     snprintf(straight, sizeof straight, "%s/straight.safetensors", dir);
@@ -169,7 +169,7 @@ START_TEST(test_el_che_resume_keeps_the_schedule)
     rm_dir(ck);
     unlink(straight);
     unlink(resumed);
-    fl_wk_dataset_free(&d);
+    fl_dataset_free(&d);
 }
 END_TEST
 
@@ -194,7 +194,7 @@ static size_t remove_state_files(const char *ck)
  * without the state files (residuals and momenta at zero, as before #13) they differ. */
 static void resume_own_state(fl_wk_train_opts_t *o, int W, const char *what)
 {
-    fl_wk_dataset_t d;
+    fl_dataset_t d;
     fl_test_clusters(&d, N, 13);
     char straight[128], resumed[128], bare[128], ck[128], err[1200] = "";
     snprintf(straight, sizeof straight, "%s/straight.safetensors", dir);
@@ -230,7 +230,7 @@ static void resume_own_state(fl_wk_train_opts_t *o, int W, const char *what)
     unlink(straight);
     unlink(resumed);
     unlink(bare);
-    fl_wk_dataset_free(&d);
+    fl_dataset_free(&d);
 }
 
 static void topk_opts(fl_wk_train_opts_t *o)
@@ -289,7 +289,7 @@ END_TEST
 
 START_TEST(test_bad_checkpoints_refused)
 {
-    fl_wk_dataset_t d;
+    fl_dataset_t d;
     fl_test_clusters(&d, N, 13);
     char ck[128], err[1200] = "", path[256];
     snprintf(ck, sizeof ck, "%s/ck", dir);
@@ -305,10 +305,10 @@ START_TEST(test_bad_checkpoints_refused)
     o.epochs = 2;
 
     /* Another model. */
-    fl_wk_mlp_parse("6,17,3", &o.shape);
+    fl_mlp_parse("6,17,3", &o.shape);
     int rc = fl_test_run_hosts(1, &o, NULL, &d, NULL, err, sizeof err);
     ck_assert_msg(rc == FL_EINVAL && strstr(err, "another model") != NULL, "%s", err);
-    fl_wk_mlp_parse(LAYERS, &o.shape);
+    fl_mlp_parse(LAYERS, &o.shape);
     /* Another optimizer. */
     o.opt.kind = FL_OPT_ADAMW;
     o.opt.momentum = 0;
@@ -327,7 +327,7 @@ START_TEST(test_bad_checkpoints_refused)
     rc = fl_test_run_hosts(1, &o, NULL, &d, NULL, err, sizeof err);
     ck_assert_msg(rc == FL_EINVAL && strstr(err, "--init and --resume") != NULL, "%s", err);
     rm_dir(ck);
-    fl_wk_dataset_free(&d);
+    fl_dataset_free(&d);
 }
 END_TEST
 
@@ -356,7 +356,7 @@ static bool tmp_exists(const char *in, const char *name, long pid, const char *t
  * another rank's, a live writer's and other names stay. */
 START_TEST(test_killed_writers_temporaries_removed)
 {
-    fl_wk_dataset_t d;
+    fl_dataset_t d;
     fl_test_clusters(&d, N, 13);
     char ck[128], err[1200] = "";
     snprintf(ck, sizeof ck, "%s/ck", dir);
@@ -401,7 +401,7 @@ START_TEST(test_killed_writers_temporaries_removed)
     procs_stop(&live, 1);
     procs_free(&live, 1);
     rm_dir(ck);
-    fl_wk_dataset_free(&d);
+    fl_dataset_free(&d);
 }
 END_TEST
 

@@ -108,16 +108,16 @@ START_TEST(test_local_training_and_checkpoint)
     expect_usage_error(c, "layers.0.weight");
     /* A checkpoint holding a NaN is refused before training, naming the tensor and index
      * (#18 item 5), instead of training on it and saving it again. */
-    fl_wk_mlp_shape_t m;
-    ck_assert(fl_wk_mlp_parse("64,256,128,10", &m) == FL_OK);
-    size_t np = fl_wk_mlp_nparams(&m);
+    fl_mlp_shape_t m;
+    ck_assert(fl_mlp_parse("64,256,128,10", &m) == FL_OK);
+    size_t np = fl_mlp_nparams(&m);
     float *p = malloc(np * sizeof *p);
     ck_assert(p != NULL);
-    ck_assert_msg(fl_wk_mlp_load(&m, p, save) == FL_OK, "%s", fl_last_error());
-    p[fl_wk_mlp_bias_at(&m, 1) + 7] = NAN;
+    ck_assert_msg(fl_mlp_load(&m, p, save) == FL_OK, "%s", fl_last_error());
+    p[fl_mlp_bias_at(&m, 1) + 7] = NAN;
     char nan_path[160];
     snprintf(nan_path, sizeof nan_path, "%s/nan.safetensors", dir);
-    ck_assert_msg(fl_wk_mlp_save(&m, p, nan_path, NULL, 0) == FL_OK, "%s", fl_last_error());
+    ck_assert_msg(fl_mlp_save(&m, p, nan_path, NULL, 0) == FL_OK, "%s", fl_last_error());
     free(p);
     const char *d[] = {"--mode", "local", "--epochs", "1", "--init", nan_path, NULL};
     expect_usage_error(d, "tensor 'layers.1.bias' holds NaN at index 7");
@@ -127,7 +127,7 @@ START_TEST(test_local_training_and_checkpoint)
      * its Linear modules map to the layers in order; a missing tensor is named as expected. */
     p = malloc(np * sizeof *p);
     ck_assert(p != NULL);
-    ck_assert_msg(fl_wk_mlp_load(&m, p, save) == FL_OK, "%s", fl_last_error());
+    ck_assert_msg(fl_mlp_load(&m, p, save) == FL_OK, "%s", fl_last_error());
     char seq[160];
     snprintf(seq, sizeof seq, "%s/seq.safetensors", dir);
     static const char *const names[] = {"net.4.weight", "net.4.bias", "net.0.weight",
@@ -139,13 +139,13 @@ START_TEST(test_local_training_and_checkpoint)
         uint64_t out = (uint64_t)m.sizes[l + 1], in = (uint64_t)m.sizes[l];
         bool w = i % 2 == 0;
         t[i] = (fl_st_tensor_t){names[i], FL_FLOAT32, w ? 2u : 1u, {out, w ? in : 0},
-                                p + (w ? fl_wk_mlp_weight_at(&m, l) : fl_wk_mlp_bias_at(&m, l)),
+                                p + (w ? fl_mlp_weight_at(&m, l) : fl_mlp_bias_at(&m, l)),
                                 (w ? out * in : out) * sizeof(float)};
     }
     ck_assert_msg(fl_st_write(seq, t, 6, NULL, 0) == FL_OK, "%s", fl_last_error());
     float *q = calloc(np, sizeof *q);
     ck_assert(q != NULL);
-    ck_assert_msg(fl_wk_mlp_load(&m, q, seq) == FL_OK, "%s", fl_last_error());
+    ck_assert_msg(fl_mlp_load(&m, q, seq) == FL_OK, "%s", fl_last_error());
     ck_assert_msg(memcmp(p, q, np * sizeof *p) == 0, "nn.Sequential names mapped out of order");
     const char *e[] = {"--mode", "local", "--epochs", "1", "--init", seq, NULL};
     run(e, 120, &r);

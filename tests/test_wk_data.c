@@ -53,7 +53,7 @@ static uint64_t fnv_u32(uint64_t h, uint32_t v)
     return h;
 }
 
-static uint64_t checksum(const fl_wk_dataset_t *d, size_t samples)
+static uint64_t checksum(const fl_dataset_t *d, size_t samples)
 {
     uint64_t h = 0xcbf29ce484222325ull;
     for (size_t i = 0; i < samples * d->dim; i++) {
@@ -68,29 +68,29 @@ static uint64_t checksum(const fl_wk_dataset_t *d, size_t samples)
 
 START_TEST(test_builtin_shape)
 {
-    fl_wk_dataset_t tr;
-    fl_wk_dataset_t te;
-    ck_assert_int_eq(fl_wk_data_builtin(1, &tr, &te), FL_OK);
-    ck_assert_uint_eq(tr.n, FL_WK_BUILTIN_TRAIN);
-    ck_assert_uint_eq(te.n, FL_WK_BUILTIN_TEST);
-    ck_assert_uint_eq(tr.dim, FL_WK_BUILTIN_DIM);
-    ck_assert_uint_eq(te.dim, FL_WK_BUILTIN_DIM);
-    ck_assert_int_eq(tr.classes, FL_WK_BUILTIN_CLASSES);
-    ck_assert_int_eq(te.classes, FL_WK_BUILTIN_CLASSES);
+    fl_dataset_t tr;
+    fl_dataset_t te;
+    ck_assert_int_eq(fl_data_builtin(1, &tr, &te), FL_OK);
+    ck_assert_uint_eq(tr.n, FL_DATA_BUILTIN_TRAIN);
+    ck_assert_uint_eq(te.n, FL_DATA_BUILTIN_TEST);
+    ck_assert_uint_eq(tr.dim, FL_DATA_BUILTIN_DIM);
+    ck_assert_uint_eq(te.dim, FL_DATA_BUILTIN_DIM);
+    ck_assert_int_eq(tr.classes, FL_DATA_BUILTIN_CLASSES);
+    ck_assert_int_eq(te.classes, FL_DATA_BUILTIN_CLASSES);
     ck_assert_str_eq(tr.source, "built-in (seed 1, train)");
     ck_assert_str_eq(te.source, "built-in (seed 1, test)");
 
-    const fl_wk_dataset_t *sets[2] = {&tr, &te};
+    const fl_dataset_t *sets[2] = {&tr, &te};
     for (int s = 0; s < 2; s++) {
-        const fl_wk_dataset_t *d = sets[s];
-        size_t count[FL_WK_BUILTIN_CLASSES] = {0};
+        const fl_dataset_t *d = sets[s];
+        size_t count[FL_DATA_BUILTIN_CLASSES] = {0};
         for (size_t i = 0; i < d->n; i++) {
-            if (d->y[i] < 0 || d->y[i] >= FL_WK_BUILTIN_CLASSES)
+            if (d->y[i] < 0 || d->y[i] >= FL_DATA_BUILTIN_CLASSES)
                 ck_abort_msg("%s: label %d of sample %zu", d->source, (int)d->y[i], i);
             count[d->y[i]]++;
         }
         /* Classes are drawn uniformly: each holds about a tenth of the samples. */
-        for (int c = 0; c < FL_WK_BUILTIN_CLASSES; c++)
+        for (int c = 0; c < FL_DATA_BUILTIN_CLASSES; c++)
             if (count[c] < d->n / 12 || count[c] > d->n / 8)
                 ck_abort_msg("%s: class %d has %zu of %zu samples", d->source, c, count[c],
                              d->n);
@@ -113,23 +113,23 @@ START_TEST(test_builtin_shape)
     }
     /* Train and test are different draws. */
     ck_assert_int_ne(memcmp(tr.x, te.x, te.n * te.dim * sizeof *te.x), 0);
-    fl_wk_dataset_free(&tr);
-    fl_wk_dataset_free(&te);
+    fl_dataset_free(&tr);
+    fl_dataset_free(&te);
     ck_assert_ptr_null(tr.x);
     ck_assert_uint_eq(tr.n, 0);
-    fl_wk_dataset_free(&tr);
-    fl_wk_dataset_free(NULL);
+    fl_dataset_free(&tr);
+    fl_dataset_free(NULL);
 }
 END_TEST
 
 START_TEST(test_builtin_deterministic)
 {
-    fl_wk_dataset_t a[2];
-    fl_wk_dataset_t b[2];
-    fl_wk_dataset_t c[2];
-    ck_assert_int_eq(fl_wk_data_builtin(7, &a[0], &a[1]), FL_OK);
-    ck_assert_int_eq(fl_wk_data_builtin(7, &b[0], &b[1]), FL_OK);
-    ck_assert_int_eq(fl_wk_data_builtin(8, &c[0], &c[1]), FL_OK);
+    fl_dataset_t a[2];
+    fl_dataset_t b[2];
+    fl_dataset_t c[2];
+    ck_assert_int_eq(fl_data_builtin(7, &a[0], &a[1]), FL_OK);
+    ck_assert_int_eq(fl_data_builtin(7, &b[0], &b[1]), FL_OK);
+    ck_assert_int_eq(fl_data_builtin(8, &c[0], &c[1]), FL_OK);
     for (int s = 0; s < 2; s++) {
         size_t n = a[s].n;
         if (memcmp(a[s].x, b[s].x, n * a[s].dim * sizeof(float)) != 0 ||
@@ -140,9 +140,9 @@ START_TEST(test_builtin_deterministic)
             ck_abort_msg("split %d: seeds 7 and 8 made the same data", s);
     }
     for (int s = 0; s < 2; s++) {
-        fl_wk_dataset_free(&a[s]);
-        fl_wk_dataset_free(&b[s]);
-        fl_wk_dataset_free(&c[s]);
+        fl_dataset_free(&a[s]);
+        fl_dataset_free(&b[s]);
+        fl_dataset_free(&c[s]);
     }
 }
 END_TEST
@@ -151,16 +151,16 @@ END_TEST
  * differently) must be noticed, since every rank of a job relies on making the same data. */
 START_TEST(test_builtin_pinned)
 {
-    fl_wk_dataset_t tr;
-    fl_wk_dataset_t te;
-    ck_assert_int_eq(fl_wk_data_builtin(1, &tr, &te), FL_OK);
+    fl_dataset_t tr;
+    fl_dataset_t te;
+    ck_assert_int_eq(fl_data_builtin(1, &tr, &te), FL_OK);
     uint64_t htr = checksum(&tr, 1000);
     uint64_t hte = checksum(&te, 1000);
     ck_assert_msg(htr == 0xff1e44ee714b0444ull, "train checksum 0x%016llx",
                   (unsigned long long)htr);
     ck_assert_msg(hte == 0xc15e1e11a770172eull, "test checksum 0x%016llx", (unsigned long long)hte);
-    fl_wk_dataset_free(&tr);
-    fl_wk_dataset_free(&te);
+    fl_dataset_free(&tr);
+    fl_dataset_free(&te);
 }
 END_TEST
 
@@ -217,7 +217,7 @@ static void write_pair(const char *img, const char *lab, bool gz_img, bool gz_la
     write_idx(lab, gz_lab, 0x801, dl, 1, labels, sizeof labels);
 }
 
-static void check_pair(const fl_wk_dataset_t *d, const char *img)
+static void check_pair(const fl_dataset_t *d, const char *img)
 {
     ck_assert_uint_eq(d->n, NIMG);
     ck_assert_uint_eq(d->dim, ROWS * COLS);
@@ -245,16 +245,16 @@ START_TEST(test_idx_load)
     path_in(labz, sizeof labz, "lab.gz");
     write_pair(img, lab, false, false);
     write_pair(imgz, labz, true, true);
-    fl_wk_dataset_t d;
-    ck_assert_int_eq(fl_wk_data_idx(img, lab, &d), FL_OK);
+    fl_dataset_t d;
+    ck_assert_int_eq(fl_data_idx(img, lab, &d), FL_OK);
     check_pair(&d, img);
-    fl_wk_dataset_free(&d);
-    ck_assert_int_eq(fl_wk_data_idx(imgz, labz, &d), FL_OK);
+    fl_dataset_free(&d);
+    ck_assert_int_eq(fl_data_idx(imgz, labz, &d), FL_OK);
     check_pair(&d, imgz);
-    fl_wk_dataset_free(&d);
-    ck_assert_int_eq(fl_wk_data_idx(img, labz, &d), FL_OK);
+    fl_dataset_free(&d);
+    ck_assert_int_eq(fl_data_idx(img, labz, &d), FL_OK);
     check_pair(&d, img);
-    fl_wk_dataset_free(&d);
+    fl_dataset_free(&d);
 }
 END_TEST
 
@@ -282,61 +282,61 @@ START_TEST(test_idx_refusals)
     path_in(labz, sizeof labz, "lab.gz");
     const uint32_t di[3] = {NIMG, ROWS, COLS};
     const uint32_t dl[1] = {NIMG};
-    fl_wk_dataset_t d;
+    fl_dataset_t d;
 
     write_pair(img, lab, false, false);
     ck_assert_int_eq(unlink(lab), 0);
-    expect_refusal(fl_wk_data_idx(img, lab, &d), FL_EIO, lab,
+    expect_refusal(fl_data_idx(img, lab, &d), FL_EIO, lab,
                    (const char *const[]){"cannot open", "No such file", NULL});
     ck_assert_ptr_null(d.x);
 
     /* A label file where the images should be, and the other way round. */
     write_pair(img, lab, false, false);
-    expect_refusal(fl_wk_data_idx(lab, img, &d), FL_EPROTO, lab,
+    expect_refusal(fl_data_idx(lab, img, &d), FL_EPROTO, lab,
                    (const char *const[]){"wrong magic 0x00000801", "expected 0x00000803",
                                          NULL});
     write_idx(lab, false, 0x803, di, 1, labels, sizeof labels);
-    expect_refusal(fl_wk_data_idx(img, lab, &d), FL_EPROTO, lab,
+    expect_refusal(fl_data_idx(img, lab, &d), FL_EPROTO, lab,
                    (const char *const[]){"wrong magic 0x00000803", "expected 0x00000801",
                                          NULL});
 
     /* Truncated data, header and gzip stream. */
     write_pair(img, lab, false, false);
     write_idx(img, false, 0x803, di, 3, pixels, sizeof pixels - 7);
-    expect_refusal(fl_wk_data_idx(img, lab, &d), FL_EPROTO, img,
+    expect_refusal(fl_data_idx(img, lab, &d), FL_EPROTO, img,
                    (const char *const[]){"truncated", "expected 76 bytes", "has 69", NULL});
     write_idx(lab, false, 0x801, dl, 1, labels, 2);
-    expect_refusal(fl_wk_data_idx(img, lab, &d), FL_EPROTO, lab,
+    expect_refusal(fl_data_idx(img, lab, &d), FL_EPROTO, lab,
                    (const char *const[]){"truncated", "expected 13 bytes", "has 10", NULL});
     write_idx(lab, false, 0x801, dl, 0, NULL, 0);
-    expect_refusal(fl_wk_data_idx(img, lab, &d), FL_EPROTO, lab,
+    expect_refusal(fl_data_idx(img, lab, &d), FL_EPROTO, lab,
                    (const char *const[]){"truncated header", "expected 8 bytes", "has 4", NULL});
     write_pair(img, labz, false, true);
     FILE *f = fopen(labz, "r+b");
     ck_assert_ptr_nonnull(f);
     ck_assert_int_eq(ftruncate(fileno(f), 16), 0);
     fclose(f);
-    int rc = fl_wk_data_idx(img, labz, &d);
+    int rc = fl_data_idx(img, labz, &d);
     expect_refusal(rc, FL_EPROTO, labz, (const char *const[]){NULL});
 
     /* Counts that disagree, shapes no one would mean, labels that make no classifier. */
     write_pair(img, lab, false, false);
     const uint32_t dl4[1] = {NIMG - 1};
     write_idx(lab, false, 0x801, dl4, 1, labels, NIMG - 1);
-    expect_refusal(fl_wk_data_idx(img, lab, &d), FL_EPROTO, img,
+    expect_refusal(fl_data_idx(img, lab, &d), FL_EPROTO, img,
                    (const char *const[]){"5 images", "4 labels", lab, NULL});
     const uint32_t huge[3] = {NIMG, 100000, 100000};
     write_idx(img, false, 0x803, huge, 3, pixels, sizeof pixels);
-    expect_refusal(fl_wk_data_idx(img, lab, &d), FL_EPROTO, img,
+    expect_refusal(fl_data_idx(img, lab, &d), FL_EPROTO, img,
                    (const char *const[]){"implausible shape [5, 100000, 100000]", NULL});
     const uint32_t zero[3] = {0, ROWS, COLS};
     write_idx(img, false, 0x803, zero, 3, NULL, 0);
-    expect_refusal(fl_wk_data_idx(img, lab, &d), FL_EPROTO, img,
+    expect_refusal(fl_data_idx(img, lab, &d), FL_EPROTO, img,
                    (const char *const[]){"implausible shape [0, 3, 4]", NULL});
     const unsigned char zeros[NIMG] = {0};
     write_pair(img, lab, false, false);
     write_idx(lab, false, 0x801, dl, 1, zeros, sizeof zeros);
-    expect_refusal(fl_wk_data_idx(img, lab, &d), FL_EPROTO, lab,
+    expect_refusal(fl_data_idx(img, lab, &d), FL_EPROTO, lab,
                    (const char *const[]){"at least 2 classes", NULL});
 
     /* A header promising 10^8 samples costs an error, not the memory it promises. */
@@ -344,7 +344,7 @@ START_TEST(test_idx_refusals)
     const uint32_t lie_l[1] = {100000000};
     write_idx(img, false, 0x803, lie_i, 3, pixels, sizeof pixels);
     write_idx(lab, false, 0x801, lie_l, 1, labels, sizeof labels);
-    expect_refusal(fl_wk_data_idx(img, lab, &d), FL_EPROTO, lab,
+    expect_refusal(fl_data_idx(img, lab, &d), FL_EPROTO, lab,
                    (const char *const[]){"truncated", NULL});
     ck_assert_ptr_null(d.x);
     ck_assert_ptr_null(d.y);
@@ -362,27 +362,27 @@ START_TEST(test_idx_label_out_of_range)
     path_in(lab, sizeof lab, "lab");
     path_in(labz, sizeof labz, "lab.gz");
     write_pair(img, lab, false, false); /* labels 0, 3, 1, 2, 0 */
-    fl_wk_dataset_t d;
-    ck_assert_int_eq(fl_wk_data_idx(img, lab, &d), FL_OK);
-    fl_wk_mlp_shape_t m;
-    ck_assert_int_eq(fl_wk_mlp_parse("12,8,3", &m), FL_OK);
+    fl_dataset_t d;
+    ck_assert_int_eq(fl_data_idx(img, lab, &d), FL_OK);
+    fl_mlp_shape_t m;
+    ck_assert_int_eq(fl_mlp_parse("12,8,3", &m), FL_OK);
     int rc = fl_wk_check_model(&m, &d, NULL);
     expect_refusal(rc, FL_EINVAL, lab,
                    (const char *const[]){"label 3 at index 1", "out of range 0..2", "3 outputs",
                                          NULL});
     ck_assert_msg(strstr(fl_last_error(), img) == NULL, "names the images: %s", fl_last_error());
-    ck_assert_int_eq(fl_wk_mlp_parse("12,8,4", &m), FL_OK);
+    ck_assert_int_eq(fl_mlp_parse("12,8,4", &m), FL_OK);
     ck_assert_int_eq(fl_wk_check_model(&m, &d, NULL), FL_OK);
 
     const unsigned char test_labels[NIMG] = {0, 1, 2, 0, 7};
     const uint32_t dl[1] = {NIMG};
     write_idx(labz, true, 0x801, dl, 1, test_labels, sizeof test_labels);
-    fl_wk_dataset_t t;
-    ck_assert_int_eq(fl_wk_data_idx(img, labz, &t), FL_OK);
+    fl_dataset_t t;
+    ck_assert_int_eq(fl_data_idx(img, labz, &t), FL_OK);
     expect_refusal(fl_wk_check_model(&m, &d, &t), FL_EINVAL, labz,
                    (const char *const[]){"label 7 at index 4", "out of range 0..3", NULL});
-    fl_wk_dataset_free(&t);
-    fl_wk_dataset_free(&d);
+    fl_dataset_free(&t);
+    fl_dataset_free(&d);
 }
 END_TEST
 
@@ -408,8 +408,8 @@ START_TEST(test_csv_load)
     const int32_t want_y[] = {1, 0, 4};
     for (size_t k = 0; k < NELEM(files); k++) {
         write_text(p, files[k]);
-        fl_wk_dataset_t d;
-        int rc = fl_wk_data_csv(p, &d);
+        fl_dataset_t d;
+        int rc = fl_data_csv(p, &d);
         if (rc != FL_OK)
             ck_abort_msg("file %zu: %s", k, fl_last_error());
         if (d.n != 3 || d.dim != 2 || d.classes != 5 || strcmp(d.source, p) != 0)
@@ -421,7 +421,7 @@ START_TEST(test_csv_load)
         for (size_t i = 0; i < NELEM(want_y); i++)
             if (d.y[i] != want_y[i])
                 ck_abort_msg("file %zu: y[%zu] is %d", k, i, (int)d.y[i]);
-        fl_wk_dataset_free(&d);
+        fl_dataset_free(&d);
     }
 }
 END_TEST
@@ -454,8 +454,8 @@ START_TEST(test_csv_refusals)
     };
     for (size_t k = 0; k < NELEM(cases); k++) {
         write_text(p, cases[k].text);
-        fl_wk_dataset_t d;
-        int rc = fl_wk_data_csv(p, &d);
+        fl_dataset_t d;
+        int rc = fl_data_csv(p, &d);
         const char *e = fl_last_error();
         if (rc != FL_EPROTO || strstr(e, p) == NULL || strstr(e, cases[k].says) == NULL)
             ck_abort_msg("case %zu: got %s \"%s\", expected FL_EPROTO \"%s: ... %s\"", k,
@@ -464,8 +464,8 @@ START_TEST(test_csv_refusals)
             ck_abort_msg("case %zu: the refused dataset is not empty", k);
     }
     ck_assert_int_eq(unlink(p), 0);
-    fl_wk_dataset_t d;
-    expect_refusal(fl_wk_data_csv(p, &d), FL_EIO, p,
+    fl_dataset_t d;
+    expect_refusal(fl_data_csv(p, &d), FL_EIO, p,
                    (const char *const[]){"cannot open", "No such file", NULL});
 }
 END_TEST
@@ -490,11 +490,11 @@ static bool is_permutation(const uint32_t *perm, size_t n)
  * together exactly the first world * batch * nb positions of the shared permutation. */
 static void check_partition(size_t n, int world, size_t batch, bool shuffle)
 {
-    fl_wk_sampler_t *s = calloc((size_t)world, sizeof *s);
+    fl_sampler_t *s = calloc((size_t)world, sizeof *s);
     ck_assert_ptr_nonnull(s);
     for (int r = 0; r < world; r++)
-        ck_assert_int_eq(fl_wk_sampler_init(&s[r], n, world, r, batch, shuffle, 42), FL_OK);
-    size_t nb = fl_wk_sampler_batches(&s[0]);
+        ck_assert_int_eq(fl_sampler_init(&s[r], n, world, r, batch, shuffle, 42), FL_OK);
+    size_t nb = fl_sampler_batches(&s[0]);
     if (nb != (n / (size_t)world) / batch)
         ck_abort_msg("n %zu world %d batch %zu: %zu batches", n, world, batch, nb);
     size_t used = (size_t)world * batch * nb;
@@ -505,8 +505,8 @@ static void check_partition(size_t n, int world, size_t batch, bool shuffle)
     for (long epoch = 0; epoch < 2; epoch++) {
         memset(seen, 0, n);
         for (int r = 0; r < world; r++) {
-            fl_wk_sampler_set_epoch(&s[r], epoch);
-            if (fl_wk_sampler_batches(&s[r]) != nb ||
+            fl_sampler_set_epoch(&s[r], epoch);
+            if (fl_sampler_batches(&s[r]) != nb ||
                 memcmp(s[r].perm, s[0].perm, n * sizeof *s[0].perm) != 0)
                 ck_abort_msg("n %zu world %d: rank %d disagrees with rank 0", n, world, r);
         }
@@ -514,7 +514,7 @@ static void check_partition(size_t n, int world, size_t batch, bool shuffle)
             ck_abort_msg("n %zu world %d epoch %ld: not a permutation", n, world, epoch);
         for (size_t i = 0; i < nb; i++) {
             for (int r = 0; r < world; r++) {
-                fl_wk_sampler_batch(&s[r], i, idx);
+                fl_sampler_batch(&s[r], i, idx);
                 for (size_t t = 0; t < batch; t++) {
                     if (idx[t] >= n || seen[idx[t]])
                         ck_abort_msg("n %zu world %d: sample %u twice", n, world, idx[t]);
@@ -534,7 +534,7 @@ static void check_partition(size_t n, int world, size_t batch, bool shuffle)
     free(seen);
     free(idx);
     for (int r = 0; r < world; r++)
-        fl_wk_sampler_deinit(&s[r]);
+        fl_sampler_deinit(&s[r]);
     free(s);
 }
 
@@ -554,40 +554,40 @@ END_TEST
 START_TEST(test_sampler_epochs)
 {
     const size_t n = 5000;
-    fl_wk_sampler_t a;
-    fl_wk_sampler_t b;
-    ck_assert_int_eq(fl_wk_sampler_init(&a, n, 2, 0, 16, true, 9), FL_OK);
-    ck_assert_int_eq(fl_wk_sampler_init(&b, n, 2, 1, 16, true, 9), FL_OK);
+    fl_sampler_t a;
+    fl_sampler_t b;
+    ck_assert_int_eq(fl_sampler_init(&a, n, 2, 0, 16, true, 9), FL_OK);
+    ck_assert_int_eq(fl_sampler_init(&b, n, 2, 1, 16, true, 9), FL_OK);
     uint32_t *e0 = malloc(n * sizeof *e0);
     ck_assert_ptr_nonnull(e0);
     memcpy(e0, a.perm, n * sizeof *e0);
-    fl_wk_sampler_set_epoch(&a, 1);
+    fl_sampler_set_epoch(&a, 1);
     ck_assert_int_ne(memcmp(e0, a.perm, n * sizeof *e0), 0);
     ck_assert(is_permutation(a.perm, n));
     /* A function of (seed, epoch) only: going back, or asking another rank, gives the same. */
-    fl_wk_sampler_set_epoch(&b, 5);
-    fl_wk_sampler_set_epoch(&b, 0);
+    fl_sampler_set_epoch(&b, 5);
+    fl_sampler_set_epoch(&b, 0);
     ck_assert_int_eq(memcmp(e0, b.perm, n * sizeof *e0), 0);
-    fl_wk_sampler_set_epoch(&a, 0);
+    fl_sampler_set_epoch(&a, 0);
     ck_assert_int_eq(memcmp(e0, a.perm, n * sizeof *e0), 0);
     /* It is shuffled, and another seed shuffles otherwise. */
     size_t fixed = 0;
     for (size_t i = 0; i < n; i++)
         fixed += a.perm[i] == i;
     ck_assert_uint_lt(fixed, 20);
-    fl_wk_sampler_deinit(&b);
-    ck_assert_int_eq(fl_wk_sampler_init(&b, n, 2, 1, 16, true, 10), FL_OK);
+    fl_sampler_deinit(&b);
+    ck_assert_int_eq(fl_sampler_init(&b, n, 2, 1, 16, true, 10), FL_OK);
     ck_assert_int_ne(memcmp(e0, b.perm, n * sizeof *e0), 0);
-    fl_wk_sampler_deinit(&b);
+    fl_sampler_deinit(&b);
     /* Without shuffle every epoch is the identity. */
-    ck_assert_int_eq(fl_wk_sampler_init(&b, n, 2, 1, 16, false, 9), FL_OK);
-    fl_wk_sampler_set_epoch(&b, 3);
+    ck_assert_int_eq(fl_sampler_init(&b, n, 2, 1, 16, false, 9), FL_OK);
+    fl_sampler_set_epoch(&b, 3);
     for (size_t i = 0; i < n; i++)
         if (b.perm[i] != i)
             ck_abort_msg("unshuffled perm[%zu] is %u", i, b.perm[i]);
-    fl_wk_sampler_deinit(&b);
-    fl_wk_sampler_deinit(&a);
-    fl_wk_sampler_deinit(&a);
+    fl_sampler_deinit(&b);
+    fl_sampler_deinit(&a);
+    fl_sampler_deinit(&a);
     free(e0);
 }
 END_TEST
@@ -611,20 +611,20 @@ START_TEST(test_sampler_refusals)
         {0, 1, 0, 1, "batch size 1 is larger than rank 0's share of 0 samples"},
     };
     for (size_t k = 0; k < NELEM(cases); k++) {
-        fl_wk_sampler_t s;
-        int rc = fl_wk_sampler_init(&s, cases[k].n, cases[k].world, cases[k].rank,
+        fl_sampler_t s;
+        int rc = fl_sampler_init(&s, cases[k].n, cases[k].world, cases[k].rank,
                                     cases[k].batch, true, 1);
         const char *e = fl_last_error();
         if (rc != FL_EINVAL || strstr(e, cases[k].says) == NULL || s.perm != NULL)
             ck_abort_msg("case %zu: got %s \"%s\", expected FL_EINVAL \"%s\"", k,
                          fl_strerror(rc), e, cases[k].says);
-        fl_wk_sampler_deinit(&s);
+        fl_sampler_deinit(&s);
     }
     /* The largest batch that fits is accepted: one batch per epoch. */
-    fl_wk_sampler_t s;
-    ck_assert_int_eq(fl_wk_sampler_init(&s, 1600, 4, 3, 400, true, 1), FL_OK);
-    ck_assert_uint_eq(fl_wk_sampler_batches(&s), 1);
-    fl_wk_sampler_deinit(&s);
+    fl_sampler_t s;
+    ck_assert_int_eq(fl_sampler_init(&s, 1600, 4, 3, 400, true, 1), FL_OK);
+    ck_assert_uint_eq(fl_sampler_batches(&s), 1);
+    fl_sampler_deinit(&s);
 }
 END_TEST
 

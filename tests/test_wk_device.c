@@ -46,7 +46,7 @@ typedef struct wk_mode {
 static void base_opts(fl_wk_train_opts_t *o, const wk_mode_t *m, const char *save)
 {
     fl_wk_train_opts_init(o);
-    fl_wk_mlp_parse(LAYERS, &o->shape);
+    fl_mlp_parse(LAYERS, &o->shape);
     o->mode = m->hosts > 1 ? FL_WK_MODE_RING : FL_WK_MODE_LOCAL;
     o->epochs = 2;
     o->seed = 3;
@@ -68,7 +68,7 @@ static void base_opts(fl_wk_train_opts_t *o, const wk_mode_t *m, const char *sav
     o->save_path = save;
 }
 
-static void train(const wk_mode_t *m, fl_dev_kind_t kind, const fl_wk_dataset_t *d,
+static void train(const wk_mode_t *m, fl_dev_kind_t kind, const fl_dataset_t *d,
                   const char *save)
 {
     fl_wk_train_opts_t o;
@@ -113,7 +113,7 @@ static const wk_mode_t modes[] = {
 START_TEST(test_sim_equals_cpu)
 {
     const wk_mode_t *m = &modes[_i];
-    fl_wk_dataset_t d;
+    fl_dataset_t d;
     fl_test_clusters(&d, N, 21);
     char a[128];
     char b[128];
@@ -123,7 +123,7 @@ START_TEST(test_sim_equals_cpu)
     train(m, FL_DEV_SIM, &d, b);
     double diff = fl_test_params_diff(LAYERS, a, b);
     ck_assert_msg(diff == 0.0, "%s: sim differs from cpu by %.3g (relative)", m->name, diff);
-    fl_wk_dataset_free(&d);
+    fl_dataset_free(&d);
 }
 END_TEST
 
@@ -136,16 +136,16 @@ START_TEST(test_repeated_id_is_two_devices)
     ck_assert_int_eq(o.replicas, 2);
     ck_assert_int_eq(o.gpus[0], 0);
     ck_assert_int_eq(o.gpus[1], 0);
-    fl_wk_dataset_t d;
+    fl_dataset_t d;
     fl_test_clusters(&d, N, 22);
-    fl_wk_mlp_parse(LAYERS, &o.shape);
+    fl_mlp_parse(LAYERS, &o.shape);
     o.epochs = 1;
     o.batch = 8;
     o.quiet = true;
     fl_wk_train_result_t res;
     ck_assert_msg(fl_wk_train(NULL, &d, &d, &o, &res) == FL_OK, "%s", fl_last_error());
     ck_assert(res.test_acc > 0.8);
-    fl_wk_dataset_free(&d);
+    fl_dataset_free(&d);
 }
 END_TEST
 
@@ -196,9 +196,9 @@ START_TEST(test_model_too_big_refused)
     fl_wk_train_opts_init(&o);
     o.device = FL_DEV_SIM;
     o.sim_mem_bytes = 1 << 20;
-    fl_wk_mlp_parse("6,512,512,3", &o.shape);
+    fl_mlp_parse("6,512,512,3", &o.shape);
     o.quiet = true;
-    fl_wk_dataset_t d;
+    fl_dataset_t d;
     fl_test_clusters(&d, N, 23);
     fl_wk_train_result_t res;
     int rc = fl_wk_train(NULL, &d, &d, &o, &res);
@@ -206,7 +206,7 @@ START_TEST(test_model_too_big_refused)
     ck_assert_msg(strstr(fl_last_error(), "the model needs") != NULL &&
                       strstr(fl_last_error(), "1.0 MiB are free") != NULL,
                   "%s", fl_last_error());
-    fl_wk_dataset_free(&d);
+    fl_dataset_free(&d);
 }
 END_TEST
 

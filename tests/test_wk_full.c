@@ -24,7 +24,7 @@ static char dir[64];
 static void base_opts(fl_wk_train_opts_t *o, const char *layers)
 {
     fl_wk_train_opts_init(o);
-    fl_wk_mlp_parse(layers, &o->shape);
+    fl_mlp_parse(layers, &o->shape);
     o->mode = FL_WK_MODE_RING;
     o->epochs = 2;
     o->shuffle = false;
@@ -35,7 +35,7 @@ static void base_opts(fl_wk_train_opts_t *o, const char *layers)
 }
 
 /* Parameters a device owns under --shard full: its piece of every layer, padding included. */
-static size_t pieces_of(const fl_wk_mlp_shape_t *m, int W, int L)
+static size_t pieces_of(const fl_mlp_shape_t *m, int W, int L)
 {
     size_t sum = 0;
     for (int u = 0; u < m->nlayers; u++) {
@@ -50,7 +50,7 @@ static size_t pieces_of(const fl_wk_mlp_shape_t *m, int W, int L)
 
 /* The two largest neighbouring layers of the gathers' order, padded: the most a step may hold
  * gathered at once with one layer of prefetch. */
-static size_t two_layers(const fl_wk_mlp_shape_t *m, int W, int L)
+static size_t two_layers(const fl_mlp_shape_t *m, int W, int L)
 {
     size_t most = 0;
     for (int u = 0; u < m->nlayers; u++) {
@@ -69,7 +69,7 @@ static size_t two_layers(const fl_wk_mlp_shape_t *m, int W, int L)
 static void check_full(int W, int L, const char *layers, fl_opt_kind_t kind, double lr,
                        double max_norm)
 {
-    fl_wk_dataset_t d;
+    fl_dataset_t d;
     fl_test_clusters(&d, N, 7);
     fl_wk_train_opts_t o;
     base_opts(&o, layers);
@@ -112,7 +112,7 @@ static void check_full(int W, int L, const char *layers, fl_opt_kind_t kind, dou
     ck_assert_msg(rr[0].gathers > 0, "no layer gathered");
     unlink(path[0]);
     unlink(path[1]);
-    fl_wk_dataset_free(&d);
+    fl_dataset_free(&d);
 }
 
 START_TEST(test_full_trains_the_same_parameters_across_hosts)
@@ -140,7 +140,7 @@ END_TEST
  * layers) are less than half the model. */
 START_TEST(test_full_holds_less_than_the_model)
 {
-    fl_wk_dataset_t d;
+    fl_dataset_t d;
     fl_test_clusters(&d, N, 7);
     fl_wk_train_opts_t o;
     base_opts(&o, "6,32,32,32,32,32,32,32,32,32,32,32,32,32,32,32,3");
@@ -150,11 +150,11 @@ START_TEST(test_full_holds_less_than_the_model)
     o.shard = FL_WK_SHARD_FULL;
     fl_wk_train_result_t r;
     ck_assert_msg(fl_wk_train(NULL, &d, &d, &o, &r) == FL_OK, "%s", fl_last_error());
-    size_t whole = fl_wk_mlp_nparams(&o.shape) * sizeof(float);
+    size_t whole = fl_mlp_nparams(&o.shape) * sizeof(float);
     ck_assert_msg(r.mem_params < whole / 2, "--shard full holds %llu of %zu bytes",
                   (unsigned long long)r.mem_params, whole);
     ck_assert_uint_eq(r.mem_grads, whole); /* the backward pass's gradient is still whole */
-    fl_wk_dataset_free(&d);
+    fl_dataset_free(&d);
 }
 END_TEST
 
@@ -162,20 +162,20 @@ END_TEST
 
 typedef struct dev_arg {
     fl_wk_full_t *z;
-    const fl_wk_mlp_shape_t *m;
+    const fl_mlp_shape_t *m;
     const float *params;
     int t;
     int stop_after; /* gets before the device "fails" (-1: the whole program) */
     int bad;        /* layers whose gathered values differed */
 } dev_arg_t;
 
-/* The order fl_wk_mlp_grad_src asks in, checking every layer against the flat parameters. */
+/* The order fl_mlp_grad_src asks in, checking every layer against the flat parameters. */
 static void *device_main(void *p)
 {
     dev_arg_t *a = p;
-    const fl_wk_mlp_src_t *src = fl_wk_full_src(a->z, a->t);
+    const fl_mlp_src_t *src = fl_wk_full_src(a->z, a->t);
     int n = a->m->nlayers;
-    int order[2 * FL_WK_MAX_LAYERS];
+    int order[2 * FL_MLP_MAX_LAYERS];
     int k = 0;
     for (int u = 0; u < n; u++)
         order[k++] = u;
@@ -190,8 +190,8 @@ static void *device_main(void *p)
             a->bad++;
             break;
         }
-        size_t at = fl_wk_mlp_weight_at(a->m, u);
-        size_t len = fl_wk_mlp_weight_at(a->m, u + 1) - at;
+        size_t at = fl_mlp_weight_at(a->m, u);
+        size_t len = fl_mlp_weight_at(a->m, u + 1) - at;
         if (memcmp(w, a->params + at, len * sizeof(float)) != 0)
             a->bad++;
         usleep(1000);
@@ -202,7 +202,7 @@ static void *device_main(void *p)
     return NULL;
 }
 
-static void run_devices(fl_wk_full_t *z, const fl_wk_mlp_shape_t *m, const float *params, int L,
+static void run_devices(fl_wk_full_t *z, const fl_mlp_shape_t *m, const float *params, int L,
                         int stop_after, int *bad)
 {
     pthread_t th[4];
@@ -223,10 +223,10 @@ START_TEST(test_gathers_follow_the_devices)
     fl_wk_train_opts_t o;
     base_opts(&o, "5,9,7,4,3");
     o.replicas = 3;
-    size_t np = fl_wk_mlp_nparams(&o.shape);
+    size_t np = fl_mlp_nparams(&o.shape);
     float *params = malloc(np * sizeof(float));
     float *back = calloc(np, sizeof(float));
-    fl_wk_mlp_init(&o.shape, params, 3);
+    fl_mlp_init(&o.shape, params, 3);
     fl_wk_full_t *z;
     ck_assert_int_eq(fl_wk_full_create(&o, 0, 1, NULL, params, &z), FL_OK);
     /* Every layer reaches every device whole, whatever the pieces. */
@@ -264,7 +264,7 @@ END_TEST
  * the run ends with that device's error, at once. */
 START_TEST(test_failing_device_names_its_error)
 {
-    fl_wk_dataset_t d;
+    fl_dataset_t d;
     fl_test_clusters(&d, N, 7);
     d.y[300] = 7; /* the model has 3 classes */
     fl_wk_train_opts_t o;
@@ -279,13 +279,13 @@ START_TEST(test_failing_device_names_its_error)
     ck_assert_msg(strstr(fl_last_error(), "label 7") != NULL, "%s", fl_last_error());
     ck_assert_msg(fl_now_ns() - t0 < 10000000000LL, "took %lld ns",
                   (long long)(fl_now_ns() - t0));
-    fl_wk_dataset_free(&d);
+    fl_dataset_free(&d);
 }
 END_TEST
 
 START_TEST(test_full_combinations_refused)
 {
-    fl_wk_dataset_t d;
+    fl_dataset_t d;
     fl_test_clusters(&d, N, 7);
     fl_wk_train_opts_t o;
     base_opts(&o, "6,16,3");
@@ -303,7 +303,7 @@ START_TEST(test_full_combinations_refused)
     o.hierarchy = FL_WK_HIER_FLAT;
     rc = fl_test_run_hosts(2, &o, NULL, &d, NULL, err, sizeof err);
     ck_assert_msg(rc == FL_EINVAL && strstr(err, "--hierarchy hybrid") != NULL, "%s", err);
-    fl_wk_dataset_free(&d);
+    fl_dataset_free(&d);
 }
 END_TEST
 

@@ -26,7 +26,7 @@ static char dir[64];
 static void base_opts(fl_wk_train_opts_t *o, const char *layers, const char *save)
 {
     fl_wk_train_opts_init(o);
-    fl_wk_mlp_parse(layers, &o->shape);
+    fl_mlp_parse(layers, &o->shape);
     o->epochs = 2;
     o->shuffle = false;
     o->seed = 5;
@@ -39,7 +39,7 @@ static void base_opts(fl_wk_train_opts_t *o, const char *layers, const char *sav
 /* One worker with the global batch, against W hosts x L devices of batch b, hybrid and flat. */
 static void check_equivalence(int W, int L, size_t b, fl_opt_kind_t kind, double lr)
 {
-    fl_wk_dataset_t d;
+    fl_dataset_t d;
     fl_test_clusters(&d, N, 7);
     const char *layers = "6,16,3";
     char one[128], hyb[128], flat[128], what[128];
@@ -78,7 +78,7 @@ static void check_equivalence(int W, int L, size_t b, fl_opt_kind_t kind, double
     unlink(one);
     unlink(hyb);
     unlink(flat);
-    fl_wk_dataset_free(&d);
+    fl_dataset_free(&d);
 }
 
 START_TEST(test_two_hosts_two_devices_equal_one_worker)
@@ -99,7 +99,7 @@ END_TEST
 START_TEST(test_hybrid_sends_fewer_bytes_across_hosts)
 {
     enum { W = 2, L = 2 };
-    fl_wk_dataset_t d;
+    fl_dataset_t d;
     fl_test_clusters(&d, N, 7);
     const char *layers = "6,512,512,3"; /* ~1 MiB: ring-sized shards */
     fl_wk_train_opts_t o;
@@ -109,7 +109,7 @@ START_TEST(test_hybrid_sends_fewer_bytes_across_hosts)
     o.batch = 8;
     o.replicas = L;
     o.bucket_bytes = (size_t)4 << 20; /* one bucket per shard */
-    double np = (double)fl_wk_mlp_nparams(&o.shape);
+    double np = (double)fl_mlp_nparams(&o.shape);
     char err[1200] = "";
     fl_wk_train_result_t rr[MAX_RANKS];
     double per_step[3];
@@ -137,13 +137,13 @@ START_TEST(test_hybrid_sends_fewer_bytes_across_hosts)
     ck_assert_msg(per_step[2] * 20 < per_step[1],
                   "hybrid top-k 1%% sent %.0f bytes per step across hosts, flat dense %.0f",
                   per_step[2], per_step[1]);
-    fl_wk_dataset_free(&d);
+    fl_dataset_free(&d);
 }
 END_TEST
 
 START_TEST(test_topk_over_hybrid_legs_learns)
 {
-    fl_wk_dataset_t d;
+    fl_dataset_t d;
     fl_test_clusters(&d, N, 7);
     fl_wk_train_opts_t o;
     base_opts(&o, "6,16,3", NULL);
@@ -161,13 +161,13 @@ START_TEST(test_topk_over_hybrid_legs_learns)
                   100 * rr[0].test_acc);
     ck_assert_msg(rr[0].bytes_sent < rr[0].raw_bytes, "sent %llu of %llu dense bytes",
                   (unsigned long long)rr[0].bytes_sent, (unsigned long long)rr[0].raw_bytes);
-    fl_wk_dataset_free(&d);
+    fl_dataset_free(&d);
 }
 END_TEST
 
 START_TEST(test_hosts_with_different_device_counts_refused)
 {
-    fl_wk_dataset_t d;
+    fl_dataset_t d;
     fl_test_clusters(&d, N, 7);
     fl_wk_train_opts_t o;
     base_opts(&o, "6,16,3", NULL);
@@ -187,7 +187,7 @@ START_TEST(test_hosts_with_different_device_counts_refused)
     rc = fl_test_run_hosts(2, &o, NULL, &d, NULL, err, sizeof err);
     ck_assert_msg(rc == FL_EINVAL && strstr(err, "--hierarchy hybrid") != NULL, "%s: %s",
                   fl_strerror(rc), err);
-    fl_wk_dataset_free(&d);
+    fl_dataset_free(&d);
 }
 END_TEST
 
@@ -197,7 +197,7 @@ END_TEST
 static void check_shards(fl_opt_kind_t kind, double lr, double max_norm)
 {
     enum { W = 2, L = 2 };
-    fl_wk_dataset_t d;
+    fl_dataset_t d;
     fl_test_clusters(&d, N, 7);
     const char *layers = "6,16,3";
     fl_wk_train_opts_t o;
@@ -210,7 +210,7 @@ static void check_shards(fl_opt_kind_t kind, double lr, double max_norm)
         o.opt.momentum = 0;
     o.lr.lr = lr;
     o.max_norm = max_norm;
-    size_t np = fl_wk_mlp_nparams(&o.shape);
+    size_t np = fl_mlp_nparams(&o.shape);
     size_t per_param = kind == FL_OPT_SGD ? 1 : 2; /* momentum; Adam's two moments */
     const fl_wk_shard_t modes[3] = {FL_WK_SHARD_NONE, FL_WK_SHARD_HYBRID, FL_WK_SHARD_GRAD};
     const size_t owned[3] = {np, (np + 1) / 2, ((np + 1) / 2 + 1) / 2};
@@ -233,7 +233,7 @@ static void check_shards(fl_opt_kind_t kind, double lr, double max_norm)
     fl_test_params_close(layers, path[0], path[2], "--shard grad vs none");
     for (int m = 0; m < 3; m++)
         unlink(path[m]);
-    fl_wk_dataset_free(&d);
+    fl_dataset_free(&d);
 }
 
 START_TEST(test_sharded_state_trains_the_same_parameters)
@@ -248,7 +248,7 @@ END_TEST
  * drops by that much (the summary's two figures agree); on cpu there is no device count. */
 START_TEST(test_device_memory_measured)
 {
-    fl_wk_dataset_t d;
+    fl_dataset_t d;
     fl_test_clusters(&d, N, 7);
     fl_wk_train_opts_t o;
     base_opts(&o, "6,64,64,3", NULL);
@@ -269,7 +269,7 @@ START_TEST(test_device_memory_measured)
                       "cpu replicas report device memory: %llu of %llu",
                       (unsigned long long)none[0].mem_device_used,
                       (unsigned long long)none[0].mem_device_total);
-        fl_wk_dataset_free(&d);
+        fl_dataset_free(&d);
         return;
     }
     for (int r = 0; r < 2; r++) {
@@ -293,13 +293,13 @@ START_TEST(test_device_memory_measured)
                       "optimizer state is %lld fewer",
                       r, (long long)saved, (long long)want);
     }
-    fl_wk_dataset_free(&d);
+    fl_dataset_free(&d);
 }
 END_TEST
 
 START_TEST(test_shard_combinations_refused)
 {
-    fl_wk_dataset_t d;
+    fl_dataset_t d;
     fl_test_clusters(&d, N, 7);
     fl_wk_train_opts_t o;
     base_opts(&o, "6,16,3", NULL);
@@ -316,7 +316,7 @@ START_TEST(test_shard_combinations_refused)
     o.hierarchy = FL_WK_HIER_FLAT;
     rc = fl_test_run_hosts(2, &o, NULL, &d, NULL, err, sizeof err);
     ck_assert_msg(rc == FL_EINVAL && strstr(err, "--hierarchy hybrid") != NULL, "%s", err);
-    fl_wk_dataset_free(&d);
+    fl_dataset_free(&d);
 }
 END_TEST
 
@@ -338,7 +338,7 @@ static void teardown_dir(void)
  * not complete in 10 ms"). The jitter keeps the events pending when the waits start. */
 START_TEST(test_overlap_slice_timeout_as_event_completes)
 {
-    fl_wk_dataset_t d;
+    fl_dataset_t d;
     fl_test_clusters(&d, N, 7);
     char a[128], b[128], err[1200] = "";
     snprintf(a, sizeof a, "%s/late.safetensors", dir);
@@ -370,7 +370,7 @@ START_TEST(test_overlap_slice_timeout_as_event_completes)
     ck_assert_msg(diff == 0.0, "overlapped with late events differs by %.3g", diff);
     unlink(a);
     unlink(b);
-    fl_wk_dataset_free(&d);
+    fl_dataset_free(&d);
 }
 END_TEST
 
@@ -385,7 +385,7 @@ END_TEST
  * starts at a multiple of the devices, the last one's padding runs past the buffers. */
 START_TEST(test_overlap_trains_the_same_bits)
 {
-    fl_wk_dataset_t d;
+    fl_dataset_t d;
     fl_test_clusters(&d, N, 7);
     char a[128], b[128], what[160], err[1200] = "";
     snprintf(a, sizeof a, "%s/overlap.safetensors", dir);
@@ -437,7 +437,7 @@ START_TEST(test_overlap_trains_the_same_bits)
     }
     unlink(a);
     unlink(b);
-    fl_wk_dataset_free(&d);
+    fl_dataset_free(&d);
 }
 END_TEST
 
@@ -446,7 +446,7 @@ END_TEST
  * took; on cpu the devices' leg is refused, naming the flag. */
 START_TEST(test_first_leg_choice)
 {
-    fl_wk_dataset_t d;
+    fl_dataset_t d;
     fl_test_clusters(&d, N, 7);
     const char *layers = "6,16,16,3";
     char ref[128], out[128], what[96], err[1200] = "";
@@ -464,7 +464,7 @@ START_TEST(test_first_leg_choice)
         int rc = fl_test_run_hosts(2, &o, NULL, &d, res, err, sizeof err);
         ck_assert_msg(rc == FL_EINVAL && strstr(err, "--first-leg devices") != NULL,
                       "cpu replicas with --first-leg devices: %d %s", rc, err);
-        fl_wk_dataset_free(&d);
+        fl_dataset_free(&d);
         return;
     }
     /* --hierarchy flat has no first leg to put on the devices: said, not ignored. */
@@ -555,7 +555,7 @@ START_TEST(test_first_leg_choice)
     ck_assert_msg(diff == 0.0, "top-k 2 x 4: on the devices differs from the host by %.3g", diff);
     unlink(ref);
     unlink(out);
-    fl_wk_dataset_free(&d);
+    fl_dataset_free(&d);
 }
 END_TEST
 

@@ -26,7 +26,7 @@ static fl_ps_consistency_t g_cons;    /* and its consistency (sync unless a test
 static void base_opts(fl_wk_train_opts_t *o, const char *save)
 {
     fl_wk_train_opts_init(o);
-    fl_wk_mlp_parse("6,16,3", &o->shape);
+    fl_mlp_parse("6,16,3", &o->shape);
     o->epochs = 2;
     o->shuffle = false;
     o->seed = 3;
@@ -87,7 +87,7 @@ typedef struct rank_arg {
     const char *endpoint;
     int rank, world;
     fl_wk_train_opts_t o;
-    const fl_wk_dataset_t *data;
+    const fl_dataset_t *data;
     fl_wk_train_result_t res;
     int rc;
     char err[1024];
@@ -102,8 +102,8 @@ static void *rank_main(void *p)
     po.world_size = a->world;
     po.coordinator = a->endpoint;
     po.host = "127.0.0.1";
-    po.param_count = fl_wk_mlp_nparams(&a->o.shape);
-    po.model_signature = fl_wk_mlp_signature(&a->o.shape);
+    po.param_count = fl_mlp_nparams(&a->o.shape);
+    po.model_signature = fl_mlp_signature(&a->o.shape);
     po.timeout_ms = 20000;
     po.rendezvous_timeout_ms = 20000;
     po.log_level = FL_LOG_OFF;
@@ -119,7 +119,7 @@ static void *rank_main(void *p)
 
 /* world ranks train through the server of j; rank 0 saves to base->save_path. */
 static void run_ranks(ps_job_t *j, int world, const fl_wk_train_opts_t *base,
-                      const fl_wk_dataset_t *d, rank_arg_t *args)
+                      const fl_dataset_t *d, rank_arg_t *args)
 {
     pthread_t th[4];
     for (int r = 0; r < world; r++) {
@@ -139,7 +139,7 @@ static void run_ranks(ps_job_t *j, int world, const fl_wk_train_opts_t *base,
 }
 
 /* world ranks train through a fresh parameter server; rank 0 saves to save. */
-static void run_ps(int world, const fl_wk_train_opts_t *base, const fl_wk_dataset_t *d,
+static void run_ps(int world, const fl_wk_train_opts_t *base, const fl_dataset_t *d,
                    rank_arg_t *args)
 {
     ps_job_t j;
@@ -150,7 +150,7 @@ static void run_ps(int world, const fl_wk_train_opts_t *base, const fl_wk_datase
 
 START_TEST(test_ps_data_parallel_equivalence)
 {
-    fl_wk_dataset_t d;
+    fl_dataset_t d;
     fl_test_clusters(&d, N, 99);
     char one[128], ps[128];
     snprintf(one, sizeof one, "%s/one.safetensors", dir);
@@ -190,13 +190,13 @@ START_TEST(test_ps_data_parallel_equivalence)
     ck_assert_msg(diff < 1e-4, "Adam, 4 ranks through the server vs 1 local: %.3g", diff);
     unlink(one);
     unlink(ps);
-    fl_wk_dataset_free(&d);
+    fl_dataset_free(&d);
 }
 END_TEST
 
 START_TEST(test_ps_topk_learns)
 {
-    fl_wk_dataset_t d;
+    fl_dataset_t d;
     fl_test_clusters(&d, N, 99);
     fl_wk_train_opts_t o;
     base_opts(&o, NULL);
@@ -211,7 +211,7 @@ START_TEST(test_ps_topk_learns)
     ck_assert_msg(args[1].res.bytes_sent * 3 < args[1].res.raw_bytes, "%llu of %llu bytes",
                   (unsigned long long)args[1].res.bytes_sent,
                   (unsigned long long)args[1].res.raw_bytes);
-    fl_wk_dataset_free(&d);
+    fl_dataset_free(&d);
 }
 END_TEST
 
@@ -221,7 +221,7 @@ END_TEST
  * the residuals at zero (files removed), it does not. */
 START_TEST(test_ps_topk_residual_resumes)
 {
-    fl_wk_dataset_t d;
+    fl_dataset_t d;
     fl_test_clusters(&d, N, 99);
     char straight[128], resumed[128], bare[128], srv[128], srv2[128], wk[128], cmd[1024];
     snprintf(straight, sizeof straight, "%s/straight.safetensors", dir);
@@ -275,7 +275,7 @@ START_TEST(test_ps_topk_residual_resumes)
     snprintf(cmd, sizeof cmd, "rm -rf '%s' '%s' '%s' '%s' '%s' '%s'", srv, srv2, wk, straight,
              resumed, bare);
     ck_assert(system(cmd) == 0);
-    fl_wk_dataset_free(&d);
+    fl_dataset_free(&d);
 }
 END_TEST
 
@@ -283,7 +283,7 @@ END_TEST
  * own), the host's mean over one client, and one worker of batch 32. */
 START_TEST(test_ps_device_clients_equivalence)
 {
-    fl_wk_dataset_t d;
+    fl_dataset_t d;
     fl_test_clusters(&d, N, 99);
     char one[128], host[128], dev[128];
     snprintf(one, sizeof one, "%s/dc-one.safetensors", dir);
@@ -325,7 +325,7 @@ START_TEST(test_ps_device_clients_equivalence)
     unlink(one);
     unlink(host);
     unlink(dev);
-    fl_wk_dataset_free(&d);
+    fl_dataset_free(&d);
 }
 END_TEST
 
@@ -333,7 +333,7 @@ END_TEST
  * applied as they come, and the job still learns. */
 START_TEST(test_ps_device_clients_async_learns)
 {
-    fl_wk_dataset_t d;
+    fl_dataset_t d;
     fl_test_clusters(&d, N, 99);
     static rank_arg_t args[2];
     fl_wk_train_opts_t o;
@@ -358,7 +358,7 @@ START_TEST(test_ps_device_clients_async_learns)
                               (unsigned long long)args[1].res.raw_bytes);
         }
     }
-    fl_wk_dataset_free(&d);
+    fl_dataset_free(&d);
 }
 END_TEST
 
@@ -367,7 +367,7 @@ END_TEST
  * never stopped. */
 START_TEST(test_ps_device_clients_residuals_resume)
 {
-    fl_wk_dataset_t d;
+    fl_dataset_t d;
     fl_test_clusters(&d, N, 99);
     char straight[128], resumed[128], srv[128], wk[128], cmd[1024];
     snprintf(straight, sizeof straight, "%s/dstraight.safetensors", dir);
@@ -404,7 +404,7 @@ START_TEST(test_ps_device_clients_residuals_resume)
     ck_assert_msg(diff == 0.0, "resumed differs from straight by %.3g", diff);
     snprintf(cmd, sizeof cmd, "rm -rf '%s' '%s' '%s' '%s'", srv, wk, straight, resumed);
     ck_assert(system(cmd) == 0);
-    fl_wk_dataset_free(&d);
+    fl_dataset_free(&d);
 }
 END_TEST
 

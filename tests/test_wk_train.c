@@ -20,7 +20,7 @@ static char dir[64];
 static void base_opts(fl_wk_train_opts_t *o, const char *save)
 {
     fl_wk_train_opts_init(o);
-    fl_wk_mlp_parse("6,16,3", &o->shape);
+    fl_mlp_parse("6,16,3", &o->shape);
     o->epochs = 2;
     o->shuffle = false;
     o->seed = 3;
@@ -32,7 +32,7 @@ static void base_opts(fl_wk_train_opts_t *o, const char *save)
 
 typedef struct ring_arg {
     fl_wk_train_opts_t o;
-    fl_wk_dataset_t *data;
+    fl_dataset_t *data;
     double test_acc;
 } ring_arg_t;
 
@@ -48,7 +48,7 @@ static int ring_rank(fl_comm_t *comm, void *p)
 
 START_TEST(test_data_parallel_equivalence)
 {
-    fl_wk_dataset_t d;
+    fl_dataset_t d;
     fl_test_clusters(&d, N, 99);
     char one[128], ring[128], reps[128];
     snprintf(one, sizeof one, "%s/one.safetensors", dir);
@@ -100,13 +100,13 @@ START_TEST(test_data_parallel_equivalence)
     unlink(one);
     unlink(ring);
     unlink(reps);
-    fl_wk_dataset_free(&d);
+    fl_dataset_free(&d);
 }
 END_TEST
 
 START_TEST(test_topk_learns)
 {
-    fl_wk_dataset_t d;
+    fl_dataset_t d;
     fl_test_clusters(&d, N, 99);
     ring_arg_t a;
     base_opts(&a.o, NULL);
@@ -123,13 +123,13 @@ START_TEST(test_topk_learns)
                   err);
     /* chance is 33%; the clusters are easy */
     ck_assert_msg(a.test_acc > 0.9, "top-k training reached only %.1f%%", 100 * a.test_acc);
-    fl_wk_dataset_free(&d);
+    fl_dataset_free(&d);
 }
 END_TEST
 
 START_TEST(test_metrics_file)
 {
-    fl_wk_dataset_t d;
+    fl_dataset_t d;
     fl_test_clusters(&d, N, 99);
     char path[128];
     snprintf(path, sizeof path, "%s/metrics.jsonl", dir);
@@ -151,28 +151,28 @@ START_TEST(test_metrics_file)
     fclose(f);
     ck_assert_int_eq(lines, res.steps);
     unlink(path);
-    fl_wk_dataset_free(&d);
+    fl_dataset_free(&d);
 }
 END_TEST
 
 START_TEST(test_model_must_fit_data)
 {
-    fl_wk_dataset_t d;
+    fl_dataset_t d;
     fl_test_clusters(&d, N, 99);
     fl_wk_train_opts_t o;
     base_opts(&o, NULL);
-    fl_wk_mlp_parse("7,16,3", &o.shape);
+    fl_mlp_parse("7,16,3", &o.shape);
     fl_wk_train_result_t res;
     ck_assert_int_eq(fl_wk_train(NULL, &d, &d, &o, &res), FL_EINVAL);
     ck_assert_msg(strstr(fl_last_error(), "7 inputs") && strstr(fl_last_error(), "6 features"),
                   "%s", fl_last_error());
-    fl_wk_mlp_parse("6,16,2", &o.shape);
+    fl_mlp_parse("6,16,2", &o.shape);
     ck_assert_int_eq(fl_wk_train(NULL, &d, &d, &o, &res), FL_EINVAL);
     ck_assert_msg(strstr(fl_last_error(), "3 classes"), "%s", fl_last_error());
-    fl_wk_mlp_parse("6,16,3", &o.shape);
+    fl_mlp_parse("6,16,3", &o.shape);
     o.batch = N + 1; /* more than the replica's share */
     ck_assert_int_eq(fl_wk_train(NULL, &d, &d, &o, &res), FL_EINVAL);
-    fl_wk_dataset_free(&d);
+    fl_dataset_free(&d);
 }
 END_TEST
 

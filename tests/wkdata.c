@@ -12,7 +12,7 @@
 
 #include "testutil.h"
 
-void fl_test_clusters(fl_wk_dataset_t *d, size_t n, uint64_t seed)
+void fl_test_clusters(fl_dataset_t *d, size_t n, uint64_t seed)
 {
     enum { DIM = 6, CLASSES = 3 };
     memset(d, 0, sizeof *d);
@@ -35,14 +35,14 @@ void fl_test_clusters(fl_wk_dataset_t *d, size_t n, uint64_t seed)
 
 double fl_test_params_diff(const char *layers, const char *a, const char *b)
 {
-    fl_wk_mlp_shape_t m;
-    ck_assert(fl_wk_mlp_parse(layers, &m) == FL_OK);
-    size_t n = fl_wk_mlp_nparams(&m);
+    fl_mlp_shape_t m;
+    ck_assert(fl_mlp_parse(layers, &m) == FL_OK);
+    size_t n = fl_mlp_nparams(&m);
     float *pa = malloc(n * sizeof *pa);
     float *pb = malloc(n * sizeof *pb);
     ck_assert(pa != NULL && pb != NULL);
-    ck_assert_msg(fl_wk_mlp_load(&m, pa, a) == FL_OK, "%s", fl_last_error());
-    ck_assert_msg(fl_wk_mlp_load(&m, pb, b) == FL_OK, "%s", fl_last_error());
+    ck_assert_msg(fl_mlp_load(&m, pa, a) == FL_OK, "%s", fl_last_error());
+    ck_assert_msg(fl_mlp_load(&m, pb, b) == FL_OK, "%s", fl_last_error());
     double worst = 0;
     for (size_t i = 0; i < n; i++) {
         double d = fabs((double)pa[i] - pb[i]) / (1e-3 + fabs((double)pa[i]));
@@ -65,7 +65,7 @@ typedef struct host_arg {
     fl_comm_opts_t co;
     char host[32];
     fl_wk_train_opts_t o;
-    const fl_wk_dataset_t *data;
+    const fl_dataset_t *data;
     fl_wk_train_result_t res;
     int rc;
     char err[1024];
@@ -87,7 +87,7 @@ static void *host_main(void *p)
 /* Trains on W "hosts" with the options o (replicas[r] devices on rank r when replicas is not
  * NULL); res[r] gets each rank's result. Returns the first error (its text in err). */
 int fl_test_run_hosts(int W, const fl_wk_train_opts_t *o, const int *replicas,
-                     const fl_wk_dataset_t *d, fl_wk_train_result_t *res, char *err, size_t cap)
+                     const fl_dataset_t *d, fl_wk_train_result_t *res, char *err, size_t cap)
 {
     fl_coord_t *coord = fl_test_coord(W, 0);
     static host_arg_t args[FL_TEST_MAX_HOSTS];

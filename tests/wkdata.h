@@ -5,7 +5,7 @@
 #include "fl_wk.h"
 
 /* Three noisy clusters in 6 dimensions, the label the nearest centre: n samples from seed. */
-void fl_test_clusters(fl_wk_dataset_t *d, size_t n, uint64_t seed);
+void fl_test_clusters(fl_dataset_t *d, size_t n, uint64_t seed);
 
 /* The largest relative difference between the parameters of model `layers` saved at a and b
  * (relative to 1e-3 + |a|). ck_assert()s that both load. */
@@ -20,7 +20,7 @@ void fl_test_params_close(const char *layers, const char *a, const char *b, cons
  * text in err. */
 #define FL_TEST_MAX_HOSTS 4
 int fl_test_run_hosts(int W, const fl_wk_train_opts_t *o, const int *replicas,
-                      const fl_wk_dataset_t *d, fl_wk_train_result_t *res, char *err,
+                      const fl_dataset_t *d, fl_wk_train_result_t *res, char *err,
                       size_t cap);
 
 #endif

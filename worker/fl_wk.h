@@ -86,7 +86,7 @@ typedef struct fl_wk_train_opts {
     double speed_hint[64];  /* El Che: relative speed per device for the first plan (0: 1) */
     double throttle[64];    /* testing: device j takes this many times its compute time per
                                batch (a sleep after each; 0 or 1: none) */
-    fl_wk_mlp_shape_t shape;
+    fl_mlp_shape_t shape;
     size_t batch;          /* per device */
     int epochs;
     bool shuffle;
@@ -191,13 +191,13 @@ typedef struct fl_wk_train_result {
  * device and device count, top-k, mode, hierarchy, shard, policy, El Che, epochs, seed, the
  * training data's sizes and a hash of its first samples), as the list fl_comm_opts_t.settings
  * takes (FL_SETTINGS_MAX bytes). FL_OK, or FL_EINVAL when it does not fit. */
-int fl_wk_settings(const fl_wk_train_opts_t *t, const fl_wk_dataset_t *train, char *out,
+int fl_wk_settings(const fl_wk_train_opts_t *t, const fl_dataset_t *train, char *out,
                    size_t cap);
 
 /* Trains on train and evaluates on test each epoch. comm is NULL for FL_WK_MODE_LOCAL.
  * Checks the model against the data (inputs, classes) and the init file first: FL_EINVAL with
  * the detail saying what and where. FL_OK, or a collective's, optimizer's or I/O error. */
-int fl_wk_train(fl_comm_t *comm, const fl_wk_dataset_t *train, const fl_wk_dataset_t *test,
+int fl_wk_train(fl_comm_t *comm, const fl_dataset_t *train, const fl_dataset_t *test,
                 const fl_wk_train_opts_t *o, fl_wk_train_result_t *res);
 
 /* The same training against the parameter server (train_ps.c): the server holds the
@@ -206,8 +206,8 @@ int fl_wk_train(fl_comm_t *comm, const fl_wk_dataset_t *train, const fl_wk_datas
  * gradient clipped by o->max_norm before it leaves) and pulls the next step's parameters. The
  * step comes from the server, also after it restarted from a checkpoint. rank and world are
  * the client's. Errors as fl_wk_train, plus the client's. */
-int fl_wk_train_ps(fl_ps_client_t *client, int rank, int world, const fl_wk_dataset_t *train,
-                   const fl_wk_dataset_t *test, const fl_wk_train_opts_t *o,
+int fl_wk_train_ps(fl_ps_client_t *client, int rank, int world, const fl_dataset_t *train,
+                   const fl_dataset_t *test, const fl_wk_train_opts_t *o,
                    fl_wk_train_result_t *res);
 
 /* ---- the gradient-exchange drill (drill.c) ---- */

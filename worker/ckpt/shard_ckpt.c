@@ -47,7 +47,7 @@ int fl_wk_ranges(const fl_wk_train_opts_t *o, size_t np, int world, int rank, fl
         return n;
     }
     /* --shard full: device t's piece t W + rank of every layer (padding is not saved). */
-    const fl_wk_mlp_shape_t *m = &o->shape;
+    const fl_mlp_shape_t *m = &o->shape;
     size_t per_dev = 0;
     for (int u = 0; u < m->nlayers; u++) {
         size_t cnt;
@@ -64,9 +64,9 @@ int fl_wk_ranges(const fl_wk_train_opts_t *o, size_t np, int world, int rank, fl
             size_t first = ((size_t)t * (size_t)world + (size_t)rank) * c;
             if (first < cnt) {
                 fl_wk_range_t *r = &out[n++];
-                r->id = t * FL_WK_MAX_LAYERS + u;
+                r->id = t * FL_MLP_MAX_LAYERS + u;
                 r->dev = t;
-                r->off = fl_wk_mlp_weight_at(m, u) + first;
+                r->off = fl_mlp_weight_at(m, u) + first;
                 r->len = cnt - first < c ? cnt - first : c;
                 r->at = at;
                 r->opt_len = per_dev;
@@ -135,7 +135,7 @@ static int write_manifest(const char *dir, int world, const fl_wk_train_opts_t *
     fl_st_tensor_t ts = {"ranges", FL_INT64, 2, {n, 4}, ranges, n * 4 * sizeof *ranges};
     char sig[32], snp[32], st[32], se[32], sw[32], sl[32], ss[40];
     snprintf(ss, sizeof ss, "%.0f", samples);
-    snprintf(sig, sizeof sig, "%016" PRIx64, fl_wk_mlp_signature(&o->shape));
+    snprintf(sig, sizeof sig, "%016" PRIx64, fl_mlp_signature(&o->shape));
     snprintf(snp, sizeof snp, "%zu", np);
     snprintf(st, sizeof st, "%ld", step);
     snprintf(se, sizeof se, "%d", epoch);
@@ -257,7 +257,7 @@ int fl_wk_ckpt_save(const char *dir, fl_comm_t *comm, int rank, int world,
     if (rc == FL_OK && mine == NULL)
         rc = fl_fail(FL_ENOMEM, "--checkpoint: out of memory");
     if (rc == FL_OK && rank < writers(o, world)) {
-        int k = fl_wk_ranges(o, fl_wk_mlp_nparams(&o->shape), world, rank, mine);
+        int k = fl_wk_ranges(o, fl_mlp_nparams(&o->shape), world, rank, mine);
         for (int i = 0; i < k && rc == FL_OK; i++)
             rc = write_range(dir, rank, &mine[i], step, epoch, o, params, opts);
     }
@@ -280,7 +280,7 @@ int fl_wk_ckpt_save(const char *dir, fl_comm_t *comm, int rank, int world,
                                "%ld to %s",
                        step, dir);
     if (rank == 0)
-        rc = write_manifest(dir, world, o, fl_wk_mlp_nparams(&o->shape), step, epoch, samples);
+        rc = write_manifest(dir, world, o, fl_mlp_nparams(&o->shape), step, epoch, samples);
     /* Everyone hears how the manifest went before pruning, and the next checkpoint reads it. */
     failed = rc != FL_OK;
     if (rc != FL_OK)
@@ -390,7 +390,7 @@ static int check_manifest(const fl_st_file_t *m, const char *path, const fl_wk_t
                           size_t np)
 {
     char sig[32];
-    snprintf(sig, sizeof sig, "%016" PRIx64, fl_wk_mlp_signature(&o->shape));
+    snprintf(sig, sizeof sig, "%016" PRIx64, fl_mlp_signature(&o->shape));
     const char *msig = fl_st_meta_get(m, "flodl.model_signature");
     if (msig == NULL || strcmp(msig, sig) != 0)
         return fl_fail(FL_EINVAL, "--resume: %s is of another model (signature %s, this model "
@@ -407,7 +407,7 @@ int fl_wk_ckpt_load(const char *dir, const fl_wk_train_opts_t *o, int world, int
                     float *params, fl_opt_t *const *opts, long *step, int *epoch,
                     double *samples)
 {
-    size_t np = fl_wk_mlp_nparams(&o->shape);
+    size_t np = fl_mlp_nparams(&o->shape);
     char path[4096];
     snprintf(path, sizeof path, "%s/%s", dir, MANIFEST);
     fl_st_file_t *m = NULL;

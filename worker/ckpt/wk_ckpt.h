@@ -63,7 +63,7 @@ typedef struct fl_wk_range {
     size_t at;       /* where it starts in that optimizer's buffers */
     size_t opt_len;  /* the optimizer's length */
 } fl_wk_range_t;
-#define FL_WK_MAX_RANGES (64 * FL_WK_MAX_LAYERS)
+#define FL_WK_MAX_RANGES (64 * FL_MLP_MAX_LAYERS)
 
 /* Rank's ranges under o->shard (world: hosts exchanging pieces, 1 on one host), into out
  * (FL_WK_MAX_RANGES entries): how many. A pure function, so rank 0 can name every rank's. */

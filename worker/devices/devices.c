@@ -140,7 +140,7 @@ static int intra_reduce(fl_wk_devices_t *d)
     return rc != FL_OK ? rc : brc;
 }
 
-int fl_wk_devices_create(const fl_wk_mlp_shape_t *m, const fl_wk_dataset_t *train,
+int fl_wk_devices_create(const fl_mlp_shape_t *m, const fl_dataset_t *train,
                          const fl_wk_train_opts_t *o, int rank, int world, fl_wk_local_t local,
                          float *grad, fl_wk_devices_t **out)
 {
@@ -156,7 +156,7 @@ int fl_wk_devices_create(const fl_wk_mlp_shape_t *m, const fl_wk_dataset_t *trai
     d->batch = o->batch;
     d->n = L;
     d->rank = rank;
-    d->np = fl_wk_mlp_nparams(m);
+    d->np = fl_mlp_nparams(m);
     d->local = local;
     d->max_norm = o->max_norm;
     d->tl = o->timeline;
@@ -176,7 +176,7 @@ int fl_wk_devices_create(const fl_wk_mlp_shape_t *m, const fl_wk_dataset_t *trai
         r->d = d;
         r->j = j;
         r->throttle = o->throttle[j];
-        if ((rc = fl_wk_sampler_init(&r->smp, train->n, world * L, rank * L + j, o->batch,
+        if ((rc = fl_sampler_init(&r->smp, train->n, world * L, rank * L + j, o->batch,
                                      o->shuffle, o->seed)) != FL_OK ||
             (rc = fl_wk_rdev_create(o, j, train->dim, &r->rd)) != FL_OK)
             goto fail;
@@ -223,7 +223,7 @@ int fl_wk_devices_create(const fl_wk_mlp_shape_t *m, const fl_wk_dataset_t *trai
         (rc = intra_create(d, o->device_timeout_ms)) != FL_OK)
         goto fail;
     if (o->max_anchor > 0) {
-        if ((rc = fl_wk_sampler_init(&d->host, train->n, world, rank, o->batch, o->shuffle,
+        if ((rc = fl_sampler_init(&d->host, train->n, world, rank, o->batch, o->shuffle,
                                      o->seed)) != FL_OK)
             goto fail;
         d->have_host = true;
@@ -254,7 +254,7 @@ void fl_wk_devices_destroy(fl_wk_devices_t **pd)
     intra_destroy(d);
     for (int j = 0; j < d->n; j++) {
         replica_t *r = &d->rep[j];
-        fl_wk_sampler_deinit(&r->smp);
+        fl_sampler_deinit(&r->smp);
         if (r->registered)
             fl_dev_host_unregister(fl_wk_rdev_dev(r->rd), r->grad);
         fl_wk_bclock_deinit(&r->clock);
@@ -268,7 +268,7 @@ void fl_wk_devices_destroy(fl_wk_devices_t **pd)
         fl_opt_destroy(&r->opt);
     }
     if (d->have_host)
-        fl_wk_sampler_deinit(&d->host);
+        fl_sampler_deinit(&d->host);
     if (d->have_barrier) {
         pthread_mutex_destroy(&d->mu);
         pthread_cond_destroy(&d->cv);
@@ -281,22 +281,22 @@ void fl_wk_devices_set_epoch(fl_wk_devices_t *d, long epoch)
 {
     d->epoch = epoch;
     for (int j = 0; j < d->n; j++)
-        fl_wk_sampler_set_epoch(&d->rep[j].smp, epoch);
+        fl_sampler_set_epoch(&d->rep[j].smp, epoch);
     if (d->have_host)
-        fl_wk_sampler_set_epoch(&d->host, epoch);
+        fl_sampler_set_epoch(&d->host, epoch);
 }
 
 size_t fl_wk_devices_host_batches(const fl_wk_devices_t *d)
 {
-    return d->have_host ? fl_wk_sampler_batches(&d->host) : 0;
+    return d->have_host ? fl_sampler_batches(&d->host) : 0;
 }
 
 size_t fl_wk_devices_batches(const fl_wk_devices_t *d)
 {
-    return fl_wk_sampler_batches(&d->rep[0].smp);
+    return fl_sampler_batches(&d->rep[0].smp);
 }
 
-fl_wk_mlp_ws_t *fl_wk_devices_ws(fl_wk_devices_t *d)
+fl_mlp_ws_t *fl_wk_devices_ws(fl_wk_devices_t *d)
 {
     fl_wk_rdev_bind(d->rep[0].rd);
     return fl_wk_rdev_ws(d->rep[0].rd);
@@ -311,7 +311,7 @@ float *fl_wk_devices_grad(fl_wk_devices_t *d, int j)
 static void layer_tell(int layer, void *ud)
 {
     replica_t *r = ud;
-    r->d->ready(r->j, fl_wk_mlp_weight_at(r->d->m, layer), r->d->ud);
+    r->d->ready(r->j, fl_mlp_weight_at(r->d->m, layer), r->d->ud);
 }
 
 /* A batch's tag: its epoch and index, so a batch staged ahead is never used in another epoch. */
@@ -402,7 +402,7 @@ static void cadence_batches(fl_wk_devices_t *d, replica_t *r)
     r->rc = fl_wk_bclock_start(&r->clock, r->rd);
     for (int b = 0; b < r->count && r->rc == FL_OK; b++) {
         int64_t t0 = fl_now_ns();
-        fl_wk_sampler_batch(&d->host, r->first + (size_t)b, r->idx);
+        fl_sampler_batch(&d->host, r->first + (size_t)b, r->idx);
         float *g = b == 0 || d->local_sgd ? r->grad : r->one;
         double loss = 0.0;
         size_t correct = 0;
@@ -460,12 +460,12 @@ static void replica_step(replica_t *r)
     bool overlap = fl_wk_devices_overlapped(d);
     fl_wk_rdev_layer_fn tell_fn = overlap ? fl_wk_devices_layer_told : tell ? layer_tell : NULL;
     int64_t t0 = fl_now_ns();
-    fl_wk_sampler_batch(&r->smp, d->cur_batch, r->idx);
-    bool ahead = d->cur_batch + 1 < fl_wk_sampler_batches(&r->smp);
+    fl_sampler_batch(&r->smp, d->cur_batch, r->idx);
+    bool ahead = d->cur_batch + 1 < fl_sampler_batches(&r->smp);
     if (ahead)
-        fl_wk_sampler_batch(&r->smp, d->cur_batch + 1, r->next_idx);
+        fl_sampler_batch(&r->smp, d->cur_batch + 1, r->next_idx);
     long tag = batch_tag(d->epoch, d->cur_batch);
-    const fl_wk_mlp_src_t *src = d->full != NULL ? fl_wk_full_src(d->full, r->j) : NULL;
+    const fl_mlp_src_t *src = d->full != NULL ? fl_wk_full_src(d->full, r->j) : NULL;
     bool on_device = d->keep_grad || d->intra != NULL;
     r->rc = fl_wk_rdev_grad(r->rd, src != NULL ? NULL : d->params, src, d->train, r->idx, tag,
                             ahead ? r->next_idx : NULL, tag + 1, on_device ? NULL : r->grad,
@@ -672,7 +672,7 @@ int fl_wk_devices_host_batch(fl_wk_devices_t *d, int j, const float *params, siz
         return fl_fail(FL_EINVAL, "devices made without a cadence (max_anchor 0)");
     replica_t *r = &d->rep[j];
     int64_t t0 = fl_now_ns();
-    fl_wk_sampler_batch(&d->host, index, r->idx);
+    fl_sampler_batch(&d->host, index, r->idx);
     /* The calling thread (--policy async's, device j's) computes on the device. */
     int rc = fl_wk_rdev_bind(r->rd);
     if (rc == FL_OK)

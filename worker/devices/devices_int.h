@@ -12,7 +12,7 @@
 
 typedef struct replica {
     fl_wk_devices_t *d;
-    fl_wk_sampler_t smp;
+    fl_sampler_t smp;
     fl_wk_rdev_t *rd;
     uint32_t *idx;
     uint32_t *next_idx; /* the batch after, staged while this one computes */
@@ -42,8 +42,8 @@ typedef struct replica {
 } replica_t;
 
 struct fl_wk_devices {
-    const fl_wk_mlp_shape_t *m;
-    const fl_wk_dataset_t *train;
+    const fl_mlp_shape_t *m;
+    const fl_dataset_t *train;
     size_t batch;
     int n;
     int rank;
@@ -52,7 +52,7 @@ struct fl_wk_devices {
     double max_norm;
     fl_obs_timeline_t *tl;
     /* El Che: the host's share of each epoch, in one sequence the devices take batches from */
-    fl_wk_sampler_t host;
+    fl_sampler_t host;
     bool have_host;
     bool cadence; /* the step in progress is a cadence step */
     /* the local round in progress */
@@ -70,7 +70,7 @@ struct fl_wk_devices {
     /* the first leg overlapped with the backward pass (devices_overlap.c): devices that
      * finished each layer this step (under mu), whether this step's exchange reduces */
     bool overlap;
-    int layer_told[FL_WK_MAX_LAYERS];
+    int layer_told[FL_MLP_MAX_LAYERS];
     bool reducing;
     replica_t rep[MAX_DEVICES];
     /* The two-level exchange on sim and cuda devices: the reduce-scatter of the gradients
@@ -90,9 +90,9 @@ struct fl_wk_devices {
      * guards these and makes one thread at a time use intra. */
     pthread_mutex_t leg_mu;
     bool have_leg_mu;
-    size_t leg_edge[FL_WK_MAX_LAYERS + 1];
+    size_t leg_edge[FL_MLP_MAX_LAYERS + 1];
     int leg_next;
-    fl_event_t *landed[FL_WK_MAX_LAYERS][MAX_DEVICES];
+    fl_event_t *landed[FL_MLP_MAX_LAYERS][MAX_DEVICES];
     int leg_rc;
     char leg_err[512];
     fl_wk_full_t *full; /* --shard full: layers gathered from their shards (NULL: params) */

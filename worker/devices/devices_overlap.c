@@ -24,7 +24,7 @@ static size_t round_up(size_t x, size_t L)
 
 static void leg_destroy(fl_wk_devices_t *d)
 {
-    for (int l = 0; l < FL_WK_MAX_LAYERS; l++)
+    for (int l = 0; l < FL_MLP_MAX_LAYERS; l++)
         for (int j = 0; j < d->n; j++)
             fl_event_destroy(&d->landed[l][j]);
     if (d->have_leg_mu)
@@ -39,7 +39,7 @@ static int leg_create(fl_wk_devices_t *d)
     size_t L = (size_t)d->n;
     d->leg_edge[0] = 0;
     for (int l = 1; l < nl; l++) {
-        size_t e = round_up(fl_wk_mlp_weight_at(d->m, l), L);
+        size_t e = round_up(fl_mlp_weight_at(d->m, l), L);
         d->leg_edge[l] = e < d->np ? e : d->np;
     }
     d->leg_edge[nl] = d->np;
@@ -218,7 +218,7 @@ void fl_wk_devices_layer_told(int layer, void *ud)
         leg_layers_done(d, r);
         return;
     }
-    size_t from = fl_wk_mlp_weight_at(d->m, layer);
+    size_t from = fl_mlp_weight_at(d->m, layer);
     for (int j = 0; j < d->n; j++) {
         size_t off = fl_shard_offset(d->np, d->n, j);
         size_t cnt = fl_shard_count(d->np, d->n, j);

@@ -23,13 +23,13 @@ typedef struct slot {
 } slot_t;
 
 struct fl_wk_rdev {
-    const fl_wk_mlp_shape_t *m;
+    const fl_mlp_shape_t *m;
     size_t batch;
     size_t dim;
     size_t np;
     int j;
     fl_dev_t *dev;
-    fl_wk_mlp_ws_t *ws;
+    fl_mlp_ws_t *ws;
     fl_stream_t *cs;  /* compute: the workspace's stream */
     fl_stream_t *in;  /* copies to the device */
     fl_stream_t *out; /* gradient copies to the host */
@@ -39,13 +39,13 @@ struct fl_wk_rdev {
     slot_t slot[2];
     int cur;             /* the slot the next step computes from */
     fl_event_t *grad_in; /* the averaged gradient's copy in has run */
-    fl_event_t *layer_done[FL_WK_MAX_LAYERS];
-    fl_event_t *copied[FL_WK_MAX_LAYERS];
+    fl_event_t *layer_done[FL_MLP_MAX_LAYERS];
+    fl_event_t *copied[FL_MLP_MAX_LAYERS];
     /* the gradient in flight: where it goes and whom to tell */
     float *host_grad;
     fl_wk_rdev_layer_fn tell;
     void *ud;
-    int pending[FL_WK_MAX_LAYERS]; /* layers copied out or being copied, in order */
+    int pending[FL_MLP_MAX_LAYERS]; /* layers copied out or being copied, in order */
     int npending;
     int told;
     int rc; /* a failure inside the done callback */
@@ -66,8 +66,8 @@ struct fl_wk_rdev {
  * optimizer's state buffers, the activations and gradients of a batch, the staged batches. */
 static size_t bytes_needed(const fl_wk_train_opts_t *o, size_t dim)
 {
-    const fl_wk_mlp_shape_t *m = &o->shape;
-    size_t np = fl_wk_mlp_nparams(m);
+    const fl_mlp_shape_t *m = &o->shape;
+    size_t np = fl_mlp_nparams(m);
     size_t state = o->opt.kind != FL_OPT_SGD ? 2 : o->opt.momentum != 0.0 ? 1 : 0;
     size_t acts = 0;
     size_t wide = 0;
@@ -111,7 +111,7 @@ int fl_wk_rdev_create(const fl_wk_train_opts_t *o, int j, size_t dim, fl_wk_rdev
     r->m = &o->shape;
     r->batch = o->batch;
     r->dim = dim;
-    r->np = fl_wk_mlp_nparams(&o->shape);
+    r->np = fl_mlp_nparams(&o->shape);
     r->j = j;
     fl_dev_opts_t dop;
     fl_dev_opts_init(&dop);
@@ -132,9 +132,9 @@ int fl_wk_rdev_create(const fl_wk_train_opts_t *o, int j, size_t dim, fl_wk_rdev
     if (rc == FL_OK)
         rc = check_fits(r->dev, o, dim);
     if (rc == FL_OK)
-        rc = fl_wk_mlp_ws_create_on(r->dev, r->m, r->batch, &r->ws);
+        rc = fl_mlp_ws_create_on(r->dev, r->m, r->batch, &r->ws);
     if (rc == FL_OK) {
-        r->cs = fl_wk_mlp_ws_stream(r->ws);
+        r->cs = fl_mlp_ws_stream(r->ws);
         rc = fl_stream_create(r->dev, &r->in);
     }
     if (rc == FL_OK)
@@ -185,7 +185,7 @@ void fl_wk_rdev_destroy(fl_wk_rdev_t **pr)
     /* Streams first: they wait for what is queued, which may still use the buffers. */
     fl_stream_destroy(&r->in);
     fl_stream_destroy(&r->out);
-    fl_wk_mlp_ws_destroy(&r->ws);
+    fl_mlp_ws_destroy(&r->ws);
     for (int s = 0; s < 2; s++) {
         slot_t *sl = &r->slot[s];
         fl_event_destroy(&sl->staged);
@@ -198,7 +198,7 @@ void fl_wk_rdev_destroy(fl_wk_rdev_t **pr)
         }
     }
     fl_event_destroy(&r->grad_in);
-    for (int l = 0; l < FL_WK_MAX_LAYERS; l++) {
+    for (int l = 0; l < FL_MLP_MAX_LAYERS; l++) {
         fl_event_destroy(&r->layer_done[l]);
         fl_event_destroy(&r->copied[l]);
     }
@@ -220,7 +220,7 @@ fl_dev_t *fl_wk_rdev_dev(const fl_wk_rdev_t *r)
     return r->dev;
 }
 
-fl_wk_mlp_ws_t *fl_wk_rdev_ws(fl_wk_rdev_t *r)
+fl_mlp_ws_t *fl_wk_rdev_ws(fl_wk_rdev_t *r)
 {
     return r->ws;
 }
@@ -233,7 +233,7 @@ int fl_wk_rdev_bind(fl_wk_rdev_t *r)
 /* Copies the batch `tag` (samples idx of data) into the slot: the host staging may be
  * rewritten only once the slot's last copy in has run, and the device side only once the
  * compute that read it has (the copy stream waits for that). */
-static int stage(fl_wk_rdev_t *r, slot_t *sl, const fl_wk_dataset_t *data, const uint32_t *idx,
+static int stage(fl_wk_rdev_t *r, slot_t *sl, const fl_dataset_t *data, const uint32_t *idx,
                  long tag)
 {
     int rc = fl_event_sync(sl->staged, 0);
@@ -246,7 +246,7 @@ static int stage(fl_wk_rdev_t *r, slot_t *sl, const fl_wk_dataset_t *data, const
         sl->hy[t] = data->y[idx[t]];
     }
     sl->tag = -1;
-    if ((rc = fl_wk_mlp_check_labels(r->m, sl->hy, b)) != FL_OK)
+    if ((rc = fl_mlp_check_labels(r->m, sl->hy, b)) != FL_OK)
         return rc;
     if ((rc = fl_stream_wait(r->in, sl->consumed)) != FL_OK ||
         (rc = fl_dev_h2d(r->in, sl->dx, sl->hx, b * data->dim * sizeof(float))) != FL_OK ||
@@ -291,8 +291,8 @@ static void layer_queued(int l, void *ud)
             r->tell(l, r->ud);
         return;
     }
-    size_t from = fl_wk_mlp_weight_at(r->m, l);
-    size_t n = fl_wk_mlp_weight_at(r->m, l + 1) - from;
+    size_t from = fl_mlp_weight_at(r->m, l);
+    size_t n = fl_mlp_weight_at(r->m, l + 1) - from;
     fl_dptr_t src = fl_dptr_f32(r->dgrad, from);
     int rc;
     if ((rc = fl_event_record(r->layer_done[l], r->cs)) != FL_OK ||
@@ -307,8 +307,8 @@ static void layer_queued(int l, void *ud)
 }
 
 /* fl_wk_rdev_grad's body; on failure the caller drains the streams. */
-static int grad_pass(fl_wk_rdev_t *r, const float *params, const fl_wk_mlp_src_t *src,
-                     const fl_wk_dataset_t *data, const uint32_t *idx, long tag,
+static int grad_pass(fl_wk_rdev_t *r, const float *params, const fl_mlp_src_t *src,
+                     const fl_dataset_t *data, const uint32_t *idx, long tag,
                      const uint32_t *next, long next_tag, float *grad, fl_wk_rdev_layer_fn tell,
                      void *ud, double *loss, size_t *correct)
 {
@@ -353,11 +353,11 @@ static int grad_pass(fl_wk_rdev_t *r, const float *params, const fl_wk_mlp_src_t
         return rc;
     /* A gradient kept for the intra-host leg is still told layer by layer when someone
      * listens (--overlap: each bucket's reduce-scatter queued behind its layer's event). */
-    fl_wk_layer_done_fn out = keep && !(r->intra && tell != NULL) ? NULL : layer_queued;
+    fl_mlp_layer_done_fn out = keep && !(r->intra && tell != NULL) ? NULL : layer_queued;
     if (src != NULL)
-        rc = fl_wk_mlp_dgrad_hsrc(r->m, r->ws, src, sl->dx, sl->dy, r->batch, r->dgrad, out, r);
+        rc = fl_mlp_dgrad_hsrc(r->m, r->ws, src, sl->dx, sl->dy, r->batch, r->dgrad, out, r);
     else
-        rc = fl_wk_mlp_dgrad(r->m, r->ws, dp, NULL, sl->dx, sl->dy, r->batch, r->dgrad, out, r);
+        rc = fl_mlp_dgrad(r->m, r->ws, dp, NULL, sl->dx, sl->dy, r->batch, r->dgrad, out, r);
     if (rc == FL_OK)
         rc = fl_event_record(sl->consumed, r->cs);
     sl->tag = -1; /* consumed: a later step stages it again */
@@ -367,14 +367,14 @@ static int grad_pass(fl_wk_rdev_t *r, const float *params, const fl_wk_mlp_src_t
     if (rc == FL_OK && next != NULL)
         rc = stage(r, &r->slot[r->cur ^ 1], data, next, next_tag);
     if (rc == FL_OK)
-        rc = fl_wk_mlp_dresult(r->ws, r->batch, loss, correct);
+        rc = fl_mlp_dresult(r->ws, r->batch, loss, correct);
     if (rc == FL_OK && !r->compress)
         rc = drain(r, true);
     return rc;
 }
 
-int fl_wk_rdev_grad(fl_wk_rdev_t *r, const float *params, const fl_wk_mlp_src_t *src,
-                    const fl_wk_dataset_t *data, const uint32_t *idx, long tag,
+int fl_wk_rdev_grad(fl_wk_rdev_t *r, const float *params, const fl_mlp_src_t *src,
+                    const fl_dataset_t *data, const uint32_t *idx, long tag,
                     const uint32_t *next, long next_tag, float *grad, fl_wk_rdev_layer_fn tell,
                     void *ud, double *loss, size_t *correct)
 {

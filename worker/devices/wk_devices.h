@@ -23,7 +23,7 @@ typedef struct fl_wk_rdev fl_wk_rdev_t;
 int fl_wk_rdev_create(const fl_wk_train_opts_t *o, int j, size_t dim, fl_wk_rdev_t **out);
 void fl_wk_rdev_destroy(fl_wk_rdev_t **r);
 fl_dev_t *fl_wk_rdev_dev(const fl_wk_rdev_t *r);
-fl_wk_mlp_ws_t *fl_wk_rdev_ws(fl_wk_rdev_t *r);
+fl_mlp_ws_t *fl_wk_rdev_ws(fl_wk_rdev_t *r);
 
 /* Makes the device current for the calling thread (a thread that computes on it calls it). */
 int fl_wk_rdev_bind(fl_wk_rdev_t *r);
@@ -42,8 +42,8 @@ typedef void (*fl_wk_rdev_layer_fn)(int layer, void *ud);
  * label (FL_EINVAL), a non-finite loss (FL_ENONFINITE), a source's or the device's error.
  * next (may be NULL): the samples of batch next_tag, staged on the copy stream while this one
  * computes (the batch after, one ahead). */
-int fl_wk_rdev_grad(fl_wk_rdev_t *r, const float *params, const fl_wk_mlp_src_t *src,
-                    const fl_wk_dataset_t *data, const uint32_t *idx, long tag,
+int fl_wk_rdev_grad(fl_wk_rdev_t *r, const float *params, const fl_mlp_src_t *src,
+                    const fl_dataset_t *data, const uint32_t *idx, long tag,
                     const uint32_t *next, long next_tag, float *grad, fl_wk_rdev_layer_fn tell,
                     void *ud, double *loss, size_t *correct);
 
@@ -119,7 +119,7 @@ typedef enum fl_wk_local {
 /* o->replicas CPU devices of rank (of world ranks) on the training data, device 0 writing its
  * gradient into grad (n parameters). FL_OK, FL_EINVAL (replicas out of range, a batch larger
  * than a replica's share), FL_ENOMEM. */
-int fl_wk_devices_create(const fl_wk_mlp_shape_t *m, const fl_wk_dataset_t *train,
+int fl_wk_devices_create(const fl_mlp_shape_t *m, const fl_dataset_t *train,
                          const fl_wk_train_opts_t *o, int rank, int world, fl_wk_local_t local,
                          float *grad, fl_wk_devices_t **out);
 void fl_wk_devices_destroy(fl_wk_devices_t **d);
@@ -128,7 +128,7 @@ void fl_wk_devices_set_epoch(fl_wk_devices_t *d, long epoch);
 size_t fl_wk_devices_batches(const fl_wk_devices_t *d);
 
 /* A workspace for evaluation (device 0's). */
-fl_wk_mlp_ws_t *fl_wk_devices_ws(fl_wk_devices_t *d);
+fl_mlp_ws_t *fl_wk_devices_ws(fl_wk_devices_t *d);
 
 /* The devices' memory as they count it (fl_dev_mem_info): the most any device has in use
  * (total - free) and that device's total; both 0 on cpu, whose "device" is the host. */

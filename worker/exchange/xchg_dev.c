@@ -13,7 +13,7 @@
 struct fl_wk_dcmp {
     fl_wk_rdev_t *rd;
     fl_dev_t *dev;
-    const fl_wk_mlp_shape_t *m;
+    const fl_mlp_shape_t *m;
     fl_stream_t *s;
     fl_event_t *done;
     fl_dev_topk_t *topk;
@@ -106,10 +106,10 @@ int fl_wk_dcmp_bind(fl_wk_dcmp_t *c)
 }
 
 /* The layer whose completion completes parameters from `at` on: the one holding `at`. */
-static int layer_of(const fl_wk_mlp_shape_t *m, size_t at)
+static int layer_of(const fl_mlp_shape_t *m, size_t at)
 {
     int l = 0;
-    while (l + 1 < m->nlayers && fl_wk_mlp_weight_at(m, l + 1) <= at)
+    while (l + 1 < m->nlayers && fl_mlp_weight_at(m, l + 1) <= at)
         l++;
     return l;
 }

@@ -21,7 +21,7 @@
 #include <time.h>
 
 #define MAX_DEV 64
-#define MAX_PROG (2 * FL_WK_MAX_LAYERS)
+#define MAX_PROG (2 * FL_MLP_MAX_LAYERS)
 #define WAIT_S 600 /* a gather or a device that makes no progress for this long is an error */
 
 typedef struct inst {
@@ -41,16 +41,16 @@ typedef struct dev_src {
 } dev_src_t;
 
 struct fl_wk_full {
-    const fl_wk_mlp_shape_t *m;
+    const fl_mlp_shape_t *m;
     int L;
     int W;
     int rank;
     fl_comm_t **cols; /* NULL: one host */
     int nu;
-    size_t n[FL_WK_MAX_LAYERS];    /* the unit's elements */
-    size_t c[FL_WK_MAX_LAYERS];    /* a piece of it */
-    size_t at[FL_WK_MAX_LAYERS];   /* its place in the flat parameters */
-    size_t poff[FL_WK_MAX_LAYERS]; /* its piece's place in a device's pieces */
+    size_t n[FL_MLP_MAX_LAYERS];    /* the unit's elements */
+    size_t c[FL_MLP_MAX_LAYERS];    /* a piece of it */
+    size_t at[FL_MLP_MAX_LAYERS];   /* its place in the flat parameters */
+    size_t poff[FL_MLP_MAX_LAYERS]; /* its piece's place in a device's pieces */
     size_t per_dev;                /* a device's pieces, all units */
     size_t widest;                 /* the largest padded unit */
     float *piece[MAX_DEV];
@@ -78,16 +78,16 @@ struct fl_wk_full {
     size_t peak;
     fl_wk_full_stats_t st;
     dev_src_t dsrc[MAX_DEV];
-    fl_wk_mlp_src_t src[MAX_DEV];
+    fl_mlp_src_t src[MAX_DEV];
 };
 
 static int src_get(void *ud, int layer, const float **w);
 static void src_put(void *ud, int layer);
 
-void fl_wk_full_layout(const fl_wk_mlp_shape_t *m, int world, int replicas, int unit,
+void fl_wk_full_layout(const fl_mlp_shape_t *m, int world, int replicas, int unit,
                        size_t *count, size_t *piece)
 {
-    size_t n = fl_wk_mlp_weight_at(m, unit + 1) - fl_wk_mlp_weight_at(m, unit);
+    size_t n = fl_mlp_weight_at(m, unit + 1) - fl_mlp_weight_at(m, unit);
     size_t parts = (size_t)world * (size_t)replicas;
     *count = n;
     *piece = (n + parts - 1) / parts;
@@ -111,7 +111,7 @@ int fl_wk_full_create(const fl_wk_train_opts_t *o, int rank, int world, fl_comm_
     z->depth = 1;
     for (int u = 0; u < z->nu; u++) {
         fl_wk_full_layout(z->m, z->W, z->L, u, &z->n[u], &z->c[u]);
-        z->at[u] = fl_wk_mlp_weight_at(z->m, u);
+        z->at[u] = fl_mlp_weight_at(z->m, u);
         z->poff[u] = z->per_dev;
         z->per_dev += z->c[u];
         size_t padded = z->c[u] * (size_t)z->W * (size_t)z->L;
@@ -129,7 +129,7 @@ int fl_wk_full_create(const fl_wk_train_opts_t *o, int rank, int world, fl_comm_
         else
             rc = fl_opt_create(&o->opt, z->per_dev, &z->opt[t]);
         z->dsrc[t] = (dev_src_t){z, t};
-        z->src[t] = (fl_wk_mlp_src_t){src_get, src_put, &z->dsrc[t]};
+        z->src[t] = (fl_mlp_src_t){src_get, src_put, &z->dsrc[t]};
     }
     if (rc != FL_OK) {
         fl_wk_full_destroy(&z);
@@ -186,7 +186,7 @@ void fl_wk_full_destroy(fl_wk_full_t **pz)
     *pz = NULL;
 }
 
-const fl_wk_mlp_src_t *fl_wk_full_src(fl_wk_full_t *z, int t)
+const fl_mlp_src_t *fl_wk_full_src(fl_wk_full_t *z, int t)
 {
     return &z->src[t];
 }

@@ -70,7 +70,7 @@ typedef struct fl_wk_full_stats {
 } fl_wk_full_stats_t;
 
 /* Layer `unit`'s elements and the piece each of world x replicas devices owns (padded up). */
-void fl_wk_full_layout(const fl_wk_mlp_shape_t *m, int world, int replicas, int unit,
+void fl_wk_full_layout(const fl_mlp_shape_t *m, int world, int replicas, int unit,
                        size_t *count, size_t *piece);
 
 /* o->replicas devices of rank (of world hosts) own their pieces of params (the same on every
@@ -82,8 +82,8 @@ void fl_wk_full_destroy(fl_wk_full_t **z);
 /* Replaces the pieces with params' (a resumed or loaded model). */
 void fl_wk_full_scatter(fl_wk_full_t *z, const float *params);
 
-/* Device t's layers for fl_wk_mlp_grad_src during a step. */
-const fl_wk_mlp_src_t *fl_wk_full_src(fl_wk_full_t *z, int t);
+/* Device t's layers for fl_mlp_grad_src during a step. */
+const fl_mlp_src_t *fl_wk_full_src(fl_wk_full_t *z, int t);
 
 /* A step: begin starts the gathers (a thread per column, at most one layer ahead of what every
  * device put back); each device calls device_done when its pass ended, failed or not; end waits

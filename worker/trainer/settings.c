@@ -35,7 +35,7 @@ static uint64_t fnv(uint64_t h, const void *p, size_t n)
 }
 
 /* The data set's identity: its sizes and a hash of its first samples and labels. */
-static uint64_t data_hash(const fl_wk_dataset_t *d)
+static uint64_t data_hash(const fl_dataset_t *d)
 {
     size_t first = d->n < 64 ? d->n : 64;
     uint64_t h = 0xcbf29ce484222325ull;
@@ -46,12 +46,12 @@ static uint64_t data_hash(const fl_wk_dataset_t *d)
     return h;
 }
 
-int fl_wk_settings(const fl_wk_train_opts_t *t, const fl_wk_dataset_t *train, char *out,
+int fl_wk_settings(const fl_wk_train_opts_t *t, const fl_dataset_t *train, char *out,
                    size_t cap)
 {
     out[0] = '\0';
-    char layers[FL_WK_MAX_LAYERS * 12 + 1] = "";
-    char params[FL_WK_MAX_LAYERS * 64 + 1] = "";
+    char layers[FL_MLP_MAX_LAYERS * 12 + 1] = "";
+    char params[FL_MLP_MAX_LAYERS * 64 + 1] = "";
     size_t at = 0;
     size_t pt = 0;
     for (int l = 0; l <= t->shape.nlayers; l++)

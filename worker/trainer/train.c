@@ -27,7 +27,7 @@ void fl_wk_train_opts_init(fl_wk_train_opts_t *o)
 {
     memset(o, 0, sizeof *o);
     o->mode = FL_WK_MODE_LOCAL;
-    fl_wk_mlp_parse("64,256,128,10", &o->shape);
+    fl_mlp_parse("64,256,128,10", &o->shape);
     o->batch = 64;
     o->epochs = 10;
     o->shuffle = true;
@@ -57,7 +57,7 @@ static void ready(int device, size_t from, void *ud)
 
 /* A label the model has no output for is the labels' fault as much as --layers': named with
  * the file the labels came from, its index and its value. */
-static int check_labels(const fl_wk_mlp_shape_t *m, const fl_wk_dataset_t *d)
+static int check_labels(const fl_mlp_shape_t *m, const fl_dataset_t *d)
 {
     int outputs = m->sizes[m->nlayers];
     for (size_t i = 0; i < d->n; i++)
@@ -69,8 +69,8 @@ static int check_labels(const fl_wk_mlp_shape_t *m, const fl_wk_dataset_t *d)
     return FL_OK;
 }
 
-int fl_wk_check_model(const fl_wk_mlp_shape_t *m, const fl_wk_dataset_t *d,
-                      const fl_wk_dataset_t *test)
+int fl_wk_check_model(const fl_mlp_shape_t *m, const fl_dataset_t *d,
+                      const fl_dataset_t *test)
 {
     if ((size_t)m->sizes[0] != d->dim)
         return fl_fail(FL_EINVAL, "--layers: the model takes %d inputs, the data (%s) has %zu "
@@ -222,7 +222,7 @@ static int save(trainer_t *tr, long step, int epoch)
     snprintf(s, sizeof s, "%ld", step);
     snprintf(e, sizeof e, "%d", epoch);
     fl_st_meta_t meta[3] = {{"flodl.step", s}, {"flodl.epoch", e}, {"flodl.model", "mlp"}};
-    return fl_wk_mlp_save(tr->m, tr->params, tr->o->save_path, meta, 3);
+    return fl_mlp_save(tr->m, tr->params, tr->o->save_path, meta, 3);
 }
 
 /* Every rank learns whether any rank failed (one small allreduce), so a failure one rank meets
@@ -367,7 +367,7 @@ static void observe_step(trainer_t *tr, const fl_wk_xchg_stats_t *xs, double los
     fl_wk_obs_step(&tr->obs, &st);
 }
 
-int fl_wk_train(fl_comm_t *comm, const fl_wk_dataset_t *train, const fl_wk_dataset_t *test,
+int fl_wk_train(fl_comm_t *comm, const fl_dataset_t *train, const fl_dataset_t *test,
                 const fl_wk_train_opts_t *o, fl_wk_train_result_t *res)
 {
     trainer_t tr;
@@ -593,7 +593,7 @@ int fl_wk_train(fl_comm_t *comm, const fl_wk_dataset_t *train, const fl_wk_datas
             break;
         if (test != NULL && tr.rank == 0) {
             size_t ok = 0;
-            rc = fl_wk_mlp_eval(tr.m, fl_wk_devices_ws(tr.dev), tr.params, test->x, test->y,
+            rc = fl_mlp_eval(tr.m, fl_wk_devices_ws(tr.dev), tr.params, test->x, test->y,
                                 test->n, &res->test_loss, &ok);
             res->test_acc = test->n ? (double)ok / (double)test->n : 0.0;
             if (lead) {

@@ -12,8 +12,8 @@
 /* Checks the model against the data (inputs; every label, of both splits, below its outputs)
  * and the test split against the training data: FL_EINVAL saying what differs (a label: its
  * file, index and value). */
-int fl_wk_check_model(const fl_wk_mlp_shape_t *m, const fl_wk_dataset_t *train,
-                      const fl_wk_dataset_t *test);
+int fl_wk_check_model(const fl_mlp_shape_t *m, const fl_dataset_t *train,
+                      const fl_dataset_t *test);
 
 /* Progress line pieces (progress.c): "42% ETA 1m23s" for a job `done` (0..1) of the way, this
  * run having started at `start` and run elapsed_s; "sent 1.2 MiB (9.8x less than dense)" or
@@ -108,8 +108,8 @@ void fl_wk_obs_error(fl_wk_obs_t *m);
 
 typedef struct trainer {
     const fl_wk_train_opts_t *o;
-    const fl_wk_mlp_shape_t *m;
-    const fl_wk_dataset_t *train;
+    const fl_mlp_shape_t *m;
+    const fl_dataset_t *train;
     fl_comm_t *comm;
     int rank;
     int world;

@@ -18,7 +18,7 @@
 
 typedef struct ps_trainer {
     const fl_wk_train_opts_t *o;
-    const fl_wk_mlp_shape_t *m;
+    const fl_mlp_shape_t *m;
     fl_ps_client_t *cl;
     int rank;
     int world;
@@ -35,20 +35,20 @@ typedef struct ps_trainer {
     FILE *metrics;
 } ps_trainer_t;
 
-static int setup(ps_trainer_t *t, const fl_wk_dataset_t *train)
+static int setup(ps_trainer_t *t, const fl_dataset_t *train)
 {
     const fl_wk_train_opts_t *o = t->o;
-    t->np = fl_wk_mlp_nparams(t->m);
+    t->np = fl_mlp_nparams(t->m);
     t->params = malloc(t->np * sizeof(float));
     t->grad = calloc(t->np, sizeof(float));
     if (t->params == NULL || t->grad == NULL)
         return fl_fail(FL_ENOMEM, "out of memory for %zu parameters", t->np);
     int rc;
     if (o->init_path != NULL) {
-        if ((rc = fl_wk_mlp_load(t->m, t->params, o->init_path)) != FL_OK)
+        if ((rc = fl_mlp_load(t->m, t->params, o->init_path)) != FL_OK)
             return rc;
     } else {
-        fl_wk_mlp_init(t->m, t->params, o->seed);
+        fl_mlp_init(t->m, t->params, o->seed);
     }
     /* A client per device needs a shard per device at least: with fewer shards than devices
      * some devices push nothing, so the parts are min(devices, shards). */
@@ -160,11 +160,11 @@ static int save(ps_trainer_t *t, uint64_t step, int epoch)
     snprintf(s, sizeof s, "%llu", (unsigned long long)step);
     snprintf(e, sizeof e, "%d", epoch);
     fl_st_meta_t meta[3] = {{"flodl.step", s}, {"flodl.epoch", e}, {"flodl.model", "mlp"}};
-    return fl_wk_mlp_save(t->m, t->params, t->o->save_path, meta, 3);
+    return fl_mlp_save(t->m, t->params, t->o->save_path, meta, 3);
 }
 
-int fl_wk_train_ps(fl_ps_client_t *cl, int rank, int world, const fl_wk_dataset_t *train,
-                   const fl_wk_dataset_t *test, const fl_wk_train_opts_t *o,
+int fl_wk_train_ps(fl_ps_client_t *cl, int rank, int world, const fl_dataset_t *train,
+                   const fl_dataset_t *test, const fl_wk_train_opts_t *o,
                    fl_wk_train_result_t *res)
 {
     ps_trainer_t t;
@@ -317,7 +317,7 @@ int fl_wk_train_ps(fl_ps_client_t *cl, int rank, int world, const fl_wk_dataset_
         res->train_loss = ep_steps ? ep_loss / (double)ep_steps : 0.0;
         if (test != NULL && rank == 0) {
             size_t ok;
-            if ((rc = fl_wk_mlp_eval(t.m, fl_wk_devices_ws(t.dev), t.params, test->x, test->y,
+            if ((rc = fl_mlp_eval(t.m, fl_wk_devices_ws(t.dev), t.params, test->x, test->y,
                                      test->n, &res->test_loss, &ok)) != FL_OK)
                 break;
             res->test_acc = test->n ? (double)ok / (double)test->n : 0.0;

@@ -76,7 +76,7 @@ static int check_shard(const trainer_t *tr, bool per_device)
 int fl_wk_trainer_setup(trainer_t *tr)
 {
     const fl_wk_train_opts_t *o = tr->o;
-    tr->np = fl_wk_mlp_nparams(tr->m);
+    tr->np = fl_mlp_nparams(tr->m);
     tr->params = malloc(tr->np * sizeof(float));
     tr->grad = calloc(tr->np, sizeof(float));
     if (tr->params == NULL || tr->grad == NULL)
@@ -85,10 +85,10 @@ int fl_wk_trainer_setup(trainer_t *tr)
     if (o->init_path != NULL && o->resume_dir != NULL)
         return fl_fail(FL_EINVAL, "--init and --resume: the checkpoint holds the parameters");
     if (o->init_path != NULL) {
-        if ((rc = fl_wk_mlp_load(tr->m, tr->params, o->init_path)) != FL_OK)
+        if ((rc = fl_mlp_load(tr->m, tr->params, o->init_path)) != FL_OK)
             return rc;
     } else {
-        fl_wk_mlp_init(tr->m, tr->params, o->seed);
+        fl_mlp_init(tr->m, tr->params, o->seed);
     }
     int L = o->replicas;
     bool per_device = tr->comm != NULL && L > 1;

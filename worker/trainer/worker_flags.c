@@ -58,7 +58,7 @@ int fl_wk_args_apply(wargs_t *a, int ch, const char *name, const char *v)
         if ((rc = fl_cli_long("--data-seed", v, 0, 0x7fffffffL, &n)) == FL_OK)
             a->data_seed = (uint64_t)n;
         break;
-    case O_LAYERS: rc = fl_wk_mlp_parse(v, &t->shape); break;
+    case O_LAYERS: rc = fl_mlp_parse(v, &t->shape); break;
     case O_BATCH:
         if ((rc = fl_cli_long("--batch-size", v, 1, 1 << 20, &n)) == FL_OK)
             t->batch = (size_t)n;

@@ -205,7 +205,7 @@ static int bad(const char *fmt, ...)
     return usage_error();
 }
 
-static int load_data(const wargs_t *a, fl_wk_dataset_t *train, fl_wk_dataset_t *test,
+static int load_data(const wargs_t *a, fl_dataset_t *train, fl_dataset_t *test,
                      bool *have_test)
 {
     *have_test = true;
@@ -222,26 +222,26 @@ static int load_data(const wargs_t *a, fl_wk_dataset_t *train, fl_wk_dataset_t *
     if (a->train_images != NULL || a->train_labels != NULL) {
         if (a->train_images == NULL || a->train_labels == NULL)
             return fl_fail(FL_EINVAL, "--train-images and --train-labels go together");
-        int rc = fl_wk_data_idx(a->train_images, a->train_labels, train);
+        int rc = fl_data_idx(a->train_images, a->train_labels, train);
         if (rc != FL_OK)
             return rc;
         if (a->test_images == NULL) {
             *have_test = false;
             return FL_OK;
         }
-        return fl_wk_data_idx(a->test_images, a->test_labels, test);
+        return fl_data_idx(a->test_images, a->test_labels, test);
     }
     if (a->train_csv != NULL) {
-        int rc = fl_wk_data_csv(a->train_csv, train);
+        int rc = fl_data_csv(a->train_csv, train);
         if (rc != FL_OK)
             return rc;
         if (a->test_csv == NULL) {
             *have_test = false;
             return FL_OK;
         }
-        return fl_wk_data_csv(a->test_csv, test);
+        return fl_data_csv(a->test_csv, test);
     }
-    return fl_wk_data_builtin(a->data_seed, train, test);
+    return fl_data_builtin(a->data_seed, train, test);
 }
 
 static void summary(int rank, const fl_wk_train_result_t *r, bool have_test)
@@ -301,7 +301,7 @@ static void summary(int rank, const fl_wk_train_result_t *r, bool have_test)
 }
 
 /* --mode ps: a parameter-server client instead of a communicator. */
-static int run_ps(wargs_t *a, fl_wk_dataset_t *train, fl_wk_dataset_t *test)
+static int run_ps(wargs_t *a, fl_dataset_t *train, fl_dataset_t *test)
 {
     fl_ps_client_opts_t po;
     fl_ps_client_opts_init(&po);
@@ -311,13 +311,13 @@ static int run_ps(wargs_t *a, fl_wk_dataset_t *train, fl_wk_dataset_t *test)
     po.job_id = a->co.job_id;
     po.curve_dir = a->co.curve_dir;
     po.host = a->co.host;
-    po.param_count = fl_wk_mlp_nparams(&a->to.shape);
+    po.param_count = fl_mlp_nparams(&a->to.shape);
     po.model_signature = a->co.model_signature;
     po.settings = a->co.settings;
     /* The parameter server's --init file is checked against these, tensor by tensor. */
     fl_model_shapes_t shapes;
     fl_model_shapes_init(&shapes);
-    int rc = fl_wk_mlp_shapes(&a->to.shape, &shapes);
+    int rc = fl_mlp_shapes(&a->to.shape, &shapes);
     po.model_shapes = fl_model_shapes_text(&shapes);
     po.timeout_ms = a->co.timeout_ms;
     po.rendezvous_timeout_ms = a->co.rendezvous_timeout_ms;
@@ -344,8 +344,8 @@ static int run_ps(wargs_t *a, fl_wk_dataset_t *train, fl_wk_dataset_t *test)
         fl_ps_client_abort(cl, rc, fl_last_error());
     }
     fl_ps_client_destroy(&cl);
-    fl_wk_dataset_free(train);
-    fl_wk_dataset_free(test);
+    fl_dataset_free(train);
+    fl_dataset_free(test);
     return code;
 }
 
@@ -520,8 +520,8 @@ int main(int argc, char **argv)
      * the machine's cores. */
     openblas_set_num_threads(1);
 
-    fl_wk_dataset_t train;
-    fl_wk_dataset_t test;
+    fl_dataset_t train;
+    fl_dataset_t test;
     memset(&train, 0, sizeof train);
     memset(&test, 0, sizeof test);
     bool have_test = false;
@@ -537,13 +537,13 @@ int main(int argc, char **argv)
         /* The signature the rendezvous compares, also with a parameter server's --init. */
         fl_model_shapes_t shapes;
         fl_model_shapes_init(&shapes);
-        rc = fl_wk_mlp_shapes(&a.to.shape, &shapes);
+        rc = fl_mlp_shapes(&a.to.shape, &shapes);
         a.co.model_signature = fl_model_shapes_signature(fl_model_shapes_text(&shapes));
         fl_model_shapes_deinit(&shapes);
         if (rc != FL_OK) {
             fprintf(stderr, "flodl-worker: %s\n", fl_last_error());
-            fl_wk_dataset_free(&train);
-            fl_wk_dataset_free(&test);
+            fl_dataset_free(&train);
+            fl_dataset_free(&test);
             return 1;
         }
         if (fl_wk_settings(&a.to, &train, a.settings, sizeof a.settings) != FL_OK)
@@ -564,8 +564,8 @@ int main(int argc, char **argv)
             /* A refusal (another job, world size or model) is a configuration error. */
             int code = rc == FL_EINVAL ? 2 : 1;
             fprintf(stderr, "flodl-worker: %s\n", fl_last_error());
-            fl_wk_dataset_free(&train);
-            fl_wk_dataset_free(&test);
+            fl_dataset_free(&train);
+            fl_dataset_free(&test);
             return code;
         }
     }
@@ -597,7 +597,7 @@ int main(int argc, char **argv)
         code = code ? code : 1;
     }
     fl_comm_destroy(&comm);
-    fl_wk_dataset_free(&train);
-    fl_wk_dataset_free(&test);
+    fl_dataset_free(&train);
+    fl_dataset_free(&test);
     return code;
 }
