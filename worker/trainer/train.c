@@ -22,6 +22,38 @@ typedef struct step_out {
     double job_batches;  /* the whole job's */
 } step_out_t;
 
+/* One synchronous step: its clock (start, compute done, exchange done), what it computed, its
+ * learning rate and the time of --shard's legs after the exchange. */
+typedef struct step {
+    int64_t t0, t1, t2;
+    step_out_t so;
+    double lr;
+    double legs_ms;
+} step_t;
+
+/* What the loop carries across steps and epochs: the schedules, this run's clock and counters
+ * (a resumed run's averages start where it resumed), the optimizers and the rank's own state
+ * for checkpoints, and the epoch in progress. */
+typedef struct run {
+    fl_lr_sched_t sched;
+    fl_cmp_schedule_t dgc;
+    size_t nbatches;
+    long global_batch;
+    bool lead; /* rank 0 prints */
+    int64_t t_start, t_last;
+    long step, first_step;
+    int first_epoch;
+    double first_samples;
+    double compute_ms, exposed_ms;
+    fl_opt_t *opts[64];
+    fl_wk_rank_state_t own; /* its objects live on */
+    /* the epoch in progress */
+    int ep;
+    double density;
+    double ep_loss;
+    size_t ep_correct, ep_batches, bi;
+} run_t;
+
 
 void fl_wk_train_opts_init(fl_wk_train_opts_t *o)
 {
@@ -367,280 +399,370 @@ static void observe_step(trainer_t *tr, const fl_wk_xchg_stats_t *xs, double los
     fl_wk_obs_step(&tr->obs, &st);
 }
 
-int fl_wk_train(fl_comm_t *comm, const fl_dataset_t *train, const fl_dataset_t *test,
-                const fl_wk_train_opts_t *o, fl_wk_train_result_t *res)
+/* The schedules of the run: the learning rate (scaled to the global batch with --scale-lr)
+ * and top-k's density warm-up. */
+static void plan(trainer_t *tr, run_t *r)
 {
-    trainer_t tr;
-    memset(&tr, 0, sizeof tr);
-    memset(res, 0, sizeof *res);
-    tr.o = o;
-    tr.m = &o->shape;
-    tr.train = train;
-    tr.comm = o->mode == FL_WK_MODE_LOCAL ? NULL : comm;
-    tr.rank = tr.comm ? fl_comm_rank(tr.comm) : 0;
-    tr.world = tr.comm ? fl_comm_size(tr.comm) : 1;
-    if (o->mode == FL_WK_MODE_PS)
-        return fl_fail(FL_EINVAL, "--mode ps trains with fl_wk_train_ps");
-    int rc = fl_wk_check_model(tr.m, train, test);
-    if (rc == FL_OK)
-        rc = fl_wk_trainer_setup(&tr);
-    if (rc != FL_OK) {
-        fl_wk_trainer_teardown(&tr, FL_OK, NULL);
-        return rc;
-    }
-    long global_batch = (long)o->batch * o->replicas * tr.world;
-    double base_lr = o->scale_lr ? fl_lr_scaled(o->lr.lr, global_batch, (long)o->batch) : o->lr.lr;
-    fl_lr_sched_t sched = o->lr;
-    sched.lr = base_lr;
-    fl_cmp_schedule_t dgc;
-    fl_cmp_schedule_init(&dgc);
-    dgc.density = o->topk;
-    dgc.warmup_epochs = o->topk_warmup;
-    size_t nbatches = fl_wk_devices_batches(tr.dev);
-    bool lead = tr.rank == 0 && !o->quiet;
-    if (lead)
-        printf("training: %s, %d ranks x %d device(s) (%s%s), batch %zu per device (global "
-               "%ld), %zu parameters, %s exchange%s, %zu steps per epoch\n",
-               train->source, tr.world, o->replicas,
-               fl_dev_name(fl_wk_rdev_dev(fl_wk_devices_rdev(tr.dev, 0))),
-               o->replicas > 1 ? ", ..." : "", o->batch, global_batch, tr.np,
-               o->mode == FL_WK_MODE_LOCAL ? "no" : o->topk > 0 ? "top-k" : "dense",
-               tr.nx <= 1                            ? ""
-               : o->hierarchy == FL_WK_HIER_FLAT ? " (flat: every device a ring member)"
-                                                 : " (hybrid: device shards across hosts)",
-               nbatches);
+    const fl_wk_train_opts_t *o = tr->o;
+    r->global_batch = (long)o->batch * o->replicas * tr->world;
+    r->sched = o->lr;
+    if (o->scale_lr)
+        r->sched.lr = fl_lr_scaled(o->lr.lr, r->global_batch, (long)o->batch);
+    fl_cmp_schedule_init(&r->dgc);
+    r->dgc.density = o->topk;
+    r->dgc.warmup_epochs = o->topk_warmup;
+    r->nbatches = fl_wk_devices_batches(tr->dev);
+    r->lead = tr->rank == 0 && !o->quiet;
+    tr->sched = &r->sched;
+}
 
-    int64_t t_start = fl_now_ns();
-    int64_t t_last = t_start;
-    long step = 0;
-    int first_epoch = 0;
-    fl_opt_t *opts[64];
-    fl_wk_trainer_optimizers(&tr, opts);
-    /* What killed writers left behind goes before this run writes or reads there. */
+static void banner(const trainer_t *tr, const run_t *r)
+{
+    const fl_wk_train_opts_t *o = tr->o;
+    printf("training: %s, %d ranks x %d device(s) (%s%s), batch %zu per device (global "
+           "%ld), %zu parameters, %s exchange%s, %zu steps per epoch\n",
+           tr->train->source, tr->world, o->replicas,
+           fl_dev_name(fl_wk_rdev_dev(fl_wk_devices_rdev(tr->dev, 0))),
+           o->replicas > 1 ? ", ..." : "", o->batch, r->global_batch, tr->np,
+           o->mode == FL_WK_MODE_LOCAL ? "no" : o->topk > 0 ? "top-k" : "dense",
+           tr->nx <= 1                       ? ""
+           : o->hierarchy == FL_WK_HIER_FLAT ? " (flat: every device a ring member)"
+                                             : " (hybrid: device shards across hosts)",
+           r->nbatches);
+}
+
+/* What killed writers left behind goes before this run writes or reads there; then --resume
+ * loads the checkpoint into this layout. */
+static int resume(trainer_t *tr, run_t *r)
+{
+    const fl_wk_train_opts_t *o = tr->o;
     if (o->checkpoint_dir != NULL)
-        fl_wk_ckpt_clean(o->checkpoint_dir, tr.rank, o->quiet);
-    if (o->resume_dir != NULL &&
-        (o->checkpoint_dir == NULL || strcmp(o->resume_dir, o->checkpoint_dir) != 0))
-        fl_wk_ckpt_clean(o->resume_dir, tr.rank, o->quiet);
-    if (o->resume_dir != NULL &&
-        (rc = fl_wk_ckpt_load(o->resume_dir, o, piece_world(&tr), tr.rank, tr.params, opts,
-                              &step, &first_epoch, &tr.samples)) != FL_OK) {
-        fl_wk_trainer_teardown(&tr, FL_OK, NULL);
-        return rc;
-    }
-    if (o->resume_dir != NULL && tr.full != NULL)
-        fl_wk_full_scatter(tr.full, tr.params);
-    fl_wk_rank_state_t own; /* the rank's own state for checkpoints (its objects live on) */
-    rank_state(&tr, &own);
-    if ((rc = fl_wk_trainer_keep(&tr, opts)) != FL_OK ||
-        (o->resume_dir != NULL &&
-         (rc = fl_wk_ckpt_rank_resume(o, tr.rank, piece_world(&tr), step, &own)) != FL_OK)) {
-        fl_wk_trainer_teardown(&tr, FL_OK, NULL);
-        return rc;
-    }
-    if (lead && o->resume_dir != NULL)
-        printf("resumed from %s: step %ld, %d epoch(s) done\n", o->resume_dir, step,
-               first_epoch);
-    res->epochs = first_epoch;
-    tr.sched = &sched;
-    long first_step = step;           /* this run's averages count from here */
-    double first_samples = tr.samples; /* and its samples/s */
-    double compute_ms = 0.0;
-    double exposed_ms = 0.0;
-    for (int ep = first_epoch; ep < o->epochs && rc == FL_OK; ep++) {
-        fl_wk_devices_set_epoch(tr.dev, ep);
-        double density = o->topk > 0 ? fl_cmp_schedule_density(&dgc, ep) : 0.0;
-        double ep_loss = 0.0;
-        size_t ep_correct = 0;
-        size_t ep_batches = 0;
-        size_t bi = 0;
-        tr.next = 0;
-        if (tr.async != NULL) {
-            async_ctx_t ac = {.tr = &tr, .ep = ep, .step = &step, .first_step = first_step,
-                              .t_start = t_start, .t_last = t_last,
-                              .first_samples = first_samples};
-            double mean = 0.0;
-            rc = fl_wk_async_epoch_run(&tr, &ac, &mean, &ep_correct, &ep_batches);
-            ep_loss = mean * (double)ep_batches;
-            t_last = ac.t_last;
-            res->divergence = ac.divergence;
-        }
-        for (; rc == FL_OK && tr.async == NULL; step++) {
-            int64_t t0 = fl_now_ns();
-            xchg_begin(&tr, density);
-            step_out_t so;
-            bool more = true;
-            int64_t t1 = t0;
-            if ((rc = compute(&tr, &bi, nbatches, &so, &more, &t1)) != FL_OK || !more)
-                break;
-            if (rc == FL_OK)
-                rc = xchg_wait(&tr);
-            int64_t t2 = fl_now_ns();
-            if (rc != FL_OK)
-                break;
-            double loss = so.loss;
-            size_t correct = so.correct;
-            ep_batches += so.host_batches;
-            tr.samples += so.job_batches * (double)o->batch;
-            int64_t t_rs = fl_now_ns();
-            if ((rc = tr.full != NULL ? fl_wk_full_reduce(tr.full, tr.grad)
-                                      : fl_wk_shards_reduce(tr.shards, tr.grad)) != FL_OK)
-                break;
-            double legs_ms = (double)(fl_now_ns() - t_rs) / 1e6;
-            if (o->max_norm > 0.0 && o->max_anchor == 0 && !(o->topk > 0 && tr.comm != NULL) &&
-                !tr.keep_grad &&
-                (rc = tr.full != NULL ? fl_wk_full_clip(tr.full, o->max_norm)
-                                      : fl_wk_shards_clip(tr.shards, tr.grad, o->max_norm)) !=
-                    FL_OK)
-                break;
-            double lr = o->max_anchor > 0 ? fl_wk_cadence_lr(&tr, &sched, tr.samples - so.job_batches *
-                                                                               (double)o->batch,
-                                                       so.job_batches)
-                                          : fl_lr_at(&sched, step);
-            if (o->policy == FL_WK_POLICY_CADENCE) {
-                /* The averaged delta of the round lands on the parameters. */
-                for (size_t i = 0; i < tr.np; i++)
-                    tr.params[i] += tr.grad[i];
-                res->divergence = fl_wk_devices_divergence(tr.dev, tr.params, tr.grad);
-            } else if ((rc = update(&tr, lr)) != FL_OK) {
-                break;
-            }
-            int64_t t_ag = fl_now_ns();
-            /* --shard full: the next forward pass gathers each layer as it needs it. */
-            if (tr.full == NULL && (rc = fl_wk_shards_gather(tr.shards, tr.params)) != FL_OK)
-                break;
-            /* Resident ranges: every device takes the gathered model (on cpu it is theirs),
-             * all-gathered on the devices where the ranges are all this host's. */
-            if (tr.resident_ranges && o->device != FL_DEV_CPU &&
-                (rc = gather_ranges(&tr)) != FL_OK)
-                break;
-            legs_ms += (double)(fl_now_ns() - t_ag) / 1e6;
-            /* El Che's exchange time: the buckets' wait and --shard grad's legs. */
-            if (o->max_anchor > 0 &&
-                (rc = fl_wk_cadence_after(&tr, (double)(t2 - t1) / 1e9 + legs_ms / 1e3)) != FL_OK)
-                break;
-            double c_ms = (double)(t1 - t0) / 1e6;
-            double x_ms = (double)(t2 - t1) / 1e6 + legs_ms; /* --shard grad's legs too */
-            compute_ms += c_ms;
-            exposed_ms += x_ms;
-            ep_loss += loss * (double)so.host_batches;
-            ep_correct += correct;
-            fl_wk_xchg_stats_t xs;
-            xchg_stats(&tr, &xs);
-            int64_t t_end = fl_now_ns();
-            fl_obs_timeline_span(o->timeline, FL_WK_TRACK_STEP, "wait for the exchange", "step",
-                                 t1, t2);
-            fl_obs_timeline_span(o->timeline, FL_WK_TRACK_STEP, "update", "step", t2, t_end);
-            if (o->obs != NULL)
-                observe_step(&tr, &xs, loss, c_ms, x_ms, res->divergence, t_start);
-            if (tr.metrics != NULL)
-                fprintf(tr.metrics,
-                        "{\"rank\":%d,\"epoch\":%d,\"step\":%ld,\"loss\":%.6f,\"acc\":%.5f,"
-                        "\"lr\":%.6g,\"density\":%.6g,\"compute_ms\":%.3f,\"exposed_comm_ms\":"
-                        "%.3f,\"bytes_sent\":%llu,\"raw_bytes\":%llu,\"divergence\":%.6g}\n",
-                        tr.rank, ep, step, loss,
-                        so.host_batches ? (double)correct / (double)(o->batch * so.host_batches)
-                                        : 0.0,
-                        lr, density,
-                        c_ms, x_ms, (unsigned long long)xs.bytes_sent,
-                        (unsigned long long)xs.raw_bytes, res->divergence);
-            int64_t now = fl_now_ns();
-            if (lead && (double)(now - t_last) / 1e9 >= o->progress_s) {
-                double secs = (double)(now - t_start) / 1e9;
-                /* How far: whole epochs and this one's batches; El Che's steps take several
-                 * batches, so only the batches give the total. */
-                double in_ep = nbatches ? (double)bi / (double)nbatches : 0.0;
-                char eta[64], sent[96], total[32] = "";
-                fl_wk_progress_eta(eta, sizeof eta, (ep + (in_ep < 1.0 ? in_ep : 1.0)) / o->epochs,
-                                   (double)first_epoch / o->epochs, secs);
-                fl_wk_progress_sent(sent, sizeof sent, xs.bytes_sent, xs.raw_bytes);
-                if (o->max_anchor == 0)
-                    snprintf(total, sizeof total, "/%ld", (long)o->epochs * (long)nbatches);
-                printf("epoch %d/%d step %ld%s (%s) loss %.4f acc %.1f%% %.0f samples/s compute "
-                       "%.1f ms exchange %.1f ms (exposed %.1f ms) %s\n",
-                       ep + 1, o->epochs, step + 1, total, eta, ep_loss / (double)ep_batches,
-                       100.0 * (double)ep_correct / (double)(ep_batches * o->batch),
-                       (tr.samples - first_samples) / secs,
-                       compute_ms / (double)(step + 1 - first_step),
-                       xs.busy_ms / (double)(step + 1 - first_step),
-                       exposed_ms / (double)(step + 1 - first_step), sent);
-                fflush(stdout);
-                t_last = now;
-            }
-            if (o->save_path != NULL && o->save_every > 0 && (step + 1) % o->save_every == 0 &&
-                ((rc = materialize(&tr)) != FL_OK ||
-                 (rc = agree(&tr, tr.rank == 0 ? save(&tr, step + 1, ep) : FL_OK)) != FL_OK))
-                break;
-        }
-        if (rc != FL_OK) {
-            /* Every host stops in the same step (the exchange needs them all): say which, and
-             * where this one was. */
-            const char *host = tr.comm != NULL ? fl_comm_peer_host(tr.comm, tr.rank) : NULL;
-            fl_fail_ctx(rc, "rank %d (host %s), epoch %d step %ld", tr.rank,
-                        host != NULL ? host : "local", ep + 1, step + 1);
-            break;
-        }
-        res->train_loss = ep_batches ? ep_loss / (double)ep_batches : 0.0;
-        res->epochs = ep + 1;
-        uint64_t used;
-        uint64_t total;
-        fl_wk_devices_mem_used(tr.dev, &used, &total);
-        if (used > res->mem_device_used) {
-            res->mem_device_used = used;
-            res->mem_device_total = total;
-        }
-        if (test != NULL && (rc = materialize(&tr)) != FL_OK)
-            break;
-        if (test != NULL && tr.rank == 0) {
-            size_t ok = 0;
-            rc = fl_mlp_eval(tr.m, fl_wk_devices_ws(tr.dev), tr.params, test->x, test->y,
-                                test->n, &res->test_loss, &ok);
-            res->test_acc = test->n ? (double)ok / (double)test->n : 0.0;
-            if (lead) {
-                printf("epoch %d/%d done: train loss %.4f, test loss %.4f, test accuracy %.2f%% "
-                       "(%.1f s)\n",
-                       ep + 1, o->epochs, res->train_loss, res->test_loss, 100.0 * res->test_acc,
-                       (double)(fl_now_ns() - t_start) / 1e9);
-                fflush(stdout);
-            }
-        }
-        /* Rank 0's evaluation may fail alone: the others must not wait for it. */
-        if (test != NULL && (rc = agree(&tr, rc)) != FL_OK)
-            break;
-        fl_wk_obs_epoch(&tr.obs, ep + 1);
-        if (rc == FL_OK && o->checkpoint_dir != NULL && (rc = materialize(&tr)) == FL_OK &&
-            (rc = save_device_state(&tr, opts)) == FL_OK)
-            rc = fl_wk_ckpt_save(o->checkpoint_dir, tr.comm, tr.rank, piece_world(&tr), o,
-                                 tr.params, opts, &own, step, ep + 1, tr.samples);
-    }
-    if (rc == FL_OK && o->save_path != NULL && (rc = materialize(&tr)) == FL_OK)
-        rc = agree(&tr, tr.rank == 0 ? save(&tr, step, res->epochs) : FL_OK);
-    if (rc == FL_OK && tr.comm != NULL && test != NULL) {
-        /* Rank 0 evaluated; every rank reports its figures. */
-        double ev[2] = {res->test_loss, res->test_acc};
-        if ((rc = fl_broadcast(tr.comm, ev, 2, FL_FLOAT64, 0)) == FL_OK) {
-            res->test_loss = ev[0];
-            res->test_acc = ev[1];
-        }
-    }
+        fl_wk_ckpt_clean(o->checkpoint_dir, tr->rank, o->quiet);
+    if (o->resume_dir == NULL)
+        return FL_OK;
+    if (o->checkpoint_dir == NULL || strcmp(o->resume_dir, o->checkpoint_dir) != 0)
+        fl_wk_ckpt_clean(o->resume_dir, tr->rank, o->quiet);
+    int rc = fl_wk_ckpt_load(o->resume_dir, o, piece_world(tr), tr->rank, tr->params, r->opts,
+                             &r->step, &r->first_epoch, &tr->samples);
+    if (rc == FL_OK && tr->full != NULL)
+        fl_wk_full_scatter(tr->full, tr->params);
+    return rc;
+}
+
+/* Before the first step: the banner, the checkpoint resumed, the parameters on the devices
+ * and the rank's own state restored. */
+static int start(trainer_t *tr, run_t *r, fl_wk_train_result_t *res)
+{
+    const fl_wk_train_opts_t *o = tr->o;
+    plan(tr, r);
+    if (r->lead)
+        banner(tr, r);
+    r->t_start = fl_now_ns();
+    r->t_last = r->t_start;
+    fl_wk_trainer_optimizers(tr, r->opts);
+    int rc = resume(tr, r);
     if (rc != FL_OK)
-        fl_wk_obs_error(&tr.obs);
+        return rc;
+    rank_state(tr, &r->own);
+    if ((rc = fl_wk_trainer_keep(tr, r->opts)) != FL_OK)
+        return rc;
+    if (o->resume_dir != NULL &&
+        (rc = fl_wk_ckpt_rank_resume(o, tr->rank, piece_world(tr), r->step, &r->own)) != FL_OK)
+        return rc;
+    if (r->lead && o->resume_dir != NULL)
+        printf("resumed from %s: step %ld, %d epoch(s) done\n", o->resume_dir, r->step,
+               r->first_epoch);
+    res->epochs = r->first_epoch;
+    r->first_step = r->step;
+    r->first_samples = tr->samples;
+    return FL_OK;
+}
+
+/* Clipping by the global norm happens here unless the exchange or the devices did it: El Che
+ * clips per device, top-k's error feedback clips before compressing, and a gradient kept on
+ * the device is clipped there. */
+static bool clips_here(const trainer_t *tr)
+{
+    const fl_wk_train_opts_t *o = tr->o;
+    return o->max_norm > 0.0 && o->max_anchor == 0 && !(o->topk > 0 && tr->comm != NULL) &&
+           !tr->keep_grad;
+}
+
+/* After the exchange: --shard's reduce-scatter, clipping, the update (or local SGD's averaged
+ * delta) and the gather, then El Che's exchange time; s->lr and s->legs_ms are set. */
+static int apply(trainer_t *tr, const run_t *r, step_t *s, fl_wk_train_result_t *res)
+{
+    const fl_wk_train_opts_t *o = tr->o;
+    int64_t t_rs = fl_now_ns();
+    int rc = tr->full != NULL ? fl_wk_full_reduce(tr->full, tr->grad)
+                              : fl_wk_shards_reduce(tr->shards, tr->grad);
+    if (rc != FL_OK)
+        return rc;
+    s->legs_ms = (double)(fl_now_ns() - t_rs) / 1e6;
+    if (clips_here(tr) && (rc = tr->full != NULL ? fl_wk_full_clip(tr->full, o->max_norm)
+                                                 : fl_wk_shards_clip(tr->shards, tr->grad,
+                                                                     o->max_norm)) != FL_OK)
+        return rc;
+    double before = tr->samples - s->so.job_batches * (double)o->batch;
+    s->lr = o->max_anchor > 0 ? fl_wk_cadence_lr(tr, &r->sched, before, s->so.job_batches)
+                              : fl_lr_at(&r->sched, r->step);
+    if (o->policy == FL_WK_POLICY_CADENCE) {
+        /* The averaged delta of the round lands on the parameters. */
+        for (size_t i = 0; i < tr->np; i++)
+            tr->params[i] += tr->grad[i];
+        res->divergence = fl_wk_devices_divergence(tr->dev, tr->params, tr->grad);
+    } else if ((rc = update(tr, s->lr)) != FL_OK) {
+        return rc;
+    }
+    int64_t t_ag = fl_now_ns();
+    /* --shard full: the next forward pass gathers each layer as it needs it. */
+    if (tr->full == NULL && (rc = fl_wk_shards_gather(tr->shards, tr->params)) != FL_OK)
+        return rc;
+    /* Resident ranges: every device takes the gathered model (on cpu it is theirs),
+     * all-gathered on the devices where the ranges are all this host's. */
+    if (tr->resident_ranges && o->device != FL_DEV_CPU && (rc = gather_ranges(tr)) != FL_OK)
+        return rc;
+    s->legs_ms += (double)(fl_now_ns() - t_ag) / 1e6;
+    /* El Che's exchange time: the buckets' wait and --shard grad's legs. */
+    if (o->max_anchor > 0)
+        return fl_wk_cadence_after(tr, (double)(s->t2 - s->t1) / 1e9 + s->legs_ms / 1e3);
+    return FL_OK;
+}
+
+/* The progress line is due: rank 0, not quiet, its interval passed since the last one. */
+static bool progress_due(run_t *r, int64_t now, double interval_s)
+{
+    if (!r->lead || (double)(now - r->t_last) / 1e9 < interval_s)
+        return false;
+    r->t_last = now;
+    return true;
+}
+
+/* The step's lines: its metrics (the step's own figures) and the progress line (the epoch's so
+ * far, and per step of this run). */
+static void report(trainer_t *tr, run_t *r, const step_t *s, const fl_wk_xchg_stats_t *xs,
+                   double c_ms, double x_ms, const fl_wk_train_result_t *res)
+{
+    const fl_wk_train_opts_t *o = tr->o;
+    const step_out_t *so = &s->so;
+    fl_wk_report_t rp = {.loop = FL_WK_LOOP_SYNC, .metrics = tr->metrics, .rank = tr->rank,
+                         .epoch = r->ep, .epochs = o->epochs, .step = r->step,
+                         .loss = so->loss, .lr = s->lr, .density = r->density,
+                         .compute_ms = c_ms, .exchange_ms = x_ms,
+                         .divergence = res->divergence, .sent = xs->bytes_sent,
+                         .raw = xs->raw_bytes};
+    rp.acc = so->host_batches ? (double)so->correct / (double)(o->batch * so->host_batches) : 0.0;
+    int64_t now = fl_now_ns();
+    rp.progress = progress_due(r, now, o->progress_s);
+    fl_wk_progress_t *p = &rp.p;
+    double steps = (double)(r->step + 1 - r->first_step);
+    p->elapsed_s = (double)(now - r->t_start) / 1e9;
+    /* How far: whole epochs and this one's batches; El Che's steps take several batches, so
+     * only the batches give the total. */
+    double in_ep = r->nbatches ? (double)r->bi / (double)r->nbatches : 0.0;
+    p->done = (r->ep + (in_ep < 1.0 ? in_ep : 1.0)) / o->epochs;
+    p->start = (double)r->first_epoch / o->epochs;
+    p->at = r->step + 1;
+    p->of = o->max_anchor == 0 ? (long)o->epochs * (long)r->nbatches : 0;
+    p->loss = r->ep_loss / (double)r->ep_batches;
+    p->acc = (double)r->ep_correct / (double)(r->ep_batches * o->batch);
+    p->samples_per_s = (tr->samples - r->first_samples) / p->elapsed_s;
+    p->compute_ms = r->compute_ms / steps;
+    p->exchange_ms = xs->busy_ms / steps;
+    p->exposed_ms = r->exposed_ms / steps;
+    fl_wk_report_step(&rp);
+}
+
+/* The step's figures: the run's and the epoch's sums, the timeline, the metrics registry and
+ * the lines. */
+static void account(trainer_t *tr, run_t *r, const step_t *s, const fl_wk_train_result_t *res)
+{
+    const fl_wk_train_opts_t *o = tr->o;
+    double c_ms = (double)(s->t1 - s->t0) / 1e6;
+    double x_ms = (double)(s->t2 - s->t1) / 1e6 + s->legs_ms; /* --shard grad's legs too */
+    r->compute_ms += c_ms;
+    r->exposed_ms += x_ms;
+    r->ep_loss += s->so.loss * (double)s->so.host_batches;
+    r->ep_correct += s->so.correct;
     fl_wk_xchg_stats_t xs;
-    xchg_stats(&tr, &xs);
-    res->steps = step;
-    res->seconds = (double)(fl_now_ns() - t_start) / 1e9;
-    res->samples_per_s = res->seconds > 0 ? (tr.samples - first_samples) / res->seconds : 0;
+    xchg_stats(tr, &xs);
+    int64_t t_end = fl_now_ns();
+    fl_obs_timeline_span(o->timeline, FL_WK_TRACK_STEP, "wait for the exchange", "step", s->t1,
+                         s->t2);
+    fl_obs_timeline_span(o->timeline, FL_WK_TRACK_STEP, "update", "step", s->t2, t_end);
+    if (o->obs != NULL)
+        observe_step(tr, &xs, s->so.loss, c_ms, x_ms, res->divergence, r->t_start);
+    report(tr, r, s, &xs, c_ms, x_ms, res);
+}
+
+/* --save-every: the model saved by rank 0 every so many steps (every rank learns whether it
+ * was). */
+static int save_every(trainer_t *tr, const run_t *r)
+{
+    const fl_wk_train_opts_t *o = tr->o;
+    if (o->save_path == NULL || o->save_every <= 0 || (r->step + 1) % o->save_every != 0)
+        return FL_OK;
+    int rc = materialize(tr);
+    return rc == FL_OK ? agree(tr, tr->rank == 0 ? save(tr, r->step + 1, r->ep) : FL_OK) : rc;
+}
+
+/* One synchronous step: every device's batch (or El Che's sync) computed while the exchange
+ * averages the buckets, then the update. *more false: the epoch had no batch left. */
+static int sync_step(trainer_t *tr, run_t *r, fl_wk_train_result_t *res, bool *more)
+{
+    step_t s;
+    memset(&s, 0, sizeof s);
+    s.t0 = fl_now_ns();
+    xchg_begin(tr, r->density);
+    s.t1 = s.t0;
+    *more = true;
+    int rc = compute(tr, &r->bi, r->nbatches, &s.so, more, &s.t1);
+    if (rc != FL_OK || !*more)
+        return rc;
+    rc = xchg_wait(tr);
+    s.t2 = fl_now_ns();
+    if (rc != FL_OK)
+        return rc;
+    r->ep_batches += s.so.host_batches;
+    tr->samples += s.so.job_batches * (double)tr->o->batch;
+    if ((rc = apply(tr, r, &s, res)) != FL_OK)
+        return rc;
+    account(tr, r, &s, res);
+    return save_every(tr, r);
+}
+
+/* --policy async: the epoch's averagings, each reported as it lands (train_policy.c). */
+static int async_epoch(trainer_t *tr, run_t *r, fl_wk_train_result_t *res)
+{
+    async_ctx_t ac = {.tr = tr, .ep = r->ep, .step = &r->step, .first_step = r->first_step,
+                      .t_start = r->t_start, .t_last = r->t_last,
+                      .first_samples = r->first_samples};
+    double mean = 0.0;
+    int rc = fl_wk_async_epoch_run(tr, &ac, &mean, &r->ep_correct, &r->ep_batches);
+    r->ep_loss = mean * (double)r->ep_batches;
+    r->t_last = ac.t_last;
+    res->divergence = ac.divergence;
+    return rc;
+}
+
+/* The epoch's steps; a failure says where this host was (every host stops in the same step:
+ * the exchange needs them all). */
+static int steps(trainer_t *tr, run_t *r, fl_wk_train_result_t *res)
+{
+    int rc = FL_OK;
+    if (tr->async != NULL) {
+        rc = async_epoch(tr, r, res);
+    } else {
+        bool more = true;
+        while ((rc = sync_step(tr, r, res, &more)) == FL_OK && more)
+            r->step++;
+    }
+    if (rc == FL_OK)
+        return FL_OK;
+    const char *host = tr->comm != NULL ? fl_comm_peer_host(tr->comm, tr->rank) : NULL;
+    return fl_fail_ctx(rc, "rank %d (host %s), epoch %d step %ld", tr->rank,
+                       host != NULL ? host : "local", r->ep + 1, r->step + 1);
+}
+
+/* Rank 0 evaluates on the test split; every rank learns whether it could (it may fail alone,
+ * and the others must not wait for it). */
+static int evaluate(trainer_t *tr, const run_t *r, const fl_dataset_t *test,
+                    fl_wk_train_result_t *res)
+{
+    int rc = materialize(tr);
+    if (rc != FL_OK)
+        return rc;
+    if (tr->rank == 0) {
+        size_t ok = 0;
+        rc = fl_mlp_eval(tr->m, fl_wk_devices_ws(tr->dev), tr->params, test->x, test->y,
+                         test->n, &res->test_loss, &ok);
+        res->test_acc = test->n ? (double)ok / (double)test->n : 0.0;
+        if (r->lead)
+            fl_wk_report_epoch(r->ep, tr->o->epochs, res,
+                               (double)(fl_now_ns() - r->t_start) / 1e9);
+    }
+    return agree(tr, rc);
+}
+
+/* The end of an epoch: its figures, the devices' memory, the evaluation and the checkpoint. */
+static int end_epoch(trainer_t *tr, run_t *r, const fl_dataset_t *test,
+                     fl_wk_train_result_t *res)
+{
+    const fl_wk_train_opts_t *o = tr->o;
+    res->train_loss = r->ep_batches ? r->ep_loss / (double)r->ep_batches : 0.0;
+    res->epochs = r->ep + 1;
+    uint64_t used;
+    uint64_t total;
+    fl_wk_devices_mem_used(tr->dev, &used, &total);
+    if (used > res->mem_device_used) {
+        res->mem_device_used = used;
+        res->mem_device_total = total;
+    }
+    int rc = test != NULL ? evaluate(tr, r, test, res) : FL_OK;
+    if (rc != FL_OK)
+        return rc;
+    fl_wk_obs_epoch(&tr->obs, r->ep + 1);
+    if (o->checkpoint_dir == NULL)
+        return FL_OK;
+    if ((rc = materialize(tr)) != FL_OK || (rc = save_device_state(tr, r->opts)) != FL_OK)
+        return rc;
+    return fl_wk_ckpt_save(o->checkpoint_dir, tr->comm, tr->rank, piece_world(tr), o,
+                           tr->params, r->opts, &r->own, r->step, r->ep + 1, tr->samples);
+}
+
+static int epoch(trainer_t *tr, run_t *r, int ep, const fl_dataset_t *test,
+                 fl_wk_train_result_t *res)
+{
+    const fl_wk_train_opts_t *o = tr->o;
+    fl_wk_devices_set_epoch(tr->dev, ep);
+    r->ep = ep;
+    r->density = o->topk > 0 ? fl_cmp_schedule_density(&r->dgc, ep) : 0.0;
+    r->ep_loss = 0.0;
+    r->ep_correct = 0;
+    r->ep_batches = 0;
+    r->bi = 0;
+    tr->next = 0;
+    int rc = steps(tr, r, res);
+    return rc == FL_OK ? end_epoch(tr, r, test, res) : rc;
+}
+
+/* After the last epoch: the model saved, and every rank reports rank 0's evaluation. */
+static int finish(trainer_t *tr, const run_t *r, const fl_dataset_t *test,
+                  fl_wk_train_result_t *res)
+{
+    int rc = FL_OK;
+    if (tr->o->save_path != NULL && (rc = materialize(tr)) == FL_OK)
+        rc = agree(tr, tr->rank == 0 ? save(tr, r->step, res->epochs) : FL_OK);
+    if (rc != FL_OK || tr->comm == NULL || test == NULL)
+        return rc;
+    double ev[2] = {res->test_loss, res->test_acc};
+    if ((rc = fl_broadcast(tr->comm, ev, 2, FL_FLOAT64, 0)) == FL_OK) {
+        res->test_loss = ev[0];
+        res->test_acc = ev[1];
+    }
+    return rc;
+}
+
+/* The run's figures per step; --policy async counts its averagings' compute and its idle time
+ * at the run-ahead bound (the averaging the compute did not hide), each per device. */
+static void results(trainer_t *tr, const run_t *r, fl_wk_train_result_t *res)
+{
+    const fl_wk_train_opts_t *o = tr->o;
+    fl_wk_xchg_stats_t xs;
+    xchg_stats(tr, &xs);
+    res->steps = r->step;
+    res->seconds = (double)(fl_now_ns() - r->t_start) / 1e9;
+    res->samples_per_s = res->seconds > 0 ? (tr->samples - r->first_samples) / res->seconds : 0;
     res->bytes_sent = xs.bytes_sent;
     res->remote_bytes = xs.remote_bytes;
     res->raw_bytes = xs.raw_bytes;
-    long run_steps = step - first_step;
-    res->compute_ms = run_steps ? compute_ms / (double)run_steps : 0.0;
-    memory(&tr, res);
-    if (tr.async != NULL) {
-        /* Per averaging: the devices' compute, and their idle time at the run-ahead bound (the
-         * averaging the compute did not hide), each per device. */
+    long run_steps = r->step - r->first_step;
+    res->compute_ms = run_steps ? r->compute_ms / (double)run_steps : 0.0;
+    double exposed_ms = r->exposed_ms;
+    memory(tr, res);
+    if (tr->async != NULL) {
         fl_wk_async_stats_t as;
-        fl_wk_async_stats(tr.async, &as);
+        fl_wk_async_stats(tr->async, &as);
         res->compute_ms = run_steps ? as.busy_s * 1e3 / o->replicas / (double)run_steps : 0.0;
         exposed_ms = as.throttled_s * 1e3 / o->replicas;
         res->run_ahead_max = as.max_lead;
@@ -649,11 +771,45 @@ int fl_wk_train(fl_comm_t *comm, const fl_dataset_t *train, const fl_dataset_t *
     }
     res->comm_ms = run_steps ? xs.busy_ms / (double)run_steps : 0.0;
     res->exposed_ms = run_steps ? exposed_ms / (double)run_steps : 0.0;
-    if (tr.dev != NULL) {
-        res->first_leg = fl_wk_devices_first_leg(tr.dev, &res->first_leg_overlapped);
-        res->params_gathered_on_devices = tr.gathered_on_devices;
-        res->topk_on_devices = tr.nx > 0 && fl_wk_xchg_on_device_p(tr.xchg[0]);
+    if (tr->dev != NULL) {
+        res->first_leg = fl_wk_devices_first_leg(tr->dev, &res->first_leg_overlapped);
+        res->params_gathered_on_devices = tr->gathered_on_devices;
+        res->topk_on_devices = tr->nx > 0 && fl_wk_xchg_on_device_p(tr->xchg[0]);
     }
+}
+
+int fl_wk_train(fl_comm_t *comm, const fl_dataset_t *train, const fl_dataset_t *test,
+                const fl_wk_train_opts_t *o, fl_wk_train_result_t *res)
+{
+    memset(res, 0, sizeof *res);
+    if (o->mode == FL_WK_MODE_PS)
+        return fl_fail(FL_EINVAL, "--mode ps trains with fl_wk_train_ps");
+    trainer_t tr;
+    run_t r;
+    memset(&tr, 0, sizeof tr);
+    memset(&r, 0, sizeof r);
+    tr.o = o;
+    tr.m = &o->shape;
+    tr.train = train;
+    tr.comm = o->mode == FL_WK_MODE_LOCAL ? NULL : comm;
+    tr.rank = tr.comm ? fl_comm_rank(tr.comm) : 0;
+    tr.world = tr.comm ? fl_comm_size(tr.comm) : 1;
+    int rc = fl_wk_check_model(tr.m, train, test);
+    if (rc == FL_OK)
+        rc = fl_wk_trainer_setup(&tr);
+    if (rc == FL_OK)
+        rc = start(&tr, &r, res);
+    if (rc != FL_OK) {
+        fl_wk_trainer_teardown(&tr, FL_OK, NULL);
+        return rc;
+    }
+    for (int ep = r.first_epoch; ep < o->epochs && rc == FL_OK; ep++)
+        rc = epoch(&tr, &r, ep, test, res);
+    if (rc == FL_OK)
+        rc = finish(&tr, &r, test, res);
+    if (rc != FL_OK)
+        fl_wk_obs_error(&tr.obs);
+    results(&tr, &r, res);
     /* Closing a failed device reports its error again: the step's text is the one to keep. */
     char why[2048] = "";
     if (rc != FL_OK)

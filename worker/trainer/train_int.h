@@ -1,6 +1,6 @@
 /* worker/trainer: the training loop (train.c, train_ps.c), its setup (train_setup.c), its
  * local-SGD policies (train_policy.c, async.c), its metrics and progress line (wk_obs.c,
- * progress.c), and the trainer, the state of one fl_wk_train call. */
+ * report.c), and the trainer, the state of one fl_wk_train call. */
 #ifndef FL_WK_TRAIN_INT_H
 #define FL_WK_TRAIN_INT_H
 
@@ -15,11 +15,45 @@
 int fl_wk_check_model(const fl_mlp_shape_t *m, const fl_dataset_t *train,
                       const fl_dataset_t *test);
 
-/* Progress line pieces (progress.c): "42% ETA 1m23s" for a job `done` (0..1) of the way, this
- * run having started at `start` and run elapsed_s; "sent 1.2 MiB (9.8x less than dense)" or
- * "nothing exchanged". */
-void fl_wk_progress_eta(char *out, size_t cap, double done, double start, double elapsed_s);
-void fl_wk_progress_sent(char *out, size_t cap, uint64_t sent, uint64_t raw);
+/* ---- what a step reports (report.c): the metrics line and rank 0's progress line ---- */
+
+/* The loop that reports: each prints its own fields. */
+typedef enum fl_wk_loop {
+    FL_WK_LOOP_SYNC,  /* a synchronous step over the exchange (train.c) */
+    FL_WK_LOOP_PS,    /* a push and pull against the parameter server (train_ps.c) */
+    FL_WK_LOOP_ASYNC, /* an averaging of --policy async (train_policy.c) */
+} fl_wk_loop_t;
+
+/* The progress line's figures: the epoch's so far, and per step of this run. */
+typedef struct fl_wk_progress {
+    long at, of;       /* "step at/of" (of 0: not shown); async: the averaging */
+    double done;       /* the job's share done (0..1), for the ETA */
+    double start;      /* the share done when this run started (a resumed run) */
+    double elapsed_s;  /* this run's seconds */
+    double loss, acc;  /* the epoch's so far */
+    double samples_per_s;
+    double compute_ms, exchange_ms, exposed_ms; /* per step of this run */
+} fl_wk_progress_t;
+
+typedef struct fl_wk_report {
+    fl_wk_loop_t loop;
+    FILE *metrics;    /* the metrics line goes there (NULL: none) */
+    bool progress;    /* the progress line is due (rank 0, not quiet, its interval passed) */
+    int rank, epoch, epochs; /* epoch from 0 */
+    long step;        /* the metrics line's step */
+    double loss, acc; /* the step's */
+    double lr, density, compute_ms, exchange_ms, wait_ms, job_batches, divergence;
+    uint64_t sent, raw; /* the exchange's bytes so far, and a dense ring's */
+    fl_wk_progress_t p;
+} fl_wk_report_t;
+
+/* --metrics: the file this rank writes its lines to (PATH, or PATH.rank<r> with several ranks;
+ * *out NULL without --metrics). FL_OK, or FL_EIO naming the path. */
+int fl_wk_report_open(const fl_wk_train_opts_t *o, int rank, int world, FILE **out);
+/* Writes r's metrics line and, when due, its progress line (stdout, flushed). */
+void fl_wk_report_step(const fl_wk_report_t *r);
+/* Rank 0's line after an epoch's evaluation (epoch from 0; secs since the run started). */
+void fl_wk_report_epoch(int epoch, int epochs, const fl_wk_train_result_t *res, double secs);
 
 /* ---- --policy async (async.c): local SGD with bounded run-ahead ---- */
 

@@ -61,21 +61,18 @@ static void on_average(const fl_wk_async_avg_t *av, void *ud)
         st.ctx = tr->comm != NULL ? fl_comm_ctx(tr->comm) : NULL;
         fl_wk_obs_step(&tr->obs, &st);
     }
-    if (tr->metrics != NULL)
-        fprintf(tr->metrics,
-                "{\"rank\":%d,\"epoch\":%d,\"step\":%ld,\"loss\":%.6f,\"acc\":%.5f,"
-                "\"job_batches\":%.0f,\"exchange_ms\":%.3f,\"wait_ms\":%.3f,"
-                "\"divergence\":%.6g}\n",
-                tr->rank, c->ep, step, av->loss, acc, av->job_batches, av->exchange_s * 1e3,
-                av->wait_s * 1e3, av->divergence);
-    if (tr->rank == 0 && !o->quiet && (double)(now - c->t_last) / 1e9 >= o->progress_s) {
-        printf("epoch %d/%d averaging %ld loss %.4f acc %.1f%% %.0f samples/s exchange %.1f ms "
-               "(hidden: the devices go on) divergence %.4f\n",
-               c->ep + 1, o->epochs, step + 1, av->loss, 100.0 * acc, sps,
-               c->comm_ms / (double)(step + 1 - c->first_step), av->divergence);
-        fflush(stdout);
+    fl_wk_report_t rp = {.loop = FL_WK_LOOP_ASYNC, .metrics = tr->metrics, .rank = tr->rank,
+                         .epoch = c->ep, .epochs = o->epochs, .step = step, .loss = av->loss,
+                         .acc = acc, .job_batches = av->job_batches,
+                         .exchange_ms = av->exchange_s * 1e3, .wait_ms = av->wait_s * 1e3,
+                         .divergence = av->divergence};
+    rp.progress = tr->rank == 0 && !o->quiet && (double)(now - c->t_last) / 1e9 >= o->progress_s;
+    rp.p.at = step + 1;
+    rp.p.samples_per_s = sps;
+    rp.p.exchange_ms = c->comm_ms / (double)(step + 1 - c->first_step);
+    fl_wk_report_step(&rp);
+    if (rp.progress)
         c->t_last = now;
-    }
 }
 
 /* --policy async: one epoch (El Che re-plans inside it, as the averagings go). */

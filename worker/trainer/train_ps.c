@@ -33,7 +33,32 @@ typedef struct ps_trainer {
     uint32_t *idx;
     float *val;
     FILE *metrics;
+    /* the run: the schedule, the steps (the server's), this run's clock and sums, the epoch in
+     * progress */
+    fl_cmp_schedule_t dgc;
+    size_t nb;          /* steps per epoch */
+    uint64_t total;     /* the job's steps */
+    long global_batch;
+    bool lead;          /* rank 0 prints */
+    uint64_t start;     /* the server's step when this run joined */
+    uint64_t step;      /* the server's step now */
+    long saved;         /* the step of this worker's last residual file */
+    int64_t t_start, t_last;
+    long cur_epoch;
+    double compute_ms, comm_ms, ep_loss;
+    size_t ep_correct, ep_steps;
+    long steps;         /* this run's */
 } ps_trainer_t;
+
+/* One step's figures. */
+typedef struct ps_step {
+    long ep;
+    size_t bi;
+    double loss;
+    size_t correct;
+    double density;
+    int64_t t0, t1, t2;
+} ps_step_t;
 
 static int setup(ps_trainer_t *t, const fl_dataset_t *train)
 {
@@ -74,16 +99,7 @@ static int setup(ps_trainer_t *t, const fl_dataset_t *train)
             (rc = fl_cmp_ws_create(&t->ws)) != FL_OK)
             return rc;
     }
-    if (o->metrics_path != NULL) {
-        char path[1024];
-        if (t->world > 1)
-            snprintf(path, sizeof path, "%s.rank%d", o->metrics_path, t->rank);
-        else
-            snprintf(path, sizeof path, "%s", o->metrics_path);
-        if ((t->metrics = fopen(path, "w")) == NULL)
-            return fl_fail(FL_EIO, "--metrics: cannot write %s", path);
-    }
-    return FL_OK;
+    return fl_wk_report_open(o, t->rank, t->world, &t->metrics);
 }
 
 static void teardown(ps_trainer_t *t)
@@ -163,6 +179,228 @@ static int save(ps_trainer_t *t, uint64_t step, int epoch)
     return fl_mlp_save(t->m, t->params, t->o->save_path, meta, 3);
 }
 
+/* The trainer against the server: its parts, the server's model checked against --layers,
+ * the parameters initialised there (or pulled), the device clients split off. */
+static int start(ps_trainer_t *t, const fl_dataset_t *train, const fl_dataset_t *test)
+{
+    int rc = fl_wk_check_model(t->m, train, test);
+    if (rc == FL_OK)
+        rc = setup(t, train);
+    if (rc == FL_OK && fl_ps_client_param_count(t->cl) != t->np)
+        rc = fl_fail(FL_EINVAL, "the parameter server holds %zu parameters, --layers %zu",
+                     fl_ps_client_param_count(t->cl), t->np);
+    if (rc == FL_OK)
+        rc = fl_ps_client_init(t->cl, t->params);
+    if (rc == FL_OK && t->parts > 0)
+        rc = fl_wk_psdev_create(t->cl, t->parts, t->o, &t->pd);
+    return rc;
+}
+
+/* The run's schedule and clock, the banner, and the residual of the step the server resumed
+ * at, when this worker saved one. */
+static int begin(ps_trainer_t *t, const fl_dataset_t *train)
+{
+    const fl_wk_train_opts_t *o = t->o;
+    t->nb = fl_wk_devices_batches(t->dev);
+    t->total = (uint64_t)o->epochs * t->nb;
+    t->global_batch = (long)o->batch * o->replicas * t->world;
+    fl_cmp_schedule_init(&t->dgc);
+    t->dgc.density = o->topk;
+    t->dgc.warmup_epochs = o->topk_warmup;
+    t->lead = t->rank == 0 && !o->quiet;
+    t->start = fl_ps_client_step(t->cl);
+    if (t->lead)
+        printf("training: %s, %d ranks x %d device(s), batch %zu per device (global %ld), %zu "
+               "parameters, parameter server (%d shards, %s%s), %s pushes, %zu steps per "
+               "epoch%s\n",
+               train->source, t->world, o->replicas, o->batch, t->global_batch, t->np,
+               fl_ps_client_num_shards(t->cl), t->parts > 0 ? "a client per device, " : "",
+               fl_ps_consistency_name(fl_ps_client_consistency(t->cl)),
+               o->topk > 0 ? "top-k" : "dense", t->nb, t->start > 0 ? " (resuming)" : "");
+    t->saved = -1;
+    t->t_start = fl_now_ns();
+    t->t_last = t->t_start;
+    t->cur_epoch = -1;
+    t->step = t->start;
+    return o->resume_dir != NULL ? own_residual(t, o->resume_dir, t->start, true) : FL_OK;
+}
+
+/* The push and pull of the step's gradient g. Device clients push and pull their keys in
+ * parallel; after a restart of the server they rejoin through this client and split again.
+ * FL_ERESYNC: the server went back to a checkpoint, and this worker with it (its step, and
+ * its residual when saved there). */
+static int push_pull(ps_trainer_t *t, fl_ps_grad_t *g, double density)
+{
+    const fl_wk_train_opts_t *o = t->o;
+    int rc = t->pd != NULL ? fl_wk_psdev_push_pull(t->pd, t->grad, g->batch, density, t->params)
+                           : fl_ps_client_push_pull(t->cl, g, t->params);
+    if (rc == FL_ERESYNC && t->pd != NULL &&
+        (rc = fl_wk_psdev_rejoin(t->pd, t->cl, t->params)) == FL_OK)
+        rc = FL_ERESYNC; /* joined again as one client would have */
+    if (rc != FL_ERESYNC)
+        return rc;
+    if (!o->quiet)
+        printf("rank %d: the parameter server restarted: going on from step %llu\n", t->rank,
+               (unsigned long long)fl_ps_client_step(t->cl));
+    t->step = fl_ps_client_step(t->cl);
+    t->cur_epoch = -1;
+    rc = o->checkpoint_dir != NULL ? own_residual(t, o->checkpoint_dir, t->step, false) : FL_OK;
+    return rc == FL_OK ? FL_ERESYNC : rc;
+}
+
+static void client_stats(const ps_trainer_t *t, fl_ps_client_stats_t *cs)
+{
+    if (t->pd != NULL)
+        fl_wk_psdev_stats(t->pd, cs);
+    else
+        fl_ps_client_get_stats(t->cl, cs);
+}
+
+/* The step's metrics line and, when due, the progress line. */
+static void report(ps_trainer_t *t, const ps_step_t *s)
+{
+    const fl_wk_train_opts_t *o = t->o;
+    double per_step = (double)(o->batch * (size_t)o->replicas);
+    fl_wk_report_t rp = {.loop = FL_WK_LOOP_PS, .metrics = t->metrics, .rank = t->rank,
+                         .epoch = (int)s->ep, .epochs = o->epochs, .step = (long)t->step - 1,
+                         .loss = s->loss, .acc = (double)s->correct / per_step,
+                         .density = s->density, .compute_ms = (double)(s->t1 - s->t0) / 1e6,
+                         .exchange_ms = (double)(s->t2 - s->t1) / 1e6};
+    int64_t now = fl_now_ns();
+    rp.progress = t->lead && (double)(now - t->t_last) / 1e9 >= o->progress_s;
+    if (rp.progress) {
+        fl_ps_client_stats_t cs;
+        client_stats(t, &cs);
+        rp.sent = cs.bytes_sent;
+        rp.raw = cs.raw_bytes;
+        fl_wk_progress_t *p = &rp.p;
+        p->at = (long)s->bi + 1;
+        p->of = (long)t->nb;
+        p->done = (double)(t->step + 1) / (double)t->total;
+        p->start = (double)t->start / (double)t->total;
+        p->elapsed_s = (double)(now - t->t_start) / 1e9;
+        p->loss = t->ep_loss / (double)t->ep_steps;
+        p->acc = (double)t->ep_correct / ((double)t->ep_steps * per_step);
+        p->samples_per_s = (double)t->steps * (double)t->global_batch / p->elapsed_s;
+        p->compute_ms = t->compute_ms / (double)t->steps;
+        p->exchange_ms = t->comm_ms / (double)t->steps;
+        t->t_last = now;
+    }
+    fl_wk_report_step(&rp);
+}
+
+/* A new epoch starts its sums (and the devices' sampling) over. */
+static void enter_epoch(ps_trainer_t *t, long ep)
+{
+    if (ep == t->cur_epoch)
+        return;
+    fl_wk_devices_set_epoch(t->dev, ep);
+    t->cur_epoch = ep;
+    t->ep_loss = 0.0;
+    t->ep_correct = 0;
+    t->ep_steps = 0;
+}
+
+/* One step: the devices' gradient of the server's step's batch on the parameters pulled for
+ * it, pushed (dense or top-k) with the next parameters pulled in the same round trip. A
+ * restarted server (FL_ERESYNC) is no failure: the worker goes on from its step. */
+static int step(ps_trainer_t *t, ps_step_t *sp, bool *done)
+{
+    const fl_wk_train_opts_t *o = t->o;
+    ps_step_t s = {.ep = (long)(t->step / t->nb), .bi = (size_t)(t->step % t->nb)};
+    *done = false;
+    enter_epoch(t, s.ep);
+    s.t0 = fl_now_ns();
+    int rc = fl_wk_devices_step(t->dev, t->params, s.bi, NULL, NULL, &s.loss, &s.correct);
+    if (rc != FL_OK)
+        return rc;
+    fl_ps_grad_t g;
+    s.density = o->topk > 0 ? fl_cmp_schedule_density(&t->dgc, (double)s.ep) : 0.0;
+    if ((rc = make_grad(t, s.density, &g)) != FL_OK)
+        return rc;
+    s.t1 = fl_now_ns();
+    rc = push_pull(t, &g, s.density);
+    s.t2 = fl_now_ns();
+    if (rc != FL_OK)
+        return rc == FL_ERESYNC ? FL_OK : rc;
+    t->step = t->pd != NULL ? fl_wk_psdev_step(t->pd) : fl_ps_client_step(t->cl);
+    t->steps++;
+    t->compute_ms += (double)(s.t1 - s.t0) / 1e6;
+    t->comm_ms += (double)(s.t2 - s.t1) / 1e6;
+    t->ep_loss += s.loss;
+    t->ep_correct += s.correct;
+    t->ep_steps++;
+    *done = true;
+    *sp = s;
+    report(t, &s);
+    if (o->save_path != NULL && o->save_every > 0 && t->step % (uint64_t)o->save_every == 0 &&
+        t->rank == 0)
+        return save(t, t->step, (int)s.ep);
+    return FL_OK;
+}
+
+/* --checkpoint-dir: this worker's top-k residuals at the epoch's step (the server saves the
+ * rest at its own). */
+static int save_residuals(ps_trainer_t *t)
+{
+    const fl_wk_train_opts_t *o = t->o;
+    if (o->checkpoint_dir == NULL || !(t->ef != NULL || (t->pd != NULL && o->topk > 0)))
+        return FL_OK;
+    const fl_cmp_ef_t *efs[FL_WK_PSDEV_MAX];
+    int nef = 0;
+    if (t->ef != NULL)
+        efs[nef++] = t->ef;
+    for (int j = 0; t->pd != NULL && j < t->parts; j++)
+        efs[nef++] = fl_wk_psdev_ef(t->pd, j);
+    int rc = fl_wk_ckpt_efs_save(o->checkpoint_dir, t->rank, (long)t->step, t->saved, efs, nef);
+    if (rc == FL_OK)
+        t->saved = (long)t->step;
+    return rc;
+}
+
+/* An epoch ended (these are the parameters after its last update): the residuals saved, and
+ * rank 0 evaluates on the test split. */
+static int end_epoch(ps_trainer_t *t, long ep, const fl_dataset_t *test,
+                     fl_wk_train_result_t *res)
+{
+    res->epochs = (int)(t->step / t->nb);
+    int rc = save_residuals(t);
+    if (rc != FL_OK)
+        return rc;
+    res->train_loss = t->ep_steps ? t->ep_loss / (double)t->ep_steps : 0.0;
+    if (test == NULL || t->rank != 0)
+        return FL_OK;
+    size_t ok;
+    if ((rc = fl_mlp_eval(t->m, fl_wk_devices_ws(t->dev), t->params, test->x, test->y, test->n,
+                          &res->test_loss, &ok)) != FL_OK)
+        return rc;
+    res->test_acc = test->n ? (double)ok / (double)test->n : 0.0;
+    if (t->lead)
+        fl_wk_report_epoch((int)ep, t->o->epochs, res,
+                           (double)(fl_now_ns() - t->t_start) / 1e9);
+    return FL_OK;
+}
+
+/* The run's figures; only rank 0 evaluated. */
+static void results(const ps_trainer_t *t, const fl_dataset_t *test, fl_wk_train_result_t *res)
+{
+    if (t->rank != 0 || test == NULL) {
+        res->test_acc = NAN;
+        res->test_loss = NAN;
+    }
+    fl_ps_client_stats_t cs;
+    client_stats(t, &cs);
+    res->steps = t->steps;
+    res->seconds = (double)(fl_now_ns() - t->t_start) / 1e9;
+    res->samples_per_s =
+        res->seconds > 0 ? (double)t->steps * (double)t->global_batch / res->seconds : 0.0;
+    res->bytes_sent = cs.bytes_sent;
+    res->raw_bytes = cs.raw_bytes;
+    res->compute_ms = t->steps ? t->compute_ms / (double)t->steps : 0.0;
+    res->comm_ms = t->steps ? t->comm_ms / (double)t->steps : 0.0;
+    res->exposed_ms = res->comm_ms; /* the push and pull follow the backward pass */
+}
+
 int fl_wk_train_ps(fl_ps_client_t *cl, int rank, int world, const fl_dataset_t *train,
                    const fl_dataset_t *test, const fl_wk_train_opts_t *o,
                    fl_wk_train_result_t *res)
@@ -175,181 +413,24 @@ int fl_wk_train_ps(fl_ps_client_t *cl, int rank, int world, const fl_dataset_t *
     t.cl = cl;
     t.rank = rank;
     t.world = world;
-    int rc = fl_wk_check_model(t.m, train, test);
+    int rc = start(&t, train, test);
     if (rc == FL_OK)
-        rc = setup(&t, train);
-    if (rc == FL_OK && fl_ps_client_param_count(cl) != t.np)
-        rc = fl_fail(FL_EINVAL, "the parameter server holds %zu parameters, --layers %zu",
-                     fl_ps_client_param_count(cl), t.np);
-    if (rc == FL_OK)
-        rc = fl_ps_client_init(cl, t.params);
-    if (rc == FL_OK && t.parts > 0)
-        rc = fl_wk_psdev_create(cl, t.parts, o, &t.pd);
+        rc = begin(&t, train);
     if (rc != FL_OK) {
         teardown(&t);
         return rc;
     }
-    size_t nb = fl_wk_devices_batches(t.dev);
-    uint64_t total = (uint64_t)o->epochs * nb;
-    long global_batch = (long)o->batch * o->replicas * world;
-    fl_cmp_schedule_t dgc;
-    fl_cmp_schedule_init(&dgc);
-    dgc.density = o->topk;
-    dgc.warmup_epochs = o->topk_warmup;
-    bool lead = rank == 0 && !o->quiet;
-    uint64_t start = fl_ps_client_step(cl);
-    if (lead)
-        printf("training: %s, %d ranks x %d device(s), batch %zu per device (global %ld), %zu "
-               "parameters, parameter server (%d shards, %s%s), %s pushes, %zu steps per "
-               "epoch%s\n",
-               train->source, world, o->replicas, o->batch, global_batch, t.np,
-               fl_ps_client_num_shards(cl), t.parts > 0 ? "a client per device, " : "",
-               fl_ps_consistency_name(fl_ps_client_consistency(cl)),
-               o->topk > 0 ? "top-k" : "dense", nb, start > 0 ? " (resuming)" : "");
-
-    /* The residual of the step the server resumed at, when this worker saved one. */
-    if (o->resume_dir != NULL && (rc = own_residual(&t, o->resume_dir, start, true)) != FL_OK) {
-        teardown(&t);
-        return rc;
-    }
-    long saved = -1; /* the step of this worker's last residual file */
-    int64_t t_start = fl_now_ns(), t_last = t_start;
-    long cur_epoch = -1;
-    double compute_ms = 0.0, comm_ms = 0.0, ep_loss = 0.0;
-    size_t ep_correct = 0, ep_steps = 0;
-    long steps = 0;
-    uint64_t step = start;
-    while (rc == FL_OK && step < total) {
-        long ep = (long)(step / nb);
-        size_t bi = (size_t)(step % nb);
-        if (ep != cur_epoch) {
-            fl_wk_devices_set_epoch(t.dev, ep);
-            cur_epoch = ep;
-            ep_loss = 0.0;
-            ep_correct = 0;
-            ep_steps = 0;
-        }
-        int64_t t0 = fl_now_ns();
-        double loss = 0.0;
-        size_t correct = 0;
-        if ((rc = fl_wk_devices_step(t.dev, t.params, bi, NULL, NULL, &loss, &correct)) != FL_OK)
-            break;
-        fl_ps_grad_t g;
-        double density = o->topk > 0 ? fl_cmp_schedule_density(&dgc, (double)ep) : 0.0;
-        if ((rc = make_grad(&t, density, &g)) != FL_OK)
-            break;
-        int64_t t1 = fl_now_ns();
-        /* Device clients: each its keys, in parallel; after a restart of the server they
-         * rejoin through this client and split again. */
-        rc = t.pd != NULL ? fl_wk_psdev_push_pull(t.pd, t.grad, g.batch, density, t.params)
-                          : fl_ps_client_push_pull(cl, &g, t.params);
-        int64_t t2 = fl_now_ns();
-        if (rc == FL_ERESYNC && t.pd != NULL &&
-            (rc = fl_wk_psdev_rejoin(t.pd, cl, t.params)) == FL_OK)
-            rc = FL_ERESYNC; /* joined again as one client would have */
-        if (rc == FL_ERESYNC) {
-            if (!o->quiet)
-                printf("rank %d: the parameter server restarted: going on from step %llu\n",
-                       rank, (unsigned long long)fl_ps_client_step(cl));
-            step = fl_ps_client_step(cl);
-            cur_epoch = -1;
-            /* The server went back to a checkpoint: so does the residual, when saved there. */
-            rc = o->checkpoint_dir != NULL ? own_residual(&t, o->checkpoint_dir, step, false)
-                                           : FL_OK;
-            continue;
-        }
-        if (rc != FL_OK)
-            break;
-        step = t.pd != NULL ? fl_wk_psdev_step(t.pd) : fl_ps_client_step(cl);
-        steps++;
-        compute_ms += (double)(t1 - t0) / 1e6;
-        comm_ms += (double)(t2 - t1) / 1e6;
-        ep_loss += loss;
-        ep_correct += correct;
-        ep_steps++;
-        if (t.metrics != NULL)
-            fprintf(t.metrics,
-                    "{\"rank\":%d,\"epoch\":%ld,\"step\":%llu,\"loss\":%.6f,\"acc\":%.5f,"
-                    "\"density\":%.6g,\"compute_ms\":%.3f,\"exchange_ms\":%.3f}\n",
-                    rank, ep, (unsigned long long)step - 1, loss,
-                    (double)correct / (double)(o->batch * (size_t)o->replicas), density,
-                    (double)(t1 - t0) / 1e6, (double)(t2 - t1) / 1e6);
-        int64_t now = fl_now_ns();
-        if (lead && (double)(now - t_last) / 1e9 >= o->progress_s) {
-            fl_ps_client_stats_t cs;
-            if (t.pd != NULL)
-                fl_wk_psdev_stats(t.pd, &cs);
-            else
-                fl_ps_client_get_stats(cl, &cs);
-            char eta[64], sent[96];
-            fl_wk_progress_eta(eta, sizeof eta, (double)(step + 1) / (double)total,
-                               (double)start / (double)total, (double)(now - t_start) / 1e9);
-            fl_wk_progress_sent(sent, sizeof sent, cs.bytes_sent, cs.raw_bytes);
-            printf("epoch %ld/%d step %zu/%zu (%s) loss %.4f acc %.1f%% %.0f samples/s compute "
-                   "%.1f ms push+pull %.1f ms %s\n",
-                   ep + 1, o->epochs, bi + 1, nb, eta, ep_loss / (double)ep_steps,
-                   100.0 * (double)ep_correct /
-                       (double)(ep_steps * o->batch * (size_t)o->replicas),
-                   (double)steps * (double)global_batch / ((double)(now - t_start) / 1e9),
-                   compute_ms / (double)steps, comm_ms / (double)steps, sent);
-            fflush(stdout);
-            t_last = now;
-        }
-        if (o->save_path != NULL && o->save_every > 0 && step % (uint64_t)o->save_every == 0 &&
-            rank == 0 && (rc = save(&t, step, (int)ep)) != FL_OK)
-            break;
-        if (step % nb != 0 && step != total)
-            continue;
-        /* An epoch ended: these are the parameters after its last update. */
-        res->epochs = (int)(step / nb);
-        if (o->checkpoint_dir != NULL && (t.ef != NULL || (t.pd != NULL && o->topk > 0))) {
-            const fl_cmp_ef_t *efs[FL_WK_PSDEV_MAX];
-            int nef = 0;
-            if (t.ef != NULL)
-                efs[nef++] = t.ef;
-            for (int j = 0; t.pd != NULL && j < t.parts; j++)
-                efs[nef++] = fl_wk_psdev_ef(t.pd, j);
-            if ((rc = fl_wk_ckpt_efs_save(o->checkpoint_dir, rank, (long)step, saved, efs,
-                                          nef)) != FL_OK)
-                break;
-            saved = (long)step;
-        }
-        res->train_loss = ep_steps ? ep_loss / (double)ep_steps : 0.0;
-        if (test != NULL && rank == 0) {
-            size_t ok;
-            if ((rc = fl_mlp_eval(t.m, fl_wk_devices_ws(t.dev), t.params, test->x, test->y,
-                                     test->n, &res->test_loss, &ok)) != FL_OK)
-                break;
-            res->test_acc = test->n ? (double)ok / (double)test->n : 0.0;
-            if (lead) {
-                printf("epoch %ld/%d done: train loss %.4f, test loss %.4f, test accuracy "
-                       "%.2f%% (%.1f s)\n",
-                       ep + 1, o->epochs, res->train_loss, res->test_loss, 100.0 * res->test_acc,
-                       (double)(fl_now_ns() - t_start) / 1e9);
-                fflush(stdout);
-            }
-        }
+    while (rc == FL_OK && t.step < t.total) {
+        ps_step_t s;
+        bool done;
+        rc = step(&t, &s, &done);
+        /* The epoch's last step done (not a resync, which left step where the server is). */
+        if (rc == FL_OK && done && (t.step % t.nb == 0 || t.step == t.total))
+            rc = end_epoch(&t, s.ep, test, res);
     }
     if (rc == FL_OK && o->save_path != NULL && rank == 0)
-        rc = save(&t, step, res->epochs);
-    if (rank != 0 || test == NULL) {
-        res->test_acc = NAN; /* rank 0 evaluates */
-        res->test_loss = NAN;
-    }
-    fl_ps_client_stats_t cs;
-    if (t.pd != NULL)
-        fl_wk_psdev_stats(t.pd, &cs);
-    else
-        fl_ps_client_get_stats(cl, &cs);
-    res->steps = steps;
-    res->seconds = (double)(fl_now_ns() - t_start) / 1e9;
-    res->samples_per_s =
-        res->seconds > 0 ? (double)steps * (double)global_batch / res->seconds : 0.0;
-    res->bytes_sent = cs.bytes_sent;
-    res->raw_bytes = cs.raw_bytes;
-    res->compute_ms = steps ? compute_ms / (double)steps : 0.0;
-    res->comm_ms = steps ? comm_ms / (double)steps : 0.0;
-    res->exposed_ms = res->comm_ms; /* the push and pull follow the backward pass */
+        rc = save(&t, t.step, res->epochs);
+    results(&t, test, res);
     teardown(&t);
     return rc;
 }

@@ -73,7 +73,8 @@ static int check_shard(const trainer_t *tr, bool per_device)
     return FL_OK;
 }
 
-int fl_wk_trainer_setup(trainer_t *tr)
+/* The parameters: --init's file, or the seeded initialisation. */
+static int params_init(trainer_t *tr)
 {
     const fl_wk_train_opts_t *o = tr->o;
     tr->np = fl_mlp_nparams(tr->m);
@@ -81,17 +82,18 @@ int fl_wk_trainer_setup(trainer_t *tr)
     tr->grad = calloc(tr->np, sizeof(float));
     if (tr->params == NULL || tr->grad == NULL)
         return fl_fail(FL_ENOMEM, "out of memory for %zu parameters", tr->np);
-    int rc;
     if (o->init_path != NULL && o->resume_dir != NULL)
         return fl_fail(FL_EINVAL, "--init and --resume: the checkpoint holds the parameters");
-    if (o->init_path != NULL) {
-        if ((rc = fl_mlp_load(tr->m, tr->params, o->init_path)) != FL_OK)
-            return rc;
-    } else {
-        fl_mlp_init(tr->m, tr->params, o->seed);
-    }
-    int L = o->replicas;
-    bool per_device = tr->comm != NULL && L > 1;
+    if (o->init_path != NULL)
+        return fl_mlp_load(tr->m, tr->params, o->init_path);
+    fl_mlp_init(tr->m, tr->params, o->seed);
+    return FL_OK;
+}
+
+/* What El Che and the local-SGD policies can be combined with. */
+static int check_policy(const trainer_t *tr, bool per_device)
+{
+    const fl_wk_train_opts_t *o = tr->o;
     if (o->max_anchor > 0 && per_device && o->hierarchy == FL_WK_HIER_FLAT &&
         o->policy != FL_WK_POLICY_ASYNC)
         return fl_fail(FL_EINVAL, "--max-anchor (El Che) needs --hierarchy hybrid: a flat ring "
@@ -109,72 +111,91 @@ int fl_wk_trainer_setup(trainer_t *tr)
     if (o->policy == FL_WK_POLICY_ASYNC && o->topk > 0)
         return fl_fail(FL_EINVAL, "--policy async averages dense deltas: it does not combine "
                                   "with --topk (use --policy cadence)");
-    fl_wk_cadence_init(&tr->cad, L, o->max_anchor, o->overhead_target, o->speed_hint);
-    if (local_sgd) {
+    return FL_OK;
+}
+
+/* The devices of the process, after El Che's first plan. */
+static int devices(trainer_t *tr, bool per_device, fl_wk_local_t local)
+{
+    const fl_wk_train_opts_t *o = tr->o;
+    fl_wk_cadence_init(&tr->cad, o->replicas, o->max_anchor, o->overhead_target, o->speed_hint);
+    if (o->policy != FL_WK_POLICY_SYNC) {
         /* Local SGD starts at the chosen period; the overhead target may shorten it. */
         tr->cad.anchor = o->max_anchor;
         fl_wk_cadence_plan(&tr->cad, 0.0, 0.0);
     }
-    fl_wk_local_t local = !per_device                           ? FL_WK_LOCAL_MEAN
-                          : o->hierarchy == FL_WK_HIER_FLAT ? FL_WK_LOCAL_NONE
-                                                                : FL_WK_LOCAL_SHARDS;
-    if ((rc = fl_wk_devices_create(tr->m, tr->train, o, tr->rank, tr->world, local, tr->grad,
-                                   &tr->dev)) != FL_OK)
-        return rc;
-    if ((rc = check_shard(tr, per_device)) != FL_OK ||
-        (o->policy == FL_WK_POLICY_CADENCE &&
-         (rc = fl_wk_devices_local_create(tr->dev, &o->opt)) != FL_OK))
-        return rc;
-    bool full = o->shard == FL_WK_SHARD_FULL;
-    bool pieces = (o->shard == FL_WK_SHARD_GRAD || full) && tr->comm != NULL;
+    int rc = fl_wk_devices_create(tr->m, tr->train, o, tr->rank, tr->world, local, tr->grad,
+                                  &tr->dev);
+    if (rc == FL_OK)
+        rc = check_shard(tr, per_device);
+    if (rc == FL_OK && o->policy == FL_WK_POLICY_CADENCE)
+        rc = fl_wk_devices_local_create(tr->dev, &o->opt);
+    return rc;
+}
+
+/* How the gradients leave: --policy async's own averaging, one exchange, one per device, or
+ * none (pieces: --shard grad and full reduce-scatter their columns instead). */
+static int exchanges(trainer_t *tr, bool per_device, fl_wk_local_t local, bool pieces)
+{
+    const fl_wk_train_opts_t *o = tr->o;
     if (o->policy == FL_WK_POLICY_ASYNC) {
         /* Its own averaging on the job's communicator: no buckets. */
         tr->nx = 0;
-        if ((rc = fl_wk_async_create(tr->dev, o, tr->comm, tr->np, &tr->cad, &tr->async)) !=
-            FL_OK)
-            return rc;
-    } else if (!per_device) {
-        tr->nx = pieces ? 0 : 1;
-        if (!pieces &&
-            (rc = fl_wk_xchg_create(tr->comm, o, tr->grad, 0, tr->np, &tr->xchg[0])) != FL_OK)
-            return rc;
-    } else if ((rc = per_device_exchanges(tr, local, pieces)) != FL_OK) {
-        return rc;
+        return fl_wk_async_create(tr->dev, o, tr->comm, tr->np, &tr->cad, &tr->async);
     }
+    if (per_device)
+        return per_device_exchanges(tr, local, pieces);
+    tr->nx = pieces ? 0 : 1;
+    return pieces ? FL_OK : fl_wk_xchg_create(tr->comm, o, tr->grad, 0, tr->np, &tr->xchg[0]);
+}
+
+/* The optimizer state: --shard full's pieces, or the shards of --shard none, grad, hybrid. */
+static int state(trainer_t *tr, bool per_device, bool pieces)
+{
+    const fl_wk_train_opts_t *o = tr->o;
     fl_comm_t **cols = !pieces ? NULL : per_device ? tr->subs : &tr->comm;
-    if (full) {
-        if ((rc = fl_wk_full_create(o, tr->rank, tr->world, cols, tr->params, &tr->full)) !=
-            FL_OK)
-            return rc;
+    if (o->shard != FL_WK_SHARD_FULL)
+        return fl_wk_shards_create(o, tr->np, tr->rank, tr->world, cols, &tr->shards);
+    int rc = fl_wk_full_create(o, tr->rank, tr->world, cols, tr->params, &tr->full);
+    if (rc == FL_OK)
         fl_wk_devices_set_full(tr->dev, tr->full);
-    } else if ((rc = fl_wk_shards_create(o, tr->np, tr->rank, tr->world, cols,
-                                         &tr->shards)) != FL_OK) {
-        return rc;
-    }
-    /* Top-k where the gradient is: on the device, when each exchange takes one device's own
-     * gradient (one device per host, or flat) and the step's gradient is not combined on the
-     * host first (El Che, local SGD). On cpu the host's error feedback is the device's. */
-    /* Two levels on the devices' first leg after the pass: device j holds its shard reduced
-     * (fl_wk_devices_shards_on_devices), so its top-k runs there too; overlapped, the layers'
-     * buckets are spread over the devices, and the shards are reduced on the host's side. */
+    return rc;
+}
+
+/* Top-k where the gradient is: on the device, when each exchange takes one device's own
+ * gradient (one device per host, or flat) and the step's gradient is not combined on the host
+ * first (El Che, local SGD). On cpu the host's error feedback is the device's. Two levels on
+ * the devices' first leg after the pass: device j holds its shard reduced
+ * (fl_wk_devices_shards_on_devices), so its top-k runs there too; overlapped, the layers'
+ * buckets are spread over the devices, and the shards are reduced on the host's side. */
+static int topk_on_devices(trainer_t *tr, fl_wk_local_t local)
+{
+    const fl_wk_train_opts_t *o = tr->o;
+    int L = o->replicas;
     bool own = (tr->nx == 1 && L == 1) || (tr->nx == L && local == FL_WK_LOCAL_NONE);
     bool shards = tr->nx == L && L > 1 && local == FL_WK_LOCAL_SHARDS && !o->overlap &&
                   fl_wk_devices_can_keep_shards(tr->dev);
-    if ((own || shards) && o->topk > 0 && o->device != FL_DEV_CPU &&
-        o->policy == FL_WK_POLICY_SYNC && o->max_anchor == 0) {
-        for (int j = 0; j < tr->nx && rc == FL_OK; j++)
-            rc = fl_wk_xchg_on_device(tr->xchg[j], fl_wk_devices_rdev(tr->dev, j));
-        if (rc == FL_OK && shards)
-            fl_wk_devices_shards_on_devices(tr->dev);
-    }
-    if (rc != FL_OK)
-        return rc;
+    if (!(own || shards) || o->topk <= 0 || o->device == FL_DEV_CPU ||
+        o->policy != FL_WK_POLICY_SYNC || o->max_anchor != 0)
+        return FL_OK;
+    int rc = FL_OK;
+    for (int j = 0; j < tr->nx && rc == FL_OK; j++)
+        rc = fl_wk_xchg_on_device(tr->xchg[j], fl_wk_devices_rdev(tr->dev, j));
+    if (rc == FL_OK && shards)
+        fl_wk_devices_shards_on_devices(tr->dev);
+    return rc;
+}
+
+/* The metrics registry, the timeline's tracks and the metrics file. */
+static int observe(trainer_t *tr)
+{
+    const fl_wk_train_opts_t *o = tr->o;
     fl_wk_obs_init(&tr->obs, o->obs, tr->rank);
     for (int j = 0; j < tr->nx; j++)
         fl_wk_xchg_set_track(tr->xchg[j], FL_WK_TRACK_EXCHANGE + j);
     if (o->timeline != NULL) {
         char name[64];
-        for (int j = 0; j < L; j++) {
+        for (int j = 0; j < o->replicas; j++) {
             snprintf(name, sizeof name, "rank %d device %d", tr->rank, j);
             fl_obs_timeline_track(o->timeline, FL_WK_TRACK_DEVICE + j, name);
         }
@@ -185,17 +206,31 @@ int fl_wk_trainer_setup(trainer_t *tr)
         snprintf(name, sizeof name, "rank %d step", tr->rank);
         fl_obs_timeline_track(o->timeline, FL_WK_TRACK_STEP, name);
     }
-    if (o->metrics_path != NULL) {
-        char path[1024];
-        if (tr->world > 1)
-            snprintf(path, sizeof path, "%s.rank%d", o->metrics_path, tr->rank);
-        else
-            snprintf(path, sizeof path, "%s", o->metrics_path);
-        tr->metrics = fopen(path, "w");
-        if (tr->metrics == NULL)
-            return fl_fail(FL_EIO, "--metrics: cannot write %s", path);
-    }
-    return FL_OK;
+    return fl_wk_report_open(o, tr->rank, tr->world, &tr->metrics);
+}
+
+int fl_wk_trainer_setup(trainer_t *tr)
+{
+    const fl_wk_train_opts_t *o = tr->o;
+    int L = o->replicas;
+    bool per_device = tr->comm != NULL && L > 1;
+    fl_wk_local_t local = !per_device                       ? FL_WK_LOCAL_MEAN
+                          : o->hierarchy == FL_WK_HIER_FLAT ? FL_WK_LOCAL_NONE
+                                                            : FL_WK_LOCAL_SHARDS;
+    bool pieces = (o->shard == FL_WK_SHARD_GRAD || o->shard == FL_WK_SHARD_FULL) &&
+                  tr->comm != NULL;
+    int rc = params_init(tr);
+    if (rc == FL_OK)
+        rc = check_policy(tr, per_device);
+    if (rc == FL_OK)
+        rc = devices(tr, per_device, local);
+    if (rc == FL_OK)
+        rc = exchanges(tr, per_device, local, pieces);
+    if (rc == FL_OK)
+        rc = state(tr, per_device, pieces);
+    if (rc == FL_OK)
+        rc = topk_on_devices(tr, local);
+    return rc == FL_OK ? observe(tr) : rc;
 }
 
 void fl_wk_trainer_teardown(trainer_t *tr, int rc, const char *why)
