@@ -5,9 +5,9 @@
 #   2. the debian:12-slim base image, made offline if missing (debootstrap of bookworm from the
 #      mirror apt uses, then docker import; the root filesystem cached in $FLODL_DEPLOY_CACHE,
 #      default /var/cache/flodl-deploy, so a second run reuses it);
-#   3. the CPU image, built with the README's command (nothing of CUDA fetched, only the build
+#   3. the CPU image, built with docs/deploy.md's command (nothing of CUDA fetched, only the build
 #      group of install-deps.sh installed, the build context free of build directories);
-#   4. the README's docker-compose up: the job reaches the README's accuracy, every container
+#   4. docs/deploy.md's docker-compose up: the job reaches the README's accuracy, every container
 #      exits 0, every flodl process uses the CurveZMQ keys the keys service made, the
 #      checkpoints are on the volume, the health checks passed;
 #   5. a worker container killed mid-training: flodl-ps and the other worker exit non-zero
@@ -17,14 +17,14 @@
 #      imported, and the engine if this run started it.
 # Each step prints what it checks; a step that cannot run fails with the reason.
 #   scripts/deploy-test.sh                exit 0 pass, 1 fail
-#   scripts/deploy-test.sh --check-readme only that the README shows the commands run here
+#   scripts/deploy-test.sh --check-readme only that docs/deploy.md shows the commands run here
 set -uo pipefail
 root=$(cd "$(dirname "$0")/.." && pwd)
 cache=${FLODL_DEPLOY_CACHE:-/var/cache/flodl-deploy}
 min_acc=93.5        # the README: "about 94% test accuracy (94.9% measured)"
 t_start=$(date +%s)
 
-# The commands the README's deployment section shows, run as they are written.
+# The commands docs/deploy.md shows, run as they are written.
 build_cmd='docker build --network host -f deploy/Dockerfile -t flodl:cpu .'
 up_cmd='docker-compose -p flodl -f deploy/compose.yaml up'
 down_cmd='docker-compose -p flodl -f deploy/compose.yaml down -v'
@@ -40,17 +40,18 @@ fail() {
   exit 1
 }
 
+# The page's command lines (tests/doc_lines.py gives this runner docs/deploy.md) must be the
+# ones run here, in this order: a line added there that this script does not run fails.
 check_readme() {
   local got want
-  got=$(awk '/^## Deploying/{on=1; next} /^## /{on=0} on && /^```sh/{blk=1; next}
-             on && /^```/{blk=0} on && blk' "$root/README.md" | sed 's/ *#.*$//' | grep -v '^ *$')
+  got=$(python3 "$root/tests/doc_lines.py" "$root" --runner deploy_readme --bare) ||
+    fail "tests/doc_lines.py: $got"
   want=$(printf '%s\n' "$build_cmd" "$up_cmd" "$down_cmd")
-  [ "$got" = "$want" ] || fail "the README's deployment section shows other commands than this
-test runs; it shows:
+  [ "$got" = "$want" ] || fail "docs/deploy.md shows other commands than this test runs; it shows:
 $got
 this test runs:
 $want"
-  echo "README's deployment commands are the ones deploy-test.sh runs ($(wc -l <<< "$got") lines)"
+  echo "docs/deploy.md's commands are the ones deploy-test.sh runs ($(wc -l <<< "$got") lines)"
 }
 if [ "${1:-}" = "--check-readme" ]; then
   check_readme
@@ -208,7 +209,7 @@ all_exit_zero() {
 }
 show_logs() { "${compose[@]}" logs --no-color --tail 15 >&2 2>&1; }
 
-# 4. The job, as the README runs it.
+# 4. The job, as docs/deploy.md runs it.
 say "4. the job: $up_cmd"
 "${compose[@]}" down -v >/dev/null 2>&1
 since=$(date -u +%Y-%m-%dT%H:%M:%S.%NZ)

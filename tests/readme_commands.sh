@@ -1,18 +1,20 @@
 #!/usr/bin/env bash
-# The README's command lines, run: every line of its ```sh blocks outside the sections that have
-# a test of their own (the GPU section: readme_gpu.sh; Reliability: readme_faultmatrix.sh;
-# PyTorch: tests/python/run.py, which runs the examples, the benchmark (shortened) and itself,
-# each from the README's own line, and whose readme case (ctest readme_pytorch) checks that
-# no other line is there;
-# Deploying: scripts/deploy-test.sh, whose commands deploy_readme checks are the README's) is
-# either run here, the way a user would (hosts, ports and paths of the multi-host examples
-# replaced by this machine's, the workers' epochs cut to one), or named in the list of lines
-# left to be run by hand, with the reason. A line in neither fails the test, so the README
-# cannot gain a command no test runs.
-#   tests/readme_commands.sh BUILD_DIR SOURCE_DIR
+# The documentation's command lines, run: every line of the ```sh blocks of README.md,
+# CONTRIBUTING.md and every docs/ page that no other runner owns (tests/doc_lines.py says which
+# pages the others own: docs/gpus.md readme_gpu.sh, docs/reliability.md readme_faultmatrix.sh,
+# docs/pytorch.md tests/python/run.py, docs/deploy.md scripts/deploy-test.sh) is either run
+# here, the way a user would (hosts, ports and paths of the multi-host examples replaced by
+# this machine's, the workers' epochs cut to one), or named in the list of lines left to be run
+# by hand, with the reason. A line in neither fails the test, so no page can gain a command no
+# test runs. A line shown on several pages runs once.
+#   tests/readme_commands.sh BUILD_DIR SOURCE_DIR [--check]
+# --check runs nothing: it only says what would become of each line, failing on a line no case
+# knows (ctest docs_coverage, seconds instead of minutes).
 set -uo pipefail
 build=$1
 src=$2
+check=0
+[ "${3:-}" = "--check" ] && check=1
 tmp=$(mktemp -d /tmp/flodl-readme-XXXXXX)
 pids=()
 cleanup() {
@@ -25,10 +27,12 @@ trap cleanup EXIT
 status=0
 fail() { echo "FAIL: $*"; status=1; }
 
-# Lines, continuations joined, of the sh blocks outside the sections tested elsewhere.
-lines=$(awk '/^## /{skip = ($0 ~ /^## (Training on GPUs|Reliability|PyTorch|Deploying)/)}
-             /^```sh/{blk=1; next} /^```/{blk=0; next} blk && !skip' "$src/README.md" |
-        sed 's/ *#.*$//' | grep -v '^ *$' | sed -e ':a' -e '/\\$/N; s/\\\n *//; ta')
+# PAGE<TAB>LINE for every line of the pages this runner owns, continuations joined.
+lines=$(python3 "$src/tests/doc_lines.py" "$src" --runner readme_commands) ||
+  { echo "FAIL: tests/doc_lines.py: $lines"; exit 1; }
+[ -n "$lines" ] || { echo "FAIL: the documentation shows no command line at all"; exit 1; }
+grep -q $'^README.md\t./scripts/run.sh$' <<< "$lines" ||
+  { echo "FAIL: README.md does not show the line ./scripts/run.sh"; exit 1; }
 
 free_port() { python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])'; }
 
@@ -59,11 +63,43 @@ run_workers() {
   return $rc
 }
 
-cd "$src" || { echo "FAIL: no $src"; exit 1; }
-mkdir -p "$tmp/keys" "$tmp/ckpt"
-while IFS= read -r line; do
+# What becomes of a line: "run" (run_line knows it) or "by hand: REASON"; nothing when no case
+# knows the line, which fails the test.
+plan() {
+  case "$1" in
+    ./scripts/test.sh | "./scripts/test.sh --quick")
+      echo "by hand: the test command itself, which runs this test" ;;
+    ./scripts/run.sh | "./scripts/install-deps.sh image" | "cmake -S . -B build" | \
+      "cmake --build build -j "[0-9]* | "cmake --install build --prefix /opt/flodl" | \
+      ./scripts/build.sh | "ctest --test-dir build -R '^core\$' --output-on-failure" | \
+      "flodl-keygen "* | \
+      "flodl-ps --bind tcp://0.0.0.0:29500 --world-size 4 --curve-dir"* | \
+      "flodl-worker --rank k --world-size 4 --coordinator tcp://coordinator-host:29500"* | \
+      "flodl-ps --bind tcp://0.0.0.0:29500 --world-size 4 --shards 4 --host ps-0.example"* | \
+      "flodl-worker --mode ps --rank k --world-size 4 --coordinator tcp://ps-0.example:29500"* | \
+      "./build/launch/flodl-launch --workers 4 --ps-flag"* | \
+      "./scripts/hybrid-check.sh --build build --device sim --gpus 0,1 --bound 0" | \
+      "./scripts/two-level-bench.sh --build build")
+      echo run ;;
+    "tests/readme_commands.sh build . --check")
+      echo "by hand: the docs_coverage test runs it" ;;
+    "scripts/format.sh --check")
+      echo "by hand: the test command's formatting check runs it (clang-format 14)" ;;
+    "./scripts/install-deps.sh bench"*)
+      echo "by hand: installs Open MPI and PyTorch, a large download, for the benchmarks" ;;
+    "./build/bench/flodl-bench "*)
+      echo "by hand: a benchmark: minutes, beside its peer; the figures are the docs'" ;;
+    "sudo ./scripts/netns-bench.sh"*)
+      echo "by hand: root and network namespaces over emulated links, minutes" ;;
+  esac
+}
+
+# Runs one line the way a user would, on this machine, against this build.
+run_line() {
+  local line=$1
+  local words
   read -r -a words <<< "$line"
-  # The README's ./build is the build directory this test runs against.
+  # The docs' ./build is the build directory this test runs against.
   words=("${words[@]/#.\/build\//$build/}")
   # Installed binaries: this build's.
   case "${words[0]}" in
@@ -74,8 +110,6 @@ while IFS= read -r line; do
   words=("${words[@]//\/etc\/flodl\/keys/$tmp/keys}")
   words=("${words[@]//\/ckpt/$tmp/ckpt}")
   case "$line" in
-    ./scripts/test.sh)
-      echo "by hand: $line (the test command itself, which runs this test)" ;;
     ./scripts/run.sh)
       echo "run: $line"
       if ! timeout 600 ./scripts/run.sh > "$tmp/run.log" 2>&1 < /dev/null; then
@@ -86,6 +120,36 @@ while IFS= read -r line; do
           fail "'$line': rank 0's test accuracy '${acc:-none}', expected at least 90%"
         echo "  rank 0 reached ${acc}%"
       fi ;;
+    "./scripts/install-deps.sh image")
+      echo "run: $line (installs nothing when the packages are there)"
+      timeout 600 ./scripts/install-deps.sh image > "$tmp/deps.log" 2>&1 < /dev/null ||
+        fail "'$line': $(tail -n 3 "$tmp/deps.log")" ;;
+    "cmake -S . -B build" | "cmake --build build -j "* | ./scripts/build.sh)
+      # The build directory is this test's own: configured and built already, so this checks
+      # that the commands work on it without rebuilding the tree.
+      echo "run: $line (on $build)"
+      words=("${words[@]/#build/$build}")
+      [ "$line" = ./scripts/build.sh ] && words+=("$build")
+      timeout 600 "${words[@]}" > "$tmp/cmake.log" 2>&1 < /dev/null ||
+        fail "'$line': $(tail -n 5 "$tmp/cmake.log")" ;;
+    "cmake --install build --prefix /opt/flodl")
+      echo "run: $line (from $build into a temporary prefix)"
+      if ! timeout 300 cmake --install "$build" --prefix "$tmp/prefix" > "$tmp/install.log" 2>&1
+      then
+        fail "'$line': $(tail -n 5 "$tmp/install.log")"
+      else
+        local f
+        for f in bin/flodl-ps bin/flodl-worker bin/flodl-launch bin/flodl-keygen \
+                 include/flodl/flodl.h; do
+          [ -e "$tmp/prefix/$f" ] || fail "'$line' installed no $f"
+        done
+        [ -n "$(find "$tmp/prefix" -name libflodl.so)" ] || fail "'$line' installed no libflodl.so"
+      fi ;;
+    "ctest --test-dir build "*)
+      # Through the shell, for the line's quoting; a regex that matches no test must fail.
+      echo "run: $line (on $build)"
+      timeout 300 bash -c "${line/--test-dir build /--test-dir $build } --no-tests=error" \
+        > "$tmp/ctest.log" 2>&1 < /dev/null || fail "'$line': $(tail -n 5 "$tmp/ctest.log")" ;;
     "flodl-keygen "*)
       echo "run: $line"
       "${words[@]}" > "$tmp/keygen.log" 2>&1 || fail "'$line': $(cat "$tmp/keygen.log")" ;;
@@ -116,14 +180,28 @@ while IFS= read -r line; do
         fail "'$line': $(tail -n 3 "$tmp/two-level.log")"
       [ "$(grep -cE '^(flat|hybrid) ' "$tmp/two-level.log")" -eq 6 ] ||
         fail "'$line': not six runs: $(cat "$tmp/two-level.log")" ;;
-    "./scripts/install-deps.sh bench"*)
-      echo "by hand: $line (installs Open MPI and PyTorch, a large download, for the benchmarks)" ;;
-    "./build/bench/flodl-bench "*)
-      echo "by hand: $line (a benchmark: minutes, beside its peer; the figures are the README's)" ;;
-    "sudo ./scripts/netns-bench.sh"*)
-      echo "by hand: $line (root and network namespaces over emulated links, minutes)" ;;
     *)
-      fail "the README shows '$line', which no test runs: run it here or say why not" ;;
+      fail "'$line': plan says run, but no case runs it" ;;
+  esac
+}
+
+cd "$src" || { echo "FAIL: no $src"; exit 1; }
+mkdir -p "$tmp/keys" "$tmp/ckpt"
+declare -A seen=()
+while IFS=$'\t' read -r page line; do
+  if [ -n "${seen[$line]:-}" ]; then
+    echo "again ($page): $line (run once, from ${seen[$line]})"
+    continue
+  fi
+  seen[$line]=$page
+  what=$(plan "$line")
+  case "$what" in
+    "")
+      fail "$page shows '$line', which no test runs: run it here or say why not" ;;
+    run)
+      if [ $check -eq 1 ]; then echo "run ($page): $line"; else run_line "$line"; fi ;;
+    *)
+      echo "$what ($page): $line" ;;
   esac
 done <<< "$lines"
 [ $status -eq 0 ] && echo PASS

@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
-# Runs the command lines the README's "Reliability" section shows, taken from the README itself
-# (ctest fault_matrix, label faultmatrix): scripts/fault-matrix.sh's default rows against this
-# build. The --full line (a 10-minute soak among its rows) is left to be run by hand, saying
+# Runs the command lines docs/reliability.md shows (the page tests/doc_lines.py gives this
+# runner), taken from the page itself (ctest fault_matrix, label faultmatrix):
+# scripts/fault-matrix.sh's default rows against this build. Every other line of the page runs
+# too, but the --full line (a 10-minute soak among its rows), left to be run by hand, saying
 # so. Rows that need root or network namespaces skip themselves; any failed row fails the test.
 #   tests/readme_faultmatrix.sh BUILD_DIR SOURCE_DIR
 set -uo pipefail
@@ -9,11 +10,11 @@ build=$1
 src=$2
 fail() { echo "FAIL: $*"; exit 1; }
 
-# The section's sh blocks, comments stripped.
-lines=$(awk '/^## Reliability/{on=1; next} /^## /{on=0} on && /^```sh/{blk=1; next}
-             on && /^```/{blk=0} on && blk' "$src/README.md" | sed 's/ *#.*$//' | grep -v '^ *$')
+# The page's sh blocks, comments stripped, continuations joined.
+lines=$(python3 "$src/tests/doc_lines.py" "$src" --runner fault_matrix --bare) ||
+  fail "tests/doc_lines.py: $lines"
 grep -qx 'scripts/fault-matrix.sh' <<< "$lines" ||
-  fail "the README's Reliability section does not show the line 'scripts/fault-matrix.sh'"
+  fail "docs/reliability.md does not show the line 'scripts/fault-matrix.sh'"
 cd "$src" || fail "no $src"
 status=0
 while IFS= read -r line; do

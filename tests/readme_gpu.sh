@@ -1,9 +1,9 @@
 #!/usr/bin/env bash
-# Runs the command lines the README's "Training on GPUs" section shows, taken from the README
-# itself, so the section cannot drift from the binaries (ctest readme_gpu). Without a GPU the
-# cuda lines must fail at once with the one line that says so, and gpu-check.sh must skip
-# every check (with --allow-no-gpu); with a GPU they must succeed (gpu-check.sh is then left to
-# the GPU machine's own run).
+# Runs the command lines docs/gpus.md shows (the page tests/doc_lines.py gives this runner),
+# taken from the page itself, so it cannot drift from the binaries (ctest readme_gpu). Every
+# line runs; without a GPU the cuda lines must fail at once with the one line that says so, and
+# gpu-check.sh must skip every check (with --allow-no-gpu); with a GPU they must succeed
+# (gpu-check.sh is then left to the GPU machine's own run).
 #   tests/readme_gpu.sh BUILD_DIR SOURCE_DIR
 set -uo pipefail
 build=$1
@@ -14,12 +14,14 @@ fail() { echo "FAIL: $*"; exit 1; }
 gpu=0
 if command -v nvidia-smi > /dev/null 2>&1 && nvidia-smi > /dev/null 2>&1; then gpu=1; fi
 
-# The section's sh blocks, comments stripped.
-awk '/^## Training on GPUs/{on=1; next} /^## /{on=0} on && /^```sh/{blk=1; next}
-     on && /^```/{blk=0} on && blk' "$src/README.md" | sed 's/ *#.*$//' | grep -v '^ *$' \
-  > "$tmp/lines"
+# The page's sh blocks, comments stripped, continuations joined.
+python3 "$src/tests/doc_lines.py" "$src" --runner readme_gpu --bare > "$tmp/lines" ||
+  fail "tests/doc_lines.py: $(cat "$tmp/lines")"
 n=$(wc -l < "$tmp/lines")
-[ "$n" -ge 4 ] || fail "the README's GPU section shows $n command lines, expected at least 4"
+[ "$n" -ge 4 ] || fail "docs/gpus.md shows $n command lines, expected at least 4"
+grep -q 'gpu-check\.sh' "$tmp/lines" ||
+  fail "docs/gpus.md does not show the scripts/gpu-check.sh line"
+grep -q -- '--device sim' "$tmp/lines" || fail "docs/gpus.md does not show a --device sim line"
 cd "$src" || fail "no $src"
 i=0
 while IFS= read -r line; do

@@ -244,7 +244,7 @@ START_TEST(test_no_test_set_and_progress)
 }
 END_TEST
 
-/* The devices a worker trains on, as the README's GPU section runs them: simulated GPUs train;
+/* The devices a worker trains on, as docs/gpus.md runs them: simulated GPUs train;
  * a GPU that is not there, an id beyond the host's and a model too big for a device are
  * refused before training with one line. */
 START_TEST(test_devices)

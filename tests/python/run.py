@@ -1,11 +1,11 @@
 """The flodl Python package's tests (ctest label python): each case runs N ranks of cases.py as
 processes, with a coordinator embedded here (fl_coord through the package's ctypes layer),
 under flodl-launch (with flodl-ps shards for DistributedOptimizer(mode="ps")), or against a
-flodl-ps started here (the restart case), and checks every rank's result. The README's PyTorch
-command lines are run from the README itself. Skipped (exit 77) when /usr/bin/python3 cannot
+flodl-ps started here (the restart case), and checks every rank's result. The command lines of
+docs/pytorch.md are run from the page itself. Skipped (exit 77) when /usr/bin/python3 cannot
 import torch.
     /usr/bin/python3 tests/python/run.py BUILD_DIR [CASE...]
-FLODL_TEST_PYTHON=/path/to/python runs the ranks (and the README's lines) with another
+FLODL_TEST_PYTHON=/path/to/python runs the ranks (and the page's lines) with another
 interpreter, e.g. a virtual environment with PyTorch 2.x (scripts/test-torch2.sh); run.py itself
 should then run under it too."""
 import ctypes
@@ -344,37 +344,29 @@ def t_install():
         print("  " + q.stdout.strip())
 
 
-# The README's PyTorch section: each command line names one of these, and the case runs it.
-README_CASES = {"examples/pytorch_mnist_like.py": "example", "examples/pytorch_ps.py":
-                "example_ps", "tests/python/run.py": "(this test)", "flodl-bench pytorch":
-                "bench", "scripts/netns-pytorch.sh": "by hand (root, network namespaces, "
-                "minutes)", "scripts/test-torch2.sh": "by hand (PyTorch 2.x from PyPI, GBs)"}
+# docs/pytorch.md: each command line names one of these, and the case runs it; the page must
+# show a line for each case that runs one (tests/doc_lines.py gives this runner that page).
+DOC_CASES = {"examples/pytorch_mnist_like.py": "example", "examples/pytorch_ps.py":
+             "example_ps", "tests/python/run.py": "(this test)", "flodl-bench pytorch":
+             "bench", "scripts/netns-pytorch.sh": "by hand (root, network namespaces, "
+             "minutes)", "scripts/test-torch2.sh": "by hand (PyTorch 2.x from PyPI, GBs)"}
 
 
-def readme_lines():
-    """The command lines of the README's "## PyTorch" section's sh blocks."""
-    with open(os.path.join(SRC, "README.md")) as f:
-        text = f.read()
-    section = text.split("\n## PyTorch\n", 1)[1].split("\n## ", 1)[0]
-    lines, block = [], False
-    for line in section.splitlines():
-        if line.startswith("```"):
-            block = line.startswith("```sh")
-            continue
-        line = line.split(" #", 1)[0].strip()
-        if block and line and not line.startswith("#"):
-            lines.append(line)
-    return lines
+def doc_lines():
+    """The command lines of docs/pytorch.md's sh blocks (tests/doc_lines.py, runner
+    readme_pytorch)."""
+    sys.path.insert(0, os.path.dirname(HERE))
+    import doc_lines as dl
+    return [line for _, line in dl.lines(SRC, "readme_pytorch")]
 
 
-def readme_command(key):
-    """The README's line naming key, as argv (./build/ -> this build) and its environment
+def doc_command(key):
+    """The page's line naming key, as argv (./build/ -> this build) and its environment
     assignments (paths relative to the source tree), to run from the source tree."""
     import shlex
-    lines = [l for l in readme_lines() if key in l]
+    lines = [l for l in doc_lines() if key in l]
     if len(lines) != 1:
-        raise AssertionError("the README's PyTorch section has %d lines with %s" % (len(lines),
-                                                                                  key))
+        raise AssertionError("docs/pytorch.md has %d lines with %s" % (len(lines), key))
     words = shlex.split(lines[0])
     env = dict(os.environ)
     while "=" in words[0] and not words[0].startswith(("-", ".", "/")):
@@ -387,12 +379,16 @@ def readme_command(key):
 
 
 def t_readme():
-    for line in readme_lines():
-        known = [c for k, c in README_CASES.items() if k in line]
+    lines = doc_lines()
+    for line in lines:
+        known = [c for k, c in DOC_CASES.items() if k in line]
         if not known:
-            fail("readme: no case runs the PyTorch section's line: %s" % line)
+            fail("readme: no case runs docs/pytorch.md's line: %s" % line)
         else:
             print("  %s: %s" % (known[0], line))
+    for key, case in DOC_CASES.items():
+        if not case.startswith("by hand") and not any(key in l for l in lines):
+            fail("readme: docs/pytorch.md shows no line with %s, which case %s runs" % (key, case))
 
 
 def example_run(argv, env, what):
@@ -408,12 +404,12 @@ def example_run(argv, env, what):
 
 
 def t_example():
-    """The README's command: 4 processes, top-k 1%, 600 steps; it must learn, and reach the
+    """The docs' command: 4 processes, top-k 1%, 600 steps; it must learn, and reach the
     dense run's accuracy (--density 1, same data and steps) within 1 point. The runs are
     deterministic on one machine, but the CPU's kernels change the numbers: at 400 steps top-k
     reached 99.0% against dense's 99.6% on one machine and 98.2% against 100% on another, which
     600 steps brought to 99.6% (800: 99.6%)."""
-    argv, env = readme_command("examples/pytorch_mnist_like.py")
+    argv, env = doc_command("examples/pytorch_mnist_like.py")
     topk = example_run(argv, env, "example")
     dense = example_run(argv + ["--density", "1"], env, "example (dense)")
     if topk < dense - 1.0:
@@ -422,9 +418,9 @@ def t_example():
 
 
 def t_example_ps():
-    """The README's command: the same CNN through flodl-ps (2 shards, SGD with momentum),
+    """The docs' command: the same CNN through flodl-ps (2 shards, SGD with momentum),
     4 processes, top-k 1%; it must learn."""
-    argv, env = readme_command("examples/pytorch_ps.py")
+    argv, env = doc_command("examples/pytorch_ps.py")
     p = subprocess.run(argv, cwd=SRC, env=env, timeout=100, stdout=subprocess.PIPE,
                        stderr=subprocess.STDOUT, text=True)
     summary = [l for l in p.stdout.splitlines() if "summary:" in l]
@@ -436,8 +432,8 @@ def t_example_ps():
 
 
 def t_bench():
-    """The README's benchmark line, shortened (one step of each, batch 4): the three rows."""
-    argv, env = readme_command("flodl-bench pytorch")
+    """The docs' benchmark line, shortened (one step of each, batch 4): the three rows."""
+    argv, env = doc_command("flodl-bench pytorch")
     argv += ["--steps", "1", "--warmup", "1", "--rounds", "1", "--batch", "4"]
     if PY != "/usr/bin/python3":
         i = argv.index("pytorch") + 1
