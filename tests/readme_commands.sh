@@ -69,6 +69,8 @@ plan() {
   case "$1" in
     ./scripts/test.sh | "./scripts/test.sh --quick")
       echo "by hand: the test command itself, which runs this test" ;;
+    "./scripts/build.sh build -DCMAKE_BUILD_TYPE=RelWithDebInfo -DFLODL_CUDA=on")
+      echo "by hand: the test command's plain pass builds this (CUDA on only where nvcc is)" ;;
     ./scripts/run.sh | "./scripts/install-deps.sh image" | "cmake -S . -B build" | \
       "cmake --build build -j "[0-9]* | "cmake --install build --prefix /opt/flodl" | \
       ./scripts/build.sh | "ctest --test-dir build -R '^core\$' --output-on-failure" | \
