@@ -89,12 +89,15 @@ static float u2f(uint32_t u)
     return f;
 }
 
+/* GCC's _Float16 is the reference; ISO C has no such type, hence __extension__. */
+__extension__ typedef _Float16 gcc_f16_t;
+
 /* The reference conversions; volatile keeps GCC from folding them at compile time, so the
  * run-time conversion (libgcc or F16C) is what we compare with. */
 static uint16_t ref_f32_to_f16(float f)
 {
     volatile float v = f;
-    _Float16 h = (_Float16)v;
+    gcc_f16_t h = (gcc_f16_t)v;
     uint16_t b;
     memcpy(&b, &h, sizeof b);
     return b;
@@ -102,9 +105,9 @@ static uint16_t ref_f32_to_f16(float f)
 
 static float ref_f16_to_f32(uint16_t b)
 {
-    _Float16 h;
+    gcc_f16_t h;
     memcpy(&h, &b, sizeof h);
-    volatile _Float16 v = h;
+    volatile gcc_f16_t v = h;
     return (float)v;
 }
 
