@@ -54,3 +54,13 @@ void expect_bits(const char *what, const float *got, const float *want, size_t n
             ck_abort_msg("%s[%zu] = %a, the host loop gives %a", what, i, (double)got[i],
                          (double)want[i]);
 }
+
+int dev_test_main(Suite *(*make)(void))
+{
+#ifdef DEV_TEST_CUDA
+    int probe = fl_test_gpu_probe("device conformance (cuda)");
+    if (probe != 0)
+        return probe;
+#endif
+    return fl_test_run(make());
+}

@@ -38,4 +38,8 @@ float *randv(size_t n, uint64_t seed, double scale);
 
 void expect_bits(const char *what, const float *got, const float *want, size_t n);
 
+/* A suite's main: makes the suite with make() and runs it; for cuda (DEV_TEST_CUDA) only after
+ * fl_test_gpu_probe found a usable device, returning its status (77: skip) when it did not. */
+int dev_test_main(Suite *(*make)(void));
+
 #endif

@@ -377,10 +377,5 @@ Suite *dev_kernels_suite(void)
 
 int main(void)
 {
-#ifdef DEV_TEST_CUDA
-    int probe = fl_test_gpu_probe("device conformance (cuda)");
-    if (probe != 0)
-        return probe;
-#endif
-    return fl_test_run(dev_kernels_suite());
+    return dev_test_main(dev_kernels_suite);
 }

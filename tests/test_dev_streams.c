@@ -364,10 +364,5 @@ Suite *dev_streams_suite(void)
 
 int main(void)
 {
-#ifdef DEV_TEST_CUDA
-    int probe = fl_test_gpu_probe("device conformance (cuda)");
-    if (probe != 0)
-        return probe;
-#endif
-    return fl_test_run(dev_streams_suite());
+    return dev_test_main(dev_streams_suite);
 }
