@@ -271,13 +271,20 @@ step_sanitize() { # TOOL
     result FAIL "compute-sanitizer $tool" "compute-sanitizer not found"
     return
   fi
-  [ -x "$build/tests/test_dev_gpu" ] || { result FAIL "compute-sanitizer $tool" "no $build/tests/test_dev_gpu"; return; }
-  # No fork (Check would run each case in a child) so that the tool sees the kernels.
-  (cd "$build/tests" && capture "$f" "$t" env CK_FORK=no FLODL_REQUIRE_GPU=1 "$cs" \
-     --tool "$tool" --error-exitcode 99 ./test_dev_gpu)
-  rc=$?
-  local sum
-  sum=$(grep -E "ERROR SUMMARY|RACECHECK SUMMARY|Checks:" "$f" | tr '\n' ' ')
+  # The conformance suites' cuda builds (tests/test_dev_*.c), each bounded by T.
+  local b brc sum="" suites="test_dev_kernels_gpu test_dev_topk_gpu test_dev_streams_gpu"
+  for b in $suites; do
+    [ -x "$build/tests/$b" ] || { result FAIL "compute-sanitizer $tool" "no $build/tests/$b"; return; }
+  done
+  rc=0
+  for b in $suites; do
+    # No fork (Check would run each case in a child) so that the tool sees the kernels.
+    (cd "$build/tests" && capture "$f.$b" "$t" env CK_FORK=no FLODL_REQUIRE_GPU=1 "$cs" \
+       --tool "$tool" --error-exitcode 99 "./$b")
+    brc=$?
+    [ $rc -eq 0 ] && rc=$brc
+    sum+="$b: $(grep -E "ERROR SUMMARY|RACECHECK SUMMARY|Checks:" "$f.$b" | tr '\n' ' ')"
+  done
   if [ $rc -eq 0 ]; then
     result PASS "compute-sanitizer $tool" "$sum"
   else
@@ -418,9 +425,9 @@ plan() {
   local w="$build/worker/flodl-worker"
   case "$1" in
     build) echo "build|cmake -S . -B $build -DFLODL_CUDA=on -DFLODL_WERROR=ON -DCMAKE_CUDA_ARCHITECTURES=native && cmake --build" ;;
-    ctest) echo "ctest -L gpu|FLODL_REQUIRE_GPU=1 ctest -L '^gpu\$' --output-on-failure (gpu, gpu_topk, dev_gpu)" ;;
-    memcheck) echo "compute-sanitizer memcheck|CK_FORK=no compute-sanitizer --tool memcheck tests/test_dev_gpu" ;;
-    racecheck) echo "compute-sanitizer racecheck|CK_FORK=no compute-sanitizer --tool racecheck tests/test_dev_gpu" ;;
+    ctest) echo "ctest -L gpu|FLODL_REQUIRE_GPU=1 ctest -L '^gpu\$' --output-on-failure (gpu, gpu_topk, dev_*_gpu)" ;;
+    memcheck) echo "compute-sanitizer memcheck|CK_FORK=no compute-sanitizer --tool memcheck tests/test_dev_*_gpu" ;;
+    racecheck) echo "compute-sanitizer racecheck|CK_FORK=no compute-sanitizer --tool racecheck tests/test_dev_*_gpu" ;;
     parity) echo "cuda = cpu, sgd, 100 steps|$w --device cuda|cpu --train-csv (100 x 64 samples) --optimizer sgd --save, params_diff.py --bound 1e-4"
             echo "cuda ~ cpu, sgd, 1 epoch|the same on the built-in dataset: test accuracy within 1 point, loss within 5%"
             echo "cuda = cpu, adam, 10 steps|$w --device cuda|cpu --train-csv (10 x 64 samples) --optimizer adam --lr 0.001, params_diff.py --bound 1e-3"

@@ -28,8 +28,10 @@ static void write_csv(const char *path, int n, int classes)
     ck_assert_int_eq(fclose(f), 0);
 }
 
-/* Starts flodl-ps and W workers, worker r with its own extra flags (NULL-terminated). */
-static bool start_job(proc_t *ps, const char *const extra[W][10], int n)
+/* Starts flodl-ps and W workers, worker r with its own extra flags (NULL-terminated). The
+ * flags are not const char *const: before C2x, ISO C does not convert a pointer to an array
+ * into one whose elements are more qualified, and the callers fill their arrays. */
+static bool start_job(proc_t *ps, const char *extra[W][10], int n)
 {
     char ep[256] = "";
     static const char *const ps_extra[] = {"--heartbeat-timeout", "5000", NULL};

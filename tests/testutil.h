@@ -6,12 +6,20 @@
 #include <check.h>
 #include <stdbool.h>
 #include <stddef.h>
+#include <string.h>
 
 #include <flodl/flodl.h>
 
 #include "fl_coll.h"
 #include "fl_core.h"
 #include "fl_tp.h"
+
+#define NELEM(a) (sizeof(a) / sizeof((a)[0]))
+
+/* Fails with both strings shown unless text contains needle. */
+#define ASSERT_HAS(text, needle)                                                               \
+    ck_assert_msg(strstr((text), (needle)) != NULL, "\"%s\" does not mention \"%s\"", (text), \
+                  (needle))
 
 /* Runs a suite (fork mode, the suite's case timeouts) and returns the process exit status. */
 int fl_test_run(Suite *s);
