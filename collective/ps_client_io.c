@@ -239,7 +239,7 @@ static int on_reply(fl_ps_client_t *cl, xchg_t *x, int s, fl_tp_msg_t *m, float 
             return FL_OK;
         int rc = take_reply(cl, sh, m, params);
         if (rc != FL_OK)
-            return cl_break(cl, rc);
+            return fl_psc__break(cl, rc);
         if (m->hdr.u.pull_reply.step > x->reply_step)
             x->reply_step = m->hdr.u.pull_reply.step;
         x->replied[s] = true;
@@ -273,7 +273,7 @@ static bool checkpoint_mark_at(fl_ps_client_t *cl, uint64_t step)
     return mark;
 }
 
-bool cl_checkpoint_mark(fl_ps_client_t *cl)
+bool fl_psc__checkpoint_mark(fl_ps_client_t *cl)
 {
     fl_ps_client_t *p = cl->parent;
     if (p == NULL)
@@ -336,7 +336,7 @@ static fl_tp_sock_t *events_of(const fl_ps_client_t *cl)
 static int part_event(fl_ps_client_t *cl)
 {
     fl_ps_client_t *p = cl->parent;
-    int rc = cl_on_event(p);
+    int rc = fl_psc__on_event(p);
     if (rc == FL_OK && !p->lost)
         return FL_OK;
     if (rc == FL_OK || rc == FL_ERESYNC) {
@@ -378,7 +378,7 @@ static int run(fl_ps_client_t *cl, xchg_t *x, const fl_ps_grad_t *grad, const fl
                float *params)
 {
     int64_t deadline = fl_deadline_in(cl->o.timeout_ms + REPLY_MARGIN_MS);
-    bool mark = grad != NULL && cl_checkpoint_mark(cl);
+    bool mark = grad != NULL && fl_psc__checkpoint_mark(cl);
     int rc = FL_OK;
     /* What the heartbeats say this rank is doing (the coordinator names it should the rank
      * die): the call and its step. */
@@ -444,9 +444,9 @@ static int run(fl_ps_client_t *cl, xchg_t *x, const fl_ps_grad_t *grad, const fl
             if (cl->parent != NULL) {
                 rc = part_event(cl);
             } else {
-                rc = cl_on_event(cl);
+                rc = fl_psc__on_event(cl);
                 if (rc == FL_OK && cl->lost)
-                    rc = cl_wait_rejoin(cl);
+                    rc = fl_psc__wait_rejoin(cl);
             }
             if (rc != FL_OK)
                 goto out;
@@ -476,8 +476,8 @@ out:
     return rc;
 }
 
-int cl_exchange(fl_ps_client_t *cl, const fl_ps_grad_t *grad, bool init, float *params,
-                bool latest)
+int fl_psc__exchange(fl_ps_client_t *cl, const fl_ps_grad_t *grad, bool init, float *params,
+                     bool latest)
 {
     if (cl->broken_rc != FL_OK)
         return fl_fail(FL_ECLOSED, "rank %d: parameter-server client broken by an earlier "
@@ -491,9 +491,9 @@ int cl_exchange(fl_ps_client_t *cl, const fl_ps_grad_t *grad, bool init, float *
         if (cl->parent != NULL) {
             rc = part_event(cl);
         } else {
-            rc = cl_on_event(cl);
+            rc = fl_psc__on_event(cl);
             if (rc == FL_OK && cl->lost)
-                rc = cl_wait_rejoin(cl);
+                rc = fl_psc__wait_rejoin(cl);
         }
         if (rc != FL_OK)
             return rc;
@@ -523,8 +523,8 @@ int cl_exchange(fl_ps_client_t *cl, const fl_ps_grad_t *grad, bool init, float *
             /* Whatever is queued or still coming belongs to this failed exchange. */
             char detail[1024];
             snprintf(detail, sizeof detail, "%s", fl_last_error());
-            if (cl_reset_shards(cl) != FL_OK)
-                cl_break(cl, FL_EIO);
+            if (fl_psc__reset_shards(cl) != FL_OK)
+                fl_psc__break(cl, FL_EIO);
             fl_fail(rc, "%s", detail);
         }
         /* The caller's buffers are free to reuse only once ZeroMQ let go of them. A part that
@@ -537,7 +537,7 @@ int cl_exchange(fl_ps_client_t *cl, const fl_ps_grad_t *grad, bool init, float *
                      ? FL_OK
                      : wait_released(cl, fl_deadline_in(rc == FL_OK ? cl->o.timeout_ms : 5000));
         if (wr != FL_OK)
-            rc = cl_break(cl, wr);
+            rc = fl_psc__break(cl, wr);
         else if (rc != FL_OK)
             fl_fail(rc, "%s", detail);
     }

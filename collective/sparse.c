@@ -48,7 +48,7 @@ static int gather_blocks(coll_op_t *op, fl_cmp_ws_t *ws, const uint8_t *mine, si
     if (got == NULL || have == NULL) {
         free(got);
         free(have);
-        return coll_fail(op, FL_ENOMEM, "out of memory for %d blocks", nr);
+        return fl_coll__fail(op, FL_ENOMEM, "out of memory for %d blocks", nr);
     }
     int rc = FL_OK;
     op->phase = FL_PHASE_AG;
@@ -59,7 +59,7 @@ static int gather_blocks(coll_op_t *op, fl_cmp_ws_t *ws, const uint8_t *mine, si
     ck.seg = (uint32_t)r; /* whose block */
     ck.count = n;
     if (nr > 1)
-        rc = coll_send_block(op, right, &ck, mine, mine_len);
+        rc = fl_coll__send_block(op, right, &ck, mine, mine_len);
     /* The output's zeros and the sums go in while blocks are still on their way: blocks are
      * added in rank order 0..N-1 (the same bits on every rank) as soon as each one and all
      * before it are here. The caller's buffer is output only; a failure leaves it undefined. */
@@ -73,30 +73,31 @@ static int gather_blocks(coll_op_t *op, fl_cmp_ws_t *ws, const uint8_t *mine, si
             size_t len = next == r ? mine_len : fl_tp_msg_size(&got[next], 0);
             size_t kq;
             if ((rc = fl_cmp_sparse_accumulate(ws, blk, len, out, n, &kq)) != FL_OK)
-                rc = coll_fail(op, FL_EPROTO, "sparse block of rank %d: %s", next,
-                               fl_last_error());
+                rc = fl_coll__fail(op, FL_EPROTO, "sparse block of rank %d: %s", next,
+                                   fl_last_error());
             sum += kq;
             next++;
         }
         if (rc != FL_OK || op->msgs_got >= op->msgs_expected)
             break;
         fl_tp_msg_t m;
-        if ((rc = coll_recv(op, &m)) != FL_OK)
+        if ((rc = fl_coll__recv(op, &m)) != FL_OK)
             break;
         const fl_msg_chunk_t *in = &m.hdr.u.chunk;
         int owner = fl_ring_mod((long)r - (long)in->step - 1, nr);
         fl_cmp_sparse_info_t info;
         if (m.hdr.sender != left || in->phase != FL_PHASE_AG || in->step >= (uint32_t)nr - 1 ||
             in->seg != (uint32_t)owner || have[owner]) {
-            rc = coll_fail(op, FL_EPROTO, "unexpected sparse block step %u of rank %u from rank "
-                                          "%d",
-                           in->step, in->seg, m.hdr.sender);
+            rc = fl_coll__fail(op, FL_EPROTO, "unexpected sparse block step %u of rank %u from "
+                                              "rank %d",
+                               in->step, in->seg, m.hdr.sender);
         } else if (m.nframes != 1 || m.hdr.frames[0].codec != FL_CODEC_SPARSE ||
                    fl_cmp_sparse_peek(fl_tp_msg_data(&m, 0), fl_tp_msg_size(&m, 0), &info) !=
                        FL_OK ||
                    info.n != n) {
-            rc = coll_fail(op, FL_EPROTO, "bad sparse block of rank %d (from rank %d): %s", owner,
-                           m.hdr.sender, m.nframes == 1 ? fl_last_error() : "no payload");
+            rc = fl_coll__fail(op, FL_EPROTO, "bad sparse block of rank %d (from rank %d): %s",
+                               owner, m.hdr.sender,
+                               m.nframes == 1 ? fl_last_error() : "no payload");
         }
         if (rc != FL_OK) {
             fl_tp_msg_close(&m);
@@ -108,7 +109,7 @@ static int gather_blocks(coll_op_t *op, fl_cmp_ws_t *ws, const uint8_t *mine, si
         if (in->step + 1 < (uint32_t)nr - 1) {
             fl_msg_chunk_t fw = *in;
             fw.step = in->step + 1;
-            rc = coll_send_block(op, right, &fw, fl_tp_msg_data(&m, 0), fl_tp_msg_size(&m, 0));
+            rc = fl_coll__send_block(op, right, &fw, fl_tp_msg_data(&m, 0), fl_tp_msg_size(&m, 0));
         }
         got[owner] = m;
         have[owner] = true;
@@ -226,7 +227,7 @@ int fl_sparse_allreduce(fl_comm_t *c, const uint32_t *idx, const float *val, siz
     }
 
     coll_op_t o;
-    if ((rc = coll_begin(c, &o, FL_COLL_SPARSE_ALLREDUCE, n, FL_FLOAT32, op, 0)) != FL_OK) {
+    if ((rc = fl_coll__begin(c, &o, FL_COLL_SPARSE_ALLREDUCE, n, FL_FLOAT32, op, 0)) != FL_OK) {
         free(mine);
         return rc;
     }
@@ -237,7 +238,7 @@ int fl_sparse_allreduce(fl_comm_t *c, const uint32_t *idx, const float *val, siz
         for (size_t i = 0; i < n; i++)
             out[i] /= d;
     }
-    rc = coll_end(&o, rc);
+    rc = fl_coll__end(&o, rc);
     free(mine);
     if (rc == FL_OK)
         finish_stats(c, n, sent_before, gathered, false, stats);
