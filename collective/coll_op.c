@@ -103,6 +103,28 @@ static int slice_ms(int64_t deadline)
     return left < 10 ? left : 10;
 }
 
+/* wait_slices' answer when the control thread posted a failure. */
+#define EVENT_POSTED 1
+
+/* Waits in slices until ZeroMQ has released every send counted in cnt, so that an abort posted
+ * meanwhile (watch_events) is seen within one. FL_OK; FL_ETIMEDOUT at the deadline, or
+ * EVENT_POSTED, both with no text set. Once a slice has timed out, the count is looked at
+ * again after the deadline or the event was seen: a release that came in the meantime makes the
+ * wait a success, never a timeout or a failure. */
+static int wait_slices(coll_op_t *op, fl_rel_t *cnt, int64_t deadline, bool watch_events)
+{
+    while (!fl_rel_wait(cnt, slice_ms(deadline))) {
+        bool late = fl_deadline_left_ms(deadline) == 0;
+        bool posted = !late && watch_events && event_pending(op->c);
+        if (!late && !posted)
+            continue;
+        if (fl_rel_wait(cnt, 0))
+            return FL_OK;
+        return late ? FL_ETIMEDOUT : EVENT_POSTED;
+    }
+    return FL_OK;
+}
+
 /* Waits until ZeroMQ has released every zero-copy send of the op. A send queued to a peer that
  * died is never released (ZeroMQ keeps it for a reconnect), so the wait also watches the
  * abort pipe. Returns FL_OK, FL_ETIMEDOUT at the deadline, or the posted failure. */
@@ -110,15 +132,13 @@ static int wait_released(coll_op_t *op, int64_t deadline, bool watch_events)
 {
     fl_comm_t *c = op->c;
     for (int r = 0; r <= c->size; r++) {
-        /* Sleep in slices, so that an abort posted meanwhile is seen within one. */
-        while (!fl_rel_wait(&c->inflight[r], slice_ms(deadline))) {
-            if (fl_deadline_left_ms(deadline) == 0)
-                return fl_fail(FL_ETIMEDOUT, "%lld zero-copy sends from region %d still held by "
-                                             "ZeroMQ",
-                               (long long)fl_rel_held(&c->inflight[r]), r);
-            if (watch_events && event_pending(c))
-                return take_event(op);
-        }
+        int rc = wait_slices(op, &c->inflight[r], deadline, watch_events);
+        if (rc == FL_ETIMEDOUT)
+            return fl_fail(FL_ETIMEDOUT, "%lld zero-copy sends from region %d still held by "
+                                         "ZeroMQ",
+                           (long long)fl_rel_held(&c->inflight[r]), r);
+        if (rc == EVENT_POSTED)
+            return take_event(op);
     }
     return FL_OK;
 }
@@ -321,7 +341,8 @@ int fl_coll__recv(coll_op_t *op, fl_tp_msg_t *m)
         int n = fl_tp_poll(socks, 2, left, ready);
         if (n < 0)
             return fl_coll__fail(op, n, "%s", fl_last_error());
-        if (ready[1])
+        /* Data that came with the event is taken first: it may be what completes the op. */
+        if (ready[1] && !ready[0])
             return take_event(op);
         if (n > 0)
             continue;
@@ -429,15 +450,13 @@ int fl_coll__send_empty(coll_op_t *op, int peer, fl_msg_type_t type, const fl_ms
 
 int fl_coll__wait_region(coll_op_t *op, int region)
 {
-    fl_rel_t *cnt = &op->c->inflight[region];
-    while (!fl_rel_wait(cnt, slice_ms(op->deadline))) {
-        if (fl_deadline_left_ms(op->deadline) == 0)
-            return fl_coll__fail(op, FL_ETIMEDOUT, "earlier sends from chunk %d never completed",
-                                 region);
-        /* A send to a dead peer is never released: watch for the abort too. */
-        if (event_pending(op->c))
-            return take_event(op);
-    }
+    /* A send to a dead peer is never released: watch for the abort too. */
+    int rc = wait_slices(op, &op->c->inflight[region], op->deadline, true);
+    if (rc == FL_ETIMEDOUT)
+        return fl_coll__fail(op, FL_ETIMEDOUT, "earlier sends from chunk %d never completed",
+                             region);
+    if (rc == EVENT_POSTED)
+        return take_event(op);
     return FL_OK;
 }
 

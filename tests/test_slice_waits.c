@@ -1,0 +1,241 @@
+/* Waits in slices (collective/, transport/) when what they wait for completes just as a slice
+ * ends: the wait must end in success, never in a timeout or in a failure heard meanwhile.
+ * Linked with -Wl,--wrap for calls these waits make (tests/CMakeLists.txt names them): each
+ * wrapper, once armed, makes its race happen every time, as each case says. */
+#include <check.h>
+#include <pthread.h>
+#include <stdatomic.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "comm_int.h"
+#include "testutil.h"
+
+#define OK(call)                                                                                   \
+    do {                                                                                           \
+        int rc_ = (call);                                                                          \
+        ck_assert_msg(rc_ == FL_OK, "%s: %s: %s", #call, fl_strerror(rc_), fl_last_error());       \
+    } while (0)
+
+/* ---- the wrappers ---- */
+
+static atomic_int release_late; /* fl_rel_wait: the next one that times out releases one send */
+static atomic_int miss_once;    /* fl_tp_try_recv: the next one finds nothing */
+
+bool __real_fl_rel_wait(fl_rel_t *r, int timeout_ms);
+bool __wrap_fl_rel_wait(fl_rel_t *r, int timeout_ms);
+int __real_fl_tp_try_recv(fl_tp_sock_t *s, fl_tp_msg_t *m);
+int __wrap_fl_tp_try_recv(fl_tp_sock_t *s, fl_tp_msg_t *m);
+
+bool __wrap_fl_rel_wait(fl_rel_t *r, int timeout_ms)
+{
+    bool done = __real_fl_rel_wait(r, timeout_ms);
+    /* ZeroMQ's I/O thread lets go of the send just after the slice ended. */
+    if (!done && atomic_exchange(&release_late, 0))
+        fl_rel_hook(NULL, r);
+    return done;
+}
+
+int __wrap_fl_tp_try_recv(fl_tp_sock_t *s, fl_tp_msg_t *m)
+{
+    if (atomic_exchange(&miss_once, 0)) {
+        m->nframes = 0;
+        return FL_ETIMEDOUT;
+    }
+    return __real_fl_tp_try_recv(s, m);
+}
+
+/* ---- a communicator of two ranks, this one rank 0, with no membership: its data socket,
+ * a peer's socket into it, and an events pipe the test posts on ---- */
+
+typedef struct fake {
+    fl_comm_t c;
+    fl_tp_status_t status;
+    fl_tp_sock_t *peer;   /* PUSH into c.data_in, as rank 1 */
+    fl_tp_sock_t *ev_tx;  /* the control thread's end of c.events */
+} fake_t;
+
+static fl_tp_sock_t *sock(fl_ctx_t *ctx, fl_tp_kind_t kind, const char *name)
+{
+    fl_tp_opts_t o;
+    fl_tp_opts_init(&o);
+    o.linger_ms = 0;
+    fl_tp_sock_t *s = NULL;
+    OK(fl_tp_sock_create(ctx, kind, &o, name, &s));
+    return s;
+}
+
+static void fake_open(fake_t *f)
+{
+    memset(f, 0, sizeof *f);
+    fl_comm_t *c = &f->c;
+    fl_ctx_opts_t co;
+    fl_ctx_opts_init(&co);
+    co.log_level = FL_LOG_OFF;
+    OK(fl_ctx_create(&co, &c->ctx));
+    c->rank = 0;
+    c->size = 2;
+    snprintf(c->host, sizeof c->host, "test-host");
+    c->timeout_ms = 5000;
+    c->status = &f->status;
+    atomic_store(&f->status.waiting_on, -1);
+    c->inflight = calloc((size_t)c->size + 1, sizeof *c->inflight);
+    c->data_out = calloc((size_t)c->size, sizeof *c->data_out);
+    ck_assert(c->inflight != NULL && c->data_out != NULL);
+    char ep[64];
+    snprintf(ep, sizeof ep, "inproc://slice-waits-data-%p", (void *)f);
+    c->data_in = sock(c->ctx, FL_TP_PULL, "data");
+    OK(fl_tp_sock_bind(c->data_in, ep, NULL, 0));
+    f->peer = sock(c->ctx, FL_TP_PUSH, "peer");
+    OK(fl_tp_sock_connect(f->peer, ep));
+    snprintf(ep, sizeof ep, "inproc://slice-waits-events-%p", (void *)f);
+    c->events = sock(c->ctx, FL_TP_PAIR, "events");
+    OK(fl_tp_sock_bind(c->events, ep, NULL, 0));
+    f->ev_tx = sock(c->ctx, FL_TP_PAIR, "events-tx");
+    OK(fl_tp_sock_connect(f->ev_tx, ep));
+}
+
+static void fake_close(fake_t *f)
+{
+    fl_comm_t *c = &f->c;
+    fl_tp_sock_destroy(&f->peer);
+    fl_tp_sock_destroy(&f->ev_tx);
+    fl_tp_sock_destroy(&c->data_in);
+    fl_tp_sock_destroy(&c->events);
+    for (int p = 0; p < c->size; p++)
+        fl_tp_sock_destroy(&c->data_out[p]);
+    free(c->data_out);
+    free((void *)c->inflight);
+    fl_ctx_destroy(&c->ctx);
+}
+
+/* The control thread's news of a dead peer, waiting on the events pipe. */
+static void post_failure(fake_t *f)
+{
+    fl_msg_hdr_t h;
+    fl_msg_hdr_init(&h, FL_MSG_ERROR, -1);
+    h.u.error.code = FL_EPEER;
+    snprintf(h.u.error.text, sizeof h.u.error.text, "rank 1 (test-host) is dead");
+    atomic_fetch_add(&f->status.posted, 1);
+    OK(fl_tp_send(f->ev_tx, NULL, &h, NULL, 0, fl_deadline_in(1000)));
+    bool ready = false;
+    fl_tp_sock_t *ev = f->c.events;
+    ck_assert(fl_tp_poll(&ev, 1, 1000, &ready) == 1 && ready);
+}
+
+static void op_of(fake_t *f, coll_op_t *op, int64_t deadline)
+{
+    memset(op, 0, sizeof *op);
+    op->c = &f->c;
+    op->kind = FL_COLL_ALLREDUCE;
+    op->seq = 1;
+    op->count = 4;
+    op->dtype = FL_FLOAT32;
+    op->op = FL_SUM;
+    op->deadline = deadline;
+    op->waiting_on = 1;
+}
+
+/* A region's last send is released just after a slice timed out, at the deadline. */
+START_TEST(test_region_released_at_deadline)
+{
+    fake_t f;
+    fake_open(&f);
+    coll_op_t op;
+    op_of(&f, &op, fl_deadline_in(0));
+    fl_rel_add(&f.c.inflight[0], 1);
+    atomic_store(&release_late, 1);
+    OK(fl_coll__wait_region(&op, 0));
+    ck_assert_int_eq(atomic_load(&release_late), 0);
+    ck_assert_int_eq(fl_rel_held(&f.c.inflight[0]), 0);
+    fake_close(&f);
+}
+END_TEST
+
+/* The same while a failure is posted: the sends completed, so the wait does not fail. */
+START_TEST(test_region_released_with_event)
+{
+    fake_t f;
+    fake_open(&f);
+    coll_op_t op;
+    op_of(&f, &op, fl_deadline_in(5000));
+    post_failure(&f);
+    fl_rel_add(&f.c.inflight[1], 1);
+    atomic_store(&release_late, 1);
+    OK(fl_coll__wait_region(&op, 1));
+    ck_assert_int_eq(atomic_load(&release_late), 0);
+    fake_close(&f);
+}
+END_TEST
+
+/* An op's end waits for all its sends: the last one released at the deadline ends it well. */
+START_TEST(test_end_released_at_deadline)
+{
+    fake_t f;
+    fake_open(&f);
+    coll_op_t op;
+    op_of(&f, &op, fl_deadline_in(0));
+    fl_rel_add(&f.c.inflight[2], 1);
+    atomic_store(&release_late, 1);
+    OK(fl_coll__end(&op, FL_OK));
+    ck_assert_int_eq(atomic_load(&release_late), 0);
+    ck_assert_int_eq(f.c.broken_rc, FL_OK);
+    ck_assert_uint_eq(f.c.ops, 1);
+    fake_close(&f);
+}
+END_TEST
+
+/* The message an op waits for arrives with a failure event, just after a look found the data
+ * socket empty: the op takes it rather than failing. */
+START_TEST(test_recv_data_beside_event)
+{
+    fake_t f;
+    fake_open(&f);
+    coll_op_t op;
+    op_of(&f, &op, fl_deadline_in(5000));
+    fl_msg_hdr_t h;
+    fl_msg_hdr_init(&h, FL_MSG_CHUNK, 1);
+    h.seq = op.seq;
+    h.u.chunk.coll = (uint32_t)op.kind;
+    h.u.chunk.total = op.count;
+    h.u.chunk.dtype = (uint32_t)op.dtype;
+    h.u.chunk.op = (uint32_t)op.op;
+    h.frames[0].dtype = FL_FLOAT32;
+    h.frames[0].codec = FL_CODEC_RAW;
+    float data[4] = {1, 2, 3, 4};
+    fl_buf_t b = {data, sizeof data, NULL, NULL};
+    OK(fl_tp_send(f.peer, NULL, &h, &b, 1, fl_deadline_in(1000)));
+    bool ready = false;
+    fl_tp_sock_t *in = f.c.data_in;
+    ck_assert(fl_tp_poll(&in, 1, 1000, &ready) == 1 && ready);
+    post_failure(&f);
+    atomic_store(&miss_once, 1);
+    fl_tp_msg_t m;
+    OK(fl_coll__recv(&op, &m));
+    ck_assert_int_eq(atomic_load(&miss_once), 0);
+    ck_assert_int_eq(m.hdr.sender, 1);
+    ck_assert_uint_eq(fl_tp_msg_size(&m, 0), sizeof data);
+    fl_tp_msg_close(&m);
+    fake_close(&f);
+}
+END_TEST
+
+static Suite *slice_waits_suite(void)
+{
+    Suite *s = suite_create("slice_waits");
+    TCase *t = tcase_create("done beats the deadline");
+    tcase_set_timeout(t, 60);
+    tcase_add_test(t, test_region_released_at_deadline);
+    tcase_add_test(t, test_region_released_with_event);
+    tcase_add_test(t, test_end_released_at_deadline);
+    tcase_add_test(t, test_recv_data_beside_event);
+    suite_add_tcase(s, t);
+    return s;
+}
+
+int main(void)
+{
+    return fl_test_run(slice_waits_suite());
+}
