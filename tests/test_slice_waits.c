@@ -11,6 +11,7 @@
 #include <unistd.h>
 
 #include "comm_int.h"
+#include "fl_intra.h"
 #include "testutil.h"
 
 #define OK(call)                                                                                   \
@@ -23,11 +24,21 @@
 
 static atomic_int release_late; /* fl_rel_wait: the next one that times out releases one send */
 static atomic_int miss_once;    /* fl_tp_try_recv: the next one finds nothing */
+static atomic_int late_done_ms; /* fl_event_done: the next one says "not yet" after this long */
 
 bool __real_fl_rel_wait(fl_rel_t *r, int timeout_ms);
 bool __wrap_fl_rel_wait(fl_rel_t *r, int timeout_ms);
 int __real_fl_tp_try_recv(fl_tp_sock_t *s, fl_tp_msg_t *m);
 int __wrap_fl_tp_try_recv(fl_tp_sock_t *s, fl_tp_msg_t *m);
+bool __real_fl_event_done(fl_event_t *e);
+bool __wrap_fl_event_done(fl_event_t *e);
+
+static void sleep_ms(int ms)
+{
+    struct timespec ts = {ms / 1000, (long)(ms % 1000) * 1000000L};
+    while (nanosleep(&ts, &ts) != 0)
+        ;
+}
 
 bool __wrap_fl_rel_wait(fl_rel_t *r, int timeout_ms)
 {
@@ -45,6 +56,17 @@ int __wrap_fl_tp_try_recv(fl_tp_sock_t *s, fl_tp_msg_t *m)
         return FL_ETIMEDOUT;
     }
     return __real_fl_tp_try_recv(s, m);
+}
+
+bool __wrap_fl_event_done(fl_event_t *e)
+{
+    int ms = atomic_exchange(&late_done_ms, 0);
+    if (ms == 0)
+        return __real_fl_event_done(e);
+    /* Looked at just before the device finished, and the wait's clock is read only later. */
+    ck_assert_int_eq(fl_event_sync(e, 10000), FL_OK);
+    sleep_ms(ms);
+    return false;
 }
 
 /* ---- a communicator of two ranks, this one rank 0, with no membership: its data socket,
@@ -222,6 +244,37 @@ START_TEST(test_recv_data_beside_event)
 }
 END_TEST
 
+/* The intra-host collectives' wait: the device finishes as the wait reads the clock past the
+ * deadline. */
+START_TEST(test_intra_done_at_deadline)
+{
+    fl_dev_opts_t o;
+    fl_dev_opts_init(&o);
+    o.kind = FL_DEV_SIM;
+    fl_dev_t *d = NULL;
+    fl_stream_t *st = NULL;
+    fl_dptr_t buf = {0};
+    OK(fl_dev_create(&o, &d));
+    OK(fl_dev_bind(d));
+    OK(fl_stream_create(d, &st));
+    OK(fl_dev_alloc(d, 64 * sizeof(float), &buf));
+    fl_intra_opts_t io;
+    fl_intra_opts_init(&io);
+    io.impl = FL_INTRA_COPY;
+    io.host = "test-host";
+    fl_intra_t *x = NULL;
+    OK(fl_intra_create(&d, 1, &io, &x));
+    OK(fl_intra_allgather(x, &buf, 64, &st, NULL));
+    atomic_store(&late_done_ms, 150);
+    OK(fl_intra_wait(x, 50));
+    ck_assert_int_eq(atomic_load(&late_done_ms), 0);
+    fl_intra_destroy(&x);
+    fl_stream_destroy(&st);
+    fl_dev_free(d, &buf);
+    fl_dev_destroy(&d);
+}
+END_TEST
+
 static Suite *slice_waits_suite(void)
 {
     Suite *s = suite_create("slice_waits");
@@ -231,6 +284,7 @@ static Suite *slice_waits_suite(void)
     tcase_add_test(t, test_region_released_with_event);
     tcase_add_test(t, test_end_released_at_deadline);
     tcase_add_test(t, test_recv_data_beside_event);
+    tcase_add_test(t, test_intra_done_at_deadline);
     suite_add_tcase(s, t);
     return s;
 }
