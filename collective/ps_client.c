@@ -255,15 +255,17 @@ int fl_psc__wait_rejoin(fl_ps_client_t *cl)
     while (cl->lost) {
         bool ready = false;
         fl_tp_sock_t *ev = cl->events;
+        /* The time before the look: at the deadline the poll still takes a welcome that came
+         * in the last slice. */
         int left = fl_deadline_left_ms(deadline);
-        if (left == 0)
-            return fl_psc__break(cl, fl_fail(FL_ETIMEDOUT, "rank %d: the parameter server did not "
-                                                           "come back within %d ms",
-                                             cl->o.rank, cl->o.reconnect_timeout_ms));
         if (fl_tp_poll(&ev, 1, left > 1000 ? 1000 : left, &ready) > 0 && ready) {
             int rc = fl_psc__on_event(cl);
             if (rc != FL_OK)
                 return rc;
+        } else if (left == 0) {
+            return fl_psc__break(cl, fl_fail(FL_ETIMEDOUT, "rank %d: the parameter server did not "
+                                                           "come back within %d ms",
+                                             cl->o.rank, cl->o.reconnect_timeout_ms));
         }
     }
     return FL_ERESYNC;

@@ -481,25 +481,29 @@ static int take_answers(fl_ps_client_t *cl, xchg_t *x, const waitset_t *w, float
     return rc;
 }
 
-/* Waits for the acks and replies until the deadline. */
+/* Waits for the acks and replies until the deadline. The time is read before each look, so
+ * the last look comes at or after the deadline (a poll without a wait), and the answers it
+ * finds are taken before the events and the siblings' news: answers that came in the last
+ * slice end the exchange, neither a timeout nor a failure heard meanwhile (the next exchange
+ * hears that). */
 static int collect(fl_ps_client_t *cl, xchg_t *x, waitset_t *w, float *params, int64_t deadline)
 {
     while (!answered(x)) {
         int left = fl_deadline_left_ms(deadline);
-        if (left == 0)
-            return no_answer(cl, x);
         /* Parts look at their siblings' news between slices of the wait. */
         int got = fl_tp_poll(w->socks, (size_t)w->nwait,
                              cl->parent != NULL && left > 200 ? 200 : left, w->ready);
         if (got < 0)
             return got;
-        int rc = part_stopped(cl);
-        if (rc != FL_OK)
+        int rc = take_answers(cl, x, w, params);
+        if (rc != FL_OK || answered(x))
+            return rc;
+        if ((rc = part_stopped(cl)) != FL_OK)
             return rc;
         if (w->socks[w->np] != NULL && w->ready[w->np] && (rc = take_event(cl)) != FL_OK)
             return rc;
-        if ((rc = take_answers(cl, x, w, params)) != FL_OK)
-            return rc;
+        if (left == 0)
+            return no_answer(cl, x);
     }
     return FL_OK;
 }

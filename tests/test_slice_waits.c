@@ -12,6 +12,7 @@
 
 #include "comm_int.h"
 #include "fl_intra.h"
+#include "fl_ps.h"
 #include "testutil.h"
 
 #define OK(call)                                                                                   \
@@ -25,6 +26,8 @@
 static atomic_int release_late; /* fl_rel_wait: the next one that times out releases one send */
 static atomic_int miss_once;    /* fl_tp_try_recv: the next one finds nothing */
 static atomic_int late_done_ms; /* fl_event_done: the next one says "not yet" after this long */
+static atomic_int blind_ms;     /* fl_tp_poll: the next slice on poll_thread sees nothing */
+static pthread_t poll_thread;
 
 bool __real_fl_rel_wait(fl_rel_t *r, int timeout_ms);
 bool __wrap_fl_rel_wait(fl_rel_t *r, int timeout_ms);
@@ -32,6 +35,8 @@ int __real_fl_tp_try_recv(fl_tp_sock_t *s, fl_tp_msg_t *m);
 int __wrap_fl_tp_try_recv(fl_tp_sock_t *s, fl_tp_msg_t *m);
 bool __real_fl_event_done(fl_event_t *e);
 bool __wrap_fl_event_done(fl_event_t *e);
+int __real_fl_tp_poll(fl_tp_sock_t *const *socks, size_t n, int timeout_ms, bool *ready);
+int __wrap_fl_tp_poll(fl_tp_sock_t *const *socks, size_t n, int timeout_ms, bool *ready);
 
 static void sleep_ms(int ms)
 {
@@ -67,6 +72,22 @@ bool __wrap_fl_event_done(fl_event_t *e)
     ck_assert_int_eq(fl_event_sync(e, 10000), FL_OK);
     sleep_ms(ms);
     return false;
+}
+
+int __wrap_fl_tp_poll(fl_tp_sock_t *const *socks, size_t n, int timeout_ms, bool *ready)
+{
+    if (timeout_ms > 0 && pthread_equal(pthread_self(), poll_thread)) {
+        int ms = atomic_exchange(&blind_ms, 0);
+        if (ms > 0) {
+            /* A slice that ends with nothing seen, past the deadline, while the answer
+             * arrives. */
+            sleep_ms(ms);
+            for (size_t i = 0; i < n; i++)
+                ready[i] = false;
+            return 0;
+        }
+    }
+    return __real_fl_tp_poll(socks, n, timeout_ms, ready);
 }
 
 /* ---- a communicator of two ranks, this one rank 0, with no membership: its data socket,
@@ -275,6 +296,56 @@ START_TEST(test_intra_done_at_deadline)
 }
 END_TEST
 
+/* A parameter-server exchange: the shard's reply arrives while the last slice runs past the
+ * exchange's deadline (timeout_ms and the reply margin) seeing nothing. */
+START_TEST(test_ps_reply_at_deadline)
+{
+    enum { N = 64 };
+    fl_coord_opts_t co;
+    fl_coord_opts_init(&co);
+    co.bind = "tcp://127.0.0.1:0";
+    co.world_size = 1;
+    co.num_shards = 1;
+    co.log_level = FL_LOG_OFF;
+    fl_coord_t *coord = NULL;
+    OK(fl_coord_create(&co, &coord));
+    OK(fl_coord_start(coord));
+    fl_ps_server_opts_t so;
+    fl_ps_server_opts_init(&so);
+    so.coordinator = fl_coord_endpoint(coord);
+    so.host = "127.0.0.1";
+    so.num_shards = 1;
+    so.shard_count = 1;
+    fl_lr_sched_init(&so.lr, 0.1);
+    so.log_level = FL_LOG_OFF;
+    fl_ps_server_t *srv = NULL;
+    OK(fl_ps_server_create(&so, &srv));
+    OK(fl_ps_server_start(srv));
+    fl_ps_client_opts_t po;
+    fl_ps_client_opts_init(&po);
+    po.rank = 0;
+    po.world_size = 1;
+    po.coordinator = fl_coord_endpoint(coord);
+    po.host = "127.0.0.1";
+    po.param_count = N;
+    po.timeout_ms = 100;
+    po.log_level = FL_LOG_OFF;
+    fl_ps_client_t *cl = NULL;
+    OK(fl_ps_client_create(&po, &cl));
+    float params[N] = {0};
+    OK(fl_ps_client_init(cl, params));
+    poll_thread = pthread_self();
+    atomic_store(&blind_ms, 5600);
+    OK(fl_ps_client_pull(cl, params));
+    ck_assert_int_eq(atomic_load(&blind_ms), 0);
+    fl_ps_client_destroy(&cl);
+    fl_ps_server_stop(srv);
+    fl_ps_server_destroy(&srv);
+    fl_coord_stop(coord);
+    fl_coord_destroy(&coord);
+}
+END_TEST
+
 static Suite *slice_waits_suite(void)
 {
     Suite *s = suite_create("slice_waits");
@@ -285,6 +356,7 @@ static Suite *slice_waits_suite(void)
     tcase_add_test(t, test_end_released_at_deadline);
     tcase_add_test(t, test_recv_data_beside_event);
     tcase_add_test(t, test_intra_done_at_deadline);
+    tcase_add_test(t, test_ps_reply_at_deadline);
     suite_add_tcase(s, t);
     return s;
 }
