@@ -296,6 +296,45 @@ START_TEST(test_intra_done_at_deadline)
 }
 END_TEST
 
+/* A member's join: the coordinator's welcome arrives while the last slice runs past the
+ * rendezvous deadline seeing nothing. */
+START_TEST(test_join_welcome_at_deadline)
+{
+    fl_coord_t *coord = fl_test_coord(1, 0);
+    fl_ctx_opts_t co;
+    fl_ctx_opts_init(&co);
+    co.log_level = FL_LOG_OFF;
+    fl_ctx_t *ctx = NULL;
+    OK(fl_ctx_create(&co, &ctx));
+    fl_tp_member_opts_t mo;
+    fl_tp_member_opts_init(&mo);
+    mo.coordinator = fl_coord_endpoint(coord);
+    mo.name = "rank 0";
+    mo.sender = 0;
+    mo.rendezvous_timeout_ms = 300;
+    fl_tp_member_t *m = NULL;
+    OK(fl_tp_member_create(ctx, &mo, &m));
+    fl_msg_register_t reg;
+    memset(&reg, 0, sizeof reg);
+    reg.world_size = 1;
+    snprintf(reg.host, sizeof reg.host, "127.0.0.1");
+    reg.nendpoints = 1;
+    snprintf(reg.endpoints[0], sizeof reg.endpoints[0], "tcp://127.0.0.1:1");
+    reg.pid = getpid();
+    poll_thread = pthread_self();
+    atomic_store(&blind_ms, 1500);
+    fl_msg_hdr_t welcome;
+    OK(fl_tp_member_join(m, &reg, &welcome));
+    ck_assert_int_eq(atomic_load(&blind_ms), 0);
+    ck_assert_int_eq(welcome.type, FL_MSG_WELCOME);
+    fl_msg_hdr_deinit(&welcome);
+    fl_tp_member_destroy(&m);
+    fl_ctx_destroy(&ctx);
+    fl_coord_stop(coord);
+    fl_coord_destroy(&coord);
+}
+END_TEST
+
 /* A parameter-server exchange: the shard's reply arrives while the last slice runs past the
  * exchange's deadline (timeout_ms and the reply margin) seeing nothing. */
 START_TEST(test_ps_reply_at_deadline)
@@ -356,6 +395,7 @@ static Suite *slice_waits_suite(void)
     tcase_add_test(t, test_end_released_at_deadline);
     tcase_add_test(t, test_recv_data_beside_event);
     tcase_add_test(t, test_intra_done_at_deadline);
+    tcase_add_test(t, test_join_welcome_at_deadline);
     tcase_add_test(t, test_ps_reply_at_deadline);
     suite_add_tcase(s, t);
     return s;

@@ -364,6 +364,9 @@ static int join_loop(fl_tp_member_t *m, int64_t deadline, int timeout_ms, fl_tp_
     if ((rc = fl_tp_sock_watch(m->coord, &socks[1])) != FL_OK)
         return fl_fail_ctx(rc, "%s: rendezvous", m->name);
     for (;;) {
+        /* The time before the look: past the deadline the poll does not wait but still takes
+         * what came, so a welcome that came in the last slice is not a timeout. */
+        bool late = fl_now_ms() >= deadline;
         bool ready[3] = {false, false, false};
         if ((rc = join_poll(m, &j, socks, ready)) != FL_OK)
             return rc;
@@ -371,7 +374,7 @@ static int join_loop(fl_tp_member_t *m, int64_t deadline, int timeout_ms, fl_tp_
             return rc;
         int64_t now = fl_now_ms();
         join_note(m, &j, now);
-        if (now >= deadline)
+        if (late)
             return join_timeout(m, &j);
         join_keepalive(m, &j, now);
     }
@@ -565,6 +568,15 @@ static void frozen(fl_tp_member_t *m, int64_t gap)
     post_error(m, FL_EPEER, m->sender, "", text);
 }
 
+/* Whether the coordinator's socket holds a message not read yet: it ends a silence that the
+ * clock alone would call too long. */
+static bool coord_waiting(fl_tp_member_t *m)
+{
+    fl_tp_sock_t *s = m->coord;
+    bool ready = false;
+    return fl_tp_poll(&s, 1, 0, &ready) > 0 && ready;
+}
+
 static void *member_main(void *arg)
 {
     fl_tp_member_t *m = arg;
@@ -586,7 +598,8 @@ static void *member_main(void *arg)
             send_heartbeat(m);
             next_hb = now + m->hb_ms;
         }
-        if (!failed && now - last_coord > m->hb_timeout_ms) {
+        /* What came while the last slice ended is read before the silence counts. */
+        if (!failed && now - last_coord > m->hb_timeout_ms && !coord_waiting(m)) {
             char why[1200];
             snprintf(why, sizeof why, "%s: coordinator %s silent for %lld ms (timeout %d ms)",
                      m->name, m->coordinator, (long long)(now - last_coord), m->hb_timeout_ms);
