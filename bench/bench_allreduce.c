@@ -64,18 +64,18 @@ static const bench_more_t comm_flags = {fl_comm_opt_names, set_comm};
 #define AT(f) BENCH_AT(ar_bench_t, f)
 static const bench_flag_t flags[] = {
     {.name = "ranks", .kind = BENCH_INT, .at = AT(ranks), .lo = 1, .hi = 256, .arg = "N",
-     .help = "ranks on this machine", .def = "4"},
+     .help = "ranks on this machine"},
     {.name = "min", .kind = BENCH_SIZE, .at = AT(min), .lo = 4, .hi = 4294967296.0,
-     .arg = "BYTES", .help = "smallest size", .def = "4K"},
+     .arg = "BYTES", .help = "smallest size"},
     {.name = "max", .kind = BENCH_SIZE, .at = AT(max), .lo = 4, .hi = 4294967296.0,
-     .arg = "BYTES", .help = "largest size", .def = "256M"},
+     .arg = "BYTES", .help = "largest size"},
     {.name = "no-mpi", .kind = BENCH_SWITCH, .at = AT(no_mpi), .help = "without Open MPI"},
     {.name = "no-floor", .kind = BENCH_SWITCH, .at = AT(no_floor),
      .help = "without ZeroMQ's one-way floor"},
     {.name = "algos", .kind = BENCH_SWITCH, .at = AT(algos),
      .help = "each algorithm forced, and the switch points"},
     {.name = "bind", .kind = BENCH_YESNO, .at = AT(bind), .words = "core|none",
-     .help = "rank k on CPU k mod ncpus, or unbound", .def = "core"},
+     .help = "rank k on CPU k mod ncpus, or unbound"},
     {.name = "report", .kind = BENCH_SWITCH, .at = AT(report)},
     {.name = NULL},
 };

@@ -228,8 +228,63 @@ static void fmt_range(const bench_flag_t *f, char *out, size_t cap)
     }
 }
 
-/* usage, then a line per listed row: the flag, what it takes, its help and its range. */
-static void print_help(const char *usage, const bench_flag_t *flags)
+/* Appends "v" to out, comma-separated from what is there. */
+static void add_item(char *out, size_t cap, const char *v)
+{
+    size_t len = strlen(out);
+    snprintf(out + len, cap - len, "%s%s", len > 0 ? "," : "", v);
+}
+
+/* The field's value as --help shows a default ("" when the row's kind cannot say). */
+static void fmt_value(const bench_flag_t *f, void *b, char *out, size_t cap)
+{
+    char v[32];
+    out[0] = '\0';
+    switch (f->kind) {
+    case BENCH_INT: snprintf(out, cap, "%d", *(int *)field(b, f->at)); break;
+    case BENCH_LONG: snprintf(out, cap, "%ld", *(long *)field(b, f->at)); break;
+    case BENCH_SIZE: bench_fmt_count(*(size_t *)field(b, f->at), out, cap); break;
+    case BENCH_DOUBLE: snprintf(out, cap, "%g", *(double *)field(b, f->at)); break;
+    case BENCH_TEXT:
+    case BENCH_WORD: {
+        const char *s = *(const char **)field(b, f->at);
+        snprintf(out, cap, "%s", s != NULL ? s : "");
+        break;
+    }
+    case BENCH_YESNO:
+        snprintf(out, cap, "%.*s", (int)strcspn(f->words, "|"), f->words);
+        if (!*(bool *)field(b, f->at))
+            snprintf(out, cap, "%s", f->words + strcspn(f->words, "|") + 1);
+        break;
+    case BENCH_COUNTS:
+    case BENCH_DENSITIES:
+        for (int i = 0; i < *(int *)field(b, f->count); i++) {
+            if (f->kind == BENCH_COUNTS)
+                bench_fmt_count(((size_t *)field(b, f->at))[i], v, sizeof v);
+            else
+                snprintf(v, sizeof v, "%g", ((double *)field(b, f->at))[i]);
+            add_item(out, cap, v);
+        }
+        break;
+    default: break;
+    }
+}
+
+/* What --help gives as each row's default: the row's def, else the field's value before any
+ * flag (so the default is written once, where the benchmark sets it). */
+static void fmt_defaults(const bench_flag_t *flags, void *b, char (*defs)[64])
+{
+    for (int i = 0; flags[i].name != NULL && i < MAX_FLAGS; i++) {
+        if (flags[i].def != NULL)
+            snprintf(defs[i], sizeof defs[i], "%s", flags[i].def);
+        else
+            fmt_value(&flags[i], b, defs[i], sizeof defs[i]);
+    }
+}
+
+/* usage, then a line per listed row: the flag, what it takes, its help, its range and its
+ * default. */
+static void print_help(const char *usage, const bench_flag_t *flags, char (*defs)[64])
 {
     fputs(usage, stdout);
     printf("flags:\n");
@@ -243,9 +298,9 @@ static void print_help(const char *usage, const bench_flag_t *flags)
         snprintf(left, sizeof left, "--%s%s%s", f->name, arg != NULL ? " " : "",
                  arg != NULL ? arg : "");
         fmt_range(f, range, sizeof range);
-        char def[64] = "";
-        if (f->def != NULL)
-            snprintf(def, sizeof def, " (default: %s)", f->def);
+        char def[80] = "";
+        if (defs[i][0] != '\0')
+            snprintf(def, sizeof def, " (default: %.63s)", defs[i]);
         if (strlen(left) > 24)
             printf("  %s\n  %-24s %s%s%s\n", left, "", f->help, range, def);
         else
@@ -261,13 +316,15 @@ int bench_flags_parse(int argc, char **argv, const bench_flag_t *flags, const be
         fprintf(stderr, "flodl-bench: more than %d flags\n", MAX_FLAGS);
         return 2;
     }
+    char defs[MAX_FLAGS][64];
+    fmt_defaults(flags, b, defs);
     int ch;
     opterr = 0;
     optind = 1;
     while ((ch = getopt_long(argc, argv, "h", longopts, NULL)) != -1) {
         int rc;
         if (ch == 'h' || ch == HELP_CODE) {
-            print_help(usage, flags);
+            print_help(usage, flags, defs);
             return 0;
         } else if (ch >= MORE_CODE && ch < HELP_CODE) {
             rc = take_more(more, ch - MORE_CODE, argv, b);

@@ -55,11 +55,11 @@ static const char usage[] =
 #define AT(f) BENCH_AT(topk_bench_t, f)
 static const bench_flag_t flags[] = {
     {.name = "sizes", .kind = BENCH_COUNTS, .at = AT(sizes), .count = AT(nsizes), .lo = 1,
-     .hi = UINT32_MAX, .arg = "LIST", .help = "element counts", .def = "1M,10M,50M"},
+     .hi = UINT32_MAX, .arg = "LIST", .help = "element counts"},
     {.name = "densities", .kind = BENCH_DENSITIES, .at = AT(dens), .count = AT(ndens),
-     .arg = "LIST", .help = "top-k densities", .def = "0.01,0.001"},
+     .arg = "LIST", .help = "top-k densities"},
     {.name = "reps", .kind = BENCH_INT, .at = AT(reps), .lo = 1, .hi = 64, .arg = "N",
-     .help = "timed selections after the warm-up", .def = "7"},
+     .help = "timed selections after the warm-up"},
     {.name = "no-torch", .kind = BENCH_SWITCH, .at = AT(no_torch),
      .help = "without torch.topk"},
     {.name = NULL},

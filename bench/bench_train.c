@@ -482,11 +482,11 @@ static int set_worker(void *p, const char *v)
 #define AT(f) BENCH_AT(tr_bench_t, f)
 static const bench_flag_t flags[] = {
     {.name = "workers", .kind = BENCH_TEXT, .at = AT(workers_s), .arg = "LIST",
-     .help = "worker counts, each 1..256", .def = "1,2,4"},
+     .help = "worker counts, each 1..256"},
     {.name = "densities", .kind = BENCH_TEXT, .at = AT(dens_s), .arg = "LIST",
-     .help = "top-k densities, each in (0, 1]", .def = "0.01,0.001"},
+     .help = "top-k densities, each in (0, 1]"},
     {.name = "epochs", .kind = BENCH_INT, .at = AT(epochs), .lo = 1, .hi = 10000, .arg = "E",
-     .help = "epochs per run", .def = "5", .given = AT(epochs_s)},
+     .help = "epochs per run", .given = AT(epochs_s)},
     {.name = "target", .kind = BENCH_CALL, .set = set_target, .arg = "ACC",
      .help = "test accuracy to reach, in (0, 1]", .def = "0.93"},
     {.name = "layers", .kind = BENCH_TEXT, .at = AT(layers), .arg = "LIST",
@@ -494,7 +494,7 @@ static const bench_flag_t flags[] = {
     {.name = "worker-flags", .kind = BENCH_CALL, .set = split_extra, .arg = "\"...\"",
      .help = "more flags for every worker, split at spaces"},
     {.name = "timeout", .kind = BENCH_INT, .at = AT(timeout_s), .lo = 1, .hi = 86400,
-     .arg = "S", .help = "seconds per run", .def = "600"},
+     .arg = "S", .help = "seconds per run"},
     {.name = "launch", .kind = BENCH_CALL, .set = set_launch, .arg = "PATH",
      .help = "flodl-launch", .def = "beside flodl-bench"},
     {.name = "worker", .kind = BENCH_CALL, .set = set_worker, .arg = "PATH",
@@ -506,7 +506,7 @@ static const bench_flag_t flags[] = {
     {.name = "device", .kind = BENCH_WORD, .at = AT(device), .words = "cpu|cuda|sim",
      .help = "the workers' device", .def = "no --device flag"},
     {.name = "cpu-seconds", .kind = BENCH_INT, .at = AT(cpu_s), .lo = 1, .hi = 86400,
-     .arg = "S", .help = "--device cuda: the CPU run's cap", .def = "120"},
+     .arg = "S", .help = "--device cuda: the CPU run's cap"},
     {.name = NULL},
 };
 #undef AT

@@ -87,7 +87,7 @@ typedef struct bench_flag {
     double lo, hi;    /* INT, LONG, SIZE, DOUBLE and COUNTS: the range, both ends allowed */
     const char *arg;  /* the value's name in --help ("N"); WORD and YESNO show their words */
     const char *help; /* --help's line; NULL: a flag the launcher gives its ranks, not listed */
-    const char *def;  /* --help's default, or NULL */
+    const char *def;  /* --help's default where the field's starting value does not say it */
     const char *words;
     size_t count; /* COUNTS, DENSITIES: BENCH_AT of the int that gets the list's length */
     size_t given; /* BENCH_AT of a const char * that keeps the value as written, or 0 */
