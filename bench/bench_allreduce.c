@@ -60,7 +60,8 @@ static int set_comm(void *p, const char *name, const char *value, char *const *w
 
 static const bench_more_t comm_flags = {fl_comm_opt_names, set_comm};
 
-/* The communicator's --bind (an endpoint) comes first in getopt's list and takes that name. */
+/* Where both tables spell a flag (--bind), getopt_long gives it to the communicator's, listed
+ * first: an endpoint, not this table's core|none. */
 #define AT(f) BENCH_AT(ar_bench_t, f)
 static const bench_flag_t flags[] = {
     {.name = "ranks", .kind = BENCH_INT, .at = AT(ranks), .lo = 1, .hi = 256, .arg = "N",
