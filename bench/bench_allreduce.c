@@ -4,7 +4,6 @@
  * (and flodl-mpi-bench was built), MPI_Allreduce runs on the same sizes with the same timing
  * protocol in the same invocation, over TCP and over shared memory, and the ratios print
  * beside flodl's figures. */
-#include <getopt.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -41,6 +40,47 @@ static const char usage[] =
     "median round trip) and flodl's time over it (--no-floor skips it).\n"
     "--algos times each algorithm (direct, rd, ring) forced, with the fastest per size and\n"
     "the switch points AUTO uses.\n";
+
+/* A communicator flag: set on the options, and passed on to the ranks (launch mode) unless it
+ * says who a rank is or where it joins. */
+static int set_comm(void *p, const char *name, const char *value, char *const *words,
+                    int nwords)
+{
+    ar_bench_t *b = p;
+    int rc = fl_comm_opts_set(&b->comm, name, value);
+    if (rc != FL_OK)
+        return rc;
+    if (strcmp(name, "rank") != 0 && strcmp(name, "world-size") != 0 &&
+        strcmp(name, "coordinator") != 0 && strcmp(name, "host") != 0 && b->nfwd < 62) {
+        for (int i = 0; i < nwords; i++)
+            b->fwd[b->nfwd++] = words[i];
+    }
+    return FL_OK;
+}
+
+static const bench_more_t comm_flags = {fl_comm_opt_names, set_comm};
+
+/* Where both tables spell a flag (--bind), getopt_long gives it to the communicator's, listed
+ * first: an endpoint, not this table's core|none. */
+#define AT(f) BENCH_AT(ar_bench_t, f)
+static const bench_flag_t flags[] = {
+    {.name = "ranks", .kind = BENCH_INT, .at = AT(ranks), .lo = 1, .hi = 256, .arg = "N",
+     .help = "ranks on this machine"},
+    {.name = "min", .kind = BENCH_SIZE, .at = AT(min), .lo = 4, .hi = 4294967296.0,
+     .arg = "BYTES", .help = "smallest size"},
+    {.name = "max", .kind = BENCH_SIZE, .at = AT(max), .lo = 4, .hi = 4294967296.0,
+     .arg = "BYTES", .help = "largest size"},
+    {.name = "no-mpi", .kind = BENCH_SWITCH, .at = AT(no_mpi), .help = "without Open MPI"},
+    {.name = "no-floor", .kind = BENCH_SWITCH, .at = AT(no_floor),
+     .help = "without ZeroMQ's one-way floor"},
+    {.name = "algos", .kind = BENCH_SWITCH, .at = AT(algos),
+     .help = "each algorithm forced, and the switch points"},
+    {.name = "bind", .kind = BENCH_YESNO, .at = AT(bind), .words = "core|none",
+     .help = "rank k on CPU k mod ncpus, or unbound"},
+    {.name = "report", .kind = BENCH_SWITCH, .at = AT(report)},
+    {.name = NULL},
+};
+#undef AT
 
 /* Runs the sweep as one rank; rank 0 prints one RESULT line per size. */
 static int run_rank(ar_bench_t *b)
@@ -320,26 +360,39 @@ static int run_algos(ar_bench_t *b, const bench_sizes_t *s)
     return status;
 }
 
+/* Launch mode: the floor, flodl's ranks, Open MPI, then the table. */
+static int launch(ar_bench_t *b, const bench_sizes_t *sizes)
+{
+    double fl[BENCH_MAX_SIZES], tcp[BENCH_MAX_SIZES], shm[BENCH_MAX_SIZES];
+    double floor_us[BENCH_MAX_SIZES];
+    double xchg_us[BENCH_MAX_SIZES];
+    bool have_floor = false;
+    if (!b->no_floor) {
+        fprintf(stderr, "flodl-bench: ZeroMQ one-way floor, 2 processes...\n");
+        have_floor = bench_floor_run(b->min, b->max, b->bind, b->comm.ipc == 1, sizes, floor_us,
+                                     xchg_us) == 0;
+    }
+    fprintf(stderr, "flodl-bench: flodl allreduce, %d ranks...\n", b->ranks);
+    int status = spawn_flodl(b, sizes, fl);
+    bool have_mpi = false;
+    if (!b->no_mpi) {
+        fprintf(stderr, "flodl-bench: Open MPI over TCP...\n");
+        have_mpi = spawn_mpi(b, sizes, "tcp,self", tcp) == 0;
+        if (have_mpi) {
+            fprintf(stderr, "flodl-bench: Open MPI over shared memory...\n");
+            spawn_mpi(b, sizes, "vader,self", shm);
+        } else {
+            fprintf(stderr, "flodl-bench: no MPI comparison (needs mpirun and flodl-mpi-bench; "
+                            "scripts/install-deps.sh bench, then rebuild)\n");
+        }
+    }
+    print_table(b, sizes, fl, tcp, shm, have_mpi, floor_us, xchg_us, have_floor);
+    return status;
+}
+
 int bench_allreduce_main(int argc, char **argv);
 int bench_allreduce_main(int argc, char **argv)
 {
-    enum { O_RANKS = 1000, O_MIN, O_MAX, O_NOMPI, O_NOFLOOR, O_ALGOS, O_BIND, O_REPORT, O_HELP };
-    static struct option longopts[40];
-    int nopt = 0;
-    for (int i = 0; fl_comm_opt_names[i] != NULL; i++)
-        longopts[nopt++] = (struct option){fl_comm_opt_names[i], required_argument, NULL, i + 1};
-    int ncomm = nopt;
-    longopts[nopt++] = (struct option){"ranks", required_argument, NULL, O_RANKS};
-    longopts[nopt++] = (struct option){"min", required_argument, NULL, O_MIN};
-    longopts[nopt++] = (struct option){"max", required_argument, NULL, O_MAX};
-    longopts[nopt++] = (struct option){"no-mpi", no_argument, NULL, O_NOMPI};
-    longopts[nopt++] = (struct option){"no-floor", no_argument, NULL, O_NOFLOOR};
-    longopts[nopt++] = (struct option){"algos", no_argument, NULL, O_ALGOS};
-    longopts[nopt++] = (struct option){"bind", required_argument, NULL, O_BIND};
-    longopts[nopt++] = (struct option){"report", no_argument, NULL, O_REPORT};
-    longopts[nopt++] = (struct option){"help", no_argument, NULL, O_HELP};
-    longopts[nopt] = (struct option){NULL, 0, NULL, 0};
-
     ar_bench_t b;
     memset(&b, 0, sizeof b);
     b.ranks = 4;
@@ -348,65 +401,9 @@ int bench_allreduce_main(int argc, char **argv)
     b.max = (size_t)256 << 20;
     fl_comm_opts_init(&b.comm);
     b.comm.log_level = FL_LOG_WARN;
-    long v;
-    int ch;
-    opterr = 0;
-    optind = 1;
-    while ((ch = getopt_long(argc, argv, "h", longopts, NULL)) != -1) {
-        if (ch >= 1 && ch <= ncomm) {
-            const char *key = fl_comm_opt_names[ch - 1];
-            if (fl_comm_opts_set(&b.comm, key, optarg) != FL_OK) {
-                fprintf(stderr, "flodl-bench: %s\n", fl_last_error());
-                return 2;
-            }
-            /* Launch mode passes tuning flags on to its ranks. */
-            if (strcmp(key, "rank") != 0 && strcmp(key, "world-size") != 0 &&
-                strcmp(key, "coordinator") != 0 && strcmp(key, "host") != 0 && b.nfwd < 62) {
-                b.fwd[b.nfwd++] = argv[optind - 2];
-                b.fwd[b.nfwd++] = optarg;
-            }
-            continue;
-        }
-        switch (ch) {
-        case O_RANKS:
-            if (fl_cli_long("--ranks", optarg, 1, 256, &v) != FL_OK) {
-                fprintf(stderr, "flodl-bench: %s\n", fl_last_error());
-                return 2;
-            }
-            b.ranks = (int)v;
-            break;
-        case O_MIN:
-        case O_MAX: {
-            size_t z;
-            if (fl_cli_size(ch == O_MIN ? "--min" : "--max", optarg, 4, (size_t)4 << 30, &z) !=
-                FL_OK) {
-                fprintf(stderr, "flodl-bench: %s\n", fl_last_error());
-                return 2;
-            }
-            if (ch == O_MIN)
-                b.min = z;
-            else
-                b.max = z;
-            break;
-        }
-        case O_NOMPI: b.no_mpi = true; break;
-        case O_NOFLOOR: b.no_floor = true; break;
-        case O_ALGOS: b.algos = true; break;
-        case O_BIND:
-            if (strcmp(optarg, "core") != 0 && strcmp(optarg, "none") != 0) {
-                fprintf(stderr, "flodl-bench: --bind: '%s' is not one of core|none\n", optarg);
-                return 2;
-            }
-            b.bind = strcmp(optarg, "core") == 0;
-            break;
-        case O_REPORT: b.report = true; break;
-        case 'h':
-        case O_HELP: fputs(usage, stdout); return 0;
-        default:
-            fprintf(stderr, "flodl-bench: unknown or incomplete flag '%s'\n", argv[optind - 1]);
-            return 2;
-        }
-    }
+    int status = bench_flags_parse(argc, argv, flags, &comm_flags, usage, &b);
+    if (status >= 0)
+        return status;
     if (b.min > b.max) {
         fprintf(stderr, "flodl-bench: --min %zu is above --max %zu\n", b.min, b.max);
         return 2;
@@ -418,38 +415,12 @@ int bench_allreduce_main(int argc, char **argv)
             fprintf(stderr, "flodl-bench: --rank needs --world-size and --coordinator\n");
             return 2;
         }
-        if (b.report)
-            return run_rank(&b);
-        /* Joined by hand (one rank per host): rank 0 prints readable lines. */
-        b.ranks = b.comm.world_size;
+        /* Joined by hand (one rank per host), not --report: rank 0 prints readable lines. */
+        if (!b.report)
+            b.ranks = b.comm.world_size;
         return run_rank(&b);
     }
-
     if (b.algos)
         return run_algos(&b, &sizes);
-    double fl[BENCH_MAX_SIZES], tcp[BENCH_MAX_SIZES], shm[BENCH_MAX_SIZES];
-    double floor_us[BENCH_MAX_SIZES];
-    double xchg_us[BENCH_MAX_SIZES];
-    bool have_floor = false;
-    if (!b.no_floor) {
-        fprintf(stderr, "flodl-bench: ZeroMQ one-way floor, 2 processes...\n");
-        have_floor =
-            bench_floor_run(b.min, b.max, b.bind, b.comm.ipc == 1, &sizes, floor_us, xchg_us) == 0;
-    }
-    fprintf(stderr, "flodl-bench: flodl allreduce, %d ranks...\n", b.ranks);
-    int status = spawn_flodl(&b, &sizes, fl);
-    bool have_mpi = false;
-    if (!b.no_mpi) {
-        fprintf(stderr, "flodl-bench: Open MPI over TCP...\n");
-        have_mpi = spawn_mpi(&b, &sizes, "tcp,self", tcp) == 0;
-        if (have_mpi) {
-            fprintf(stderr, "flodl-bench: Open MPI over shared memory...\n");
-            spawn_mpi(&b, &sizes, "vader,self", shm);
-        } else {
-            fprintf(stderr, "flodl-bench: no MPI comparison (needs mpirun and flodl-mpi-bench; "
-                            "scripts/install-deps.sh bench, then rebuild)\n");
-        }
-    }
-    print_table(&b, &sizes, fl, tcp, shm, have_mpi, floor_us, xchg_us, have_floor);
-    return status;
+    return launch(&b, &sizes);
 }

@@ -5,7 +5,6 @@
  * workers, the ratio to the ring, and the push traffic of top-k sparse pushes. The parameter
  * server (coordinator and shards) runs in this process, the ranks in their own, rank r bound to
  * CPU r mod ncpus. */
-#include <getopt.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -34,18 +33,19 @@ typedef struct ps_bench {
     bool report;
     int reps;
     size_t n;
-    int shards[BENCH_MAX_LIST];
+    size_t shards[BENCH_MAX_LIST];
     int nshards;
     double density;
     int sparse_shards;
+    /* the flags as given, passed on to the ranks */
     const char *n_s;
     const char *reps_s;
+    const char *density_s; /* NULL: no --density (a rank then pushes dense) */
     /* report mode */
     int rank, world;
     const char *coordinator;
     const char *host;
-    bool ring;
-    double dens_report;
+    const char *phase; /* "ring", or the parameter server */
     /* launcher */
     double ring_s;
     ps_row_t rows[BENCH_MAX_LIST + 1];
@@ -61,6 +61,32 @@ static const char usage[] =
     "after a warm-up) for each shard count, then top-k pushes at --density, beside the dense\n"
     "ring allreduce of the same n floats among the same ranks. --n counts elements (16M = 64\n"
     "MiB; K/M/G are powers of 1024).\n";
+
+#define AT(f) BENCH_AT(ps_bench_t, f)
+static const bench_flag_t flags[] = {
+    {.name = "ranks", .kind = BENCH_INT, .at = AT(ranks), .lo = 1, .hi = 256, .arg = "N",
+     .help = "worker processes"},
+    {.name = "n", .kind = BENCH_SIZE, .at = AT(n), .lo = 16, .hi = 4294967296.0, .arg = "COUNT",
+     .help = "float32 parameters of the model", .given = AT(n_s)},
+    {.name = "shards", .kind = BENCH_COUNTS, .at = AT(shards), .count = AT(nshards), .lo = 1,
+     .hi = 64, .arg = "LIST", .help = "shard counts of the dense pushes"},
+    {.name = "density", .kind = BENCH_DOUBLE, .at = AT(density), .lo = 0, .hi = 1, .arg = "D",
+     .help = "top-k pushes' density (0: none)", .given = AT(density_s)},
+    {.name = "sparse-shards", .kind = BENCH_INT, .at = AT(sparse_shards), .lo = 0, .hi = 64,
+     .arg = "S", .help = "shards of the top-k pushes (0: none)"},
+    {.name = "reps", .kind = BENCH_INT, .at = AT(reps), .lo = 1, .hi = 64, .arg = "N",
+     .help = "timed steps after the warm-up", .given = AT(reps_s)},
+    {.name = "bind", .kind = BENCH_YESNO, .at = AT(bind), .words = "core|none",
+     .help = "rank k on CPU k mod ncpus, or unbound"},
+    {.name = "report", .kind = BENCH_SWITCH, .at = AT(report)},
+    {.name = "rank", .kind = BENCH_INT, .at = AT(rank), .lo = 0, .hi = 255},
+    {.name = "world-size", .kind = BENCH_INT, .at = AT(world), .lo = 1, .hi = 256},
+    {.name = "coordinator", .kind = BENCH_TEXT, .at = AT(coordinator)},
+    {.name = "host", .kind = BENCH_TEXT, .at = AT(host)},
+    {.name = "phase", .kind = BENCH_TEXT, .at = AT(phase)},
+    {.name = NULL},
+};
+#undef AT
 
 static int fail_rc(int rc)
 {
@@ -117,10 +143,10 @@ static int rank_ps(const ps_bench_t *b, const float *grad, float *params)
     uint32_t *idx = NULL;
     float *val = NULL;
     fl_ps_grad_t g = {.dense = grad, .batch = 1};
-    if (b->dens_report > 0) {
+    if (b->density_s != NULL && b->density > 0) {
         fl_cmp_topk_opts_t to;
         fl_cmp_topk_opts_init(&to);
-        to.density = b->dens_report;
+        to.density = b->density;
         size_t kmax = 0;
         fl_cmp_ws_t *ws = NULL;
         if ((rc = fl_cmp_topk_count(b->n, &to, &kmax)) == FL_OK &&
@@ -172,7 +198,8 @@ static int run_rank(const ps_bench_t *b)
         bench_fill_gauss(grad, b->n, 2000 + (uint64_t)b->rank);
         for (size_t i = 0; i < b->n; i++)
             grad[i] *= 1e-3f; /* small steps keep the parameters finite over the reps */
-        rc = b->ring ? rank_ring(b, grad, buf) : rank_ps(b, grad, buf);
+        bool ring = b->phase != NULL && strcmp(b->phase, "ring") == 0;
+        rc = ring ? rank_ring(b, grad, buf) : rank_ps(b, grad, buf);
     } else {
         fl_fail(FL_ENOMEM, "rank %d: no memory for %zu floats", b->rank, b->n);
         fail_rc(rc);
@@ -286,23 +313,42 @@ static void print_table(const ps_bench_t *b)
            "push traffic: dense float32 bytes over the bytes pushed\n");
 }
 
+/* A rank of a job the launcher started. */
+static int report(const ps_bench_t *b)
+{
+    if (b->rank < 0 || b->world < 1 || b->coordinator == NULL) {
+        fprintf(stderr, "flodl-bench: --report needs --rank, --world-size, --coordinator\n");
+        return 2;
+    }
+    return run_rank(b);
+}
+
+/* The ring job, then a parameter-server job per row, then the table. */
+static int launch(ps_bench_t *b)
+{
+    int status = 0;
+    fprintf(stderr, "flodl-bench: ring allreduce, %d ranks...\n", b->ranks);
+    char *ring_extra[] = {"--n", (char *)b->n_s, "--reps", (char *)b->reps_s, "--phase",
+                          "ring"};
+    if (bench_run_job("ps", ring_extra, 6, b->ranks, b->bind, on_result, b) != 0)
+        status = 1;
+    for (int i = 0; i < b->nshards; i++)
+        b->rows[b->nrows++] = (ps_row_t){.shards = (int)b->shards[i]};
+    if (b->sparse_shards > 0 && b->density > 0)
+        b->rows[b->nrows++] = (ps_row_t){.shards = b->sparse_shards, .density = b->density};
+    for (int i = 0; i < b->nrows; i++) {
+        fprintf(stderr, "flodl-bench: parameter server, %d shards%s...\n", b->rows[i].shards,
+                b->rows[i].density > 0 ? ", top-k pushes" : "");
+        if (run_ps_job(b, &b->rows[i]) != 0)
+            status = 1;
+    }
+    print_table(b);
+    return status;
+}
+
 int bench_ps_main(int argc, char **argv);
 int bench_ps_main(int argc, char **argv)
 {
-    enum {
-        O_RANKS = 1000, O_N, O_SHARDS, O_DENS, O_SSHARDS, O_REPS, O_BIND, O_REPORT, O_RANK,
-        O_WORLD, O_COORD, O_HOST, O_PHASE, O_HELP
-    };
-    static const struct option longopts[] = {
-        {"ranks", 1, NULL, O_RANKS},        {"n", 1, NULL, O_N},
-        {"shards", 1, NULL, O_SHARDS},      {"density", 1, NULL, O_DENS},
-        {"sparse-shards", 1, NULL, O_SSHARDS}, {"reps", 1, NULL, O_REPS},
-        {"bind", 1, NULL, O_BIND},          {"report", 0, NULL, O_REPORT},
-        {"rank", 1, NULL, O_RANK},          {"world-size", 1, NULL, O_WORLD},
-        {"coordinator", 1, NULL, O_COORD},  {"host", 1, NULL, O_HOST},
-        {"phase", 1, NULL, O_PHASE},        {"help", 0, NULL, O_HELP},
-        {NULL, 0, NULL, 0},
-    };
     ps_bench_t *b = calloc(1, sizeof *b);
     if (b == NULL)
         return 1;
@@ -317,102 +363,9 @@ int bench_ps_main(int argc, char **argv)
     b->shards[0] = 1, b->shards[1] = 2, b->shards[2] = 4;
     b->nshards = 3;
     b->rank = b->world = -1;
-    int status = 2;
-    long v;
-    int ch;
-    opterr = 0;
-    optind = 1;
-    while ((ch = getopt_long(argc, argv, "h", longopts, NULL)) != -1) {
-        int rc = FL_OK;
-        switch (ch) {
-        case O_RANKS:
-            if ((rc = fl_cli_long("--ranks", optarg, 1, 256, &v)) == FL_OK)
-                b->ranks = (int)v;
-            break;
-        case O_N:
-            rc = fl_cli_size("--n", optarg, 16, (size_t)1 << 32, &b->n);
-            b->n_s = optarg;
-            break;
-        case O_SHARDS: {
-            size_t s[BENCH_MAX_LIST];
-            int k = 0;
-            if (bench_parse_counts("--shards", optarg, 1, 64, s, &k) != 0)
-                goto out;
-            for (int i = 0; i < k; i++)
-                b->shards[i] = (int)s[i];
-            b->nshards = k;
-            break;
-        }
-        case O_DENS:
-            if ((rc = fl_cli_double("--density", optarg, 0.0, 1.0, &b->density)) == FL_OK)
-                b->dens_report = b->density;
-            break;
-        case O_SSHARDS:
-            if ((rc = fl_cli_long("--sparse-shards", optarg, 0, 64, &v)) == FL_OK)
-                b->sparse_shards = (int)v;
-            break;
-        case O_REPS:
-            if ((rc = fl_cli_long("--reps", optarg, 1, 64, &v)) == FL_OK)
-                b->reps = (int)v;
-            b->reps_s = optarg;
-            break;
-        case O_BIND:
-            if (strcmp(optarg, "core") != 0 && strcmp(optarg, "none") != 0)
-                rc = fl_fail(FL_EINVAL, "--bind: '%s' is not one of core|none", optarg);
-            b->bind = strcmp(optarg, "core") == 0;
-            break;
-        case O_REPORT: b->report = true; break;
-        case O_RANK:
-            if ((rc = fl_cli_long("--rank", optarg, 0, 255, &v)) == FL_OK)
-                b->rank = (int)v;
-            break;
-        case O_WORLD:
-            if ((rc = fl_cli_long("--world-size", optarg, 1, 256, &v)) == FL_OK)
-                b->world = (int)v;
-            break;
-        case O_COORD: b->coordinator = optarg; break;
-        case O_HOST: b->host = optarg; break;
-        case O_PHASE: b->ring = strcmp(optarg, "ring") == 0; break;
-        case 'h':
-        case O_HELP:
-            fputs(usage, stdout);
-            status = 0;
-            goto out;
-        default:
-            fprintf(stderr, "flodl-bench: unknown or incomplete flag '%s'\n", argv[optind - 1]);
-            goto out;
-        }
-        if (rc != FL_OK) {
-            fprintf(stderr, "flodl-bench: %s\n", fl_last_error());
-            goto out;
-        }
-    }
-    if (b->report) {
-        if (b->rank < 0 || b->world < 1 || b->coordinator == NULL) {
-            fprintf(stderr, "flodl-bench: --report needs --rank, --world-size, --coordinator\n");
-            goto out;
-        }
-        status = run_rank(b);
-        goto out;
-    }
-    status = 0;
-    fprintf(stderr, "flodl-bench: ring allreduce, %d ranks...\n", b->ranks);
-    char *ring_extra[] = {"--n", (char *)b->n_s, "--reps", (char *)b->reps_s, "--phase",
-                          "ring"};
-    if (bench_run_job("ps", ring_extra, 6, b->ranks, b->bind, on_result, b) != 0)
-        status = 1;
-    for (int i = 0; i < b->nshards; i++)
-        b->rows[b->nrows++] = (ps_row_t){.shards = b->shards[i]};
-    if (b->sparse_shards > 0 && b->density > 0)
-        b->rows[b->nrows++] = (ps_row_t){.shards = b->sparse_shards, .density = b->density};
-    for (int i = 0; i < b->nrows; i++) {
-        fprintf(stderr, "flodl-bench: parameter server, %d shards%s...\n", b->rows[i].shards,
-                b->rows[i].density > 0 ? ", top-k pushes" : "");
-        if (run_ps_job(b, &b->rows[i]) != 0)
-            status = 1;
-    }
-    print_table(b);
-out:
+    int status = bench_flags_parse(argc, argv, flags, NULL, usage, b);
+    if (status < 0)
+        status = b->report ? report(b) : launch(b);
     free(b);
     return status;
 }

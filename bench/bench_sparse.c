@@ -3,7 +3,6 @@
  * its own N(0,1) gradient (so the index sets differ), selects top-k with fl_cmp_topk, and the
  * launcher prints time, bytes each rank sent, compression and speed-up, and which path ran.
  * The rank-launching plumbing is bench_run_job (bench_util.c). */
-#include <getopt.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -58,6 +57,40 @@ static const char usage[] =
     "selects top-k (k = ceil(density * n)) with fl_cmp_topk, and times fl_sparse_allreduce\n"
     "beside the dense fl_allreduce of the same n floats: median of --reps after a warm-up,\n"
     "slowest rank. --n counts elements (K/M/G are powers of 1024).\n";
+
+/* fl_dtype_parse's names of the three types the sparse values travel as. */
+static int set_values(void *p, const char *v)
+{
+    sp_bench_t *b = p;
+    int rc = fl_dtype_parse(v, &b->values);
+    if (rc == FL_OK && b->values != FL_FLOAT32 && b->values != FL_FLOAT16 &&
+        b->values != FL_BFLOAT16)
+        rc = fl_fail(FL_EINVAL, "--values: '%s' is not float32, float16 or bfloat16", v);
+    return rc;
+}
+
+#define AT(f) BENCH_AT(sp_bench_t, f)
+static const bench_flag_t flags[] = {
+    {.name = "ranks", .kind = BENCH_INT, .at = AT(ranks), .lo = 1, .hi = 256, .arg = "N",
+     .help = "ranks on this machine"},
+    {.name = "n", .kind = BENCH_SIZE, .at = AT(n), .lo = 1, .hi = UINT32_MAX, .arg = "COUNT",
+     .help = "float32 elements per rank", .given = AT(n_s)},
+    {.name = "densities", .kind = BENCH_TEXT, .at = AT(dens_s), .arg = "LIST",
+     .help = "top-k densities, each in (0, 1]"},
+    {.name = "values", .kind = BENCH_CALL, .set = set_values, .arg = "float32|float16|bfloat16",
+     .help = "the values' type on the wire", .def = "float32", .given = AT(values_s)},
+    {.name = "reps", .kind = BENCH_INT, .at = AT(reps), .lo = 1, .hi = 64, .arg = "N",
+     .help = "timed calls after the warm-up", .given = AT(reps_s)},
+    {.name = "bind", .kind = BENCH_YESNO, .at = AT(bind), .words = "core|none",
+     .help = "rank k on CPU k mod ncpus, or unbound"},
+    {.name = "report", .kind = BENCH_SWITCH, .at = AT(report)},
+    {.name = "rank", .kind = BENCH_INT, .at = AT(rank), .lo = 0, .hi = 255},
+    {.name = "world-size", .kind = BENCH_INT, .at = AT(world), .lo = 1, .hi = 256},
+    {.name = "coordinator", .kind = BENCH_TEXT, .at = AT(coordinator)},
+    {.name = "host", .kind = BENCH_TEXT, .at = AT(host)},
+    {.name = NULL},
+};
+#undef AT
 
 /* The slowest (largest) of each value over all ranks, in place. */
 static int all_max(fl_comm_t *comm, double *v, size_t count)
@@ -262,28 +295,31 @@ static void print_table(const sp_bench_t *b)
            w);
 }
 
+/* The job of ranks, then the table. */
+static int launch(sp_bench_t *b)
+{
+    char *extra[] = {"--n",    (char *)b->n_s,      "--densities", (char *)b->dens_s,
+                     "--values", (char *)b->values_s, "--reps",      (char *)b->reps_s};
+    fprintf(stderr, "flodl-bench: sparse and dense allreduce, %d ranks...\n", b->ranks);
+    int status = bench_run_job("sparse-allreduce", extra, (int)(sizeof extra / sizeof extra[0]),
+                               b->ranks, b->bind, on_result, b);
+    print_table(b);
+    return status;
+}
+
+/* A rank of a job the launcher started. */
+static int report(const sp_bench_t *b)
+{
+    if (b->rank < 0 || b->world < 1 || b->coordinator == NULL) {
+        fprintf(stderr, "flodl-bench: --report needs --rank, --world-size, --coordinator\n");
+        return 2;
+    }
+    return run_rank(b);
+}
+
 int bench_sparse_main(int argc, char **argv);
 int bench_sparse_main(int argc, char **argv)
 {
-    enum {
-        O_RANKS = 1000, O_N, O_DENS, O_VALUES, O_REPS, O_BIND, O_REPORT, O_RANK, O_WORLD,
-        O_COORD, O_HOST, O_HELP
-    };
-    static const struct option longopts[] = {
-        {"ranks", required_argument, NULL, O_RANKS},
-        {"n", required_argument, NULL, O_N},
-        {"densities", required_argument, NULL, O_DENS},
-        {"values", required_argument, NULL, O_VALUES},
-        {"reps", required_argument, NULL, O_REPS},
-        {"bind", required_argument, NULL, O_BIND},
-        {"report", no_argument, NULL, O_REPORT},
-        {"rank", required_argument, NULL, O_RANK},
-        {"world-size", required_argument, NULL, O_WORLD},
-        {"coordinator", required_argument, NULL, O_COORD},
-        {"host", required_argument, NULL, O_HOST},
-        {"help", no_argument, NULL, O_HELP},
-        {NULL, 0, NULL, 0},
-    };
     sp_bench_t *b = calloc(1, sizeof *b);
     if (b == NULL)
         return 1;
@@ -298,83 +334,11 @@ int bench_sparse_main(int argc, char **argv)
     b->n_s = "16M";
     b->values_s = "float32";
     b->reps_s = "7";
-    int status = 2;
-    long v;
-    int ch;
-    opterr = 0;
-    optind = 1;
-    while ((ch = getopt_long(argc, argv, "h", longopts, NULL)) != -1) {
-        int rc = FL_OK;
-        switch (ch) {
-        case O_RANKS:
-            if ((rc = fl_cli_long("--ranks", optarg, 1, 256, &v)) == FL_OK)
-                b->ranks = (int)v;
-            break;
-        case O_N:
-            rc = fl_cli_size("--n", optarg, 1, UINT32_MAX, &b->n);
-            b->n_s = optarg;
-            break;
-        case O_DENS: b->dens_s = optarg; break;
-        case O_VALUES:
-            rc = fl_dtype_parse(optarg, &b->values);
-            if (rc == FL_OK && b->values != FL_FLOAT32 && b->values != FL_FLOAT16 &&
-                b->values != FL_BFLOAT16)
-                rc = fl_fail(FL_EINVAL, "--values: '%s' is not float32, float16 or bfloat16",
-                             optarg);
-            b->values_s = optarg;
-            break;
-        case O_REPS:
-            if ((rc = fl_cli_long("--reps", optarg, 1, 64, &v)) == FL_OK)
-                b->reps = (int)v;
-            b->reps_s = optarg;
-            break;
-        case O_BIND:
-            if (strcmp(optarg, "core") != 0 && strcmp(optarg, "none") != 0)
-                rc = fl_fail(FL_EINVAL, "--bind: '%s' is not one of core|none", optarg);
-            b->bind = strcmp(optarg, "core") == 0;
-            break;
-        case O_REPORT: b->report = true; break;
-        case O_RANK:
-            if ((rc = fl_cli_long("--rank", optarg, 0, 255, &v)) == FL_OK)
-                b->rank = (int)v;
-            break;
-        case O_WORLD:
-            if ((rc = fl_cli_long("--world-size", optarg, 1, 256, &v)) == FL_OK)
-                b->world = (int)v;
-            break;
-        case O_COORD: b->coordinator = optarg; break;
-        case O_HOST: b->host = optarg; break;
-        case 'h':
-        case O_HELP:
-            fputs(usage, stdout);
-            status = 0;
-            goto out;
-        default:
-            fprintf(stderr, "flodl-bench: unknown or incomplete flag '%s'\n", argv[optind - 1]);
-            goto out;
-        }
-        if (rc != FL_OK) {
-            fprintf(stderr, "flodl-bench: %s\n", fl_last_error());
-            goto out;
-        }
-    }
-    if (bench_parse_densities("--densities", b->dens_s, b->dens, &b->ndens) != 0)
-        goto out;
-    if (b->report) {
-        if (b->rank < 0 || b->world < 1 || b->coordinator == NULL) {
-            fprintf(stderr, "flodl-bench: --report needs --rank, --world-size, --coordinator\n");
-            goto out;
-        }
-        status = run_rank(b);
-        goto out;
-    }
-    char *extra[] = {"--n",    (char *)b->n_s,      "--densities", (char *)b->dens_s,
-                     "--values", (char *)b->values_s, "--reps",      (char *)b->reps_s};
-    fprintf(stderr, "flodl-bench: sparse and dense allreduce, %d ranks...\n", b->ranks);
-    status = bench_run_job("sparse-allreduce", extra, (int)(sizeof extra / sizeof extra[0]),
-                           b->ranks, b->bind, on_result, b);
-    print_table(b);
-out:
+    int status = bench_flags_parse(argc, argv, flags, NULL, usage, b);
+    if (status < 0 && bench_parse_densities("--densities", b->dens_s, b->dens, &b->ndens) != 0)
+        status = 2;
+    if (status < 0)
+        status = b->report ? report(b) : launch(b);
     free(b);
     return status;
 }

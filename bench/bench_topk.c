@@ -3,7 +3,6 @@
  * in the same invocation, torch.topk on the CPU with one thread (bench/torch_topk.py, run with
  * /usr/bin/python3 when torch imports). Prints the table and whether the issue's targets hold:
  * at least 10x torch.topk, and within 3x of one memcpy pass, at n = 50M, d = 1%. */
-#include <getopt.h>
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -52,6 +51,20 @@ static const char usage[] =
     "sampled) mode, median of --reps after a warm-up, beside one memcpy of the same buffer and\n"
     "torch.topk on the CPU with one thread (" PYTHON " with torch; --no-torch skips it).\n"
     "Sizes count elements (K/M/G are powers of 1024); k = ceil(density * n).\n";
+
+#define AT(f) BENCH_AT(topk_bench_t, f)
+static const bench_flag_t flags[] = {
+    {.name = "sizes", .kind = BENCH_COUNTS, .at = AT(sizes), .count = AT(nsizes), .lo = 1,
+     .hi = UINT32_MAX, .arg = "LIST", .help = "element counts"},
+    {.name = "densities", .kind = BENCH_DENSITIES, .at = AT(dens), .count = AT(ndens),
+     .arg = "LIST", .help = "top-k densities"},
+    {.name = "reps", .kind = BENCH_INT, .at = AT(reps), .lo = 1, .hi = 64, .arg = "N",
+     .help = "timed selections after the warm-up"},
+    {.name = "no-torch", .kind = BENCH_SWITCH, .at = AT(no_torch),
+     .help = "without torch.topk"},
+    {.name = NULL},
+};
+#undef AT
 
 static double seconds_since(int64_t t0)
 {
@@ -303,15 +316,6 @@ static void print_table(const topk_bench_t *b)
 int bench_topk_main(int argc, char **argv);
 int bench_topk_main(int argc, char **argv)
 {
-    enum { O_SIZES = 1000, O_DENS, O_REPS, O_NOTORCH, O_HELP };
-    static const struct option longopts[] = {
-        {"sizes", required_argument, NULL, O_SIZES},
-        {"densities", required_argument, NULL, O_DENS},
-        {"reps", required_argument, NULL, O_REPS},
-        {"no-torch", no_argument, NULL, O_NOTORCH},
-        {"help", no_argument, NULL, O_HELP},
-        {NULL, 0, NULL, 0},
-    };
     topk_bench_t *b = calloc(1, sizeof *b);
     if (b == NULL)
         return 1;
@@ -320,38 +324,8 @@ int bench_topk_main(int argc, char **argv)
     if (bench_parse_counts("--sizes", "1M,10M,50M", 1, UINT32_MAX, b->sizes, &b->nsizes) != 0 ||
         bench_parse_densities("--densities", "0.01,0.001", b->dens, &b->ndens) != 0)
         goto out;
-    long v;
-    int ch;
-    opterr = 0;
-    optind = 1;
-    while ((ch = getopt_long(argc, argv, "h", longopts, NULL)) != -1) {
-        switch (ch) {
-        case O_SIZES:
-            if (bench_parse_counts("--sizes", optarg, 1, UINT32_MAX, b->sizes, &b->nsizes) != 0)
-                goto out;
-            break;
-        case O_DENS:
-            if (bench_parse_densities("--densities", optarg, b->dens, &b->ndens) != 0)
-                goto out;
-            break;
-        case O_REPS:
-            if (fl_cli_long("--reps", optarg, 1, 64, &v) != FL_OK) {
-                fprintf(stderr, "flodl-bench: %s\n", fl_last_error());
-                goto out;
-            }
-            b->reps = (int)v;
-            break;
-        case O_NOTORCH: b->no_torch = true; break;
-        case 'h':
-        case O_HELP:
-            fputs(usage, stdout);
-            status = 0;
-            goto out;
-        default:
-            fprintf(stderr, "flodl-bench: unknown or incomplete flag '%s'\n", argv[optind - 1]);
-            goto out;
-        }
-    }
+    if ((status = bench_flags_parse(argc, argv, flags, NULL, usage, b)) >= 0)
+        goto out;
     fprintf(stderr, "flodl-bench: fl_cmp_topk and memcpy, one thread...\n");
     status = measure_flodl(b);
     if (status == 0 && !b->no_torch) {

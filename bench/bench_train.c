@@ -4,7 +4,6 @@
  * the epoch and seconds at which the test accuracy reached the target, bytes each rank sent and
  * the compute/exchange split. Training itself is the worker's; spawning, bench_util.c's; the
  * GPU side (--device cuda|sim) is bench_train_dev.c's. */
-#include <getopt.h>
 #include <limits.h>
 #include <sched.h>
 #include <stdio.h>
@@ -51,8 +50,10 @@ typedef struct tr_bench {
     int nw;
     double dens[BENCH_MAX_LIST];
     int ndens;
+    const char *workers_s; /* the lists as given, parsed once every flag is in */
+    const char *dens_s;
     int epochs;
-    bool epochs_given;
+    const char *epochs_s; /* NULL: no --epochs (the device runs pick their own) */
     long batch;         /* 0: the worker's default */
     const char *device; /* NULL: no --device flag for the workers */
     int cpu_s;
@@ -433,137 +434,100 @@ static int parse_workers(const char *s, tr_bench_t *b)
     return 0;
 }
 
-static int split_extra(const char *s, tr_bench_t *b)
+static int split_extra(void *p, const char *s)
 {
-    if (strlen(s) >= sizeof b->extra_buf) {
-        fprintf(stderr, "flodl-bench: --worker-flags: too long\n");
-        return -1;
-    }
+    tr_bench_t *b = p;
+    if (strlen(s) >= sizeof b->extra_buf)
+        return fl_fail(FL_EINVAL, "--worker-flags: too long");
     snprintf(b->extra_buf, sizeof b->extra_buf, "%s", s);
     snprintf(b->extra_words, sizeof b->extra_words, "%s", s);
     char *save = NULL;
     b->nextra = 0;
     for (char *t = strtok_r(b->extra_words, " \t", &save); t != NULL;
          t = strtok_r(NULL, " \t", &save)) {
-        if (b->nextra == MAX_EXTRA) {
-            fprintf(stderr, "flodl-bench: --worker-flags: more than %d words\n", MAX_EXTRA);
-            return -1;
-        }
+        if (b->nextra == MAX_EXTRA)
+            return fl_fail(FL_EINVAL, "--worker-flags: more than %d words", MAX_EXTRA);
         b->extra[b->nextra++] = t;
     }
+    return FL_OK;
+}
+
+static int set_target(void *p, const char *v)
+{
+    tr_bench_t *b = p;
+    char *end = NULL;
+    b->target = strtod(v, &end);
+    if (end == v || *end != '\0' || !(b->target > 0.0 && b->target <= 1.0))
+        return fl_fail(FL_EINVAL, "--target: '%s' is not an accuracy in (0, 1]", v);
+    return FL_OK;
+}
+
+static int set_binary(const char *flag, const char *v, char *out)
+{
+    snprintf(out, PATH_MAX, "%s", v);
+    if (!is_executable(v))
+        return fl_fail(FL_EINVAL, "--%s: '%s' is not an executable file", flag, v);
+    return FL_OK;
+}
+
+static int set_launch(void *p, const char *v)
+{
+    return set_binary("launch", v, ((tr_bench_t *)p)->launch);
+}
+
+static int set_worker(void *p, const char *v)
+{
+    return set_binary("worker", v, ((tr_bench_t *)p)->worker);
+}
+
+#define AT(f) BENCH_AT(tr_bench_t, f)
+static const bench_flag_t flags[] = {
+    {.name = "workers", .kind = BENCH_TEXT, .at = AT(workers_s), .arg = "LIST",
+     .help = "worker counts, each 1..256"},
+    {.name = "densities", .kind = BENCH_TEXT, .at = AT(dens_s), .arg = "LIST",
+     .help = "top-k densities, each in (0, 1]"},
+    {.name = "epochs", .kind = BENCH_INT, .at = AT(epochs), .lo = 1, .hi = 10000, .arg = "E",
+     .help = "epochs per run", .given = AT(epochs_s)},
+    {.name = "target", .kind = BENCH_CALL, .set = set_target, .arg = "ACC",
+     .help = "test accuracy to reach, in (0, 1]", .def = "0.93"},
+    {.name = "layers", .kind = BENCH_TEXT, .at = AT(layers), .arg = "LIST",
+     .help = "the MLP's widths", .def = "the worker's"},
+    {.name = "worker-flags", .kind = BENCH_CALL, .set = split_extra, .arg = "\"...\"",
+     .help = "more flags for every worker, split at spaces"},
+    {.name = "timeout", .kind = BENCH_INT, .at = AT(timeout_s), .lo = 1, .hi = 86400,
+     .arg = "S", .help = "seconds per run"},
+    {.name = "launch", .kind = BENCH_CALL, .set = set_launch, .arg = "PATH",
+     .help = "flodl-launch", .def = "beside flodl-bench"},
+    {.name = "worker", .kind = BENCH_CALL, .set = set_worker, .arg = "PATH",
+     .help = "flodl-worker", .def = "beside flodl-bench"},
+    {.name = "verbose", .kind = BENCH_SWITCH, .at = AT(verbose),
+     .help = "every line of the runs to stderr"},
+    {.name = "batch-size", .kind = BENCH_LONG, .at = AT(batch), .lo = 1, .hi = 1 << 20,
+     .arg = "B", .help = "batch per worker", .def = "the worker's"},
+    {.name = "device", .kind = BENCH_WORD, .at = AT(device), .words = "cpu|cuda|sim",
+     .help = "the workers' device", .def = "no --device flag"},
+    {.name = "cpu-seconds", .kind = BENCH_INT, .at = AT(cpu_s), .lo = 1, .hi = 86400,
+     .arg = "S", .help = "--device cuda: the CPU run's cap"},
+    {.name = NULL},
+};
+#undef AT
+
+/* The lists, then the binaries: 0, or -1 after printing what is wrong. */
+static int prepare(tr_bench_t *b)
+{
+    if (parse_workers(b->workers_s, b) != 0 ||
+        bench_parse_densities("--densities", b->dens_s, b->dens, &b->ndens) != 0)
+        return -1;
+    if (b->worker[0] == '\0' && find_binary("flodl-worker", b->worker, sizeof b->worker) != 0)
+        return -1;
+    if (b->launch[0] == '\0' && find_binary("flodl-launch", b->launch, sizeof b->launch) != 0)
+        return -1;
     return 0;
 }
 
-int bench_train_main(int argc, char **argv);
-int bench_train_main(int argc, char **argv)
+/* Every run, one after the other; stops early once the worker refuses the flags. */
+static int run_all(tr_bench_t *b)
 {
-    enum {
-        O_WORKERS = 1000, O_DENS, O_EPOCHS, O_TARGET, O_LAYERS, O_WFLAGS, O_TIMEOUT, O_LAUNCH,
-        O_WORKER, O_VERBOSE, O_BATCH, O_DEVICE, O_CPU_S, O_HELP
-    };
-    static const struct option longopts[] = {
-        {"workers", required_argument, NULL, O_WORKERS},
-        {"densities", required_argument, NULL, O_DENS},
-        {"epochs", required_argument, NULL, O_EPOCHS},
-        {"target", required_argument, NULL, O_TARGET},
-        {"layers", required_argument, NULL, O_LAYERS},
-        {"worker-flags", required_argument, NULL, O_WFLAGS},
-        {"timeout", required_argument, NULL, O_TIMEOUT},
-        {"launch", required_argument, NULL, O_LAUNCH},
-        {"worker", required_argument, NULL, O_WORKER},
-        {"verbose", no_argument, NULL, O_VERBOSE},
-        {"batch-size", required_argument, NULL, O_BATCH},
-        {"device", required_argument, NULL, O_DEVICE},
-        {"cpu-seconds", required_argument, NULL, O_CPU_S},
-        {"help", no_argument, NULL, O_HELP},
-        {NULL, 0, NULL, 0},
-    };
-    tr_bench_t *b = calloc(1, sizeof *b);
-    if (b == NULL)
-        return 1;
-    b->epochs = 5;
-    b->target = 0.93;
-    b->timeout_s = 600;
-    b->cpu_s = 120;
-    const char *workers_s = "1,2,4";
-    const char *dens_s = "0.01,0.001";
-    int status = 2;
-    long v;
-    int ch;
-    opterr = 0;
-    optind = 1;
-    while ((ch = getopt_long(argc, argv, "h", longopts, NULL)) != -1) {
-        int rc = FL_OK;
-        char *end = NULL;
-        switch (ch) {
-        case O_WORKERS: workers_s = optarg; break;
-        case O_DENS: dens_s = optarg; break;
-        case O_EPOCHS:
-            if ((rc = fl_cli_long("--epochs", optarg, 1, 10000, &v)) == FL_OK) {
-                b->epochs = (int)v;
-                b->epochs_given = true;
-            }
-            break;
-        case O_BATCH: rc = fl_cli_long("--batch-size", optarg, 1, 1 << 20, &b->batch); break;
-        case O_CPU_S:
-            if ((rc = fl_cli_long("--cpu-seconds", optarg, 1, 86400, &v)) == FL_OK)
-                b->cpu_s = (int)v;
-            break;
-        case O_DEVICE:
-            if (strcmp(optarg, "cpu") != 0 && strcmp(optarg, "cuda") != 0 &&
-                strcmp(optarg, "sim") != 0)
-                rc = fl_fail(FL_EINVAL, "--device: '%s' is not one of cpu|cuda|sim", optarg);
-            b->device = optarg;
-            break;
-        case O_TARGET:
-            b->target = strtod(optarg, &end);
-            if (end == optarg || *end != '\0' || !(b->target > 0.0 && b->target <= 1.0))
-                rc = fl_fail(FL_EINVAL, "--target: '%s' is not an accuracy in (0, 1]", optarg);
-            break;
-        case O_LAYERS: b->layers = optarg; break;
-        case O_WFLAGS:
-            if (split_extra(optarg, b) != 0)
-                goto out;
-            break;
-        case O_TIMEOUT:
-            if ((rc = fl_cli_long("--timeout", optarg, 1, 86400, &v)) == FL_OK)
-                b->timeout_s = (int)v;
-            break;
-        case O_LAUNCH:
-        case O_WORKER:
-            if (!is_executable(optarg))
-                rc = fl_fail(FL_EINVAL, "--%s: '%s' is not an executable file",
-                             ch == O_LAUNCH ? "launch" : "worker", optarg);
-            snprintf(ch == O_LAUNCH ? b->launch : b->worker, PATH_MAX, "%s", optarg);
-            break;
-        case O_VERBOSE: b->verbose = true; break;
-        case 'h':
-        case O_HELP:
-            fputs(usage, stdout);
-            status = 0;
-            goto out;
-        default:
-            fprintf(stderr, "flodl-bench: unknown or incomplete flag '%s'\n", argv[optind - 1]);
-            goto out;
-        }
-        if (rc != FL_OK) {
-            fprintf(stderr, "flodl-bench: %s\n", fl_last_error());
-            goto out;
-        }
-    }
-    if (parse_workers(workers_s, b) != 0 ||
-        bench_parse_densities("--densities", dens_s, b->dens, &b->ndens) != 0)
-        goto out;
-    if (b->worker[0] == '\0' && find_binary("flodl-worker", b->worker, sizeof b->worker) != 0)
-        goto out;
-    if (b->launch[0] == '\0' && find_binary("flodl-launch", b->launch, sizeof b->launch) != 0)
-        goto out;
-    if (b->device != NULL && strcmp(b->device, "cpu") != 0) {
-        status = bench_train_dev(b->device, b->worker, b->launch, b->layers, b->batch,
-                                 b->epochs_given ? b->epochs : 0, b->timeout_s, b->cpu_s,
-                                 b->extra, b->nextra, b->verbose);
-        goto out;
-    }
     for (int i = 0; i < b->nw; i++) {
         int w = b->wlist[i];
         if (find_run(b, w, 0) != NULL)
@@ -572,7 +536,7 @@ int bench_train_main(int argc, char **argv)
         for (int j = 0; w > 1 && j < b->ndens; j++)
             b->runs[b->nruns++] = (tr_run_t){.workers = w, .density = b->dens[j]};
     }
-    status = 0;
+    int status = 0;
     for (int i = 0; i < b->nruns; i++) {
         tr_run_t *r = &b->runs[i];
         char ex[32];
@@ -596,6 +560,33 @@ int bench_train_main(int argc, char **argv)
             break;
         }
     }
+    return status;
+}
+
+int bench_train_main(int argc, char **argv);
+int bench_train_main(int argc, char **argv)
+{
+    tr_bench_t *b = calloc(1, sizeof *b);
+    if (b == NULL)
+        return 1;
+    b->epochs = 5;
+    b->target = 0.93;
+    b->timeout_s = 600;
+    b->cpu_s = 120;
+    b->workers_s = "1,2,4";
+    b->dens_s = "0.01,0.001";
+    int status = bench_flags_parse(argc, argv, flags, NULL, usage, b);
+    if (status < 0 && prepare(b) != 0)
+        status = 2;
+    if (status >= 0)
+        goto out;
+    if (b->device != NULL && strcmp(b->device, "cpu") != 0) {
+        status = bench_train_dev(b->device, b->worker, b->launch, b->layers, b->batch,
+                                 b->epochs_s != NULL ? b->epochs : 0, b->timeout_s, b->cpu_s,
+                                 b->extra, b->nextra, b->verbose);
+        goto out;
+    }
+    status = run_all(b);
     print_tables(b);
     gpu_part();
 out:

@@ -340,15 +340,20 @@ static void run_cpu(const dv_args_t *a, const char *epochs, dv_run_t *r, char *n
     }
 }
 
-static int bench_cuda(const dv_args_t *a)
+/* The four runs of --device cuda and why a side is missing. */
+typedef struct cuda_runs {
+    dv_run_t gpu;
+    dv_run_t torch;
+    dv_run_t cpu;
+    dv_run_t two;
+    char torch_why[200]; /* "": PyTorch ran */
+    char cpu_note[128];  /* "": the CPU run failed */
+} cuda_runs_t;
+
+/* [1/4]: flodl on the GPU. 0, or 1 when nothing else can run (no GPU: the worker's own line,
+ * printed before anything else). */
+static int cuda_gpu(const dv_args_t *a, dv_run_t *gpu)
 {
-    dv_run_t *runs = calloc(4, sizeof *runs);
-    if (runs == NULL) return 1;
-    dv_run_t *gpu = &runs[0];
-    dv_run_t *torch = &runs[1];
-    dv_run_t *cpu = &runs[2];
-    dv_run_t *two = &runs[3];
-    int status = 0;
     /* First the worker's own verdict on the GPU (and the flags): no GPU is one line from it,
      * exit 2, passed on as it is before anything else is printed. */
     char *probe[] = {(char *)a->worker, "--mode", "local",   "--device", "cuda",
@@ -357,7 +362,6 @@ static int bench_cuda(const dv_args_t *a)
     const char *last = gpu->ntail > 0 ? gpu->tail[gpu->ntail - 1] : "cannot run";
     if (gpu->code == 2 && strncmp(last, "flodl-worker: ", 14) == 0) {
         fprintf(stderr, "flodl-bench train: %s\n", last + 14);
-        free(runs);
         return 1;
     }
     fprintf(stderr, "flodl-bench train: [1/4] flodl-worker --device cuda, %s epoch%s...\n",
@@ -365,24 +369,29 @@ static int bench_cuda(const dv_args_t *a)
     run_worker(a, "cuda", a->epochs, a->timeout_s, gpu);
     if (!run_ok(gpu, 1)) {
         print_failure("flodl-worker --device cuda", gpu);
-        free(runs);
         return 1;
     }
-    fprintf(stderr, "  %.0f samples/s\nflodl-bench train: [2/4] PyTorch on the GPU...\n", gpu->sps);
-    char torch_why[200] = "";
-    run_torch(a, torch, torch_why, sizeof torch_why);
-    if (torch_why[0] != '\0') {
-        fprintf(stderr, "  torch: %s\n", torch_why);
-        if (torch->code > 0) status = 1; /* it ran and failed; a missing torch is a skip */
+    return 0;
+}
+
+/* [2/4] .. [4/4]: PyTorch, the CPU, two workers on the GPU. 0, or 1 when one failed. */
+static int cuda_others(const dv_args_t *a, cuda_runs_t *c)
+{
+    int status = 0;
+    fprintf(stderr, "  %.0f samples/s\nflodl-bench train: [2/4] PyTorch on the GPU...\n",
+            c->gpu.sps);
+    run_torch(a, &c->torch, c->torch_why, sizeof c->torch_why);
+    if (c->torch_why[0] != '\0') {
+        fprintf(stderr, "  torch: %s\n", c->torch_why);
+        if (c->torch.code > 0) status = 1; /* it ran and failed; a missing torch is a skip */
     }
     fprintf(stderr,
             "flodl-bench train: [3/4] flodl-worker --device cpu (1 epoch, at most %d s)"
             "...\n",
             a->cpu_s);
-    char cpu_note[128] = "";
-    run_cpu(a, "1", cpu, cpu_note, sizeof cpu_note);
-    if (cpu_note[0] == '\0') {
-        print_failure("flodl-worker --device cpu", cpu);
+    run_cpu(a, "1", &c->cpu, c->cpu_note, sizeof c->cpu_note);
+    if (c->cpu_note[0] == '\0') {
+        print_failure("flodl-worker --device cpu", &c->cpu);
         status = 1;
     }
     fprintf(stderr, "flodl-bench train: [4/4] flodl-launch --workers 2, --device cuda, 1 "
@@ -396,43 +405,53 @@ static int bench_cuda(const dv_args_t *a)
     argv[n++] = (char *)a->worker;
     argv[n++] = "--";
     worker_argv(a, "cuda", "1", argv, &n);
-    run_cmd(two, argv, a->timeout_s, a->verbose);
-    if (!run_ok(two, 2)) {
-        print_failure("flodl-launch --workers 2", two);
+    run_cmd(&c->two, argv, a->timeout_s, a->verbose);
+    if (!run_ok(&c->two, 2)) {
+        print_failure("flodl-launch --workers 2", &c->two);
         status = 1;
     }
+    return status;
+}
 
+/* The GPU against PyTorch and against the CPU, the ratios and the target. */
+static void print_cuda_runs(const dv_args_t *a, const cuda_runs_t *c)
+{
     char desc[256];
     fl_gpu_describe(desc, sizeof desc);
     printf("\nflodl-bench train --device cuda: MLP %s (%ld parameters), batch %s, %s epoch%s;\n"
            "the built-in dataset's shape (60000 x 64, 10 classes); GPU: %s\n",
-           a->layers, gpu->params, a->batch, a->epochs, plural(a->epochs), desc);
+           a->layers, c->gpu.params, a->batch, a->epochs, plural(a->epochs), desc);
     printf("%-34s %11s %9s  %s\n", "run", "samples/s", "test acc", "note");
-    printf("%-34s %11.0f", "flodl-worker --device cuda", gpu->sps);
-    print_acc(gpu->acc);
+    printf("%-34s %11.0f", "flodl-worker --device cuda", c->gpu.sps);
+    print_acc(c->gpu.acc);
     printf("  %s epoch%s\n", a->epochs, plural(a->epochs));
     char label[96];
-    snprintf(label, sizeof label, "torch %s", torch->torch[0] ? torch->torch : "(cuda)");
-    if (torch_why[0] == '\0')
+    snprintf(label, sizeof label, "torch %s", c->torch.torch[0] ? c->torch.torch : "(cuda)");
+    if (c->torch_why[0] == '\0')
         printf("%-34s %11.0f %9s  %s epoch%s after a warm-up one, random data of that shape\n",
-               label, torch->torch_sps, "-", a->epochs, plural(a->epochs));
+               label, c->torch.torch_sps, "-", a->epochs, plural(a->epochs));
     else
-        printf("%-34s %11s %9s  skipped: %s\n", label, "-", "-", torch_why);
+        printf("%-34s %11s %9s  skipped: %s\n", label, "-", "-", c->torch_why);
     printf("%-34s", "flodl-worker --device cpu");
-    if (cpu_note[0] != '\0') {
-        printf(" %11.0f", cpu->sps);
-        print_acc(cpu->acc);
-        printf("  %s\n", cpu_note);
+    if (c->cpu_note[0] != '\0') {
+        printf(" %11.0f", c->cpu.sps);
+        print_acc(c->cpu.acc);
+        printf("  %s\n", c->cpu_note);
     } else {
         printf(" %11s %9s  %s\n", "-", "-", "failed");
     }
-    print_ratio("flodl cuda / torch cuda", gpu->sps, torch->torch_sps);
-    if (torch->torch_sps > 0)
+    print_ratio("flodl cuda / torch cuda", c->gpu.sps, c->torch.torch_sps);
+    if (c->torch.torch_sps > 0)
         printf("  target flodl >= torch / 1.2 (%.2fx): %s\n", 1 / 1.2,
-               gpu->sps * 1.2 >= torch->torch_sps ? "target met" : "NOT met");
+               c->gpu.sps * 1.2 >= c->torch.torch_sps ? "target met" : "NOT met");
     else
         printf("  target flodl >= torch / 1.2: not checked (no PyTorch figure)\n");
-    print_ratio("flodl cuda / flodl cpu", gpu->sps, cpu_note[0] ? cpu->sps : 0);
+    print_ratio("flodl cuda / flodl cpu", c->gpu.sps, c->cpu_note[0] ? c->cpu.sps : 0);
+}
+
+/* The two workers' split of a step, and what the figures mean. */
+static void print_cuda_share(const dv_run_t *two)
+{
     if (run_ok(two, 2)) {
         double step = two->compute_ms + two->exposed_ms;
         printf("2 workers on this GPU (flodl-launch, dense ring over TCP on 127.0.0.1, 1 epoch):\n"
@@ -446,7 +465,19 @@ static int bench_cuda(const dv_args_t *a)
     printf("samples/s: the worker's summary (training seconds, after its first step) and\n"
            "torch_train.py's timed epochs; comm share: exposed / (compute + exposed), means over\n"
            "the ranks.\n");
-    free(runs);
+}
+
+static int bench_cuda(const dv_args_t *a)
+{
+    cuda_runs_t *c = calloc(1, sizeof *c);
+    if (c == NULL) return 1;
+    int status = cuda_gpu(a, &c->gpu);
+    if (status == 0) {
+        status = cuda_others(a, c);
+        print_cuda_runs(a, c);
+        print_cuda_share(&c->two);
+    }
+    free(c);
     return status;
 }
 

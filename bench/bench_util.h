@@ -49,6 +49,8 @@ void bench_read_results(int fd, const bench_sizes_t *sizes, double *us);
 /* The directory of the running executable, for finding its sibling binaries. */
 void bench_self_dir(char *out, size_t cap);
 
+/* ---- flags (bench_flags.c) ---- */
+
 /* Parses a comma-separated list of element counts ("1M,10M,50M"; K/M/G are powers of 1024,
  * as fl_cli_size) into out[0..*n), each in [lo, hi], at most BENCH_MAX_LIST. 0, or -1 after
  * printing what is wrong. */
@@ -57,6 +59,57 @@ int bench_parse_counts(const char *flag, const char *s, size_t lo, size_t hi, si
 
 /* Parses a comma-separated list of densities, each in (0, 1]. 0, or -1 after printing. */
 int bench_parse_densities(const char *flag, const char *s, double *out, int *n);
+
+/* What a flag takes, and so the type of the field it sets. */
+typedef enum bench_kind {
+    BENCH_SWITCH,    /* no value: a bool, set true */
+    BENCH_INT,       /* an int in [lo, hi] (fl_cli_long's checks and words) */
+    BENCH_LONG,      /* a long in [lo, hi] */
+    BENCH_SIZE,      /* a size_t in [lo, hi], K/M/G as powers of 1024 (fl_cli_size) */
+    BENCH_DOUBLE,    /* a double in [lo, hi] (fl_cli_double) */
+    BENCH_TEXT,      /* a const char *: the value as given, unchecked */
+    BENCH_WORD,      /* a const char *: one of the words ("cpu|cuda|sim") */
+    BENCH_YESNO,     /* a bool: true for the first of the two words ("core|none"), else false */
+    BENCH_COUNTS,    /* size_t[BENCH_MAX_LIST] in [lo, hi] (bench_parse_counts), with count */
+    BENCH_DENSITIES, /* double[BENCH_MAX_LIST] in (0, 1] (bench_parse_densities), with count */
+    BENCH_CALL,      /* set() checks the value and sets whatever it needs */
+} bench_kind_t;
+
+/* Where a field of the benchmark's struct is: its offset plus one, so that 0 means none. */
+#define BENCH_AT(type, field) (offsetof(type, field) + 1)
+
+/* One row of a benchmark's flag table, which gives the long options, the parsing, the range
+ * checks and the flag list of --help. The table ends with a row whose name is NULL. */
+typedef struct bench_flag {
+    const char *name; /* without the dashes */
+    bench_kind_t kind;
+    size_t at;        /* BENCH_AT of the field set (every kind but CALL) */
+    double lo, hi;    /* INT, LONG, SIZE, DOUBLE and COUNTS: the range, both ends allowed */
+    const char *arg;  /* the value's name in --help ("N"); WORD and YESNO show their words */
+    const char *help; /* --help's line; NULL: a flag the launcher gives its ranks, not listed */
+    const char *def;  /* --help's default where the field's starting value does not say it */
+    const char *words;
+    size_t count; /* COUNTS, DENSITIES: BENCH_AT of the int that gets the list's length */
+    size_t given; /* BENCH_AT of a const char * that keeps the value as written, or 0 */
+    int (*set)(void *b, const char *value); /* CALL: FL_OK, or the fl_fail code */
+} bench_flag_t;
+
+/* Flags that some other table names (the communicator's fl_comm_opt_names), each taking a
+ * value, offered to getopt before the benchmark's own. set() gets the name without the dashes,
+ * the value and the one or two arguments that carried them (to pass on to the ranks); it
+ * returns FL_OK or the fl_fail code. */
+typedef struct bench_more {
+    const char *const *names; /* NULL-terminated */
+    int (*set)(void *b, const char *name, const char *value, char *const *words, int nwords);
+} bench_more_t;
+
+/* Parses argv[1..argc) (argv[0]: the subcommand) into b by the table (and more, or NULL):
+ * "--name value", "--name=value", or an unambiguous prefix of the name (getopt_long), in any
+ * order, the last of a flag given twice winning. Returns -1 when every flag was taken; 0 after
+ * printing usage and the table's flag list for --help or -h; 2 after printing what is wrong
+ * (one line to stderr naming the flag). */
+int bench_flags_parse(int argc, char **argv, const bench_flag_t *flags, const bench_more_t *more,
+                      const char *usage, void *b);
 
 /* Formats an element count for tables: "50M", "1536K", "1000". */
 void bench_fmt_count(size_t n, char *out, size_t cap);

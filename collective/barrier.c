@@ -16,13 +16,13 @@ int fl_dissem_barrier(coll_op_t *op)
         int from = fl_ring_mod((long)c->rank - (1L << k), n);
         fl_msg_barrier_t b = {.id = op->seq, .round = (uint32_t)k};
         op->step = (uint32_t)k;
-        int rc = coll_send_empty(op, to, FL_MSG_BARRIER, &b);
+        int rc = fl_coll__send_empty(op, to, FL_MSG_BARRIER, &b);
         if (rc != FL_OK)
             return rc;
         op->waiting_on = from;
         while (!(arrived & (1ULL << k))) {
             fl_tp_msg_t m;
-            if ((rc = coll_recv(op, &m)) != FL_OK)
+            if ((rc = fl_coll__recv(op, &m)) != FL_OK)
                 return rc;
             uint32_t round = m.hdr.u.barrier.round;
             int sender = m.hdr.sender;
@@ -31,8 +31,8 @@ int fl_dissem_barrier(coll_op_t *op)
                       !(arrived & (1ULL << round));
             fl_tp_msg_close(&m);
             if (!ok)
-                return coll_fail(op, FL_EPROTO, "unexpected barrier round %u from rank %d", round,
-                                 sender);
+                return fl_coll__fail(op, FL_EPROTO, "unexpected barrier round %u from rank %d",
+                                     round, sender);
             arrived |= 1ULL << round;
             op->msgs_got++;
         }

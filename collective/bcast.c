@@ -20,14 +20,14 @@ static int bcast_tree(coll_op_t *op, uint8_t *buf, size_t bytes)
             op->waiting_on = src;
             op->msgs_expected = 1;
             fl_tp_msg_t m;
-            if ((rc = coll_recv(op, &m)) != FL_OK)
+            if ((rc = fl_coll__recv(op, &m)) != FL_OK)
                 return rc;
             if (m.hdr.sender != src || m.hdr.u.chunk.phase != FL_PHASE_BCAST)
-                rc = coll_fail(op, FL_EPROTO, "unexpected broadcast data from rank %d (parent "
-                                              "is rank %d)",
-                               m.hdr.sender, src);
+                rc = fl_coll__fail(op, FL_EPROTO, "unexpected broadcast data from rank %d (parent "
+                                                  "is rank %d)",
+                                   m.hdr.sender, src);
             else
-                rc = coll_check_payload(op, &m, op->dtype, op->count);
+                rc = fl_coll__check_payload(op, &m, op->dtype, op->count);
             if (rc == FL_OK)
                 memcpy(buf, fl_tp_msg_data(&m, 0), bytes);
             fl_tp_msg_close(&m);
@@ -47,7 +47,7 @@ static int bcast_tree(coll_op_t *op, uint8_t *buf, size_t bytes)
             ck.count = op->count;
             int dst = fl_ring_mod((long)v + mask + op->root, n);
             /* buf is not written again in this op: send it without a copy. */
-            if ((rc = coll_send(op, dst, &ck, buf, bytes, op->dtype, c->size)) != FL_OK)
+            if ((rc = fl_coll__send(op, dst, &ck, buf, bytes, op->dtype, c->size)) != FL_OK)
                 return rc;
         }
         mask >>= 1;
@@ -75,37 +75,37 @@ static int bcast_chain(coll_op_t *op, uint8_t *buf)
             ck.seg = s;
             ck.offset = (size_t)s * segn;
             ck.count = op->count - ck.offset < segn ? op->count - ck.offset : segn;
-            rc = coll_send(op, next, &ck, buf + ck.offset * esz, ck.count * esz, op->dtype,
-                           c->size);
+            rc = fl_coll__send(op, next, &ck, buf + ck.offset * esz, ck.count * esz, op->dtype,
+                               c->size);
         }
         return rc;
     }
     uint8_t *seen = calloc(nseg ? nseg : 1, 1);
     if (seen == NULL)
-        return coll_fail(op, FL_ENOMEM, "out of memory for the segment table");
+        return fl_coll__fail(op, FL_ENOMEM, "out of memory for the segment table");
     op->waiting_on = prev;
     op->msgs_expected = nseg;
     while (rc == FL_OK && op->msgs_got < nseg) {
         fl_tp_msg_t m;
-        if ((rc = coll_recv(op, &m)) != FL_OK)
+        if ((rc = fl_coll__recv(op, &m)) != FL_OK)
             break;
         fl_msg_chunk_t ck = m.hdr.u.chunk;
         size_t off = (size_t)ck.seg * segn;
         size_t cnt = ck.seg < nseg ? (op->count - off < segn ? op->count - off : segn) : 0;
         if (m.hdr.sender != prev || ck.phase != FL_PHASE_BCAST || ck.seg >= nseg ||
             seen[ck.seg] || ck.offset != off || ck.count != cnt)
-            rc = coll_fail(op, FL_EPROTO, "unexpected broadcast segment %u [%llu, +%llu) from "
-                                          "rank %d (chain predecessor is rank %d)",
-                           ck.seg, (unsigned long long)ck.offset, (unsigned long long)ck.count,
-                           m.hdr.sender, prev);
+            rc = fl_coll__fail(op, FL_EPROTO, "unexpected broadcast segment %u [%llu, +%llu) from "
+                                              "rank %d (chain predecessor is rank %d)",
+                               ck.seg, (unsigned long long)ck.offset, (unsigned long long)ck.count,
+                               m.hdr.sender, prev);
         else
-            rc = coll_check_payload(op, &m, op->dtype, cnt);
+            rc = fl_coll__check_payload(op, &m, op->dtype, cnt);
         if (rc == FL_OK) {
             seen[ck.seg] = 1;
             memcpy(buf + off * esz, fl_tp_msg_data(&m, 0), cnt * esz);
             op->msgs_got++;
             if (v < n - 1)
-                rc = coll_send(op, next, &ck, buf + off * esz, cnt * esz, op->dtype, c->size);
+                rc = fl_coll__send(op, next, &ck, buf + off * esz, cnt * esz, op->dtype, c->size);
         }
         fl_tp_msg_close(&m);
     }

@@ -15,7 +15,7 @@ static size_t op_bytes(const coll_op_t *op)
     return op->count * fl_dtype_size(op->dtype);
 }
 
-int coll_fail(coll_op_t *op, int code, const char *fmt, ...)
+int fl_coll__fail(coll_op_t *op, int code, const char *fmt, ...)
 {
     char cause[768];
     char size[32];
@@ -41,7 +41,7 @@ static int take_event(coll_op_t *op)
     fl_tp_msg_t ev;
     int rc = fl_tp_recv(op->c->events, &ev, fl_deadline_in(0));
     if (rc != FL_OK)
-        return coll_fail(op, FL_EPEER, "aborted by the control thread (event unreadable)");
+        return fl_coll__fail(op, FL_EPEER, "aborted by the control thread (event unreadable)");
     int code = ev.hdr.type == FL_MSG_ERROR && ev.hdr.u.error.code < 0 ? ev.hdr.u.error.code
                                                                       : FL_EPEER;
     char waiting[FL_HOST_MAX + 32] = "";
@@ -50,7 +50,7 @@ static int take_event(coll_op_t *op)
         snprintf(waiting, sizeof waiting, " (waiting for %s)",
                  fl_comm_peer_name(op->c, op->waiting_on, name, sizeof name));
     }
-    rc = coll_fail(op, code, "%s%s", ev.hdr.u.error.text, waiting);
+    rc = fl_coll__fail(op, code, "%s%s", ev.hdr.u.error.text, waiting);
     fl_tp_msg_close(&ev);
     return rc;
 }
@@ -63,8 +63,8 @@ static bool event_pending(fl_comm_t *c)
     return fl_tp_poll(&ev, 1, 0, &ready) > 0 && ready;
 }
 
-int coll_begin(fl_comm_t *c, coll_op_t *op, fl_coll_kind_t kind, size_t count,
-               fl_dtype_t dtype, fl_op_t rop, int root)
+int fl_coll__begin(fl_comm_t *c, coll_op_t *op, fl_coll_kind_t kind, size_t count,
+                   fl_dtype_t dtype, fl_op_t rop, int root)
 {
     memset(op, 0, sizeof *op);
     op->c = c;
@@ -88,7 +88,7 @@ int coll_begin(fl_comm_t *c, coll_op_t *op, fl_coll_kind_t kind, size_t count,
      * posted anything, skip the poll (two system calls); a later blocking wait in the op
      * watches the events pipe anyway. */
     if (atomic_load_explicit(&c->status->posted, memory_order_acquire) != 0 && event_pending(c))
-        return coll_end(op, take_event(op));
+        return fl_coll__end(op, take_event(op));
     return FL_OK;
 }
 
@@ -103,6 +103,28 @@ static int slice_ms(int64_t deadline)
     return left < 10 ? left : 10;
 }
 
+/* wait_slices' answer when the control thread posted a failure. */
+#define EVENT_POSTED 1
+
+/* Waits in slices until ZeroMQ has released every send counted in cnt, so that an abort posted
+ * meanwhile (watch_events) is seen within one. FL_OK; FL_ETIMEDOUT at the deadline, or
+ * EVENT_POSTED, both with no text set. Once a slice has timed out, the count is looked at
+ * again after the deadline or the event was seen: a release that came in the meantime makes the
+ * wait a success, never a timeout or a failure. */
+static int wait_slices(coll_op_t *op, fl_rel_t *cnt, int64_t deadline, bool watch_events)
+{
+    while (!fl_rel_wait(cnt, slice_ms(deadline))) {
+        bool late = fl_deadline_left_ms(deadline) == 0;
+        bool posted = !late && watch_events && event_pending(op->c);
+        if (!late && !posted)
+            continue;
+        if (fl_rel_wait(cnt, 0))
+            return FL_OK;
+        return late ? FL_ETIMEDOUT : EVENT_POSTED;
+    }
+    return FL_OK;
+}
+
 /* Waits until ZeroMQ has released every zero-copy send of the op. A send queued to a peer that
  * died is never released (ZeroMQ keeps it for a reconnect), so the wait also watches the
  * abort pipe. Returns FL_OK, FL_ETIMEDOUT at the deadline, or the posted failure. */
@@ -110,28 +132,26 @@ static int wait_released(coll_op_t *op, int64_t deadline, bool watch_events)
 {
     fl_comm_t *c = op->c;
     for (int r = 0; r <= c->size; r++) {
-        /* Sleep in slices, so that an abort posted meanwhile is seen within one. */
-        while (!fl_rel_wait(&c->inflight[r], slice_ms(deadline))) {
-            if (fl_deadline_left_ms(deadline) == 0)
-                return fl_fail(FL_ETIMEDOUT, "%lld zero-copy sends from region %d still held by "
-                                             "ZeroMQ",
-                               (long long)fl_rel_held(&c->inflight[r]), r);
-            if (watch_events && event_pending(c))
-                return take_event(op);
-        }
+        int rc = wait_slices(op, &c->inflight[r], deadline, watch_events);
+        if (rc == FL_ETIMEDOUT)
+            return fl_fail(FL_ETIMEDOUT, "%lld zero-copy sends from region %d still held by "
+                                         "ZeroMQ",
+                           (long long)fl_rel_held(&c->inflight[r]), r);
+        if (rc == EVENT_POSTED)
+            return take_event(op);
     }
     return FL_OK;
 }
 
-int coll_end(coll_op_t *op, int rc)
+int fl_coll__end(coll_op_t *op, int rc)
 {
     fl_comm_t *c = op->c;
     if (rc == FL_OK) {
         /* The caller may reuse its buffers as soon as we return. */
         rc = wait_released(op, op->deadline, true);
         if (rc == FL_ETIMEDOUT)
-            rc = coll_fail(op, FL_ETIMEDOUT, "sends to peers not completed by the deadline: %s",
-                           fl_last_error());
+            rc = fl_coll__fail(op, FL_ETIMEDOUT, "sends to peers not completed by the deadline: %s",
+                               fl_last_error());
     }
     if (rc != FL_OK) {
         /* Drop whatever is still queued to peers (linger 0), so ZeroMQ lets go of the
@@ -193,35 +213,35 @@ static int match_op(coll_op_t *op, fl_tp_msg_t *m)
     fl_comm_peer_name(op->c, m->hdr.sender, who, sizeof who);
     if (op->kind == FL_COLL_BARRIER) {
         if (m->hdr.type != FL_MSG_BARRIER)
-            return coll_fail(op, FL_EPROTO, "%s is in %s #%llu, not in a barrier: collectives "
-                                            "called in a different order on different ranks",
-                             who, fl_coll_kind_name((int)m->hdr.u.chunk.coll),
-                             (unsigned long long)m->hdr.seq);
+            return fl_coll__fail(op, FL_EPROTO, "%s is in %s #%llu, not in a barrier: collectives "
+                                                "called in a different order on different ranks",
+                                 who, fl_coll_kind_name((int)m->hdr.u.chunk.coll),
+                                 (unsigned long long)m->hdr.seq);
         return FL_OK;
     }
     if (m->hdr.type != FL_MSG_CHUNK)
-        return coll_fail(op, FL_EPROTO, "%s is in a barrier #%llu, not in %s: collectives "
-                                        "called in a different order on different ranks",
-                         who, (unsigned long long)m->hdr.seq, fl_coll_kind_name(op->kind));
+        return fl_coll__fail(op, FL_EPROTO, "%s is in a barrier #%llu, not in %s: collectives "
+                                            "called in a different order on different ranks",
+                             who, (unsigned long long)m->hdr.seq, fl_coll_kind_name(op->kind));
     const fl_msg_chunk_t *ck = &m->hdr.u.chunk;
     if (ck->coll != (uint32_t)op->kind)
-        return coll_fail(op, FL_EPROTO, "%s is in %s #%llu, not in %s: collectives called in a "
-                                        "different order on different ranks",
-                         who, fl_coll_kind_name((int)ck->coll), (unsigned long long)m->hdr.seq,
-                         fl_coll_kind_name(op->kind));
+        return fl_coll__fail(op, FL_EPROTO, "%s is in %s #%llu, not in %s: collectives called in a "
+                                            "different order on different ranks",
+                             who, fl_coll_kind_name((int)ck->coll), (unsigned long long)m->hdr.seq,
+                             fl_coll_kind_name(op->kind));
     if (ck->dtype != (uint32_t)op->dtype)
-        return coll_fail(op, FL_EPROTO, "%s called %s with %s data, this rank with %s", who,
-                         fl_coll_kind_name(op->kind), fl_dtype_name((fl_dtype_t)ck->dtype),
-                         fl_dtype_name(op->dtype));
+        return fl_coll__fail(op, FL_EPROTO, "%s called %s with %s data, this rank with %s", who,
+                             fl_coll_kind_name(op->kind), fl_dtype_name((fl_dtype_t)ck->dtype),
+                             fl_dtype_name(op->dtype));
     if (ck->total != op->count)
-        return coll_fail(op, FL_EPROTO, "%s called %s with %llu elements, this rank with %zu",
-                         who, fl_coll_kind_name(op->kind), (unsigned long long)ck->total,
-                         op->count);
+        return fl_coll__fail(op, FL_EPROTO, "%s called %s with %llu elements, this rank with %zu",
+                             who, fl_coll_kind_name(op->kind), (unsigned long long)ck->total,
+                             op->count);
     uint32_t want_op = op->kind == FL_COLL_BROADCAST ? (uint32_t)op->root : (uint32_t)op->op;
     if (ck->op != want_op)
-        return coll_fail(op, FL_EPROTO, "%s called %s with %s %u, this rank with %u", who,
-                         fl_coll_kind_name(op->kind),
-                         op->kind == FL_COLL_BROADCAST ? "root" : "operator", ck->op, want_op);
+        return fl_coll__fail(op, FL_EPROTO, "%s called %s with %s %u, this rank with %u", who,
+                             fl_coll_kind_name(op->kind),
+                             op->kind == FL_COLL_BROADCAST ? "root" : "operator", ck->op, want_op);
     return FL_OK;
 }
 
@@ -251,13 +271,13 @@ static int classify(coll_op_t *op, fl_tp_msg_t *m, bool *keep)
         size_t cap = 2 * op_bytes(op) > STASH_MIN_CAP ? 2 * op_bytes(op) : STASH_MIN_CAP;
         if (c->stash_bytes + bytes > cap) {
             fl_tp_msg_close(m);
-            return coll_fail(op, FL_EPROTO, "rank %d sent over %zu bytes for later collectives",
-                             m->hdr.sender, cap);
+            return fl_coll__fail(op, FL_EPROTO, "rank %d sent over %zu bytes for later collectives",
+                                 m->hdr.sender, cap);
         }
         stash_ent_t *e = malloc(sizeof *e);
         if (e == NULL) {
             fl_tp_msg_close(m);
-            return coll_fail(op, FL_ENOMEM, "out of memory stashing an early message");
+            return fl_coll__fail(op, FL_ENOMEM, "out of memory stashing an early message");
         }
         e->msg = *m;
         c->stash_bytes += bytes;
@@ -273,7 +293,7 @@ static int classify(coll_op_t *op, fl_tp_msg_t *m, bool *keep)
     return FL_OK;
 }
 
-int coll_recv(coll_op_t *op, fl_tp_msg_t *m)
+int fl_coll__recv(coll_op_t *op, fl_tp_msg_t *m)
 {
     fl_comm_t *c = op->c;
     atomic_store_explicit(&c->status->step, op->step, memory_order_relaxed);
@@ -316,12 +336,13 @@ int coll_recv(coll_op_t *op, fl_tp_msg_t *m)
         if (rc == FL_EPROTO)
             continue; /* refused and counted by the transport */
         if (rc != FL_ETIMEDOUT)
-            return coll_fail(op, rc, "%s", fl_last_error());
+            return fl_coll__fail(op, rc, "%s", fl_last_error());
         bool ready[2] = {false, false};
         int n = fl_tp_poll(socks, 2, left, ready);
         if (n < 0)
-            return coll_fail(op, n, "%s", fl_last_error());
-        if (ready[1])
+            return fl_coll__fail(op, n, "%s", fl_last_error());
+        /* Data that came with the event is taken first: it may be what completes the op. */
+        if (ready[1] && !ready[0])
             return take_event(op);
         if (n > 0)
             continue;
@@ -329,9 +350,9 @@ int coll_recv(coll_op_t *op, fl_tp_msg_t *m)
             char who[FL_HOST_MAX + 32] = "any peer";
             if (op->waiting_on >= 0)
                 fl_comm_peer_name(c, op->waiting_on, who, sizeof who);
-            return coll_fail(op, FL_ETIMEDOUT, "no data from %s within %d ms (%zu of %zu "
-                                               "messages received)",
-                             who, c->timeout_ms, op->msgs_got, op->msgs_expected);
+            return fl_coll__fail(op, FL_ETIMEDOUT, "no data from %s within %d ms (%zu of %zu "
+                                                   "messages received)",
+                                 who, c->timeout_ms, op->msgs_got, op->msgs_expected);
         }
     }
 }
@@ -344,14 +365,14 @@ static void count_sent(fl_comm_t *c, int peer, size_t bytes)
         c->bytes_sent_remote += bytes;
 }
 
-int coll_send(coll_op_t *op, int peer, const fl_msg_chunk_t *ck, const void *data, size_t bytes,
-              fl_dtype_t wire, int region)
+int fl_coll__send(coll_op_t *op, int peer, const fl_msg_chunk_t *ck, const void *data, size_t bytes,
+                  fl_dtype_t wire, int region)
 {
     fl_comm_t *c = op->c;
     fl_tp_sock_t *s;
     int rc = fl_comm_peer_sock(c, peer, &s);
     if (rc != FL_OK)
-        return coll_fail(op, rc, "%s", fl_last_error());
+        return fl_coll__fail(op, rc, "%s", fl_last_error());
     fl_msg_hdr_t h;
     fl_msg_hdr_init(&h, FL_MSG_CHUNK, c->rank);
     h.seq = op->seq;
@@ -371,21 +392,21 @@ int coll_send(coll_op_t *op, int peer, const fl_msg_chunk_t *ck, const void *dat
     rc = fl_tp_send(s, NULL, &h, &b, 1, op->deadline);
     if (rc != FL_OK) {
         char who[FL_HOST_MAX + 32];
-        return coll_fail(op, rc, "send to %s: %s", fl_comm_peer_name(c, peer, who, sizeof who),
-                         fl_last_error());
+        return fl_coll__fail(op, rc, "send to %s: %s", fl_comm_peer_name(c, peer, who, sizeof who),
+                             fl_last_error());
     }
     count_sent(c, peer, bytes);
     return FL_OK;
 }
 
-int coll_send_block(coll_op_t *op, int peer, const fl_msg_chunk_t *ck, const void *data,
-                    size_t bytes)
+int fl_coll__send_block(coll_op_t *op, int peer, const fl_msg_chunk_t *ck, const void *data,
+                        size_t bytes)
 {
     fl_comm_t *c = op->c;
     fl_tp_sock_t *s;
     int rc = fl_comm_peer_sock(c, peer, &s);
     if (rc != FL_OK)
-        return coll_fail(op, rc, "%s", fl_last_error());
+        return fl_coll__fail(op, rc, "%s", fl_last_error());
     fl_msg_hdr_t h;
     fl_msg_hdr_init(&h, FL_MSG_CHUNK, c->rank);
     h.seq = op->seq;
@@ -399,20 +420,20 @@ int coll_send_block(coll_op_t *op, int peer, const fl_msg_chunk_t *ck, const voi
     fl_buf_t b = {(void *)data, bytes, NULL, NULL};
     if ((rc = fl_tp_send(s, NULL, &h, &b, 1, op->deadline)) != FL_OK) {
         char who[FL_HOST_MAX + 32];
-        return coll_fail(op, rc, "send to %s: %s", fl_comm_peer_name(c, peer, who, sizeof who),
-                         fl_last_error());
+        return fl_coll__fail(op, rc, "send to %s: %s", fl_comm_peer_name(c, peer, who, sizeof who),
+                             fl_last_error());
     }
     count_sent(c, peer, bytes);
     return FL_OK;
 }
 
-int coll_send_empty(coll_op_t *op, int peer, fl_msg_type_t type, const fl_msg_barrier_t *b)
+int fl_coll__send_empty(coll_op_t *op, int peer, fl_msg_type_t type, const fl_msg_barrier_t *b)
 {
     fl_comm_t *c = op->c;
     fl_tp_sock_t *s;
     int rc = fl_comm_peer_sock(c, peer, &s);
     if (rc != FL_OK)
-        return coll_fail(op, rc, "%s", fl_last_error());
+        return fl_coll__fail(op, rc, "%s", fl_last_error());
     fl_msg_hdr_t h;
     fl_msg_hdr_init(&h, type, c->rank);
     h.seq = op->seq;
@@ -421,35 +442,33 @@ int coll_send_empty(coll_op_t *op, int peer, fl_msg_type_t type, const fl_msg_ba
     rc = fl_tp_send(s, NULL, &h, NULL, 0, op->deadline);
     if (rc != FL_OK) {
         char who[FL_HOST_MAX + 32];
-        return coll_fail(op, rc, "send to %s: %s", fl_comm_peer_name(c, peer, who, sizeof who),
-                         fl_last_error());
+        return fl_coll__fail(op, rc, "send to %s: %s", fl_comm_peer_name(c, peer, who, sizeof who),
+                             fl_last_error());
     }
     return FL_OK;
 }
 
-int coll_wait_region(coll_op_t *op, int region)
+int fl_coll__wait_region(coll_op_t *op, int region)
 {
-    fl_rel_t *cnt = &op->c->inflight[region];
-    while (!fl_rel_wait(cnt, slice_ms(op->deadline))) {
-        if (fl_deadline_left_ms(op->deadline) == 0)
-            return coll_fail(op, FL_ETIMEDOUT, "earlier sends from chunk %d never completed",
+    /* A send to a dead peer is never released: watch for the abort too. */
+    int rc = wait_slices(op, &op->c->inflight[region], op->deadline, true);
+    if (rc == FL_ETIMEDOUT)
+        return fl_coll__fail(op, FL_ETIMEDOUT, "earlier sends from chunk %d never completed",
                              region);
-        /* A send to a dead peer is never released: watch for the abort too. */
-        if (event_pending(op->c))
-            return take_event(op);
-    }
+    if (rc == EVENT_POSTED)
+        return take_event(op);
     return FL_OK;
 }
 
-int coll_check_payload(coll_op_t *op, fl_tp_msg_t *m, fl_dtype_t wire, size_t count)
+int fl_coll__check_payload(coll_op_t *op, fl_tp_msg_t *m, fl_dtype_t wire, size_t count)
 {
     if (m->nframes != 1 || m->hdr.frames[0].dtype != (uint32_t)wire ||
         m->hdr.frames[0].codec != FL_CODEC_RAW ||
         fl_tp_msg_size(m, 0) != count * fl_dtype_size(wire))
-        return coll_fail(op, FL_EPROTO, "rank %d sent %zu frame(s) of %zu bytes (%s), expected "
-                                        "one raw frame of %zu x %s",
-                         m->hdr.sender, m->nframes, m->nframes ? fl_tp_msg_size(m, 0) : 0,
-                         fl_dtype_name((fl_dtype_t)m->hdr.frames[0].dtype), count,
-                         fl_dtype_name(wire));
+        return fl_coll__fail(op, FL_EPROTO, "rank %d sent %zu frame(s) of %zu bytes (%s), expected "
+                                            "one raw frame of %zu x %s",
+                             m->hdr.sender, m->nframes, m->nframes ? fl_tp_msg_size(m, 0) : 0,
+                             fl_dtype_name((fl_dtype_t)m->hdr.frames[0].dtype), count,
+                             fl_dtype_name(wire));
     return FL_OK;
 }

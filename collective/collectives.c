@@ -69,15 +69,15 @@ int fl_allreduce_algo(fl_comm_t *c, const void *sendbuf, void *recvbuf, size_t c
     if (fl_comm_on_device(c, sendbuf, recvbuf))
         return fl_staged_allreduce(c, sendbuf, recvbuf, count, dtype, op);
     coll_op_t o;
-    if ((rc = coll_begin(c, &o, FL_COLL_ALLREDUCE, count, dtype, op, 0)) != FL_OK)
+    if ((rc = fl_coll__begin(c, &o, FL_COLL_ALLREDUCE, count, dtype, op, 0)) != FL_OK)
         return rc;
     size_t bytes = count * fl_dtype_size(dtype);
     if (count == 0)
-        return coll_end(&o, FL_OK);
+        return fl_coll__end(&o, FL_OK);
     if (c->size == 1) {
         if (sendbuf != recvbuf)
             memmove(recvbuf, sendbuf, bytes);
-        return coll_end(&o, FL_OK);
+        return fl_coll__end(&o, FL_OK);
     }
     if (algo == FL_ALGO_AUTO)
         algo = fl_allreduce_pick(c->size, bytes, c->small_bytes);
@@ -88,7 +88,7 @@ int fl_allreduce_algo(fl_comm_t *c, const void *sendbuf, void *recvbuf, size_t c
         rc = fl_rd_allreduce(&o, sendbuf, recvbuf);
     else
         rc = fl_ring_allreduce(&o, sendbuf, recvbuf);
-    return coll_end(&o, rc);
+    return fl_coll__end(&o, rc);
 }
 
 int fl_reduce_scatter(fl_comm_t *c, const void *sendbuf, void *recvbuf, size_t count,
@@ -110,16 +110,16 @@ int fl_reduce_scatter(fl_comm_t *c, const void *sendbuf, void *recvbuf, size_t c
     if (fl_comm_on_device(c, sendbuf, recvbuf))
         return fl_staged_reduce_scatter(c, sendbuf, recvbuf, count, dtype, op);
     coll_op_t o;
-    if ((rc = coll_begin(c, &o, FL_COLL_REDUCE_SCATTER, count, dtype, op, 0)) != FL_OK)
+    if ((rc = fl_coll__begin(c, &o, FL_COLL_REDUCE_SCATTER, count, dtype, op, 0)) != FL_OK)
         return rc;
     if (count == 0)
-        return coll_end(&o, FL_OK);
+        return fl_coll__end(&o, FL_OK);
     if (c->size == 1) {
         if (sendbuf != recvbuf)
             memmove(recvbuf, sendbuf, count * esz);
-        return coll_end(&o, FL_OK);
+        return fl_coll__end(&o, FL_OK);
     }
-    return coll_end(&o, fl_ring_reduce_scatter(&o, sendbuf, recvbuf));
+    return fl_coll__end(&o, fl_ring_reduce_scatter(&o, sendbuf, recvbuf));
 }
 
 int fl_allgather(fl_comm_t *c, const void *sendbuf, void *recvbuf, size_t count,
@@ -139,16 +139,16 @@ int fl_allgather(fl_comm_t *c, const void *sendbuf, void *recvbuf, size_t count,
     if (fl_comm_on_device(c, sendbuf, recvbuf))
         return fl_staged_allgather(c, sendbuf, recvbuf, count, dtype);
     coll_op_t o;
-    if ((rc = coll_begin(c, &o, FL_COLL_ALLGATHER, count, dtype, FL_SUM, 0)) != FL_OK)
+    if ((rc = fl_coll__begin(c, &o, FL_COLL_ALLGATHER, count, dtype, FL_SUM, 0)) != FL_OK)
         return rc;
     if (count == 0)
-        return coll_end(&o, FL_OK);
+        return fl_coll__end(&o, FL_OK);
     if (c->size == 1) {
         if (sendbuf != recvbuf)
             memmove(recvbuf, sendbuf, count * esz);
-        return coll_end(&o, FL_OK);
+        return fl_coll__end(&o, FL_OK);
     }
-    return coll_end(&o, fl_ring_allgather(&o, sendbuf, recvbuf));
+    return fl_coll__end(&o, fl_ring_allgather(&o, sendbuf, recvbuf));
 }
 
 int fl_broadcast(fl_comm_t *c, void *buf, size_t count, fl_dtype_t dtype, int root)
@@ -162,11 +162,11 @@ int fl_broadcast(fl_comm_t *c, void *buf, size_t count, fl_dtype_t dtype, int ro
     if (fl_comm_on_device(c, buf, buf))
         return fl_staged_broadcast(c, buf, count, dtype, root);
     coll_op_t o;
-    if ((rc = coll_begin(c, &o, FL_COLL_BROADCAST, count, dtype, FL_SUM, root)) != FL_OK)
+    if ((rc = fl_coll__begin(c, &o, FL_COLL_BROADCAST, count, dtype, FL_SUM, root)) != FL_OK)
         return rc;
     if (count == 0 || c->size == 1)
-        return coll_end(&o, FL_OK);
-    return coll_end(&o, fl_bcast(&o, buf));
+        return fl_coll__end(&o, FL_OK);
+    return fl_coll__end(&o, fl_bcast(&o, buf));
 }
 
 int fl_barrier(fl_comm_t *c)
@@ -174,10 +174,10 @@ int fl_barrier(fl_comm_t *c)
     if (c == NULL)
         return fl_fail(FL_EINVAL, "barrier: communicator is NULL");
     coll_op_t o;
-    int rc = coll_begin(c, &o, FL_COLL_BARRIER, 0, FL_UINT8, FL_SUM, 0);
+    int rc = fl_coll__begin(c, &o, FL_COLL_BARRIER, 0, FL_UINT8, FL_SUM, 0);
     if (rc != FL_OK)
         return rc;
     if (c->size == 1)
-        return coll_end(&o, FL_OK);
-    return coll_end(&o, fl_dissem_barrier(&o));
+        return fl_coll__end(&o, FL_OK);
+    return fl_coll__end(&o, fl_dissem_barrier(&o));
 }

@@ -171,40 +171,40 @@ typedef struct coll_op {
 } coll_op_t;
 
 /* Starts a collective: refuses on a broken communicator, numbers it, arms the deadline. */
-int coll_begin(fl_comm_t *c, coll_op_t *op, fl_coll_kind_t kind, size_t count,
-               fl_dtype_t dtype, fl_op_t rop, int root);
+int fl_coll__begin(fl_comm_t *c, coll_op_t *op, fl_coll_kind_t kind, size_t count,
+                   fl_dtype_t dtype, fl_op_t rop, int root);
 
 /* Ends a collective with rc: waits for this op's zero-copy sends to be released; on failure
  * prefixes the detail with the op and breaks the communicator. Returns rc. */
-int coll_end(coll_op_t *op, int rc);
+int fl_coll__end(coll_op_t *op, int rc);
 
 /* Fails the op with a detail naming rank, host, op and progress. Returns code. */
-int coll_fail(coll_op_t *op, int code, const char *fmt, ...) FL_PRINTF(3, 4);
+int fl_coll__fail(coll_op_t *op, int code, const char *fmt, ...) FL_PRINTF(3, 4);
 
 /* Next message of this op (CHUNK or BARRIER, right collective, count, dtype and operator,
  * from a valid peer), from the stash or the socket. Messages of later ops are stashed; bad
  * ones are counted and dropped. Waits until the op deadline; returns early on an abort event
  * from the control thread. The caller closes the message. */
-int coll_recv(coll_op_t *op, fl_tp_msg_t *m);
+int fl_coll__recv(coll_op_t *op, fl_tp_msg_t *m);
 
 /* Sends a chunk header with one payload frame to peer. region >= 0: zero-copy, tracked in
- * inflight[region] (the memory must stay untouched until coll_wait_region(region)); region
+ * inflight[region] (the memory must stay untouched until fl_coll__wait_region(region)); region
  * < 0: copied. */
-int coll_send(coll_op_t *op, int peer, const fl_msg_chunk_t *ck, const void *data, size_t bytes,
-              fl_dtype_t wire, int region);
+int fl_coll__send(coll_op_t *op, int peer, const fl_msg_chunk_t *ck, const void *data, size_t bytes,
+                  fl_dtype_t wire, int region);
 
 /* Sends one encoded sparse block (copied; codec FL_CODEC_SPARSE). */
-int coll_send_block(coll_op_t *op, int peer, const fl_msg_chunk_t *ck, const void *data,
-                    size_t bytes);
+int fl_coll__send_block(coll_op_t *op, int peer, const fl_msg_chunk_t *ck, const void *data,
+                        size_t bytes);
 
 /* Sends a payload-less message (barrier rounds). */
-int coll_send_empty(coll_op_t *op, int peer, fl_msg_type_t type, const fl_msg_barrier_t *b);
+int fl_coll__send_empty(coll_op_t *op, int peer, fl_msg_type_t type, const fl_msg_barrier_t *b);
 
 /* Waits until every zero-copy send from region was released. */
-int coll_wait_region(coll_op_t *op, int region);
+int fl_coll__wait_region(coll_op_t *op, int region);
 
 /* Checks that a chunk message carries exactly count elements of the wire dtype. */
-int coll_check_payload(coll_op_t *op, fl_tp_msg_t *m, fl_dtype_t wire, size_t count);
+int fl_coll__check_payload(coll_op_t *op, fl_tp_msg_t *m, fl_dtype_t wire, size_t count);
 
 /* ---- algorithms ---- */
 

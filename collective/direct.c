@@ -20,7 +20,7 @@ int fl_direct_allreduce(coll_op_t *op, const void *sendbuf, void *recvbuf)
     /* scratch: [0, bytes) our contribution widened, [bytes, 2 bytes) the running result */
     uint8_t *scratch;
     if ((rc = fl_comm_scratch(c, 2 * bytes, (void **)&scratch)) != FL_OK)
-        return coll_fail(op, rc, "%s", fl_last_error());
+        return fl_coll__fail(op, rc, "%s", fl_last_error());
     uint8_t *mine = scratch;
     uint8_t *work = scratch + bytes;
     fl_reduce_widen(op->dtype, mine, sendbuf, op->count);
@@ -30,7 +30,7 @@ int fl_direct_allreduce(coll_op_t *op, const void *sendbuf, void *recvbuf)
     if (got == NULL || have == NULL) {
         free(got);
         free(have);
-        return coll_fail(op, FL_ENOMEM, "out of memory for %d messages", n);
+        return fl_coll__fail(op, FL_ENOMEM, "out of memory for %d messages", n);
     }
     op->phase = FL_PHASE_DIRECT;
     op->msgs_expected = (size_t)n - 1;
@@ -38,7 +38,7 @@ int fl_direct_allreduce(coll_op_t *op, const void *sendbuf, void *recvbuf)
     ck.phase = FL_PHASE_DIRECT;
     ck.count = op->count;
     for (int k = 1; k < n && rc == FL_OK; k++)
-        rc = coll_send(op, fl_ring_mod((long)c->rank + k, n), &ck, mine, bytes, acc, -1);
+        rc = fl_coll__send(op, fl_ring_mod((long)c->rank + k, n), &ck, mine, bytes, acc, -1);
 
     while (rc == FL_OK && op->msgs_got < op->msgs_expected) {
         for (int k = 1; k < n; k++) {
@@ -49,17 +49,17 @@ int fl_direct_allreduce(coll_op_t *op, const void *sendbuf, void *recvbuf)
             }
         }
         fl_tp_msg_t m;
-        if ((rc = coll_recv(op, &m)) != FL_OK)
+        if ((rc = fl_coll__recv(op, &m)) != FL_OK)
             break;
         int q = m.hdr.sender;
         if (m.hdr.u.chunk.phase != FL_PHASE_DIRECT || have[q]) {
-            rc = coll_fail(op, FL_EPROTO, "unexpected %s message from rank %d%s",
-                           fl_coll_phase_name((int)m.hdr.u.chunk.phase), q,
-                           have[q] ? " (its contribution arrived twice)" : "");
+            rc = fl_coll__fail(op, FL_EPROTO, "unexpected %s message from rank %d%s",
+                               fl_coll_phase_name((int)m.hdr.u.chunk.phase), q,
+                               have[q] ? " (its contribution arrived twice)" : "");
             fl_tp_msg_close(&m);
             break;
         }
-        if ((rc = coll_check_payload(op, &m, acc, op->count)) != FL_OK) {
+        if ((rc = fl_coll__check_payload(op, &m, acc, op->count)) != FL_OK) {
             fl_tp_msg_close(&m);
             break;
         }

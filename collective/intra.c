@@ -245,6 +245,9 @@ int fl_intra_wait(fl_intra_t *x, int timeout_ms)
     /* Polled rather than waited for device by device: an NCCL failure on one GPU can keep the
      * others blocked forever, and only the poll sees it. */
     for (;;) {
+        /* The clock before the events: a device that finished by the deadline is seen by the
+         * look that follows, so the wait never times out with every device done. */
+        bool late = fl_now_ms() >= deadline;
         int left = 0;
         for (int j = 0; j < x->L; j++)
             if (!done[j] && !(done[j] = fl_event_done(x->fin[j])))
@@ -257,7 +260,7 @@ int fl_intra_wait(fl_intra_t *x, int timeout_ms)
         }
         if (left == 0)
             break;
-        if (fl_now_ms() >= deadline) {
+        if (late) {
             char names[256] = "";
             size_t at = 0;
             for (int j = 0; j < x->L && at < sizeof names; j++)

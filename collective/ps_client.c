@@ -83,7 +83,7 @@ static int check_opts(const fl_ps_client_opts_t *o)
     return FL_OK;
 }
 
-int cl_break(fl_ps_client_t *cl, int rc)
+int fl_psc__break(fl_ps_client_t *cl, int rc)
 {
     if (cl->broken_rc == FL_OK) {
         cl->broken_rc = rc;
@@ -119,7 +119,7 @@ static void close_shards(fl_ps_client_t *cl)
     cl->nshards = 0;
 }
 
-int cl_reset_shards(fl_ps_client_t *cl)
+int fl_psc__reset_shards(fl_ps_client_t *cl)
 {
     for (int s = 0; s < cl->nshards; s++) {
         cl_shard_t *sh = &cl->shards[s];
@@ -128,10 +128,10 @@ int cl_reset_shards(fl_ps_client_t *cl)
             fl_tp_sock_destroy(&sh->sock);
         }
     }
-    return cl_connect_shards(cl);
+    return fl_psc__connect_shards(cl);
 }
 
-int cl_connect_shards(fl_ps_client_t *cl)
+int fl_psc__connect_shards(fl_ps_client_t *cl)
 {
     for (int s = 0; s < cl->nshards; s++) {
         cl_shard_t *sh = &cl->shards[s];
@@ -159,7 +159,7 @@ int cl_connect_shards(fl_ps_client_t *cl)
     return FL_OK;
 }
 
-int cl_take_welcome(fl_ps_client_t *cl, fl_msg_hdr_t *h)
+int fl_psc__take_welcome(fl_ps_client_t *cl, fl_msg_hdr_t *h)
 {
     const fl_msg_welcome_t *w = &h->u.welcome;
     int r = cl->o.rank;
@@ -205,10 +205,10 @@ int cl_take_welcome(fl_ps_client_t *cl, fl_msg_hdr_t *h)
     cl->staleness = w->staleness;
     cl->ckpt_every_steps = w->ckpt_every_steps;
     cl->ckpt_every_ms = w->ckpt_every_ms;
-    return cl_connect_shards(cl);
+    return fl_psc__connect_shards(cl);
 }
 
-int cl_on_event(fl_ps_client_t *cl)
+int fl_psc__on_event(fl_ps_client_t *cl)
 {
     fl_tp_msg_t ev;
     if (fl_tp_recv(cl->events, &ev, fl_deadline_in(0)) != FL_OK)
@@ -221,13 +221,13 @@ int cl_on_event(fl_ps_client_t *cl)
             cl->lost = true;
             break;
         }
-        rc = cl_break(cl, fl_fail(FL_ECLOSED, "rank %d: the coordinator ended the job: %s",
-                                  cl->o.rank, ev.hdr.u.shutdown.text));
+        rc = fl_psc__break(cl, fl_fail(FL_ECLOSED, "rank %d: the coordinator ended the job: %s",
+                                       cl->o.rank, ev.hdr.u.shutdown.text));
         break;
     case FL_MSG_WELCOME:
-        rc = cl_take_welcome(cl, &ev.hdr);
+        rc = fl_psc__take_welcome(cl, &ev.hdr);
         if (rc != FL_OK) {
-            cl_break(cl, rc);
+            fl_psc__break(cl, rc);
             break;
         }
         cl->lost = false;
@@ -238,8 +238,8 @@ int cl_on_event(fl_ps_client_t *cl)
         rc = FL_ERESYNC;
         break;
     case FL_MSG_ERROR:
-        rc = cl_break(cl, fl_fail(ev.hdr.u.error.code < 0 ? ev.hdr.u.error.code : FL_EPEER,
-                                  "rank %d: %s", cl->o.rank, ev.hdr.u.error.text));
+        rc = fl_psc__break(cl, fl_fail(ev.hdr.u.error.code < 0 ? ev.hdr.u.error.code : FL_EPEER,
+                                       "rank %d: %s", cl->o.rank, ev.hdr.u.error.text));
         break;
     default:
         break;
@@ -248,22 +248,24 @@ int cl_on_event(fl_ps_client_t *cl)
     return rc;
 }
 
-int cl_wait_rejoin(fl_ps_client_t *cl)
+int fl_psc__wait_rejoin(fl_ps_client_t *cl)
 {
     /* The membership gives up at its reconnect deadline and says so: this is a backstop. */
     int64_t deadline = fl_deadline_in(cl->o.reconnect_timeout_ms + 30000);
     while (cl->lost) {
         bool ready = false;
         fl_tp_sock_t *ev = cl->events;
+        /* The time before the look: at the deadline the poll still takes a welcome that came
+         * in the last slice. */
         int left = fl_deadline_left_ms(deadline);
-        if (left == 0)
-            return cl_break(cl, fl_fail(FL_ETIMEDOUT, "rank %d: the parameter server did not "
-                                                      "come back within %d ms",
-                                        cl->o.rank, cl->o.reconnect_timeout_ms));
         if (fl_tp_poll(&ev, 1, left > 1000 ? 1000 : left, &ready) > 0 && ready) {
-            int rc = cl_on_event(cl);
+            int rc = fl_psc__on_event(cl);
             if (rc != FL_OK)
                 return rc;
+        } else if (left == 0) {
+            return fl_psc__break(cl, fl_fail(FL_ETIMEDOUT, "rank %d: the parameter server did not "
+                                                           "come back within %d ms",
+                                             cl->o.rank, cl->o.reconnect_timeout_ms));
         }
     }
     return FL_ERESYNC;
@@ -337,7 +339,7 @@ int fl_ps_client_create(const fl_ps_client_opts_t *o, fl_ps_client_t **out)
     fl_msg_hdr_t welcome;
     if ((rc = fl_tp_member_join(cl->member, &reg, &welcome)) != FL_OK)
         goto fail;
-    rc = cl_take_welcome(cl, &welcome);
+    rc = fl_psc__take_welcome(cl, &welcome);
     fl_msg_hdr_deinit(&welcome);
     if (rc != FL_OK)
         goto fail;
@@ -379,9 +381,9 @@ static void destroy_part(fl_ps_client_t *cl)
     if (!fl_rel_wait(&cl->inflight, 100)) {
         FL_INFO(cl->ctx, "rank %d part %d: dropping %lld pushes queued to the parameter server",
                 cl->o.rank, cl->part, (long long)fl_rel_held(&cl->inflight));
-        if (cl_reset_shards(cl) != FL_OK)
+        if (fl_psc__reset_shards(cl) != FL_OK)
             FL_WARN(cl->ctx, "rank %d part %d: reconnecting its shards: %s", cl->o.rank, cl->part,
-                    fl_last_error());
+                         fl_last_error());
     }
     atomic_fetch_sub(&cl->parent->nparts, 1);
     if (!fl_rel_wait(&cl->inflight, 10000)) {
@@ -548,12 +550,12 @@ void fl_ps_client_get_stats(const fl_ps_client_t *cl, fl_ps_client_stats_t *out)
 static int join_training(fl_ps_client_t *cl, float *params, bool *resynced)
 {
     for (int tries = 0; tries < MAX_RESYNCS; tries++) {
-        int rc = cl_exchange(cl, NULL, cl->o.rank == 0, params, true);
+        int rc = fl_psc__exchange(cl, NULL, cl->o.rank == 0, params, true);
         /* SSP: the ranks' clocks may be apart (a checkpoint keeps them as they were); the
          * parameters for this rank's step come within the staleness bound, or its next push
          * would be beyond it. */
         if (rc == FL_OK && cl->consistency == FL_PS_SSP)
-            rc = cl_exchange(cl, NULL, false, params, false);
+            rc = fl_psc__exchange(cl, NULL, false, params, false);
         if (rc != FL_ERESYNC) {
             if (rc == FL_OK)
                 cl->resync_pending = false;
@@ -561,9 +563,9 @@ static int join_training(fl_ps_client_t *cl, float *params, bool *resynced)
         }
         *resynced = true;
     }
-    return cl_break(cl, fl_fail(FL_EPEER, "rank %d: the parameter server restarted %d times "
-                                          "while this rank joined it",
-                                cl->o.rank, MAX_RESYNCS));
+    return fl_psc__break(cl, fl_fail(FL_EPEER, "rank %d: the parameter server restarted %d times "
+                                               "while this rank joined it",
+                                     cl->o.rank, MAX_RESYNCS));
 }
 
 int fl_ps_client_init(fl_ps_client_t *cl, float *params)
@@ -578,23 +580,23 @@ int fl_ps_client_push(fl_ps_client_t *cl, const fl_ps_grad_t *grad)
         return fl_fail(FL_ERESYNC, "rank %d: the parameter server restarted: pull its "
                                    "parameters, then go on from step %llu",
                        cl->o.rank, (unsigned long long)cl->step);
-    return cl_exchange(cl, grad, false, NULL, false);
+    return fl_psc__exchange(cl, grad, false, NULL, false);
 }
 
 int fl_ps_client_pull(fl_ps_client_t *cl, float *params)
 {
     bool resynced = false;
     if (cl->parent != NULL)
-        return cl_exchange(cl, NULL, false, params, false);
+        return fl_psc__exchange(cl, NULL, false, params, false);
     /* Its parts heard the coordinator go (they stop with FL_ERESYNC): wait for its successor. */
     if (cl->lost) {
-        int w = cl_wait_rejoin(cl);
+        int w = fl_psc__wait_rejoin(cl);
         if (w != FL_ERESYNC)
             return w;
     }
     if (cl->resync_pending)
         return join_training(cl, params, &resynced);
-    int rc = cl_exchange(cl, NULL, false, params, false);
+    int rc = fl_psc__exchange(cl, NULL, false, params, false);
     if (rc != FL_ERESYNC)
         return rc;
     rc = join_training(cl, params, &resynced);
@@ -609,7 +611,7 @@ int fl_ps_client_push_pull(fl_ps_client_t *cl, const fl_ps_grad_t *grad, float *
     bool resynced = cl->resync_pending;
     int rc = FL_ERESYNC;
     if (!cl->resync_pending)
-        rc = cl_exchange(cl, grad, false, params, false);
+        rc = fl_psc__exchange(cl, grad, false, params, false);
     if (rc != FL_ERESYNC || cl->parent != NULL)
         return rc; /* a part: its parent joins again (fl_ps_client_split) */
     rc = join_training(cl, params, &resynced);

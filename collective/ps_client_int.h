@@ -78,34 +78,34 @@ struct fl_ps_client {
 };
 
 /* Opens one DEALER per non-empty shard of the current map, stamped with the generation. */
-int cl_connect_shards(fl_ps_client_t *cl);
+int fl_psc__connect_shards(fl_ps_client_t *cl);
 
 /* Closes the shard connections (dropping whatever is queued on them, so ZeroMQ lets go of
  * the caller's memory and late answers of a failed exchange never arrive) and opens new ones. */
-int cl_reset_shards(fl_ps_client_t *cl);
+int fl_psc__reset_shards(fl_ps_client_t *cl);
 
 /* Takes the shard map and settings of a welcome (first one, or after a rejoin). */
-int cl_take_welcome(fl_ps_client_t *cl, fl_msg_hdr_t *h);
+int fl_psc__take_welcome(fl_ps_client_t *cl, fl_msg_hdr_t *h);
 
 /* Handles one event of the membership: FL_OK (nothing for the caller), FL_ERESYNC (rejoined:
  * the shard map was replaced, the caller joins again), or a fatal error that breaks the
  * client. */
-int cl_on_event(fl_ps_client_t *cl);
+int fl_psc__on_event(fl_ps_client_t *cl);
 
 /* Waits (bounded by the reconnect deadline the membership applies) until the client rejoins
  * a restarted coordinator: FL_ERESYNC, or the fatal error. */
-int cl_wait_rejoin(fl_ps_client_t *cl);
+int fl_psc__wait_rejoin(fl_ps_client_t *cl);
 
 /* Marks the client broken with rc and the current detail text. Returns rc. */
-int cl_break(fl_ps_client_t *cl, int rc);
+int fl_psc__break(fl_ps_client_t *cl, int rc);
 
 /* Rank 0's checkpoint mark for the push of the client's step (a part asks its parent). */
-bool cl_checkpoint_mark(fl_ps_client_t *cl);
+bool fl_psc__checkpoint_mark(fl_ps_client_t *cl);
 
 /* One exchange with every non-empty shard (ps_client_io.c): an optional push (grad, or rank
  * 0's initial parameters when init is set) and an optional pull into params (latest: whatever
  * the shards hold once they have parameters). Returns FL_OK, FL_ERESYNC, or the failure. */
-int cl_exchange(fl_ps_client_t *cl, const fl_ps_grad_t *grad, bool init, float *params,
-                bool latest);
+int fl_psc__exchange(fl_ps_client_t *cl, const fl_ps_grad_t *grad, bool init, float *params,
+                     bool latest);
 
 #endif

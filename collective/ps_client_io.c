@@ -239,7 +239,7 @@ static int on_reply(fl_ps_client_t *cl, xchg_t *x, int s, fl_tp_msg_t *m, float 
             return FL_OK;
         int rc = take_reply(cl, sh, m, params);
         if (rc != FL_OK)
-            return cl_break(cl, rc);
+            return fl_psc__break(cl, rc);
         if (m->hdr.u.pull_reply.step > x->reply_step)
             x->reply_step = m->hdr.u.pull_reply.step;
         x->replied[s] = true;
@@ -273,7 +273,7 @@ static bool checkpoint_mark_at(fl_ps_client_t *cl, uint64_t step)
     return mark;
 }
 
-bool cl_checkpoint_mark(fl_ps_client_t *cl)
+bool fl_psc__checkpoint_mark(fl_ps_client_t *cl)
 {
     fl_ps_client_t *p = cl->parent;
     if (p == NULL)
@@ -336,7 +336,7 @@ static fl_tp_sock_t *events_of(const fl_ps_client_t *cl)
 static int part_event(fl_ps_client_t *cl)
 {
     fl_ps_client_t *p = cl->parent;
-    int rc = cl_on_event(p);
+    int rc = fl_psc__on_event(p);
     if (rc == FL_OK && !p->lost)
         return FL_OK;
     if (rc == FL_OK || rc == FL_ERESYNC) {
@@ -373,19 +373,11 @@ int fl_ps_client_part_listen(fl_ps_client_t *cl, int timeout_ms)
     return FL_OK;
 }
 
-/* Sends the requests and collects the answers. */
-static int run(fl_ps_client_t *cl, xchg_t *x, const fl_ps_grad_t *grad, const float *init,
-               float *params)
+/* The push (and pull behind it) to every shard that holds part of the model. */
+static int send_requests(fl_ps_client_t *cl, const xchg_t *x, const fl_ps_grad_t *grad,
+                         const float *init, bool mark, int64_t deadline)
 {
-    int64_t deadline = fl_deadline_in(cl->o.timeout_ms + REPLY_MARGIN_MS);
-    bool mark = grad != NULL && cl_checkpoint_mark(cl);
     int rc = FL_OK;
-    /* What the heartbeats say this rank is doing (the coordinator names it should the rank
-     * die): the call and its step. */
-    atomic_store(&cl->status->seq, (uint64_t)cl->step);
-    atomic_store(&cl->status->op, x->push && x->pull ? FL_MSG_OP_PUSH_PULL
-                                  : x->push          ? FL_MSG_OP_PUSH
-                                                     : FL_MSG_OP_PULL);
     for (int s = 0; s < cl->nshards && rc == FL_OK; s++) {
         cl_shard_t *sh = &cl->shards[s];
         if (sh->count == 0)
@@ -396,88 +388,151 @@ static int run(fl_ps_client_t *cl, xchg_t *x, const fl_ps_grad_t *grad, const fl
             rc = send_pull(cl, sh, cl->step + (grad != NULL ? 1 : 0), x->latest, x->seq,
                            deadline);
     }
-    if (rc != FL_OK) {
-        atomic_store(&cl->status->op, FL_MSG_OP_NONE);
-        return rc;
-    }
+    return rc;
+}
+
+/* What an exchange waits on: the shards' sockets (which[i]: whose), then the coordinator's
+ * events where this client listens to them. */
+typedef struct waitset {
+    fl_tp_sock_t **socks;
+    int *which;
+    bool *ready;
+    int np;    /* shard sockets */
+    int nwait; /* np, and one more with the events */
+} waitset_t;
+
+static int waitset_init(fl_ps_client_t *cl, waitset_t *w)
+{
     int n = cl->nshards + 1;
-    fl_tp_sock_t **socks = calloc((size_t)n, sizeof *socks);
-    int *which = calloc((size_t)n, sizeof *which);
-    bool *ready = calloc((size_t)n, sizeof *ready);
-    if (socks == NULL || which == NULL || ready == NULL) {
-        rc = fl_fail(FL_ENOMEM, "rank %d: out of memory", cl->o.rank);
-        goto out;
-    }
-    int np = 0;
+    w->socks = calloc((size_t)n, sizeof *w->socks);
+    w->which = calloc((size_t)n, sizeof *w->which);
+    w->ready = calloc((size_t)n, sizeof *w->ready);
+    if (w->socks == NULL || w->which == NULL || w->ready == NULL)
+        return fl_fail(FL_ENOMEM, "rank %d: out of memory", cl->o.rank);
+    w->np = 0;
     for (int s = 0; s < cl->nshards; s++)
         if (cl->shards[s].sock != NULL) {
-            socks[np] = cl->shards[s].sock;
-            which[np++] = s;
+            w->socks[w->np] = cl->shards[s].sock;
+            w->which[w->np++] = s;
         }
-    socks[np] = events_of(cl);
-    int nwait = socks[np] != NULL ? np + 1 : np;
-    while ((x->push && x->acks < x->want) || (x->pull && x->replies < x->want)) {
-        int left = fl_deadline_left_ms(deadline);
-        if (left == 0) {
-            int s = 0;
-            while (s < cl->nshards && (cl->shards[s].count == 0 ||
-                                       ((!x->push || x->acked[s]) && (!x->pull || x->replied[s]))))
-                s++;
-            rc = fl_fail(FL_ETIMEDOUT, "rank %d: no answer from shard %d (%s, %s) within %d ms "
-                                       "(%d of %d acks, %d of %d replies)",
-                         cl->o.rank, s, s < cl->nshards ? cl->shards[s].host : "?",
-                         s < cl->nshards ? cl->shards[s].endpoint : "?",
-                         cl->o.timeout_ms + REPLY_MARGIN_MS, x->acks, x->push ? x->want : 0,
-                         x->replies, x->pull ? x->want : 0);
-            goto out;
+    w->socks[w->np] = events_of(cl);
+    w->nwait = w->socks[w->np] != NULL ? w->np + 1 : w->np;
+    return FL_OK;
+}
+
+static void waitset_free(waitset_t *w)
+{
+    free(w->socks);
+    free(w->which);
+    free(w->ready);
+}
+
+static bool answered(const xchg_t *x)
+{
+    return (!x->push || x->acks >= x->want) && (!x->pull || x->replies >= x->want);
+}
+
+/* The deadline passed: names the first shard that did not answer. */
+static int no_answer(const fl_ps_client_t *cl, const xchg_t *x)
+{
+    int s = 0;
+    while (s < cl->nshards &&
+           (cl->shards[s].count == 0 ||
+            ((!x->push || x->acked[s]) && (!x->pull || x->replied[s]))))
+        s++;
+    return fl_fail(FL_ETIMEDOUT, "rank %d: no answer from shard %d (%s, %s) within %d ms "
+                                 "(%d of %d acks, %d of %d replies)",
+                   cl->o.rank, s, s < cl->nshards ? cl->shards[s].host : "?",
+                   s < cl->nshards ? cl->shards[s].endpoint : "?",
+                   cl->o.timeout_ms + REPLY_MARGIN_MS, x->acks, x->push ? x->want : 0,
+                   x->replies, x->pull ? x->want : 0);
+}
+
+/* What the coordinator's control thread posted: a part hands it to its siblings, a whole
+ * client waits out a lost coordinator's successor. */
+static int take_event(fl_ps_client_t *cl)
+{
+    if (cl->parent != NULL)
+        return part_event(cl);
+    int rc = fl_psc__on_event(cl);
+    if (rc == FL_OK && cl->lost)
+        rc = fl_psc__wait_rejoin(cl);
+    return rc;
+}
+
+/* Every answer queued on the shard sockets the poll found ready. */
+static int take_answers(fl_ps_client_t *cl, xchg_t *x, const waitset_t *w, float *params)
+{
+    int rc = FL_OK;
+    for (int i = 0; i < w->np && rc == FL_OK; i++) {
+        if (!w->ready[i])
+            continue;
+        fl_tp_msg_t m;
+        while (rc == FL_OK) {
+            int r = fl_tp_try_recv(w->socks[i], &m);
+            if (r == FL_ETIMEDOUT)
+                break;
+            if (r != FL_OK)
+                continue; /* refused and counted by the transport */
+            rc = on_reply(cl, x, w->which[i], &m, params);
+            fl_tp_msg_close(&m);
         }
-        /* Parts look at their siblings' news between slices of the wait. */
-        int got = fl_tp_poll(socks, (size_t)nwait, cl->parent != NULL && left > 200 ? 200 : left,
-                             ready);
-        if (got < 0) {
-            rc = got;
-            goto out;
-        }
-        if ((rc = part_stopped(cl)) != FL_OK)
-            goto out;
-        if (socks[np] != NULL && ready[np]) {
-            if (cl->parent != NULL) {
-                rc = part_event(cl);
-            } else {
-                rc = cl_on_event(cl);
-                if (rc == FL_OK && cl->lost)
-                    rc = cl_wait_rejoin(cl);
-            }
-            if (rc != FL_OK)
-                goto out;
-        }
-        for (int i = 0; i < np && rc == FL_OK; i++) {
-            if (!ready[i])
-                continue;
-            fl_tp_msg_t m;
-            while (rc == FL_OK) {
-                int r = fl_tp_try_recv(socks[i], &m);
-                if (r == FL_ETIMEDOUT)
-                    break;
-                if (r != FL_OK)
-                    continue; /* refused and counted by the transport */
-                rc = on_reply(cl, x, which[i], &m, params);
-                fl_tp_msg_close(&m);
-            }
-        }
-        if (rc != FL_OK)
-            goto out;
     }
-out:
-    free(socks);
-    free(which);
-    free(ready);
+    return rc;
+}
+
+/* Waits for the acks and replies until the deadline. The time is read before each look, so
+ * the last look comes at or after the deadline (a poll without a wait), and the answers it
+ * finds are taken before the events and the siblings' news: answers that came in the last
+ * slice end the exchange, neither a timeout nor a failure heard meanwhile (the next exchange
+ * hears that). */
+static int collect(fl_ps_client_t *cl, xchg_t *x, waitset_t *w, float *params, int64_t deadline)
+{
+    while (!answered(x)) {
+        int left = fl_deadline_left_ms(deadline);
+        /* Parts look at their siblings' news between slices of the wait. */
+        int got = fl_tp_poll(w->socks, (size_t)w->nwait,
+                             cl->parent != NULL && left > 200 ? 200 : left, w->ready);
+        if (got < 0)
+            return got;
+        int rc = take_answers(cl, x, w, params);
+        if (rc != FL_OK || answered(x))
+            return rc;
+        if ((rc = part_stopped(cl)) != FL_OK)
+            return rc;
+        if (w->socks[w->np] != NULL && w->ready[w->np] && (rc = take_event(cl)) != FL_OK)
+            return rc;
+        if (left == 0)
+            return no_answer(cl, x);
+    }
+    return FL_OK;
+}
+
+/* Sends the requests and collects the answers. */
+static int run(fl_ps_client_t *cl, xchg_t *x, const fl_ps_grad_t *grad, const float *init,
+               float *params)
+{
+    int64_t deadline = fl_deadline_in(cl->o.timeout_ms + REPLY_MARGIN_MS);
+    bool mark = grad != NULL && fl_psc__checkpoint_mark(cl);
+    /* What the heartbeats say this rank is doing (the coordinator names it should the rank
+     * die): the call and its step. */
+    atomic_store(&cl->status->seq, (uint64_t)cl->step);
+    atomic_store(&cl->status->op, x->push && x->pull ? FL_MSG_OP_PUSH_PULL
+                                  : x->push          ? FL_MSG_OP_PUSH
+                                                     : FL_MSG_OP_PULL);
+    int rc = send_requests(cl, x, grad, init, mark, deadline);
+    if (rc == FL_OK) {
+        waitset_t w = {0};
+        if ((rc = waitset_init(cl, &w)) == FL_OK)
+            rc = collect(cl, x, &w, params, deadline);
+        waitset_free(&w);
+    }
     atomic_store(&cl->status->op, FL_MSG_OP_NONE);
     return rc;
 }
 
-int cl_exchange(fl_ps_client_t *cl, const fl_ps_grad_t *grad, bool init, float *params,
-                bool latest)
+int fl_psc__exchange(fl_ps_client_t *cl, const fl_ps_grad_t *grad, bool init, float *params,
+                     bool latest)
 {
     if (cl->broken_rc != FL_OK)
         return fl_fail(FL_ECLOSED, "rank %d: parameter-server client broken by an earlier "
@@ -487,14 +542,7 @@ int cl_exchange(fl_ps_client_t *cl, const fl_ps_grad_t *grad, bool init, float *
     bool ready = false;
     fl_tp_sock_t *ev = events_of(cl);
     while (ev != NULL && fl_tp_poll(&ev, 1, 0, &ready) > 0 && ready) {
-        int rc;
-        if (cl->parent != NULL) {
-            rc = part_event(cl);
-        } else {
-            rc = cl_on_event(cl);
-            if (rc == FL_OK && cl->lost)
-                rc = cl_wait_rejoin(cl);
-        }
+        int rc = take_event(cl);
         if (rc != FL_OK)
             return rc;
         ready = false;
@@ -523,8 +571,8 @@ int cl_exchange(fl_ps_client_t *cl, const fl_ps_grad_t *grad, bool init, float *
             /* Whatever is queued or still coming belongs to this failed exchange. */
             char detail[1024];
             snprintf(detail, sizeof detail, "%s", fl_last_error());
-            if (cl_reset_shards(cl) != FL_OK)
-                cl_break(cl, FL_EIO);
+            if (fl_psc__reset_shards(cl) != FL_OK)
+                fl_psc__break(cl, FL_EIO);
             fl_fail(rc, "%s", detail);
         }
         /* The caller's buffers are free to reuse only once ZeroMQ let go of them. A part that
@@ -537,7 +585,7 @@ int cl_exchange(fl_ps_client_t *cl, const fl_ps_grad_t *grad, bool init, float *
                      ? FL_OK
                      : wait_released(cl, fl_deadline_in(rc == FL_OK ? cl->o.timeout_ms : 5000));
         if (wr != FL_OK)
-            rc = cl_break(cl, wr);
+            rc = fl_psc__break(cl, wr);
         else if (rc != FL_OK)
             fl_fail(rc, "%s", detail);
     }

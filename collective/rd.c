@@ -59,18 +59,18 @@ static int rd_get(rd_t *d, int want, fl_tp_msg_t *out)
     op->waiting_on = expected_sender(d, want);
     while (!d->have[want]) {
         fl_tp_msg_t m;
-        int rc = coll_recv(op, &m);
+        int rc = fl_coll__recv(op, &m);
         if (rc != FL_OK)
             return rc;
         int slot = slot_of(&m.hdr.u.chunk);
         if (slot < 0 || expected_sender(d, slot) != m.hdr.sender || d->have[slot]) {
-            rc = coll_fail(op, FL_EPROTO, "unexpected %s step %u from rank %d",
-                           fl_coll_phase_name((int)m.hdr.u.chunk.phase), m.hdr.u.chunk.step,
-                           m.hdr.sender);
+            rc = fl_coll__fail(op, FL_EPROTO, "unexpected %s step %u from rank %d",
+                               fl_coll_phase_name((int)m.hdr.u.chunk.phase), m.hdr.u.chunk.step,
+                               m.hdr.sender);
             fl_tp_msg_close(&m);
             return rc;
         }
-        if ((rc = coll_check_payload(op, &m, fl_acc_dtype(op->dtype), op->count)) != FL_OK) {
+        if ((rc = fl_coll__check_payload(op, &m, fl_acc_dtype(op->dtype), op->count)) != FL_OK) {
             fl_tp_msg_close(&m);
             return rc;
         }
@@ -90,7 +90,7 @@ static int rd_send(rd_t *d, int peer, uint32_t phase, uint32_t step, const void 
     ck.step = step;
     ck.count = d->op->count;
     fl_dtype_t acc = fl_acc_dtype(d->op->dtype);
-    return coll_send(d->op, peer, &ck, work, d->op->count * fl_dtype_size(acc), acc, -1);
+    return fl_coll__send(d->op, peer, &ck, work, d->op->count * fl_dtype_size(acc), acc, -1);
 }
 
 static int rd_run(rd_t *d, uint8_t *work)
@@ -163,7 +163,7 @@ int fl_rd_allreduce(coll_op_t *op, const void *sendbuf, void *recvbuf)
         void *scratch;
         int rc = fl_comm_scratch(c, op->count * fl_dtype_size(acc), &scratch);
         if (rc != FL_OK)
-            return coll_fail(op, rc, "%s", fl_last_error());
+            return fl_coll__fail(op, rc, "%s", fl_last_error());
         work = scratch;
     }
     fl_reduce_widen(op->dtype, work, sendbuf, op->count);

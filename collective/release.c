@@ -60,14 +60,17 @@ bool fl_rel_wait(fl_rel_t *r, int timeout_ms)
         /* Read the generation before the count: a release after the count was read changes
          * the generation, so the futex does not sleep on it (or is woken: waiters is set). */
         uint32_t g = atomic_load(&r->gen);
+        /* The clock before the count: a release that came by the deadline is seen by the look
+         * that follows, so the wait never gives up with nothing held. */
+        struct timespec now;
+        clock_gettime(CLOCK_MONOTONIC, &now);
+        bool late = now.tv_sec > until.tv_sec ||
+                    (now.tv_sec == until.tv_sec && now.tv_nsec >= until.tv_nsec);
         if (atomic_load(&r->n) <= 0) {
             done = true;
             break;
         }
-        struct timespec now;
-        clock_gettime(CLOCK_MONOTONIC, &now);
-        if (now.tv_sec > until.tv_sec ||
-            (now.tv_sec == until.tv_sec && now.tv_nsec >= until.tv_nsec))
+        if (late)
             break;
         struct timespec left = {until.tv_sec - now.tv_sec, until.tv_nsec - now.tv_nsec};
         if (left.tv_nsec < 0) {
@@ -75,8 +78,10 @@ bool fl_rel_wait(fl_rel_t *r, int timeout_ms)
             left.tv_nsec += 1000000000L;
         }
         long rc = syscall(SYS_futex, &r->gen, FUTEX_WAIT_PRIVATE, g, &left, NULL, 0);
-        if (rc != 0 && errno != EAGAIN && errno != EINTR && errno != ETIMEDOUT)
+        if (rc != 0 && errno != EAGAIN && errno != EINTR && errno != ETIMEDOUT) {
+            done = atomic_load(&r->n) <= 0; /* a futex that cannot sleep: one last look */
             break;
+        }
     }
     atomic_fetch_sub(&r->waiters, 1);
     return done && settled(r);

@@ -72,10 +72,10 @@ static int send_seg(ring_t *g, uint32_t phase, int step, int chunk, uint32_t seg
             src = g->work + off * g->asz;
             region = g->work_is_out ? chunk : g->n;
         }
-        return coll_send(g->op, g->right, &ck, src, cnt * g->asz, g->acc, region);
+        return fl_coll__send(g->op, g->right, &ck, src, cnt * g->asz, g->acc, region);
     }
-    return coll_send(g->op, g->right, &ck, g->out + (off - g->out_base) * g->esz, cnt * g->esz,
-                     g->dt, chunk);
+    return fl_coll__send(g->op, g->right, &ck, g->out + (off - g->out_base) * g->esz, cnt * g->esz,
+                         g->dt, chunk);
 }
 
 static int send_chunk(ring_t *g, uint32_t phase, int step, int chunk)
@@ -110,29 +110,29 @@ static int on_segment(ring_t *g, fl_tp_msg_t *m)
     bool is_rs = ck->phase == FL_PHASE_RS && g->rs;
     bool is_ag = ck->phase == FL_PHASE_AG && g->ag;
     if (m->hdr.sender != g->left || (!is_rs && !is_ag) || ck->step >= (uint32_t)(g->n - 1))
-        return coll_fail(op, FL_EPROTO, "unexpected %s step %u segment %u from rank %d (the "
-                                        "ring's left neighbour is rank %d)",
-                         fl_coll_phase_name((int)ck->phase), ck->step, ck->seg, m->hdr.sender,
-                         g->left);
+        return fl_coll__fail(op, FL_EPROTO, "unexpected %s step %u segment %u from rank %d (the "
+                                            "ring's left neighbour is rank %d)",
+                             fl_coll_phase_name((int)ck->phase), ck->step, ck->seg, m->hdr.sender,
+                             g->left);
     int step = (int)ck->step;
     int chunk = is_rs ? fl_ring_rs_recv_chunk(g->r, step, g->n)
                       : fl_ring_ag_recv_chunk(g->r, step, g->n);
     if (ck->seg >= chunk_nseg(g, chunk))
-        return coll_fail(op, FL_EPROTO, "rank %d sent segment %u of chunk %d, which has %u",
-                         m->hdr.sender, ck->seg, chunk, chunk_nseg(g, chunk));
+        return fl_coll__fail(op, FL_EPROTO, "rank %d sent segment %u of chunk %d, which has %u",
+                             m->hdr.sender, ck->seg, chunk, chunk_nseg(g, chunk));
     size_t off;
     size_t cnt;
     seg_range(g, chunk, ck->seg, &off, &cnt);
     if (ck->offset != off || ck->count != cnt)
-        return coll_fail(op, FL_EPROTO, "rank %d sent elements [%llu, +%llu) as segment %u of "
-                                        "chunk %d, expected [%zu, +%zu)",
-                         m->hdr.sender, (unsigned long long)ck->offset,
-                         (unsigned long long)ck->count, ck->seg, chunk, off, cnt);
+        return fl_coll__fail(op, FL_EPROTO, "rank %d sent elements [%llu, +%llu) as segment %u of "
+                                            "chunk %d, expected [%zu, +%zu)",
+                             m->hdr.sender, (unsigned long long)ck->offset,
+                             (unsigned long long)ck->count, ck->seg, chunk, off, cnt);
     size_t idx = ((size_t)(is_ag ? 1 : 0) * (size_t)(g->n - 1) + (size_t)step) * g->maxseg + ck->seg;
     if (g->seen[idx])
-        return coll_fail(op, FL_EPROTO, "rank %d sent %s step %d segment %u twice",
-                         m->hdr.sender, fl_coll_phase_name((int)ck->phase), step, ck->seg);
-    int rc = coll_check_payload(op, m, is_rs ? g->acc : g->dt, cnt);
+        return fl_coll__fail(op, FL_EPROTO, "rank %d sent %s step %d segment %u twice",
+                             m->hdr.sender, fl_coll_phase_name((int)ck->phase), step, ck->seg);
+    int rc = fl_coll__check_payload(op, m, is_rs ? g->acc : g->dt, cnt);
     if (rc != FL_OK)
         return rc;
     g->seen[idx] = 1;
@@ -147,7 +147,7 @@ static int on_segment(ring_t *g, fl_tp_msg_t *m)
         return owned_seg_done(g, ck->seg);
     }
     /* All-gather overwrites memory that reduce-scatter may still be sending from. */
-    if ((rc = coll_wait_region(op, chunk)) != FL_OK)
+    if ((rc = fl_coll__wait_region(op, chunk)) != FL_OK)
         return rc;
     memcpy(g->out + (off - g->out_base) * g->esz, in, cnt * g->esz);
     if (step < g->n - 2)
@@ -170,7 +170,7 @@ static int ring_run(ring_t *g)
     op->msgs_expected = expected;
     g->seen = calloc((size_t)2 * (size_t)(g->n - 1) * (g->maxseg ? g->maxseg : 1), 1);
     if (g->seen == NULL)
-        return coll_fail(op, FL_ENOMEM, "out of memory for the segment table");
+        return fl_coll__fail(op, FL_ENOMEM, "out of memory for the segment table");
 
     op->waiting_on = g->left;
     if (g->rs) {
@@ -182,7 +182,7 @@ static int ring_run(ring_t *g)
     }
     while (rc == FL_OK && op->msgs_got < expected) {
         fl_tp_msg_t m;
-        if ((rc = coll_recv(op, &m)) != FL_OK)
+        if ((rc = fl_coll__recv(op, &m)) != FL_OK)
             break;
         rc = on_segment(g, &m);
         fl_tp_msg_close(&m);
@@ -224,7 +224,7 @@ int fl_ring_allreduce(coll_op_t *op, const void *sendbuf, void *recvbuf)
         void *scratch;
         int rc = fl_comm_scratch(op->c, op->count * g.asz, &scratch);
         if (rc != FL_OK)
-            return coll_fail(op, rc, "%s", fl_last_error());
+            return fl_coll__fail(op, rc, "%s", fl_last_error());
         g.work = scratch;
     }
     return ring_run(&g);
@@ -237,7 +237,7 @@ int fl_ring_reduce_scatter(coll_op_t *op, const void *sendbuf, void *recvbuf)
     void *scratch;
     int rc = fl_comm_scratch(op->c, op->count * g.asz, &scratch);
     if (rc != FL_OK)
-        return coll_fail(op, rc, "%s", fl_last_error());
+        return fl_coll__fail(op, rc, "%s", fl_last_error());
     g.local = sendbuf;
     g.work = scratch;
     g.out = recvbuf;

@@ -26,6 +26,9 @@ extern "C" {
         }                                                                                     \
     } while (0)
 
+/* The kernels are this file's own: internal linkage keeps their names out of libflodl. */
+namespace {
+
 __device__ __forceinline__ uint32_t dkey(float v)
 {
     return __float_as_uint(v) & 0x7fffffffu;
@@ -95,6 +98,8 @@ __global__ void sample_kernel(const float *x, size_t n, size_t s, uint64_t seed,
         out[j] = dkey(x[z % n]);
     }
 }
+
+} // namespace
 
 static int grid_for(size_t n)
 {

@@ -1,7 +1,7 @@
 /* A user program linked against the shared libflodl that happens to define functions named
- * as libflodl's internals (coll_begin, coll_end): the library must keep calling its own, so a
- * one-rank allreduce through an embedded coordinator gives the right numbers and never reaches
- * these. Uses the public API only, as a consumer does. Exit 0 on success. */
+ * as libflodl's internals (fl_coll__begin, fl_coll__end): the library must keep calling its
+ * own, so a one-rank allreduce through an embedded coordinator gives the right numbers and never
+ * reaches these. Uses the public API only, as a consumer does. Exit 0 on success. */
 #include <flodl/flodl.h>
 
 #include <stdio.h>
@@ -9,16 +9,16 @@
 static int hijacked;
 
 /* Deliberately the names (not the signatures) of libflodl internals. */
-int coll_begin(void);
-int coll_end(void);
+int fl_coll__begin(void);
+int fl_coll__end(void);
 
-int coll_begin(void)
+int fl_coll__begin(void)
 {
     hijacked++;
     return -42;
 }
 
-int coll_end(void)
+int fl_coll__end(void)
 {
     hijacked++;
     return -42;
@@ -63,8 +63,8 @@ int main(void)
     fl_coord_wait(coord, 10000);
     fl_coord_stop(coord);
     fl_coord_destroy(&coord);
-    printf("abi_interpose: allreduce rc %d (%s), %d wrong, user's coll_begin/coll_end called %d "
-           "times\n",
+    printf("abi_interpose: allreduce rc %d (%s), %d wrong, user's fl_coll__begin/fl_coll__end "
+           "called %d times\n",
            rc, fl_strerror(rc), bad, hijacked);
     return rc == FL_OK && bad == 0 && hijacked == 0 ? 0 : 1;
 }

@@ -1,10 +1,10 @@
 /* Membership: the member side of the coordinator protocol, shared by ranks (the communicator,
- * the parameter-server client) and parameter-server processes. Join: register, heartbeat while
- * the others arrive, take the welcome (or the coordinator's refusal). Then a control thread
- * heartbeats with the owner's status, watches the coordinator's heartbeats, and turns what it
- * hears into events on a pipe the owner polls: a fatal error, the end of the job, and, for
- * members that reconnect, the loss of the coordinator and the welcome of its successor. */
-#include "tp_int.h"
+ * the parameter-server client) and parameter-server processes. After the join (tp_join.c) a
+ * control thread heartbeats with the owner's status, watches the coordinator's heartbeats, and
+ * turns what it hears into events on a pipe the owner polls: a fatal error, the end of the job,
+ * and, for members that reconnect, the loss of the coordinator and the welcome of its
+ * successor. */
+#include "tp_member_int.h"
 
 #include <pthread.h>
 #include <stdatomic.h>
@@ -12,18 +12,6 @@
 #include <stdlib.h>
 #include <string.h>
 #include <unistd.h>
-
-/* Often enough for any coordinator heartbeat timeout above ~0.5 s, which members cannot know
- * before the welcome. */
-#define JOIN_HEARTBEAT_MS 200
-/* A member that has heard nothing from the coordinator registers again (a duplicate
- * registration from the same connection is ignored by the coordinator), after 250 ms, then
- * backing off by doubling up to 4 s while the silence lasts; once heard from, after 4 s of
- * silence. */
-#define JOIN_NOTE_MS 10000 /* how often a waiting member says so */
-#define JOIN_RESEND_MIN_MS 250
-#define JOIN_RESEND_MAX_MS 4000
-#define COORD_MAX_MSG ((size_t)64 << 20)
 
 enum { CMD_STOP = 1 };
 
@@ -34,43 +22,6 @@ static void put_text(char *dst, size_t cap, const char *src)
     memcpy(dst, src, n);
     dst[n] = '\0';
 }
-
-
-struct fl_tp_member {
-    fl_ctx_t *ctx;
-    char coordinator[FL_ENDPOINT_MAX];
-    char job_id[FL_JOB_MAX];
-    char name[96];
-    int32_t sender;
-    int rendezvous_timeout_ms;
-    int reconnect_timeout_ms;
-
-    fl_msg_hdr_t reg; /* the registration, kept for reconnects */
-    bool have_reg;
-
-    /* From the latest welcome. */
-    uint64_t generation;
-    int hb_ms;
-    int hb_timeout_ms;
-
-    fl_tp_sock_t *coord; /* DEALER; owned by the control thread once it runs */
-    fl_tp_sock_t *ev_tx, *ev_rx;
-    fl_tp_sock_t *cmd_tx, *cmd_rx;
-    pthread_mutex_t cmd_lock; /* cmd_tx is used by cancel (any thread) and stop */
-    pthread_t thread;
-    bool started;
-
-    /* Taps: more event pipes (sub-communicators, one per thread) that hear the fatal events.
-     * The control thread sends on them under tap_lock; the owners read their own rx end. */
-    pthread_mutex_t tap_lock;
-    fl_tp_sock_t *tap_tx[FL_TP_MEMBER_MAX_TAPS];
-    fl_tp_sock_t *tap_rx[FL_TP_MEMBER_MAX_TAPS];
-    fl_msg_hdr_t fatal; /* the first fatal event posted, replayed to later taps */
-    bool have_fatal;
-    unsigned tap_serial;
-
-    fl_tp_status_t status;
-};
 
 void fl_tp_member_opts_init(fl_tp_member_opts_t *o)
 {
@@ -135,33 +86,7 @@ int fl_tp_member_create(fl_ctx_t *ctx, const fl_tp_member_opts_t *o, fl_tp_membe
     return FL_OK;
 }
 
-static int open_coord(fl_tp_member_t *m)
-{
-    fl_tp_opts_t t;
-    fl_tp_opts_init(&t);
-    t.max_msg_bytes = COORD_MAX_MSG;
-    t.linger_ms = 1000;
-    if (m->coord != NULL) {
-        fl_tp_sock_set_linger(m->coord, 0);
-        fl_tp_sock_destroy(&m->coord);
-    }
-    int rc = fl_tp_sock_create(m->ctx, FL_TP_DEALER, &t, "coordinator", &m->coord);
-    fl_tp_sock_t *watch;
-    if (rc == FL_OK) /* a refusal by the server ends the join at once */
-        rc = fl_tp_sock_watch(m->coord, &watch);
-    if (rc == FL_OK)
-        rc = fl_tp_sock_connect(m->coord, m->coordinator);
-    return rc;
-}
-
-static int send_register(fl_tp_member_t *m)
-{
-    fl_msg_hdr_t h = m->reg; /* shallow: the tables stay m->reg's */
-    h.generation = 0;
-    return fl_tp_send(m->coord, NULL, &h, NULL, 0, fl_deadline_in(1000));
-}
-
-static void send_heartbeat(fl_tp_member_t *m)
+void fl_tp_member__heartbeat(fl_tp_member_t *m)
 {
     fl_msg_hdr_t h;
     fl_msg_hdr_init(&h, FL_MSG_HEARTBEAT, m->sender);
@@ -172,169 +97,6 @@ static void send_heartbeat(fl_tp_member_t *m)
     h.u.heartbeat.waiting_on = atomic_load_explicit(&m->status.waiting_on, memory_order_relaxed);
     /* A full queue means the coordinator is not reading; dropping a heartbeat is right then. */
     fl_tp_send(m->coord, NULL, &h, NULL, 0, fl_deadline_in(0));
-}
-
-/* Checks the welcome's heartbeat settings and adopts its generation. */
-static int take_welcome(fl_tp_member_t *m, const fl_msg_hdr_t *h)
-{
-    const fl_msg_welcome_t *w = &h->u.welcome;
-    if (w->heartbeat_ms < 1 || w->heartbeat_timeout_ms <= w->heartbeat_ms)
-        return fl_fail(FL_EPROTO, "%s: coordinator %s sent heartbeat %u ms, timeout %u ms",
-                       m->name, m->coordinator, w->heartbeat_ms, w->heartbeat_timeout_ms);
-    m->generation = h->generation;
-    m->hb_ms = (int)w->heartbeat_ms;
-    m->hb_timeout_ms = (int)w->heartbeat_timeout_ms;
-    fl_tp_sock_set_stamp(m->coord, m->job_id, m->generation, m->sender);
-    fl_tp_sock_set_expect(m->coord, m->job_id, m->generation);
-    return FL_OK;
-}
-
-/* Registers and waits for the welcome until deadline. With cmd set, a stop command ends the
- * wait (FL_ECLOSED). Returns FL_OK with *welcome filled, or the refusal / timeout. */
-static int join_loop(fl_tp_member_t *m, int64_t deadline, int timeout_ms, fl_tp_sock_t *cmd,
-                     fl_msg_hdr_t *welcome)
-{
-    int rc = open_coord(m);
-    if (rc == FL_OK)
-        rc = send_register(m);
-    if (rc != FL_OK)
-        return fl_fail_ctx(rc, "%s: register with coordinator %s", m->name, m->coordinator);
-    int64_t next_hb = fl_now_ms() + JOIN_HEARTBEAT_MS;
-    int64_t last_heard = fl_now_ms();
-    int resend_ms = JOIN_RESEND_MIN_MS;
-    char progress[FL_MSG_MISSING_MAX + 64] = "";
-    bool heard = false;
-    /* An operator watching a member wait hears why: after a second without an answer, then
-     * every JOIN_NOTE_MS. */
-    int64_t started = fl_now_ms();
-    int64_t next_note = started + 1000;
-    fl_tp_sock_t *socks[3] = {m->coord, NULL, cmd};
-    if ((rc = fl_tp_sock_watch(m->coord, &socks[1])) != FL_OK)
-        return fl_fail_ctx(rc, "%s: rendezvous", m->name);
-    for (;;) {
-        int64_t now = fl_now_ms();
-        int64_t wake = next_hb < deadline ? next_hb : deadline;
-        bool ready[3] = {false, false, false};
-        int n = fl_tp_poll(socks, cmd != NULL ? 3 : 2, (int)(wake > now ? wake - now : 0),
-                           ready);
-        if (n < 0)
-            return fl_fail_ctx(n, "%s: rendezvous", m->name);
-        if (ready[1] && (rc = fl_tp_sock_handshake_check(m->coord, m->coordinator)) != FL_OK)
-            return fl_fail_ctx(rc, "%s: register with coordinator", m->name);
-        if (ready[2]) {
-            fl_tp_msg_t c;
-            if (fl_tp_recv(cmd, &c, fl_deadline_in(0)) == FL_OK) {
-                bool stop = c.hdr.type == FL_MSG_SHUTDOWN;
-                fl_tp_msg_close(&c);
-                if (stop)
-                    return fl_fail(FL_ECLOSED, "%s: stopped while joining", m->name);
-            }
-        }
-        while (ready[0]) {
-            fl_tp_msg_t msg;
-            rc = fl_tp_try_recv(m->coord, &msg);
-            if (rc == FL_ETIMEDOUT)
-                break;
-            if (rc == FL_EPROTO)
-                continue;
-            if (rc != FL_OK)
-                return fl_fail_ctx(rc, "%s: rendezvous", m->name);
-            heard = true;
-            last_heard = fl_now_ms();
-            /* Registered: the coordinator beats to us now, so only a long silence means it
-             * forgot us (it restarted). */
-            resend_ms = JOIN_RESEND_MAX_MS;
-            switch (msg.hdr.type) {
-            case FL_MSG_WELCOME:
-                rc = take_welcome(m, &msg.hdr);
-                if (rc == FL_OK) {
-                    *welcome = msg.hdr; /* the tables move to the caller */
-                    memset(&msg.hdr, 0, sizeof msg.hdr);
-                }
-                fl_tp_msg_close(&msg);
-                return rc;
-            case FL_MSG_ERROR: {
-                int code = msg.hdr.u.error.code < 0 ? msg.hdr.u.error.code : FL_EPEER;
-                rc = fl_fail(code, "%s: coordinator %s refused: %s", m->name, m->coordinator,
-                             msg.hdr.u.error.text);
-                fl_tp_msg_close(&msg);
-                return rc;
-            }
-            case FL_MSG_SHUTDOWN:
-                rc = fl_fail(FL_EPEER, "%s: coordinator %s is shutting down: %s", m->name,
-                             m->coordinator, msg.hdr.u.shutdown.text);
-                fl_tp_msg_close(&msg);
-                return rc;
-            case FL_MSG_HEARTBEAT:
-                if (m->reg.u.reg.role == FL_ROLE_WORKER)
-                    snprintf(progress, sizeof progress, "%u of %d ranks registered, missing %s",
-                             msg.hdr.u.heartbeat.registered, m->reg.u.reg.world_size,
-                             msg.hdr.u.heartbeat.missing);
-                else
-                    snprintf(progress, sizeof progress, "%u ranks registered, missing %s",
-                             msg.hdr.u.heartbeat.registered, msg.hdr.u.heartbeat.missing);
-                break;
-            default:
-                break;
-            }
-            fl_tp_msg_close(&msg);
-        }
-        now = fl_now_ms();
-        if (now >= next_note && now < deadline) {
-            if (!heard)
-                FL_WARN(m->ctx, "%s: no answer yet from the coordinator at %s after %lld s "
-                                "(waiting up to %d s: is flodl-ps running there?)",
-                        m->name, m->coordinator, (long long)((now - started) / 1000),
-                        timeout_ms / 1000);
-            else
-                FL_WARN(m->ctx, "%s: registered with the coordinator at %s, waiting for the "
-                                "others for %lld s: %s",
-                        m->name, m->coordinator, (long long)((now - started) / 1000),
-                        progress[0] ? progress : "no word yet");
-            next_note = now + JOIN_NOTE_MS;
-        }
-        if (now >= deadline) {
-            if (heard)
-                return fl_fail(FL_ETIMEDOUT, "%s: rendezvous with coordinator %s timed out "
-                                             "after %d ms: %s",
-                               m->name, m->coordinator, timeout_ms, progress);
-            return fl_fail(FL_ETIMEDOUT, "%s: no answer from the coordinator at %s within %d "
-                                         "ms (is flodl-ps running and reachable, and does its "
-                                         "security match: this process uses %s?)",
-                           m->name, m->coordinator, timeout_ms,
-                           fl_tp_curve_on(m->ctx) ? "CURVE keys whose client key must be in "
-                                                    "its allowlist"
-                                                  : "plain text");
-        }
-        if (now - last_heard >= resend_ms) {
-            /* A coordinator that restarted has forgotten us; one that is merely slow ignores
-             * the repeat. */
-            send_register(m);
-            last_heard = now;
-            resend_ms = resend_ms * 2 > JOIN_RESEND_MAX_MS ? JOIN_RESEND_MAX_MS : resend_ms * 2;
-        }
-        if (now >= next_hb) {
-            send_heartbeat(m);
-            next_hb = now + JOIN_HEARTBEAT_MS;
-        }
-    }
-}
-
-int fl_tp_member_join(fl_tp_member_t *m, const fl_msg_register_t *reg, fl_msg_hdr_t *welcome)
-{
-    memset(welcome, 0, sizeof *welcome);
-    if (m->started)
-        return fl_fail(FL_EINVAL, "%s: already joined", m->name);
-    fl_msg_hdr_t h;
-    fl_msg_hdr_init(&h, FL_MSG_REGISTER, m->sender);
-    snprintf(h.job_id, sizeof h.job_id, "%s", m->job_id);
-    h.u.reg = *reg;
-    fl_msg_hdr_deinit(&m->reg);
-    if (fl_msg_hdr_copy(&m->reg, &h) != FL_OK)
-        return fl_fail(FL_ENOMEM, "%s: out of memory for the registration", m->name);
-    m->have_reg = true;
-    return join_loop(m, fl_deadline_in(m->rendezvous_timeout_ms), m->rendezvous_timeout_ms,
-                     m->cmd_rx, welcome);
 }
 
 void fl_tp_member_cancel(fl_tp_member_t *m)
@@ -461,8 +223,8 @@ static bool coordinator_lost(fl_tp_member_t *m, const char *why, bool *stop)
     FL_WARN(m->ctx, "%s", text);
     post_shutdown(m, FL_TP_MEMBER_LOST, text);
     fl_msg_hdr_t welcome;
-    int rc = join_loop(m, fl_deadline_in(m->reconnect_timeout_ms), m->reconnect_timeout_ms,
-                       m->cmd_rx, &welcome);
+    int rc = fl_tp_member__join_loop(m, fl_deadline_in(m->reconnect_timeout_ms),
+                                     m->reconnect_timeout_ms, m->cmd_rx, &welcome);
     if (rc == FL_OK) {
         FL_INFO(m->ctx, "%s: rejoined coordinator %s (generation %llx)", m->name,
                 m->coordinator, (unsigned long long)m->generation);
@@ -508,6 +270,15 @@ static void frozen(fl_tp_member_t *m, int64_t gap)
     post_error(m, FL_EPEER, m->sender, "", text);
 }
 
+/* Whether the coordinator's socket holds a message not read yet: it ends a silence that the
+ * clock alone would call too long. */
+static bool coord_waiting(fl_tp_member_t *m)
+{
+    fl_tp_sock_t *s = m->coord;
+    bool ready = false;
+    return fl_tp_poll(&s, 1, 0, &ready) > 0 && ready;
+}
+
 static void *member_main(void *arg)
 {
     fl_tp_member_t *m = arg;
@@ -526,10 +297,11 @@ static void *member_main(void *arg)
         }
         last_turn = now;
         if (now >= next_hb) {
-            send_heartbeat(m);
+            fl_tp_member__heartbeat(m);
             next_hb = now + m->hb_ms;
         }
-        if (!failed && now - last_coord > m->hb_timeout_ms) {
+        /* What came while the last slice ended is read before the silence counts. */
+        if (!failed && now - last_coord > m->hb_timeout_ms && !coord_waiting(m)) {
             char why[1200];
             snprintf(why, sizeof why, "%s: coordinator %s silent for %lld ms (timeout %d ms)",
                      m->name, m->coordinator, (long long)(now - last_coord), m->hb_timeout_ms);

@@ -40,15 +40,11 @@ static void release_all(fl_buf_t *frames, size_t n)
         fl_buf_release(&frames[i]);
 }
 
-int fl_tp_send(fl_tp_sock_t *s, const fl_tp_route_t *to, fl_msg_hdr_t *h, fl_buf_t *frames,
-               size_t n, int64_t deadline_ms)
+/* Stamps the header (job, generation, sender on a stamped socket), sets its version and frame
+ * table from the payload. Returns the payload's bytes. */
+static uint64_t fill_header(const fl_tp_sock_t *s, fl_msg_hdr_t *h, const fl_buf_t *frames,
+                            size_t n)
 {
-    int rc;
-    if (n > FL_MSG_MAX_FRAMES) {
-        release_all(frames, n);
-        return fl_fail(FL_EINVAL, "%s socket: %zu payload frames, at most %d", s->name, n,
-                       FL_MSG_MAX_FRAMES);
-    }
     if (s->stamped) {
         snprintf(h->job_id, sizeof h->job_id, "%s", s->job_id);
         h->generation = s->generation;
@@ -63,88 +59,110 @@ int fl_tp_send(fl_tp_sock_t *s, const fl_tp_route_t *to, fl_msg_hdr_t *h, fl_buf
             h->frames[i].raw_bytes = frames[i].len;
         bytes += frames[i].len;
     }
+    return bytes;
+}
 
-    zmq_msg_t hdr;
-    size_t hlen = 0;
-    if ((rc = fl_msg_encode(h, alloc_in_msg, &hdr, &hlen)) != FL_OK) {
-        release_all(frames, n);
-        return fl_fail_ctx(rc, "%s socket: send %s", s->name, fl_msg_type_name(h->type));
-    }
-
+/* Queues the first part (a ROUTER's routing id, else the header) once there is room, then the
+ * header behind a routing id. FL_OK, or the failure (hdr is then still the caller's). */
+static int send_head(fl_tp_sock_t *s, const fl_tp_route_t *to, zmq_msg_t *hdr, size_t n,
+                     int64_t deadline_ms)
+{
     /* Wait for room before the first frame: once it is queued, ZeroMQ accepts the rest of the
      * message without checking the high-water mark again, so parts never split. */
     int flags = ZMQ_DONTWAIT;
     for (;;) {
+        int rc;
         if (to != NULL)
             rc = zmq_send(s->zs, to->id, to->len, flags | ZMQ_SNDMORE);
         else
-            rc = zmq_msg_send(&hdr, s->zs, flags | (n > 0 ? ZMQ_SNDMORE : 0));
+            rc = zmq_msg_send(hdr, s->zs, flags | (n > 0 ? ZMQ_SNDMORE : 0));
         if (rc >= 0)
             break;
         int e = zmq_errno();
-        if (e == EAGAIN && s->kind == FL_TP_ROUTER) {
-            /* A ROUTER serves many peers: one that does not read must not stall the others,
-             * and its POLLOUT says nothing about this peer. */
-            rc = fl_fail(FL_ETIMEDOUT, "%s socket: the peer's queue is full", s->name);
-            goto fail;
-        }
+        /* A ROUTER serves many peers: one that does not read must not stall the others, and its
+         * POLLOUT says nothing about this peer. */
+        if (e == EAGAIN && s->kind == FL_TP_ROUTER)
+            return fl_fail(FL_ETIMEDOUT, "%s socket: the peer's queue is full", s->name);
         if (e == EAGAIN) {
             if ((rc = wait_writable(s, deadline_ms)) != FL_OK)
-                goto fail;
+                return rc;
             continue;
         }
         if (e == EHOSTUNREACH)
-            rc = fl_fail(FL_EPEER, "%s socket: peer is not connected", s->name);
-        else
-            rc = fl_fail(FL_EIO, "%s socket: send: %s", s->name, zmq_strerror(e));
-        goto fail;
+            return fl_fail(FL_EPEER, "%s socket: peer is not connected", s->name);
+        return fl_fail(FL_EIO, "%s socket: send: %s", s->name, zmq_strerror(e));
     }
-    if (to != NULL && zmq_msg_send(&hdr, s->zs, flags | (n > 0 ? ZMQ_SNDMORE : 0)) < 0) {
-        rc = fl_fail(FL_EIO, "%s socket: send header: %s", s->name, zmq_strerror(zmq_errno()));
-        goto fail;
-    }
+    if (to != NULL && zmq_msg_send(hdr, s->zs, flags | (n > 0 ? ZMQ_SNDMORE : 0)) < 0)
+        return fl_fail(FL_EIO, "%s socket: send header: %s", s->name, zmq_strerror(zmq_errno()));
+    return FL_OK;
+}
+
+/* Queues the payload frames behind the header: zero-copy where a frame carries a release hook
+ * (the hook then belongs to ZeroMQ's message), copied otherwise. On a failure the frames not
+ * yet handed to ZeroMQ are released. */
+static int send_frames(fl_tp_sock_t *s, fl_buf_t *frames, size_t n)
+{
     for (size_t i = 0; i < n; i++) {
         zmq_msg_t part;
         int more = i + 1 < n ? ZMQ_SNDMORE : 0;
         if (frames[i].release != NULL) {
             if (zmq_msg_init_data(&part, frames[i].data, frames[i].len, frames[i].release,
                                   frames[i].hint) != 0) {
-                rc = fl_fail(FL_ENOMEM, "%s socket: zmq_msg_init_data", s->name);
+                int rc = fl_fail(FL_ENOMEM, "%s socket: zmq_msg_init_data", s->name);
                 release_all(&frames[i], n - i);
-                zmq_msg_close(&hdr);
                 return rc;
             }
             /* The hook now belongs to ZeroMQ's message: it runs when that message closes. */
             memset(&frames[i], 0, sizeof frames[i]);
         } else {
             if (zmq_msg_init_size(&part, frames[i].len) != 0) {
-                rc = fl_fail(FL_ENOMEM, "%s socket: no memory for a %zu-byte frame", s->name,
-                             frames[i].len);
+                int rc = fl_fail(FL_ENOMEM, "%s socket: no memory for a %zu-byte frame", s->name,
+                                 frames[i].len);
                 release_all(&frames[i], n - i);
-                zmq_msg_close(&hdr);
                 return rc;
             }
             if (frames[i].len > 0)
                 memcpy(zmq_msg_data(&part), frames[i].data, frames[i].len);
         }
         if (zmq_msg_send(&part, s->zs, ZMQ_DONTWAIT | more) < 0) {
-            rc = fl_fail(FL_EIO, "%s socket: send frame %zu: %s", s->name, i,
-                         zmq_strerror(zmq_errno()));
+            int rc = fl_fail(FL_EIO, "%s socket: send frame %zu: %s", s->name, i,
+                             zmq_strerror(zmq_errno()));
             zmq_msg_close(&part);
             release_all(&frames[i + 1], n - i - 1);
-            zmq_msg_close(&hdr);
             return rc;
         }
     }
+    return FL_OK;
+}
+
+int fl_tp_send(fl_tp_sock_t *s, const fl_tp_route_t *to, fl_msg_hdr_t *h, fl_buf_t *frames,
+               size_t n, int64_t deadline_ms)
+{
+    if (n > FL_MSG_MAX_FRAMES) {
+        release_all(frames, n);
+        return fl_fail(FL_EINVAL, "%s socket: %zu payload frames, at most %d", s->name, n,
+                       FL_MSG_MAX_FRAMES);
+    }
+    uint64_t bytes = fill_header(s, h, frames, n);
+    zmq_msg_t hdr;
+    size_t hlen = 0;
+    int rc = fl_msg_encode(h, alloc_in_msg, &hdr, &hlen);
+    if (rc != FL_OK) {
+        release_all(frames, n);
+        return fl_fail_ctx(rc, "%s socket: send %s", s->name, fl_msg_type_name(h->type));
+    }
+    if ((rc = send_head(s, to, &hdr, n, deadline_ms)) != FL_OK) {
+        zmq_msg_close(&hdr);
+        release_all(frames, n);
+        return rc;
+    }
+    rc = send_frames(s, frames, n);
     zmq_msg_close(&hdr);
+    if (rc != FL_OK)
+        return rc;
     fl_ctx_count(s->ctx, FL_STAT_MSGS_SENT, 1);
     fl_ctx_count(s->ctx, FL_STAT_BYTES_SENT, bytes);
     return FL_OK;
-
-fail:
-    zmq_msg_close(&hdr);
-    release_all(frames, n);
-    return rc;
 }
 
 static fl_stat_t fault_stat(fl_msg_fault_t f)
