@@ -327,8 +327,8 @@ typedef struct loaded {
     fl_wk_range_t *mine; /* this rank's ranges */
     int nmine;
     int ndev;
-    float *b1[64]; /* device t's optimizer buffers, assembled */
-    float *b2[64];
+    float *b1[FL_DEV_MAX_DEVICES]; /* device t's optimizer buffers, assembled */
+    float *b2[FL_DEV_MAX_DEVICES];
     uint64_t steps;
     bool has1;
     bool has2;

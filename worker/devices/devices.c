@@ -24,7 +24,7 @@ static void *device_main(void *arg);
  * listed twice), each device's gradient kept on it for that. */
 static int intra_create(fl_wk_devices_t *d, int timeout_ms)
 {
-    fl_dev_t *devs[MAX_DEVICES];
+    fl_dev_t *devs[FL_DEV_MAX_DEVICES];
     int rc = FL_OK;
     for (int j = 0; j < d->n && rc == FL_OK; j++) {
         devs[j] = fl_wk_rdev_dev(d->rep[j].rd);
@@ -114,7 +114,7 @@ static int fetch_shard_heads(fl_wk_devices_t *d, const fl_dptr_t *bufs, size_t S
 static int intra_reduce(fl_wk_devices_t *d)
 {
     int L = d->n;
-    fl_dptr_t bufs[MAX_DEVICES];
+    fl_dptr_t bufs[FL_DEV_MAX_DEVICES];
     size_t S = fl_intra_shard_len(d->np, L);
     int rc = FL_OK;
     for (int j = 0; j < L && rc == FL_OK; j++) {
@@ -146,8 +146,9 @@ int fl_wk_devices_create(const fl_mlp_shape_t *m, const fl_dataset_t *train,
 {
     *out = NULL;
     int L = o->replicas;
-    if (L < 1 || L > MAX_DEVICES)
-        return fl_fail(FL_EINVAL, "--cpu-replicas: %d is outside 1..%d", L, MAX_DEVICES);
+    if (L < 1 || L > FL_DEV_MAX_DEVICES)
+        return fl_fail(FL_EINVAL, "--cpu-replicas: %d is outside 1..%d", L,
+                       FL_DEV_MAX_DEVICES);
     fl_wk_devices_t *d = calloc(1, sizeof *d);
     if (d == NULL)
         return fl_fail(FL_ENOMEM, "out of memory for the devices");

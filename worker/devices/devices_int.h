@@ -8,8 +8,6 @@
 
 #include "wk_devices.h"
 
-#define MAX_DEVICES 64
-
 typedef struct replica {
     fl_wk_devices_t *d;
     fl_sampler_t smp;
@@ -72,17 +70,18 @@ struct fl_wk_devices {
     bool overlap;
     int layer_told[FL_MLP_MAX_LAYERS];
     bool reducing;
-    replica_t rep[MAX_DEVICES];
+    replica_t rep[FL_DEV_MAX_DEVICES];
     /* The two-level exchange on sim and cuda devices: the reduce-scatter of the gradients
      * that stay on the devices (fl_intra.h), on a stream of its own per device behind the
      * compute stream's end (NULL: cpu replicas, reduced in host memory by reduce_shard) */
     fl_intra_t *intra;
-    fl_stream_t *xs[MAX_DEVICES];
-    fl_event_t *computed[MAX_DEVICES];
-    fl_event_t *updated[MAX_DEVICES];  /* device j's update has run (its compute stream) */
-    fl_event_t *gathered[MAX_DEVICES]; /* resident ranges all-gathered on the devices */
+    fl_stream_t *xs[FL_DEV_MAX_DEVICES];
+    fl_event_t *computed[FL_DEV_MAX_DEVICES];
+    fl_event_t *updated[FL_DEV_MAX_DEVICES];  /* device j's update has run (its compute stream) */
+    fl_event_t *gathered[FL_DEV_MAX_DEVICES]; /* resident ranges all-gathered on the devices */
     bool keep_shards; /* the reduced shards stay on the devices (top-k there) */
-    fl_event_t *reduced[MAX_DEVICES]; /* ... device j's part of the mean is done (keep_shards) */
+    /* ... device j's part of the mean is done (keep_shards) */
+    fl_event_t *reduced[FL_DEV_MAX_DEVICES];
     /* ... overlapped with the backward pass (devices_overlap.c): bucket l is
      * [leg_edge[l], leg_edge[l + 1]), queued once every device finished layer l; leg_next: the
      * layers below it are not queued yet this step; landed[l][j] is recorded on xs[j] after
@@ -92,7 +91,7 @@ struct fl_wk_devices {
     bool have_leg_mu;
     size_t leg_edge[FL_MLP_MAX_LAYERS + 1];
     int leg_next;
-    fl_event_t *landed[FL_MLP_MAX_LAYERS][MAX_DEVICES];
+    fl_event_t *landed[FL_MLP_MAX_LAYERS][FL_DEV_MAX_DEVICES];
     int leg_rc;
     char leg_err[512];
     fl_wk_full_t *full; /* --shard full: layers gathered from their shards (NULL: params) */

@@ -30,7 +30,7 @@ typedef struct psd_part {
 
 struct fl_wk_psdev {
     int parts;
-    psd_part_t part[FL_WK_PSDEV_MAX];
+    psd_part_t part[FL_DEV_MAX_DEVICES];
     pthread_mutex_t mu;
     pthread_cond_t cv;
     uint64_t gen;
@@ -101,9 +101,9 @@ int fl_wk_psdev_create(fl_ps_client_t *cl, int parts, const fl_wk_train_opts_t *
                        fl_wk_psdev_t **out)
 {
     *out = NULL;
-    if (parts < 1 || parts > FL_WK_PSDEV_MAX)
+    if (parts < 1 || parts > FL_DEV_MAX_DEVICES)
         return fl_fail(FL_EINVAL, "--mode ps: %d device clients outside 1..%d", parts,
-                       FL_WK_PSDEV_MAX);
+                       FL_DEV_MAX_DEVICES);
     fl_wk_psdev_t *x = calloc(1, sizeof *x);
     if (x == NULL)
         return fl_fail(FL_ENOMEM, "out of memory for the device clients");

@@ -16,12 +16,13 @@
 struct fl_wk_shards {
     fl_wk_shard_t mode;
     int n;                /* owned ranges (devices) */
-    size_t off[64];       /* range t: [off, off + len) of the flat parameters */
-    size_t len[64];
-    size_t shard_off[64]; /* grad: device t's shard, which its column reduces and gathers */
-    size_t shard_len[64];
-    fl_opt_t *opt[64];
-    fl_comm_t **cols;     /* grad: device t's column across hosts (NULL: one host) */
+    size_t off[FL_DEV_MAX_DEVICES]; /* range t: [off, off + len) of the flat parameters */
+    size_t len[FL_DEV_MAX_DEVICES];
+    /* grad: device t's shard, which its column reduces and gathers */
+    size_t shard_off[FL_DEV_MAX_DEVICES];
+    size_t shard_len[FL_DEV_MAX_DEVICES];
+    fl_opt_t *opt[FL_DEV_MAX_DEVICES];
+    fl_comm_t **cols; /* grad: device t's column across hosts (NULL: one host) */
     uint64_t sent;
     uint64_t remote;
 };
@@ -133,8 +134,8 @@ static int legs(fl_wk_shards_t *s, float *buf, bool gather)
 {
     if (!fl_wk_shards_across_hosts(s))
         return FL_OK;
-    leg_t l[64];
-    pthread_t th[64];
+    leg_t l[FL_DEV_MAX_DEVICES];
+    pthread_t th[FL_DEV_MAX_DEVICES];
     int started = 0;
     int rc = FL_OK;
     for (int t = 0; t < s->n; t++) {
@@ -169,7 +170,7 @@ int fl_wk_shards_clip(fl_wk_shards_t *s, float *grad, double max_norm)
 {
     /* The norm of the whole averaged gradient from the pieces this host owns: each column
      * sums its pieces across hosts. */
-    double ss[64];
+    double ss[FL_DEV_MAX_DEVICES];
     double total = 0.0;
     for (int t = 0; t < s->n; t++) {
         ss[t] = 0.0;

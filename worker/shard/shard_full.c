@@ -20,7 +20,6 @@
 #include <string.h>
 #include <time.h>
 
-#define MAX_DEV 64
 #define MAX_PROG (2 * FL_MLP_MAX_LAYERS)
 #define WAIT_S 600 /* a gather or a device that makes no progress for this long is an error */
 
@@ -53,32 +52,33 @@ struct fl_wk_full {
     size_t poff[FL_MLP_MAX_LAYERS]; /* its piece's place in a device's pieces */
     size_t per_dev;                /* a device's pieces, all units */
     size_t widest;                 /* the largest padded unit */
-    float *piece[MAX_DEV];
-    float *gpiece[MAX_DEV];
-    float *stage[MAX_DEV]; /* column t's shard of a unit, padded, for the reduce-scatter */
-    fl_opt_t *opt[MAX_DEV];
+    float *piece[FL_DEV_MAX_DEVICES];
+    float *gpiece[FL_DEV_MAX_DEVICES];
+    float *stage[FL_DEV_MAX_DEVICES]; /* column t's shard of a unit, padded, for the
+                                         reduce-scatter */
+    fl_opt_t *opt[FL_DEV_MAX_DEVICES];
     int depth;
     /* the step's gathers */
     pthread_mutex_t mu;
     pthread_cond_t cv;
     int nprog;
     inst_t prog[MAX_PROG];
-    int next_get[MAX_DEV];
-    int released[MAX_DEV];
+    int next_get[FL_DEV_MAX_DEVICES];
+    int released[FL_DEV_MAX_DEVICES];
     int upto; /* instances every device put back */
     bool running;
     bool stop;
     int first_failed; /* the device that stopped the step (-1: none) */
     int rc;
     char err[1024];
-    pthread_t th[MAX_DEV];
-    col_arg_t cargs[MAX_DEV];
+    pthread_t th[FL_DEV_MAX_DEVICES];
+    col_arg_t cargs[FL_DEV_MAX_DEVICES];
     int nth;
     size_t live; /* gathered bytes now */
     size_t peak;
     fl_wk_full_stats_t st;
-    dev_src_t dsrc[MAX_DEV];
-    fl_mlp_src_t src[MAX_DEV];
+    dev_src_t dsrc[FL_DEV_MAX_DEVICES];
+    fl_mlp_src_t src[FL_DEV_MAX_DEVICES];
 };
 
 static int src_get(void *ud, int layer, const float **w);
@@ -97,8 +97,9 @@ int fl_wk_full_create(const fl_wk_train_opts_t *o, int rank, int world, fl_comm_
                       const float *params, fl_wk_full_t **out)
 {
     *out = NULL;
-    if (o->replicas < 1 || o->replicas > MAX_DEV)
-        return fl_fail(FL_EINVAL, "--shard full: %d devices (1..%d)", o->replicas, MAX_DEV);
+    if (o->replicas < 1 || o->replicas > FL_DEV_MAX_DEVICES)
+        return fl_fail(FL_EINVAL, "--shard full: %d devices (1..%d)", o->replicas,
+                       FL_DEV_MAX_DEVICES);
     fl_wk_full_t *z = calloc(1, sizeof *z);
     if (z == NULL)
         return fl_fail(FL_ENOMEM, "--shard full: out of memory");
@@ -493,8 +494,8 @@ static void *leg_main(void *p)
 /* One thread per column (each column's collectives on its own connection). */
 static int legs(fl_wk_full_t *z, const float *grad, float *params)
 {
-    leg_t l[MAX_DEV];
-    pthread_t th[MAX_DEV];
+    leg_t l[FL_DEV_MAX_DEVICES];
+    pthread_t th[FL_DEV_MAX_DEVICES];
     int started = 0;
     int rc = FL_OK;
     for (int t = 0; t < z->L; t++) {

@@ -24,7 +24,6 @@
 #include <string.h>
 #include <time.h>
 
-#define MAX_DEV 64
 #define MAX_SLOTS 17 /* run-ahead bound 16 at most */
 #define WAIT_S 600
 
@@ -57,7 +56,7 @@ struct fl_wk_async {
     size_t np;
     int bound;
     int slots;
-    device_t dev[MAX_DEV];
+    device_t dev[FL_DEV_MAX_DEVICES];
     float *sum; /* the host's count-weighted deltas, its batch count, a failure flag (np + 2) */
     float *params; /* the job's parameters (the caller's), during an epoch */
     double rloss;    /* the round's loss sum and correct predictions on this host */
@@ -451,7 +450,7 @@ int fl_wk_async_epoch(fl_wk_async_t *a, float *params, const fl_lr_sched_t *sche
     rc = FL_OK;
     for (int k = 0;; k++) {
         double wait_s = 0.0;
-        double batch_s[MAX_DEV];
+        double batch_s[FL_DEV_MAX_DEVICES];
         host_sum(a, k, &wait_s, batch_s);
         int64_t t0 = fl_now_ns();
         if (a->comm != NULL) {

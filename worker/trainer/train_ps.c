@@ -104,7 +104,7 @@ static void teardown(ps_trainer_t *t)
  * at `step` in dir; without one it goes on with what it has (zero at a start), saying so. */
 static int own_residual(ps_trainer_t *t, const char *dir, uint64_t step, bool at_start)
 {
-    fl_cmp_ef_t *efs[FL_WK_PSDEV_MAX];
+    fl_cmp_ef_t *efs[FL_DEV_MAX_DEVICES];
     int nef = 0;
     if (t->ef != NULL)
         efs[nef++] = t->ef;
@@ -303,7 +303,7 @@ int fl_wk_train_ps(fl_ps_client_t *cl, int rank, int world, const fl_dataset_t *
         /* An epoch ended: these are the parameters after its last update. */
         res->epochs = (int)(step / nb);
         if (o->checkpoint_dir != NULL && (t.ef != NULL || (t.pd != NULL && o->topk > 0))) {
-            const fl_cmp_ef_t *efs[FL_WK_PSDEV_MAX];
+            const fl_cmp_ef_t *efs[FL_DEV_MAX_DEVICES];
             int nef = 0;
             if (t.ef != NULL)
                 efs[nef++] = t.ef;
