@@ -18,7 +18,7 @@
 
 #define BARRIER_S 600 /* the devices' own timeout, fl_dev_opts_init's */
 
-static void *device_main(void *arg);
+static int device_job(int j, void *ud);
 
 /* The reduce-scatter among the devices (sim: device copies; cuda: NCCL, or copies for GPUs
  * listed twice), each device's gradient kept on it for that. */
@@ -169,9 +169,6 @@ int fl_wk_devices_create(const fl_mlp_shape_t *m, const fl_dataset_t *train,
     pthread_mutex_init(&d->mu, NULL);
     pthread_cond_init(&d->cv, NULL);
     d->have_barrier = true;
-    pthread_mutex_init(&d->pool_mu, NULL);
-    pthread_cond_init(&d->pool_cv, NULL);
-    d->have_pool = true;
     for (int j = 0; j < L; j++) {
         replica_t *r = &d->rep[j];
         r->d = d;
@@ -196,13 +193,10 @@ int fl_wk_devices_create(const fl_mlp_shape_t *m, const fl_dataset_t *train,
     }
     /* Device 0 is driven by the caller's thread (the training loop's, for the whole run), the
      * others by threads of their own: with one device no step hands work to another thread. */
-    for (int j = 1; j < L; j++) {
-        if (pthread_create(&d->rep[j].th, NULL, device_main, &d->rep[j]) != 0) {
-            rc = fl_fail(FL_EIO, "rank %d: cannot start the thread of device %d", rank, j);
-            goto fail;
-        }
-        d->rep[j].started = true;
-    }
+    char what[48];
+    snprintf(what, sizeof what, "rank %d: the devices", rank);
+    if ((rc = fl_fanout_create(L, 1, device_job, d, what, &d->pool)) != FL_OK)
+        goto fail;
     /* By default sim only: on cuda the same code (NCCL, or copies for --gpus 0,0) has been
      * compiled but not yet run on a GPU (tests/test_intra.c's gpu build, the worker's in
      * scripts/gpu-check.sh), so GPUs keep the host-memory leg unless --first-leg devices asks.
@@ -241,17 +235,7 @@ void fl_wk_devices_destroy(fl_wk_devices_t **pd)
     if (pd == NULL || *pd == NULL)
         return;
     fl_wk_devices_t *d = *pd;
-    if (d->have_pool) {
-        pthread_mutex_lock(&d->pool_mu);
-        d->quit = true;
-        pthread_cond_broadcast(&d->pool_cv);
-        pthread_mutex_unlock(&d->pool_mu);
-        for (int j = 0; j < d->n; j++)
-            if (d->rep[j].started)
-                pthread_join(d->rep[j].th, NULL);
-        pthread_mutex_destroy(&d->pool_mu);
-        pthread_cond_destroy(&d->pool_cv);
-    }
+    fl_fanout_destroy(&d->pool);
     intra_destroy(d);
     for (int j = 0; j < d->n; j++) {
         replica_t *r = &d->rep[j];
@@ -494,13 +478,13 @@ static void replica_step(replica_t *r)
         d->ready(r->j, fl_shard_offset(d->np, d->n, r->j), d->ud);
 }
 
-/* The work of the current generation on device r (a step, or the update). */
-static void run_one(replica_t *r, int brc, const char *berr)
+/* The work of the current run on device r (a step, or the update). */
+static void run_one(replica_t *r)
 {
     fl_wk_devices_t *d = r->d;
-    if (brc != FL_OK) {
-        r->rc = brc;
-        snprintf(r->err, sizeof r->err, "%s", berr);
+    if (r->brc != FL_OK) {
+        r->rc = r->brc;
+        memcpy(r->err, r->berr, sizeof r->err);
         /* What the step would have told the others: its layers are not needed, and it has
          * arrived at the barrier (they then see its error and reduce nothing). */
         if (!d->updating && !d->cadence && d->full != NULL)
@@ -517,49 +501,28 @@ static void run_one(replica_t *r, int brc, const char *berr)
     }
 }
 
-static void *device_main(void *arg)
+/* Device j's part of a run. The device is current on its thread: bound once on a thread of its
+ * own, which is the device's for the run (CUDA), and each time on the caller's (device 0). */
+static int device_job(int j, void *ud)
 {
-    replica_t *r = arg;
-    fl_wk_devices_t *d = r->d;
-    /* The device is this thread's for the run (CUDA: current here once). */
-    int brc = fl_wk_rdev_bind(r->rd);
-    char berr[512] = "";
-    if (brc != FL_OK)
-        snprintf(berr, sizeof berr, "%s", fl_last_error());
-    pthread_mutex_lock(&d->pool_mu);
-    for (;;) {
-        while (r->seen == d->gen && !d->quit)
-            pthread_cond_wait(&d->pool_cv, &d->pool_mu);
-        if (d->quit)
-            break;
-        r->seen = d->gen;
-        pthread_mutex_unlock(&d->pool_mu);
-        run_one(r, brc, berr);
-        pthread_mutex_lock(&d->pool_mu);
-        d->finished++;
-        pthread_cond_broadcast(&d->pool_cv);
+    fl_wk_devices_t *d = ud;
+    replica_t *r = &d->rep[j];
+    if (j == 0 || !r->bound) {
+        r->brc = fl_wk_rdev_bind(r->rd);
+        snprintf(r->berr, sizeof r->berr, "%s", r->brc != FL_OK ? fl_last_error() : "");
+        r->bound = true;
     }
-    pthread_mutex_unlock(&d->pool_mu);
-    return NULL;
+    run_one(r);
+    return r->rc;
 }
 
-/* Every device runs the generation's work once; returns when all have. Each step's own waits are
+/* Every device runs the run's work once; returns when all have. Each step's own waits are
  * bounded (the devices' and the collectives' deadlines), so this one is too. */
 void fl_wk_devices_run_all(fl_wk_devices_t *d)
 {
-    pthread_mutex_lock(&d->pool_mu);
-    d->gen++;
-    d->finished = 0;
-    if (d->n > 1)
-        pthread_cond_broadcast(&d->pool_cv);
-    pthread_mutex_unlock(&d->pool_mu);
-    /* Device 0 on this thread, made current each time (the caller's thread is its driver). */
-    int brc = fl_wk_rdev_bind(d->rep[0].rd);
-    run_one(&d->rep[0], brc, fl_last_error());
-    pthread_mutex_lock(&d->pool_mu);
-    while (d->finished < d->n - 1)
-        pthread_cond_wait(&d->pool_cv, &d->pool_mu);
-    pthread_mutex_unlock(&d->pool_mu);
+    /* The callers read each device's own code and text: which failure a step reports first is
+     * theirs to choose (fl_wk_devices_step). */
+    (void)fl_fanout_run(d->pool);
 }
 
 int fl_wk_devices_step(fl_wk_devices_t *d, const float *params, size_t batch_index,

@@ -33,10 +33,11 @@ typedef struct replica {
     float *own;
     fl_opt_t *opt;
     bool registered; /* grad is page-locked for the device */
-    /* its thread, alive for the run */
-    pthread_t th;
-    bool started;
-    uint64_t seen; /* the last work generation it took */
+    /* the device made current on its thread (once on its own, each run on the caller's for
+     * device 0): the outcome, and its text when it failed */
+    bool bound;
+    int brc;
+    char berr[512]; /* as err */
 } replica_t;
 
 struct fl_wk_devices {
@@ -110,13 +111,8 @@ struct fl_wk_devices {
     const float *upd_grad;
     double upd_norm;
     double upd_lr;
-    /* the device threads: work generation gen, finished of them done with it */
-    pthread_mutex_t pool_mu;
-    pthread_cond_t pool_cv;
-    uint64_t gen;
-    int finished;
-    bool quit;
-    bool have_pool;
+    /* the device threads: device j's job on thread j for the run, device 0's on the caller's */
+    fl_fanout_t *pool;
 };
 
 /* Overlap (devices_overlap.c): d's steps leave the first leg to the exchange; a device's pass
@@ -130,8 +126,8 @@ int fl_wk_devices_leg_begin(fl_wk_devices_t *d);
 int fl_wk_devices_leg_end(const fl_wk_devices_t *d);
 void fl_wk_devices_leg_destroy(fl_wk_devices_t *d);
 
-/* Every device runs the generation's work once (a step, or the update when d->updating); returns
- * when all have. Device 0 runs on the calling thread. */
+/* Every device runs the run's work once (a step, or the update when d->updating); returns when
+ * all have. Device 0 runs on the calling thread. */
 void fl_wk_devices_run_all(fl_wk_devices_t *d);
 
 #endif

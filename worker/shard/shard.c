@@ -8,7 +8,6 @@
 #include "wk_shard.h"
 
 #include <math.h>
-#include <pthread.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -98,60 +97,41 @@ bool fl_wk_shards_across_hosts(const fl_wk_shards_t *s)
 
 /* ---- the column legs of --shard grad, one thread per device ---- */
 
-typedef struct leg {
+typedef struct legs {
     fl_wk_shards_t *s;
-    int t;
     float *buf;
     bool gather;
-    int rc;
-    char err[1024];
-    uint64_t sent;
-    uint64_t remote;
-} leg_t;
+    uint64_t sent[FL_DEV_MAX_DEVICES];
+    uint64_t remote[FL_DEV_MAX_DEVICES];
+} legs_t;
 
-static void *leg_main(void *p)
+static int leg(int t, void *ud)
 {
-    leg_t *l = p;
+    legs_t *l = ud;
     fl_wk_shards_t *s = l->s;
-    fl_comm_t *c = s->cols[l->t];
+    fl_comm_t *c = s->cols[t];
     fl_comm_stats_t s0;
     fl_comm_stats_t s1;
     fl_comm_get_stats(c, &s0);
-    float *shard = l->buf + s->shard_off[l->t];
-    float *mine = l->buf + s->off[l->t];
-    l->rc = l->gather ? fl_allgather(c, mine, shard, s->shard_len[l->t], FL_FLOAT32)
-                      : fl_reduce_scatter(c, shard, mine, s->shard_len[l->t], FL_FLOAT32,
-                                          FL_AVG);
-    if (l->rc != FL_OK)
-        snprintf(l->err, sizeof l->err, "%s", fl_last_error());
+    float *shard = l->buf + s->shard_off[t];
+    float *mine = l->buf + s->off[t];
+    int rc = l->gather ? fl_allgather(c, mine, shard, s->shard_len[t], FL_FLOAT32)
+                       : fl_reduce_scatter(c, shard, mine, s->shard_len[t], FL_FLOAT32, FL_AVG);
     fl_comm_get_stats(c, &s1);
-    l->sent = s1.bytes_sent - s0.bytes_sent;
-    l->remote = s1.bytes_sent_remote - s0.bytes_sent_remote;
-    return NULL;
+    l->sent[t] = s1.bytes_sent - s0.bytes_sent;
+    l->remote[t] = s1.bytes_sent_remote - s0.bytes_sent_remote;
+    return rc;
 }
 
 static int legs(fl_wk_shards_t *s, float *buf, bool gather)
 {
     if (!fl_wk_shards_across_hosts(s))
         return FL_OK;
-    leg_t l[FL_DEV_MAX_DEVICES];
-    pthread_t th[FL_DEV_MAX_DEVICES];
-    int started = 0;
-    int rc = FL_OK;
+    legs_t l = {.s = s, .buf = buf, .gather = gather};
+    int rc = fl_fanout_once(s->n, leg, &l, "the exchange of the shards");
     for (int t = 0; t < s->n; t++) {
-        l[t] = (leg_t){.s = s, .t = t, .buf = buf, .gather = gather};
-        if (pthread_create(&th[t], NULL, leg_main, &l[t]) != 0) {
-            rc = fl_fail(FL_EIO, "cannot start the exchange of shard %d", t);
-            break;
-        }
-        started++;
-    }
-    for (int t = 0; t < started; t++) {
-        pthread_join(th[t], NULL);
-        s->sent += l[t].sent;
-        s->remote += l[t].remote;
-        if (rc == FL_OK && l[t].rc != FL_OK)
-            rc = fl_fail(l[t].rc, "%s", l[t].err);
+        s->sent += l.sent[t];
+        s->remote += l.remote[t];
     }
     return rc;
 }

@@ -423,16 +423,13 @@ int fl_wk_full_end(fl_wk_full_t *z)
 
 /* ---- after the backward pass: the gradient's pieces, the update ---- */
 
-typedef struct leg {
+typedef struct legs {
     fl_wk_full_t *z;
-    int t;
     const float *grad; /* reduce: the host's mean; gather: NULL */
     float *params;     /* gather: the flat parameters */
-    int rc;
-    char err[1024];
-    uint64_t sent;
-    uint64_t remote;
-} leg_t;
+    uint64_t sent[FL_DEV_MAX_DEVICES];
+    uint64_t remote[FL_DEV_MAX_DEVICES];
+} legs_t;
 
 /* Column t: shard t of every unit of the host's mean gradient, reduce-scattered (averaged)
  * across hosts into device t's gradient pieces. */
@@ -481,37 +478,21 @@ static int gather_column(fl_wk_full_t *z, int t, float *params, uint64_t *sent,
     return FL_OK;
 }
 
-static void *leg_main(void *p)
+static int leg(int t, void *ud)
 {
-    leg_t *l = p;
-    l->rc = l->grad != NULL ? reduce_column(l->z, l->t, l->grad, &l->sent, &l->remote)
-                            : gather_column(l->z, l->t, l->params, &l->sent, &l->remote);
-    if (l->rc != FL_OK)
-        snprintf(l->err, sizeof l->err, "%s", fl_last_error());
-    return NULL;
+    legs_t *l = ud;
+    return l->grad != NULL ? reduce_column(l->z, t, l->grad, &l->sent[t], &l->remote[t])
+                           : gather_column(l->z, t, l->params, &l->sent[t], &l->remote[t]);
 }
 
 /* One thread per column (each column's collectives on its own connection). */
 static int legs(fl_wk_full_t *z, const float *grad, float *params)
 {
-    leg_t l[FL_DEV_MAX_DEVICES];
-    pthread_t th[FL_DEV_MAX_DEVICES];
-    int started = 0;
-    int rc = FL_OK;
+    legs_t l = {.z = z, .grad = grad, .params = params};
+    int rc = fl_fanout_once(z->L, leg, &l, "--shard full: the columns' exchanges");
     for (int t = 0; t < z->L; t++) {
-        l[t] = (leg_t){.z = z, .t = t, .grad = grad, .params = params};
-        if (pthread_create(&th[t], NULL, leg_main, &l[t]) != 0) {
-            rc = fl_fail(FL_EIO, "--shard full: cannot start column %d's exchange", t);
-            break;
-        }
-        started++;
-    }
-    for (int t = 0; t < started; t++) {
-        pthread_join(th[t], NULL);
-        z->st.sent += l[t].sent;
-        z->st.remote += l[t].remote;
-        if (rc == FL_OK && l[t].rc != FL_OK)
-            rc = fl_fail(l[t].rc, "%s", l[t].err);
+        z->st.sent += l.sent[t];
+        z->st.remote += l.remote[t];
     }
     return rc;
 }

@@ -43,8 +43,6 @@ typedef struct dev {
     size_t correct;
     size_t batches;
     double busy_s;
-    pthread_t th;
-    bool started;
 } device_t;
 
 struct fl_wk_async {
@@ -81,6 +79,7 @@ struct fl_wk_async {
     char err[1024];
     const fl_lr_sched_t *sched;
     double samples0;  /* the job's samples at the epoch's start */
+    fl_fanout_t *fan; /* the devices' threads, during an epoch */
     fl_wk_async_stats_t st;
 };
 
@@ -235,10 +234,10 @@ static void apply_done(fl_wk_async_t *a, device_t *v, int r, const float *params
     }
 }
 
-static void *device_main(void *p)
+static int device_job(int j, void *ud)
 {
-    device_t *v = p;
-    fl_wk_async_t *a = v->a;
+    fl_wk_async_t *a = ud;
+    device_t *v = &a->dev[j];
     const fl_wk_train_opts_t *o = a->o;
     double per_sync = (double)a->L * a->W * (double)o->batch;
     long since = 0; /* batches since the last averaging the device applied */
@@ -260,7 +259,7 @@ static void *device_main(void *p)
         if (a->rc != FL_OK || r >= a->rounds) {
             /* An error, or the host's batches are all in earlier rounds. */
             pthread_mutex_unlock(&a->mu);
-            return NULL;
+            return FL_OK;
         }
         apply_done(a, v, r, a->params);
         /* Its batches since the last averaging it applied: the rounds that averaging did not
@@ -320,9 +319,9 @@ static void *device_main(void *p)
         }
         pthread_mutex_unlock(&a->mu);
         if (rc != FL_OK)
-            return NULL;
+            return rc;
     }
-    return NULL;
+    return FL_OK;
 }
 
 /* Round k on this host: wait for every device's delta, their count-weighted sum; a local
@@ -427,8 +426,6 @@ int fl_wk_async_epoch(fl_wk_async_t *a, float *params, const fl_lr_sched_t *sche
         snprintf(a->err, sizeof a->err, "%s", fl_last_error());
         a->rounds = 0;
     }
-    for (int j = 0; j < a->L; j++)
-        a->dev[j].started = false;
     for (int j = 0; j < a->L && rc == FL_OK; j++) {
         device_t *v = &a->dev[j];
         memcpy(v->p, params, a->np * sizeof(float));
@@ -437,14 +434,16 @@ int fl_wk_async_epoch(fl_wk_async_t *a, float *params, const fl_lr_sched_t *sche
         v->correct = 0;
         v->batches = 0;
         v->busy_s = 0.0;
-        v->started = pthread_create(&v->th, NULL, device_main, v) == 0;
-        if (!v->started) {
-            pthread_mutex_lock(&a->mu);
-            set_error(a, FL_EIO, "--policy async: cannot start a device thread");
-            pthread_mutex_unlock(&a->mu);
-            rc = FL_EIO;
-        }
     }
+    if (rc == FL_OK &&
+        (rc = fl_fanout_create(a->L, 0, device_job, a, "--policy async: the devices",
+                               &a->fan)) != FL_OK) {
+        pthread_mutex_lock(&a->mu);
+        set_error(a, rc, fl_last_error());
+        pthread_mutex_unlock(&a->mu);
+    }
+    if (rc == FL_OK)
+        fl_fanout_begin(a->fan);
     /* The averagings, in order, until no host has a round left or one host failed. */
     bool peer_failed = false;
     rc = FL_OK;
@@ -512,9 +511,10 @@ int fl_wk_async_epoch(fl_wk_async_t *a, float *params, const fl_lr_sched_t *sche
     pthread_cond_broadcast(&a->cv);
     rc = a->rc;
     pthread_mutex_unlock(&a->mu);
-    for (int j = 0; j < a->L; j++)
-        if (a->dev[j].started)
-            pthread_join(a->dev[j].th, NULL);
+    /* a->rc holds the epoch's first failure, a device's or the averaging's. */
+    if (a->fan != NULL)
+        (void)fl_fanout_end(a->fan);
+    fl_fanout_destroy(&a->fan);
     a->params = NULL;
     if (rc != FL_OK)
         return fl_fail(rc, "%s", a->err);
