@@ -1,6 +1,6 @@
-/* Private to devices.c and devices_keep.c: the devices of a worker process, each a replica
- * with its device (replica_dev.c), its sampler and its share of the step in progress, and the
- * pool of threads that drive them. */
+/* Private to the devices*.c files: the devices of a worker process, each a replica with its
+ * device (replica_dev.c), its sampler and its share of the step in progress, and the pool of
+ * threads that drive them. */
 #ifndef FL_WK_DEVICES_INT_H
 #define FL_WK_DEVICES_INT_H
 
@@ -125,6 +125,12 @@ void fl_wk_devices_layer_told(int layer, void *ud);
 int fl_wk_devices_leg_begin(fl_wk_devices_t *d);
 int fl_wk_devices_leg_end(const fl_wk_devices_t *d);
 void fl_wk_devices_leg_destroy(fl_wk_devices_t *d);
+
+/* --throttle: device r takes `throttle` times its compute time since t0 (a sleep). */
+void fl_wk_devices_throttle(const replica_t *r, int64_t t0);
+
+/* El Che (devices_cadence.c): device r's batches of the host's sequence in a cadence step. */
+void fl_wk_devices_cadence_batches(fl_wk_devices_t *d, replica_t *r);
 
 /* Every device runs the run's work once (a step, or the update when d->updating); returns when
  * all have. Device 0 runs on the calling thread. */

@@ -1,7 +1,8 @@
 /* worker/devices: the devices of a worker process: one device with its streams and staging
  * (replica_dev.c), the pool that drives them all (devices.c, devices_keep.c), the first leg
  * inside the host overlapped with the backward pass (devices_overlap.c), El Che's clock and
- * cadence (batch_clock.c, cadence.c) and the choice of devices (device_select.c). */
+ * cadence (batch_clock.c, cadence.c) and its steps on the devices (devices_cadence.c), and the
+ * choice of devices (device_select.c). */
 #ifndef FL_WK_DEVICES_H
 #define FL_WK_DEVICES_H
 
