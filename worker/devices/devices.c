@@ -1,11 +1,11 @@
 /* The devices of one worker process (cpu replicas, simulated or CUDA GPUs), each driven by one
- * thread for the whole run (device 0 by the training loop's, the others by their own): each draws its batch from the distributed sampler
- * (device j of rank k is data-parallel replica k * L + j of world * L) and computes its
- * gradient on its device (replica_dev.c), which lands in host memory layer by layer; then the
- * first level of the exchange, inside the host: their mean (for the parameter server), a
- * reduce-scatter in shared memory (device j sums shard j of all devices' gradients, for the
- * two-level exchange), or nothing (every device a member of the flat exchange, telling layer
- * by layer). Both training loops use it. */
+ * thread for the whole run (device 0 by the training loop's, the others by their own): each
+ * draws its batch from the distributed sampler (device j of rank k is data-parallel replica
+ * k * L + j of world * L) and computes its gradient on its device (replica_dev.c), which lands
+ * in host memory layer by layer; then the first level of the exchange, inside the host: their
+ * mean (for the parameter server), a reduce-scatter in shared memory (device j sums shard j of
+ * all devices' gradients, for the two-level exchange), or nothing (every device a member of the
+ * flat exchange, telling layer by layer). Both training loops use it. */
 #include "devices_int.h"
 
 #include <errno.h>
@@ -140,6 +140,57 @@ static int intra_reduce(fl_wk_devices_t *d)
     return rc != FL_OK ? rc : brc;
 }
 
+/* Device j: its sampler (device j of rank k is replica k * L + j of world * L), its device, its
+ * batch indices and its gradient buffer (device 0's is the caller's), page-locked. */
+static int replica_init(fl_wk_devices_t *d, const fl_wk_train_opts_t *o, int j, int world,
+                        float *grad)
+{
+    replica_t *r = &d->rep[j];
+    int L = d->n;
+    r->d = d;
+    r->j = j;
+    r->throttle = o->throttle[j];
+    int rc;
+    if ((rc = fl_sampler_init(&r->smp, d->train->n, world * L, d->rank * L + j, o->batch,
+                                 o->shuffle, o->seed)) != FL_OK ||
+        (rc = fl_wk_rdev_create(o, j, d->train->dim, &r->rd)) != FL_OK)
+        return rc;
+    r->idx = malloc(o->batch * sizeof *r->idx);
+    r->next_idx = malloc(o->batch * sizeof *r->next_idx);
+    r->grad = j == 0 ? grad : calloc(d->np, sizeof(float));
+    if (r->idx == NULL || r->next_idx == NULL || r->grad == NULL)
+        return fl_fail(FL_ENOMEM, "out of memory for device %d", j);
+    /* Page-locked, so that the layers' copies out stay asynchronous on a GPU. */
+    if ((rc = fl_dev_host_register(fl_wk_rdev_dev(r->rd), r->grad, d->np * sizeof(float))) !=
+        FL_OK)
+        return rc;
+    r->registered = true;
+    return FL_OK;
+}
+
+/* The first leg inside the host on the devices (fl_intra) when it is asked for or is the
+ * default; otherwise it stays in host memory. */
+static int first_leg_create(fl_wk_devices_t *d, const fl_wk_train_opts_t *o)
+{
+    int L = d->n;
+    /* By default sim only: on cuda the same code (NCCL, or copies for --gpus 0,0) has been
+     * compiled but not yet run on a GPU (tests/test_intra.c's gpu build, the worker's in
+     * scripts/gpu-check.sh), so GPUs keep the host-memory leg unless --first-leg devices asks.
+     * With --overlap the leg goes bucket by bucket behind the layers' events
+     * (devices_overlap.c). */
+    if (o->first_leg == FL_WK_LEG_DEVICES && o->device == FL_DEV_CPU && L > 1)
+        return fl_fail(FL_EINVAL, "--first-leg devices: cpu replicas reduce in host memory (it "
+                                  "takes --device sim or cuda)");
+    if (o->first_leg == FL_WK_LEG_DEVICES && d->local == FL_WK_LOCAL_NONE && L > 1)
+        return fl_fail(FL_EINVAL, "--first-leg devices: --hierarchy flat has no first leg "
+                                  "(every device is a member of the exchange across hosts)");
+    bool on_devices = o->first_leg == FL_WK_LEG_DEVICES ||
+                      (o->first_leg == FL_WK_LEG_AUTO && o->device == FL_DEV_SIM);
+    if (d->local == FL_WK_LOCAL_SHARDS && L > 1 && on_devices)
+        return intra_create(d, o->device_timeout_ms);
+    return FL_OK;
+}
+
 int fl_wk_devices_create(const fl_mlp_shape_t *m, const fl_dataset_t *train,
                          const fl_wk_train_opts_t *o, int rank, int world, fl_wk_local_t local,
                          float *grad, fl_wk_devices_t **out)
@@ -169,65 +220,26 @@ int fl_wk_devices_create(const fl_mlp_shape_t *m, const fl_dataset_t *train,
     pthread_mutex_init(&d->mu, NULL);
     pthread_cond_init(&d->cv, NULL);
     d->have_barrier = true;
-    for (int j = 0; j < L; j++) {
-        replica_t *r = &d->rep[j];
-        r->d = d;
-        r->j = j;
-        r->throttle = o->throttle[j];
-        if ((rc = fl_sampler_init(&r->smp, train->n, world * L, rank * L + j, o->batch,
-                                     o->shuffle, o->seed)) != FL_OK ||
-            (rc = fl_wk_rdev_create(o, j, train->dim, &r->rd)) != FL_OK)
-            goto fail;
-        r->idx = malloc(o->batch * sizeof *r->idx);
-        r->next_idx = malloc(o->batch * sizeof *r->next_idx);
-        r->grad = j == 0 ? grad : calloc(d->np, sizeof(float));
-        if (r->idx == NULL || r->next_idx == NULL || r->grad == NULL) {
-            rc = fl_fail(FL_ENOMEM, "out of memory for device %d", j);
-            goto fail;
-        }
-        /* Page-locked, so that the layers' copies out stay asynchronous on a GPU. */
-        if ((rc = fl_dev_host_register(fl_wk_rdev_dev(r->rd), r->grad,
-                                       d->np * sizeof(float))) != FL_OK)
-            goto fail;
-        r->registered = true;
-    }
+    for (int j = 0; j < L && rc == FL_OK; j++)
+        rc = replica_init(d, o, j, world, grad);
     /* Device 0 is driven by the caller's thread (the training loop's, for the whole run), the
      * others by threads of their own: with one device no step hands work to another thread. */
     char what[48];
     snprintf(what, sizeof what, "rank %d: the devices", rank);
-    if ((rc = fl_fanout_create(L, 1, device_job, d, what, &d->pool)) != FL_OK)
-        goto fail;
-    /* By default sim only: on cuda the same code (NCCL, or copies for --gpus 0,0) has been
-     * compiled but not yet run on a GPU (tests/test_intra.c's gpu build, the worker's in
-     * scripts/gpu-check.sh), so GPUs keep the host-memory leg unless --first-leg devices asks.
-     * With --overlap the leg goes bucket by bucket behind the layers' events
-     * (devices_overlap.c). */
-    if (o->first_leg == FL_WK_LEG_DEVICES && o->device == FL_DEV_CPU && L > 1) {
-        rc = fl_fail(FL_EINVAL, "--first-leg devices: cpu replicas reduce in host memory (it "
-                                "takes --device sim or cuda)");
-        goto fail;
-    }
-    if (o->first_leg == FL_WK_LEG_DEVICES && local == FL_WK_LOCAL_NONE && L > 1) {
-        rc = fl_fail(FL_EINVAL, "--first-leg devices: --hierarchy flat has no first leg (every "
-                                "device is a member of the exchange across hosts)");
-        goto fail;
-    }
-    bool on_devices = o->first_leg == FL_WK_LEG_DEVICES ||
-                      (o->first_leg == FL_WK_LEG_AUTO && o->device == FL_DEV_SIM);
-    if (local == FL_WK_LOCAL_SHARDS && L > 1 && on_devices &&
-        (rc = intra_create(d, o->device_timeout_ms)) != FL_OK)
-        goto fail;
-    if (o->max_anchor > 0) {
-        if ((rc = fl_sampler_init(&d->host, train->n, world, rank, o->batch, o->shuffle,
-                                     o->seed)) != FL_OK)
-            goto fail;
+    if (rc == FL_OK)
+        rc = fl_fanout_create(L, 1, device_job, d, what, &d->pool);
+    if (rc == FL_OK)
+        rc = first_leg_create(d, o);
+    if (rc == FL_OK && o->max_anchor > 0 &&
+        (rc = fl_sampler_init(&d->host, train->n, world, rank, o->batch, o->shuffle,
+                                 o->seed)) == FL_OK)
         d->have_host = true;
+    if (rc != FL_OK) {
+        fl_wk_devices_destroy(&d);
+        return rc;
     }
     *out = d;
     return FL_OK;
-fail:
-    fl_wk_devices_destroy(&d);
-    return rc;
 }
 
 void fl_wk_devices_destroy(fl_wk_devices_t **pd)
