@@ -182,18 +182,27 @@ int fl_wk_shards_check(fl_wk_shards_t *s, const float *grad)
                 bad = 1.0;
                 where = s->off[t] + i;
             }
-    if (fl_wk_shards_across_hosts(s)) {
-        double any = bad;
-        int rc = fl_allreduce(s->cols[0], &any, &any, 1, FL_FLOAT64, FL_MAX);
-        if (rc != FL_OK)
-            return rc;
-        if (any != 0.0 && bad == 0.0)
-            return fl_fail(FL_ENONFINITE, "another rank's gradient piece is not finite: no "
-                                          "parameter updated");
-    }
+    int rc = fl_wk_shards_others_finite(fl_wk_shards_across_hosts(s) ? s->cols[0] : NULL,
+                                        bad != 0.0);
+    if (rc != FL_OK)
+        return rc;
     if (bad != 0.0)
         return fl_fail(FL_ENONFINITE, "gradient %zu is %g: no parameter updated", where,
                        (double)grad[where]);
+    return FL_OK;
+}
+
+int fl_wk_shards_others_finite(fl_comm_t *col, bool bad)
+{
+    if (col == NULL)
+        return FL_OK;
+    double any = bad ? 1.0 : 0.0;
+    int rc = fl_allreduce(col, &any, &any, 1, FL_FLOAT64, FL_MAX);
+    if (rc != FL_OK)
+        return rc;
+    if (any != 0.0 && !bad)
+        return fl_fail(FL_ENONFINITE, "another rank's gradient piece is not finite: no "
+                                      "parameter updated");
     return FL_OK;
 }
 

@@ -540,25 +540,16 @@ int fl_wk_full_step(fl_wk_full_t *z, double lr)
                 where_t = t;
                 where = i;
             }
-    if (z->cols != NULL) {
-        double any = bad;
-        int rc = fl_allreduce(z->cols[0], &any, &any, 1, FL_FLOAT64, FL_MAX);
-        if (rc != FL_OK)
-            return rc;
-        if (any != 0.0 && bad == 0.0)
-            return fl_fail(FL_ENONFINITE, "another rank's gradient piece is not finite: no "
-                                          "parameter updated");
-    }
+    int rc = fl_wk_shards_others_finite(z->cols != NULL ? z->cols[0] : NULL, bad != 0.0);
+    if (rc != FL_OK)
+        return rc;
     if (bad != 0.0)
         return fl_fail(FL_ENONFINITE, "device %d's gradient piece %zu is %g: no parameter "
                                       "updated",
                        where_t, where, (double)z->gpiece[where_t][where]);
-    for (int t = 0; t < z->L; t++) {
-        int rc = fl_opt_step(z->opt[t], z->piece[t], z->gpiece[t], lr);
-        if (rc != FL_OK)
-            return rc;
-    }
-    return FL_OK;
+    for (int t = 0; t < z->L && rc == FL_OK; t++)
+        rc = fl_opt_step(z->opt[t], z->piece[t], z->gpiece[t], lr);
+    return rc;
 }
 
 void fl_wk_full_memory(const fl_wk_full_t *z, size_t *params, size_t *state)
