@@ -17,8 +17,8 @@
 extern "C" {
 #endif
 
-/* The most devices of one host. */
-#define FL_INTRA_MAX_DEVICES 64
+/* The most devices of one host: the device layer's bound. */
+#define FL_INTRA_MAX_DEVICES FL_DEV_MAX_DEVICES
 
 typedef enum fl_intra_impl {
     FL_INTRA_AUTO = 0, /* cpu: host; sim: copy; cuda: nccl when built and the GPUs are distinct,

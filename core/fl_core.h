@@ -385,6 +385,35 @@ bool fl_ratelimit_allow(fl_ratelimit_t *r, int64_t now_ms, uint64_t *held);
  * summary is written even when nothing more comes; 0 when there is none to write. */
 uint64_t fl_ratelimit_flush(fl_ratelimit_t *r, int64_t now_ms);
 
+/* ---- fan-out over threads (fanout.c) ----
+ * n jobs run at once, job j always on thread j, each run: a device's thread per device. A job
+ * returns FL_OK or a code with its text set (fl_fail); a run hands back the lowest failed job's
+ * code with that text. Every wait of a run is bounded by the jobs' own deadlines. One thread
+ * at a time per handle (the caller's); the jobs run on their own threads. */
+typedef int (*fl_fanout_fn)(int j, void *ud);
+typedef struct fl_fanout fl_fanout_t;
+
+/* Starts a thread for each job in [first, n) (first 0 or 1: with 1, job 0 is the caller's, run
+ * on its own thread by fl_fanout_run); they wait for runs. what names the jobs in its errors
+ * ("rank 2: the devices"). FL_OK, FL_ENOMEM, or FL_EIO naming the job whose thread did not
+ * start (none is left then). */
+int fl_fanout_create(int n, int first, fl_fanout_fn fn, void *ud, const char *what,
+                     fl_fanout_t **out);
+/* Stops the threads, after the run in progress if one is; NULL-safe, sets *f = NULL. */
+void fl_fanout_destroy(fl_fanout_t **f);
+
+/* A run: every job once. run: begin, job 0 on the calling thread when it is the caller's,
+ * end; the lowest failed job's code of all n. Or in steps, the caller working meanwhile: begin
+ * (the threads' jobs start), poll (true once they all finished; timeout_ms 0: at once, < 0:
+ * until they have), end (waits for them; the lowest failed code of the threads' jobs). */
+int fl_fanout_run(fl_fanout_t *f);
+void fl_fanout_begin(fl_fanout_t *f);
+bool fl_fanout_poll(fl_fanout_t *f, int timeout_ms);
+int fl_fanout_end(fl_fanout_t *f);
+
+/* One run of n jobs, each on a thread made for it: create, run, destroy. */
+int fl_fanout_once(int n, fl_fanout_fn fn, void *ud, const char *what);
+
 /* ---- settings every rank must share (settings.c) ----
  * "name=value" pairs separated by ';' (names: a-z 0-9 _ - .; values: printable ASCII), sent
  * at registration; the coordinator refuses a job whose ranks disagree, naming the setting and

@@ -36,6 +36,11 @@ bool fl_dev_cuda_built(void);
  * "no CUDA device". Never fails. Thread-safe. */
 int fl_dev_count(fl_dev_kind_t kind, char *why, size_t cap);
 
+/* The most devices one process drives, the bound of every per-device array: a host's GPUs, each
+ * maybe listed more than once (--gpus 0,0), or cpu replicas, with room above the 8 or 16 GPUs
+ * of today's largest hosts. */
+#define FL_DEV_MAX_DEVICES 64
+
 /* A device address: not a host pointer. It cannot be dereferenced or offset by ordinary C
  * arithmetic (a compile error); fl_dptr_at offsets it. */
 typedef struct fl_dptr {

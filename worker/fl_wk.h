@@ -83,9 +83,11 @@ typedef struct fl_wk_train_opts {
     int max_anchor;         /* El Che: > 0 lets faster devices do more batches between syncs
                                (the slowest does up to max_anchor); 0: one batch each */
     double overhead_target; /* El Che: exchange time / compute time to stay under (0.1) */
-    double speed_hint[64];  /* El Che: relative speed per device for the first plan (0: 1) */
-    double throttle[64];    /* testing: device j takes this many times its compute time per
-                               batch (a sleep after each; 0 or 1: none) */
+    /* El Che: relative speed per device for the first plan (0: 1) */
+    double speed_hint[FL_DEV_MAX_DEVICES];
+    /* testing: device j takes this many times its compute time per batch (a sleep after each;
+     * 0 or 1: none) */
+    double throttle[FL_DEV_MAX_DEVICES];
     fl_mlp_shape_t shape;
     size_t batch;          /* per device */
     int epochs;
@@ -93,8 +95,8 @@ typedef struct fl_wk_train_opts {
     uint64_t seed;         /* initialisation and sampling */
     int replicas;          /* devices of this process, each with a thread (default 1) */
     fl_dev_kind_t device;  /* what they are: cpu (default), sim or cuda */
-    int gpus[64];          /* sim and cuda: device j's id (default j; --gpus 0,0 gives two
-                              logical devices on one GPU) */
+    /* sim and cuda: device j's id (default j; --gpus 0,0 gives two logical devices on one GPU) */
+    int gpus[FL_DEV_MAX_DEVICES];
     int sim_jitter_us;     /* sim: random delay before each device operation (tests) */
     int device_timeout_ms; /* deadline of the collectives among the devices (fl_intra; the
                               worker's --timeout; 0: fl_intra's default, 600 s) */

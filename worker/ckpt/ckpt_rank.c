@@ -26,9 +26,10 @@ static const char *hier_name(const fl_wk_train_opts_t *o)
     return o->hierarchy == FL_WK_HIER_FLAT ? "flat" : "hybrid";
 }
 
-/* Up to 64 exchanges' residuals and 64 optimizers' two buffers. */
-#define MAX_TENSORS (64 + 2 * 64)
-#define MAX_META (4 + 64 + 64)
+/* A residual per exchange and two buffers per optimizer, one of each per device at most; the
+ * layout's four keys, and a key per residual and per optimizer. */
+#define MAX_TENSORS (FL_DEV_MAX_DEVICES + 2 * FL_DEV_MAX_DEVICES)
+#define MAX_META (4 + FL_DEV_MAX_DEVICES + FL_DEV_MAX_DEVICES)
 
 int fl_wk_ckpt_rank_save(const char *dir, int rank, int world, const fl_wk_train_opts_t *o,
                          long step, const fl_wk_rank_state_t *s)
@@ -38,11 +39,11 @@ int fl_wk_ckpt_rank_save(const char *dir, int rank, int world, const fl_wk_train
     char names[MAX_TENSORS][32];
     char keys[MAX_META][40];
     char vals[MAX_META][48];
-    float *bufs[64] = {0};
+    float *bufs[FL_DEV_MAX_DEVICES] = {0};
     size_t nt = 0;
     size_t nm = 0;
     int rc = FL_OK;
-    for (int j = 0; j < s->nx && j < 64 && rc == FL_OK; j++) {
+    for (int j = 0; j < s->nx && j < FL_DEV_MAX_DEVICES && rc == FL_OK; j++) {
         fl_wk_xchg_t *x = s->xchg[j];
         if (!fl_wk_xchg_has_residual(x))
             continue;
@@ -63,7 +64,7 @@ int fl_wk_ckpt_rank_save(const char *dir, int rank, int world, const fl_wk_train
         meta[nm] = (fl_st_meta_t){keys[nm], vals[nm]};
         nm++;
     }
-    for (int j = 0; j < s->nopt && j < 64 && rc == FL_OK; j++) {
+    for (int j = 0; j < s->nopt && j < FL_DEV_MAX_DEVICES && rc == FL_OK; j++) {
         const float *b1;
         const float *b2;
         uint64_t steps;
@@ -94,7 +95,7 @@ int fl_wk_ckpt_rank_save(const char *dir, int rank, int world, const fl_wk_train
         state_path(path, sizeof path, dir, step, rank);
         rc = fl_st_write(path, ts, nt, meta, nm);
     }
-    for (int j = 0; j < 64; j++)
+    for (int j = 0; j < FL_DEV_MAX_DEVICES; j++)
         free(bufs[j]);
     return rc;
 }
@@ -119,7 +120,7 @@ static bool same_layout(const fl_st_file_t *f, int world, const fl_wk_train_opts
         !meta_is(f, "flodl.hierarchy", hier_name(o)) ||
         !meta_is(f, "flodl.local_optimizers", n))
         return false;
-    for (int j = 0; j < s->nx && j < 64; j++) {
+    for (int j = 0; j < s->nx && j < FL_DEV_MAX_DEVICES; j++) {
         fl_wk_xchg_t *x = s->xchg[j];
         char name[32];
         snprintf(name, sizeof name, "ef.%d", j);
@@ -180,7 +181,7 @@ int fl_wk_ckpt_rank_load(const char *dir, int rank, int world, const fl_wk_train
         return FL_OK; /* none: a checkpoint of a dense run, or of an older flodl */
     int rc = FL_OK;
     if (same_layout(f, world, o, s)) {
-        for (int j = 0; j < s->nx && j < 64 && rc == FL_OK; j++) {
+        for (int j = 0; j < s->nx && j < FL_DEV_MAX_DEVICES && rc == FL_OK; j++) {
             char name[32];
             snprintf(name, sizeof name, "ef.%d", j);
             const fl_st_tensor_t *t = fl_st_find(f, name);
@@ -237,12 +238,13 @@ static void prune_rank(const char *dir, int rank, long step, long keep)
 int fl_wk_ckpt_efs_save(const char *dir, int rank, long step, long keep,
                         const fl_cmp_ef_t *const *ef, int nef)
 {
-    if (nef < 1 || nef > 64)
-        return fl_fail(FL_EINVAL, "--checkpoint: %d residuals outside 1..64", nef);
+    if (nef < 1 || nef > FL_DEV_MAX_DEVICES)
+        return fl_fail(FL_EINVAL, "--checkpoint: %d residuals outside 1..%d", nef,
+                       FL_DEV_MAX_DEVICES);
     if (fl_wk_ckpt_mkdirs(dir) != 0)
         return fl_fail(FL_EIO, "--checkpoint: cannot make %s: %s", dir, strerror(errno));
-    fl_st_tensor_t ts[128];
-    char names[128][32];
+    fl_st_tensor_t ts[2 * FL_DEV_MAX_DEVICES]; /* a residual and its velocity per device */
+    char names[2 * FL_DEV_MAX_DEVICES][32];
     size_t nt = 0;
     for (int j = 0; j < nef; j++) {
         const float *r;
@@ -292,8 +294,8 @@ int fl_wk_ckpt_efs_load(const char *dir, int rank, long step, fl_cmp_ef_t *const
                          : fl_st_find(f, "ef.1") == NULL);
     /* Every residual is checked before any is restored: a file of another split changes
      * nothing. */
-    const fl_st_tensor_t *t[64];
-    const fl_st_tensor_t *tv[64];
+    const fl_st_tensor_t *t[FL_DEV_MAX_DEVICES];
+    const fl_st_tensor_t *tv[FL_DEV_MAX_DEVICES];
     for (int j = 0; same && j < nef; j++) {
         const float *r;
         const float *v;

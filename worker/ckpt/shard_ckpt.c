@@ -243,6 +243,25 @@ int fl_wk_ckpt_mkdirs(const char *dir)
     return mkdir(p, 0755) != 0 && errno != EEXIST ? -1 : 0;
 }
 
+/* Every rank hears whether any failed (comm NULL: one host): this rank's own failure comes back
+ * with its code and text, another's as FL_EIO saying `other`, or the collective's error. */
+static int agree(fl_comm_t *comm, int rc, const char *other)
+{
+    double failed = rc != FL_OK;
+    char detail[1024] = "";
+    if (rc != FL_OK)
+        snprintf(detail, sizeof detail, "%s", fl_last_error());
+    int crc;
+    if (comm != NULL &&
+        (crc = fl_allreduce(comm, &failed, &failed, 1, FL_FLOAT64, FL_MAX)) != FL_OK)
+        return crc;
+    if (rc != FL_OK)
+        return fl_fail(rc, "%s", detail);
+    if (failed > 0)
+        return fl_fail(FL_EIO, "%s", other);
+    return FL_OK;
+}
+
 int fl_wk_ckpt_save(const char *dir, fl_comm_t *comm, int rank, int world,
                     const fl_wk_train_opts_t *o, const float *params, fl_opt_t *const *opts,
                     const fl_wk_rank_state_t *own, long step, int epoch, double samples)
@@ -265,35 +284,18 @@ int fl_wk_ckpt_save(const char *dir, fl_comm_t *comm, int rank, int world,
     if (rc == FL_OK && own != NULL)
         rc = fl_wk_ckpt_rank_save(dir, rank, world, o, step, own);
     /* Every rank says whether it wrote, so the manifest names only complete steps. */
-    double failed = rc != FL_OK;
-    char detail[1024] = "";
-    if (rc != FL_OK)
-        snprintf(detail, sizeof detail, "%s", fl_last_error());
-    int crc;
-    if (comm != NULL &&
-        (crc = fl_allreduce(comm, &failed, &failed, 1, FL_FLOAT64, FL_MAX)) != FL_OK)
-        return crc;
-    if (rc != FL_OK)
-        return fl_fail(rc, "%s", detail);
-    if (failed > 0)
-        return fl_fail(FL_EIO, "--checkpoint: another rank could not write its shards of step "
-                               "%ld to %s",
-                       step, dir);
+    char other[4200];
+    snprintf(other, sizeof other,
+             "--checkpoint: another rank could not write its shards of step %ld to %s", step, dir);
+    if ((rc = agree(comm, rc, other)) != FL_OK)
+        return rc;
     if (rank == 0)
         rc = write_manifest(dir, world, o, fl_mlp_nparams(&o->shape), step, epoch, samples);
     /* Everyone hears how the manifest went before pruning, and the next checkpoint reads it. */
-    failed = rc != FL_OK;
-    if (rc != FL_OK)
-        snprintf(detail, sizeof detail, "%s", fl_last_error());
-    if (comm != NULL &&
-        (crc = fl_allreduce(comm, &failed, &failed, 1, FL_FLOAT64, FL_MAX)) != FL_OK)
-        return crc;
-    if (rc != FL_OK)
-        return fl_fail(rc, "%s", detail);
-    if (failed > 0)
-        return fl_fail(FL_EIO, "--checkpoint: rank 0 could not write the manifest of step %ld "
-                               "in %s",
-                       step, dir);
+    snprintf(other, sizeof other,
+             "--checkpoint: rank 0 could not write the manifest of step %ld in %s", step, dir);
+    if ((rc = agree(comm, rc, other)) != FL_OK)
+        return rc;
     if (rank == 0)
         prune(dir, step, previous);
     return FL_OK;
@@ -327,8 +329,8 @@ typedef struct loaded {
     fl_wk_range_t *mine; /* this rank's ranges */
     int nmine;
     int ndev;
-    float *b1[64]; /* device t's optimizer buffers, assembled */
-    float *b2[64];
+    float *b1[FL_DEV_MAX_DEVICES]; /* device t's optimizer buffers, assembled */
+    float *b2[FL_DEV_MAX_DEVICES];
     uint64_t steps;
     bool has1;
     bool has2;

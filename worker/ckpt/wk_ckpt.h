@@ -13,7 +13,7 @@ typedef struct fl_wk_rank_state {
     int nx;
     struct fl_wk_xchg *const *xchg; /* nx exchanges (those without residuals are skipped) */
     int nopt;
-    fl_opt_t *opt[64];         /* nopt devices' own optimizers (0: none) */
+    fl_opt_t *opt[FL_DEV_MAX_DEVICES]; /* nopt devices' own optimizers (0: none) */
 } fl_wk_rank_state_t;
 
 /* Writes s to dir/state-s<step>-r<rank>.safetensors (nothing when s holds nothing), with the
@@ -63,7 +63,7 @@ typedef struct fl_wk_range {
     size_t at;       /* where it starts in that optimizer's buffers */
     size_t opt_len;  /* the optimizer's length */
 } fl_wk_range_t;
-#define FL_WK_MAX_RANGES (64 * FL_MLP_MAX_LAYERS)
+#define FL_WK_MAX_RANGES (FL_DEV_MAX_DEVICES * FL_MLP_MAX_LAYERS)
 
 /* Rank's ranges under o->shard (world: hosts exchanging pieces, 1 on one host), into out
  * (FL_WK_MAX_RANGES entries): how many. A pure function, so rank 0 can name every rank's. */

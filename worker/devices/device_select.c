@@ -8,7 +8,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-/* Parses "0,1,1" into ids (at most 64). */
+/* Parses "0,1,1" into ids (at most FL_DEV_MAX_DEVICES). */
 static int parse_ids(const char *s, int *ids, int *n)
 {
     *n = 0;
@@ -20,8 +20,9 @@ static int parse_ids(const char *s, int *ids, int *n)
         if (end == p || errno != 0 || v < 0 || v > 1023)
             return fl_fail(FL_EINVAL, "--gpus '%s': entry %d is not a device id in 0..1023", s,
                            *n + 1);
-        if (*n == 64)
-            return fl_fail(FL_EINVAL, "--gpus '%s': more than 64 devices", s);
+        if (*n == FL_DEV_MAX_DEVICES)
+            return fl_fail(FL_EINVAL, "--gpus '%s': more than %d devices", s,
+                           FL_DEV_MAX_DEVICES);
         ids[(*n)++] = (int)v;
         if (*end == '\0')
             return FL_OK;
@@ -55,7 +56,7 @@ int fl_wk_device_select(const char *device, const char *gpus, bool replicas_give
                                   "--gpus 0,1,... names the GPUs");
     if (replicas_given && gpus != NULL)
         return fl_fail(FL_EINVAL, "--cpu-replicas and --gpus: give one of them");
-    int ids[64];
+    int ids[FL_DEV_MAX_DEVICES];
     int n = 0;
     int rc;
     if (gpus != NULL && (rc = parse_ids(gpus, ids, &n)) != FL_OK)

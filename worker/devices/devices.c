@@ -1,11 +1,11 @@
 /* The devices of one worker process (cpu replicas, simulated or CUDA GPUs), each driven by one
- * thread for the whole run (device 0 by the training loop's, the others by their own): each draws its batch from the distributed sampler
- * (device j of rank k is data-parallel replica k * L + j of world * L) and computes its
- * gradient on its device (replica_dev.c), which lands in host memory layer by layer; then the
- * first level of the exchange, inside the host: their mean (for the parameter server), a
- * reduce-scatter in shared memory (device j sums shard j of all devices' gradients, for the
- * two-level exchange), or nothing (every device a member of the flat exchange, telling layer
- * by layer). Both training loops use it. */
+ * thread for the whole run (device 0 by the training loop's, the others by their own): each
+ * draws its batch from the distributed sampler (device j of rank k is data-parallel replica
+ * k * L + j of world * L) and computes its gradient on its device (replica_dev.c), which lands
+ * in host memory layer by layer; then the first level of the exchange, inside the host: their
+ * mean (for the parameter server), a reduce-scatter in shared memory (device j sums shard j of
+ * all devices' gradients, for the two-level exchange), or nothing (every device a member of the
+ * flat exchange, telling layer by layer). Both training loops use it. */
 #include "devices_int.h"
 
 #include <errno.h>
@@ -18,13 +18,13 @@
 
 #define BARRIER_S 600 /* the devices' own timeout, fl_dev_opts_init's */
 
-static void *device_main(void *arg);
+static int device_job(int j, void *ud);
 
 /* The reduce-scatter among the devices (sim: device copies; cuda: NCCL, or copies for GPUs
  * listed twice), each device's gradient kept on it for that. */
 static int intra_create(fl_wk_devices_t *d, int timeout_ms)
 {
-    fl_dev_t *devs[MAX_DEVICES];
+    fl_dev_t *devs[FL_DEV_MAX_DEVICES];
     int rc = FL_OK;
     for (int j = 0; j < d->n && rc == FL_OK; j++) {
         devs[j] = fl_wk_rdev_dev(d->rep[j].rd);
@@ -114,7 +114,7 @@ static int fetch_shard_heads(fl_wk_devices_t *d, const fl_dptr_t *bufs, size_t S
 static int intra_reduce(fl_wk_devices_t *d)
 {
     int L = d->n;
-    fl_dptr_t bufs[MAX_DEVICES];
+    fl_dptr_t bufs[FL_DEV_MAX_DEVICES];
     size_t S = fl_intra_shard_len(d->np, L);
     int rc = FL_OK;
     for (int j = 0; j < L && rc == FL_OK; j++) {
@@ -140,14 +140,66 @@ static int intra_reduce(fl_wk_devices_t *d)
     return rc != FL_OK ? rc : brc;
 }
 
+/* Device j: its sampler (device j of rank k is replica k * L + j of world * L), its device, its
+ * batch indices and its gradient buffer (device 0's is the caller's), page-locked. */
+static int replica_init(fl_wk_devices_t *d, const fl_wk_train_opts_t *o, int j, int world,
+                        float *grad)
+{
+    replica_t *r = &d->rep[j];
+    int L = d->n;
+    r->d = d;
+    r->j = j;
+    r->throttle = o->throttle[j];
+    int rc;
+    if ((rc = fl_sampler_init(&r->smp, d->train->n, world * L, d->rank * L + j, o->batch,
+                                 o->shuffle, o->seed)) != FL_OK ||
+        (rc = fl_wk_rdev_create(o, j, d->train->dim, &r->rd)) != FL_OK)
+        return rc;
+    r->idx = malloc(o->batch * sizeof *r->idx);
+    r->next_idx = malloc(o->batch * sizeof *r->next_idx);
+    r->grad = j == 0 ? grad : calloc(d->np, sizeof(float));
+    if (r->idx == NULL || r->next_idx == NULL || r->grad == NULL)
+        return fl_fail(FL_ENOMEM, "out of memory for device %d", j);
+    /* Page-locked, so that the layers' copies out stay asynchronous on a GPU. */
+    if ((rc = fl_dev_host_register(fl_wk_rdev_dev(r->rd), r->grad, d->np * sizeof(float))) !=
+        FL_OK)
+        return rc;
+    r->registered = true;
+    return FL_OK;
+}
+
+/* The first leg inside the host on the devices (fl_intra) when it is asked for or is the
+ * default; otherwise it stays in host memory. */
+static int first_leg_create(fl_wk_devices_t *d, const fl_wk_train_opts_t *o)
+{
+    int L = d->n;
+    /* By default sim only: on cuda the same code (NCCL, or copies for --gpus 0,0) has been
+     * compiled but not yet run on a GPU (tests/test_intra.c's gpu build, the worker's in
+     * scripts/gpu-check.sh), so GPUs keep the host-memory leg unless --first-leg devices asks.
+     * With --overlap the leg goes bucket by bucket behind the layers' events
+     * (devices_overlap.c). */
+    if (o->first_leg == FL_WK_LEG_DEVICES && o->device == FL_DEV_CPU && L > 1)
+        return fl_fail(FL_EINVAL, "--first-leg devices: cpu replicas reduce in host memory (it "
+                                  "takes --device sim or cuda)");
+    if (o->first_leg == FL_WK_LEG_DEVICES && d->local == FL_WK_LOCAL_NONE && L > 1)
+        return fl_fail(FL_EINVAL, "--first-leg devices: --hierarchy flat has no first leg "
+                                  "(every device is a member of the exchange across hosts)");
+    bool on_devices = o->first_leg == FL_WK_LEG_DEVICES ||
+                      (o->first_leg == FL_WK_LEG_AUTO && o->device == FL_DEV_SIM);
+    if (d->local == FL_WK_LOCAL_SHARDS && L > 1 && on_devices)
+        return intra_create(d, o->device_timeout_ms);
+    return FL_OK;
+}
+
 int fl_wk_devices_create(const fl_mlp_shape_t *m, const fl_dataset_t *train,
                          const fl_wk_train_opts_t *o, int rank, int world, fl_wk_local_t local,
                          float *grad, fl_wk_devices_t **out)
 {
     *out = NULL;
     int L = o->replicas;
-    if (L < 1 || L > MAX_DEVICES)
-        return fl_fail(FL_EINVAL, "--cpu-replicas: %d is outside 1..%d", L, MAX_DEVICES);
+    if (L < 1 || L > FL_DEV_MAX_DEVICES)
+        return fl_fail(FL_EINVAL, "--cpu-replicas: %d is outside 1..%d", L,
+                       FL_DEV_MAX_DEVICES);
     fl_wk_devices_t *d = calloc(1, sizeof *d);
     if (d == NULL)
         return fl_fail(FL_ENOMEM, "out of memory for the devices");
@@ -168,71 +220,26 @@ int fl_wk_devices_create(const fl_mlp_shape_t *m, const fl_dataset_t *train,
     pthread_mutex_init(&d->mu, NULL);
     pthread_cond_init(&d->cv, NULL);
     d->have_barrier = true;
-    pthread_mutex_init(&d->pool_mu, NULL);
-    pthread_cond_init(&d->pool_cv, NULL);
-    d->have_pool = true;
-    for (int j = 0; j < L; j++) {
-        replica_t *r = &d->rep[j];
-        r->d = d;
-        r->j = j;
-        r->throttle = o->throttle[j];
-        if ((rc = fl_sampler_init(&r->smp, train->n, world * L, rank * L + j, o->batch,
-                                     o->shuffle, o->seed)) != FL_OK ||
-            (rc = fl_wk_rdev_create(o, j, train->dim, &r->rd)) != FL_OK)
-            goto fail;
-        r->idx = malloc(o->batch * sizeof *r->idx);
-        r->next_idx = malloc(o->batch * sizeof *r->next_idx);
-        r->grad = j == 0 ? grad : calloc(d->np, sizeof(float));
-        if (r->idx == NULL || r->next_idx == NULL || r->grad == NULL) {
-            rc = fl_fail(FL_ENOMEM, "out of memory for device %d", j);
-            goto fail;
-        }
-        /* Page-locked, so that the layers' copies out stay asynchronous on a GPU. */
-        if ((rc = fl_dev_host_register(fl_wk_rdev_dev(r->rd), r->grad,
-                                       d->np * sizeof(float))) != FL_OK)
-            goto fail;
-        r->registered = true;
-    }
+    for (int j = 0; j < L && rc == FL_OK; j++)
+        rc = replica_init(d, o, j, world, grad);
     /* Device 0 is driven by the caller's thread (the training loop's, for the whole run), the
      * others by threads of their own: with one device no step hands work to another thread. */
-    for (int j = 1; j < L; j++) {
-        if (pthread_create(&d->rep[j].th, NULL, device_main, &d->rep[j]) != 0) {
-            rc = fl_fail(FL_EIO, "rank %d: cannot start the thread of device %d", rank, j);
-            goto fail;
-        }
-        d->rep[j].started = true;
-    }
-    /* By default sim only: on cuda the same code (NCCL, or copies for --gpus 0,0) has been
-     * compiled but not yet run on a GPU (tests/test_intra.c's gpu build, the worker's in
-     * scripts/gpu-check.sh), so GPUs keep the host-memory leg unless --first-leg devices asks.
-     * With --overlap the leg goes bucket by bucket behind the layers' events
-     * (devices_overlap.c). */
-    if (o->first_leg == FL_WK_LEG_DEVICES && o->device == FL_DEV_CPU && L > 1) {
-        rc = fl_fail(FL_EINVAL, "--first-leg devices: cpu replicas reduce in host memory (it "
-                                "takes --device sim or cuda)");
-        goto fail;
-    }
-    if (o->first_leg == FL_WK_LEG_DEVICES && local == FL_WK_LOCAL_NONE && L > 1) {
-        rc = fl_fail(FL_EINVAL, "--first-leg devices: --hierarchy flat has no first leg (every "
-                                "device is a member of the exchange across hosts)");
-        goto fail;
-    }
-    bool on_devices = o->first_leg == FL_WK_LEG_DEVICES ||
-                      (o->first_leg == FL_WK_LEG_AUTO && o->device == FL_DEV_SIM);
-    if (local == FL_WK_LOCAL_SHARDS && L > 1 && on_devices &&
-        (rc = intra_create(d, o->device_timeout_ms)) != FL_OK)
-        goto fail;
-    if (o->max_anchor > 0) {
-        if ((rc = fl_sampler_init(&d->host, train->n, world, rank, o->batch, o->shuffle,
-                                     o->seed)) != FL_OK)
-            goto fail;
+    char what[48];
+    snprintf(what, sizeof what, "rank %d: the devices", rank);
+    if (rc == FL_OK)
+        rc = fl_fanout_create(L, 1, device_job, d, what, &d->pool);
+    if (rc == FL_OK)
+        rc = first_leg_create(d, o);
+    if (rc == FL_OK && o->max_anchor > 0 &&
+        (rc = fl_sampler_init(&d->host, train->n, world, rank, o->batch, o->shuffle,
+                                 o->seed)) == FL_OK)
         d->have_host = true;
+    if (rc != FL_OK) {
+        fl_wk_devices_destroy(&d);
+        return rc;
     }
     *out = d;
     return FL_OK;
-fail:
-    fl_wk_devices_destroy(&d);
-    return rc;
 }
 
 void fl_wk_devices_destroy(fl_wk_devices_t **pd)
@@ -240,17 +247,7 @@ void fl_wk_devices_destroy(fl_wk_devices_t **pd)
     if (pd == NULL || *pd == NULL)
         return;
     fl_wk_devices_t *d = *pd;
-    if (d->have_pool) {
-        pthread_mutex_lock(&d->pool_mu);
-        d->quit = true;
-        pthread_cond_broadcast(&d->pool_cv);
-        pthread_mutex_unlock(&d->pool_mu);
-        for (int j = 0; j < d->n; j++)
-            if (d->rep[j].started)
-                pthread_join(d->rep[j].th, NULL);
-        pthread_mutex_destroy(&d->pool_mu);
-        pthread_cond_destroy(&d->pool_cv);
-    }
+    fl_fanout_destroy(&d->pool);
     intra_destroy(d);
     for (int j = 0; j < d->n; j++) {
         replica_t *r = &d->rep[j];
@@ -361,7 +358,7 @@ static bool all_computed(fl_wk_devices_t *d)
 }
 
 /* --throttle: the device takes `throttle` times its compute time (a slower device). */
-static void throttle(const replica_t *r, int64_t t0)
+void fl_wk_devices_throttle(const replica_t *r, int64_t t0)
 {
     if (r->throttle <= 1.0)
         return;
@@ -370,90 +367,12 @@ static void throttle(const replica_t *r, int64_t t0)
     nanosleep(&ts, NULL);
 }
 
-static double l2(const float *g, size_t n)
-{
-    double s = 0.0;
-    for (size_t i = 0; i < n; i++)
-        s += (double)g[i] * g[i];
-    return sqrt(s);
-}
-
-/* El Che: r->count batches of the host's sequence from r->first, their gradients summed into
- * r->grad (the device's mean clipped to max_norm first, when set), loss and correct summed. */
-static void cadence_batches(fl_wk_devices_t *d, replica_t *r)
-{
-    r->loss = 0.0;
-    r->correct = 0;
-    r->batch_s = 0.0;
-    r->rc = FL_OK;
-    if (d->local_sgd)
-        memcpy(r->own, d->round_start, d->np * sizeof(float));
-    if (r->count == 0) {
-        memset(r->grad, 0, d->np * sizeof(float));
-        if (d->local_sgd)
-            memset(r->own, 0, d->np * sizeof(float));
-        return;
-    }
-    if (r->count > 1 && r->one == NULL && (r->one = malloc(d->np * sizeof(float))) == NULL) {
-        r->rc = fl_fail(FL_ENOMEM, "device %d: out of memory", r->j);
-        snprintf(r->err, sizeof r->err, "%s", fl_last_error());
-        return;
-    }
-    r->rc = fl_wk_bclock_start(&r->clock, r->rd);
-    for (int b = 0; b < r->count && r->rc == FL_OK; b++) {
-        int64_t t0 = fl_now_ns();
-        fl_sampler_batch(&d->host, r->first + (size_t)b, r->idx);
-        float *g = b == 0 || d->local_sgd ? r->grad : r->one;
-        double loss = 0.0;
-        size_t correct = 0;
-        r->rc = fl_wk_rdev_grad(r->rd, d->local_sgd ? r->own : d->params, NULL, d->train,
-                                r->idx, FL_WK_NO_TAG, NULL, 0, g, NULL, NULL, &loss, &correct);
-        fl_obs_timeline_span(d->tl, FL_WK_TRACK_DEVICE + r->j, "compute", "device", t0,
-                             fl_now_ns());
-        if (r->rc == FL_OK && d->local_sgd) {
-            if (d->max_norm > 0.0) {
-                double f = fl_cmp_clip_factor(l2(g, d->np), d->max_norm);
-                for (size_t i = 0; f != 1.0 && i < d->np; i++)
-                    g[i] *= (float)f;
-            }
-            r->rc = fl_opt_step(r->opt, r->own, g, fl_lr_at(d->sched, (long)(d->step0 + b)));
-        }
-        throttle(r, t0);
-        r->loss += loss;
-        r->correct += correct;
-        if (b > 0 && !d->local_sgd)
-            for (size_t i = 0; i < d->np; i++)
-                r->grad[i] += g[i];
-    }
-    if (d->local_sgd && r->rc == FL_OK) {
-        /* The device's delta from the round's start, and count x delta for the average. */
-        for (size_t i = 0; i < d->np; i++) {
-            r->own[i] -= d->round_start[i];
-            r->grad[i] = r->own[i] * (float)r->count;
-        }
-    }
-    /* The end is recorded after the last --throttle sleep: a throttled device is slower. */
-    double secs = 0.0;
-    if (r->rc == FL_OK)
-        r->rc = fl_wk_bclock_stop(&r->clock, r->rd, &secs);
-    if (r->rc != FL_OK) {
-        snprintf(r->err, sizeof r->err, "%s", fl_last_error());
-        return;
-    }
-    r->batch_s = secs / r->count;
-    if (d->max_norm > 0.0 && !d->local_sgd) {
-        double f = fl_cmp_clip_factor(l2(r->grad, d->np) / r->count, d->max_norm);
-        for (size_t i = 0; f != 1.0 && i < d->np; i++)
-            r->grad[i] *= (float)f;
-    }
-}
-
 /* One device's step: its gradient, then its part of the reduction inside the host. */
 static void replica_step(replica_t *r)
 {
     fl_wk_devices_t *d = r->d;
     if (d->cadence) {
-        cadence_batches(d, r);
+        fl_wk_devices_cadence_batches(d, r);
         return;
     }
     bool tell = d->ready != NULL && (d->n == 1 || d->local == FL_WK_LOCAL_NONE);
@@ -478,7 +397,7 @@ static void replica_step(replica_t *r)
         fl_wk_full_device_done(d->full, r->j);
     fl_obs_timeline_span(d->tl, FL_WK_TRACK_DEVICE + r->j, "compute", "device", t0,
                          fl_now_ns());
-    throttle(r, t0);
+    fl_wk_devices_throttle(r, t0);
     if (r->rc != FL_OK)
         snprintf(r->err, sizeof r->err, "%s", fl_last_error());
     if (d->n == 1 || d->local != FL_WK_LOCAL_SHARDS || d->intra != NULL || overlap)
@@ -493,13 +412,13 @@ static void replica_step(replica_t *r)
         d->ready(r->j, fl_shard_offset(d->np, d->n, r->j), d->ud);
 }
 
-/* The work of the current generation on device r (a step, or the update). */
-static void run_one(replica_t *r, int brc, const char *berr)
+/* The work of the current run on device r (a step, or the update). */
+static void run_one(replica_t *r)
 {
     fl_wk_devices_t *d = r->d;
-    if (brc != FL_OK) {
-        r->rc = brc;
-        snprintf(r->err, sizeof r->err, "%s", berr);
+    if (r->brc != FL_OK) {
+        r->rc = r->brc;
+        memcpy(r->err, r->berr, sizeof r->err);
         /* What the step would have told the others: its layers are not needed, and it has
          * arrived at the barrier (they then see its error and reduce nothing). */
         if (!d->updating && !d->cadence && d->full != NULL)
@@ -516,49 +435,28 @@ static void run_one(replica_t *r, int brc, const char *berr)
     }
 }
 
-static void *device_main(void *arg)
+/* Device j's part of a run. The device is current on its thread: bound once on a thread of its
+ * own, which is the device's for the run (CUDA), and each time on the caller's (device 0). */
+static int device_job(int j, void *ud)
 {
-    replica_t *r = arg;
-    fl_wk_devices_t *d = r->d;
-    /* The device is this thread's for the run (CUDA: current here once). */
-    int brc = fl_wk_rdev_bind(r->rd);
-    char berr[512] = "";
-    if (brc != FL_OK)
-        snprintf(berr, sizeof berr, "%s", fl_last_error());
-    pthread_mutex_lock(&d->pool_mu);
-    for (;;) {
-        while (r->seen == d->gen && !d->quit)
-            pthread_cond_wait(&d->pool_cv, &d->pool_mu);
-        if (d->quit)
-            break;
-        r->seen = d->gen;
-        pthread_mutex_unlock(&d->pool_mu);
-        run_one(r, brc, berr);
-        pthread_mutex_lock(&d->pool_mu);
-        d->finished++;
-        pthread_cond_broadcast(&d->pool_cv);
+    fl_wk_devices_t *d = ud;
+    replica_t *r = &d->rep[j];
+    if (j == 0 || !r->bound) {
+        r->brc = fl_wk_rdev_bind(r->rd);
+        snprintf(r->berr, sizeof r->berr, "%s", r->brc != FL_OK ? fl_last_error() : "");
+        r->bound = true;
     }
-    pthread_mutex_unlock(&d->pool_mu);
-    return NULL;
+    run_one(r);
+    return r->rc;
 }
 
-/* Every device runs the generation's work once; returns when all have. Each step's own waits are
+/* Every device runs the run's work once; returns when all have. Each step's own waits are
  * bounded (the devices' and the collectives' deadlines), so this one is too. */
 void fl_wk_devices_run_all(fl_wk_devices_t *d)
 {
-    pthread_mutex_lock(&d->pool_mu);
-    d->gen++;
-    d->finished = 0;
-    if (d->n > 1)
-        pthread_cond_broadcast(&d->pool_cv);
-    pthread_mutex_unlock(&d->pool_mu);
-    /* Device 0 on this thread, made current each time (the caller's thread is its driver). */
-    int brc = fl_wk_rdev_bind(d->rep[0].rd);
-    run_one(&d->rep[0], brc, fl_last_error());
-    pthread_mutex_lock(&d->pool_mu);
-    while (d->finished < d->n - 1)
-        pthread_cond_wait(&d->pool_cv, &d->pool_mu);
-    pthread_mutex_unlock(&d->pool_mu);
+    /* The callers read each device's own code and text: which failure a step reports first is
+     * theirs to choose (fl_wk_devices_step). */
+    (void)fl_fanout_run(d->pool);
 }
 
 int fl_wk_devices_step(fl_wk_devices_t *d, const float *params, size_t batch_index,
@@ -612,134 +510,7 @@ int fl_wk_devices_step(fl_wk_devices_t *d, const float *params, size_t batch_ind
     return FL_OK;
 }
 
-int fl_wk_devices_cadence_step(fl_wk_devices_t *d, const float *params, const int *counts,
-                               size_t first, double *batch_s, double *loss, size_t *correct)
-{
-    if (!d->have_host)
-        return fl_fail(FL_EINVAL, "devices made without a cadence (max_anchor 0)");
-    size_t at = first;
-    for (int j = 0; j < d->n; j++) {
-        d->rep[j].count = counts[j];
-        d->rep[j].first = at;
-        at += (size_t)counts[j];
-    }
-    d->cadence = true;
-    fl_wk_local_t keep = d->local;
-    d->local = FL_WK_LOCAL_MEAN; /* no reduction inside the step: fl_wk_devices_combine does it */
-    int rc = fl_wk_devices_step(d, params, 0, NULL, NULL, loss, correct);
-    d->local = keep;
-    d->cadence = false;
-    size_t total = at - first;
-    /* fl_wk_devices_step averaged the devices' loss sums: make it the mean per batch. */
-    *loss = total ? *loss * d->n / (double)total : 0.0;
-    for (int j = 0; j < d->n; j++)
-        batch_s[j] = d->rep[j].batch_s;
-    return rc;
-}
-
-void fl_wk_devices_combine(fl_wk_devices_t *d, float scale, fl_wk_ready_fn ready, void *ud)
-{
-    float *grad = d->rep[0].grad;
-    for (size_t i = 0; i < d->np; i++) {
-        float s = grad[i];
-        for (int k = 1; k < d->n; k++)
-            s += d->rep[k].grad[i];
-        grad[i] = s * scale;
-    }
-    if (ready == NULL)
-        return;
-    if (d->local == FL_WK_LOCAL_SHARDS && d->n > 1)
-        for (int j = 0; j < d->n; j++)
-            ready(j, fl_shard_offset(d->np, d->n, j), ud);
-    else
-        ready(0, 0, ud);
-}
-
-int fl_wk_devices_clock_start(fl_wk_devices_t *d, int j)
-{
-    return fl_wk_bclock_start(&d->rep[j].clock, d->rep[j].rd);
-}
-
-int fl_wk_devices_clock_stop(fl_wk_devices_t *d, int j, double *seconds)
-{
-    return fl_wk_bclock_stop(&d->rep[j].clock, d->rep[j].rd, seconds);
-}
-
-int fl_wk_devices_host_batch(fl_wk_devices_t *d, int j, const float *params, size_t index,
-                             float *grad, double *loss, size_t *correct)
-{
-    if (!d->have_host)
-        return fl_fail(FL_EINVAL, "devices made without a cadence (max_anchor 0)");
-    replica_t *r = &d->rep[j];
-    int64_t t0 = fl_now_ns();
-    fl_sampler_batch(&d->host, index, r->idx);
-    /* The calling thread (--policy async's, device j's) computes on the device. */
-    int rc = fl_wk_rdev_bind(r->rd);
-    if (rc == FL_OK)
-        rc = fl_wk_rdev_grad(r->rd, params, NULL, d->train, r->idx, FL_WK_NO_TAG, NULL, 0, grad,
-                             NULL, NULL, loss, correct);
-    fl_obs_timeline_span(d->tl, FL_WK_TRACK_DEVICE + j, "compute", "device", t0, fl_now_ns());
-    throttle(r, t0);
-    if (rc == FL_OK && d->max_norm > 0.0) {
-        double f = fl_cmp_clip_factor(l2(grad, d->np), d->max_norm);
-        for (size_t i = 0; f != 1.0 && i < d->np; i++)
-            grad[i] *= (float)f;
-    }
-    return rc;
-}
-
 void fl_wk_devices_set_full(fl_wk_devices_t *d, fl_wk_full_t *z)
 {
     d->full = z;
-}
-
-int fl_wk_devices_local_create(fl_wk_devices_t *d, const fl_opt_opts_t *opt)
-{
-    for (int j = 0; j < d->n; j++) {
-        replica_t *r = &d->rep[j];
-        if ((r->own = malloc(d->np * sizeof(float))) == NULL)
-            return fl_fail(FL_ENOMEM, "device %d: out of memory for its parameters", j);
-        int rc = fl_opt_create(opt, d->np, &r->opt);
-        if (rc != FL_OK)
-            return rc;
-    }
-    return FL_OK;
-}
-
-fl_opt_t *fl_wk_devices_local_opt(fl_wk_devices_t *d, int j)
-{
-    return j >= 0 && j < d->n ? d->rep[j].opt : NULL;
-}
-
-int fl_wk_devices_local_round(fl_wk_devices_t *d, const float *start, const int *counts,
-                              size_t first, const fl_lr_sched_t *sched, double step0,
-                              double *batch_s, double *loss, size_t *correct)
-{
-    d->local_sgd = true;
-    d->round_start = start;
-    d->sched = sched;
-    d->step0 = step0;
-    int rc = fl_wk_devices_cadence_step(d, start, counts, first, batch_s, loss, correct);
-    d->local_sgd = false;
-    return rc;
-}
-
-double fl_wk_devices_divergence(const fl_wk_devices_t *d, const float *params,
-                                const float *avg_delta)
-{
-    double norm = l2(params, d->np);
-    double worst = 0.0;
-    for (int j = 0; j < d->n; j++) {
-        const replica_t *r = &d->rep[j];
-        if (r->count == 0)
-            continue;
-        double s = 0.0;
-        for (size_t i = 0; i < d->np; i++) {
-            double x = (double)r->own[i] - avg_delta[i];
-            s += x * x;
-        }
-        double v = norm > 0 ? sqrt(s) / norm : 0.0;
-        worst = v > worst ? v : worst;
-    }
-    return worst;
 }

@@ -1,14 +1,12 @@
-/* Private to devices.c and devices_keep.c: the devices of a worker process, each a replica
- * with its device (replica_dev.c), its sampler and its share of the step in progress, and the
- * pool of threads that drive them. */
+/* Private to the devices*.c files: the devices of a worker process, each a replica with its
+ * device (replica_dev.c), its sampler and its share of the step in progress, and the pool of
+ * threads that drive them. */
 #ifndef FL_WK_DEVICES_INT_H
 #define FL_WK_DEVICES_INT_H
 
 #include <pthread.h>
 
 #include "wk_devices.h"
-
-#define MAX_DEVICES 64
 
 typedef struct replica {
     fl_wk_devices_t *d;
@@ -35,10 +33,11 @@ typedef struct replica {
     float *own;
     fl_opt_t *opt;
     bool registered; /* grad is page-locked for the device */
-    /* its thread, alive for the run */
-    pthread_t th;
-    bool started;
-    uint64_t seen; /* the last work generation it took */
+    /* the device made current on its thread (once on its own, each run on the caller's for
+     * device 0): the outcome, and its text when it failed */
+    bool bound;
+    int brc;
+    char berr[512]; /* as err */
 } replica_t;
 
 struct fl_wk_devices {
@@ -72,17 +71,18 @@ struct fl_wk_devices {
     bool overlap;
     int layer_told[FL_MLP_MAX_LAYERS];
     bool reducing;
-    replica_t rep[MAX_DEVICES];
+    replica_t rep[FL_DEV_MAX_DEVICES];
     /* The two-level exchange on sim and cuda devices: the reduce-scatter of the gradients
      * that stay on the devices (fl_intra.h), on a stream of its own per device behind the
      * compute stream's end (NULL: cpu replicas, reduced in host memory by reduce_shard) */
     fl_intra_t *intra;
-    fl_stream_t *xs[MAX_DEVICES];
-    fl_event_t *computed[MAX_DEVICES];
-    fl_event_t *updated[MAX_DEVICES];  /* device j's update has run (its compute stream) */
-    fl_event_t *gathered[MAX_DEVICES]; /* resident ranges all-gathered on the devices */
+    fl_stream_t *xs[FL_DEV_MAX_DEVICES];
+    fl_event_t *computed[FL_DEV_MAX_DEVICES];
+    fl_event_t *updated[FL_DEV_MAX_DEVICES];  /* device j's update has run (its compute stream) */
+    fl_event_t *gathered[FL_DEV_MAX_DEVICES]; /* resident ranges all-gathered on the devices */
     bool keep_shards; /* the reduced shards stay on the devices (top-k there) */
-    fl_event_t *reduced[MAX_DEVICES]; /* ... device j's part of the mean is done (keep_shards) */
+    /* ... device j's part of the mean is done (keep_shards) */
+    fl_event_t *reduced[FL_DEV_MAX_DEVICES];
     /* ... overlapped with the backward pass (devices_overlap.c): bucket l is
      * [leg_edge[l], leg_edge[l + 1]), queued once every device finished layer l; leg_next: the
      * layers below it are not queued yet this step; landed[l][j] is recorded on xs[j] after
@@ -92,7 +92,7 @@ struct fl_wk_devices {
     bool have_leg_mu;
     size_t leg_edge[FL_MLP_MAX_LAYERS + 1];
     int leg_next;
-    fl_event_t *landed[FL_MLP_MAX_LAYERS][MAX_DEVICES];
+    fl_event_t *landed[FL_MLP_MAX_LAYERS][FL_DEV_MAX_DEVICES];
     int leg_rc;
     char leg_err[512];
     fl_wk_full_t *full; /* --shard full: layers gathered from their shards (NULL: params) */
@@ -111,13 +111,8 @@ struct fl_wk_devices {
     const float *upd_grad;
     double upd_norm;
     double upd_lr;
-    /* the device threads: work generation gen, finished of them done with it */
-    pthread_mutex_t pool_mu;
-    pthread_cond_t pool_cv;
-    uint64_t gen;
-    int finished;
-    bool quit;
-    bool have_pool;
+    /* the device threads: device j's job on thread j for the run, device 0's on the caller's */
+    fl_fanout_t *pool;
 };
 
 /* Overlap (devices_overlap.c): d's steps leave the first leg to the exchange; a device's pass
@@ -131,8 +126,14 @@ int fl_wk_devices_leg_begin(fl_wk_devices_t *d);
 int fl_wk_devices_leg_end(const fl_wk_devices_t *d);
 void fl_wk_devices_leg_destroy(fl_wk_devices_t *d);
 
-/* Every device runs the generation's work once (a step, or the update when d->updating); returns
- * when all have. Device 0 runs on the calling thread. */
+/* --throttle: device r takes `throttle` times its compute time since t0 (a sleep). */
+void fl_wk_devices_throttle(const replica_t *r, int64_t t0);
+
+/* El Che (devices_cadence.c): device r's batches of the host's sequence in a cadence step. */
+void fl_wk_devices_cadence_batches(fl_wk_devices_t *d, replica_t *r);
+
+/* Every device runs the run's work once (a step, or the update when d->updating); returns when
+ * all have. Device 0 runs on the calling thread. */
 void fl_wk_devices_run_all(fl_wk_devices_t *d);
 
 #endif

@@ -117,7 +117,7 @@ int fl_wk_devices_gather_ranges(fl_wk_devices_t *d, const size_t *off, const siz
                        d->rank);
     /* Each device's broadcast goes behind its update (on its compute stream), and no pass
      * reads the parameters until its compute stream has passed `gathered`. */
-    fl_dptr_t bufs[MAX_DEVICES] = {{0}};
+    fl_dptr_t bufs[FL_DEV_MAX_DEVICES] = {{0}};
     int rc = FL_OK;
     for (int j = 0; j < d->n && rc == FL_OK; j++) {
         rc = fl_event_record(d->updated[j], fl_wk_rdev_stream(d->rep[j].rd));

@@ -132,7 +132,7 @@ static int leg_queue(fl_wk_devices_t *d, int l)
     size_t hi = d->leg_edge[l + 1];
     if (hi == lo)
         return FL_OK; /* a layer of fewer parameters than devices: in its neighbour's bucket */
-    fl_dptr_t bufs[MAX_DEVICES] = {{0}};
+    fl_dptr_t bufs[FL_DEV_MAX_DEVICES] = {{0}};
     for (int j = 0; j < L; j++)
         bufs[j] = fl_dptr_f32(fl_wk_rdev_grad_buf(d->rep[j].rd), lo);
     int rc = FL_OK;

@@ -1,7 +1,8 @@
 /* worker/devices: the devices of a worker process: one device with its streams and staging
  * (replica_dev.c), the pool that drives them all (devices.c, devices_keep.c), the first leg
  * inside the host overlapped with the backward pass (devices_overlap.c), El Che's clock and
- * cadence (batch_clock.c, cadence.c) and the choice of devices (device_select.c). */
+ * cadence (batch_clock.c, cadence.c) and its steps on the devices (devices_cadence.c), and the
+ * choice of devices (device_select.c). */
 #ifndef FL_WK_DEVICES_H
 #define FL_WK_DEVICES_H
 
@@ -181,9 +182,9 @@ typedef struct fl_wk_cadence {
     double overhead;  /* exchange time target, as a share of a sync's compute time */
     int anchor;       /* batches of the job's slowest device per sync */
     double slowest_s; /* the job's slowest seconds per batch at the last plan */
-    double hint[64];  /* relative speeds seeding the first plan */
-    double ema_s[64]; /* seconds per batch, per device (0: not measured yet) */
-    int counts[64];   /* the plan: batches per device per sync */
+    double hint[FL_DEV_MAX_DEVICES];  /* relative speeds seeding the first plan */
+    double ema_s[FL_DEV_MAX_DEVICES]; /* seconds per batch, per device (0: not measured yet) */
+    int counts[FL_DEV_MAX_DEVICES];   /* the plan: batches per device per sync */
 } fl_wk_cadence_t;
 
 /* n devices; hint (may be NULL) gives relative speeds (2: twice as fast) for the first plan. */

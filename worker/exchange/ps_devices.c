@@ -6,11 +6,9 @@
  * devices, the training loop and the checkpoint files are the caller's. */
 #include "wk_xchg.h"
 
-#include <pthread.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <time.h>
 
 typedef struct psd_part {
     struct fl_wk_psdev *x;
@@ -21,23 +19,16 @@ typedef struct psd_part {
     fl_cmp_ws_t *ws;
     uint32_t *idx;
     float *val;
-    pthread_t th;
-    bool started;
-    uint64_t seen;       /* the generation it ran last */
     int rc;
     char err[1024];
 } psd_part_t;
 
 struct fl_wk_psdev {
     int parts;
-    psd_part_t part[FL_WK_PSDEV_MAX];
-    pthread_mutex_t mu;
-    pthread_cond_t cv;
-    uint64_t gen;
-    int finished;
-    bool quit;
+    psd_part_t part[FL_DEV_MAX_DEVICES];
+    fl_fanout_t *fan; /* parts 1.. on their threads, part 0 the training thread's */
     fl_ps_client_stats_t before; /* of the part clients replaced by rejoins */
-    /* the step's inputs, set by the training thread before a generation starts */
+    /* the step's inputs, set by the training thread before a run starts */
     const float *grad;
     float *params;
     uint32_t batch;
@@ -76,39 +67,23 @@ static void part_step(psd_part_t *p)
                  fl_last_error());
 }
 
-static void *part_main(void *arg)
+static int part_job(int j, void *ud)
 {
-    psd_part_t *p = arg;
-    fl_wk_psdev_t *x = p->x;
-    pthread_mutex_lock(&x->mu);
-    for (;;) {
-        while (p->seen == x->gen && !x->quit)
-            pthread_cond_wait(&x->cv, &x->mu);
-        if (x->quit)
-            break;
-        p->seen = x->gen;
-        pthread_mutex_unlock(&x->mu);
-        part_step(p);
-        pthread_mutex_lock(&x->mu);
-        x->finished++;
-        pthread_cond_broadcast(&x->cv);
-    }
-    pthread_mutex_unlock(&x->mu);
-    return NULL;
+    fl_wk_psdev_t *x = ud;
+    part_step(&x->part[j]);
+    return x->part[j].rc;
 }
 
 int fl_wk_psdev_create(fl_ps_client_t *cl, int parts, const fl_wk_train_opts_t *o,
                        fl_wk_psdev_t **out)
 {
     *out = NULL;
-    if (parts < 1 || parts > FL_WK_PSDEV_MAX)
+    if (parts < 1 || parts > FL_DEV_MAX_DEVICES)
         return fl_fail(FL_EINVAL, "--mode ps: %d device clients outside 1..%d", parts,
-                       FL_WK_PSDEV_MAX);
+                       FL_DEV_MAX_DEVICES);
     fl_wk_psdev_t *x = calloc(1, sizeof *x);
     if (x == NULL)
         return fl_fail(FL_ENOMEM, "out of memory for the device clients");
-    pthread_mutex_init(&x->mu, NULL);
-    pthread_cond_init(&x->cv, NULL);
     int rc = FL_OK;
     for (int j = 0; j < parts && rc == FL_OK; j++) {
         psd_part_t *p = &x->part[j];
@@ -134,12 +109,9 @@ int fl_wk_psdev_create(fl_ps_client_t *cl, int parts, const fl_wk_train_opts_t *
                 rc = fl_cmp_ws_create(&p->ws);
         }
     }
-    for (int j = 1; j < x->parts && rc == FL_OK; j++) {
-        if (pthread_create(&x->part[j].th, NULL, part_main, &x->part[j]) != 0)
-            rc = fl_fail(FL_EIO, "cannot start the parameter-server thread of device %d", j);
-        else
-            x->part[j].started = true;
-    }
+    if (rc == FL_OK)
+        rc = fl_fanout_create(x->parts, 1, part_job, x, "--mode ps: the device clients",
+                              &x->fan);
     if (rc != FL_OK) {
         fl_wk_psdev_destroy(&x);
         return rc;
@@ -153,22 +125,15 @@ void fl_wk_psdev_destroy(fl_wk_psdev_t **px)
     if (px == NULL || *px == NULL)
         return;
     fl_wk_psdev_t *x = *px;
-    pthread_mutex_lock(&x->mu);
-    x->quit = true;
-    pthread_cond_broadcast(&x->cv);
-    pthread_mutex_unlock(&x->mu);
+    fl_fanout_destroy(&x->fan);
     for (int j = 0; j < x->parts; j++) {
         psd_part_t *p = &x->part[j];
-        if (p->started)
-            pthread_join(p->th, NULL);
         fl_ps_client_destroy(&p->cl);
         fl_cmp_ef_destroy(&p->ef);
         fl_cmp_ws_destroy(&p->ws);
         free(p->idx);
         free(p->val);
     }
-    pthread_mutex_destroy(&x->mu);
-    pthread_cond_destroy(&x->cv);
     free(x);
     *px = NULL;
 }
@@ -176,40 +141,24 @@ void fl_wk_psdev_destroy(fl_wk_psdev_t **px)
 int fl_wk_psdev_push_pull(fl_wk_psdev_t *x, const float *grad, uint32_t batch, double density,
                           float *params)
 {
-    pthread_mutex_lock(&x->mu);
     x->grad = grad;
     x->params = params;
     x->batch = batch;
     x->density = density;
-    x->gen++;
-    x->finished = 0;
-    pthread_cond_broadcast(&x->cv);
-    pthread_mutex_unlock(&x->mu);
+    fl_fanout_begin(x->fan);
     part_step(&x->part[0]);
     /* Each part's wait is bounded by its client's deadline, so this one is too. Meanwhile part
      * 0 hears the coordinator for the others (a failure, or a lost parameter server, stops
      * them); a part's end wakes this wait at once. */
-    pthread_mutex_lock(&x->mu);
-    while (x->finished < x->parts - 1) {
-        pthread_mutex_unlock(&x->mu);
+    for (bool done = fl_fanout_poll(x->fan, 0); !done; done = fl_fanout_poll(x->fan, 20)) {
         int lrc = fl_ps_client_part_listen(x->part[0].cl, 0);
         if (lrc != FL_OK && x->part[0].rc == FL_OK) {
             x->part[0].rc = lrc;
             snprintf(x->part[0].err, sizeof x->part[0].err, "%s", fl_last_error());
         }
-        pthread_mutex_lock(&x->mu);
-        if (x->finished >= x->parts - 1)
-            break;
-        struct timespec dl;
-        clock_gettime(CLOCK_REALTIME, &dl);
-        dl.tv_nsec += 20 * 1000000L;
-        if (dl.tv_nsec >= 1000000000L) {
-            dl.tv_sec++;
-            dl.tv_nsec -= 1000000000L;
-        }
-        pthread_cond_timedwait(&x->cv, &x->mu, &dl);
     }
-    pthread_mutex_unlock(&x->mu);
+    /* Which part's error wins is decided below: a lost parameter server first. */
+    (void)fl_fanout_end(x->fan);
     /* The parameter server lost: every part stopped for the rejoin, whatever else it met. */
     for (int j = 0; j < x->parts; j++)
         if (x->part[j].rc == FL_ERESYNC)
@@ -222,7 +171,7 @@ int fl_wk_psdev_push_pull(fl_wk_psdev_t *x, const float *grad, uint32_t batch, d
 
 int fl_wk_psdev_rejoin(fl_wk_psdev_t *x, fl_ps_client_t *cl, float *params)
 {
-    /* The parts' threads wait for the next generation: their clients are free to replace. */
+    /* The parts' threads wait for the next run: their clients are free to replace. */
     fl_ps_client_stats_t s;
     fl_wk_psdev_stats(x, &s);
     x->before = s;

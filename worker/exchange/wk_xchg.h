@@ -30,7 +30,6 @@ int fl_wk_dcmp_residual_get(fl_wk_dcmp_t *c, float *out);
 int fl_wk_dcmp_residual_put(fl_wk_dcmp_t *c, const float *in);
 
 /* ---- --mode ps with several devices: a client per device (ps_devices.c) ---- */
-#define FL_WK_PSDEV_MAX 64
 typedef struct fl_wk_psdev fl_wk_psdev_t;
 struct fl_ps_client;
 /* parts clients split from cl (after fl_ps_client_init; parts <= its shards), each on its own

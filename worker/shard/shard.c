@@ -8,7 +8,6 @@
 #include "wk_shard.h"
 
 #include <math.h>
-#include <pthread.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -16,12 +15,13 @@
 struct fl_wk_shards {
     fl_wk_shard_t mode;
     int n;                /* owned ranges (devices) */
-    size_t off[64];       /* range t: [off, off + len) of the flat parameters */
-    size_t len[64];
-    size_t shard_off[64]; /* grad: device t's shard, which its column reduces and gathers */
-    size_t shard_len[64];
-    fl_opt_t *opt[64];
-    fl_comm_t **cols;     /* grad: device t's column across hosts (NULL: one host) */
+    size_t off[FL_DEV_MAX_DEVICES]; /* range t: [off, off + len) of the flat parameters */
+    size_t len[FL_DEV_MAX_DEVICES];
+    /* grad: device t's shard, which its column reduces and gathers */
+    size_t shard_off[FL_DEV_MAX_DEVICES];
+    size_t shard_len[FL_DEV_MAX_DEVICES];
+    fl_opt_t *opt[FL_DEV_MAX_DEVICES];
+    fl_comm_t **cols; /* grad: device t's column across hosts (NULL: one host) */
     uint64_t sent;
     uint64_t remote;
 };
@@ -97,60 +97,41 @@ bool fl_wk_shards_across_hosts(const fl_wk_shards_t *s)
 
 /* ---- the column legs of --shard grad, one thread per device ---- */
 
-typedef struct leg {
+typedef struct legs {
     fl_wk_shards_t *s;
-    int t;
     float *buf;
     bool gather;
-    int rc;
-    char err[1024];
-    uint64_t sent;
-    uint64_t remote;
-} leg_t;
+    uint64_t sent[FL_DEV_MAX_DEVICES];
+    uint64_t remote[FL_DEV_MAX_DEVICES];
+} legs_t;
 
-static void *leg_main(void *p)
+static int leg(int t, void *ud)
 {
-    leg_t *l = p;
+    legs_t *l = ud;
     fl_wk_shards_t *s = l->s;
-    fl_comm_t *c = s->cols[l->t];
+    fl_comm_t *c = s->cols[t];
     fl_comm_stats_t s0;
     fl_comm_stats_t s1;
     fl_comm_get_stats(c, &s0);
-    float *shard = l->buf + s->shard_off[l->t];
-    float *mine = l->buf + s->off[l->t];
-    l->rc = l->gather ? fl_allgather(c, mine, shard, s->shard_len[l->t], FL_FLOAT32)
-                      : fl_reduce_scatter(c, shard, mine, s->shard_len[l->t], FL_FLOAT32,
-                                          FL_AVG);
-    if (l->rc != FL_OK)
-        snprintf(l->err, sizeof l->err, "%s", fl_last_error());
+    float *shard = l->buf + s->shard_off[t];
+    float *mine = l->buf + s->off[t];
+    int rc = l->gather ? fl_allgather(c, mine, shard, s->shard_len[t], FL_FLOAT32)
+                       : fl_reduce_scatter(c, shard, mine, s->shard_len[t], FL_FLOAT32, FL_AVG);
     fl_comm_get_stats(c, &s1);
-    l->sent = s1.bytes_sent - s0.bytes_sent;
-    l->remote = s1.bytes_sent_remote - s0.bytes_sent_remote;
-    return NULL;
+    l->sent[t] = s1.bytes_sent - s0.bytes_sent;
+    l->remote[t] = s1.bytes_sent_remote - s0.bytes_sent_remote;
+    return rc;
 }
 
 static int legs(fl_wk_shards_t *s, float *buf, bool gather)
 {
     if (!fl_wk_shards_across_hosts(s))
         return FL_OK;
-    leg_t l[64];
-    pthread_t th[64];
-    int started = 0;
-    int rc = FL_OK;
+    legs_t l = {.s = s, .buf = buf, .gather = gather};
+    int rc = fl_fanout_once(s->n, leg, &l, "the exchange of the shards");
     for (int t = 0; t < s->n; t++) {
-        l[t] = (leg_t){.s = s, .t = t, .buf = buf, .gather = gather};
-        if (pthread_create(&th[t], NULL, leg_main, &l[t]) != 0) {
-            rc = fl_fail(FL_EIO, "cannot start the exchange of shard %d", t);
-            break;
-        }
-        started++;
-    }
-    for (int t = 0; t < started; t++) {
-        pthread_join(th[t], NULL);
-        s->sent += l[t].sent;
-        s->remote += l[t].remote;
-        if (rc == FL_OK && l[t].rc != FL_OK)
-            rc = fl_fail(l[t].rc, "%s", l[t].err);
+        s->sent += l.sent[t];
+        s->remote += l.remote[t];
     }
     return rc;
 }
@@ -169,7 +150,7 @@ int fl_wk_shards_clip(fl_wk_shards_t *s, float *grad, double max_norm)
 {
     /* The norm of the whole averaged gradient from the pieces this host owns: each column
      * sums its pieces across hosts. */
-    double ss[64];
+    double ss[FL_DEV_MAX_DEVICES];
     double total = 0.0;
     for (int t = 0; t < s->n; t++) {
         ss[t] = 0.0;
@@ -201,18 +182,27 @@ int fl_wk_shards_check(fl_wk_shards_t *s, const float *grad)
                 bad = 1.0;
                 where = s->off[t] + i;
             }
-    if (fl_wk_shards_across_hosts(s)) {
-        double any = bad;
-        int rc = fl_allreduce(s->cols[0], &any, &any, 1, FL_FLOAT64, FL_MAX);
-        if (rc != FL_OK)
-            return rc;
-        if (any != 0.0 && bad == 0.0)
-            return fl_fail(FL_ENONFINITE, "another rank's gradient piece is not finite: no "
-                                          "parameter updated");
-    }
+    int rc = fl_wk_shards_others_finite(fl_wk_shards_across_hosts(s) ? s->cols[0] : NULL,
+                                        bad != 0.0);
+    if (rc != FL_OK)
+        return rc;
     if (bad != 0.0)
         return fl_fail(FL_ENONFINITE, "gradient %zu is %g: no parameter updated", where,
                        (double)grad[where]);
+    return FL_OK;
+}
+
+int fl_wk_shards_others_finite(fl_comm_t *col, bool bad)
+{
+    if (col == NULL)
+        return FL_OK;
+    double any = bad ? 1.0 : 0.0;
+    int rc = fl_allreduce(col, &any, &any, 1, FL_FLOAT64, FL_MAX);
+    if (rc != FL_OK)
+        return rc;
+    if (any != 0.0 && !bad)
+        return fl_fail(FL_ENONFINITE, "another rank's gradient piece is not finite: no "
+                                      "parameter updated");
     return FL_OK;
 }
 

@@ -20,7 +20,6 @@
 #include <string.h>
 #include <time.h>
 
-#define MAX_DEV 64
 #define MAX_PROG (2 * FL_MLP_MAX_LAYERS)
 #define WAIT_S 600 /* a gather or a device that makes no progress for this long is an error */
 
@@ -53,32 +52,33 @@ struct fl_wk_full {
     size_t poff[FL_MLP_MAX_LAYERS]; /* its piece's place in a device's pieces */
     size_t per_dev;                /* a device's pieces, all units */
     size_t widest;                 /* the largest padded unit */
-    float *piece[MAX_DEV];
-    float *gpiece[MAX_DEV];
-    float *stage[MAX_DEV]; /* column t's shard of a unit, padded, for the reduce-scatter */
-    fl_opt_t *opt[MAX_DEV];
+    float *piece[FL_DEV_MAX_DEVICES];
+    float *gpiece[FL_DEV_MAX_DEVICES];
+    float *stage[FL_DEV_MAX_DEVICES]; /* column t's shard of a unit, padded, for the
+                                         reduce-scatter */
+    fl_opt_t *opt[FL_DEV_MAX_DEVICES];
     int depth;
     /* the step's gathers */
     pthread_mutex_t mu;
     pthread_cond_t cv;
     int nprog;
     inst_t prog[MAX_PROG];
-    int next_get[MAX_DEV];
-    int released[MAX_DEV];
+    int next_get[FL_DEV_MAX_DEVICES];
+    int released[FL_DEV_MAX_DEVICES];
     int upto; /* instances every device put back */
     bool running;
     bool stop;
     int first_failed; /* the device that stopped the step (-1: none) */
     int rc;
     char err[1024];
-    pthread_t th[MAX_DEV];
-    col_arg_t cargs[MAX_DEV];
+    pthread_t th[FL_DEV_MAX_DEVICES];
+    col_arg_t cargs[FL_DEV_MAX_DEVICES];
     int nth;
     size_t live; /* gathered bytes now */
     size_t peak;
     fl_wk_full_stats_t st;
-    dev_src_t dsrc[MAX_DEV];
-    fl_mlp_src_t src[MAX_DEV];
+    dev_src_t dsrc[FL_DEV_MAX_DEVICES];
+    fl_mlp_src_t src[FL_DEV_MAX_DEVICES];
 };
 
 static int src_get(void *ud, int layer, const float **w);
@@ -97,8 +97,9 @@ int fl_wk_full_create(const fl_wk_train_opts_t *o, int rank, int world, fl_comm_
                       const float *params, fl_wk_full_t **out)
 {
     *out = NULL;
-    if (o->replicas < 1 || o->replicas > MAX_DEV)
-        return fl_fail(FL_EINVAL, "--shard full: %d devices (1..%d)", o->replicas, MAX_DEV);
+    if (o->replicas < 1 || o->replicas > FL_DEV_MAX_DEVICES)
+        return fl_fail(FL_EINVAL, "--shard full: %d devices (1..%d)", o->replicas,
+                       FL_DEV_MAX_DEVICES);
     fl_wk_full_t *z = calloc(1, sizeof *z);
     if (z == NULL)
         return fl_fail(FL_ENOMEM, "--shard full: out of memory");
@@ -422,16 +423,13 @@ int fl_wk_full_end(fl_wk_full_t *z)
 
 /* ---- after the backward pass: the gradient's pieces, the update ---- */
 
-typedef struct leg {
+typedef struct legs {
     fl_wk_full_t *z;
-    int t;
     const float *grad; /* reduce: the host's mean; gather: NULL */
     float *params;     /* gather: the flat parameters */
-    int rc;
-    char err[1024];
-    uint64_t sent;
-    uint64_t remote;
-} leg_t;
+    uint64_t sent[FL_DEV_MAX_DEVICES];
+    uint64_t remote[FL_DEV_MAX_DEVICES];
+} legs_t;
 
 /* Column t: shard t of every unit of the host's mean gradient, reduce-scattered (averaged)
  * across hosts into device t's gradient pieces. */
@@ -480,37 +478,21 @@ static int gather_column(fl_wk_full_t *z, int t, float *params, uint64_t *sent,
     return FL_OK;
 }
 
-static void *leg_main(void *p)
+static int leg(int t, void *ud)
 {
-    leg_t *l = p;
-    l->rc = l->grad != NULL ? reduce_column(l->z, l->t, l->grad, &l->sent, &l->remote)
-                            : gather_column(l->z, l->t, l->params, &l->sent, &l->remote);
-    if (l->rc != FL_OK)
-        snprintf(l->err, sizeof l->err, "%s", fl_last_error());
-    return NULL;
+    legs_t *l = ud;
+    return l->grad != NULL ? reduce_column(l->z, t, l->grad, &l->sent[t], &l->remote[t])
+                           : gather_column(l->z, t, l->params, &l->sent[t], &l->remote[t]);
 }
 
 /* One thread per column (each column's collectives on its own connection). */
 static int legs(fl_wk_full_t *z, const float *grad, float *params)
 {
-    leg_t l[MAX_DEV];
-    pthread_t th[MAX_DEV];
-    int started = 0;
-    int rc = FL_OK;
+    legs_t l = {.z = z, .grad = grad, .params = params};
+    int rc = fl_fanout_once(z->L, leg, &l, "--shard full: the columns' exchanges");
     for (int t = 0; t < z->L; t++) {
-        l[t] = (leg_t){.z = z, .t = t, .grad = grad, .params = params};
-        if (pthread_create(&th[t], NULL, leg_main, &l[t]) != 0) {
-            rc = fl_fail(FL_EIO, "--shard full: cannot start column %d's exchange", t);
-            break;
-        }
-        started++;
-    }
-    for (int t = 0; t < started; t++) {
-        pthread_join(th[t], NULL);
-        z->st.sent += l[t].sent;
-        z->st.remote += l[t].remote;
-        if (rc == FL_OK && l[t].rc != FL_OK)
-            rc = fl_fail(l[t].rc, "%s", l[t].err);
+        z->st.sent += l.sent[t];
+        z->st.remote += l.remote[t];
     }
     return rc;
 }
@@ -558,25 +540,16 @@ int fl_wk_full_step(fl_wk_full_t *z, double lr)
                 where_t = t;
                 where = i;
             }
-    if (z->cols != NULL) {
-        double any = bad;
-        int rc = fl_allreduce(z->cols[0], &any, &any, 1, FL_FLOAT64, FL_MAX);
-        if (rc != FL_OK)
-            return rc;
-        if (any != 0.0 && bad == 0.0)
-            return fl_fail(FL_ENONFINITE, "another rank's gradient piece is not finite: no "
-                                          "parameter updated");
-    }
+    int rc = fl_wk_shards_others_finite(z->cols != NULL ? z->cols[0] : NULL, bad != 0.0);
+    if (rc != FL_OK)
+        return rc;
     if (bad != 0.0)
         return fl_fail(FL_ENONFINITE, "device %d's gradient piece %zu is %g: no parameter "
                                       "updated",
                        where_t, where, (double)z->gpiece[where_t][where]);
-    for (int t = 0; t < z->L; t++) {
-        int rc = fl_opt_step(z->opt[t], z->piece[t], z->gpiece[t], lr);
-        if (rc != FL_OK)
-            return rc;
-    }
-    return FL_OK;
+    for (int t = 0; t < z->L && rc == FL_OK; t++)
+        rc = fl_opt_step(z->opt[t], z->piece[t], z->gpiece[t], lr);
+    return rc;
 }
 
 void fl_wk_full_memory(const fl_wk_full_t *z, size_t *params, size_t *state)

@@ -31,6 +31,12 @@ int fl_wk_shards_clip(fl_wk_shards_t *s, float *grad, double max_norm);
  * allreduce): FL_OK, or FL_ENONFINITE naming the index (or another rank's piece). */
 int fl_wk_shards_check(fl_wk_shards_t *s, const float *grad);
 
+/* All or nothing across hosts: bad (this rank's gradient piece is not finite) told to every
+ * rank through col, one column whose allreduce reaches every rank (NULL: one host). FL_OK when
+ * no other rank's piece is bad (this rank's own is the caller's to report), FL_ENONFINITE when
+ * one is, or the allreduce's error. */
+int fl_wk_shards_others_finite(fl_comm_t *col, bool bad);
+
 /* The optimizer step on every owned piece (all or nothing: FL_ENONFINITE naming the index). */
 int fl_wk_shards_step(fl_wk_shards_t *s, float *params, const float *grad, double lr);
 

@@ -24,7 +24,6 @@
 #include <string.h>
 #include <time.h>
 
-#define MAX_DEV 64
 #define MAX_SLOTS 17 /* run-ahead bound 16 at most */
 #define WAIT_S 600
 
@@ -44,8 +43,6 @@ typedef struct dev {
     size_t correct;
     size_t batches;
     double busy_s;
-    pthread_t th;
-    bool started;
 } device_t;
 
 struct fl_wk_async {
@@ -57,7 +54,7 @@ struct fl_wk_async {
     size_t np;
     int bound;
     int slots;
-    device_t dev[MAX_DEV];
+    device_t dev[FL_DEV_MAX_DEVICES];
     float *sum; /* the host's count-weighted deltas, its batch count, a failure flag (np + 2) */
     float *params; /* the job's parameters (the caller's), during an epoch */
     double rloss;    /* the round's loss sum and correct predictions on this host */
@@ -82,6 +79,10 @@ struct fl_wk_async {
     char err[1024];
     const fl_lr_sched_t *sched;
     double samples0;  /* the job's samples at the epoch's start */
+    double *samples;  /* the caller's: the job's samples so far */
+    fl_wk_async_fn on_avg; /* told of each averaging (may be NULL) */
+    void *ud;
+    fl_fanout_t *fan; /* the devices' threads, during an epoch */
     fl_wk_async_stats_t st;
 };
 
@@ -236,81 +237,92 @@ static void apply_done(fl_wk_async_t *a, device_t *v, int r, const float *params
     }
 }
 
-static void *device_main(void *p)
+/* Before round r: waits until the device is at most `bound` rounds ahead of the last completed
+ * averaging and folds the completed ones in. False when it stops instead (an error, or the
+ * host's batches are all in earlier rounds). *since: its batches since the last averaging it
+ * applied (the rounds that averaging did not cover); *step0: the schedule's step there. */
+static bool round_begin(fl_wk_async_t *a, device_t *v, int r, long *since, double *step0)
 {
-    device_t *v = p;
-    fl_wk_async_t *a = v->a;
-    const fl_wk_train_opts_t *o = a->o;
-    double per_sync = (double)a->L * a->W * (double)o->batch;
-    long since = 0; /* batches since the last averaging the device applied */
-    for (int r = 0;; r++) {
-        /* At most `bound` rounds ahead of the last completed averaging. */
-        pthread_mutex_lock(&a->mu);
-        int64_t t0 = fl_now_ns();
-        struct timespec dl = deadline();
-        while (a->rc == FL_OK && a->done < r - a->bound)
-            if (pthread_cond_timedwait(&a->cv, &a->mu, &dl) == ETIMEDOUT &&
-                a->done < r - a->bound) {
-                set_error(a, FL_ETIMEDOUT, "--policy async: no averaging within 600 s");
-                break;
-            }
-        double waited = (double)(fl_now_ns() - t0) / 1e9;
-        a->st.throttled_s += waited;
-        if (waited > 1e-4)
-            a->st.throttles++;
-        if (a->rc != FL_OK || r >= a->rounds) {
-            /* An error, or the host's batches are all in earlier rounds. */
-            pthread_mutex_unlock(&a->mu);
-            return NULL;
+    double per_sync = (double)a->L * a->W * (double)a->o->batch;
+    pthread_mutex_lock(&a->mu);
+    int64_t t0 = fl_now_ns();
+    struct timespec dl = deadline();
+    while (a->rc == FL_OK && a->done < r - a->bound)
+        if (pthread_cond_timedwait(&a->cv, &a->mu, &dl) == ETIMEDOUT &&
+            a->done < r - a->bound) {
+            set_error(a, FL_ETIMEDOUT, "--policy async: no averaging within 600 s");
+            break;
         }
+    double waited = (double)(fl_now_ns() - t0) / 1e9;
+    a->st.throttled_s += waited;
+    if (waited > 1e-4)
+        a->st.throttles++;
+    bool go = a->rc == FL_OK && r < a->rounds;
+    if (go) {
         apply_done(a, v, r, a->params);
-        /* Its batches since the last averaging it applied: the rounds that averaging did not
-         * cover. */
-        since = 0;
+        *since = 0;
         for (int q = v->applied; q < r; q++)
-            since += a->cnt[(size_t)q * (size_t)a->L + (size_t)v->j];
+            *since += a->cnt[(size_t)q * (size_t)a->L + (size_t)v->j];
         int lead = r - a->done;
         a->st.max_lead = lead > a->st.max_lead ? lead : a->st.max_lead;
-        double step0 = (v->applied > 0 ? a->samples_at[(v->applied - 1) % a->slots]
-                                       : a->samples0) /
-                       per_sync;
-        pthread_mutex_unlock(&a->mu);
+        *step0 = (v->applied > 0 ? a->samples_at[(v->applied - 1) % a->slots] : a->samples0) /
+                 per_sync;
+    }
+    pthread_mutex_unlock(&a->mu);
+    return go;
+}
 
-        int c = a->cnt[(size_t)r * (size_t)a->L + (size_t)v->j];
-        size_t first = a->base[r];
-        for (int k = 0; k < v->j; k++)
-            first += (size_t)a->cnt[(size_t)r * (size_t)a->L + (size_t)k];
-        memcpy(v->start, v->p, a->np * sizeof(float));
-        /* The round's time on the device's own clock (events on its compute stream). */
-        int rc = fl_wk_devices_clock_start(a->d, v->j);
-        int slot = r % a->slots;
-        v->rloss[slot] = 0.0;
-        v->rcorrect[slot] = 0;
-        for (int b = 0; b < c && rc == FL_OK; b++) {
-            double loss = 0.0;
-            size_t correct = 0;
-            rc = fl_wk_devices_host_batch(a->d, v->j, v->p, first + (size_t)b, v->grad, &loss,
-                                          &correct);
-            if (rc == FL_OK)
-                rc = fl_opt_step(v->opt, v->p, v->grad, fl_lr_at(a->sched, (long)(step0 + since)));
-            since++;
-            v->rloss[slot] += loss;
-            v->rcorrect[slot] += correct;
-            v->loss += loss;
-            v->correct += correct;
-            v->batches++;
-        }
-        double busy = 0.0;
+/* Round r's batches on the device, each stepping its own parameters; the round's delta, loss,
+ * correct predictions and seconds into its slot. */
+static int round_train(fl_wk_async_t *a, device_t *v, int r, long since, double step0)
+{
+    int c = a->cnt[(size_t)r * (size_t)a->L + (size_t)v->j];
+    size_t first = a->base[r];
+    for (int k = 0; k < v->j; k++)
+        first += (size_t)a->cnt[(size_t)r * (size_t)a->L + (size_t)k];
+    memcpy(v->start, v->p, a->np * sizeof(float));
+    /* The round's time on the device's own clock (events on its compute stream). */
+    int rc = fl_wk_devices_clock_start(a->d, v->j);
+    int slot = r % a->slots;
+    v->rloss[slot] = 0.0;
+    v->rcorrect[slot] = 0;
+    for (int b = 0; b < c && rc == FL_OK; b++) {
+        double loss = 0.0;
+        size_t correct = 0;
+        rc = fl_wk_devices_host_batch(a->d, v->j, v->p, first + (size_t)b, v->grad, &loss,
+                                      &correct);
         if (rc == FL_OK)
-            rc = fl_wk_devices_clock_stop(a->d, v->j, &busy);
-        v->busy_s += busy;
-        v->rbusy[slot] = busy;
-        pthread_mutex_lock(&a->mu);
-        a->st.busy_s += busy;
-        pthread_mutex_unlock(&a->mu);
-        float *delta = v->delta[r % a->slots];
-        for (size_t i = 0; i < a->np; i++)
-            delta[i] = v->p[i] - v->start[i];
+            rc = fl_opt_step(v->opt, v->p, v->grad, fl_lr_at(a->sched, (long)(step0 + since)));
+        since++;
+        v->rloss[slot] += loss;
+        v->rcorrect[slot] += correct;
+        v->loss += loss;
+        v->correct += correct;
+        v->batches++;
+    }
+    double busy = 0.0;
+    if (rc == FL_OK)
+        rc = fl_wk_devices_clock_stop(a->d, v->j, &busy);
+    v->busy_s += busy;
+    v->rbusy[slot] = busy;
+    pthread_mutex_lock(&a->mu);
+    a->st.busy_s += busy;
+    pthread_mutex_unlock(&a->mu);
+    float *delta = v->delta[slot];
+    for (size_t i = 0; i < a->np; i++)
+        delta[i] = v->p[i] - v->start[i];
+    return rc;
+}
+
+/* Device j's epoch: its rounds, each handed in for the averaging, until it stops. */
+static int device_job(int j, void *ud)
+{
+    fl_wk_async_t *a = ud;
+    device_t *v = &a->dev[j];
+    long since = 0;
+    double step0 = 0.0;
+    for (int r = 0; round_begin(a, v, r, &since, &step0); r++) {
+        int rc = round_train(a, v, r, since, step0);
         pthread_mutex_lock(&a->mu);
         if (rc != FL_OK) {
             char what[1024];
@@ -321,9 +333,9 @@ static void *device_main(void *p)
         }
         pthread_mutex_unlock(&a->mu);
         if (rc != FL_OK)
-            return NULL;
+            return rc;
     }
-    return NULL;
+    return FL_OK;
 }
 
 /* Round k on this host: wait for every device's delta, their count-weighted sum; a local
@@ -412,6 +424,135 @@ static double divergence(const fl_wk_async_t *a, int k, const float *g, const fl
     return worst;
 }
 
+/* The epoch's first rounds planned and the devices started on them. A failure here is the
+ * epoch's (a->rc): the host still takes part in the averaging, so the other hosts hear it. */
+static void epoch_start(fl_wk_async_t *a, const float *params)
+{
+    int rc = plan_epoch(a);
+    if (rc != FL_OK) {
+        a->rc = rc;
+        snprintf(a->err, sizeof a->err, "%s", fl_last_error());
+        a->rounds = 0;
+        return;
+    }
+    for (int j = 0; j < a->L; j++) {
+        device_t *v = &a->dev[j];
+        memcpy(v->p, params, a->np * sizeof(float));
+        v->applied = 0;
+        v->loss = 0.0;
+        v->correct = 0;
+        v->batches = 0;
+        v->busy_s = 0.0;
+    }
+    rc = fl_fanout_create(a->L, 0, device_job, a, "--policy async: the devices", &a->fan);
+    if (rc != FL_OK) {
+        pthread_mutex_lock(&a->mu);
+        set_error(a, rc, fl_last_error());
+        pthread_mutex_unlock(&a->mu);
+        return;
+    }
+    fl_fanout_begin(a->fan);
+}
+
+/* The hosts' sums of a round added up (one allreduce; nothing to add on one host). */
+static int sum_hosts(fl_wk_async_t *a, double *exch_s)
+{
+    int64_t t0 = fl_now_ns();
+    if (a->comm != NULL) {
+        fl_comm_stats_t s0;
+        fl_comm_stats_t s1;
+        fl_comm_get_stats(a->comm, &s0);
+        int rc = fl_allreduce(a->comm, a->sum, a->sum, a->np + 2, FL_FLOAT32, FL_SUM);
+        fl_comm_get_stats(a->comm, &s1);
+        a->st.sent += s1.bytes_sent - s0.bytes_sent;
+        a->st.remote += s1.bytes_sent_remote - s0.bytes_sent_remote;
+        if (rc != FL_OK)
+            return rc;
+    }
+    *exch_s = (double)(fl_now_ns() - t0) / 1e9;
+    a->st.exchange_s += *exch_s;
+    return FL_OK;
+}
+
+/* Averaging k done: the job's samples after it, and the devices told (round k + 1 + bound,
+ * the first no device may have started, planned). */
+static void publish(fl_wk_async_t *a, int k, double job)
+{
+    pthread_mutex_lock(&a->mu);
+    *a->samples += job * (double)a->o->batch;
+    a->samples_at[k % a->slots] = *a->samples;
+    a->done = k + 1;
+    plan_next(a);
+    a->st.averagings++;
+    pthread_cond_broadcast(&a->cv);
+    pthread_mutex_unlock(&a->mu);
+}
+
+/* Averaging k: the host's round k summed, summed across hosts, averaged into the job's
+ * parameters and reported. *more false once no host had a round k. FL_EPEER when a host (this
+ * one, or another) failed; the allreduce's or the re-plan's error. */
+static int average(fl_wk_async_t *a, int k, bool *more)
+{
+    *more = false;
+    double wait_s = 0.0;
+    double exch_s = 0.0;
+    double batch_s[FL_DEV_MAX_DEVICES];
+    host_sum(a, k, &wait_s, batch_s);
+    int rc = sum_hosts(a, &exch_s);
+    if (rc != FL_OK)
+        return rc;
+    if (a->sum[a->np + 1] > 0.0f)
+        return fl_fail(FL_EPEER, "--policy async: another rank failed during the averaging (its "
+                                 "log says why); stopping with it");
+    double job = a->sum[a->np];
+    if (job == 0.0)
+        return FL_OK;
+    float *dk = a->avg[k % a->slots];
+    for (size_t i = 0; i < a->np; i++)
+        dk[i] = a->sum[i] / (float)job;
+    double host = 0.0;
+    for (int j = 0; j < a->L && k < a->rounds; j++)
+        host += a->cnt[(size_t)k * (size_t)a->L + (size_t)j];
+    fl_wk_async_avg_t av = {.index = k,
+                            .job_batches = job,
+                            .host_batches = host,
+                            .loss = host > 0 ? a->rloss / host : 0.0,
+                            .correct = a->rcorrect,
+                            .exchange_s = exch_s,
+                            .wait_s = wait_s};
+    if ((rc = replan(a, batch_s, exch_s)) != FL_OK)
+        return rc;
+    /* No device reads params before done says so, nor writes the deltas read here. */
+    for (size_t i = 0; i < a->np; i++)
+        a->params[i] += dk[i];
+    av.divergence = divergence(a, k, a->params, dk);
+    publish(a, k, job);
+    if (a->on_avg != NULL)
+        a->on_avg(&av, a->ud);
+    *more = true;
+    return FL_OK;
+}
+
+/* The devices stopped (the epoch's first failure, a device's or the averaging's, kept in
+ * a->rc) and joined. */
+static int epoch_end(fl_wk_async_t *a, int rc)
+{
+    pthread_mutex_lock(&a->mu);
+    if (rc != FL_OK)
+        set_error(a, rc, fl_last_error());
+    pthread_cond_broadcast(&a->cv);
+    rc = a->rc;
+    pthread_mutex_unlock(&a->mu);
+    /* a->rc holds the epoch's first failure: the devices' own codes add nothing. */
+    if (a->fan != NULL)
+        (void)fl_fanout_end(a->fan);
+    fl_fanout_destroy(&a->fan);
+    a->params = NULL;
+    if (rc != FL_OK)
+        return fl_fail(rc, "%s", a->err);
+    return FL_OK;
+}
+
 int fl_wk_async_epoch(fl_wk_async_t *a, float *params, const fl_lr_sched_t *sched,
                       double *samples, fl_wk_async_fn on_avg, void *ud)
 {
@@ -420,106 +561,17 @@ int fl_wk_async_epoch(fl_wk_async_t *a, float *params, const fl_lr_sched_t *sche
     a->err[0] = '\0';
     a->sched = sched;
     a->samples0 = *samples;
+    a->samples = samples;
     a->params = params;
-    int rc = plan_epoch(a);
-    if (rc != FL_OK) {
-        /* Still take part in the averaging, so the other hosts hear it. */
-        a->rc = rc;
-        snprintf(a->err, sizeof a->err, "%s", fl_last_error());
-        a->rounds = 0;
-    }
-    for (int j = 0; j < a->L; j++)
-        a->dev[j].started = false;
-    for (int j = 0; j < a->L && rc == FL_OK; j++) {
-        device_t *v = &a->dev[j];
-        memcpy(v->p, params, a->np * sizeof(float));
-        v->applied = 0;
-        v->loss = 0.0;
-        v->correct = 0;
-        v->batches = 0;
-        v->busy_s = 0.0;
-        v->started = pthread_create(&v->th, NULL, device_main, v) == 0;
-        if (!v->started) {
-            pthread_mutex_lock(&a->mu);
-            set_error(a, FL_EIO, "--policy async: cannot start a device thread");
-            pthread_mutex_unlock(&a->mu);
-            rc = FL_EIO;
-        }
-    }
+    a->on_avg = on_avg;
+    a->ud = ud;
+    epoch_start(a, params);
     /* The averagings, in order, until no host has a round left or one host failed. */
-    bool peer_failed = false;
-    rc = FL_OK;
-    for (int k = 0;; k++) {
-        double wait_s = 0.0;
-        double batch_s[MAX_DEV];
-        host_sum(a, k, &wait_s, batch_s);
-        int64_t t0 = fl_now_ns();
-        if (a->comm != NULL) {
-            fl_comm_stats_t s0;
-            fl_comm_stats_t s1;
-            fl_comm_get_stats(a->comm, &s0);
-            rc = fl_allreduce(a->comm, a->sum, a->sum, a->np + 2, FL_FLOAT32, FL_SUM);
-            fl_comm_get_stats(a->comm, &s1);
-            a->st.sent += s1.bytes_sent - s0.bytes_sent;
-            a->st.remote += s1.bytes_sent_remote - s0.bytes_sent_remote;
-            if (rc != FL_OK)
-                break;
-        }
-        double exch_s = (double)(fl_now_ns() - t0) / 1e9;
-        a->st.exchange_s += exch_s;
-        if (a->sum[a->np + 1] > 0.0f) {
-            peer_failed = true; /* this host's failure, or another's */
-            break;
-        }
-        double job = a->sum[a->np];
-        if (job == 0.0)
-            break;
-        float *dk = a->avg[k % a->slots];
-        for (size_t i = 0; i < a->np; i++)
-            dk[i] = a->sum[i] / (float)job;
-        double host = 0.0;
-        for (int j = 0; j < a->L && k < a->rounds; j++)
-            host += a->cnt[(size_t)k * (size_t)a->L + (size_t)j];
-        fl_wk_async_avg_t av = {.index = k,
-                                .job_batches = job,
-                                .host_batches = host,
-                                .loss = host > 0 ? a->rloss / host : 0.0,
-                                .correct = a->rcorrect,
-                                .exchange_s = exch_s,
-                                .wait_s = wait_s};
-        if ((rc = replan(a, batch_s, exch_s)) != FL_OK)
-            break;
-        /* No device reads params before done says so, nor writes the deltas read here. */
-        for (size_t i = 0; i < a->np; i++)
-            params[i] += dk[i];
-        av.divergence = divergence(a, k, params, dk);
-        pthread_mutex_lock(&a->mu);
-        *samples += job * (double)a->o->batch;
-        a->samples_at[k % a->slots] = *samples;
-        a->done = k + 1;
-        plan_next(a); /* round k + 1 + bound, the first no device may have started */
-        a->st.averagings++;
-        pthread_cond_broadcast(&a->cv);
-        pthread_mutex_unlock(&a->mu);
-        if (on_avg != NULL)
-            on_avg(&av, ud);
-    }
-    pthread_mutex_lock(&a->mu);
-    if (rc != FL_OK)
-        set_error(a, rc, fl_last_error());
-    else if (peer_failed && a->rc == FL_OK)
-        set_error(a, FL_EPEER, "--policy async: another rank failed during the averaging (its "
-                               "log says why); stopping with it");
-    pthread_cond_broadcast(&a->cv);
-    rc = a->rc;
-    pthread_mutex_unlock(&a->mu);
-    for (int j = 0; j < a->L; j++)
-        if (a->dev[j].started)
-            pthread_join(a->dev[j].th, NULL);
-    a->params = NULL;
-    if (rc != FL_OK)
-        return fl_fail(rc, "%s", a->err);
-    return FL_OK;
+    int rc = FL_OK;
+    bool more = true;
+    for (int k = 0; more && rc == FL_OK; k++)
+        rc = average(a, k, &more);
+    return epoch_end(a, rc);
 }
 
 void fl_wk_async_epoch_figures(const fl_wk_async_t *a, double *loss, size_t *correct,

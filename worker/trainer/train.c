@@ -45,7 +45,7 @@ typedef struct run {
     int first_epoch;
     double first_samples;
     double compute_ms, exposed_ms;
-    fl_opt_t *opts[64];
+    fl_opt_t *opts[FL_DEV_MAX_DEVICES];
     fl_wk_rank_state_t own; /* its objects live on */
     /* the epoch in progress */
     int ep;
@@ -66,7 +66,7 @@ void fl_wk_train_opts_init(fl_wk_train_opts_t *o)
     o->seed = 1;
     o->replicas = 1;
     o->device = FL_DEV_CPU;
-    for (int j = 0; j < 64; j++)
+    for (int j = 0; j < FL_DEV_MAX_DEVICES; j++)
         o->gpus[j] = j;
     fl_opt_opts_init(&o->opt);
     o->opt.momentum = 0.9;
@@ -220,8 +220,8 @@ static int gather_ranges(trainer_t *tr)
 {
     if (!fl_wk_devices_can_gather(tr->dev))
         return fl_wk_devices_put_params(tr->dev, tr->params);
-    size_t off[64];
-    size_t len[64];
+    size_t off[FL_DEV_MAX_DEVICES];
+    size_t len[FL_DEV_MAX_DEVICES];
     int n = fl_wk_shards_count(tr->shards);
     for (int t = 0; t < n; t++)
         fl_wk_shards_column(tr->shards, t, &off[t], &len[t]);
@@ -301,7 +301,7 @@ static int compute(trainer_t *tr, size_t *bi, size_t nbatches, step_out_t *so, b
         *t1 = fl_now_ns();
         return rc;
     }
-    int counts[64];
+    int counts[FL_DEV_MAX_DEVICES];
     size_t left = fl_wk_devices_host_batches(tr->dev) - tr->next;
     size_t mine = fl_wk_fit_counts(tr->cad.counts, o->replicas, left, counts);
     double total = (double)mine;
@@ -312,7 +312,7 @@ static int compute(trainer_t *tr, size_t *bi, size_t nbatches, step_out_t *so, b
         *more = false;
         return FL_OK;
     }
-    double batch_s[64];
+    double batch_s[FL_DEV_MAX_DEVICES];
     if (o->policy == FL_WK_POLICY_CADENCE) {
         /* Local SGD: the schedule's step is the job's batches at the last averaging, in units
          * of a per-batch sync's, plus the device's batches since. */

@@ -153,8 +153,8 @@ typedef struct trainer {
     fl_wk_devices_t *dev;
     int nx;                    /* exchanges: one, or one per device (its own connection) */
     int nsubs;
-    fl_comm_t *subs[64];       /* their sub-communicators, when nx > 1 */
-    fl_wk_xchg_t *xchg[64];
+    fl_comm_t *subs[FL_DEV_MAX_DEVICES]; /* their sub-communicators, when nx > 1 */
+    fl_wk_xchg_t *xchg[FL_DEV_MAX_DEVICES];
     fl_wk_shards_t *shards;
     fl_wk_full_t *full;        /* --shard full: the parameters' pieces (NULL otherwise) */
     fl_wk_async_t *async;      /* --policy async (NULL otherwise) */

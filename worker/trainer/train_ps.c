@@ -120,7 +120,7 @@ static void teardown(ps_trainer_t *t)
  * at `step` in dir; without one it goes on with what it has (zero at a start), saying so. */
 static int own_residual(ps_trainer_t *t, const char *dir, uint64_t step, bool at_start)
 {
-    fl_cmp_ef_t *efs[FL_WK_PSDEV_MAX];
+    fl_cmp_ef_t *efs[FL_DEV_MAX_DEVICES];
     int nef = 0;
     if (t->ef != NULL)
         efs[nef++] = t->ef;
@@ -346,7 +346,7 @@ static int save_residuals(ps_trainer_t *t)
     const fl_wk_train_opts_t *o = t->o;
     if (o->checkpoint_dir == NULL || !(t->ef != NULL || (t->pd != NULL && o->topk > 0)))
         return FL_OK;
-    const fl_cmp_ef_t *efs[FL_WK_PSDEV_MAX];
+    const fl_cmp_ef_t *efs[FL_DEV_MAX_DEVICES];
     int nef = 0;
     if (t->ef != NULL)
         efs[nef++] = t->ef;

@@ -23,8 +23,8 @@ static int per_device_exchanges(trainer_t *tr, fl_wk_local_t local, bool pieces)
     int rc;
     /* Device j's connection: column j of every rank (hybrid), or member r * L + j of one ring
      * of all devices (flat, the sampler's replica order). */
-    int colors[64];
-    int keys[64];
+    int colors[FL_DEV_MAX_DEVICES];
+    int keys[FL_DEV_MAX_DEVICES];
     for (int j = 0; j < L; j++) {
         colors[j] = local == FL_WK_LOCAL_NONE ? 0 : j;
         keys[j] = local == FL_WK_LOCAL_NONE ? tr->rank * L + j : tr->rank;
@@ -256,7 +256,7 @@ void fl_wk_trainer_teardown(trainer_t *tr, int rc, const char *why)
 /* Device t's optimizer, whichever --shard holds it (checkpoints). */
 void fl_wk_trainer_optimizers(trainer_t *tr, fl_opt_t **opts)
 {
-    for (int t = 0; t < 64; t++)
+    for (int t = 0; t < FL_DEV_MAX_DEVICES; t++)
         opts[t] = tr->full != NULL ? (t < tr->o->replicas ? fl_wk_full_opt(tr->full, t) : NULL)
                   : t < fl_wk_shards_count(tr->shards) ? fl_wk_shards_opt(tr->shards, t)
                                                        : NULL;
@@ -272,8 +272,8 @@ int fl_wk_trainer_keep(trainer_t *tr, fl_opt_t *const *opts)
     if (o->policy != FL_WK_POLICY_SYNC || o->shard == FL_WK_SHARD_FULL)
         return FL_OK;
     bool ranges = o->shard != FL_WK_SHARD_NONE;
-    size_t off[64];
-    size_t len[64];
+    size_t off[FL_DEV_MAX_DEVICES];
+    size_t len[FL_DEV_MAX_DEVICES];
     int n = fl_wk_shards_count(tr->shards);
     if (ranges && n != o->replicas)
         return fl_fail(FL_EINVAL, "--shard %s: %d optimizer ranges for %d devices",

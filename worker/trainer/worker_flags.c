@@ -85,7 +85,7 @@ int fl_wk_args_apply(wargs_t *a, int ch, const char *name, const char *v)
     case O_OVERLAP: t->overlap = true; break;
     case O_MAX_NORM: rc = num("--max-grad-norm", v, 0.0, 1e12, &t->max_norm); break;
     case O_REPLICAS:
-        if ((rc = fl_cli_long("--cpu-replicas", v, 1, 64, &n)) == FL_OK) {
+        if ((rc = fl_cli_long("--cpu-replicas", v, 1, FL_DEV_MAX_DEVICES, &n)) == FL_OK) {
             t->replicas = (int)n;
             a->replicas_given = true;
         }
