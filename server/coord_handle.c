@@ -245,8 +245,10 @@ static void refuse_reg(fl_coord_t *c, const fl_tp_route_t *to, int r, const char
 
 static void on_register(fl_coord_t *c, fl_tp_msg_t *m)
 {
-    if (m->hdr.u.reg.role == FL_ROLE_SERVER)
-        return fl_coord_ps_on_register(c, m);
+    if (m->hdr.u.reg.role == FL_ROLE_SERVER) {
+        fl_coord_ps_on_register(c, m);
+        return;
+    }
     const fl_msg_register_t *reg = &m->hdr.u.reg;
     const fl_tp_route_t *to = &m->route;
     int r = reg->rank;
@@ -262,31 +264,39 @@ static void on_register(fl_coord_t *c, fl_tp_msg_t *m)
         fl_coord_warn(c, "refused a registration for rank %d from host %s (pid %d) of job '%s': "
                         "this is job '%s'",
                 r, host, reg->pid, fl_text_escape(m->hdr.job_id, job, sizeof job), c->job_id);
-        return fl_coord_send_error(c, to, FL_EINVAL, r, reg->host,
-                                   "rank %d (host %s) belongs to job '%s', this coordinator "
-                                   "runs job '%s'",
-                                   r, reg->host, m->hdr.job_id, c->job_id);
+        fl_coord_send_error(c, to, FL_EINVAL, r, reg->host,
+                            "rank %d (host %s) belongs to job '%s', this coordinator "
+                            "runs job '%s'",
+                            r, reg->host, m->hdr.job_id, c->job_id);
+        return;
     }
-    if (reg->world_size != c->world)
-        return refuse_reg(c, to, r, reg->host,
-                                   "rank %d (host %s) expects world size %d, the coordinator "
-                                   "expects %d",
-                                   r, reg->host, reg->world_size, c->world);
-    if (r < 0 || r >= c->world)
-        return refuse_reg(c, to, r, reg->host,
-                                   "rank %d (host %s) is out of range 0..%d for world size %d",
-                                   r, reg->host, c->world - 1, c->world);
-    if (reg->nendpoints < 1 && reg->param_count == 0)
-        return refuse_reg(c, to, r, reg->host,
-                                   "rank %d (host %s) registered without a data endpoint (only "
-                                   "parameter-server clients, which declare their parameter "
-                                   "count, need none)",
-                                   r, reg->host);
-    if (reg->nshard_eps > 0)
-        return refuse_reg(c, to, r, reg->host,
-                                   "rank %d (host %s) registered shard endpoints, which only "
-                                   "parameter-server processes have",
-                                   r, reg->host);
+    if (reg->world_size != c->world) {
+        refuse_reg(c, to, r, reg->host,
+                   "rank %d (host %s) expects world size %d, the coordinator "
+                   "expects %d",
+                   r, reg->host, reg->world_size, c->world);
+        return;
+    }
+    if (r < 0 || r >= c->world) {
+        refuse_reg(c, to, r, reg->host, "rank %d (host %s) is out of range 0..%d for world size %d",
+                   r, reg->host, c->world - 1, c->world);
+        return;
+    }
+    if (reg->nendpoints < 1 && reg->param_count == 0) {
+        refuse_reg(c, to, r, reg->host,
+                   "rank %d (host %s) registered without a data endpoint (only "
+                   "parameter-server clients, which declare their parameter "
+                   "count, need none)",
+                   r, reg->host);
+        return;
+    }
+    if (reg->nshard_eps > 0) {
+        refuse_reg(c, to, r, reg->host,
+                   "rank %d (host %s) registered shard endpoints, which only "
+                   "parameter-server processes have",
+                   r, reg->host);
+        return;
+    }
     coord_rank_t *k = &c->ranks[r];
     if (!k->heard) {
         k->heard = true;
@@ -322,31 +332,41 @@ static void on_register(fl_coord_t *c, fl_tp_msg_t *m)
                         "held by host %s (pid %d), heard from %lld ms ago",
                 r, host, reg->pid, fl_text_escape(k->reg.host, holder, sizeof holder),
                 k->reg.pid, (long long)quiet);
-        return fl_coord_send_error(c, to, FL_EINVAL, r, reg->host,
-                                   "rank %d is already registered by another process; this "
-                                   "registration (host %s, pid %d) is refused",
-                                   r, reg->host, reg->pid);
+        fl_coord_send_error(c, to, FL_EINVAL, r, reg->host,
+                            "rank %d is already registered by another process; this "
+                            "registration (host %s, pid %d) is refused",
+                            r, reg->host, reg->pid);
+        return;
     }
-    if (c->phase == PHASE_RUNNING)
-        return refuse_reg(c, to, r, reg->host,
-                                   "rank %d (host %s) registered after job '%s' started", r,
-                                   reg->host, c->job_id);
-    if (c->phase != PHASE_RENDEZVOUS)
-        return refuse_reg(c, to, r, reg->host,
-                                   "rank %d (host %.64s) registered after job '%.64s' failed: "
-                                   "%.380s",
-                                   r, reg->host, c->job_id, c->result_text);
+    if (c->phase == PHASE_RUNNING) {
+        refuse_reg(c, to, r, reg->host, "rank %d (host %s) registered after job '%s' started", r,
+                   reg->host, c->job_id);
+        return;
+    }
+    if (c->phase != PHASE_RENDEZVOUS) {
+        refuse_reg(c, to, r, reg->host,
+                   "rank %d (host %.64s) registered after job '%.64s' failed: "
+                   "%.380s",
+                   r, reg->host, c->job_id, c->result_text);
+        return;
+    }
     char who[FL_HOST_MAX + 32];
     char why[FL_MSG_TEXT_MAX];
     const fl_msg_register_t *differs = NULL;
-    if (fl_coord_check_model(c, reg, &differs, why, sizeof why) != FL_OK)
-        return fail_rendezvous(c, to, r, reg->host, why); /* whichever side differs */
+    if (fl_coord_check_model(c, reg, &differs, why, sizeof why) != FL_OK) {
+        fail_rendezvous(c, to, r, reg->host, why); /* whichever side differs */
+        return;
+    }
     snprintf(who, sizeof who, "rank %d (host %s)", r, reg->host);
     if (reg->param_count != 0 &&
-        fl_coord_ps_check_params(c, reg->param_count, who, why, sizeof why) != FL_OK)
-        return refuse_reg(c, to, r, reg->host, "%s", why);
-    if (fl_coord_check_agree(c, r, reg, why, sizeof why) != FL_OK)
-        return fail_rendezvous(c, to, r, reg->host, why);
+        fl_coord_ps_check_params(c, reg->param_count, who, why, sizeof why) != FL_OK) {
+        refuse_reg(c, to, r, reg->host, "%s", why);
+        return;
+    }
+    if (fl_coord_check_agree(c, r, reg, why, sizeof why) != FL_OK) {
+        fail_rendezvous(c, to, r, reg->host, why);
+        return;
+    }
     k->registered = true;
     k->left = false;
     k->route = *to;
@@ -468,10 +488,11 @@ void fl_coord_on_message(fl_coord_t *c, fl_tp_msg_t *m)
 {
     if (m->nframes != 0) {
         fl_ctx_count(c->ctx, FL_STAT_UNEXPECTED, 1);
-        return fl_coord_send_error(c, &m->route, FL_EPROTO, m->hdr.sender, "",
-                                   "coordinator: %s message with %zu payload frames refused "
-                                   "(control messages carry none)",
-                                   fl_msg_type_name(m->hdr.type), m->nframes);
+        fl_coord_send_error(c, &m->route, FL_EPROTO, m->hdr.sender, "",
+                            "coordinator: %s message with %zu payload frames refused "
+                            "(control messages carry none)",
+                            fl_msg_type_name(m->hdr.type), m->nframes);
+        return;
     }
     if (m->hdr.type == FL_MSG_REGISTER) {
         if (c->ps_lost) {
@@ -480,11 +501,14 @@ void fl_coord_on_message(fl_coord_t *c, fl_tp_msg_t *m)
             fl_ctx_count(c->ctx, FL_STAT_UNEXPECTED, 1);
             return;
         }
-        return on_register(c, m);
+        on_register(c, m);
+        return;
     }
     int slot = fl_coord_ps_slot_of_route(c, &m->route);
-    if (slot >= 0 && strcmp(c->servers[slot].key, m->peer_key) == 0)
-        return fl_coord_ps_on_message(c, m, slot);
+    if (slot >= 0 && strcmp(c->servers[slot].key, m->peer_key) == 0) {
+        fl_coord_ps_on_message(c, m, slot);
+        return;
+    }
     int r = rank_of_route(c, &m->route);
     /* A peer may choose its routing id: with CURVE the key it authenticated with must be the
      * rank's too, or it is not that rank. */
@@ -494,10 +518,11 @@ void fl_coord_on_message(fl_coord_t *c, fl_tp_msg_t *m)
         fl_ctx_count(c->ctx, FL_STAT_UNEXPECTED, 1);
         if (m->hdr.type == FL_MSG_HEARTBEAT && r < 0)
             return; /* a rank dropped during the rendezvous, still beating: not worth a reply */
-        return fl_coord_send_error(c, &m->route, FL_EPROTO, m->hdr.sender, "",
-                                   "coordinator: %s message from an unregistered peer claiming "
-                                   "rank %d",
-                                   fl_msg_type_name(m->hdr.type), m->hdr.sender);
+        fl_coord_send_error(c, &m->route, FL_EPROTO, m->hdr.sender, "",
+                            "coordinator: %s message from an unregistered peer claiming "
+                            "rank %d",
+                            fl_msg_type_name(m->hdr.type), m->hdr.sender);
+        return;
     }
     if (fl_tp_live_state(c->live, r) == FL_PEER_DEAD)
         return; /* declared dead already: the job is failing, late words change nothing */
@@ -507,22 +532,28 @@ void fl_coord_on_message(fl_coord_t *c, fl_tp_msg_t *m)
     if (strcmp(m->hdr.job_id, c->job_id) != 0 ||
         (m->hdr.generation != 0 && m->hdr.generation != c->generation)) {
         fl_ctx_count(c->ctx, FL_STAT_BAD_JOB, 1);
-        return fl_coord_send_error(c, &m->route, FL_EPROTO, r, c->ranks[r].reg.host,
-                                   "coordinator: %s message from rank %d of job '%s' "
-                                   "generation %llu refused: this is job '%s' generation %llu",
-                                   fl_msg_type_name(m->hdr.type), r, m->hdr.job_id,
-                                   (unsigned long long)m->hdr.generation, c->job_id,
-                                   (unsigned long long)c->generation);
+        fl_coord_send_error(c, &m->route, FL_EPROTO, r, c->ranks[r].reg.host,
+                            "coordinator: %s message from rank %d of job '%s' "
+                            "generation %llu refused: this is job '%s' generation %llu",
+                            fl_msg_type_name(m->hdr.type), r, m->hdr.job_id,
+                            (unsigned long long)m->hdr.generation, c->job_id,
+                            (unsigned long long)c->generation);
+        return;
     }
     fl_tp_live_heard(c->live, r, fl_now_ms());
     switch (m->hdr.type) {
-    case FL_MSG_HEARTBEAT: return on_heartbeat(c, m, r);
-    case FL_MSG_SHUTDOWN: return on_shutdown(c, m, r);
+    case FL_MSG_HEARTBEAT:
+        on_heartbeat(c, m, r);
+        return;
+    case FL_MSG_SHUTDOWN:
+        on_shutdown(c, m, r);
+        return;
     default:
         fl_ctx_count(c->ctx, FL_STAT_UNEXPECTED, 1);
-        return fl_coord_send_error(c, &m->route, FL_EPROTO, r, "",
-                                   "coordinator: unexpected %s message from rank %d",
-                                   fl_msg_type_name(m->hdr.type), r);
+        fl_coord_send_error(c, &m->route, FL_EPROTO, r, "",
+                            "coordinator: unexpected %s message from rank %d",
+                            fl_msg_type_name(m->hdr.type), r);
+        return;
     }
 }
 

@@ -204,31 +204,40 @@ void fl_coord_ps_on_register(fl_coord_t *c, fl_tp_msg_t *m)
                         "'%s'",
                 fl_text_escape(host, shown, sizeof shown), reg->pid,
                 fl_text_escape(m->hdr.job_id, job, sizeof job), c->job_id);
-        return fl_coord_send_error(c, to, FL_EINVAL, -1, host,
-                                   "parameter server on %s belongs to job '%s', this "
-                                   "coordinator runs job '%s'",
-                                   host, m->hdr.job_id, c->job_id);
+        fl_coord_send_error(c, to, FL_EINVAL, -1, host,
+                            "parameter server on %s belongs to job '%s', this "
+                            "coordinator runs job '%s'",
+                            host, m->hdr.job_id, c->job_id);
+        return;
     }
-    if (c->nshards == 0)
-        return refuse_server(c, to, host,
-                                   "parameter server on %s refused: job '%s' has no parameter "
-                                   "server (the coordinator runs with 0 shards)",
-                                   host, c->job_id);
-    if ((int)reg->num_shards != c->nshards)
-        return refuse_server(c, to, host,
-                                   "parameter server on %s serves a job of %u shards, the "
-                                   "coordinator expects %d",
-                                   host, reg->num_shards, c->nshards);
-    if (count < 1 || first < 0 || first >= c->nshards || count > c->nshards - first)
-        return refuse_server(c, to, host,
-                                   "parameter server on %s registered shards %d..%d, outside "
-                                   "0..%d",
-                                   host, first, first + count - 1, c->nshards - 1);
-    if ((int)reg->nshard_eps != count)
-        return refuse_server(c, to, host,
-                                   "parameter server on %s registered %d shards with %u "
-                                   "endpoints",
-                                   host, count, reg->nshard_eps);
+    if (c->nshards == 0) {
+        refuse_server(c, to, host,
+                      "parameter server on %s refused: job '%s' has no parameter "
+                      "server (the coordinator runs with 0 shards)",
+                      host, c->job_id);
+        return;
+    }
+    if ((int)reg->num_shards != c->nshards) {
+        refuse_server(c, to, host,
+                      "parameter server on %s serves a job of %u shards, the "
+                      "coordinator expects %d",
+                      host, reg->num_shards, c->nshards);
+        return;
+    }
+    if (count < 1 || first < 0 || first >= c->nshards || count > c->nshards - first) {
+        refuse_server(c, to, host,
+                      "parameter server on %s registered shards %d..%d, outside "
+                      "0..%d",
+                      host, first, first + count - 1, c->nshards - 1);
+        return;
+    }
+    if ((int)reg->nshard_eps != count) {
+        refuse_server(c, to, host,
+                      "parameter server on %s registered %d shards with %u "
+                      "endpoints",
+                      host, count, reg->nshard_eps);
+        return;
+    }
     int slot = fl_coord_ps_slot_of_route(c, to);
     if (slot >= 0) {
         if (c->phase == PHASE_RUNNING)
@@ -251,29 +260,31 @@ void fl_coord_ps_on_register(fl_coord_t *c, fl_tp_msg_t *m)
                 fl_coord_welcome_again(c, to);
             return;
         }
-        return refuse_server(c, to, host,
-                                   "parameter server on %s (pid %d) registered shards %d..%d, "
-                                   "but %s serves some of them",
-                                   host, reg->pid, first, first + count - 1,
-                                   server_name(v, name, sizeof name));
+        refuse_server(c, to, host,
+                      "parameter server on %s (pid %d) registered shards %d..%d, "
+                      "but %s serves some of them",
+                      host, reg->pid, first, first + count - 1, server_name(v, name, sizeof name));
+        return;
     }
-    if (c->phase != PHASE_RENDEZVOUS)
-        return refuse_server(c, to, host,
-                                   "parameter server on %s registered after job '%s' %s; a "
-                                   "parameter server cannot join a running job: restart every "
-                                   "flodl-ps with --resume",
-                                   host, c->job_id,
-                                   c->phase == PHASE_RUNNING ? "started" : "failed");
+    if (c->phase != PHASE_RENDEZVOUS) {
+        refuse_server(c, to, host,
+                      "parameter server on %s registered after job '%s' %s; a "
+                      "parameter server cannot join a running job: restart every "
+                      "flodl-ps with --resume",
+                      host, c->job_id, c->phase == PHASE_RUNNING ? "started" : "failed");
+        return;
+    }
     for (int i = 0; i < c->nshards; i++) {
         coord_server_t *v = &c->servers[i];
         if (v->registered && !same_settings(&v->reg, reg)) {
             char mine[FL_MSG_TUNING_MAX + 96], theirs[FL_MSG_TUNING_MAX + 96];
             describe_settings(reg, mine, sizeof mine);
             describe_settings(&v->reg, theirs, sizeof theirs);
-            return refuse_server(c, to, host,
-                                       "parameter server on %s uses '%s', %s uses '%s'; all "
-                                       "servers must agree",
-                                       host, mine, server_name(v, name, sizeof name), theirs);
+            refuse_server(c, to, host,
+                          "parameter server on %s uses '%s', %s uses '%s'; all "
+                          "servers must agree",
+                          host, mine, server_name(v, name, sizeof name), theirs);
+            return;
         }
     }
     char who[FL_HOST_MAX + 96];
@@ -291,8 +302,10 @@ void fl_coord_ps_on_register(fl_coord_t *c, fl_tp_msg_t *m)
     snprintf(who, sizeof who, "the parameter server on %s (shards %d..%d)", host, first,
              first + count - 1);
     if (reg->param_count != 0 &&
-        fl_coord_ps_check_params(c, reg->param_count, who, why, sizeof why) != FL_OK)
-        return refuse_server(c, to, host, "%s", why);
+        fl_coord_ps_check_params(c, reg->param_count, who, why, sizeof why) != FL_OK) {
+        refuse_server(c, to, host, "%s", why);
+        return;
+    }
 
     coord_server_t *v = &c->servers[first];
     free(v->reg.shard_eps);
@@ -411,10 +424,10 @@ void fl_coord_ps_on_message(fl_coord_t *c, fl_tp_msg_t *m, int slot)
         return;
     default:
         fl_ctx_count(c->ctx, FL_STAT_UNEXPECTED, 1);
-        return fl_coord_send_error(c, &m->route, FL_EPROTO, -1, "",
-                                   "coordinator: unexpected %s message from %s",
-                                   fl_msg_type_name(m->hdr.type),
-                                   server_name(v, name, sizeof name));
+        fl_coord_send_error(c, &m->route, FL_EPROTO, -1, "",
+                            "coordinator: unexpected %s message from %s",
+                            fl_msg_type_name(m->hdr.type), server_name(v, name, sizeof name));
+        return;
     }
 }
 

@@ -188,15 +188,20 @@ static void maybe_checkpoint(ps_shard_t *sh)
 
 static void on_init(ps_shard_t *sh, fl_tp_msg_t *m, int rank)
 {
-    if (rank != 0)
-        return ps_shard_error(sh, &m->route, FL_EINVAL, rank,
-                              "rank %d pushed initial parameters; only rank 0 does", rank);
-    if (ps_state_ready(sh->state))
-        return ack(sh, &m->route, 0, true); /* --init, a checkpoint or an earlier push won */
+    if (rank != 0) {
+        ps_shard_error(sh, &m->route, FL_EINVAL, rank,
+                       "rank %d pushed initial parameters; only rank 0 does", rank);
+        return;
+    }
+    if (ps_state_ready(sh->state)) {
+        ack(sh, &m->route, 0, true); /* --init, a checkpoint or an earlier push won */
+        return;
+    }
     if (m->nframes < 1 || m->hdr.frames[0].dtype != FL_FLOAT32 ||
-        m->hdr.frames[0].codec == FL_CODEC_SPARSE)
-        return ps_shard_error(sh, &m->route, FL_EINVAL, rank,
-                              "initial parameters must be dense float32");
+        m->hdr.frames[0].codec == FL_CODEC_SPARSE) {
+        ps_shard_error(sh, &m->route, FL_EINVAL, rank, "initial parameters must be dense float32");
+        return;
+    }
     ps_src_t src;
     void *owned = NULL;
     int rc = decode(sh, m, &src, &owned);
@@ -216,9 +221,10 @@ static void on_init(ps_shard_t *sh, fl_tp_msg_t *m, int rank)
         rc = ps_state_init(sh->state, flat != NULL ? flat : src.dense, m->hdr.u.push.step);
     free(flat);
     free(owned);
-    if (rc != FL_OK)
-        return ps_shard_error(sh, &m->route, rc, rank, "initial parameters refused: %s",
-                              fl_last_error());
+    if (rc != FL_OK) {
+        ps_shard_error(sh, &m->route, rc, rank, "initial parameters refused: %s", fl_last_error());
+        return;
+    }
     FL_INFO(sh->ctx, "shard %u: initial parameters from rank 0", sh->index);
     ack(sh, &m->route, m->hdr.u.push.step, false);
 }
@@ -228,30 +234,39 @@ static void on_gradient(ps_shard_t *sh, fl_tp_msg_t *m, int rank)
     const fl_msg_push_t *p = &m->hdr.u.push;
     char why[FL_MSG_TEXT_MAX];
     int ck = ps_state_check_push(sh->state, rank, p->step, why, sizeof why);
-    if (ck == PS_PUSH_DUPLICATE)
-        return ack(sh, &m->route, p->step, true); /* a retry of a push already taken */
-    if (ck != FL_OK)
-        return ps_shard_error(sh, &m->route, FL_EINVAL, rank, "push refused: %s", why);
+    if (ck == PS_PUSH_DUPLICATE) {
+        ack(sh, &m->route, p->step, true); /* a retry of a push already taken */
+        return;
+    }
+    if (ck != FL_OK) {
+        ps_shard_error(sh, &m->route, FL_EINVAL, rank, "push refused: %s", why);
+        return;
+    }
     ps_src_t src;
     void *owned = NULL;
     if (p->batch == 0) {
-        if (m->nframes != 0)
-            return ps_shard_error(sh, &m->route, FL_EINVAL, rank,
-                                  "a push that skips its step (batch 0) carries no gradient");
+        if (m->nframes != 0) {
+            ps_shard_error(sh, &m->route, FL_EINVAL, rank,
+                           "a push that skips its step (batch 0) carries no gradient");
+            return;
+        }
         memset(&src, 0, sizeof src);
     } else {
         int rc = decode(sh, m, &src, &owned);
-        if (rc != FL_OK)
-            return ps_shard_error(sh, &m->route, rc == FL_ENONFINITE ? rc : FL_EINVAL, rank,
-                                  "gradient of step %" PRIu64 " from rank %d refused: %s",
-                                  p->step, rank, fl_last_error());
+        if (rc != FL_OK) {
+            ps_shard_error(sh, &m->route, rc == FL_ENONFINITE ? rc : FL_EINVAL, rank,
+                           "gradient of step %" PRIu64 " from rank %d refused: %s", p->step, rank,
+                           fl_last_error());
+            return;
+        }
     }
     src.batch = p->batch;
     /* The state may keep the source (sync): it keeps the memory with it. */
     hold_t *h = calloc(1, sizeof *h);
     if (h == NULL) {
         free(owned);
-        return ps_shard_error(sh, &m->route, FL_ENOMEM, rank, "out of memory");
+        ps_shard_error(sh, &m->route, FL_ENOMEM, rank, "out of memory");
+        return;
     }
     h->owned = owned;
     if (src.kind != PS_SRC_SPARSE && owned == NULL && p->batch > 0) {
@@ -314,17 +329,23 @@ static void on_pull(ps_shard_t *sh, fl_tp_msg_t *m, int rank)
     const fl_msg_pull_t *p = &m->hdr.u.pull;
     if (!range_ok(sh, m, p->shard, p->offset, p->count, rank))
         return;
-    if (m->nframes != 0)
-        return ps_shard_error(sh, &m->route, FL_EINVAL, rank, "a pull carries no payload");
+    if (m->nframes != 0) {
+        ps_shard_error(sh, &m->route, FL_EINVAL, rank, "a pull carries no payload");
+        return;
+    }
     int blocker;
     uint64_t bstep;
     char why[FL_MSG_TEXT_MAX];
     int rc = ps_state_check_pull(sh->state, rank, p->step, p->latest, &blocker, &bstep, why,
                                  sizeof why);
-    if (rc == FL_OK)
-        return reply(sh, &m->route, rank, p->lz4);
-    if (rc != FL_ETIMEDOUT)
-        return ps_shard_error(sh, &m->route, FL_EINVAL, rank, "pull refused: %s", why);
+    if (rc == FL_OK) {
+        reply(sh, &m->route, rank, p->lz4);
+        return;
+    }
+    if (rc != FL_ETIMEDOUT) {
+        ps_shard_error(sh, &m->route, FL_EINVAL, rank, "pull refused: %s", why);
+        return;
+    }
     if ((rc = add_pending(sh, &m->route, rank, p)) != FL_OK)
         ps_shard_error(sh, &m->route, rc, rank, "pull refused: %s", fl_last_error());
 }
@@ -375,11 +396,13 @@ static void timed_out(ps_shard_t *sh, const ps_pending_t *q, int64_t now)
     ps_shard_rank_name(sh, q->rank, who, sizeof who);
     ps_shard_rank_name(sh, blocker, slow, sizeof slow);
     atomic_fetch_add(&sh->n_timeouts, 1);
-    if (!ps_state_ready(sh->state))
-        return ps_shard_error(sh, &q->route, FL_ETIMEDOUT, 0,
-                              "no parameters after %lld ms: waiting for %s to push its initial "
-                              "parameters",
-                              (long long)(now - q->since), slow);
+    if (!ps_state_ready(sh->state)) {
+        ps_shard_error(sh, &q->route, FL_ETIMEDOUT, 0,
+                       "no parameters after %lld ms: waiting for %s to push its initial "
+                       "parameters",
+                       (long long)(now - q->since), slow);
+        return;
+    }
     ps_shard_error(sh, &q->route, FL_ETIMEDOUT, blocker,
                    "the parameters of step %" PRIu64 " for %s not ready after %lld ms: "
                    "waiting for %s, which has completed %" PRIu64 " steps (%s%s)",
