@@ -344,10 +344,12 @@ static void on_register(fl_coord_t *c, fl_tp_msg_t *m)
         return;
     }
     if (c->phase != PHASE_RENDEZVOUS) {
+        char failed[FL_SERVICE_TEXT_MAX];
+        fl_service_text(&c->svc, failed, sizeof failed);
         refuse_reg(c, to, r, reg->host,
                    "rank %d (host %.64s) registered after job '%.64s' failed: "
                    "%.380s",
-                   r, reg->host, c->job_id, c->result_text);
+                   r, reg->host, c->job_id, failed);
         return;
     }
     char who[FL_HOST_MAX + 32];

@@ -58,8 +58,7 @@ struct fl_coord {
     int hb_timeout_ms;
     int rdv_timeout_ms;
     uint64_t generation;
-    pthread_t thread;
-    bool started;
+    fl_service_t svc; /* the coordinator thread and the job's outcome (fl_coord_wait) */
 
     /* parameter server (coordinator thread only) */
     int nshards;
@@ -84,16 +83,12 @@ struct fl_coord {
     int64_t last_stall_ms; /* when the last stall report was written */
     fl_ratelimit_t warn_rl; /* warnings about peers' messages (fl_coord_warn) */
 
-    /* shared with fl_coord_wait / fl_coord_registered */
-    pthread_mutex_t lock;
-    pthread_cond_t cond;
-    bool finished;
-    int result;
-    char result_text[1024];
+    /* shared with fl_coord_registered and the like */
     _Atomic int nregistered;
     _Atomic int nactive; /* registered, not left, not dead */
     _Atomic int nunheard; /* ranks no registration came for (coord_rank_t.heard) */
-    /* published by the coordinator thread at every tick (under lock) */
+    /* published by the coordinator thread at every tick, for fl_coord_get_info */
+    pthread_mutex_t lock;
     fl_coord_info_t info;
     fl_coord_rank_info_t *rank_info;
 };

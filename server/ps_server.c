@@ -9,11 +9,9 @@
 #include "ps_int.h"
 
 #include <inttypes.h>
-#include <pthread.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <time.h>
 #include <unistd.h>
 
 #include "fl_tp.h"
@@ -37,15 +35,8 @@ struct fl_ps_server {
     fl_msg_peer_t *peers;   /* from the welcome: hosts for the shards' texts */
     int world;
 
-    pthread_t thread;
-    bool started;
+    fl_service_t svc; /* the server thread; ready once past the rendezvous */
     fl_tp_sock_t *cmd_rx, *cmd_tx;
-    pthread_mutex_t lock;
-    pthread_cond_t cond;
-    bool serving; /* past the rendezvous */
-    bool finished;
-    int result;
-    char result_text[1024];
 };
 
 void fl_ps_server_opts_init(fl_ps_server_opts_t *o)
@@ -233,8 +224,7 @@ int fl_ps_server_create(const fl_ps_server_opts_t *o, fl_ps_server_t **out)
     fl_ps_server_t *s = calloc(1, sizeof *s);
     if (s == NULL)
         return fl_fail(FL_ENOMEM, "parameter server: out of memory");
-    pthread_mutex_init(&s->lock, NULL);
-    pthread_cond_init(&s->cond, NULL);
+    fl_service_init(&s->svc);
     if (o->tune_malloc)
         fl_malloc_tune();
     s->o = *o;
@@ -316,18 +306,6 @@ uint64_t fl_ps_server_param_count(const fl_ps_server_t *s)
 const char *fl_ps_server_endpoint(const fl_ps_server_t *s, int k)
 {
     return k >= 0 && k < s->o.shard_count ? ps_shard_endpoint(s->shards[k]) : NULL;
-}
-
-static void finish(fl_ps_server_t *s, int rc, const char *text)
-{
-    pthread_mutex_lock(&s->lock);
-    if (!s->finished) {
-        s->finished = true;
-        s->result = rc;
-        snprintf(s->result_text, sizeof s->result_text, "%s", text);
-        pthread_cond_broadcast(&s->cond);
-    }
-    pthread_mutex_unlock(&s->lock);
 }
 
 static int join(fl_ps_server_t *s, fl_msg_hdr_t *welcome)
@@ -464,12 +442,10 @@ static void *server_main(void *arg)
     fl_msg_hdr_t welcome;
     int rc = join(s, &welcome);
     if (rc != FL_OK) {
-        finish(s, rc, fl_last_error());
+        fl_service_finish(&s->svc, rc, fl_last_error());
         return NULL;
     }
-    pthread_mutex_lock(&s->lock);
-    s->serving = true;
-    pthread_mutex_unlock(&s->lock);
+    fl_service_set_ready(&s->svc);
     rc = setup_shards(s, &welcome);
     fl_msg_hdr_deinit(&welcome);
     for (int k = 0; rc == FL_OK && k < s->o.shard_count; k++)
@@ -485,7 +461,7 @@ static void *server_main(void *arg)
          * restart would meet again, so the job fails rather than wait for one. */
         fl_tp_member_start(s->member);
         fl_tp_member_stop(s->member, rc < 0 ? rc : FL_EIO, text);
-        finish(s, rc, text);
+        fl_service_finish(&s->svc, rc, text);
         return NULL;
     }
     fl_tp_sock_t *socks[2] = {fl_tp_member_events(s->member), s->cmd_rx};
@@ -532,59 +508,35 @@ static void *server_main(void *arg)
     }
     stop_shards(s, true);
     fl_tp_member_stop(s->member, result == FL_OK ? 0 : 1, text);
-    finish(s, result, text);
+    fl_service_finish(&s->svc, result, text);
     return NULL;
 }
 
 int fl_ps_server_start(fl_ps_server_t *s)
 {
-    if (s->started)
-        return FL_OK;
-    if (pthread_create(&s->thread, NULL, server_main, s) != 0)
-        return fl_fail(FL_EIO, "parameter server: cannot start its thread");
-    s->started = true;
-    return FL_OK;
+    return fl_service_start(&s->svc, server_main, s, "parameter server");
 }
 
 int fl_ps_server_wait(fl_ps_server_t *s, int timeout_ms)
 {
-    int64_t deadline = fl_deadline_in(timeout_ms);
-    pthread_mutex_lock(&s->lock);
-    while (!s->finished) {
-        int left = fl_deadline_left_ms(deadline);
-        if (left == 0)
-            break;
-        struct timespec ts;
-        clock_gettime(CLOCK_REALTIME, &ts);
-        int step = left > 200 ? 200 : left;
-        ts.tv_nsec += (long)step * 1000000L;
-        ts.tv_sec += ts.tv_nsec / 1000000000L;
-        ts.tv_nsec %= 1000000000L;
-        pthread_cond_timedwait(&s->cond, &s->lock, &ts);
-    }
-    int rc = s->finished ? s->result : FL_ETIMEDOUT;
-    char text[1024];
-    snprintf(text, sizeof text, "%s", s->finished ? s->result_text : "still serving");
-    pthread_mutex_unlock(&s->lock);
-    if (rc != FL_OK)
-        fl_fail(rc, "%s", text);
-    return rc;
+    return fl_service_wait(&s->svc, timeout_ms, "still serving");
+}
+
+/* Wakes the server thread: its stop pipe, and a cancel while it is still in the rendezvous. */
+static void wake(void *arg)
+{
+    fl_ps_server_t *s = arg;
+    fl_msg_hdr_t h;
+    fl_msg_hdr_init(&h, FL_MSG_SHUTDOWN, FL_MSG_SENDER_SERVER);
+    fl_tp_send(s->cmd_tx, NULL, &h, NULL, 0, fl_deadline_in(5000));
+    if (fl_service_is_setting_up(&s->svc))
+        fl_tp_member_cancel(s->member);
 }
 
 void fl_ps_server_stop(fl_ps_server_t *s)
 {
-    if (s == NULL || !s->started)
-        return;
-    fl_msg_hdr_t h;
-    fl_msg_hdr_init(&h, FL_MSG_SHUTDOWN, FL_MSG_SENDER_SERVER);
-    fl_tp_send(s->cmd_tx, NULL, &h, NULL, 0, fl_deadline_in(5000));
-    pthread_mutex_lock(&s->lock);
-    bool joining = !s->serving && !s->finished;
-    pthread_mutex_unlock(&s->lock);
-    if (joining)
-        fl_tp_member_cancel(s->member); /* still in the rendezvous */
-    pthread_join(s->thread, NULL);
-    s->started = false;
+    if (s != NULL)
+        fl_service_stop(&s->svc, wake, s);
 }
 
 void fl_ps_server_get_stats(const fl_ps_server_t *s, fl_ps_server_stats_t *out)
@@ -626,8 +578,7 @@ void fl_ps_server_destroy(fl_ps_server_t **ps)
     fl_st_close(&s->init);
     fl_ctx_destroy(&s->ctx);
     free(s->peers);
-    pthread_mutex_destroy(&s->lock);
-    pthread_cond_destroy(&s->cond);
+    fl_service_deinit(&s->svc);
     free(s);
     *ps = NULL;
 }
