@@ -243,19 +243,14 @@ static void refuse_reg(fl_coord_t *c, const fl_tp_route_t *to, int r, const char
     fl_coord_send_error(c, to, FL_EINVAL, r, host, "%s", text);
 }
 
-static void on_register(fl_coord_t *c, fl_tp_msg_t *m)
+/* The checks a registration must pass whatever the job's state: its job, world size, rank
+ * and endpoints. False when it was refused (the asker told why). host: reg->host escaped for
+ * the log. */
+static bool reg_fits_job(fl_coord_t *c, const fl_tp_msg_t *m, const char *host)
 {
-    if (m->hdr.u.reg.role == FL_ROLE_SERVER) {
-        fl_coord_ps_on_register(c, m);
-        return;
-    }
     const fl_msg_register_t *reg = &m->hdr.u.reg;
     const fl_tp_route_t *to = &m->route;
     int r = reg->rank;
-    /* Text from the wire is wire text (proto/ refuses any other), and escaped where it is
-     * logged all the same: a log line is never written by a peer. */
-    char host[FL_HOST_MAX];
-    fl_text_escape(reg->host, host, sizeof host);
     if (strcmp(m->hdr.job_id, c->job_id) != 0) {
         /* Another job's rank dialled this coordinator: counted with every other foreign
          * message (bad_job), and worth a line, since that job is now waiting for nothing. */
@@ -268,80 +263,87 @@ static void on_register(fl_coord_t *c, fl_tp_msg_t *m)
                             "rank %d (host %s) belongs to job '%s', this coordinator "
                             "runs job '%s'",
                             r, reg->host, m->hdr.job_id, c->job_id);
-        return;
+        return false;
     }
-    if (reg->world_size != c->world) {
+    if (reg->world_size != c->world)
         refuse_reg(c, to, r, reg->host,
                    "rank %d (host %s) expects world size %d, the coordinator "
                    "expects %d",
                    r, reg->host, reg->world_size, c->world);
-        return;
-    }
-    if (r < 0 || r >= c->world) {
+    else if (r < 0 || r >= c->world)
         refuse_reg(c, to, r, reg->host, "rank %d (host %s) is out of range 0..%d for world size %d",
                    r, reg->host, c->world - 1, c->world);
-        return;
-    }
-    if (reg->nendpoints < 1 && reg->param_count == 0) {
+    else if (reg->nendpoints < 1 && reg->param_count == 0)
         refuse_reg(c, to, r, reg->host,
                    "rank %d (host %s) registered without a data endpoint (only "
                    "parameter-server clients, which declare their parameter "
                    "count, need none)",
                    r, reg->host);
-        return;
-    }
-    if (reg->nshard_eps > 0) {
+    else if (reg->nshard_eps > 0)
         refuse_reg(c, to, r, reg->host,
                    "rank %d (host %s) registered shard endpoints, which only "
                    "parameter-server processes have",
                    r, reg->host);
-        return;
-    }
+    else
+        return true;
+    return false;
+}
+
+/* A registration for a rank already registered: a retry from its own connection, its own
+ * process on a new connection, or another process, refused. */
+static void reg_again(fl_coord_t *c, const fl_tp_msg_t *m, const char *host)
+{
+    const fl_msg_register_t *reg = &m->hdr.u.reg;
+    const fl_tp_route_t *to = &m->route;
+    int r = reg->rank;
     coord_rank_t *k = &c->ranks[r];
-    if (!k->heard) {
-        k->heard = true;
-        atomic_fetch_sub(&c->nunheard, 1);
-    }
-    if (k->registered) {
-        if (fl_coord_same_route(&k->route, to) && strcmp(k->key, m->peer_key) == 0) {
-            if (c->phase == PHASE_RUNNING)
-                send_welcome(c, to); /* a retry after a lost welcome: answer the asker */
-            return;
-        }
-        /* A registered rank is bound to its connection and, with CURVE, to its client key.
-         * Only its own process, whose old connection has gone quiet (it lost us and opened a
-         * new one), may move it, with the same key; a second registration while the holder is
-         * heard from is refused, telling the asker nothing about the holder (a stranger would
-         * otherwise learn the host and pid to claim). */
-        int64_t quiet = fl_now_ms() - fl_tp_live_last(c->live, r);
-        if (!k->left && k->reg.pid == reg->pid && strcmp(k->reg.host, reg->host) == 0 &&
-            strcmp(k->key, m->peer_key) == 0 &&
-            fl_tp_live_state(c->live, r) != FL_PEER_DEAD && quiet >= 2 * (int64_t)c->hb_ms) {
-            FL_WARN(c->ctx, "rank %d (%s, pid %d) registered again on a new connection, its "
-                            "old one quiet for %lld ms",
-                    r, host, reg->pid, (long long)quiet);
-            k->route = *to;
-            fl_tp_live_heard(c->live, r, fl_now_ms());
-            if (c->phase == PHASE_RUNNING)
-                send_welcome(c, to);
-            return;
-        }
-        fl_ctx_count(c->ctx, FL_STAT_UNEXPECTED, 1);
-        char holder[FL_HOST_MAX];
-        fl_coord_warn(c, "refused a registration for rank %d from host %s (pid %d): the rank is "
-                        "held by host %s (pid %d), heard from %lld ms ago",
-                r, host, reg->pid, fl_text_escape(k->reg.host, holder, sizeof holder),
-                k->reg.pid, (long long)quiet);
-        fl_coord_send_error(c, to, FL_EINVAL, r, reg->host,
-                            "rank %d is already registered by another process; this "
-                            "registration (host %s, pid %d) is refused",
-                            r, reg->host, reg->pid);
+    if (fl_coord_same_route(&k->route, to) && strcmp(k->key, m->peer_key) == 0) {
+        if (c->phase == PHASE_RUNNING)
+            send_welcome(c, to); /* a retry after a lost welcome: answer the asker */
         return;
     }
+    /* A registered rank is bound to its connection and, with CURVE, to its client key. Only
+     * its own process, whose old connection has gone quiet (it lost us and opened a new one),
+     * may move it, with the same key; a second registration while the holder is heard from is
+     * refused, telling the asker nothing about the holder (a stranger would otherwise learn
+     * the host and pid to claim). */
+    int64_t quiet = fl_now_ms() - fl_tp_live_last(c->live, r);
+    if (!k->left && k->reg.pid == reg->pid && strcmp(k->reg.host, reg->host) == 0 &&
+        strcmp(k->key, m->peer_key) == 0 && fl_tp_live_state(c->live, r) != FL_PEER_DEAD &&
+        quiet >= 2 * (int64_t)c->hb_ms) {
+        FL_WARN(c->ctx, "rank %d (%s, pid %d) registered again on a new connection, its "
+                        "old one quiet for %lld ms",
+                r, host, reg->pid, (long long)quiet);
+        k->route = *to;
+        fl_tp_live_heard(c->live, r, fl_now_ms());
+        if (c->phase == PHASE_RUNNING)
+            send_welcome(c, to);
+        return;
+    }
+    fl_ctx_count(c->ctx, FL_STAT_UNEXPECTED, 1);
+    char holder[FL_HOST_MAX];
+    fl_coord_warn(c, "refused a registration for rank %d from host %s (pid %d): the rank is "
+                    "held by host %s (pid %d), heard from %lld ms ago",
+            r, host, reg->pid, fl_text_escape(k->reg.host, holder, sizeof holder), k->reg.pid,
+            (long long)quiet);
+    fl_coord_send_error(c, to, FL_EINVAL, r, reg->host,
+                        "rank %d is already registered by another process; this "
+                        "registration (host %s, pid %d) is refused",
+                        r, reg->host, reg->pid);
+}
+
+/* A new rank during the rendezvous must agree with the members already registered: the
+ * model, the parameter count, the settings. False when it was refused or failed the
+ * rendezvous. */
+static bool reg_agrees(fl_coord_t *c, const fl_tp_msg_t *m)
+{
+    const fl_msg_register_t *reg = &m->hdr.u.reg;
+    const fl_tp_route_t *to = &m->route;
+    int r = reg->rank;
     if (c->phase == PHASE_RUNNING) {
         refuse_reg(c, to, r, reg->host, "rank %d (host %s) registered after job '%s' started", r,
                    reg->host, c->job_id);
-        return;
+        return false;
     }
     if (c->phase != PHASE_RENDEZVOUS) {
         char failed[FL_SERVICE_TEXT_MAX];
@@ -350,31 +352,40 @@ static void on_register(fl_coord_t *c, fl_tp_msg_t *m)
                    "rank %d (host %.64s) registered after job '%.64s' failed: "
                    "%.380s",
                    r, reg->host, c->job_id, failed);
-        return;
+        return false;
     }
     char who[FL_HOST_MAX + 32];
     char why[FL_MSG_TEXT_MAX];
     const fl_msg_register_t *differs = NULL;
     if (fl_coord_check_model(c, reg, &differs, why, sizeof why) != FL_OK) {
         fail_rendezvous(c, to, r, reg->host, why); /* whichever side differs */
-        return;
+        return false;
     }
     snprintf(who, sizeof who, "rank %d (host %s)", r, reg->host);
     if (reg->param_count != 0 &&
         fl_coord_ps_check_params(c, reg->param_count, who, why, sizeof why) != FL_OK) {
         refuse_reg(c, to, r, reg->host, "%s", why);
-        return;
+        return false;
     }
     if (fl_coord_check_agree(c, r, reg, why, sizeof why) != FL_OK) {
         fail_rendezvous(c, to, r, reg->host, why);
-        return;
+        return false;
     }
+    return true;
+}
+
+/* Takes a rank in: bound to this connection and key from now on. */
+static void take_reg(fl_coord_t *c, const fl_tp_msg_t *m, const char *host)
+{
+    const fl_msg_register_t *reg = &m->hdr.u.reg;
+    int r = reg->rank;
+    coord_rank_t *k = &c->ranks[r];
     k->registered = true;
     k->left = false;
-    k->route = *to;
+    k->route = m->route;
     snprintf(k->key, sizeof k->key, "%s", m->peer_key);
     k->reg = *reg;
-    k->reg.shard_eps = NULL; /* checked empty above; the message owns its tables */
+    k->reg.shard_eps = NULL; /* checked empty (reg_fits_job); the message owns its tables */
     k->reg.nshard_eps = 0;
     k->waiting_on = -1;
     fl_tp_live_heard(c->live, r, fl_now_ms());
@@ -385,6 +396,29 @@ static void on_register(fl_coord_t *c, fl_tp_msg_t *m)
             fl_text_escape(reg->nendpoints > 0 ? reg->endpoints[0] : "none", ep, sizeof ep), n,
             c->world);
     fl_coord_maybe_start(c);
+}
+
+static void on_register(fl_coord_t *c, fl_tp_msg_t *m)
+{
+    if (m->hdr.u.reg.role == FL_ROLE_SERVER) {
+        fl_coord_ps_on_register(c, m);
+        return;
+    }
+    /* Text from the wire is wire text (proto/ refuses any other), and escaped where it is
+     * logged all the same: a log line is never written by a peer. */
+    char host[FL_HOST_MAX];
+    fl_text_escape(m->hdr.u.reg.host, host, sizeof host);
+    if (!reg_fits_job(c, m, host))
+        return;
+    coord_rank_t *k = &c->ranks[m->hdr.u.reg.rank];
+    if (!k->heard) {
+        k->heard = true;
+        atomic_fetch_sub(&c->nunheard, 1);
+    }
+    if (k->registered)
+        reg_again(c, m, host);
+    else if (reg_agrees(c, m))
+        take_reg(c, m, host);
 }
 
 static void on_heartbeat(fl_coord_t *c, fl_tp_msg_t *m, int r)
