@@ -64,6 +64,13 @@ void fl_coord_warn(fl_coord_t *c, const char *fmt, ...)
     FL_WARN(c->ctx, "%s", text);
 }
 
+void fl_coord_warn_flush(fl_coord_t *c, int64_t now)
+{
+    uint64_t held = fl_ratelimit_flush(&c->warn_rl, now);
+    if (held > 0)
+        warn_summary(c, held);
+}
+
 void fl_coord_on_refused(fl_coord_t *c, fl_tp_msg_t *m)
 {
     char detail[1024];
@@ -106,12 +113,10 @@ static void missing_list(const fl_coord_t *c, char *out, size_t cap)
     fl_coord_ps_missing(c, out, cap);
 }
 
-/* The rendezvous failed: every registered rank (and `also`, a newcomer that is not, when not
- * NULL) and the servers hear why with `code`, and the job ends with `rc`. The ranks told are
- * gone for the coordinator: they leave without a goodbye, and flodl-ps need not wait out their
- * silence before it exits. */
-static void fail_rendezvous_all(fl_coord_t *c, int rc, int code, int about, const char *host,
-                                const char *text, const fl_tp_route_t *also)
+/* The ranks told are gone for the coordinator: they leave without a goodbye, and flodl-ps
+ * need not wait out their silence before it exits. */
+void fl_coord_fail_rendezvous_all(fl_coord_t *c, int rc, int code, int about, const char *host,
+                                  const char *text, const fl_tp_route_t *also)
 {
     if (also != NULL)
         fl_coord_send_error(c, also, code, about, host, "%s", text);
@@ -197,7 +202,7 @@ static void send_welcome(fl_coord_t *c, const fl_tp_route_t *to)
 void fl_coord_fail_rendezvous(fl_coord_t *c, const char *why)
 {
     FL_ERROR(c->ctx, "%s", why);
-    fail_rendezvous_all(c, FL_EINVAL, FL_EINVAL, -1, "", why, NULL);
+    fl_coord_fail_rendezvous_all(c, FL_EINVAL, FL_EINVAL, -1, "", why, NULL);
 }
 
 void fl_coord_maybe_start(fl_coord_t *c)
@@ -222,7 +227,7 @@ static void fail_rendezvous(fl_coord_t *c, const fl_tp_route_t *to, int r, const
     FL_ERROR(c->ctx, "refused a registration: %s", text);
     c->ranks[r].refused = true;
     snprintf(c->ranks[r].leave_text, sizeof c->ranks[r].leave_text, "%s", why);
-    fail_rendezvous_all(c, FL_EINVAL, FL_EINVAL, r, host, text, to);
+    fl_coord_fail_rendezvous_all(c, FL_EINVAL, FL_EINVAL, r, host, text, to);
 }
 
 /* Refuses a registration: the asker hears why, and the coordinator's log says it too (at
@@ -456,9 +461,7 @@ static void check_all_gone(fl_coord_t *c)
     }
 }
 
-/* Tells every other rank and the servers that the job failed because of `about`, and ends
- * the job with that reason (a death, or a rank's own error). */
-static void fail_job(fl_coord_t *c, int about, const char *text)
+void fl_coord_fail_job(fl_coord_t *c, int about, const char *text)
 {
     coord_rank_t *k = &c->ranks[about];
     for (int r = 0; r < c->world; r++) {
@@ -512,7 +515,7 @@ static void on_shutdown(fl_coord_t *c, fl_tp_msg_t *m, int r)
                  k->reg.host, k->reg.pid, k->leave_text);
         FL_ERROR(c->ctx, "%s", fl_text_escape(text, said, sizeof said));
         k->failed = true;
-        fail_job(c, r, text);
+        fl_coord_fail_job(c, r, text);
         return;
     }
     FL_INFO(c->ctx, "rank %d (%s) left: %s", r, host,
@@ -660,7 +663,7 @@ static void declare_dead(fl_coord_t *c, int dead, int64_t silent)
     atomic_fetch_sub(&c->nactive, 1);
     k->failed = c->phase == PHASE_RUNNING; /* the first to end the job */
     if (c->phase == PHASE_RUNNING)
-        fail_job(c, dead, text);
+        fl_coord_fail_job(c, dead, text);
     else
         fl_coord_finish(c, FL_EPEER, text);
 }
@@ -736,9 +739,7 @@ void fl_coord_get_info(fl_coord_t *c, fl_coord_info_t *info, fl_coord_rank_info_
 
 void fl_coord_tick(fl_coord_t *c, int64_t now)
 {
-    uint64_t held = fl_ratelimit_flush(&c->warn_rl, now);
-    if (held > 0)
-        warn_summary(c, held);
+    fl_coord_warn_flush(c, now);
     if (now - c->last_hb_ms >= c->hb_ms) {
         send_heartbeats(c);
         c->last_hb_ms = now;
@@ -774,6 +775,6 @@ void fl_coord_tick(fl_coord_t *c, int64_t now)
                                     "ranks registered, missing %s",
                  c->job_id, c->rdv_timeout_ms, atomic_load(&c->nregistered), c->world, missing);
         FL_ERROR(c->ctx, "%s", text);
-        fail_rendezvous_all(c, FL_EPEER, FL_ETIMEDOUT, -1, "", text, NULL);
+        fl_coord_fail_rendezvous_all(c, FL_EPEER, FL_ETIMEDOUT, -1, "", text, NULL);
     }
 }

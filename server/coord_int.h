@@ -125,6 +125,10 @@ void fl_coord_tick(fl_coord_t *c, int64_t now);
 #define FL_COORD_WARN_WINDOW_MS 10000
 void fl_coord_warn(fl_coord_t *c, const char *fmt, ...) FL_PRINTF(2, 3);
 
+/* For the periodic tick: the summary line of the warnings held back in a window that has
+ * ended, if any. */
+void fl_coord_warn_flush(fl_coord_t *c, int64_t now);
+
 /* Sends an error to a route and counts it. */
 void fl_coord_send_error(fl_coord_t *c, const fl_tp_route_t *to, int code, int about,
                          const char *host, const char *fmt, ...) FL_PRINTF(6, 7);
@@ -135,6 +139,15 @@ void fl_coord_finish(fl_coord_t *c, int rc, const char *text);
 /* Ends a rendezvous that cannot succeed: every registered member is told why (an error),
  * and the job finishes with FL_EINVAL. */
 void fl_coord_fail_rendezvous(fl_coord_t *c, const char *why);
+
+/* The rendezvous failed: every registered rank (and `also`, a newcomer that is not, when not
+ * NULL) and the servers hear why with `code`, and the job ends with `rc`. */
+void fl_coord_fail_rendezvous_all(fl_coord_t *c, int rc, int code, int about, const char *host,
+                                  const char *text, const fl_tp_route_t *also);
+
+/* Tells every other rank and the servers that the job failed because of `about`, and ends
+ * the job with that reason (a death, or a rank's own error). */
+void fl_coord_fail_job(fl_coord_t *c, int about, const char *text);
 
 /* Sends the welcome to every member once all ranks and shards are registered. */
 void fl_coord_maybe_start(fl_coord_t *c);
