@@ -1,6 +1,6 @@
-/* Private to server/: the coordinator's state, shared by coord.c (lifecycle, thread, waiting)
- * and coord_handle.c (messages, liveness). All of it is touched by the coordinator thread
- * only, except the fields under `lock`. */
+/* Private to server/: the coordinator's state, shared by coord.c (lifecycle, thread, waiting),
+ * coord_handle.c (messages) and coord_tick.c (heartbeats, liveness). All of it is touched by
+ * the coordinator thread only, except the fields under `lock`. */
 #ifndef FL_COORD_INT_H
 #define FL_COORD_INT_H
 
@@ -103,7 +103,7 @@ int fl_coord_check_agree(const fl_coord_t *c, int r, const fl_msg_register_t *re
  * collective, step, whom it waits for and when it was last heard from (coord_stall.c). */
 void fl_coord_stall_check(fl_coord_t *c, int64_t now);
 
-/* Describes what a rank was doing, from its last heartbeat. */
+/* Describes what a rank was doing, from its last heartbeat (coord_tick.c). */
 void fl_coord_describe_op(const coord_rank_t *k, char *out, size_t cap);
 
 /* Publishes what fl_coord_get_info returns (coordinator thread). */
@@ -115,7 +115,7 @@ void fl_coord_on_message(fl_coord_t *c, fl_tp_msg_t *m);
 /* Answers a refused message (rc FL_EPROTO from the transport) where the sender can be told. */
 void fl_coord_on_refused(fl_coord_t *c, fl_tp_msg_t *m);
 
-/* Periodic work: heartbeats, liveness, rendezvous deadline (coord_handle.c). */
+/* Periodic work: heartbeats, liveness, rendezvous deadline (coord_tick.c). */
 void fl_coord_tick(fl_coord_t *c, int64_t now);
 
 /* A warning about what a peer sent (a refused message or registration), rate-limited: the
