@@ -107,10 +107,10 @@ static void make_tuning(const fl_ps_server_opts_t *o, char *out, size_t cap)
 
 static int open_init(fl_ps_server_t *s)
 {
-    int rc = ps_init_open(s->o.init_path, &s->init, &s->param_count);
+    int rc = fl_ps__init_open(s->o.init_path, &s->init, &s->param_count);
     if (rc == FL_OK)
-        rc = ps_init_shapes(s->init, s->o.init_path, &s->signature, s->shapes,
-                            sizeof s->shapes);
+        rc = fl_ps__init_shapes(s->init, s->o.init_path, &s->signature, s->shapes,
+                                sizeof s->shapes);
     return rc;
 }
 
@@ -128,8 +128,8 @@ static int scan_checkpoints(fl_ps_server_t *s)
     size_t used = 0;
     size_t stale = 0;
     uint64_t stale_bytes = 0;
-    int rc = ps_ckpt_clean(s->ckpt_dir, (uint32_t)o->shard_first, (uint32_t)o->shard_count,
-                           (uint32_t)o->num_shards, &stale, &stale_bytes);
+    int rc = fl_ps__ckpt_clean(s->ckpt_dir, (uint32_t)o->shard_first, (uint32_t)o->shard_count,
+                               (uint32_t)o->num_shards, &stale, &stale_bytes);
     if (rc != FL_OK)
         return rc;
     if (stale > 0)
@@ -141,7 +141,7 @@ static int scan_checkpoints(fl_ps_server_t *s)
         uint64_t steps[256];
         size_t n = 0;
         uint32_t foreign = 0;
-        rc = ps_ckpt_list(s->ckpt_dir, idx, (uint32_t)o->num_shards, steps, 256, &n, &foreign);
+        rc = fl_ps__ckpt_list(s->ckpt_dir, idx, (uint32_t)o->num_shards, steps, 256, &n, &foreign);
         if (rc != FL_OK)
             return rc;
         files += n + (foreign > 0);
@@ -153,8 +153,8 @@ static int scan_checkpoints(fl_ps_server_t *s)
                                s->ckpt_dir);
             continue;
         }
-        if ((rc = ps_ckpt_valid_steps(s->ckpt_dir, idx, (uint32_t)o->num_shards, s->ctx, steps,
-                                      256, &n, &params)) != FL_OK)
+        if ((rc = fl_ps__ckpt_valid_steps(s->ckpt_dir, idx, (uint32_t)o->num_shards, s->ctx, steps,
+                                          256, &n, &params)) != FL_OK)
             return rc;
         if (used + 48 < sizeof seen)
             used += (size_t)snprintf(seen + used, sizeof seen - used, "%sshard %u: %zu valid%s",
@@ -275,8 +275,8 @@ int fl_ps_server_create(const fl_ps_server_opts_t *o, fl_ps_server_t **out)
     else
         snprintf(bind, sizeof bind, "tcp://*:0");
     for (int k = 0; k < o->shard_count; k++)
-        if ((rc = ps_shard_create(s->ctx, (uint32_t)(o->shard_first + k), bind, s->host,
-                                  &s->shards[k])) != FL_OK)
+        if ((rc = fl_ps__shard_create(s->ctx, (uint32_t)(o->shard_first + k), bind, s->host,
+                                      &s->shards[k])) != FL_OK)
             goto fail;
 
     fl_tp_member_opts_t mo;
@@ -305,7 +305,7 @@ uint64_t fl_ps_server_param_count(const fl_ps_server_t *s)
 
 const char *fl_ps_server_endpoint(const fl_ps_server_t *s, int k)
 {
-    return k >= 0 && k < s->o.shard_count ? ps_shard_endpoint(s->shards[k]) : NULL;
+    return k >= 0 && k < s->o.shard_count ? fl_ps__shard_endpoint(s->shards[k]) : NULL;
 }
 
 static int join(fl_ps_server_t *s, fl_msg_hdr_t *welcome)
@@ -332,7 +332,7 @@ static int join(fl_ps_server_t *s, fl_msg_hdr_t *welcome)
     if (fl_msg_register_alloc_shards(&reg, (uint32_t)o->shard_count) != FL_OK)
         return FL_ENOMEM;
     for (int k = 0; k < o->shard_count; k++)
-        snprintf(reg.shard_eps[k], FL_ENDPOINT_MAX, "%s", ps_shard_endpoint(s->shards[k]));
+        snprintf(reg.shard_eps[k], FL_ENDPOINT_MAX, "%s", fl_ps__shard_endpoint(s->shards[k]));
     int rc = fl_tp_member_join(s->member, &reg, welcome);
     free(reg.shard_eps);
     return rc;
@@ -381,10 +381,10 @@ static int setup_shards(fl_ps_server_t *s, fl_msg_hdr_t *h)
     for (int k = 0; k < o->shard_count; k++) {
         uint32_t idx = (uint32_t)(o->shard_first + k);
         const fl_msg_shard_t *m = &w->shards[idx];
-        if (m->index != idx || strcmp(m->endpoint, ps_shard_endpoint(s->shards[k])) != 0)
+        if (m->index != idx || strcmp(m->endpoint, fl_ps__shard_endpoint(s->shards[k])) != 0)
             return fl_fail(FL_EPROTO, "the coordinator's shard map gives shard %u to %s, not "
                                       "to this server (%s)",
-                           idx, m->endpoint, ps_shard_endpoint(s->shards[k]));
+                           idx, m->endpoint, fl_ps__shard_endpoint(s->shards[k]));
         ps_shard_conf_t c;
         memset(&c, 0, sizeof c);
         c.num_shards = (uint32_t)o->num_shards;
@@ -404,18 +404,18 @@ static int setup_shards(fl_ps_server_t *s, fl_msg_hdr_t *h)
         c.ckpt_dir = o->checkpoint_dir;
         c.keep = o->keep;
         c.max_wait_ms = o->max_wait_ms;
-        int rc = ps_shard_configure(s->shards[k], &c);
+        int rc = fl_ps__shard_configure(s->shards[k], &c);
         if (rc != FL_OK)
             return rc;
         if (w->resume) {
-            if ((rc = ps_shard_resume(s->shards[k], w->resume_step)) != FL_OK)
+            if ((rc = fl_ps__shard_resume(s->shards[k], w->resume_step)) != FL_OK)
                 return rc;
         } else if (s->init != NULL) {
             float *buf = malloc(m->count > 0 ? (size_t)m->count * sizeof(float) : 1);
             if (buf == NULL)
                 return fl_fail(FL_ENOMEM, "shard %u: out of memory", idx);
             init_range(s->init, m->offset, m->count, buf);
-            rc = ps_shard_init_params(s->shards[k], buf, 0);
+            rc = fl_ps__shard_init_params(s->shards[k], buf, 0);
             free(buf);
             if (rc != FL_OK)
                 return rc;
@@ -423,7 +423,7 @@ static int setup_shards(fl_ps_server_t *s, fl_msg_hdr_t *h)
         FL_INFO(s->ctx, "shard %u: parameters %" PRIu64 "..%" PRIu64 " of %" PRIu64
                         " at %s (%s%s)",
                 idx, m->offset, m->offset + m->count, w->param_count,
-                ps_shard_endpoint(s->shards[k]), fl_ps_consistency_name(o->consistency),
+                fl_ps__shard_endpoint(s->shards[k]), fl_ps_consistency_name(o->consistency),
                 w->resume ? ", resumed" : s->init != NULL ? ", from --init" : "");
     }
     fl_st_close(&s->init);
@@ -433,7 +433,7 @@ static int setup_shards(fl_ps_server_t *s, fl_msg_hdr_t *h)
 static void stop_shards(fl_ps_server_t *s, bool checkpoint)
 {
     for (int k = 0; k < s->o.shard_count; k++)
-        ps_shard_stop(s->shards[k], checkpoint && s->o.checkpoint_dir != NULL);
+        fl_ps__shard_stop(s->shards[k], checkpoint && s->o.checkpoint_dir != NULL);
 }
 
 static void *server_main(void *arg)
@@ -449,7 +449,7 @@ static void *server_main(void *arg)
     rc = setup_shards(s, &welcome);
     fl_msg_hdr_deinit(&welcome);
     for (int k = 0; rc == FL_OK && k < s->o.shard_count; k++)
-        rc = ps_shard_start(s->shards[k]);
+        rc = fl_ps__shard_start(s->shards[k]);
     if (rc == FL_OK)
         rc = fl_tp_member_start(s->member);
     if (rc != FL_OK) {
@@ -502,7 +502,7 @@ static void *server_main(void *arg)
     if (result != FL_OK && result != FL_ECLOSED) {
         FL_ERROR(s->ctx, "%s", text);
         for (int k = 0; k < s->o.shard_count; k++)
-            ps_shard_fail(s->shards[k], result, text);
+            fl_ps__shard_fail(s->shards[k], result, text);
     } else {
         FL_INFO(s->ctx, "%s", text);
     }
@@ -544,7 +544,7 @@ void fl_ps_server_get_stats(const fl_ps_server_t *s, fl_ps_server_stats_t *out)
     memset(out, 0, sizeof *out);
     for (int k = 0; k < s->o.shard_count; k++) {
         ps_shard_stats_t st;
-        ps_shard_get_stats(s->shards[k], &st);
+        fl_ps__shard_get_stats(s->shards[k], &st);
         out->pushes += st.pushes;
         out->pulls += st.pulls;
         out->refused += st.refused;
@@ -570,7 +570,7 @@ void fl_ps_server_destroy(fl_ps_server_t **ps)
     fl_ps_server_t *s = *ps;
     fl_ps_server_stop(s);
     for (int k = 0; s->shards != NULL && k < s->o.shard_count; k++)
-        ps_shard_destroy(&s->shards[k]);
+        fl_ps__shard_destroy(&s->shards[k]);
     free(s->shards);
     fl_tp_member_destroy(&s->member);
     fl_tp_sock_destroy(&s->cmd_rx);
