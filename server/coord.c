@@ -190,13 +190,7 @@ static void say_goodbye(fl_coord_t *c)
     h.u.shutdown.code = 1;
     snprintf(h.u.shutdown.text, sizeof h.u.shutdown.text,
              "coordinator %s stopped before the job ended", c->endpoint);
-    for (int r = 0; r < c->world; r++) {
-        coord_rank_t *k = &c->ranks[r];
-        if (!k->registered || k->left || fl_tp_live_state(c->live, r) == FL_PEER_DEAD)
-            continue;
-        fl_tp_send(c->sock, &k->route, &h, NULL, 0, fl_deadline_in(0));
-    }
-    fl_coord_ps_send_all(c, &h);
+    fl_coord_send_all(c, &h);
 }
 
 static void *coord_main(void *arg)

@@ -32,6 +32,16 @@ void fl_coord_send_error(fl_coord_t *c, const fl_tp_route_t *to, int code, int a
         FL_DEBUG(c->ctx, "could not send error '%s': %s", h.u.error.text, fl_last_error());
 }
 
+void fl_coord_send_all(fl_coord_t *c, fl_msg_hdr_t *h)
+{
+    for (int r = 0; r < c->world; r++) {
+        coord_rank_t *k = &c->ranks[r];
+        if (k->registered && !k->left && fl_tp_live_state(c->live, r) != FL_PEER_DEAD)
+            fl_tp_send(c->sock, &k->route, h, NULL, 0, fl_deadline_in(0));
+    }
+    fl_coord_ps_send_all(c, h);
+}
+
 /* A summary of the warnings held back: how many, and the bad-message counts by kind. */
 static void warn_summary(fl_coord_t *c, uint64_t held)
 {
@@ -93,6 +103,22 @@ static int rank_of_route(const fl_coord_t *c, const fl_tp_route_t *route)
     return -1;
 }
 
+/* The end of a failed job, once the ranks were told: the servers hear it too (an error with
+ * `code` about rank `about`), and the job finishes with rc. */
+static void job_failed(fl_coord_t *c, int rc, int code, int about, const char *host,
+                       const char *text)
+{
+    fl_msg_hdr_t e;
+    fl_msg_hdr_init(&e, FL_MSG_ERROR, -1);
+    e.u.error.code = code;
+    e.u.error.about_rank = about;
+    snprintf(e.u.error.host, sizeof e.u.error.host, "%s", host ? host : "");
+    snprintf(e.u.error.text, sizeof e.u.error.text, "%s", text);
+    fl_coord_ps_send_all(c, &e);
+    c->phase = PHASE_FAILED;
+    fl_coord_finish(c, rc, text);
+}
+
 /* The ranks told are gone for the coordinator: they leave without a goodbye, and flodl-ps
  * need not wait out their silence before it exits. */
 void fl_coord_fail_rendezvous_all(fl_coord_t *c, int rc, int code, int about, const char *host,
@@ -110,15 +136,7 @@ void fl_coord_fail_rendezvous_all(fl_coord_t *c, int rc, int code, int about, co
         atomic_fetch_sub(&c->nactive, 1);
         fl_tp_live_gone(c->live, q);
     }
-    fl_msg_hdr_t e;
-    fl_msg_hdr_init(&e, FL_MSG_ERROR, -1);
-    e.u.error.code = code;
-    e.u.error.about_rank = about;
-    snprintf(e.u.error.host, sizeof e.u.error.host, "%s", host ? host : "");
-    snprintf(e.u.error.text, sizeof e.u.error.text, "%s", text);
-    fl_coord_ps_send_all(c, &e);
-    c->phase = PHASE_FAILED;
-    fl_coord_finish(c, rc, text);
+    job_failed(c, rc, code, about, host, text);
 }
 
 /* The welcome: the peer table and, with a parameter server, its shard map. Sent to one route
@@ -210,13 +228,8 @@ static void fail_rendezvous(fl_coord_t *c, const fl_tp_route_t *to, int r, const
     fl_coord_fail_rendezvous_all(c, FL_EINVAL, FL_EINVAL, r, host, text, to);
 }
 
-/* Refuses a registration: the asker hears why, and the coordinator's log says it too (at
- * warn, rate-limited), with both sides' values as the text gives them. */
-static void refuse_reg(fl_coord_t *c, const fl_tp_route_t *to, int r, const char *host,
-                       const char *fmt, ...) FL_PRINTF(5, 6);
-
-static void refuse_reg(fl_coord_t *c, const fl_tp_route_t *to, int r, const char *host,
-                       const char *fmt, ...)
+void fl_coord_refuse(fl_coord_t *c, const fl_tp_route_t *to, int about, const char *host,
+                     const char *fmt, ...)
 {
     char text[FL_MSG_TEXT_MAX];
     char shown[FL_MSG_TEXT_MAX];
@@ -225,7 +238,7 @@ static void refuse_reg(fl_coord_t *c, const fl_tp_route_t *to, int r, const char
     vsnprintf(text, sizeof text, fmt, ap);
     va_end(ap);
     fl_coord_warn(c, "refused a registration: %s", fl_text_escape(text, shown, sizeof shown));
-    fl_coord_send_error(c, to, FL_EINVAL, r, host, "%s", text);
+    fl_coord_send_error(c, to, FL_EINVAL, about, host, "%s", text);
 }
 
 /* The checks a registration must pass whatever the job's state: its job, world size, rank
@@ -251,24 +264,25 @@ static bool reg_fits_job(fl_coord_t *c, const fl_tp_msg_t *m, const char *host)
         return false;
     }
     if (reg->world_size != c->world)
-        refuse_reg(c, to, r, reg->host,
-                   "rank %d (host %s) expects world size %d, the coordinator "
-                   "expects %d",
-                   r, reg->host, reg->world_size, c->world);
+        fl_coord_refuse(c, to, r, reg->host,
+                        "rank %d (host %s) expects world size %d, the coordinator "
+                        "expects %d",
+                        r, reg->host, reg->world_size, c->world);
     else if (r < 0 || r >= c->world)
-        refuse_reg(c, to, r, reg->host, "rank %d (host %s) is out of range 0..%d for world size %d",
-                   r, reg->host, c->world - 1, c->world);
+        fl_coord_refuse(c, to, r, reg->host,
+                        "rank %d (host %s) is out of range 0..%d for world size %d", r, reg->host,
+                        c->world - 1, c->world);
     else if (reg->nendpoints < 1 && reg->param_count == 0)
-        refuse_reg(c, to, r, reg->host,
-                   "rank %d (host %s) registered without a data endpoint (only "
-                   "parameter-server clients, which declare their parameter "
-                   "count, need none)",
-                   r, reg->host);
+        fl_coord_refuse(c, to, r, reg->host,
+                        "rank %d (host %s) registered without a data endpoint (only "
+                        "parameter-server clients, which declare their parameter "
+                        "count, need none)",
+                        r, reg->host);
     else if (reg->nshard_eps > 0)
-        refuse_reg(c, to, r, reg->host,
-                   "rank %d (host %s) registered shard endpoints, which only "
-                   "parameter-server processes have",
-                   r, reg->host);
+        fl_coord_refuse(c, to, r, reg->host,
+                        "rank %d (host %s) registered shard endpoints, which only "
+                        "parameter-server processes have",
+                        r, reg->host);
     else
         return true;
     return false;
@@ -326,17 +340,17 @@ static bool reg_agrees(fl_coord_t *c, const fl_tp_msg_t *m)
     const fl_tp_route_t *to = &m->route;
     int r = reg->rank;
     if (c->phase == PHASE_RUNNING) {
-        refuse_reg(c, to, r, reg->host, "rank %d (host %s) registered after job '%s' started", r,
-                   reg->host, c->job_id);
+        fl_coord_refuse(c, to, r, reg->host, "rank %d (host %s) registered after job '%s' started",
+                        r, reg->host, c->job_id);
         return false;
     }
     if (c->phase != PHASE_RENDEZVOUS) {
         char failed[FL_SERVICE_TEXT_MAX];
         fl_service_text(&c->svc, failed, sizeof failed);
-        refuse_reg(c, to, r, reg->host,
-                   "rank %d (host %.64s) registered after job '%.64s' failed: "
-                   "%.380s",
-                   r, reg->host, c->job_id, failed);
+        fl_coord_refuse(c, to, r, reg->host,
+                        "rank %d (host %.64s) registered after job '%.64s' failed: "
+                        "%.380s",
+                        r, reg->host, c->job_id, failed);
         return false;
     }
     char who[FL_HOST_MAX + 32];
@@ -349,7 +363,7 @@ static bool reg_agrees(fl_coord_t *c, const fl_tp_msg_t *m)
     snprintf(who, sizeof who, "rank %d (host %s)", r, reg->host);
     if (reg->param_count != 0 &&
         fl_coord_ps_check_params(c, reg->param_count, who, why, sizeof why) != FL_OK) {
-        refuse_reg(c, to, r, reg->host, "%s", why);
+        fl_coord_refuse(c, to, r, reg->host, "%s", why);
         return false;
     }
     if (fl_coord_check_agree(c, r, reg, why, sizeof why) != FL_OK) {
@@ -451,15 +465,7 @@ void fl_coord_fail_job(fl_coord_t *c, int about, const char *text)
             continue;
         fl_coord_send_error(c, &q->route, FL_EPEER, about, k->reg.host, "%s", text);
     }
-    fl_msg_hdr_t e;
-    fl_msg_hdr_init(&e, FL_MSG_ERROR, -1);
-    e.u.error.code = FL_EPEER;
-    e.u.error.about_rank = about;
-    snprintf(e.u.error.host, sizeof e.u.error.host, "%s", k->reg.host);
-    snprintf(e.u.error.text, sizeof e.u.error.text, "%s", text);
-    fl_coord_ps_send_all(c, &e);
-    c->phase = PHASE_FAILED;
-    fl_coord_finish(c, FL_EPEER, text);
+    job_failed(c, FL_EPEER, FL_EPEER, about, k->reg.host, text);
 }
 
 static void on_shutdown(fl_coord_t *c, fl_tp_msg_t *m, int r)

@@ -133,6 +133,16 @@ void fl_coord_warn_flush(fl_coord_t *c, int64_t now);
 void fl_coord_send_error(fl_coord_t *c, const fl_tp_route_t *to, int code, int about,
                          const char *host, const char *fmt, ...) FL_PRINTF(6, 7);
 
+/* Sends h to every member still there: the ranks registered, not gone and not declared dead,
+ * and the servers (without waiting on any). */
+void fl_coord_send_all(fl_coord_t *c, fl_msg_hdr_t *h);
+
+/* Refuses a registration (of a rank, or of a server with about -1): the asker hears why, and
+ * the coordinator's log says it too (at warn, rate-limited), with both sides' values as the
+ * text gives them. */
+void fl_coord_refuse(fl_coord_t *c, const fl_tp_route_t *to, int about, const char *host,
+                     const char *fmt, ...) FL_PRINTF(5, 6);
+
 /* Marks the job finished with rc and text, waking fl_coord_wait (takes the lock). */
 void fl_coord_finish(fl_coord_t *c, int rc, const char *text);
 

@@ -172,23 +172,6 @@ static void describe_settings(const fl_msg_register_t *r, char *out, size_t cap)
              r->ckpt_every_steps, r->ckpt_every_ms, r->tuning);
 }
 
-/* Refuses a server's registration: it hears why, and the log says so (rate-limited). */
-static void refuse_server(fl_coord_t *c, const fl_tp_route_t *to, const char *host,
-                          const char *fmt, ...) FL_PRINTF(4, 5);
-
-static void refuse_server(fl_coord_t *c, const fl_tp_route_t *to, const char *host,
-                          const char *fmt, ...)
-{
-    char text[FL_MSG_TEXT_MAX];
-    char shown[FL_MSG_TEXT_MAX];
-    va_list ap;
-    va_start(ap, fmt);
-    vsnprintf(text, sizeof text, fmt, ap);
-    va_end(ap);
-    fl_coord_warn(c, "refused a registration: %s", fl_text_escape(text, shown, sizeof shown));
-    fl_coord_send_error(c, to, FL_EINVAL, -1, host, "%s", text);
-}
-
 /* The checks a server's registration must pass whatever the job's state: its job and the
  * shards it serves. False when it was refused. */
 static bool server_fits_job(fl_coord_t *c, const fl_tp_msg_t *m)
@@ -213,25 +196,25 @@ static bool server_fits_job(fl_coord_t *c, const fl_tp_msg_t *m)
         return false;
     }
     if (c->nshards == 0)
-        refuse_server(c, to, host,
-                      "parameter server on %s refused: job '%s' has no parameter "
-                      "server (the coordinator runs with 0 shards)",
-                      host, c->job_id);
+        fl_coord_refuse(c, to, -1, host,
+                        "parameter server on %s refused: job '%s' has no parameter "
+                        "server (the coordinator runs with 0 shards)",
+                        host, c->job_id);
     else if ((int)reg->num_shards != c->nshards)
-        refuse_server(c, to, host,
-                      "parameter server on %s serves a job of %u shards, the "
-                      "coordinator expects %d",
-                      host, reg->num_shards, c->nshards);
+        fl_coord_refuse(c, to, -1, host,
+                        "parameter server on %s serves a job of %u shards, the "
+                        "coordinator expects %d",
+                        host, reg->num_shards, c->nshards);
     else if (count < 1 || first < 0 || first >= c->nshards || count > c->nshards - first)
-        refuse_server(c, to, host,
-                      "parameter server on %s registered shards %d..%d, outside "
-                      "0..%d",
-                      host, first, first + count - 1, c->nshards - 1);
+        fl_coord_refuse(c, to, -1, host,
+                        "parameter server on %s registered shards %d..%d, outside "
+                        "0..%d",
+                        host, first, first + count - 1, c->nshards - 1);
     else if ((int)reg->nshard_eps != count)
-        refuse_server(c, to, host,
-                      "parameter server on %s registered %d shards with %u "
-                      "endpoints",
-                      host, count, reg->nshard_eps);
+        fl_coord_refuse(c, to, -1, host,
+                        "parameter server on %s registered %d shards with %u "
+                        "endpoints",
+                        host, count, reg->nshard_eps);
     else
         return true;
     return false;
@@ -267,11 +250,11 @@ static bool server_again(fl_coord_t *c, const fl_tp_msg_t *m)
             return true;
         }
         char name[FL_HOST_MAX + 96];
-        refuse_server(c, to, reg->host,
-                      "parameter server on %s (pid %d) registered shards %d..%d, "
-                      "but %s serves some of them",
-                      reg->host, reg->pid, first, first + count - 1,
-                      server_name(v, name, sizeof name));
+        fl_coord_refuse(c, to, -1, reg->host,
+                        "parameter server on %s (pid %d) registered shards %d..%d, "
+                        "but %s serves some of them",
+                        reg->host, reg->pid, first, first + count - 1,
+                        server_name(v, name, sizeof name));
         return true;
     }
     return false;
@@ -285,11 +268,11 @@ static bool server_agrees(fl_coord_t *c, const fl_tp_msg_t *m)
     const fl_tp_route_t *to = &m->route;
     const char *host = reg->host;
     if (c->phase != PHASE_RENDEZVOUS) {
-        refuse_server(c, to, host,
-                      "parameter server on %s registered after job '%s' %s; a "
-                      "parameter server cannot join a running job: restart every "
-                      "flodl-ps with --resume",
-                      host, c->job_id, c->phase == PHASE_RUNNING ? "started" : "failed");
+        fl_coord_refuse(c, to, -1, host,
+                        "parameter server on %s registered after job '%s' %s; a "
+                        "parameter server cannot join a running job: restart every "
+                        "flodl-ps with --resume",
+                        host, c->job_id, c->phase == PHASE_RUNNING ? "started" : "failed");
         return false;
     }
     for (int i = 0; i < c->nshards; i++) {
@@ -299,10 +282,10 @@ static bool server_agrees(fl_coord_t *c, const fl_tp_msg_t *m)
             char name[FL_HOST_MAX + 96];
             describe_settings(reg, mine, sizeof mine);
             describe_settings(&v->reg, theirs, sizeof theirs);
-            refuse_server(c, to, host,
-                          "parameter server on %s uses '%s', %s uses '%s'; all "
-                          "servers must agree",
-                          host, mine, server_name(v, name, sizeof name), theirs);
+            fl_coord_refuse(c, to, -1, host,
+                            "parameter server on %s uses '%s', %s uses '%s'; all "
+                            "servers must agree",
+                            host, mine, server_name(v, name, sizeof name), theirs);
             return false;
         }
     }
@@ -322,7 +305,7 @@ static bool server_agrees(fl_coord_t *c, const fl_tp_msg_t *m)
              reg->rank + (int)reg->shard_count - 1);
     if (reg->param_count != 0 &&
         fl_coord_ps_check_params(c, reg->param_count, who, why, sizeof why) != FL_OK) {
-        refuse_server(c, to, host, "%s", why);
+        fl_coord_refuse(c, to, -1, host, "%s", why);
         return false;
     }
     return true;
@@ -385,12 +368,7 @@ static void server_gone(fl_coord_t *c, int slot, const char *text)
     h.u.shutdown.code = SHUTDOWN_PS_RESTART;
     text_of(h.u.shutdown.text, sizeof h.u.shutdown.text,
             "%s; the parameter server must restart (every flodl-ps with --resume)", text);
-    for (int r = 0; r < c->world; r++) {
-        coord_rank_t *k = &c->ranks[r];
-        if (k->registered && !k->left && fl_tp_live_state(c->live, r) != FL_PEER_DEAD)
-            fl_tp_send(c->sock, &k->route, &h, NULL, 0, fl_deadline_in(0));
-    }
-    fl_coord_ps_send_all(c, &h);
+    fl_coord_send_all(c, &h);
     c->phase = PHASE_FAILED;
     c->ps_lost = true;
     fl_coord_finish(c, FL_EPEER, text);
@@ -407,12 +385,7 @@ static void server_failed(fl_coord_t *c, const char *text)
     h.u.error.code = FL_EPEER;
     h.u.error.about_rank = -1;
     snprintf(h.u.error.text, sizeof h.u.error.text, "%s", text);
-    for (int r = 0; r < c->world; r++) {
-        coord_rank_t *k = &c->ranks[r];
-        if (k->registered && !k->left && fl_tp_live_state(c->live, r) != FL_PEER_DEAD)
-            fl_tp_send(c->sock, &k->route, &h, NULL, 0, fl_deadline_in(0));
-    }
-    fl_coord_ps_send_all(c, &h);
+    fl_coord_send_all(c, &h);
     c->phase = PHASE_FAILED;
     fl_coord_finish(c, FL_EPEER, text);
 }

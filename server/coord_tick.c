@@ -107,13 +107,7 @@ static void send_heartbeats(fl_coord_t *c)
         h.u.heartbeat.registered = (uint32_t)atomic_load(&c->nregistered);
         missing_list(c, h.u.heartbeat.missing, sizeof h.u.heartbeat.missing);
     }
-    for (int r = 0; r < c->world; r++) {
-        coord_rank_t *k = &c->ranks[r];
-        if (!k->registered || k->left || fl_tp_live_state(c->live, r) == FL_PEER_DEAD)
-            continue;
-        fl_tp_send(c->sock, &k->route, &h, NULL, 0, fl_deadline_in(0));
-    }
-    fl_coord_ps_send_all(c, &h);
+    fl_coord_send_all(c, &h);
 }
 
 void fl_coord_publish(fl_coord_t *c, int64_t now)

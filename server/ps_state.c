@@ -63,6 +63,19 @@ static ps_params_t *params_new(uint64_t count)
     return p;
 }
 
+/* The shard's parameters from now on: a copy of params. */
+static int set_params(ps_state_t *st, const float *params)
+{
+    ps_params_t *p = params_new(st->o.count);
+    if (p == NULL)
+        return fl_fail(FL_ENOMEM, "shard: out of memory for %" PRIu64 " parameters",
+                       st->o.count);
+    if (st->o.count > 0)
+        memcpy(p->data, params, st->o.count * sizeof(float));
+    st->cur = p;
+    return FL_OK;
+}
+
 ps_params_t *fl_ps__params_ref(ps_params_t *p)
 {
     atomic_fetch_add_explicit(&p->refs, 1, memory_order_relaxed);
@@ -151,13 +164,8 @@ int fl_ps__state_init(ps_state_t *st, const float *params, uint64_t step)
     int rc = check_finite(params, st->o.count, "initial parameters");
     if (rc != FL_OK)
         return rc;
-    ps_params_t *p = params_new(st->o.count);
-    if (p == NULL)
-        return fl_fail(FL_ENOMEM, "shard: out of memory for %" PRIu64 " parameters",
-                       st->o.count);
-    if (st->o.count > 0)
-        memcpy(p->data, params, st->o.count * sizeof(float));
-    st->cur = p;
+    if ((rc = set_params(st, params)) != FL_OK)
+        return rc;
     st->version = 0;
     for (int r = 0; r < st->o.world; r++)
         st->clock[r] = step;
@@ -188,13 +196,8 @@ int fl_ps__state_restore(ps_state_t *st, const float *params, const float *buf1,
         for (int r = 0; r < st->o.world; r++)
             st->clock[r] = lo;
     }
-    ps_params_t *p = params_new(st->o.count);
-    if (p == NULL)
-        return fl_fail(FL_ENOMEM, "shard: out of memory for %" PRIu64 " parameters",
-                       st->o.count);
-    if (st->o.count > 0)
-        memcpy(p->data, params, st->o.count * sizeof(float));
-    st->cur = p;
+    if ((rc = set_params(st, params)) != FL_OK)
+        return rc;
     st->version = version;
     return FL_OK;
 }
