@@ -57,10 +57,12 @@ static const char usage[] =
     "                              this long, and again every MS while it lasts (default\n"
     "                              60000; 0: never)\n";
 
+/* The parameter server's flags are O_SHARDS..O_OPTIM (apply_server), the others the job's. */
 enum {
-    O_BIND = 1000, O_WORLD, O_JOB, O_HBT, O_RDV, O_EPFILE, O_LOG, O_HELP, O_VERSION, O_SHARDS, O_NUM,
-    O_INDEX, O_COORD, O_HOST, O_CONS, O_STALE, O_SCALE, O_INIT, O_CKDIR, O_CKEVERY, O_KEEP,
-    O_RESUME, O_MAXWAIT, O_OPTIM, O_MPORT, O_MBIND, O_STALL, O_CURVE, O_INSECURE
+    O_BIND = 1000, O_WORLD, O_JOB, O_HBT, O_RDV, O_EPFILE, O_LOG, O_HELP, O_VERSION,
+    O_SHARDS, O_NUM, O_INDEX, O_COORD, O_HOST, O_CONS, O_STALE, O_SCALE, O_INIT, O_CKDIR,
+    O_CKEVERY, O_KEEP, O_RESUME, O_MAXWAIT, O_OPTIM,
+    O_MPORT, O_MBIND, O_STALL, O_CURVE, O_INSECURE
 };
 
 typedef struct args {

@@ -286,7 +286,8 @@ int fl_ps_server_create(const fl_ps_server_opts_t *o, fl_ps_server_t **out)
     mo.name = name;
     mo.sender = FL_MSG_SENDER_SERVER;
     mo.rendezvous_timeout_ms = o->rendezvous_timeout_ms;
-    if ((rc = fl_tp_member_create(s->ctx, &mo, &s->member)) != FL_OK || (rc = make_pipe(s)) != FL_OK)
+    if ((rc = fl_tp_member_create(s->ctx, &mo, &s->member)) != FL_OK ||
+        (rc = make_pipe(s)) != FL_OK)
         goto fail;
     *out = s;
     return FL_OK;
@@ -555,12 +556,11 @@ void fl_ps_server_get_stats(const fl_ps_server_t *s, fl_ps_server_stats_t *out)
     }
     out->auth_refused = fl_ctx_stat(s->ctx, FL_STAT_AUTH_REFUSED);
     out->conn_dropped = fl_ctx_stat(s->ctx, FL_STAT_CONN_DROPPED);
-    out->bad_msgs = fl_ctx_stat(s->ctx, FL_STAT_BAD_HEADER) +
-                    fl_ctx_stat(s->ctx, FL_STAT_BAD_MAGIC) +
-                    fl_ctx_stat(s->ctx, FL_STAT_BAD_VERSION) + fl_ctx_stat(s->ctx, FL_STAT_BAD_JOB) +
-                    fl_ctx_stat(s->ctx, FL_STAT_BAD_FRAMES) +
-                    fl_ctx_stat(s->ctx, FL_STAT_OVERSIZED) +
-                    fl_ctx_stat(s->ctx, FL_STAT_UNEXPECTED);
+    out->bad_msgs =
+        fl_ctx_stat(s->ctx, FL_STAT_BAD_HEADER) + fl_ctx_stat(s->ctx, FL_STAT_BAD_MAGIC) +
+        fl_ctx_stat(s->ctx, FL_STAT_BAD_VERSION) + fl_ctx_stat(s->ctx, FL_STAT_BAD_JOB) +
+        fl_ctx_stat(s->ctx, FL_STAT_BAD_FRAMES) + fl_ctx_stat(s->ctx, FL_STAT_OVERSIZED) +
+        fl_ctx_stat(s->ctx, FL_STAT_UNEXPECTED);
 }
 
 void fl_ps_server_destroy(fl_ps_server_t **ps)
