@@ -6,6 +6,7 @@
 #define FL_CORE_H
 
 #include "fl_math.h"
+#include <pthread.h>
 #include <stdarg.h>
 #include <stdbool.h>
 #include <stddef.h>
@@ -413,6 +414,54 @@ int fl_fanout_end(fl_fanout_t *f);
 
 /* One run of n jobs, each on a thread made for it: create, run, destroy. */
 int fl_fanout_once(int n, fl_fanout_fn fn, void *ud, const char *what);
+
+/* ---- service threads (service.c) ----
+ * A component's background thread and how it ended: started, it reports once that it is past
+ * its setup (ready) and once its outcome (finish); callers wait for that outcome with a
+ * deadline, then stop the thread: the component wakes it its own way (a stop pipe, a cancel),
+ * and fl_service_stop joins it. The struct lives in the component (init/deinit). start and stop
+ * are called by the component's owner, one thread at a time; the rest is thread-safe. */
+
+#define FL_SERVICE_TEXT_MAX 1024
+
+typedef struct fl_service {
+    pthread_t thread;
+    bool started;
+    pthread_mutex_t lock; /* guards the fields below */
+    pthread_cond_t cond;  /* signalled when finished */
+    bool ready;
+    bool finished;
+    int result;
+    char text[FL_SERVICE_TEXT_MAX];
+} fl_service_t;
+
+void fl_service_init(fl_service_t *s);
+void fl_service_deinit(fl_service_t *s);
+
+/* Starts main_fn(arg) on its own thread; FL_OK when already started. FL_OK, or FL_EIO naming
+ * the component (what: "coordinator"). */
+int fl_service_start(fl_service_t *s, void *(*main_fn)(void *), void *arg, const char *what);
+
+/* The thread is past its setup. */
+void fl_service_set_ready(fl_service_t *s);
+
+/* True while the thread has neither reported ready nor finished. */
+bool fl_service_is_setting_up(fl_service_t *s);
+
+/* Records the outcome (rc and its text) and wakes every waiter; only the first call counts. */
+void fl_service_finish(fl_service_t *s, int rc, const char *text);
+
+bool fl_service_is_finished(fl_service_t *s);
+
+/* Copies the outcome's text into out ("" before the end). */
+void fl_service_text(fl_service_t *s, char *out, size_t cap);
+
+/* Waits up to timeout_ms (< 0: no deadline) for the outcome and returns its code, its text set
+ * as the error detail; FL_ETIMEDOUT with pending as the detail when the deadline passed first. */
+int fl_service_wait(fl_service_t *s, int timeout_ms, const char *pending);
+
+/* When started: wake(arg), which must make the thread return soon, then joins it. */
+void fl_service_stop(fl_service_t *s, void (*wake)(void *arg), void *arg);
 
 /* ---- settings every rank must share (settings.c) ----
  * "name=value" pairs separated by ';' (names: a-z 0-9 _ - .; values: printable ASCII), sent

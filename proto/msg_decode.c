@@ -43,117 +43,123 @@ static void copy_text(char *dst, size_t cap, const char *src)
     dst[n] = '\0';
 }
 
-static int copy_eps(char (*dst)[FL_ENDPOINT_MAX], uint32_t *n, char **src, size_t nsrc,
+static void set_count(void *body, const fl_msg_field_t *f, size_t n)
+{
+    uint32_t v = (uint32_t)n;
+    memcpy((char *)body + f->n_off, &v, sizeof v);
+}
+
+/* The pointer stored at off in a struct: a string, or a list's entries. */
+static const void *pointer_at(const void *base, size_t off)
+{
+    const void *p;
+    memcpy(&p, (const char *)base + off, sizeof p);
+    return p;
+}
+
+static int too_long(const fl_msg_field_t *f, size_t n, fl_msg_fault_t *fault)
+{
+    return bad(fault, FL_FAULT_HEADER, "header: %s %s of %zu entries is too long", f->name,
+               f->kind == FL_MSG_F_TABLE ? "table" : "list", n);
+}
+
+static int take_ids(const fl_msg_field_t *f, char *dst, char *const *src, size_t n,
                     fl_msg_fault_t *fault)
 {
-    if (nsrc > FL_MSG_MAX_STRIPES)
-        return bad(fault, FL_FAULT_HEADER, "header: %s list of %zu entries is too long",
-                   "endpoint", nsrc);
-    for (size_t i = 0; i < nsrc; i++) {
-        int rc = copy_id(dst[i], FL_ENDPOINT_MAX, src[i], "endpoint", fault);
+    for (size_t i = 0; i < n; i++) {
+        int rc = copy_id(dst + i * f->cap, f->cap, src[i], f->name, fault);
         if (rc != FL_OK)
             return rc;
     }
-    *n = (uint32_t)nsrc;
     return FL_OK;
 }
 
-static int decode_welcome(const Flodl__Welcome *w, fl_msg_hdr_t *out, fl_msg_fault_t *fault)
+/* A heap table of n entries of size bytes, owned by the header from now on (freed by
+ * fl_msg_hdr_free_tables); none for n = 0. */
+static int alloc_table(const fl_msg_table_t *t, const fl_msg_field_t *f, void *body, size_t n,
+                       size_t size, char **items)
 {
-    if (w->n_peers > FL_MSG_MAX_PEERS)
-        return bad(fault, FL_FAULT_HEADER, "header: %s table of %zu entries is too long",
-                   "peer", w->n_peers);
-    if (fl_msg_welcome_alloc(out, (uint32_t)w->n_peers) != FL_OK)
-        return FL_ENOMEM;
-    for (size_t i = 0; i < w->n_peers; i++) {
-        const Flodl__Peer *p = w->peers[i];
-        fl_msg_peer_t *q = &out->u.welcome.peers[i];
-        int rc;
-        q->rank = p->rank;
-        q->pid = p->pid;
-        if ((rc = copy_id(q->host, sizeof q->host, p->host, "peer host", fault)) != FL_OK ||
-            (rc = copy_eps(q->endpoints, &q->nendpoints, p->endpoints, p->n_endpoints,
-                           fault)) != FL_OK)
-            return rc;
-    }
-    out->u.welcome.heartbeat_ms = w->heartbeat_ms;
-    out->u.welcome.heartbeat_timeout_ms = w->heartbeat_timeout_ms;
-    if (w->n_shards > FL_MSG_MAX_SHARDS)
-        return bad(fault, FL_FAULT_HEADER, "header: %s table of %zu entries is too long",
-                   "shard", w->n_shards);
-    if (w->consistency > FLODL__CONSISTENCY__CONSISTENCY_SSP)
-        return bad(fault, FL_FAULT_HEADER, "header: unknown consistency %d",
-                   (int)w->consistency);
-    if (fl_msg_welcome_alloc_shards(out, (uint32_t)w->n_shards) != FL_OK)
-        return FL_ENOMEM;
-    for (size_t i = 0; i < w->n_shards; i++) {
-        const Flodl__Shard *p = w->shards[i];
-        fl_msg_shard_t *q = &out->u.welcome.shards[i];
-        int rc;
-        q->index = p->index;
-        q->offset = p->offset;
-        q->count = p->count;
-        if ((rc = copy_id(q->endpoint, sizeof q->endpoint, p->endpoint, "shard endpoint",
-                          fault)) != FL_OK ||
-            (rc = copy_id(q->host, sizeof q->host, p->host, "shard host", fault)) != FL_OK)
-            return rc;
-    }
-    out->u.welcome.param_count = w->param_count;
-    out->u.welcome.consistency = (uint32_t)w->consistency;
-    out->u.welcome.staleness = w->staleness;
-    out->u.welcome.resume = w->resume;
-    out->u.welcome.resume_step = w->resume_step;
-    out->u.welcome.ckpt_every_steps = w->checkpoint_every_steps;
-    out->u.welcome.ckpt_every_ms = w->checkpoint_every_ms;
+    *items = NULL;
+    if (n > 0 && (*items = calloc(n, size)) == NULL)
+        return fl_fail(FL_ENOMEM, "%s: out of memory for %zu %ss", t->name, n, f->name);
+    memcpy((char *)body + f->off, items, sizeof *items);
+    set_count(body, f, n);
     return FL_OK;
 }
 
-static int decode_register(const Flodl__Register *r, fl_msg_hdr_t *out, fl_msg_fault_t *fault)
+static int take_fields(const fl_msg_table_t *t, const void *pb, void *body,
+                       fl_msg_fault_t *fault);
+
+static int take_list(const fl_msg_table_t *t, const fl_msg_field_t *f, const void *pb,
+                     void *body, fl_msg_fault_t *fault)
 {
-    fl_msg_register_t *q = &out->u.reg;
-    int rc;
-    q->rank = r->rank;
-    q->world_size = r->world_size;
-    q->pid = r->pid;
-    q->model_signature = r->model_signature;
-    if ((rc = copy_id(q->host, sizeof q->host, r->host, "host", fault)) != FL_OK ||
-        (rc = copy_id(q->tuning, sizeof q->tuning, r->tuning, "tuning", fault)) != FL_OK ||
-        (rc = copy_id(q->settings, sizeof q->settings, r->settings, "settings", fault)) !=
-            FL_OK ||
-        (rc = copy_id(q->model_shapes, sizeof q->model_shapes, r->model_shapes, "model shapes",
-                      fault)) != FL_OK ||
-        (rc = copy_eps(q->endpoints, &q->nendpoints, r->endpoints, r->n_endpoints, fault)) !=
-            FL_OK)
+    size_t n;
+    memcpy(&n, (const char *)pb + f->pb_n, sizeof n);
+    const void *src = pointer_at(pb, f->pb);
+    char *dst = (char *)body + f->off;
+    if (n > f->max)
+        return too_long(f, n, fault);
+    int rc = FL_OK;
+    switch (f->kind) {
+    case FL_MSG_F_IDS:
+        if ((rc = take_ids(f, dst, src, n, fault)) == FL_OK)
+            set_count(body, f, n);
         return rc;
-    if (r->role != FLODL__ROLE__ROLE_WORKER && r->role != FLODL__ROLE__ROLE_SERVER)
-        return bad(fault, FL_FAULT_HEADER, "header: unknown role %d", (int)r->role);
-    if (r->consistency > FLODL__CONSISTENCY__CONSISTENCY_SSP)
-        return bad(fault, FL_FAULT_HEADER, "header: unknown consistency %d",
-                   (int)r->consistency);
-    if (fl_settings_check(q->settings, sizeof q->settings) != FL_OK)
-        return bad(fault, FL_FAULT_HEADER, "header: %s", fl_last_error());
-    q->role = (fl_msg_role_t)r->role;
-    q->param_count = r->param_count;
-    q->shard_count = r->shard_count;
-    q->num_shards = r->num_shards;
-    q->consistency = (uint32_t)r->consistency;
-    q->staleness = r->staleness;
-    q->ckpt_every_steps = r->checkpoint_every_steps;
-    q->ckpt_every_ms = r->checkpoint_every_ms;
-    if (r->n_checkpoints > FL_MSG_MAX_CHECKPOINTS)
-        return bad(fault, FL_FAULT_HEADER, "header: %s list of %zu entries is too long",
-                   "checkpoint", r->n_checkpoints);
-    for (size_t i = 0; i < r->n_checkpoints; i++)
-        q->checkpoints[i] = r->checkpoints[i];
-    q->ncheckpoints = (uint32_t)r->n_checkpoints;
-    if (r->n_shard_endpoints > FL_MSG_MAX_SHARDS)
-        return bad(fault, FL_FAULT_HEADER, "header: %s list of %zu entries is too long",
-                   "shard endpoint", r->n_shard_endpoints);
-    if (fl_msg_register_alloc_shards(q, (uint32_t)r->n_shard_endpoints) != FL_OK)
-        return FL_ENOMEM;
-    for (size_t i = 0; i < r->n_shard_endpoints; i++) {
-        if ((rc = copy_id(q->shard_eps[i], FL_ENDPOINT_MAX, r->shard_endpoints[i],
-                          "shard endpoint", fault)) != FL_OK)
+    case FL_MSG_F_U64S:
+        if (n > 0)
+            memcpy(dst, src, n * sizeof(uint64_t));
+        set_count(body, f, n);
+        return FL_OK;
+    case FL_MSG_F_ID_TABLE:
+        if ((rc = alloc_table(t, f, body, n, f->cap, &dst)) != FL_OK)
+            return rc;
+        return take_ids(f, dst, src, n, fault);
+    case FL_MSG_F_TABLE:
+        if ((rc = alloc_table(t, f, body, n, f->sub->size, &dst)) != FL_OK)
+            return rc;
+        for (size_t i = 0; i < n && rc == FL_OK; i++)
+            rc = take_fields(f->sub, ((void *const *)src)[i], dst + i * f->sub->size, fault);
+        return rc;
+    default:
+        return FL_OK;
+    }
+}
+
+static int take_field(const fl_msg_table_t *t, const fl_msg_field_t *f, const void *pb,
+                      void *body, fl_msg_fault_t *fault)
+{
+    const char *src = (const char *)pb + f->pb;
+    char *dst = (char *)body + f->off;
+    uint32_t v;
+    int rc;
+    switch (f->kind) {
+    case FL_MSG_F_U32: memcpy(dst, src, 4); return FL_OK;
+    case FL_MSG_F_U64: memcpy(dst, src, 8); return FL_OK;
+    case FL_MSG_F_BOOL: *(bool *)dst = *(const protobuf_c_boolean *)src != 0; return FL_OK;
+    case FL_MSG_F_ENUM:
+        memcpy(&v, src, sizeof v);
+        if (v > f->max)
+            return bad(fault, FL_FAULT_HEADER, "header: unknown %s %d", f->name, (int)v);
+        memcpy(dst, &v, sizeof v);
+        return FL_OK;
+    case FL_MSG_F_ID:
+        if ((rc = copy_id(dst, f->cap, pointer_at(pb, f->pb), f->name, fault)) != FL_OK)
+            return rc;
+        if (f->check != NULL && f->check(dst, f->cap) != FL_OK)
+            return bad(fault, FL_FAULT_HEADER, "header: %s", fl_last_error());
+        return FL_OK;
+    case FL_MSG_F_ID_CUT:
+    case FL_MSG_F_TEXT: copy_text(dst, f->cap, pointer_at(pb, f->pb)); return FL_OK;
+    default: return take_list(t, f, pb, body, fault);
+    }
+}
+
+static int take_fields(const fl_msg_table_t *t, const void *pb, void *body,
+                       fl_msg_fault_t *fault)
+{
+    for (size_t i = 0; i < t->nfields; i++) {
+        int rc = take_field(t, &t->fields[i], pb, body, fault);
+        if (rc != FL_OK)
             return rc;
     }
     return FL_OK;
@@ -178,84 +184,10 @@ static int decode_body(const Flodl__Header *h, unsigned nbodies, fl_msg_hdr_t *o
                    fl_msg_type_name((int)h->type),
                    fl_msg_type_name(fl_msg_type_of_body(h->body_case)), (int)h->body_case);
 
-    switch (h->type) {
-    case FLODL__MSG_TYPE__MSG_REGISTER:
-        return decode_register(h->reg, out, fault);
-    case FLODL__MSG_TYPE__MSG_WELCOME:
-        return decode_welcome(h->welcome, out, fault);
-    case FLODL__MSG_TYPE__MSG_BARRIER:
-        out->u.barrier.id = h->barrier->id;
-        out->u.barrier.round = h->barrier->round;
-        return FL_OK;
-    case FLODL__MSG_TYPE__MSG_HEARTBEAT:
-        out->u.heartbeat.op = h->heartbeat->op;
-        out->u.heartbeat.op_seq = h->heartbeat->op_seq;
-        out->u.heartbeat.op_step = h->heartbeat->op_step;
-        out->u.heartbeat.waiting_on = h->heartbeat->waiting_on;
-        out->u.heartbeat.registered = h->heartbeat->registered;
-        copy_text(out->u.heartbeat.missing, sizeof out->u.heartbeat.missing,
-                  h->heartbeat->missing);
-        return FL_OK;
-    case FLODL__MSG_TYPE__MSG_ERROR:
-        out->u.error.code = h->error->code;
-        out->u.error.about_rank = h->error->about_rank;
-        copy_text(out->u.error.host, sizeof out->u.error.host, h->error->host);
-        copy_text(out->u.error.text, sizeof out->u.error.text, h->error->text);
-        return FL_OK;
-    case FLODL__MSG_TYPE__MSG_SHUTDOWN:
-        out->u.shutdown.code = h->shutdown->code;
-        copy_text(out->u.shutdown.text, sizeof out->u.shutdown.text, h->shutdown->text);
-        return FL_OK;
-    case FLODL__MSG_TYPE__MSG_CHUNK:
-        out->u.chunk.coll = h->chunk->coll;
-        out->u.chunk.phase = h->chunk->phase;
-        out->u.chunk.step = h->chunk->step;
-        out->u.chunk.seg = h->chunk->seg;
-        out->u.chunk.offset = h->chunk->offset;
-        out->u.chunk.count = h->chunk->count;
-        out->u.chunk.op = h->chunk->op;
-        out->u.chunk.total = h->chunk->total;
-        out->u.chunk.dtype = h->chunk->dtype;
-        return FL_OK;
-    case FLODL__MSG_TYPE__MSG_PUSH:
-        if (h->push->kind != FLODL__PUSH_KIND__PUSH_GRADIENT &&
-            h->push->kind != FLODL__PUSH_KIND__PUSH_INIT)
-            return bad(fault, FL_FAULT_HEADER, "header: unknown push kind %d",
-                       (int)h->push->kind);
-        out->u.push.shard = h->push->shard;
-        out->u.push.offset = h->push->offset;
-        out->u.push.count = h->push->count;
-        out->u.push.step = h->push->step;
-        out->u.push.batch = h->push->batch;
-        out->u.push.kind = (fl_msg_push_kind_t)h->push->kind;
-        out->u.push.checkpoint = h->push->checkpoint;
-        return FL_OK;
-    case FLODL__MSG_TYPE__MSG_PUSH_ACK:
-        out->u.push_ack.shard = h->push_ack->shard;
-        out->u.push_ack.step = h->push_ack->step;
-        out->u.push_ack.version = h->push_ack->version;
-        out->u.push_ack.ignored = h->push_ack->ignored;
-        return FL_OK;
-    case FLODL__MSG_TYPE__MSG_PULL:
-        out->u.pull.shard = h->pull->shard;
-        out->u.pull.offset = h->pull->offset;
-        out->u.pull.count = h->pull->count;
-        out->u.pull.step = h->pull->step;
-        out->u.pull.latest = h->pull->latest;
-        out->u.pull.wait_ms = h->pull->wait_ms;
-        out->u.pull.lz4 = h->pull->lz4;
-        return FL_OK;
-    case FLODL__MSG_TYPE__MSG_PULL_REPLY:
-        out->u.pull_reply.shard = h->pull_reply->shard;
-        out->u.pull_reply.offset = h->pull_reply->offset;
-        out->u.pull_reply.count = h->pull_reply->count;
-        out->u.pull_reply.version = h->pull_reply->version;
-        out->u.pull_reply.step = h->pull_reply->step;
-        out->u.pull_reply.min_step = h->pull_reply->min_step;
-        return FL_OK;
-    default:
-        return FL_OK;
-    }
+    /* The member of the oneof that body_case names: its field descriptor says where. */
+    const ProtobufCFieldDescriptor *fd =
+        protobuf_c_message_descriptor_get_field(&flodl__header__descriptor, h->body_case);
+    return take_fields(fl_msg_table((int)h->type), pointer_at(h, fd->offset), &out->u, fault);
 }
 
 static int decode_frames(const Flodl__Header *h, fl_msg_hdr_t *out, fl_msg_fault_t *fault)
@@ -322,13 +254,8 @@ int fl_msg_decode(const void *data, size_t len, fl_msg_hdr_t *out, fl_msg_fault_
      * NUL inside and are not checked for UTF-8. */
     if ((rc = fl_msg_wire_check(data, len, &nbodies, fault)) != FL_OK)
         goto out;
-    if (strlen(h->job_id) >= FL_JOB_MAX) {
-        rc = bad(fault, FL_FAULT_HEADER, "header: job id of %llu bytes is too long",
-                 (unsigned long long)strlen(h->job_id));
-        goto out;
-    }
-    memcpy(out->job_id, h->job_id, strlen(h->job_id) + 1);
-    if ((rc = decode_frames(h, out, fault)) != FL_OK)
+    if ((rc = copy_id(out->job_id, FL_JOB_MAX, h->job_id, "job id", fault)) != FL_OK ||
+        (rc = decode_frames(h, out, fault)) != FL_OK)
         goto out;
     rc = decode_body(h, nbodies, out, fault);
 out:

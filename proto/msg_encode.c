@@ -4,6 +4,7 @@
 #include "fl_msg.h"
 #include "msg_int.h"
 
+#include <stddef.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -19,345 +20,248 @@ static int check_str(const char *what, const char *s, size_t cap)
     return FL_OK;
 }
 
-/* Free text: terminated within cap (a bound, as for identifiers), then escaped into out (cap
- * bytes) when it is not wire text. */
-static int escape_text(const char *what, const char *s, size_t cap, char *out, char **dst)
+/* Everything the protobuf-c view of one header points at beyond the caller's header: the
+ * body's struct, pointer arrays, escaped texts. A small message fits the inline buffer; a
+ * welcome's tables take blocks from the heap, all freed together after packing. */
+typedef struct block {
+    struct block *next;
+    max_align_t data[];
+} block_t;
+
+#define ARENA_BLOCK 65536
+
+typedef struct arena {
+    unsigned char *at;
+    size_t left;
+    block_t *blocks;
+    max_align_t first[2048 / sizeof(max_align_t)];
+} arena_t;
+
+static void *take(arena_t *a, size_t n)
 {
-    if (strnlen(s, cap) >= cap)
-        return fl_fail(FL_EINVAL, "encode: %s is not terminated within %zu bytes", what, cap);
-    *dst = (char *)fl_text_escape(s, out, cap);
+    n = (n + sizeof(max_align_t) - 1) / sizeof(max_align_t) * sizeof(max_align_t);
+    if (n > a->left) {
+        size_t size = n > ARENA_BLOCK ? n : ARENA_BLOCK;
+        block_t *b = malloc(sizeof *b + size);
+        if (b == NULL)
+            return NULL;
+        b->next = a->blocks;
+        a->blocks = b;
+        a->at = (unsigned char *)b->data;
+        a->left = size;
+    }
+    void *p = a->at;
+    a->at += n;
+    a->left -= n;
+    return p;
+}
+
+static void arena_free(arena_t *a)
+{
+    while (a->blocks != NULL) {
+        block_t *b = a->blocks;
+        a->blocks = b->next;
+        free(b);
+    }
+}
+
+/* Free text: terminated within cap (a bound, as for identifiers), then escaped into cap
+ * bytes of the arena when it is not wire text. */
+static int put_text(arena_t *a, const fl_msg_field_t *f, const char *s, char **dst)
+{
+    if (strnlen(s, f->cap) >= f->cap)
+        return fl_fail(FL_EINVAL, "encode: %s is not terminated within %zu bytes", f->name,
+                       f->cap);
+    char *out = take(a, f->cap);
+    if (out == NULL)
+        return fl_fail(FL_ENOMEM, "encode: out of memory for the %s", f->name);
+    *dst = (char *)fl_text_escape(s, out, f->cap);
     return FL_OK;
 }
 
-static int fill_endpoints(char **dst, const char (*src)[FL_ENDPOINT_MAX], uint32_t n)
+static uint32_t count_of(const void *body, const fl_msg_field_t *f)
 {
-    if (n > FL_MSG_MAX_STRIPES)
-        return fl_fail(FL_EINVAL, "encode: %u endpoints, at most %d", n, FL_MSG_MAX_STRIPES);
+    uint32_t n;
+    memcpy(&n, (const char *)body + f->n_off, sizeof n);
+    return n;
+}
+
+/* A list's entries and count in the protobuf-c struct. */
+static void set_list(void *pb, const fl_msg_field_t *f, size_t n, const void *items)
+{
+    memcpy((char *)pb + f->pb_n, &n, sizeof n);
+    memcpy((char *)pb + f->pb, &items, sizeof items);
+}
+
+static int too_many(const fl_msg_field_t *f, uint32_t n)
+{
+    return fl_fail(FL_EINVAL, "encode: %u %ss, at most %u", n, f->name, f->max);
+}
+
+static int put_id(const fl_msg_field_t *f, const char *s, char **dst)
+{
+    int rc = check_str(f->name, s, f->cap);
+    if (rc == FL_OK && f->check != NULL)
+        rc = f->check(s, f->cap);
+    *dst = (char *)s;
+    return rc;
+}
+
+static int put_ids(arena_t *a, const fl_msg_field_t *f, const char *src, uint32_t n, void *pb)
+{
+    if (n > f->max)
+        return too_many(f, n);
+    char **items = take(a, n * sizeof *items);
+    if (items == NULL)
+        return fl_fail(FL_ENOMEM, "encode: out of memory for %u %ss", n, f->name);
     for (uint32_t i = 0; i < n; i++) {
-        int rc = check_str("endpoint", src[i], FL_ENDPOINT_MAX);
+        int rc = check_str(f->name, src + i * f->cap, f->cap);
         if (rc != FL_OK)
             return rc;
-        dst[i] = (char *)src[i];
+        items[i] = (char *)src + i * f->cap;
+    }
+    set_list(pb, f, n, items);
+    return FL_OK;
+}
+
+static int put_fields(arena_t *a, const fl_msg_table_t *t, const void *body, void *pb);
+
+/* A table of messages: one protobuf-c struct per entry, each filled by its own table. */
+static int put_table(arena_t *a, const fl_msg_field_t *f, const char *src, uint32_t n, void *pb)
+{
+    if (n > f->max)
+        return too_many(f, n);
+    size_t size = f->sub->pb->sizeof_message;
+    unsigned char *store = take(a, (size_t)n * (size + sizeof(void *)));
+    if (store == NULL)
+        return fl_fail(FL_ENOMEM, "encode: out of memory for %u %ss", n, f->name);
+    void **items = (void **)(store + (size_t)n * size);
+    for (uint32_t i = 0; i < n; i++) {
+        items[i] = store + (size_t)i * size;
+        protobuf_c_message_init(f->sub->pb, items[i]);
+        int rc = put_fields(a, f->sub, src + (size_t)i * f->sub->size, items[i]);
+        if (rc != FL_OK)
+            return rc;
+    }
+    set_list(pb, f, n, items);
+    return FL_OK;
+}
+
+static int put_field(arena_t *a, const fl_msg_field_t *f, const void *body, void *pb)
+{
+    const char *src = (const char *)body + f->off;
+    char *dst = (char *)pb + f->pb;
+    uint32_t n = f->kind >= FL_MSG_F_IDS ? count_of(body, f) : 0;
+    const char *table;
+    switch (f->kind) {
+    case FL_MSG_F_U32:
+    case FL_MSG_F_ENUM: memcpy(dst, src, 4); return FL_OK;
+    case FL_MSG_F_U64: memcpy(dst, src, 8); return FL_OK;
+    case FL_MSG_F_BOOL: *(protobuf_c_boolean *)dst = *(const bool *)src; return FL_OK;
+    case FL_MSG_F_ID:
+    case FL_MSG_F_ID_CUT: return put_id(f, src, (char **)dst);
+    case FL_MSG_F_TEXT: return put_text(a, f, src, (char **)dst);
+    case FL_MSG_F_IDS: return put_ids(a, f, src, n, pb);
+    case FL_MSG_F_U64S:
+        if (n > f->max)
+            return too_many(f, n);
+        set_list(pb, f, n, src); /* the body's own array: nothing to convert */
+        return FL_OK;
+    case FL_MSG_F_ID_TABLE:
+        memcpy(&table, src, sizeof table);
+        return put_ids(a, f, table, n, pb);
+    case FL_MSG_F_TABLE:
+        memcpy(&table, src, sizeof table);
+        return put_table(a, f, table, n, pb);
+    }
+    return fl_fail(FL_EINVAL, "encode: field %s of an unknown kind", f->name);
+}
+
+static int put_fields(arena_t *a, const fl_msg_table_t *t, const void *body, void *pb)
+{
+    for (size_t i = 0; i < t->nfields; i++) {
+        int rc = put_field(a, &t->fields[i], body, pb);
+        if (rc != FL_OK)
+            return rc;
     }
     return FL_OK;
 }
 
-/* Everything the protobuf-c view of one header points at, so encode needs one allocation at
- * most (the welcome peer table). */
-typedef struct pb_view {
-    Flodl__Header h;
-    Flodl__FrameDesc frame_store[FL_MSG_MAX_FRAMES];
-    Flodl__FrameDesc *frames[FL_MSG_MAX_FRAMES];
-    Flodl__Register reg;
-    char *reg_eps[FL_MSG_MAX_STRIPES];
-    char **reg_shard_eps;
-    Flodl__Welcome welcome;
-    Flodl__Peer *peer_store;
-    Flodl__Peer **peers;
-    char **peer_eps;
-    Flodl__Shard *shard_store;
-    Flodl__Shard **shards;
-    char text[FL_MSG_TEXT_MAX];       /* an error's or a goodbye's text, escaped */
-    char missing[FL_MSG_MISSING_MAX]; /* a heartbeat's missing ranks, escaped */
-    Flodl__Barrier barrier;
-    Flodl__Heartbeat heartbeat;
-    Flodl__Error error;
-    Flodl__Shutdown shutdown;
-    Flodl__Chunk chunk;
-    Flodl__Push push;
-    Flodl__PushAck push_ack;
-    Flodl__Pull pull;
-    Flodl__PullReply pull_reply;
-} pb_view_t;
-
-static int build_shards(pb_view_t *v, const fl_msg_welcome_t *w)
+/* The body: the member of the Header.body oneof that m's type names, filled from its table.
+ * protobuf-c packs the member that body_case names even when every field in it is at its
+ * default, which is what the protocol asks (the body is always on the wire). */
+static int put_body(arena_t *a, Flodl__Header *h, const fl_msg_hdr_t *m)
 {
-    int rc;
-    if (w->nshards > FL_MSG_MAX_SHARDS)
-        return fl_fail(FL_EINVAL, "encode: %u shards, at most %d", w->nshards,
-                       FL_MSG_MAX_SHARDS);
-    if (w->nshards > 0) {
-        v->shard_store = calloc(w->nshards, sizeof *v->shard_store);
-        v->shards = calloc(w->nshards, sizeof *v->shards);
-        if (v->shard_store == NULL || v->shards == NULL)
-            return fl_fail(FL_ENOMEM, "encode: out of memory for %u shards", w->nshards);
-    }
-    for (uint32_t i = 0; i < w->nshards; i++) {
-        const fl_msg_shard_t *p = &w->shards[i];
-        Flodl__Shard *q = &v->shard_store[i];
-        flodl__shard__init(q);
-        q->index = p->index;
-        q->offset = p->offset;
-        q->count = p->count;
-        if ((rc = check_str("shard endpoint", p->endpoint, FL_ENDPOINT_MAX)) != FL_OK ||
-            (rc = check_str("shard host", p->host, FL_HOST_MAX)) != FL_OK)
-            return rc;
-        q->endpoint = (char *)p->endpoint;
-        q->host = (char *)p->host;
-        v->shards[i] = q;
-    }
-    v->welcome.n_shards = w->nshards;
-    v->welcome.shards = v->shards;
-    return FL_OK;
-}
-
-static int build_welcome(pb_view_t *v, const fl_msg_welcome_t *w)
-{
-    int rc;
-    flodl__welcome__init(&v->welcome);
-    if (w->npeers > FL_MSG_MAX_PEERS)
-        return fl_fail(FL_EINVAL, "encode: %u peers, at most %d", w->npeers, FL_MSG_MAX_PEERS);
-    if (w->npeers > 0) {
-        v->peer_store = calloc(w->npeers, sizeof *v->peer_store);
-        v->peers = calloc(w->npeers, sizeof *v->peers);
-        v->peer_eps = calloc((size_t)w->npeers * FL_MSG_MAX_STRIPES, sizeof *v->peer_eps);
-        if (v->peer_store == NULL || v->peers == NULL || v->peer_eps == NULL)
-            return fl_fail(FL_ENOMEM, "encode: out of memory for %u peers", w->npeers);
-    }
-    for (uint32_t i = 0; i < w->npeers; i++) {
-        const fl_msg_peer_t *p = &w->peers[i];
-        Flodl__Peer *q = &v->peer_store[i];
-        flodl__peer__init(q);
-        q->rank = p->rank;
-        if ((rc = check_str("peer host", p->host, FL_HOST_MAX)) != FL_OK)
-            return rc;
-        q->host = (char *)p->host;
-        char **eps = &v->peer_eps[(size_t)i * FL_MSG_MAX_STRIPES];
-        if ((rc = fill_endpoints(eps, p->endpoints, p->nendpoints)) != FL_OK)
-            return rc;
-        q->n_endpoints = p->nendpoints;
-        q->endpoints = eps;
-        q->pid = p->pid;
-        v->peers[i] = q;
-    }
-    v->welcome.n_peers = w->npeers;
-    v->welcome.peers = v->peers;
-    v->welcome.heartbeat_ms = w->heartbeat_ms;
-    v->welcome.heartbeat_timeout_ms = w->heartbeat_timeout_ms;
-    if ((rc = build_shards(v, w)) != FL_OK)
-        return rc;
-    v->welcome.param_count = w->param_count;
-    v->welcome.consistency = (Flodl__Consistency)w->consistency;
-    v->welcome.staleness = w->staleness;
-    v->welcome.resume = w->resume;
-    v->welcome.resume_step = w->resume_step;
-    v->welcome.checkpoint_every_steps = w->ckpt_every_steps;
-    v->welcome.checkpoint_every_ms = w->ckpt_every_ms;
-    v->h.welcome = &v->welcome;
-    return FL_OK;
-}
-
-static int build_register(pb_view_t *v, const fl_msg_register_t *r)
-{
-    int rc;
-    flodl__register__init(&v->reg);
-    v->reg.rank = r->rank;
-    v->reg.world_size = r->world_size;
-    if ((rc = check_str("host", r->host, FL_HOST_MAX)) != FL_OK)
-        return rc;
-    v->reg.host = (char *)r->host;
-    if ((rc = fill_endpoints(v->reg_eps, r->endpoints, r->nendpoints)) != FL_OK)
-        return rc;
-    v->reg.n_endpoints = r->nendpoints;
-    v->reg.endpoints = v->reg_eps;
-    v->reg.pid = r->pid;
-    v->reg.model_signature = r->model_signature;
-    if ((rc = check_str("tuning", r->tuning, FL_MSG_TUNING_MAX)) != FL_OK)
-        return rc;
-    v->reg.tuning = (char *)r->tuning;
-    if ((rc = check_str("settings", r->settings, FL_MSG_SETTINGS_MAX)) != FL_OK ||
-        (rc = fl_settings_check(r->settings, FL_MSG_SETTINGS_MAX)) != FL_OK)
-        return rc;
-    v->reg.settings = (char *)r->settings;
-    if ((rc = check_str("model shapes", r->model_shapes, FL_MODEL_SHAPES_MAX)) != FL_OK)
-        return rc;
-    v->reg.model_shapes = (char *)r->model_shapes;
-    v->reg.role = (Flodl__Role)r->role;
-    v->reg.param_count = r->param_count;
-    v->reg.shard_count = r->shard_count;
-    v->reg.num_shards = r->num_shards;
-    if (r->nshard_eps > FL_MSG_MAX_SHARDS)
-        return fl_fail(FL_EINVAL, "encode: %u shard endpoints, at most %d", r->nshard_eps,
-                       FL_MSG_MAX_SHARDS);
-    if (r->nshard_eps > 0) {
-        v->reg_shard_eps = calloc(r->nshard_eps, sizeof *v->reg_shard_eps);
-        if (v->reg_shard_eps == NULL)
-            return fl_fail(FL_ENOMEM, "encode: out of memory for %u endpoints", r->nshard_eps);
-    }
-    for (uint32_t i = 0; i < r->nshard_eps; i++) {
-        if ((rc = check_str("shard endpoint", r->shard_eps[i], FL_ENDPOINT_MAX)) != FL_OK)
-            return rc;
-        v->reg_shard_eps[i] = (char *)r->shard_eps[i];
-    }
-    v->reg.n_shard_endpoints = r->nshard_eps;
-    v->reg.shard_endpoints = v->reg_shard_eps;
-    if (r->ncheckpoints > FL_MSG_MAX_CHECKPOINTS)
-        return fl_fail(FL_EINVAL, "encode: %u checkpoints, at most %d", r->ncheckpoints,
-                       FL_MSG_MAX_CHECKPOINTS);
-    v->reg.n_checkpoints = r->ncheckpoints;
-    v->reg.checkpoints = (uint64_t *)r->checkpoints;
-    v->reg.consistency = (Flodl__Consistency)r->consistency;
-    v->reg.staleness = r->staleness;
-    v->reg.checkpoint_every_steps = r->ckpt_every_steps;
-    v->reg.checkpoint_every_ms = r->ckpt_every_ms;
-    v->h.reg = &v->reg;
-    return FL_OK;
-}
-
-static int build_body(pb_view_t *v, const fl_msg_hdr_t *m)
-{
-    int rc;
-    switch (m->type) {
-    case FL_MSG_REGISTER:
-        return build_register(v, &m->u.reg);
-    case FL_MSG_WELCOME:
-        return build_welcome(v, &m->u.welcome);
-    case FL_MSG_BARRIER:
-        flodl__barrier__init(&v->barrier);
-        v->barrier.id = m->u.barrier.id;
-        v->barrier.round = m->u.barrier.round;
-        v->h.barrier = &v->barrier;
-        return FL_OK;
-    case FL_MSG_HEARTBEAT:
-        flodl__heartbeat__init(&v->heartbeat);
-        v->heartbeat.op = m->u.heartbeat.op;
-        v->heartbeat.op_seq = m->u.heartbeat.op_seq;
-        v->heartbeat.op_step = m->u.heartbeat.op_step;
-        v->heartbeat.waiting_on = m->u.heartbeat.waiting_on;
-        v->heartbeat.registered = m->u.heartbeat.registered;
-        if ((rc = escape_text("missing", m->u.heartbeat.missing, FL_MSG_MISSING_MAX,
-                              v->missing, &v->heartbeat.missing)) != FL_OK)
-            return rc;
-        v->h.heartbeat = &v->heartbeat;
-        return FL_OK;
-    case FL_MSG_ERROR:
-        flodl__error__init(&v->error);
-        v->error.code = m->u.error.code;
-        v->error.about_rank = m->u.error.about_rank;
-        if ((rc = check_str("error host", m->u.error.host, FL_HOST_MAX)) != FL_OK ||
-            (rc = escape_text("error text", m->u.error.text, FL_MSG_TEXT_MAX, v->text,
-                              &v->error.text)) != FL_OK)
-            return rc;
-        v->error.host = (char *)m->u.error.host;
-        v->h.error = &v->error;
-        return FL_OK;
-    case FL_MSG_SHUTDOWN:
-        flodl__shutdown__init(&v->shutdown);
-        v->shutdown.code = m->u.shutdown.code;
-        if ((rc = escape_text("shutdown text", m->u.shutdown.text, FL_MSG_TEXT_MAX, v->text,
-                              &v->shutdown.text)) != FL_OK)
-            return rc;
-        v->h.shutdown = &v->shutdown;
-        return FL_OK;
-    case FL_MSG_CHUNK:
-        flodl__chunk__init(&v->chunk);
-        v->chunk.coll = m->u.chunk.coll;
-        v->chunk.phase = m->u.chunk.phase;
-        v->chunk.step = m->u.chunk.step;
-        v->chunk.seg = m->u.chunk.seg;
-        v->chunk.offset = m->u.chunk.offset;
-        v->chunk.count = m->u.chunk.count;
-        v->chunk.op = m->u.chunk.op;
-        v->chunk.total = m->u.chunk.total;
-        v->chunk.dtype = m->u.chunk.dtype;
-        v->h.chunk = &v->chunk;
-        return FL_OK;
-    case FL_MSG_PUSH:
-        flodl__push__init(&v->push);
-        v->push.shard = m->u.push.shard;
-        v->push.offset = m->u.push.offset;
-        v->push.count = m->u.push.count;
-        v->push.step = m->u.push.step;
-        v->push.batch = m->u.push.batch;
-        v->push.kind = (Flodl__PushKind)m->u.push.kind;
-        v->push.checkpoint = m->u.push.checkpoint;
-        v->h.push = &v->push;
-        return FL_OK;
-    case FL_MSG_PUSH_ACK:
-        flodl__push_ack__init(&v->push_ack);
-        v->push_ack.shard = m->u.push_ack.shard;
-        v->push_ack.step = m->u.push_ack.step;
-        v->push_ack.version = m->u.push_ack.version;
-        v->push_ack.ignored = m->u.push_ack.ignored;
-        v->h.push_ack = &v->push_ack;
-        return FL_OK;
-    case FL_MSG_PULL:
-        flodl__pull__init(&v->pull);
-        v->pull.shard = m->u.pull.shard;
-        v->pull.offset = m->u.pull.offset;
-        v->pull.count = m->u.pull.count;
-        v->pull.step = m->u.pull.step;
-        v->pull.latest = m->u.pull.latest;
-        v->pull.wait_ms = m->u.pull.wait_ms;
-        v->pull.lz4 = m->u.pull.lz4;
-        v->h.pull = &v->pull;
-        return FL_OK;
-    case FL_MSG_PULL_REPLY:
-        flodl__pull_reply__init(&v->pull_reply);
-        v->pull_reply.shard = m->u.pull_reply.shard;
-        v->pull_reply.offset = m->u.pull_reply.offset;
-        v->pull_reply.count = m->u.pull_reply.count;
-        v->pull_reply.version = m->u.pull_reply.version;
-        v->pull_reply.step = m->u.pull_reply.step;
-        v->pull_reply.min_step = m->u.pull_reply.min_step;
-        v->h.pull_reply = &v->pull_reply;
-        return FL_OK;
-    default:
+    const fl_msg_table_t *t = fl_msg_table(m->type);
+    if (t == NULL)
         return fl_fail(FL_EINVAL, "encode: unknown message type %d", (int)m->type);
-    }
+    void *pb = take(a, t->pb->sizeof_message);
+    if (pb == NULL)
+        return fl_fail(FL_ENOMEM, "encode: out of memory for a %s body", t->name);
+    protobuf_c_message_init(t->pb, pb);
+    h->body_case = fl_msg_body_case(m->type);
+    const ProtobufCFieldDescriptor *fd =
+        protobuf_c_message_descriptor_get_field(&flodl__header__descriptor, h->body_case);
+    memcpy((char *)h + fd->offset, &pb, sizeof pb);
+    return put_fields(a, t, &m->u, pb);
 }
 
-int fl_msg_encode(const fl_msg_hdr_t *m, void *(*alloc)(size_t len, void *ud), void *ud,
-                  size_t *len)
+/* The header's own fields; frames are bounded by the C side's array. */
+static int put_header(Flodl__Header *h, Flodl__FrameDesc *frames, Flodl__FrameDesc **ptrs,
+                      const fl_msg_hdr_t *m)
 {
-    pb_view_t v;
-    int rc;
-
-    memset(&v, 0, sizeof v);
-    flodl__header__init(&v.h);
-    v.h.magic = FL_MSG_MAGIC;
-    v.h.version = m->version;
-    if ((rc = check_str("job id", m->job_id, FL_JOB_MAX)) != FL_OK)
+    flodl__header__init(h);
+    h->magic = FL_MSG_MAGIC;
+    h->version = m->version;
+    int rc = check_str("job id", m->job_id, FL_JOB_MAX);
+    if (rc != FL_OK)
         return rc;
-    v.h.job_id = (char *)m->job_id;
-    v.h.generation = m->generation;
-    v.h.type = (Flodl__MsgType)m->type;
-    v.h.sender = m->sender;
-    v.h.seq = m->seq;
-    v.h.step = m->step;
+    h->job_id = (char *)m->job_id;
+    h->generation = m->generation;
+    h->type = (Flodl__MsgType)m->type;
+    h->sender = m->sender;
+    h->seq = m->seq;
+    h->step = m->step;
     if (m->nframes > FL_MSG_MAX_FRAMES)
         return fl_fail(FL_EINVAL, "encode: %u frames, at most %d", m->nframes, FL_MSG_MAX_FRAMES);
     for (uint32_t i = 0; i < m->nframes; i++) {
-        Flodl__FrameDesc *f = &v.frame_store[i];
+        Flodl__FrameDesc *f = &frames[i];
         flodl__frame_desc__init(f);
         f->bytes = m->frames[i].bytes;
         f->dtype = (Flodl__DType)m->frames[i].dtype;
         f->codec = (Flodl__Codec)m->frames[i].codec;
         f->raw_bytes = m->frames[i].raw_bytes;
-        v.frames[i] = f;
+        ptrs[i] = f;
     }
-    v.h.n_frames = m->nframes;
-    v.h.frames = v.frames;
+    h->n_frames = m->nframes;
+    h->frames = ptrs;
+    return FL_OK;
+}
 
-    rc = build_body(&v, m);
-    /* build_body pointed the union member at the body; the case says which one it is, and
-     * protobuf-c packs that member even when every field in it is at its default. */
-    v.h.body_case = fl_msg_body_case(m->type);
+int fl_msg_encode(const fl_msg_hdr_t *m, void *(*alloc)(size_t len, void *ud), void *ud,
+                  size_t *len)
+{
+    Flodl__Header h;
+    Flodl__FrameDesc frames[FL_MSG_MAX_FRAMES];
+    Flodl__FrameDesc *ptrs[FL_MSG_MAX_FRAMES];
+    arena_t a;
+    a.at = (unsigned char *)a.first;
+    a.left = sizeof a.first;
+    a.blocks = NULL;
+
+    int rc = put_header(&h, frames, ptrs, m);
+    if (rc == FL_OK)
+        rc = put_body(&a, &h, m);
     if (rc == FL_OK) {
-        size_t n = protobuf_c_message_get_packed_size(&v.h.base);
+        size_t n = protobuf_c_message_get_packed_size(&h.base);
         uint8_t *out = alloc(n, ud);
         if (out == NULL) {
             rc = fl_fail(FL_ENOMEM, "encode: no memory for a %zu-byte header", n);
         } else {
-            protobuf_c_message_pack(&v.h.base, out);
+            protobuf_c_message_pack(&h.base, out);
             *len = n;
         }
     }
-    free(v.peer_store);
-    free(v.peers);
-    free(v.peer_eps);
-    free(v.shard_store);
-    free(v.shards);
-    free(v.reg_shard_eps);
+    arena_free(&a);
     return rc;
 }

@@ -43,42 +43,38 @@ void fl_msg_hdr_deinit(fl_msg_hdr_t *h)
     memset(h, 0, sizeof *h);
 }
 
+/* A zeroed table of n entries of size bytes, its count in *count (0 when there is none: n = 0,
+ * or out of memory). */
+static void *table_new(uint32_t n, size_t size, uint32_t *count)
+{
+    void *items = n > 0 ? calloc(n, size) : NULL;
+    *count = items != NULL ? n : 0;
+    return items;
+}
+
 int fl_msg_welcome_alloc(fl_msg_hdr_t *h, uint32_t npeers)
 {
-    h->u.welcome.peers = NULL;
-    h->u.welcome.npeers = 0;
-    if (npeers == 0)
-        return FL_OK;
-    h->u.welcome.peers = calloc(npeers, sizeof *h->u.welcome.peers);
-    if (h->u.welcome.peers == NULL)
+    fl_msg_welcome_t *w = &h->u.welcome;
+    w->peers = table_new(npeers, sizeof *w->peers, &w->npeers);
+    if (w->npeers != npeers)
         return fl_fail(FL_ENOMEM, "welcome: out of memory for %u peers", npeers);
-    h->u.welcome.npeers = npeers;
     return FL_OK;
 }
 
 int fl_msg_welcome_alloc_shards(fl_msg_hdr_t *h, uint32_t nshards)
 {
-    h->u.welcome.shards = NULL;
-    h->u.welcome.nshards = 0;
-    if (nshards == 0)
-        return FL_OK;
-    h->u.welcome.shards = calloc(nshards, sizeof *h->u.welcome.shards);
-    if (h->u.welcome.shards == NULL)
+    fl_msg_welcome_t *w = &h->u.welcome;
+    w->shards = table_new(nshards, sizeof *w->shards, &w->nshards);
+    if (w->nshards != nshards)
         return fl_fail(FL_ENOMEM, "welcome: out of memory for %u shards", nshards);
-    h->u.welcome.nshards = nshards;
     return FL_OK;
 }
 
 int fl_msg_register_alloc_shards(fl_msg_register_t *reg, uint32_t n)
 {
-    reg->shard_eps = NULL;
-    reg->nshard_eps = 0;
-    if (n == 0)
-        return FL_OK;
-    reg->shard_eps = calloc(n, sizeof *reg->shard_eps);
-    if (reg->shard_eps == NULL)
+    reg->shard_eps = table_new(n, sizeof *reg->shard_eps, &reg->nshard_eps);
+    if (reg->nshard_eps != n)
         return fl_fail(FL_ENOMEM, "register: out of memory for %u shard endpoints", n);
-    reg->nshard_eps = n;
     return FL_OK;
 }
 

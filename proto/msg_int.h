@@ -40,4 +40,51 @@ static inline int fl_msg_type_of_body(Flodl__Header__BodyCase body)
  * the field ("Register.host has a control character at byte 4 of 9"). */
 int fl_msg_wire_check(const void *data, size_t len, unsigned *nbodies, fl_msg_fault_t *fault);
 
+/* ---- the field tables (msg_fields.c) ---- */
+
+/* How a field of a message body travels, and what each direction checks. Strings and lists
+ * are bounded by the C side's arrays: cap is a string's bytes, terminator included. */
+typedef enum fl_msg_kind {
+    FL_MSG_F_U32,      /* a 4-byte integer or enum, copied bit for bit */
+    FL_MSG_F_ENUM,     /* a 4-byte enum; decoding refuses a value past max: "unknown <name>" */
+    FL_MSG_F_U64,      /* an 8-byte integer */
+    FL_MSG_F_BOOL,     /* bool here, protobuf_c_boolean there */
+    FL_MSG_F_ID,       /* an identifier, char[cap]: refused, never cut, when too long */
+    FL_MSG_F_ID_CUT,   /* an identifier when sent, cut rather than refused when taken */
+    FL_MSG_F_TEXT,     /* free text, char[cap]: escaped when sent, cut when taken */
+    /* the lists, last: a kind >= FL_MSG_F_IDS has a count */
+    FL_MSG_F_IDS,      /* at most max identifiers: char[max][cap] and a uint32_t count */
+    FL_MSG_F_U64S,     /* at most max uint64_t: an array and a uint32_t count */
+    FL_MSG_F_ID_TABLE, /* at most max identifiers: a heap char (*)[cap] and a uint32_t count */
+    FL_MSG_F_TABLE,    /* at most max messages of table sub: a heap array, a uint32_t count */
+} fl_msg_kind_t;
+
+typedef struct fl_msg_table fl_msg_table_t;
+
+/* One field: where it lives in the fl_msg_*_t body and in the protobuf-c struct. */
+typedef struct fl_msg_field {
+    const char *name; /* in error texts: "host", "shard endpoint", "push kind" */
+    fl_msg_kind_t kind;
+    size_t off;   /* in the body */
+    size_t pb;    /* in the protobuf-c struct */
+    size_t n_off; /* lists: the body's uint32_t count */
+    size_t pb_n;  /* lists: the protobuf-c struct's size_t count */
+    size_t cap;   /* strings, and a list's strings: bytes, terminator included */
+    uint32_t max; /* lists: most entries; enums: the largest value known */
+    int (*check)(const char *s, size_t cap); /* strings: a further rule (settings) */
+    const fl_msg_table_t *sub;               /* FL_MSG_F_TABLE: its entries' fields */
+} fl_msg_field_t;
+
+/* A message's fields, in the order both directions check them. */
+struct fl_msg_table {
+    const char *name; /* "welcome": the message, in out-of-memory texts */
+    const ProtobufCMessageDescriptor *pb;
+    size_t size; /* of the C struct: an entry of a table */
+    const fl_msg_field_t *fields;
+    size_t nfields;
+};
+
+/* The table of a message type's body; NULL for an unknown type. */
+const fl_msg_table_t *fl_msg_table(int type);
+
 #endif

@@ -5,7 +5,6 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <time.h>
 #include <unistd.h>
 
 void fl_coord_opts_init(fl_coord_opts_t *o)
@@ -82,7 +81,7 @@ int fl_coord_create(const fl_coord_opts_t *o, fl_coord_t **out)
     if (c == NULL)
         return fl_fail(FL_ENOMEM, "coordinator: out of memory");
     pthread_mutex_init(&c->lock, NULL);
-    pthread_cond_init(&c->cond, NULL);
+    fl_service_init(&c->svc);
     snprintf(c->job_id, sizeof c->job_id, "%s", o->job_id);
     c->world = o->world_size;
     atomic_store(&c->nunheard, o->world_size);
@@ -180,14 +179,7 @@ int fl_coord_servers_active(const fl_coord_t *c)
 
 void fl_coord_finish(fl_coord_t *c, int rc, const char *text)
 {
-    pthread_mutex_lock(&c->lock);
-    if (!c->finished) {
-        c->finished = true;
-        c->result = rc;
-        snprintf(c->result_text, sizeof c->result_text, "%s", text);
-        pthread_cond_broadcast(&c->cond);
-    }
-    pthread_mutex_unlock(&c->lock);
+    fl_service_finish(&c->svc, rc, text);
 }
 
 /* Tells every member still connected that the coordinator stops, so none waits for it. */
@@ -198,13 +190,7 @@ static void say_goodbye(fl_coord_t *c)
     h.u.shutdown.code = 1;
     snprintf(h.u.shutdown.text, sizeof h.u.shutdown.text,
              "coordinator %s stopped before the job ended", c->endpoint);
-    for (int r = 0; r < c->world; r++) {
-        coord_rank_t *k = &c->ranks[r];
-        if (!k->registered || k->left || fl_tp_live_state(c->live, r) == FL_PEER_DEAD)
-            continue;
-        fl_tp_send(c->sock, &k->route, &h, NULL, 0, fl_deadline_in(0));
-    }
-    fl_coord_ps_send_all(c, &h);
+    fl_coord_send_all(c, &h);
 }
 
 static void *coord_main(void *arg)
@@ -249,10 +235,7 @@ static void *coord_main(void *arg)
             fl_tp_msg_close(&m);
         }
     }
-    pthread_mutex_lock(&c->lock);
-    bool done = c->finished;
-    pthread_mutex_unlock(&c->lock);
-    if (!done)
+    if (!fl_service_is_finished(&c->svc))
         say_goodbye(c);
     fl_coord_finish(c, FL_ECLOSED, "coordinator stopped");
     return NULL;
@@ -260,37 +243,12 @@ static void *coord_main(void *arg)
 
 int fl_coord_start(fl_coord_t *c)
 {
-    if (c->started)
-        return FL_OK;
-    if (pthread_create(&c->thread, NULL, coord_main, c) != 0)
-        return fl_fail(FL_EIO, "coordinator: cannot start its thread");
-    c->started = true;
-    return FL_OK;
+    return fl_service_start(&c->svc, coord_main, c, "coordinator");
 }
 
 int fl_coord_wait(fl_coord_t *c, int timeout_ms)
 {
-    int64_t deadline = fl_deadline_in(timeout_ms);
-    pthread_mutex_lock(&c->lock);
-    while (!c->finished) {
-        int left = fl_deadline_left_ms(deadline);
-        if (left == 0)
-            break;
-        struct timespec ts;
-        clock_gettime(CLOCK_REALTIME, &ts);
-        int step = left > 200 ? 200 : left;
-        ts.tv_nsec += (long)step * 1000000L;
-        ts.tv_sec += ts.tv_nsec / 1000000000L;
-        ts.tv_nsec %= 1000000000L;
-        pthread_cond_timedwait(&c->cond, &c->lock, &ts);
-    }
-    int rc = c->finished ? c->result : FL_ETIMEDOUT;
-    char text[1024];
-    snprintf(text, sizeof text, "%s", c->finished ? c->result_text : "job still running");
-    pthread_mutex_unlock(&c->lock);
-    if (rc != FL_OK)
-        fl_fail(rc, "%s", text);
-    return rc;
+    return fl_service_wait(&c->svc, timeout_ms, "job still running");
 }
 
 void fl_coord_outcome(const fl_coord_t *c, char *out, size_t cap)
@@ -323,15 +281,19 @@ void fl_coord_outcome(const fl_coord_t *c, char *out, size_t cap)
     }
 }
 
-void fl_coord_stop(fl_coord_t *c)
+/* Wakes the coordinator thread through its stop pipe. */
+static void wake(void *arg)
 {
-    if (c == NULL || !c->started)
-        return;
+    fl_coord_t *c = arg;
     fl_msg_hdr_t h;
     fl_msg_hdr_init(&h, FL_MSG_SHUTDOWN, -1);
     fl_tp_send(c->cmd_tx, NULL, &h, NULL, 0, fl_deadline_in(5000));
-    pthread_join(c->thread, NULL);
-    c->started = false;
+}
+
+void fl_coord_stop(fl_coord_t *c)
+{
+    if (c != NULL)
+        fl_service_stop(&c->svc, wake, c);
 }
 
 void fl_coord_destroy(fl_coord_t **pc)
@@ -339,8 +301,7 @@ void fl_coord_destroy(fl_coord_t **pc)
     if (pc == NULL || *pc == NULL)
         return;
     fl_coord_t *c = *pc;
-    if (c->started)
-        fl_coord_stop(c);
+    fl_coord_stop(c);
     fl_tp_sock_destroy(&c->sock);
     fl_tp_sock_destroy(&c->cmd_rx);
     fl_tp_sock_destroy(&c->cmd_tx);
@@ -350,7 +311,7 @@ void fl_coord_destroy(fl_coord_t **pc)
     free(c->rank_info);
     fl_coord_ps_free(c);
     pthread_mutex_destroy(&c->lock);
-    pthread_cond_destroy(&c->cond);
+    fl_service_deinit(&c->svc);
     free(c);
     *pc = NULL;
 }

@@ -1,13 +1,13 @@
 /* The coordinator's protocol: registrations (checked against the job and against each other;
- * every refusal names both sides), the welcome once all ranks are in, heartbeats both ways,
- * ranks leaving, and the death of a silent rank broadcast to the survivors. Bad messages get
- * an error reply where the sender can be reached; nothing here stops serving the others. */
+ * every refusal names both sides), the welcome once all ranks are in, heartbeats from ranks,
+ * ranks leaving, and a failed job told to the survivors. Bad messages get an error reply where
+ * the sender can be reached; nothing here stops serving the others. The periodic work
+ * (heartbeats out, deaths, deadlines) is coord_tick.c's. */
 #include "coord_int.h"
 
 #include <stdarg.h>
 #include <stdio.h>
 #include <string.h>
-#include <time.h>
 
 bool fl_coord_same_route(const fl_tp_route_t *a, const fl_tp_route_t *b)
 {
@@ -30,6 +30,16 @@ void fl_coord_send_error(fl_coord_t *c, const fl_tp_route_t *to, int code, int a
         fl_ctx_count(c->ctx, FL_STAT_ERRORS_SENT, 1);
     else
         FL_DEBUG(c->ctx, "could not send error '%s': %s", h.u.error.text, fl_last_error());
+}
+
+void fl_coord_send_all(fl_coord_t *c, fl_msg_hdr_t *h)
+{
+    for (int r = 0; r < c->world; r++) {
+        coord_rank_t *k = &c->ranks[r];
+        if (k->registered && !k->left && fl_tp_live_state(c->live, r) != FL_PEER_DEAD)
+            fl_tp_send(c->sock, &k->route, h, NULL, 0, fl_deadline_in(0));
+    }
+    fl_coord_ps_send_all(c, h);
 }
 
 /* A summary of the warnings held back: how many, and the bad-message counts by kind. */
@@ -64,6 +74,13 @@ void fl_coord_warn(fl_coord_t *c, const char *fmt, ...)
     FL_WARN(c->ctx, "%s", text);
 }
 
+void fl_coord_warn_flush(fl_coord_t *c, int64_t now)
+{
+    uint64_t held = fl_ratelimit_flush(&c->warn_rl, now);
+    if (held > 0)
+        warn_summary(c, held);
+}
+
 void fl_coord_on_refused(fl_coord_t *c, fl_tp_msg_t *m)
 {
     char detail[1024];
@@ -86,32 +103,26 @@ static int rank_of_route(const fl_coord_t *c, const fl_tp_route_t *route)
     return -1;
 }
 
-static void missing_list(const fl_coord_t *c, char *out, size_t cap)
+/* The end of a failed job, once the ranks were told: the servers hear it too (an error with
+ * `code` about rank `about`), and the job finishes with rc. */
+static void job_failed(fl_coord_t *c, int rc, int code, int about, const char *host,
+                       const char *text)
 {
-    size_t n = 0;
-    int shown = 0;
-    int missing = 0;
-    out[0] = '\0';
-    for (int r = 0; r < c->world; r++) {
-        if (c->ranks[r].registered)
-            continue;
-        missing++;
-        if (shown < 32 && n + 16 < cap) {
-            n += (size_t)snprintf(out + n, cap - n, "%s%d", shown ? "," : "", r);
-            shown++;
-        }
-    }
-    if (missing > shown && n + 24 < cap)
-        snprintf(out + n, cap - n, " and %d more", missing - shown);
-    fl_coord_ps_missing(c, out, cap);
+    fl_msg_hdr_t e;
+    fl_msg_hdr_init(&e, FL_MSG_ERROR, -1);
+    e.u.error.code = code;
+    e.u.error.about_rank = about;
+    snprintf(e.u.error.host, sizeof e.u.error.host, "%s", host ? host : "");
+    snprintf(e.u.error.text, sizeof e.u.error.text, "%s", text);
+    fl_coord_ps_send_all(c, &e);
+    c->phase = PHASE_FAILED;
+    fl_coord_finish(c, rc, text);
 }
 
-/* The rendezvous failed: every registered rank (and `also`, a newcomer that is not, when not
- * NULL) and the servers hear why with `code`, and the job ends with `rc`. The ranks told are
- * gone for the coordinator: they leave without a goodbye, and flodl-ps need not wait out their
- * silence before it exits. */
-static void fail_rendezvous_all(fl_coord_t *c, int rc, int code, int about, const char *host,
-                                const char *text, const fl_tp_route_t *also)
+/* The ranks told are gone for the coordinator: they leave without a goodbye, and flodl-ps
+ * need not wait out their silence before it exits. */
+void fl_coord_fail_rendezvous_all(fl_coord_t *c, int rc, int code, int about, const char *host,
+                                  const char *text, const fl_tp_route_t *also)
 {
     if (also != NULL)
         fl_coord_send_error(c, also, code, about, host, "%s", text);
@@ -125,15 +136,7 @@ static void fail_rendezvous_all(fl_coord_t *c, int rc, int code, int about, cons
         atomic_fetch_sub(&c->nactive, 1);
         fl_tp_live_gone(c->live, q);
     }
-    fl_msg_hdr_t e;
-    fl_msg_hdr_init(&e, FL_MSG_ERROR, -1);
-    e.u.error.code = code;
-    e.u.error.about_rank = about;
-    snprintf(e.u.error.host, sizeof e.u.error.host, "%s", host ? host : "");
-    snprintf(e.u.error.text, sizeof e.u.error.text, "%s", text);
-    fl_coord_ps_send_all(c, &e);
-    c->phase = PHASE_FAILED;
-    fl_coord_finish(c, rc, text);
+    job_failed(c, rc, code, about, host, text);
 }
 
 /* The welcome: the peer table and, with a parameter server, its shard map. Sent to one route
@@ -197,7 +200,7 @@ static void send_welcome(fl_coord_t *c, const fl_tp_route_t *to)
 void fl_coord_fail_rendezvous(fl_coord_t *c, const char *why)
 {
     FL_ERROR(c->ctx, "%s", why);
-    fail_rendezvous_all(c, FL_EINVAL, FL_EINVAL, -1, "", why, NULL);
+    fl_coord_fail_rendezvous_all(c, FL_EINVAL, FL_EINVAL, -1, "", why, NULL);
 }
 
 void fl_coord_maybe_start(fl_coord_t *c)
@@ -222,16 +225,11 @@ static void fail_rendezvous(fl_coord_t *c, const fl_tp_route_t *to, int r, const
     FL_ERROR(c->ctx, "refused a registration: %s", text);
     c->ranks[r].refused = true;
     snprintf(c->ranks[r].leave_text, sizeof c->ranks[r].leave_text, "%s", why);
-    fail_rendezvous_all(c, FL_EINVAL, FL_EINVAL, r, host, text, to);
+    fl_coord_fail_rendezvous_all(c, FL_EINVAL, FL_EINVAL, r, host, text, to);
 }
 
-/* Refuses a registration: the asker hears why, and the coordinator's log says it too (at
- * warn, rate-limited), with both sides' values as the text gives them. */
-static void refuse_reg(fl_coord_t *c, const fl_tp_route_t *to, int r, const char *host,
-                       const char *fmt, ...) FL_PRINTF(5, 6);
-
-static void refuse_reg(fl_coord_t *c, const fl_tp_route_t *to, int r, const char *host,
-                       const char *fmt, ...)
+void fl_coord_refuse(fl_coord_t *c, const fl_tp_route_t *to, int about, const char *host,
+                     const char *fmt, ...)
 {
     char text[FL_MSG_TEXT_MAX];
     char shown[FL_MSG_TEXT_MAX];
@@ -240,20 +238,17 @@ static void refuse_reg(fl_coord_t *c, const fl_tp_route_t *to, int r, const char
     vsnprintf(text, sizeof text, fmt, ap);
     va_end(ap);
     fl_coord_warn(c, "refused a registration: %s", fl_text_escape(text, shown, sizeof shown));
-    fl_coord_send_error(c, to, FL_EINVAL, r, host, "%s", text);
+    fl_coord_send_error(c, to, FL_EINVAL, about, host, "%s", text);
 }
 
-static void on_register(fl_coord_t *c, fl_tp_msg_t *m)
+/* The checks a registration must pass whatever the job's state: its job, world size, rank
+ * and endpoints. False when it was refused (the asker told why). host: reg->host escaped for
+ * the log. */
+static bool reg_fits_job(fl_coord_t *c, const fl_tp_msg_t *m, const char *host)
 {
-    if (m->hdr.u.reg.role == FL_ROLE_SERVER)
-        return fl_coord_ps_on_register(c, m);
     const fl_msg_register_t *reg = &m->hdr.u.reg;
     const fl_tp_route_t *to = &m->route;
     int r = reg->rank;
-    /* Text from the wire is wire text (proto/ refuses any other), and escaped where it is
-     * logged all the same: a log line is never written by a peer. */
-    char host[FL_HOST_MAX];
-    fl_text_escape(reg->host, host, sizeof host);
     if (strcmp(m->hdr.job_id, c->job_id) != 0) {
         /* Another job's rank dialled this coordinator: counted with every other foreign
          * message (bad_job), and worth a line, since that job is now waiting for nothing. */
@@ -262,97 +257,134 @@ static void on_register(fl_coord_t *c, fl_tp_msg_t *m)
         fl_coord_warn(c, "refused a registration for rank %d from host %s (pid %d) of job '%s': "
                         "this is job '%s'",
                 r, host, reg->pid, fl_text_escape(m->hdr.job_id, job, sizeof job), c->job_id);
-        return fl_coord_send_error(c, to, FL_EINVAL, r, reg->host,
-                                   "rank %d (host %s) belongs to job '%s', this coordinator "
-                                   "runs job '%s'",
-                                   r, reg->host, m->hdr.job_id, c->job_id);
+        fl_coord_send_error(c, to, FL_EINVAL, r, reg->host,
+                            "rank %d (host %s) belongs to job '%s', this coordinator "
+                            "runs job '%s'",
+                            r, reg->host, m->hdr.job_id, c->job_id);
+        return false;
     }
     if (reg->world_size != c->world)
-        return refuse_reg(c, to, r, reg->host,
-                                   "rank %d (host %s) expects world size %d, the coordinator "
-                                   "expects %d",
-                                   r, reg->host, reg->world_size, c->world);
-    if (r < 0 || r >= c->world)
-        return refuse_reg(c, to, r, reg->host,
-                                   "rank %d (host %s) is out of range 0..%d for world size %d",
-                                   r, reg->host, c->world - 1, c->world);
-    if (reg->nendpoints < 1 && reg->param_count == 0)
-        return refuse_reg(c, to, r, reg->host,
-                                   "rank %d (host %s) registered without a data endpoint (only "
-                                   "parameter-server clients, which declare their parameter "
-                                   "count, need none)",
-                                   r, reg->host);
-    if (reg->nshard_eps > 0)
-        return refuse_reg(c, to, r, reg->host,
-                                   "rank %d (host %s) registered shard endpoints, which only "
-                                   "parameter-server processes have",
-                                   r, reg->host);
+        fl_coord_refuse(c, to, r, reg->host,
+                        "rank %d (host %s) expects world size %d, the coordinator "
+                        "expects %d",
+                        r, reg->host, reg->world_size, c->world);
+    else if (r < 0 || r >= c->world)
+        fl_coord_refuse(c, to, r, reg->host,
+                        "rank %d (host %s) is out of range 0..%d for world size %d", r, reg->host,
+                        c->world - 1, c->world);
+    else if (reg->nendpoints < 1 && reg->param_count == 0)
+        fl_coord_refuse(c, to, r, reg->host,
+                        "rank %d (host %s) registered without a data endpoint (only "
+                        "parameter-server clients, which declare their parameter "
+                        "count, need none)",
+                        r, reg->host);
+    else if (reg->nshard_eps > 0)
+        fl_coord_refuse(c, to, r, reg->host,
+                        "rank %d (host %s) registered shard endpoints, which only "
+                        "parameter-server processes have",
+                        r, reg->host);
+    else
+        return true;
+    return false;
+}
+
+/* A registration for a rank already registered: a retry from its own connection, its own
+ * process on a new connection, or another process, refused. */
+static void reg_again(fl_coord_t *c, const fl_tp_msg_t *m, const char *host)
+{
+    const fl_msg_register_t *reg = &m->hdr.u.reg;
+    const fl_tp_route_t *to = &m->route;
+    int r = reg->rank;
     coord_rank_t *k = &c->ranks[r];
-    if (!k->heard) {
-        k->heard = true;
-        atomic_fetch_sub(&c->nunheard, 1);
+    if (fl_coord_same_route(&k->route, to) && strcmp(k->key, m->peer_key) == 0) {
+        if (c->phase == PHASE_RUNNING)
+            send_welcome(c, to); /* a retry after a lost welcome: answer the asker */
+        return;
     }
-    if (k->registered) {
-        if (fl_coord_same_route(&k->route, to) && strcmp(k->key, m->peer_key) == 0) {
-            if (c->phase == PHASE_RUNNING)
-                send_welcome(c, to); /* a retry after a lost welcome: answer the asker */
-            return;
-        }
-        /* A registered rank is bound to its connection and, with CURVE, to its client key.
-         * Only its own process, whose old connection has gone quiet (it lost us and opened a
-         * new one), may move it, with the same key; a second registration while the holder is
-         * heard from is refused, telling the asker nothing about the holder (a stranger would
-         * otherwise learn the host and pid to claim). */
-        int64_t quiet = fl_now_ms() - fl_tp_live_last(c->live, r);
-        if (!k->left && k->reg.pid == reg->pid && strcmp(k->reg.host, reg->host) == 0 &&
-            strcmp(k->key, m->peer_key) == 0 &&
-            fl_tp_live_state(c->live, r) != FL_PEER_DEAD && quiet >= 2 * (int64_t)c->hb_ms) {
-            FL_WARN(c->ctx, "rank %d (%s, pid %d) registered again on a new connection, its "
-                            "old one quiet for %lld ms",
-                    r, host, reg->pid, (long long)quiet);
-            k->route = *to;
-            fl_tp_live_heard(c->live, r, fl_now_ms());
-            if (c->phase == PHASE_RUNNING)
-                send_welcome(c, to);
-            return;
-        }
-        fl_ctx_count(c->ctx, FL_STAT_UNEXPECTED, 1);
-        char holder[FL_HOST_MAX];
-        fl_coord_warn(c, "refused a registration for rank %d from host %s (pid %d): the rank is "
-                        "held by host %s (pid %d), heard from %lld ms ago",
-                r, host, reg->pid, fl_text_escape(k->reg.host, holder, sizeof holder),
-                k->reg.pid, (long long)quiet);
-        return fl_coord_send_error(c, to, FL_EINVAL, r, reg->host,
-                                   "rank %d is already registered by another process; this "
-                                   "registration (host %s, pid %d) is refused",
-                                   r, reg->host, reg->pid);
+    /* A registered rank is bound to its connection and, with CURVE, to its client key. Only
+     * its own process, whose old connection has gone quiet (it lost us and opened a new one),
+     * may move it, with the same key; a second registration while the holder is heard from is
+     * refused, telling the asker nothing about the holder (a stranger would otherwise learn
+     * the host and pid to claim). */
+    int64_t quiet = fl_now_ms() - fl_tp_live_last(c->live, r);
+    if (!k->left && k->reg.pid == reg->pid && strcmp(k->reg.host, reg->host) == 0 &&
+        strcmp(k->key, m->peer_key) == 0 && fl_tp_live_state(c->live, r) != FL_PEER_DEAD &&
+        quiet >= 2 * (int64_t)c->hb_ms) {
+        FL_WARN(c->ctx, "rank %d (%s, pid %d) registered again on a new connection, its "
+                        "old one quiet for %lld ms",
+                r, host, reg->pid, (long long)quiet);
+        k->route = *to;
+        fl_tp_live_heard(c->live, r, fl_now_ms());
+        if (c->phase == PHASE_RUNNING)
+            send_welcome(c, to);
+        return;
     }
-    if (c->phase == PHASE_RUNNING)
-        return refuse_reg(c, to, r, reg->host,
-                                   "rank %d (host %s) registered after job '%s' started", r,
-                                   reg->host, c->job_id);
-    if (c->phase != PHASE_RENDEZVOUS)
-        return refuse_reg(c, to, r, reg->host,
-                                   "rank %d (host %.64s) registered after job '%.64s' failed: "
-                                   "%.380s",
-                                   r, reg->host, c->job_id, c->result_text);
+    fl_ctx_count(c->ctx, FL_STAT_UNEXPECTED, 1);
+    char holder[FL_HOST_MAX];
+    fl_coord_warn(c, "refused a registration for rank %d from host %s (pid %d): the rank is "
+                    "held by host %s (pid %d), heard from %lld ms ago",
+            r, host, reg->pid, fl_text_escape(k->reg.host, holder, sizeof holder), k->reg.pid,
+            (long long)quiet);
+    fl_coord_send_error(c, to, FL_EINVAL, r, reg->host,
+                        "rank %d is already registered by another process; this "
+                        "registration (host %s, pid %d) is refused",
+                        r, reg->host, reg->pid);
+}
+
+/* A new rank during the rendezvous must agree with the members already registered: the
+ * model, the parameter count, the settings. False when it was refused or failed the
+ * rendezvous. */
+static bool reg_agrees(fl_coord_t *c, const fl_tp_msg_t *m)
+{
+    const fl_msg_register_t *reg = &m->hdr.u.reg;
+    const fl_tp_route_t *to = &m->route;
+    int r = reg->rank;
+    if (c->phase == PHASE_RUNNING) {
+        fl_coord_refuse(c, to, r, reg->host, "rank %d (host %s) registered after job '%s' started",
+                        r, reg->host, c->job_id);
+        return false;
+    }
+    if (c->phase != PHASE_RENDEZVOUS) {
+        char failed[FL_SERVICE_TEXT_MAX];
+        fl_service_text(&c->svc, failed, sizeof failed);
+        fl_coord_refuse(c, to, r, reg->host,
+                        "rank %d (host %.64s) registered after job '%.64s' failed: "
+                        "%.380s",
+                        r, reg->host, c->job_id, failed);
+        return false;
+    }
     char who[FL_HOST_MAX + 32];
     char why[FL_MSG_TEXT_MAX];
     const fl_msg_register_t *differs = NULL;
-    if (fl_coord_check_model(c, reg, &differs, why, sizeof why) != FL_OK)
-        return fail_rendezvous(c, to, r, reg->host, why); /* whichever side differs */
+    if (fl_coord_check_model(c, reg, &differs, why, sizeof why) != FL_OK) {
+        fail_rendezvous(c, to, r, reg->host, why); /* whichever side differs */
+        return false;
+    }
     snprintf(who, sizeof who, "rank %d (host %s)", r, reg->host);
     if (reg->param_count != 0 &&
-        fl_coord_ps_check_params(c, reg->param_count, who, why, sizeof why) != FL_OK)
-        return refuse_reg(c, to, r, reg->host, "%s", why);
-    if (fl_coord_check_agree(c, r, reg, why, sizeof why) != FL_OK)
-        return fail_rendezvous(c, to, r, reg->host, why);
+        fl_coord_ps_check_params(c, reg->param_count, who, why, sizeof why) != FL_OK) {
+        fl_coord_refuse(c, to, r, reg->host, "%s", why);
+        return false;
+    }
+    if (fl_coord_check_agree(c, r, reg, why, sizeof why) != FL_OK) {
+        fail_rendezvous(c, to, r, reg->host, why);
+        return false;
+    }
+    return true;
+}
+
+/* Takes a rank in: bound to this connection and key from now on. */
+static void take_reg(fl_coord_t *c, const fl_tp_msg_t *m, const char *host)
+{
+    const fl_msg_register_t *reg = &m->hdr.u.reg;
+    int r = reg->rank;
+    coord_rank_t *k = &c->ranks[r];
     k->registered = true;
     k->left = false;
-    k->route = *to;
+    k->route = m->route;
     snprintf(k->key, sizeof k->key, "%s", m->peer_key);
     k->reg = *reg;
-    k->reg.shard_eps = NULL; /* checked empty above; the message owns its tables */
+    k->reg.shard_eps = NULL; /* checked empty (reg_fits_job); the message owns its tables */
     k->reg.nshard_eps = 0;
     k->waiting_on = -1;
     fl_tp_live_heard(c->live, r, fl_now_ms());
@@ -363,6 +395,29 @@ static void on_register(fl_coord_t *c, fl_tp_msg_t *m)
             fl_text_escape(reg->nendpoints > 0 ? reg->endpoints[0] : "none", ep, sizeof ep), n,
             c->world);
     fl_coord_maybe_start(c);
+}
+
+static void on_register(fl_coord_t *c, fl_tp_msg_t *m)
+{
+    if (m->hdr.u.reg.role == FL_ROLE_SERVER) {
+        fl_coord_ps_on_register(c, m);
+        return;
+    }
+    /* Text from the wire is wire text (proto/ refuses any other), and escaped where it is
+     * logged all the same: a log line is never written by a peer. */
+    char host[FL_HOST_MAX];
+    fl_text_escape(m->hdr.u.reg.host, host, sizeof host);
+    if (!reg_fits_job(c, m, host))
+        return;
+    coord_rank_t *k = &c->ranks[m->hdr.u.reg.rank];
+    if (!k->heard) {
+        k->heard = true;
+        atomic_fetch_sub(&c->nunheard, 1);
+    }
+    if (k->registered)
+        reg_again(c, m, host);
+    else if (reg_agrees(c, m))
+        take_reg(c, m, host);
 }
 
 static void on_heartbeat(fl_coord_t *c, fl_tp_msg_t *m, int r)
@@ -400,9 +455,7 @@ static void check_all_gone(fl_coord_t *c)
     }
 }
 
-/* Tells every other rank and the servers that the job failed because of `about`, and ends
- * the job with that reason (a death, or a rank's own error). */
-static void fail_job(fl_coord_t *c, int about, const char *text)
+void fl_coord_fail_job(fl_coord_t *c, int about, const char *text)
 {
     coord_rank_t *k = &c->ranks[about];
     for (int r = 0; r < c->world; r++) {
@@ -412,15 +465,7 @@ static void fail_job(fl_coord_t *c, int about, const char *text)
             continue;
         fl_coord_send_error(c, &q->route, FL_EPEER, about, k->reg.host, "%s", text);
     }
-    fl_msg_hdr_t e;
-    fl_msg_hdr_init(&e, FL_MSG_ERROR, -1);
-    e.u.error.code = FL_EPEER;
-    e.u.error.about_rank = about;
-    snprintf(e.u.error.host, sizeof e.u.error.host, "%s", k->reg.host);
-    snprintf(e.u.error.text, sizeof e.u.error.text, "%s", text);
-    fl_coord_ps_send_all(c, &e);
-    c->phase = PHASE_FAILED;
-    fl_coord_finish(c, FL_EPEER, text);
+    job_failed(c, FL_EPEER, FL_EPEER, about, k->reg.host, text);
 }
 
 static void on_shutdown(fl_coord_t *c, fl_tp_msg_t *m, int r)
@@ -456,7 +501,7 @@ static void on_shutdown(fl_coord_t *c, fl_tp_msg_t *m, int r)
                  k->reg.host, k->reg.pid, k->leave_text);
         FL_ERROR(c->ctx, "%s", fl_text_escape(text, said, sizeof said));
         k->failed = true;
-        fail_job(c, r, text);
+        fl_coord_fail_job(c, r, text);
         return;
     }
     FL_INFO(c->ctx, "rank %d (%s) left: %s", r, host,
@@ -468,10 +513,11 @@ void fl_coord_on_message(fl_coord_t *c, fl_tp_msg_t *m)
 {
     if (m->nframes != 0) {
         fl_ctx_count(c->ctx, FL_STAT_UNEXPECTED, 1);
-        return fl_coord_send_error(c, &m->route, FL_EPROTO, m->hdr.sender, "",
-                                   "coordinator: %s message with %zu payload frames refused "
-                                   "(control messages carry none)",
-                                   fl_msg_type_name(m->hdr.type), m->nframes);
+        fl_coord_send_error(c, &m->route, FL_EPROTO, m->hdr.sender, "",
+                            "coordinator: %s message with %zu payload frames refused "
+                            "(control messages carry none)",
+                            fl_msg_type_name(m->hdr.type), m->nframes);
+        return;
     }
     if (m->hdr.type == FL_MSG_REGISTER) {
         if (c->ps_lost) {
@@ -480,11 +526,14 @@ void fl_coord_on_message(fl_coord_t *c, fl_tp_msg_t *m)
             fl_ctx_count(c->ctx, FL_STAT_UNEXPECTED, 1);
             return;
         }
-        return on_register(c, m);
+        on_register(c, m);
+        return;
     }
     int slot = fl_coord_ps_slot_of_route(c, &m->route);
-    if (slot >= 0 && strcmp(c->servers[slot].key, m->peer_key) == 0)
-        return fl_coord_ps_on_message(c, m, slot);
+    if (slot >= 0 && strcmp(c->servers[slot].key, m->peer_key) == 0) {
+        fl_coord_ps_on_message(c, m, slot);
+        return;
+    }
     int r = rank_of_route(c, &m->route);
     /* A peer may choose its routing id: with CURVE the key it authenticated with must be the
      * rank's too, or it is not that rank. */
@@ -494,10 +543,11 @@ void fl_coord_on_message(fl_coord_t *c, fl_tp_msg_t *m)
         fl_ctx_count(c->ctx, FL_STAT_UNEXPECTED, 1);
         if (m->hdr.type == FL_MSG_HEARTBEAT && r < 0)
             return; /* a rank dropped during the rendezvous, still beating: not worth a reply */
-        return fl_coord_send_error(c, &m->route, FL_EPROTO, m->hdr.sender, "",
-                                   "coordinator: %s message from an unregistered peer claiming "
-                                   "rank %d",
-                                   fl_msg_type_name(m->hdr.type), m->hdr.sender);
+        fl_coord_send_error(c, &m->route, FL_EPROTO, m->hdr.sender, "",
+                            "coordinator: %s message from an unregistered peer claiming "
+                            "rank %d",
+                            fl_msg_type_name(m->hdr.type), m->hdr.sender);
+        return;
     }
     if (fl_tp_live_state(c->live, r) == FL_PEER_DEAD)
         return; /* declared dead already: the job is failing, late words change nothing */
@@ -507,206 +557,27 @@ void fl_coord_on_message(fl_coord_t *c, fl_tp_msg_t *m)
     if (strcmp(m->hdr.job_id, c->job_id) != 0 ||
         (m->hdr.generation != 0 && m->hdr.generation != c->generation)) {
         fl_ctx_count(c->ctx, FL_STAT_BAD_JOB, 1);
-        return fl_coord_send_error(c, &m->route, FL_EPROTO, r, c->ranks[r].reg.host,
-                                   "coordinator: %s message from rank %d of job '%s' "
-                                   "generation %llu refused: this is job '%s' generation %llu",
-                                   fl_msg_type_name(m->hdr.type), r, m->hdr.job_id,
-                                   (unsigned long long)m->hdr.generation, c->job_id,
-                                   (unsigned long long)c->generation);
+        fl_coord_send_error(c, &m->route, FL_EPROTO, r, c->ranks[r].reg.host,
+                            "coordinator: %s message from rank %d of job '%s' "
+                            "generation %llu refused: this is job '%s' generation %llu",
+                            fl_msg_type_name(m->hdr.type), r, m->hdr.job_id,
+                            (unsigned long long)m->hdr.generation, c->job_id,
+                            (unsigned long long)c->generation);
+        return;
     }
     fl_tp_live_heard(c->live, r, fl_now_ms());
     switch (m->hdr.type) {
-    case FL_MSG_HEARTBEAT: return on_heartbeat(c, m, r);
-    case FL_MSG_SHUTDOWN: return on_shutdown(c, m, r);
+    case FL_MSG_HEARTBEAT:
+        on_heartbeat(c, m, r);
+        return;
+    case FL_MSG_SHUTDOWN:
+        on_shutdown(c, m, r);
+        return;
     default:
         fl_ctx_count(c->ctx, FL_STAT_UNEXPECTED, 1);
-        return fl_coord_send_error(c, &m->route, FL_EPROTO, r, "",
-                                   "coordinator: unexpected %s message from rank %d",
-                                   fl_msg_type_name(m->hdr.type), r);
-    }
-}
-
-void fl_coord_describe_op(const coord_rank_t *k, char *out, size_t cap)
-{
-    /* A parameter-server client: no data endpoint, a parameter count. */
-    bool ps = fl_msg_op_is_ps(k->op) || (k->reg.nendpoints == 0 && k->reg.param_count > 0);
-    if (ps && k->op == 0)
-        snprintf(out, cap, "between steps (its last push or pull was for step %llu)",
-                 (unsigned long long)k->op_seq);
-    else if (ps)
-        snprintf(out, cap, "in the %s of step %llu", fl_msg_op_name(k->op),
-                 (unsigned long long)k->op_seq);
-    else if (k->op == 0)
-        snprintf(out, cap, "not in a collective (the last was #%llu)",
-                 (unsigned long long)k->op_seq);
-    else if (k->waiting_on >= 0)
-        snprintf(out, cap, "in %s #%llu (step %u), waiting for rank %d", fl_msg_op_name(k->op),
-                 (unsigned long long)k->op_seq, k->op_step, k->waiting_on);
-    else
-        snprintf(out, cap, "in %s #%llu (step %u)", fl_msg_op_name(k->op),
-                 (unsigned long long)k->op_seq, k->op_step);
-}
-
-/* What the others say of a dead rank: the newest collective a rank waits for it in. Its own
- * last heartbeat may be a period older. */
-static void others_view(const fl_coord_t *c, int dead, char *out, size_t cap)
-{
-    out[0] = '\0';
-    int who = -1;
-    for (int q = 0; q < c->world; q++) {
-        const coord_rank_t *o = &c->ranks[q];
-        if (q == dead || !o->registered || o->left || o->op == 0 || o->waiting_on != dead)
-            continue;
-        if (who < 0 || o->op_seq > c->ranks[who].op_seq)
-            who = q;
-    }
-    if (who >= 0 && c->ranks[who].op_seq > c->ranks[dead].op_seq)
-        snprintf(out, cap, "; rank %d waits for it in %s #%llu", who,
-                 fl_msg_op_name(c->ranks[who].op), (unsigned long long)c->ranks[who].op_seq);
-}
-
-static void declare_dead(fl_coord_t *c, int dead, int64_t silent)
-{
-    coord_rank_t *k = &c->ranks[dead];
-    char op[160];
-    char view[128];
-    char text[FL_MSG_TEXT_MAX];
-    fl_coord_describe_op(k, op, sizeof op);
-    others_view(c, dead, view, sizeof view);
-    snprintf(text, sizeof text, "rank %d (host %.64s, pid %d) declared dead: silent for %lld ms "
-                                "(timeout %d ms); it was %s%s",
-             dead, k->reg.host, k->reg.pid, (long long)silent, c->hb_timeout_ms, op, view);
-    char shown[FL_MSG_TEXT_MAX];
-    FL_ERROR(c->ctx, "%s", fl_text_escape(text, shown, sizeof shown));
-    /* The rank itself hears it too, should it be frozen rather than gone (SIGSTOP, a paused
-     * VM): on waking it finds this queued and exits instead of registering again. */
-    char at[32];
-    time_t now = time(NULL);
-    struct tm tm;
-    gmtime_r(&now, &tm);
-    strftime(at, sizeof at, "%Y-%m-%dT%H:%M:%SZ", &tm);
-    fl_coord_send_error(c, &k->route, FL_EPEER, dead, k->reg.host,
-                        "rank %d declared dead by the coordinator at %s: silent for %lld ms "
-                        "(timeout %d ms); the job failed without it",
-                        dead, at, (long long)silent, c->hb_timeout_ms);
-    c->ndead++;
-    atomic_fetch_sub(&c->nactive, 1);
-    k->failed = c->phase == PHASE_RUNNING; /* the first to end the job */
-    if (c->phase == PHASE_RUNNING)
-        fail_job(c, dead, text);
-    else
-        fl_coord_finish(c, FL_EPEER, text);
-}
-
-static void send_heartbeats(fl_coord_t *c)
-{
-    fl_msg_hdr_t h;
-    fl_msg_hdr_init(&h, FL_MSG_HEARTBEAT, -1);
-    if (c->phase == PHASE_RENDEZVOUS) {
-        h.u.heartbeat.registered = (uint32_t)atomic_load(&c->nregistered);
-        missing_list(c, h.u.heartbeat.missing, sizeof h.u.heartbeat.missing);
-    }
-    for (int r = 0; r < c->world; r++) {
-        coord_rank_t *k = &c->ranks[r];
-        if (!k->registered || k->left || fl_tp_live_state(c->live, r) == FL_PEER_DEAD)
-            continue;
-        fl_tp_send(c->sock, &k->route, &h, NULL, 0, fl_deadline_in(0));
-    }
-    fl_coord_ps_send_all(c, &h);
-}
-
-void fl_coord_publish(fl_coord_t *c, int64_t now)
-{
-    fl_coord_info_t in;
-    memset(&in, 0, sizeof in);
-    in.world = c->world;
-    in.started = c->ran;
-    in.generation = c->generation;
-    in.bad_msgs = fl_ctx_stat(c->ctx, FL_STAT_BAD_HEADER) + fl_ctx_stat(c->ctx, FL_STAT_BAD_MAGIC) +
-                  fl_ctx_stat(c->ctx, FL_STAT_BAD_VERSION) + fl_ctx_stat(c->ctx, FL_STAT_BAD_JOB) +
-                  fl_ctx_stat(c->ctx, FL_STAT_BAD_FRAMES) + fl_ctx_stat(c->ctx, FL_STAT_OVERSIZED) +
-                  fl_ctx_stat(c->ctx, FL_STAT_UNEXPECTED);
-    in.auth_refused = fl_ctx_stat(c->ctx, FL_STAT_AUTH_REFUSED);
-    pthread_mutex_lock(&c->lock);
-    for (int r = 0; r < c->world; r++) {
-        const coord_rank_t *k = &c->ranks[r];
-        fl_coord_rank_info_t *ri = &c->rank_info[r];
-        memset(ri, 0, sizeof *ri);
-        if (!k->registered) {
-            ri->state = FL_COORD_RANK_ABSENT;
-            continue;
-        }
-        in.registered++;
-        snprintf(ri->host, sizeof ri->host, "%s", k->reg.host);
-        ri->op = k->op;
-        ri->op_seq = k->op_seq;
-        if (k->left) {
-            ri->state = FL_COORD_RANK_LEFT;
-            in.left++;
-        } else if (fl_tp_live_state(c->live, r) == FL_PEER_DEAD) {
-            ri->state = FL_COORD_RANK_DEAD;
-            in.dead++;
-        } else {
-            ri->state = FL_COORD_RANK_ALIVE;
-            in.alive++;
-            int64_t last = fl_tp_live_last(c->live, r);
-            ri->silent_s = last > 0 ? (double)(now - last) / 1e3 : 0.0;
-        }
-    }
-    c->info = in;
-    pthread_mutex_unlock(&c->lock);
-}
-
-void fl_coord_get_info(fl_coord_t *c, fl_coord_info_t *info, fl_coord_rank_info_t *ranks,
-                       int cap)
-{
-    pthread_mutex_lock(&c->lock);
-    *info = c->info;
-    for (int r = 0; ranks != NULL && r < cap && r < c->world; r++)
-        ranks[r] = c->rank_info[r];
-    pthread_mutex_unlock(&c->lock);
-}
-
-void fl_coord_tick(fl_coord_t *c, int64_t now)
-{
-    uint64_t held = fl_ratelimit_flush(&c->warn_rl, now);
-    if (held > 0)
-        warn_summary(c, held);
-    if (now - c->last_hb_ms >= c->hb_ms) {
-        send_heartbeats(c);
-        c->last_hb_ms = now;
-    }
-    int64_t silent;
-    int dead;
-    while ((dead = fl_tp_live_check(c->live, now, &silent)) >= 0) {
-        if (dead >= c->world) {
-            fl_coord_ps_dead(c, dead - c->world, silent);
-            continue;
-        }
-        coord_rank_t *k = &c->ranks[dead];
-        if (c->phase == PHASE_RENDEZVOUS) {
-            /* Not started yet: forget it, so a restarted process can take the slot. */
-            char host[FL_HOST_MAX];
-            FL_WARN(c->ctx, "rank %d (%s, pid %d) silent for %lld ms during the rendezvous; "
-                            "dropping its registration",
-                    dead, fl_text_escape(k->reg.host, host, sizeof host), k->reg.pid,
-                    (long long)silent);
-            k->registered = false;
-            atomic_fetch_sub(&c->nregistered, 1);
-            atomic_fetch_sub(&c->nactive, 1);
-            fl_tp_live_forget(c->live, dead);
-            continue;
-        }
-        declare_dead(c, dead, silent);
-    }
-    if (c->phase == PHASE_RENDEZVOUS && now - c->started_ms > c->rdv_timeout_ms) {
-        char missing[FL_MSG_MISSING_MAX];
-        char text[FL_MSG_TEXT_MAX];
-        missing_list(c, missing, sizeof missing);
-        snprintf(text, sizeof text, "rendezvous of job '%s' timed out after %d ms: %d of %d "
-                                    "ranks registered, missing %s",
-                 c->job_id, c->rdv_timeout_ms, atomic_load(&c->nregistered), c->world, missing);
-        FL_ERROR(c->ctx, "%s", text);
-        fail_rendezvous_all(c, FL_EPEER, FL_ETIMEDOUT, -1, "", text, NULL);
+        fl_coord_send_error(c, &m->route, FL_EPROTO, r, "",
+                            "coordinator: unexpected %s message from rank %d",
+                            fl_msg_type_name(m->hdr.type), r);
+        return;
     }
 }

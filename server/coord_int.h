@@ -1,6 +1,6 @@
-/* Private to server/: the coordinator's state, shared by coord.c (lifecycle, thread, waiting)
- * and coord_handle.c (messages, liveness). All of it is touched by the coordinator thread
- * only, except the fields under `lock`. */
+/* Private to server/: the coordinator's state, shared by coord.c (lifecycle, thread, waiting),
+ * coord_handle.c (messages) and coord_tick.c (heartbeats, liveness). All of it is touched by
+ * the coordinator thread only, except the fields under `lock`. */
 #ifndef FL_COORD_INT_H
 #define FL_COORD_INT_H
 
@@ -58,8 +58,7 @@ struct fl_coord {
     int hb_timeout_ms;
     int rdv_timeout_ms;
     uint64_t generation;
-    pthread_t thread;
-    bool started;
+    fl_service_t svc; /* the coordinator thread and the job's outcome (fl_coord_wait) */
 
     /* parameter server (coordinator thread only) */
     int nshards;
@@ -84,16 +83,12 @@ struct fl_coord {
     int64_t last_stall_ms; /* when the last stall report was written */
     fl_ratelimit_t warn_rl; /* warnings about peers' messages (fl_coord_warn) */
 
-    /* shared with fl_coord_wait / fl_coord_registered */
-    pthread_mutex_t lock;
-    pthread_cond_t cond;
-    bool finished;
-    int result;
-    char result_text[1024];
+    /* shared with fl_coord_registered and the like */
     _Atomic int nregistered;
     _Atomic int nactive; /* registered, not left, not dead */
     _Atomic int nunheard; /* ranks no registration came for (coord_rank_t.heard) */
-    /* published by the coordinator thread at every tick (under lock) */
+    /* published by the coordinator thread at every tick, for fl_coord_get_info */
+    pthread_mutex_t lock;
     fl_coord_info_t info;
     fl_coord_rank_info_t *rank_info;
 };
@@ -108,7 +103,7 @@ int fl_coord_check_agree(const fl_coord_t *c, int r, const fl_msg_register_t *re
  * collective, step, whom it waits for and when it was last heard from (coord_stall.c). */
 void fl_coord_stall_check(fl_coord_t *c, int64_t now);
 
-/* Describes what a rank was doing, from its last heartbeat. */
+/* Describes what a rank was doing, from its last heartbeat (coord_tick.c). */
 void fl_coord_describe_op(const coord_rank_t *k, char *out, size_t cap);
 
 /* Publishes what fl_coord_get_info returns (coordinator thread). */
@@ -120,7 +115,7 @@ void fl_coord_on_message(fl_coord_t *c, fl_tp_msg_t *m);
 /* Answers a refused message (rc FL_EPROTO from the transport) where the sender can be told. */
 void fl_coord_on_refused(fl_coord_t *c, fl_tp_msg_t *m);
 
-/* Periodic work: heartbeats, liveness, rendezvous deadline (coord_handle.c). */
+/* Periodic work: heartbeats, liveness, rendezvous deadline (coord_tick.c). */
 void fl_coord_tick(fl_coord_t *c, int64_t now);
 
 /* A warning about what a peer sent (a refused message or registration), rate-limited: the
@@ -130,9 +125,23 @@ void fl_coord_tick(fl_coord_t *c, int64_t now);
 #define FL_COORD_WARN_WINDOW_MS 10000
 void fl_coord_warn(fl_coord_t *c, const char *fmt, ...) FL_PRINTF(2, 3);
 
+/* For the periodic tick: the summary line of the warnings held back in a window that has
+ * ended, if any. */
+void fl_coord_warn_flush(fl_coord_t *c, int64_t now);
+
 /* Sends an error to a route and counts it. */
 void fl_coord_send_error(fl_coord_t *c, const fl_tp_route_t *to, int code, int about,
                          const char *host, const char *fmt, ...) FL_PRINTF(6, 7);
+
+/* Sends h to every member still there: the ranks registered, not gone and not declared dead,
+ * and the servers (without waiting on any). */
+void fl_coord_send_all(fl_coord_t *c, fl_msg_hdr_t *h);
+
+/* Refuses a registration (of a rank, or of a server with about -1): the asker hears why, and
+ * the coordinator's log says it too (at warn, rate-limited), with both sides' values as the
+ * text gives them. */
+void fl_coord_refuse(fl_coord_t *c, const fl_tp_route_t *to, int about, const char *host,
+                     const char *fmt, ...) FL_PRINTF(5, 6);
 
 /* Marks the job finished with rc and text, waking fl_coord_wait (takes the lock). */
 void fl_coord_finish(fl_coord_t *c, int rc, const char *text);
@@ -140,6 +149,15 @@ void fl_coord_finish(fl_coord_t *c, int rc, const char *text);
 /* Ends a rendezvous that cannot succeed: every registered member is told why (an error),
  * and the job finishes with FL_EINVAL. */
 void fl_coord_fail_rendezvous(fl_coord_t *c, const char *why);
+
+/* The rendezvous failed: every registered rank (and `also`, a newcomer that is not, when not
+ * NULL) and the servers hear why with `code`, and the job ends with `rc`. */
+void fl_coord_fail_rendezvous_all(fl_coord_t *c, int rc, int code, int about, const char *host,
+                                  const char *text, const fl_tp_route_t *also);
+
+/* Tells every other rank and the servers that the job failed because of `about`, and ends
+ * the job with that reason (a death, or a rank's own error). */
+void fl_coord_fail_job(fl_coord_t *c, int about, const char *text);
 
 /* Sends the welcome to every member once all ranks and shards are registered. */
 void fl_coord_maybe_start(fl_coord_t *c);

@@ -172,26 +172,11 @@ static void describe_settings(const fl_msg_register_t *r, char *out, size_t cap)
              r->ckpt_every_steps, r->ckpt_every_ms, r->tuning);
 }
 
-/* Refuses a server's registration: it hears why, and the log says so (rate-limited). */
-static void refuse_server(fl_coord_t *c, const fl_tp_route_t *to, const char *host,
-                          const char *fmt, ...) FL_PRINTF(4, 5);
-
-static void refuse_server(fl_coord_t *c, const fl_tp_route_t *to, const char *host,
-                          const char *fmt, ...)
+/* The checks a server's registration must pass whatever the job's state: its job and the
+ * shards it serves. False when it was refused. */
+static bool server_fits_job(fl_coord_t *c, const fl_tp_msg_t *m)
 {
-    char text[FL_MSG_TEXT_MAX];
-    char shown[FL_MSG_TEXT_MAX];
-    va_list ap;
-    va_start(ap, fmt);
-    vsnprintf(text, sizeof text, fmt, ap);
-    va_end(ap);
-    fl_coord_warn(c, "refused a registration: %s", fl_text_escape(text, shown, sizeof shown));
-    fl_coord_send_error(c, to, FL_EINVAL, -1, host, "%s", text);
-}
-
-void fl_coord_ps_on_register(fl_coord_t *c, fl_tp_msg_t *m)
-{
-    fl_msg_register_t *reg = &m->hdr.u.reg;
+    const fl_msg_register_t *reg = &m->hdr.u.reg;
     const fl_tp_route_t *to = &m->route;
     int first = reg->rank;
     int count = (int)reg->shard_count;
@@ -204,44 +189,57 @@ void fl_coord_ps_on_register(fl_coord_t *c, fl_tp_msg_t *m)
                         "'%s'",
                 fl_text_escape(host, shown, sizeof shown), reg->pid,
                 fl_text_escape(m->hdr.job_id, job, sizeof job), c->job_id);
-        return fl_coord_send_error(c, to, FL_EINVAL, -1, host,
-                                   "parameter server on %s belongs to job '%s', this "
-                                   "coordinator runs job '%s'",
-                                   host, m->hdr.job_id, c->job_id);
+        fl_coord_send_error(c, to, FL_EINVAL, -1, host,
+                            "parameter server on %s belongs to job '%s', this "
+                            "coordinator runs job '%s'",
+                            host, m->hdr.job_id, c->job_id);
+        return false;
     }
     if (c->nshards == 0)
-        return refuse_server(c, to, host,
-                                   "parameter server on %s refused: job '%s' has no parameter "
-                                   "server (the coordinator runs with 0 shards)",
-                                   host, c->job_id);
-    if ((int)reg->num_shards != c->nshards)
-        return refuse_server(c, to, host,
-                                   "parameter server on %s serves a job of %u shards, the "
-                                   "coordinator expects %d",
-                                   host, reg->num_shards, c->nshards);
-    if (count < 1 || first < 0 || first >= c->nshards || count > c->nshards - first)
-        return refuse_server(c, to, host,
-                                   "parameter server on %s registered shards %d..%d, outside "
-                                   "0..%d",
-                                   host, first, first + count - 1, c->nshards - 1);
-    if ((int)reg->nshard_eps != count)
-        return refuse_server(c, to, host,
-                                   "parameter server on %s registered %d shards with %u "
-                                   "endpoints",
-                                   host, count, reg->nshard_eps);
-    int slot = fl_coord_ps_slot_of_route(c, to);
-    if (slot >= 0) {
+        fl_coord_refuse(c, to, -1, host,
+                        "parameter server on %s refused: job '%s' has no parameter "
+                        "server (the coordinator runs with 0 shards)",
+                        host, c->job_id);
+    else if ((int)reg->num_shards != c->nshards)
+        fl_coord_refuse(c, to, -1, host,
+                        "parameter server on %s serves a job of %u shards, the "
+                        "coordinator expects %d",
+                        host, reg->num_shards, c->nshards);
+    else if (count < 1 || first < 0 || first >= c->nshards || count > c->nshards - first)
+        fl_coord_refuse(c, to, -1, host,
+                        "parameter server on %s registered shards %d..%d, outside "
+                        "0..%d",
+                        host, first, first + count - 1, c->nshards - 1);
+    else if ((int)reg->nshard_eps != count)
+        fl_coord_refuse(c, to, -1, host,
+                        "parameter server on %s registered %d shards with %u "
+                        "endpoints",
+                        host, count, reg->nshard_eps);
+    else
+        return true;
+    return false;
+}
+
+/* A registration for shards a server holds already: a retry from its connection, the same
+ * process on a new connection, or another server, refused. False when no server holds any of
+ * them. */
+static bool server_again(fl_coord_t *c, const fl_tp_msg_t *m)
+{
+    const fl_msg_register_t *reg = &m->hdr.u.reg;
+    const fl_tp_route_t *to = &m->route;
+    int first = reg->rank;
+    int count = (int)reg->shard_count;
+    if (fl_coord_ps_slot_of_route(c, to) >= 0) {
         if (c->phase == PHASE_RUNNING)
             fl_coord_welcome_again(c, to); /* a retry after a lost welcome */
-        return;
+        return true;
     }
-    char name[FL_HOST_MAX + 96];
     for (int i = 0; i < c->nshards; i++) {
         coord_server_t *v = &c->servers[i];
         if (!v->registered || first > last_shard(v) || first + count - 1 < v->reg.rank)
             continue;
         if (i == first && !v->left && v->reg.pid == reg->pid &&
-            strcmp(v->reg.host, host) == 0 && (int)v->reg.shard_count == count &&
+            strcmp(v->reg.host, reg->host) == 0 && (int)v->reg.shard_count == count &&
             strcmp(v->key, m->peer_key) == 0 &&
             fl_tp_live_state(c->live, c->world + i) != FL_PEER_DEAD) {
             /* The same process on a new connection. */
@@ -249,31 +247,46 @@ void fl_coord_ps_on_register(fl_coord_t *c, fl_tp_msg_t *m)
             fl_tp_live_heard(c->live, c->world + i, fl_now_ms());
             if (c->phase == PHASE_RUNNING)
                 fl_coord_welcome_again(c, to);
-            return;
+            return true;
         }
-        return refuse_server(c, to, host,
-                                   "parameter server on %s (pid %d) registered shards %d..%d, "
-                                   "but %s serves some of them",
-                                   host, reg->pid, first, first + count - 1,
-                                   server_name(v, name, sizeof name));
+        char name[FL_HOST_MAX + 96];
+        fl_coord_refuse(c, to, -1, reg->host,
+                        "parameter server on %s (pid %d) registered shards %d..%d, "
+                        "but %s serves some of them",
+                        reg->host, reg->pid, first, first + count - 1,
+                        server_name(v, name, sizeof name));
+        return true;
     }
-    if (c->phase != PHASE_RENDEZVOUS)
-        return refuse_server(c, to, host,
-                                   "parameter server on %s registered after job '%s' %s; a "
-                                   "parameter server cannot join a running job: restart every "
-                                   "flodl-ps with --resume",
-                                   host, c->job_id,
-                                   c->phase == PHASE_RUNNING ? "started" : "failed");
+    return false;
+}
+
+/* A new server during the rendezvous must agree with the servers registered (settings) and
+ * with every member (model, parameter count). False when it was refused. */
+static bool server_agrees(fl_coord_t *c, const fl_tp_msg_t *m)
+{
+    const fl_msg_register_t *reg = &m->hdr.u.reg;
+    const fl_tp_route_t *to = &m->route;
+    const char *host = reg->host;
+    if (c->phase != PHASE_RENDEZVOUS) {
+        fl_coord_refuse(c, to, -1, host,
+                        "parameter server on %s registered after job '%s' %s; a "
+                        "parameter server cannot join a running job: restart every "
+                        "flodl-ps with --resume",
+                        host, c->job_id, c->phase == PHASE_RUNNING ? "started" : "failed");
+        return false;
+    }
     for (int i = 0; i < c->nshards; i++) {
         coord_server_t *v = &c->servers[i];
         if (v->registered && !same_settings(&v->reg, reg)) {
             char mine[FL_MSG_TUNING_MAX + 96], theirs[FL_MSG_TUNING_MAX + 96];
+            char name[FL_HOST_MAX + 96];
             describe_settings(reg, mine, sizeof mine);
             describe_settings(&v->reg, theirs, sizeof theirs);
-            return refuse_server(c, to, host,
-                                       "parameter server on %s uses '%s', %s uses '%s'; all "
-                                       "servers must agree",
-                                       host, mine, server_name(v, name, sizeof name), theirs);
+            fl_coord_refuse(c, to, -1, host,
+                            "parameter server on %s uses '%s', %s uses '%s'; all "
+                            "servers must agree",
+                            host, mine, server_name(v, name, sizeof name), theirs);
+            return false;
         }
     }
     char who[FL_HOST_MAX + 96];
@@ -286,19 +299,30 @@ void fl_coord_ps_on_register(fl_coord_t *c, fl_tp_msg_t *m)
          * Another server's --init only refuses this one, as other settings do. */
         if (other->role != FL_ROLE_SERVER)
             fl_coord_fail_rendezvous(c, why);
-        return;
+        return false;
     }
-    snprintf(who, sizeof who, "the parameter server on %s (shards %d..%d)", host, first,
-             first + count - 1);
+    snprintf(who, sizeof who, "the parameter server on %s (shards %d..%d)", host, reg->rank,
+             reg->rank + (int)reg->shard_count - 1);
     if (reg->param_count != 0 &&
-        fl_coord_ps_check_params(c, reg->param_count, who, why, sizeof why) != FL_OK)
-        return refuse_server(c, to, host, "%s", why);
+        fl_coord_ps_check_params(c, reg->param_count, who, why, sizeof why) != FL_OK) {
+        fl_coord_refuse(c, to, -1, host, "%s", why);
+        return false;
+    }
+    return true;
+}
 
+/* Takes a server in: its slot is its first shard, and its registration (with the shard
+ * endpoints' table) moves into the coordinator's state. */
+static void take_server(fl_coord_t *c, fl_tp_msg_t *m)
+{
+    fl_msg_register_t *reg = &m->hdr.u.reg;
+    int first = reg->rank;
+    int count = (int)reg->shard_count;
     coord_server_t *v = &c->servers[first];
     free(v->reg.shard_eps);
     v->registered = true;
     v->left = false;
-    v->route = *to;
+    v->route = m->route;
     snprintf(v->key, sizeof v->key, "%s", m->peer_key);
     v->reg = *reg;
     reg->shard_eps = NULL; /* the table moves to the coordinator's state */
@@ -310,9 +334,15 @@ void fl_coord_ps_on_register(fl_coord_t *c, fl_tp_msg_t *m)
     char shown[FL_HOST_MAX];
     FL_INFO(c->ctx, "parameter server for shards %d..%d registered from %s (pid %d): %d of %d "
                     "shards served",
-            first, first + count - 1, fl_text_escape(host, shown, sizeof shown), v->reg.pid,
-            c->shards_covered, c->nshards);
+            first, first + count - 1, fl_text_escape(v->reg.host, shown, sizeof shown),
+            v->reg.pid, c->shards_covered, c->nshards);
     fl_coord_maybe_start(c);
+}
+
+void fl_coord_ps_on_register(fl_coord_t *c, fl_tp_msg_t *m)
+{
+    if (server_fits_job(c, m) && !server_again(c, m) && server_agrees(c, m))
+        take_server(c, m);
 }
 
 /* Forgets a server that left or died during the rendezvous, so a restarted one can take its
@@ -338,12 +368,7 @@ static void server_gone(fl_coord_t *c, int slot, const char *text)
     h.u.shutdown.code = SHUTDOWN_PS_RESTART;
     text_of(h.u.shutdown.text, sizeof h.u.shutdown.text,
             "%s; the parameter server must restart (every flodl-ps with --resume)", text);
-    for (int r = 0; r < c->world; r++) {
-        coord_rank_t *k = &c->ranks[r];
-        if (k->registered && !k->left && fl_tp_live_state(c->live, r) != FL_PEER_DEAD)
-            fl_tp_send(c->sock, &k->route, &h, NULL, 0, fl_deadline_in(0));
-    }
-    fl_coord_ps_send_all(c, &h);
+    fl_coord_send_all(c, &h);
     c->phase = PHASE_FAILED;
     c->ps_lost = true;
     fl_coord_finish(c, FL_EPEER, text);
@@ -360,12 +385,7 @@ static void server_failed(fl_coord_t *c, const char *text)
     h.u.error.code = FL_EPEER;
     h.u.error.about_rank = -1;
     snprintf(h.u.error.text, sizeof h.u.error.text, "%s", text);
-    for (int r = 0; r < c->world; r++) {
-        coord_rank_t *k = &c->ranks[r];
-        if (k->registered && !k->left && fl_tp_live_state(c->live, r) != FL_PEER_DEAD)
-            fl_tp_send(c->sock, &k->route, &h, NULL, 0, fl_deadline_in(0));
-    }
-    fl_coord_ps_send_all(c, &h);
+    fl_coord_send_all(c, &h);
     c->phase = PHASE_FAILED;
     fl_coord_finish(c, FL_EPEER, text);
 }
@@ -411,10 +431,10 @@ void fl_coord_ps_on_message(fl_coord_t *c, fl_tp_msg_t *m, int slot)
         return;
     default:
         fl_ctx_count(c->ctx, FL_STAT_UNEXPECTED, 1);
-        return fl_coord_send_error(c, &m->route, FL_EPROTO, -1, "",
-                                   "coordinator: unexpected %s message from %s",
-                                   fl_msg_type_name(m->hdr.type),
-                                   server_name(v, name, sizeof name));
+        fl_coord_send_error(c, &m->route, FL_EPROTO, -1, "",
+                            "coordinator: unexpected %s message from %s",
+                            fl_msg_type_name(m->hdr.type), server_name(v, name, sizeof name));
+        return;
     }
 }
 

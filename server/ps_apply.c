@@ -45,8 +45,8 @@ static void add_dense(float *g, const ps_src_t *s, uint64_t off, size_t len, flo
     }
 }
 
-void ps_apply(fl_opt_t *opt, float *params, uint64_t count, const ps_src_t *const *srcs,
-              const float *weight, size_t nsrc, float scale, float divisor)
+void fl_ps__apply(fl_opt_t *opt, float *params, uint64_t count, const ps_src_t *const *srcs,
+                  const float *weight, size_t nsrc, float scale, float divisor)
 {
     float g[BLOCK] __attribute__((aligned(64)));
     /* Where each sparse source stands; without the memory, scans restart at 0 for every block:

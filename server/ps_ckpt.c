@@ -47,8 +47,8 @@ static int u64_desc(const void *a, const void *b)
     return x < y ? 1 : x > y ? -1 : 0;
 }
 
-int ps_ckpt_list(const char *dir, uint32_t shard, uint32_t num_shards, uint64_t *steps,
-                 size_t cap, size_t *n, uint32_t *foreign)
+int fl_ps__ckpt_list(const char *dir, uint32_t shard, uint32_t num_shards, uint64_t *steps,
+                     size_t cap, size_t *n, uint32_t *foreign)
 {
     *n = 0;
     if (foreign != NULL)
@@ -112,21 +112,21 @@ static bool served_name(const char *name, void *ud)
            i - v->first < v->count;
 }
 
-int ps_ckpt_clean(const char *dir, uint32_t first, uint32_t count, uint32_t num_shards,
-                  size_t *nfiles, uint64_t *nbytes)
+int fl_ps__ckpt_clean(const char *dir, uint32_t first, uint32_t count, uint32_t num_shards,
+                      size_t *nfiles, uint64_t *nbytes)
 {
     served_t v = {first, count, num_shards};
     return fl_st_clean_tmp(dir, served_name, &v, nfiles, nbytes);
 }
 
-void ps_ckpt_meta_init(ps_ckpt_meta_t *m)
+void fl_ps__ckpt_meta_init(ps_ckpt_meta_t *m)
 {
     memset(m, 0, sizeof *m);
 }
 
-int ps_ckpt_write(const char *dir, const ps_ckpt_meta_t *m, const float *params,
-                  const float *buf1, const float *buf2, const uint64_t *clocks, size_t nclocks,
-                  int keep)
+int fl_ps__ckpt_write(const char *dir, const ps_ckpt_meta_t *m, const float *params,
+                      const float *buf1, const float *buf2, const uint64_t *clocks, size_t nclocks,
+                      int keep)
 {
     if (mkdir(dir, 0755) != 0 && errno != EEXIST)
         return fl_fail(FL_EIO, "checkpoint directory %s: %s", dir, strerror(errno));
@@ -165,7 +165,7 @@ int ps_ckpt_write(const char *dir, const ps_ckpt_meta_t *m, const float *params,
     /* Keep the newest `keep`: older files go, the one just written never does. */
     uint64_t steps[256];
     size_t n = 0;
-    if (keep > 0 && ps_ckpt_list(dir, m->shard, m->num_shards, steps, 256, &n, NULL) == FL_OK) {
+    if (keep > 0 && fl_ps__ckpt_list(dir, m->shard, m->num_shards, steps, 256, &n, NULL) == FL_OK) {
         for (size_t i = (size_t)keep; i < n; i++) {
             if (steps[i] == m->step)
                 continue;
@@ -209,8 +209,8 @@ static const float *tensor_f32(const fl_st_file_t *f, const char *path, const ch
     return t->data;
 }
 
-int ps_ckpt_open(const char *dir, uint32_t shard, uint32_t num_shards, uint64_t step,
-                 ps_ckpt_t *out)
+int fl_ps__ckpt_open(const char *dir, uint32_t shard, uint32_t num_shards, uint64_t step,
+                     ps_ckpt_t *out)
 {
     memset(out, 0, sizeof *out);
     path_of(dir, shard, num_shards, step, out->path, sizeof out->path);
@@ -288,20 +288,20 @@ fail:
     return rc;
 }
 
-void ps_ckpt_close(ps_ckpt_t *c)
+void fl_ps__ckpt_close(ps_ckpt_t *c)
 {
     fl_st_close(&c->file);
     memset(c, 0, sizeof *c);
 }
 
-int ps_ckpt_valid_steps(const char *dir, uint32_t shard, uint32_t num_shards, fl_ctx_t *ctx,
-                        uint64_t *steps, size_t cap, size_t *n, uint64_t *param_count)
+int fl_ps__ckpt_valid_steps(const char *dir, uint32_t shard, uint32_t num_shards, fl_ctx_t *ctx,
+                            uint64_t *steps, size_t cap, size_t *n, uint64_t *param_count)
 {
     *n = 0;
     uint64_t found[256];
     size_t nf = 0;
     uint32_t foreign = 0;
-    int rc = ps_ckpt_list(dir, shard, num_shards, found, 256, &nf, &foreign);
+    int rc = fl_ps__ckpt_list(dir, shard, num_shards, found, 256, &nf, &foreign);
     if (rc != FL_OK)
         return rc;
     if (nf == 0 && foreign != 0)
@@ -311,7 +311,7 @@ int ps_ckpt_valid_steps(const char *dir, uint32_t shard, uint32_t num_shards, fl
                        dir, foreign, num_shards);
     for (size_t i = 0; i < nf && *n < cap; i++) {
         ps_ckpt_t c;
-        if (ps_ckpt_open(dir, shard, num_shards, found[i], &c) != FL_OK) {
+        if (fl_ps__ckpt_open(dir, shard, num_shards, found[i], &c) != FL_OK) {
             FL_WARN(ctx, "refusing a checkpoint, falling back to an older one: %s",
                     fl_last_error());
             continue;
@@ -321,11 +321,11 @@ int ps_ckpt_valid_steps(const char *dir, uint32_t shard, uint32_t num_shards, fl
         if (c.meta.param_count != *param_count) {
             FL_WARN(ctx, "refusing checkpoint %s: %" PRIu64 " parameters, newer ones have %" PRIu64,
                     c.path, c.meta.param_count, *param_count);
-            ps_ckpt_close(&c);
+            fl_ps__ckpt_close(&c);
             continue;
         }
         steps[(*n)++] = found[i];
-        ps_ckpt_close(&c);
+        fl_ps__ckpt_close(&c);
     }
     return FL_OK;
 }

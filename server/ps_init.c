@@ -27,7 +27,7 @@ static int check_finite(const char *path, const fl_st_tensor_t *t)
     return FL_OK;
 }
 
-int ps_init_open(const char *path, fl_st_file_t **out, uint64_t *param_count)
+int fl_ps__init_open(const char *path, fl_st_file_t **out, uint64_t *param_count)
 {
     *out = NULL;
     *param_count = 0;
@@ -57,8 +57,8 @@ int ps_init_open(const char *path, fl_st_file_t **out, uint64_t *param_count)
     return FL_OK;
 }
 
-int ps_init_shapes(const fl_st_file_t *f, const char *path, uint64_t *signature, char *shapes,
-                   size_t cap)
+int fl_ps__init_shapes(const fl_st_file_t *f, const char *path, uint64_t *signature, char *shapes,
+                       size_t cap)
 {
     fl_model_shapes_t m;
     fl_model_shapes_init(&m);
@@ -83,7 +83,7 @@ int fl_ps_server_check_init(const char *path)
 {
     fl_st_file_t *f = NULL;
     uint64_t n = 0;
-    int rc = ps_init_open(path, &f, &n);
+    int rc = fl_ps__init_open(path, &f, &n);
     fl_st_close(&f);
     return rc;
 }

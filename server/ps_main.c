@@ -57,10 +57,12 @@ static const char usage[] =
     "                              this long, and again every MS while it lasts (default\n"
     "                              60000; 0: never)\n";
 
+/* The parameter server's flags are O_SHARDS..O_OPTIM (apply_server), the others the job's. */
 enum {
-    O_BIND = 1000, O_WORLD, O_JOB, O_HBT, O_RDV, O_EPFILE, O_LOG, O_HELP, O_VERSION, O_SHARDS, O_NUM,
-    O_INDEX, O_COORD, O_HOST, O_CONS, O_STALE, O_SCALE, O_INIT, O_CKDIR, O_CKEVERY, O_KEEP,
-    O_RESUME, O_MAXWAIT, O_OPTIM, O_MPORT, O_MBIND, O_STALL, O_CURVE, O_INSECURE
+    O_BIND = 1000, O_WORLD, O_JOB, O_HBT, O_RDV, O_EPFILE, O_LOG, O_HELP, O_VERSION,
+    O_SHARDS, O_NUM, O_INDEX, O_COORD, O_HOST, O_CONS, O_STALE, O_SCALE, O_INIT, O_CKDIR,
+    O_CKEVERY, O_KEEP, O_RESUME, O_MAXWAIT, O_OPTIM,
+    O_MPORT, O_MBIND, O_STALL, O_CURVE, O_INSECURE
 };
 
 typedef struct args {
@@ -107,41 +109,12 @@ static int every(const char *v, fl_ps_server_opts_t *so)
     return FL_OK;
 }
 
-static int apply(args_t *a, int ch, const char *name, const char *v)
+/* A flag of the parameter server (its shards, consistency, optimizer, checkpoints). */
+static int apply_server(args_t *a, int ch, const char *name, const char *v)
 {
     long x;
     fl_ps_server_opts_t *so = &a->so;
-    if (ch >= O_SHARDS && ch < O_MPORT) /* the metrics, stall and security flags are not the
-                                           server's */
-        a->any_ps_flag = true;
     switch (ch) {
-    case O_BIND: a->co.bind = v; return FL_OK;
-    case O_WORLD:
-        if (fl_cli_long("--world-size", v, 1, 65536, &x) != FL_OK)
-            return FL_EINVAL;
-        a->co.world_size = (int)x;
-        return FL_OK;
-    case O_JOB:
-        a->co.job_id = v;
-        so->job_id = v;
-        return FL_OK;
-    case O_HBT:
-        if (fl_cli_long("--heartbeat-timeout", v, 10, 3600000, &x) != FL_OK)
-            return FL_EINVAL;
-        a->co.heartbeat_timeout_ms = (int)x;
-        return FL_OK;
-    case O_RDV:
-        if (fl_cli_long("--rendezvous-timeout", v, 1, 86400000, &x) != FL_OK)
-            return FL_EINVAL;
-        a->co.rendezvous_timeout_ms = (int)x;
-        so->rendezvous_timeout_ms = (int)x;
-        return FL_OK;
-    case O_EPFILE: a->epfile = v; return FL_OK;
-    case O_LOG:
-        if (fl_log_level_parse(v, &a->co.log_level) != FL_OK)
-            return fl_fail(FL_EINVAL, "--log-level: '%s' is not one of debug|info|warn|error", v);
-        so->log_level = a->co.log_level;
-        return FL_OK;
     case O_SHARDS:
         if (fl_cli_long("--shards", v, 0, FL_MSG_MAX_SHARDS, &x) != FL_OK)
             return FL_EINVAL;
@@ -171,21 +144,6 @@ static int apply(args_t *a, int ch, const char *name, const char *v)
     case O_SCALE: return fl_cli_double("--async-scale", v, 1e-9, 1e6, &so->async_scale);
     case O_INIT: so->init_path = v; return FL_OK;
     case O_CKDIR: so->checkpoint_dir = v; return FL_OK;
-    case O_MPORT: {
-        long n;
-        int rc = fl_cli_long("--metrics-port", v, 0, 65535, &n);
-        a->metrics_port = (int)n;
-        return rc;
-    }
-    case O_MBIND: a->metrics_bind = v; return FL_OK;
-    case O_CURVE: a->curve_dir = v; return FL_OK;
-    case O_INSECURE: a->insecure = true; return FL_OK;
-    case O_STALL: {
-        long n;
-        int rc = fl_cli_long("--stall-report", v, 0, 86400000, &n);
-        a->co.stall_report_ms = (int)n;
-        return rc;
-    }
     case O_CKEVERY: return every(v, so);
     case O_KEEP:
         if (fl_cli_long("--keep", v, 1, 1000, &x) != FL_OK)
@@ -201,6 +159,67 @@ static int apply(args_t *a, int ch, const char *name, const char *v)
     case O_OPTIM: return fl_cli_optim_flag(name, v, &so->opt, &so->lr);
     default: return fl_fail(FL_EINVAL, "unknown flag");
     }
+}
+
+/* A flag of the coordinator, the security or the metrics. */
+static int apply_job(args_t *a, int ch, const char *v)
+{
+    long x;
+    fl_ps_server_opts_t *so = &a->so;
+    switch (ch) {
+    case O_BIND: a->co.bind = v; return FL_OK;
+    case O_WORLD:
+        if (fl_cli_long("--world-size", v, 1, 65536, &x) != FL_OK)
+            return FL_EINVAL;
+        a->co.world_size = (int)x;
+        return FL_OK;
+    case O_JOB:
+        a->co.job_id = v;
+        so->job_id = v;
+        return FL_OK;
+    case O_HBT:
+        if (fl_cli_long("--heartbeat-timeout", v, 10, 3600000, &x) != FL_OK)
+            return FL_EINVAL;
+        a->co.heartbeat_timeout_ms = (int)x;
+        return FL_OK;
+    case O_RDV:
+        if (fl_cli_long("--rendezvous-timeout", v, 1, 86400000, &x) != FL_OK)
+            return FL_EINVAL;
+        a->co.rendezvous_timeout_ms = (int)x;
+        so->rendezvous_timeout_ms = (int)x;
+        return FL_OK;
+    case O_EPFILE: a->epfile = v; return FL_OK;
+    case O_LOG:
+        if (fl_log_level_parse(v, &a->co.log_level) != FL_OK)
+            return fl_fail(FL_EINVAL, "--log-level: '%s' is not one of debug|info|warn|error", v);
+        so->log_level = a->co.log_level;
+        return FL_OK;
+    case O_MPORT: {
+        long n;
+        int rc = fl_cli_long("--metrics-port", v, 0, 65535, &n);
+        a->metrics_port = (int)n;
+        return rc;
+    }
+    case O_MBIND: a->metrics_bind = v; return FL_OK;
+    case O_CURVE: a->curve_dir = v; return FL_OK;
+    case O_INSECURE: a->insecure = true; return FL_OK;
+    case O_STALL: {
+        long n;
+        int rc = fl_cli_long("--stall-report", v, 0, 86400000, &n);
+        a->co.stall_report_ms = (int)n;
+        return rc;
+    }
+    default: return fl_fail(FL_EINVAL, "unknown flag");
+    }
+}
+
+static int apply(args_t *a, int ch, const char *name, const char *v)
+{
+    if (ch >= O_SHARDS && ch <= O_OPTIM) {
+        a->any_ps_flag = true; /* the metrics, stall and security flags are not the server's */
+        return apply_server(a, ch, name, v);
+    }
+    return apply_job(a, ch, v);
 }
 
 /* Works out which shards this process serves; FL_EINVAL naming the conflict. */
@@ -342,40 +361,202 @@ static int wait_until(const sigset_t *sigs, fl_coord_t *coord, fl_ps_server_t *s
     }
 }
 
+/* What a run holds, made in this order and released in the reverse one. */
+typedef struct run {
+    fl_coord_t *coord;       /* NULL with --coordinator */
+    fl_ps_server_t *srv;     /* NULL when this process serves no shard */
+    ps_metrics_t *metrics;   /* NULL without --metrics-port */
+    char coord_ep[FL_ENDPOINT_MAX]; /* the coordinator as this process's server dials it */
+    char host[FL_HOST_MAX];  /* the address ranks dial for this process's shards */
+} run_t;
+
+static void release(run_t *r)
+{
+    ps_metrics_stop(&r->metrics);
+    fl_ps_server_destroy(&r->srv);
+    fl_coord_destroy(&r->coord);
+}
+
+static void init_args(args_t *a)
+{
+    memset(a, 0, sizeof *a);
+    fl_coord_opts_init(&a->co);
+    a->co.bind = "tcp://0.0.0.0:29500";
+    fl_ps_server_opts_init(&a->so);
+    a->shards = a->num_shards = a->shard_index = -1;
+    a->metrics_port = -1;
+}
+
+/* The launcher's environment (FLODL_*, torchrun's) as defaults the flags override; env and
+ * bind (cap bytes) hold the strings a points into. */
+static int from_env(args_t *a, fl_launch_info_t *env, char *bind, size_t cap)
+{
+    if (fl_launch_from_env(env_get, NULL, env) != FL_OK)
+        return FL_EINVAL;
+    if (env->world_size > 0)
+        a->co.world_size = env->world_size;
+    if (env->job_id[0] != '\0')
+        a->co.job_id = a->so.job_id = env->job_id;
+    if (env->log_level >= 0)
+        a->co.log_level = a->so.log_level = (fl_log_level_t)env->log_level;
+    /* The port the workers dial (FLODL_COORDINATOR's, or torchrun's MASTER_PORT), unless
+     * --bind says otherwise. */
+    if (env->port > 0) {
+        snprintf(bind, cap, "tcp://0.0.0.0:%d", env->port);
+        a->co.bind = bind;
+    }
+    return FL_OK;
+}
+
+/* The coordinator, unless --coordinator names another one, and its --endpoint-file. 0, or the
+ * exit status. */
+static int make_coordinator(const args_t *a, run_t *r)
+{
+    if (a->coordinator != NULL) {
+        snprintf(r->coord_ep, sizeof r->coord_ep, "%s", a->coordinator);
+        return 0;
+    }
+    int rc = fl_coord_create(&a->co, &r->coord);
+    if (rc != FL_OK) {
+        fprintf(stderr, "flodl-ps: %s\n", fl_last_error());
+        return rc == FL_EINVAL ? 2 : 1;
+    }
+    local_endpoint(fl_coord_endpoint(r->coord), r->coord_ep, sizeof r->coord_ep);
+    if (a->epfile != NULL) {
+        FILE *f = fopen(a->epfile, "w");
+        if (f == NULL || fprintf(f, "%s\n", fl_coord_endpoint(r->coord)) < 0 || fclose(f) != 0) {
+            fprintf(stderr, "flodl-ps: cannot write --endpoint-file %s\n", a->epfile);
+            return 1;
+        }
+    }
+    return 0;
+}
+
+/* The parameter server (when this process serves shards) and the metrics, then the threads of
+ * the coordinator and the server. 0, or the exit status. */
+static int start(args_t *a, run_t *r)
+{
+    int rc;
+    if (a->so.shard_count > 0) {
+        a->so.coordinator = r->coord_ep;
+        if ((rc = fl_ps_server_create(&a->so, &r->srv)) != FL_OK) {
+            fprintf(stderr, "flodl-ps: %s\n", fl_last_error());
+            return rc == FL_EINVAL ? 2 : 1;
+        }
+    }
+    fl_fdlimit_start("flodl-ps", a->co.log_level); /* a descriptor per connection */
+    if (a->curve_dir == NULL)
+        fl_cli_security_notice("flodl-ps"); /* once everything is valid: about to serve */
+    if (a->metrics_port >= 0) {
+        if ((rc = ps_metrics_start(a->metrics_bind, a->metrics_port, r->coord, r->srv,
+                                   a->co.world_size, &r->metrics)) != FL_OK) {
+            fprintf(stderr, "flodl-ps: %s\n", fl_last_error());
+            return rc == FL_EINVAL ? 2 : 1;
+        }
+        fprintf(stderr, "flodl-ps: metrics on http://%s:%d/metrics\n",
+                a->metrics_bind ? a->metrics_bind : "0.0.0.0", ps_metrics_port(r->metrics));
+    }
+    if ((r->coord != NULL && (rc = fl_coord_start(r->coord)) != FL_OK) ||
+        (r->srv != NULL && (rc = fl_ps_server_start(r->srv)) != FL_OK)) {
+        fprintf(stderr, "flodl-ps: %s\n", fl_last_error());
+        return 1;
+    }
+    return 0;
+}
+
+/* The job is over: the coordinator stays a little so the members hear how it ended. */
+static void linger(const args_t *a, const run_t *r, int job_rc, const sigset_t *sigs)
+{
+    struct timespec tick = {0, 100 * 1000000L};
+    int grace = a->co.heartbeat_timeout_ms + 2000;
+    int64_t until = fl_now_ms() + grace;
+    if (job_rc == FL_OK) {
+        /* The servers were told the job is over: they write final checkpoints and leave. */
+        if (r->srv != NULL)
+            fl_ps_server_wait(r->srv, 60000);
+        while (fl_coord_servers_active(r->coord) > 0 && fl_now_ms() < until + 58000)
+            if (sigtimedwait(sigs, NULL, &tick) > 0)
+                break;
+        return;
+    }
+    /* The job failed: give the survivors time to hear it and leave before closing, and ranks
+     * that have not registered yet (a refused rendezvous) a chance to hear why instead of
+     * waiting out their rendezvous timeout. */
+    while ((fl_coord_active(r->coord) > 0 || fl_coord_servers_active(r->coord) > 0 ||
+            fl_coord_unheard(r->coord) > 0) &&
+           fl_now_ms() < until)
+        if (sigtimedwait(sigs, NULL, &tick) > 0)
+            break;
+}
+
+/* Stops the parameter server (a final checkpoint unless it ended already), says what it
+ * served, and returns how it ended, with the detail in detail. */
+static int finish_server(const args_t *a, run_t *r, char *detail, size_t cap)
+{
+    fl_ps_server_stop(r->srv);
+    int rc = fl_ps_server_wait(r->srv, 0);
+    snprintf(detail, cap, "%s", fl_last_error());
+    fl_ps_server_stats_t st;
+    fl_ps_server_get_stats(r->srv, &st);
+    if (a->so.log_level <= FL_LOG_INFO)
+        fprintf(stderr,
+                "flodl-ps: shards %d..%d served %llu pushes and %llu pulls up to step %llu "
+                "(version %llu); refused %llu requests and %llu malformed messages; %llu "
+                "checkpoints, %llu pulls timed out\n",
+                a->so.shard_first, a->so.shard_first + a->so.shard_count - 1,
+                (unsigned long long)st.pushes, (unsigned long long)st.pulls,
+                (unsigned long long)st.step, (unsigned long long)st.version,
+                (unsigned long long)st.refused, (unsigned long long)st.bad_msgs,
+                (unsigned long long)st.checkpoints, (unsigned long long)st.timeouts);
+    fl_ps_server_destroy(&r->srv);
+    return rc;
+}
+
+static void finish_coordinator(run_t *r)
+{
+    fl_coord_stop(r->coord);
+    /* Every rank's end, in one line (the operator's answer to "which one, and why"). */
+    char outcome[8192];
+    fl_coord_outcome(r->coord, outcome, sizeof outcome);
+    fprintf(stderr, "flodl-ps: outcome: %s\n", outcome);
+    fl_coord_destroy(&r->coord);
+}
+
+/* The exit status: 1 after a signal; then the job's failure, or else the server's own (2 for
+ * a configuration refused, 1 otherwise). */
+static int exit_status(int signo, int job_rc, const char *detail, int server_rc,
+                       const char *server_detail)
+{
+    if (signo != 0) {
+        fprintf(stderr, "flodl-ps: stopped by signal %d\n", signo);
+        return 1;
+    }
+    if (job_rc != FL_OK) {
+        fprintf(stderr, "flodl-ps: job failed: %s\n", detail);
+        return job_rc == FL_EINVAL ? 2 : 1;
+    }
+    if (server_rc != FL_OK && server_rc != FL_ECLOSED) {
+        fprintf(stderr, "flodl-ps: parameter server failed: %s\n", server_detail);
+        return server_rc == FL_EINVAL ? 2 : 1;
+    }
+    return 0;
+}
+
 int main(int argc, char **argv)
 {
     args_t a;
-    memset(&a, 0, sizeof a);
-    fl_coord_opts_init(&a.co);
-    a.co.bind = "tcp://0.0.0.0:29500";
-    fl_ps_server_opts_init(&a.so);
-    a.shards = a.num_shards = a.shard_index = -1;
-    a.metrics_port = -1;
-
+    init_args(&a);
     fl_launch_info_t env;
-    if (fl_launch_from_env(env_get, NULL, &env) != FL_OK)
-        return bad_flag();
-    if (env.world_size > 0)
-        a.co.world_size = env.world_size;
-    if (env.job_id[0] != '\0')
-        a.co.job_id = a.so.job_id = env.job_id;
-    if (env.log_level >= 0)
-        a.co.log_level = a.so.log_level = (fl_log_level_t)env.log_level;
-    /* The port the workers dial (FLODL_COORDINATOR's, or torchrun's MASTER_PORT), unless
-     * --bind says otherwise. */
     char env_bind[64];
-    if (env.port > 0) {
-        snprintf(env_bind, sizeof env_bind, "tcp://0.0.0.0:%d", env.port);
-        a.co.bind = env_bind;
-    }
-    const char *env_curve = env.curve_dir;
-    bool env_insecure = env.insecure;
+    if (from_env(&a, &env, env_bind, sizeof env_bind) != FL_OK)
+        return bad_flag();
     int rc = parse(&a, argc, argv);
     if (rc == 1)
         return 0; /* --help */
     if (rc != FL_OK)
         return bad_flag();
-    if (fl_cli_security(a.curve_dir, a.insecure, env_curve, env_insecure, &a.curve_dir) != FL_OK)
+    if (fl_cli_security(a.curve_dir, a.insecure, env.curve_dir, env.insecure, &a.curve_dir) !=
+        FL_OK)
         return bad_flag();
     a.co.curve_dir = a.so.curve_dir = a.curve_dir;
     /* A bad --init file is refused before anything binds or connects: ranks must not meet a
@@ -391,132 +572,32 @@ int main(int argc, char **argv)
     sigaddset(&sigs, SIGTERM);
     pthread_sigmask(SIG_BLOCK, &sigs, NULL);
 
-    fl_coord_t *coord = NULL;
-    fl_ps_server_t *srv = NULL;
-    char coord_ep[FL_ENDPOINT_MAX], host[FL_HOST_MAX];
-    pick_host(&a, host, sizeof host);
-    a.so.host = host;
+    run_t r;
+    memset(&r, 0, sizeof r);
+    pick_host(&a, r.host, sizeof r.host);
+    a.so.host = r.host;
     if (a.so.shard_count > 0 && a.so.tune_malloc)
         fl_malloc_tune(); /* before any thread: one arena, that malloc_trim can give back */
-    if (a.coordinator == NULL) {
-        if ((rc = fl_coord_create(&a.co, &coord)) != FL_OK) {
-            fprintf(stderr, "flodl-ps: %s\n", fl_last_error());
-            return rc == FL_EINVAL ? 2 : 1;
-        }
-        local_endpoint(fl_coord_endpoint(coord), coord_ep, sizeof coord_ep);
-        if (a.epfile != NULL) {
-            FILE *f = fopen(a.epfile, "w");
-            if (f == NULL || fprintf(f, "%s\n", fl_coord_endpoint(coord)) < 0 ||
-                fclose(f) != 0) {
-                fprintf(stderr, "flodl-ps: cannot write --endpoint-file %s\n", a.epfile);
-                fl_coord_destroy(&coord);
-                return 1;
-            }
-        }
-    } else {
-        snprintf(coord_ep, sizeof coord_ep, "%s", a.coordinator);
-    }
-    if (a.so.shard_count > 0) {
-        a.so.coordinator = coord_ep;
-        if ((rc = fl_ps_server_create(&a.so, &srv)) != FL_OK) {
-            fprintf(stderr, "flodl-ps: %s\n", fl_last_error());
-            fl_coord_destroy(&coord);
-            return rc == FL_EINVAL ? 2 : 1;
-        }
-    }
-    fl_fdlimit_start("flodl-ps", a.co.log_level); /* a descriptor per connection */
-    if (a.curve_dir == NULL)
-        fl_cli_security_notice("flodl-ps"); /* once everything is valid: about to serve */
-    ps_metrics_t *metrics = NULL;
-    if (a.metrics_port >= 0) {
-        if ((rc = ps_metrics_start(a.metrics_bind, a.metrics_port, coord, srv, a.co.world_size,
-                                   &metrics)) != FL_OK) {
-            fprintf(stderr, "flodl-ps: %s\n", fl_last_error());
-            fl_ps_server_destroy(&srv);
-            fl_coord_destroy(&coord);
-            return rc == FL_EINVAL ? 2 : 1;
-        }
-        fprintf(stderr, "flodl-ps: metrics on http://%s:%d/metrics\n",
-                a.metrics_bind ? a.metrics_bind : "0.0.0.0", ps_metrics_port(metrics));
-    }
-    if ((coord != NULL && (rc = fl_coord_start(coord)) != FL_OK) ||
-        (srv != NULL && (rc = fl_ps_server_start(srv)) != FL_OK)) {
-        fprintf(stderr, "flodl-ps: %s\n", fl_last_error());
-        ps_metrics_stop(&metrics);
-        fl_ps_server_destroy(&srv);
-        fl_coord_destroy(&coord);
-        return 1;
+    if ((rc = make_coordinator(&a, &r)) != 0 || (rc = start(&a, &r)) != 0) {
+        release(&r);
+        return rc;
     }
 
-    int signo = wait_until(&sigs, coord, srv);
+    int signo = wait_until(&sigs, r.coord, r.srv);
     char detail[1024] = "";
     int job_rc = FL_OK;
     if (signo == 0) {
-        job_rc = coord != NULL ? fl_coord_wait(coord, 0) : fl_ps_server_wait(srv, 0);
+        job_rc = r.coord != NULL ? fl_coord_wait(r.coord, 0) : fl_ps_server_wait(r.srv, 0);
         snprintf(detail, sizeof detail, "%s", fl_last_error());
+        if (r.coord != NULL)
+            linger(&a, &r, job_rc, &sigs);
     }
-    struct timespec tick = {0, 100 * 1000000L};
-    if (signo == 0 && coord != NULL) {
-        int grace = a.co.heartbeat_timeout_ms + 2000;
-        int64_t until = fl_now_ms() + grace;
-        if (job_rc == FL_OK) {
-            /* The servers were told the job is over: they write final checkpoints and leave. */
-            if (srv != NULL)
-                fl_ps_server_wait(srv, 60000);
-            while (fl_coord_servers_active(coord) > 0 && fl_now_ms() < until + 58000)
-                if (sigtimedwait(&sigs, NULL, &tick) > 0)
-                    break;
-        } else {
-            /* The job failed: give the survivors time to hear it and leave before closing,
-             * and ranks that have not registered yet (a refused rendezvous) a chance to
-             * hear why instead of waiting out their rendezvous timeout. */
-            while ((fl_coord_active(coord) > 0 || fl_coord_servers_active(coord) > 0 ||
-                    fl_coord_unheard(coord) > 0) &&
-                   fl_now_ms() < until)
-                if (sigtimedwait(&sigs, NULL, &tick) > 0)
-                    break;
-        }
-    }
-    ps_metrics_stop(&metrics); /* it reads the coordinator and the server: before either goes */
+    ps_metrics_stop(&r.metrics); /* it reads the coordinator and the server: before either goes */
     int server_rc = FL_OK;
     char server_detail[1024] = "";
-    if (srv != NULL) {
-        fl_ps_server_stop(srv); /* a final checkpoint unless it ended already */
-        server_rc = fl_ps_server_wait(srv, 0);
-        snprintf(server_detail, sizeof server_detail, "%s", fl_last_error());
-        fl_ps_server_stats_t st;
-        fl_ps_server_get_stats(srv, &st);
-        if (a.so.log_level <= FL_LOG_INFO)
-            fprintf(stderr,
-                    "flodl-ps: shards %d..%d served %llu pushes and %llu pulls up to step %llu "
-                    "(version %llu); refused %llu requests and %llu malformed messages; %llu "
-                    "checkpoints, %llu pulls timed out\n",
-                    a.so.shard_first, a.so.shard_first + a.so.shard_count - 1,
-                    (unsigned long long)st.pushes, (unsigned long long)st.pulls,
-                    (unsigned long long)st.step, (unsigned long long)st.version,
-                    (unsigned long long)st.refused, (unsigned long long)st.bad_msgs,
-                    (unsigned long long)st.checkpoints, (unsigned long long)st.timeouts);
-        fl_ps_server_destroy(&srv);
-    }
-    if (coord != NULL) {
-        fl_coord_stop(coord);
-        /* Every rank's end, in one line (the operator's answer to "which one, and why"). */
-        char outcome[8192];
-        fl_coord_outcome(coord, outcome, sizeof outcome);
-        fprintf(stderr, "flodl-ps: outcome: %s\n", outcome);
-        fl_coord_destroy(&coord);
-    }
-    if (signo != 0) {
-        fprintf(stderr, "flodl-ps: stopped by signal %d\n", signo);
-        return 1;
-    }
-    if (job_rc != FL_OK) {
-        fprintf(stderr, "flodl-ps: job failed: %s\n", detail);
-        return job_rc == FL_EINVAL ? 2 : 1;
-    }
-    if (server_rc != FL_OK && server_rc != FL_ECLOSED) {
-        fprintf(stderr, "flodl-ps: parameter server failed: %s\n", server_detail);
-        return server_rc == FL_EINVAL ? 2 : 1;
-    }
-    return 0;
+    if (r.srv != NULL)
+        server_rc = finish_server(&a, &r, server_detail, sizeof server_detail);
+    if (r.coord != NULL)
+        finish_coordinator(&r);
+    return exit_status(signo, job_rc, detail, server_rc, server_detail);
 }

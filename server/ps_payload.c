@@ -189,9 +189,9 @@ static int decode_dense(const void *const *data, const size_t *bytes,
     return FL_OK;
 }
 
-int ps_payload_decode(fl_cmp_ws_t *ws, const void *const *data, const size_t *bytes,
-                      const fl_msg_frame_t *desc, size_t nframes, uint64_t count,
-                      ps_src_t *src, void **owned)
+int fl_ps__payload_decode(fl_cmp_ws_t *ws, const void *const *data, const size_t *bytes,
+                          const fl_msg_frame_t *desc, size_t nframes, uint64_t count,
+                          ps_src_t *src, void **owned)
 {
     memset(src, 0, sizeof *src);
     *owned = NULL;
@@ -219,7 +219,7 @@ int ps_payload_decode(fl_cmp_ws_t *ws, const void *const *data, const size_t *by
     return FL_OK;
 }
 
-int ps_payload_lz4(const float *params, uint64_t count, void **out, size_t *out_len)
+int fl_ps__payload_lz4(const float *params, uint64_t count, void **out, size_t *out_len)
 {
     *out = NULL;
     *out_len = 0;

@@ -9,11 +9,9 @@
 #include "ps_int.h"
 
 #include <inttypes.h>
-#include <pthread.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <time.h>
 #include <unistd.h>
 
 #include "fl_tp.h"
@@ -37,15 +35,8 @@ struct fl_ps_server {
     fl_msg_peer_t *peers;   /* from the welcome: hosts for the shards' texts */
     int world;
 
-    pthread_t thread;
-    bool started;
+    fl_service_t svc; /* the server thread; ready once past the rendezvous */
     fl_tp_sock_t *cmd_rx, *cmd_tx;
-    pthread_mutex_t lock;
-    pthread_cond_t cond;
-    bool serving; /* past the rendezvous */
-    bool finished;
-    int result;
-    char result_text[1024];
 };
 
 void fl_ps_server_opts_init(fl_ps_server_opts_t *o)
@@ -116,10 +107,10 @@ static void make_tuning(const fl_ps_server_opts_t *o, char *out, size_t cap)
 
 static int open_init(fl_ps_server_t *s)
 {
-    int rc = ps_init_open(s->o.init_path, &s->init, &s->param_count);
+    int rc = fl_ps__init_open(s->o.init_path, &s->init, &s->param_count);
     if (rc == FL_OK)
-        rc = ps_init_shapes(s->init, s->o.init_path, &s->signature, s->shapes,
-                            sizeof s->shapes);
+        rc = fl_ps__init_shapes(s->init, s->o.init_path, &s->signature, s->shapes,
+                                sizeof s->shapes);
     return rc;
 }
 
@@ -137,8 +128,8 @@ static int scan_checkpoints(fl_ps_server_t *s)
     size_t used = 0;
     size_t stale = 0;
     uint64_t stale_bytes = 0;
-    int rc = ps_ckpt_clean(s->ckpt_dir, (uint32_t)o->shard_first, (uint32_t)o->shard_count,
-                           (uint32_t)o->num_shards, &stale, &stale_bytes);
+    int rc = fl_ps__ckpt_clean(s->ckpt_dir, (uint32_t)o->shard_first, (uint32_t)o->shard_count,
+                               (uint32_t)o->num_shards, &stale, &stale_bytes);
     if (rc != FL_OK)
         return rc;
     if (stale > 0)
@@ -150,7 +141,7 @@ static int scan_checkpoints(fl_ps_server_t *s)
         uint64_t steps[256];
         size_t n = 0;
         uint32_t foreign = 0;
-        rc = ps_ckpt_list(s->ckpt_dir, idx, (uint32_t)o->num_shards, steps, 256, &n, &foreign);
+        rc = fl_ps__ckpt_list(s->ckpt_dir, idx, (uint32_t)o->num_shards, steps, 256, &n, &foreign);
         if (rc != FL_OK)
             return rc;
         files += n + (foreign > 0);
@@ -162,8 +153,8 @@ static int scan_checkpoints(fl_ps_server_t *s)
                                s->ckpt_dir);
             continue;
         }
-        if ((rc = ps_ckpt_valid_steps(s->ckpt_dir, idx, (uint32_t)o->num_shards, s->ctx, steps,
-                                      256, &n, &params)) != FL_OK)
+        if ((rc = fl_ps__ckpt_valid_steps(s->ckpt_dir, idx, (uint32_t)o->num_shards, s->ctx, steps,
+                                          256, &n, &params)) != FL_OK)
             return rc;
         if (used + 48 < sizeof seen)
             used += (size_t)snprintf(seen + used, sizeof seen - used, "%sshard %u: %zu valid%s",
@@ -233,8 +224,7 @@ int fl_ps_server_create(const fl_ps_server_opts_t *o, fl_ps_server_t **out)
     fl_ps_server_t *s = calloc(1, sizeof *s);
     if (s == NULL)
         return fl_fail(FL_ENOMEM, "parameter server: out of memory");
-    pthread_mutex_init(&s->lock, NULL);
-    pthread_cond_init(&s->cond, NULL);
+    fl_service_init(&s->svc);
     if (o->tune_malloc)
         fl_malloc_tune();
     s->o = *o;
@@ -285,8 +275,8 @@ int fl_ps_server_create(const fl_ps_server_opts_t *o, fl_ps_server_t **out)
     else
         snprintf(bind, sizeof bind, "tcp://*:0");
     for (int k = 0; k < o->shard_count; k++)
-        if ((rc = ps_shard_create(s->ctx, (uint32_t)(o->shard_first + k), bind, s->host,
-                                  &s->shards[k])) != FL_OK)
+        if ((rc = fl_ps__shard_create(s->ctx, (uint32_t)(o->shard_first + k), bind, s->host,
+                                      &s->shards[k])) != FL_OK)
             goto fail;
 
     fl_tp_member_opts_t mo;
@@ -296,7 +286,8 @@ int fl_ps_server_create(const fl_ps_server_opts_t *o, fl_ps_server_t **out)
     mo.name = name;
     mo.sender = FL_MSG_SENDER_SERVER;
     mo.rendezvous_timeout_ms = o->rendezvous_timeout_ms;
-    if ((rc = fl_tp_member_create(s->ctx, &mo, &s->member)) != FL_OK || (rc = make_pipe(s)) != FL_OK)
+    if ((rc = fl_tp_member_create(s->ctx, &mo, &s->member)) != FL_OK ||
+        (rc = make_pipe(s)) != FL_OK)
         goto fail;
     *out = s;
     return FL_OK;
@@ -315,19 +306,7 @@ uint64_t fl_ps_server_param_count(const fl_ps_server_t *s)
 
 const char *fl_ps_server_endpoint(const fl_ps_server_t *s, int k)
 {
-    return k >= 0 && k < s->o.shard_count ? ps_shard_endpoint(s->shards[k]) : NULL;
-}
-
-static void finish(fl_ps_server_t *s, int rc, const char *text)
-{
-    pthread_mutex_lock(&s->lock);
-    if (!s->finished) {
-        s->finished = true;
-        s->result = rc;
-        snprintf(s->result_text, sizeof s->result_text, "%s", text);
-        pthread_cond_broadcast(&s->cond);
-    }
-    pthread_mutex_unlock(&s->lock);
+    return k >= 0 && k < s->o.shard_count ? fl_ps__shard_endpoint(s->shards[k]) : NULL;
 }
 
 static int join(fl_ps_server_t *s, fl_msg_hdr_t *welcome)
@@ -354,7 +333,7 @@ static int join(fl_ps_server_t *s, fl_msg_hdr_t *welcome)
     if (fl_msg_register_alloc_shards(&reg, (uint32_t)o->shard_count) != FL_OK)
         return FL_ENOMEM;
     for (int k = 0; k < o->shard_count; k++)
-        snprintf(reg.shard_eps[k], FL_ENDPOINT_MAX, "%s", ps_shard_endpoint(s->shards[k]));
+        snprintf(reg.shard_eps[k], FL_ENDPOINT_MAX, "%s", fl_ps__shard_endpoint(s->shards[k]));
     int rc = fl_tp_member_join(s->member, &reg, welcome);
     free(reg.shard_eps);
     return rc;
@@ -403,10 +382,10 @@ static int setup_shards(fl_ps_server_t *s, fl_msg_hdr_t *h)
     for (int k = 0; k < o->shard_count; k++) {
         uint32_t idx = (uint32_t)(o->shard_first + k);
         const fl_msg_shard_t *m = &w->shards[idx];
-        if (m->index != idx || strcmp(m->endpoint, ps_shard_endpoint(s->shards[k])) != 0)
+        if (m->index != idx || strcmp(m->endpoint, fl_ps__shard_endpoint(s->shards[k])) != 0)
             return fl_fail(FL_EPROTO, "the coordinator's shard map gives shard %u to %s, not "
                                       "to this server (%s)",
-                           idx, m->endpoint, ps_shard_endpoint(s->shards[k]));
+                           idx, m->endpoint, fl_ps__shard_endpoint(s->shards[k]));
         ps_shard_conf_t c;
         memset(&c, 0, sizeof c);
         c.num_shards = (uint32_t)o->num_shards;
@@ -426,18 +405,18 @@ static int setup_shards(fl_ps_server_t *s, fl_msg_hdr_t *h)
         c.ckpt_dir = o->checkpoint_dir;
         c.keep = o->keep;
         c.max_wait_ms = o->max_wait_ms;
-        int rc = ps_shard_configure(s->shards[k], &c);
+        int rc = fl_ps__shard_configure(s->shards[k], &c);
         if (rc != FL_OK)
             return rc;
         if (w->resume) {
-            if ((rc = ps_shard_resume(s->shards[k], w->resume_step)) != FL_OK)
+            if ((rc = fl_ps__shard_resume(s->shards[k], w->resume_step)) != FL_OK)
                 return rc;
         } else if (s->init != NULL) {
             float *buf = malloc(m->count > 0 ? (size_t)m->count * sizeof(float) : 1);
             if (buf == NULL)
                 return fl_fail(FL_ENOMEM, "shard %u: out of memory", idx);
             init_range(s->init, m->offset, m->count, buf);
-            rc = ps_shard_init_params(s->shards[k], buf, 0);
+            rc = fl_ps__shard_init_params(s->shards[k], buf, 0);
             free(buf);
             if (rc != FL_OK)
                 return rc;
@@ -445,7 +424,7 @@ static int setup_shards(fl_ps_server_t *s, fl_msg_hdr_t *h)
         FL_INFO(s->ctx, "shard %u: parameters %" PRIu64 "..%" PRIu64 " of %" PRIu64
                         " at %s (%s%s)",
                 idx, m->offset, m->offset + m->count, w->param_count,
-                ps_shard_endpoint(s->shards[k]), fl_ps_consistency_name(o->consistency),
+                fl_ps__shard_endpoint(s->shards[k]), fl_ps_consistency_name(o->consistency),
                 w->resume ? ", resumed" : s->init != NULL ? ", from --init" : "");
     }
     fl_st_close(&s->init);
@@ -455,7 +434,7 @@ static int setup_shards(fl_ps_server_t *s, fl_msg_hdr_t *h)
 static void stop_shards(fl_ps_server_t *s, bool checkpoint)
 {
     for (int k = 0; k < s->o.shard_count; k++)
-        ps_shard_stop(s->shards[k], checkpoint && s->o.checkpoint_dir != NULL);
+        fl_ps__shard_stop(s->shards[k], checkpoint && s->o.checkpoint_dir != NULL);
 }
 
 static void *server_main(void *arg)
@@ -464,16 +443,14 @@ static void *server_main(void *arg)
     fl_msg_hdr_t welcome;
     int rc = join(s, &welcome);
     if (rc != FL_OK) {
-        finish(s, rc, fl_last_error());
+        fl_service_finish(&s->svc, rc, fl_last_error());
         return NULL;
     }
-    pthread_mutex_lock(&s->lock);
-    s->serving = true;
-    pthread_mutex_unlock(&s->lock);
+    fl_service_set_ready(&s->svc);
     rc = setup_shards(s, &welcome);
     fl_msg_hdr_deinit(&welcome);
     for (int k = 0; rc == FL_OK && k < s->o.shard_count; k++)
-        rc = ps_shard_start(s->shards[k]);
+        rc = fl_ps__shard_start(s->shards[k]);
     if (rc == FL_OK)
         rc = fl_tp_member_start(s->member);
     if (rc != FL_OK) {
@@ -485,7 +462,7 @@ static void *server_main(void *arg)
          * restart would meet again, so the job fails rather than wait for one. */
         fl_tp_member_start(s->member);
         fl_tp_member_stop(s->member, rc < 0 ? rc : FL_EIO, text);
-        finish(s, rc, text);
+        fl_service_finish(&s->svc, rc, text);
         return NULL;
     }
     fl_tp_sock_t *socks[2] = {fl_tp_member_events(s->member), s->cmd_rx};
@@ -526,65 +503,41 @@ static void *server_main(void *arg)
     if (result != FL_OK && result != FL_ECLOSED) {
         FL_ERROR(s->ctx, "%s", text);
         for (int k = 0; k < s->o.shard_count; k++)
-            ps_shard_fail(s->shards[k], result, text);
+            fl_ps__shard_fail(s->shards[k], result, text);
     } else {
         FL_INFO(s->ctx, "%s", text);
     }
     stop_shards(s, true);
     fl_tp_member_stop(s->member, result == FL_OK ? 0 : 1, text);
-    finish(s, result, text);
+    fl_service_finish(&s->svc, result, text);
     return NULL;
 }
 
 int fl_ps_server_start(fl_ps_server_t *s)
 {
-    if (s->started)
-        return FL_OK;
-    if (pthread_create(&s->thread, NULL, server_main, s) != 0)
-        return fl_fail(FL_EIO, "parameter server: cannot start its thread");
-    s->started = true;
-    return FL_OK;
+    return fl_service_start(&s->svc, server_main, s, "parameter server");
 }
 
 int fl_ps_server_wait(fl_ps_server_t *s, int timeout_ms)
 {
-    int64_t deadline = fl_deadline_in(timeout_ms);
-    pthread_mutex_lock(&s->lock);
-    while (!s->finished) {
-        int left = fl_deadline_left_ms(deadline);
-        if (left == 0)
-            break;
-        struct timespec ts;
-        clock_gettime(CLOCK_REALTIME, &ts);
-        int step = left > 200 ? 200 : left;
-        ts.tv_nsec += (long)step * 1000000L;
-        ts.tv_sec += ts.tv_nsec / 1000000000L;
-        ts.tv_nsec %= 1000000000L;
-        pthread_cond_timedwait(&s->cond, &s->lock, &ts);
-    }
-    int rc = s->finished ? s->result : FL_ETIMEDOUT;
-    char text[1024];
-    snprintf(text, sizeof text, "%s", s->finished ? s->result_text : "still serving");
-    pthread_mutex_unlock(&s->lock);
-    if (rc != FL_OK)
-        fl_fail(rc, "%s", text);
-    return rc;
+    return fl_service_wait(&s->svc, timeout_ms, "still serving");
+}
+
+/* Wakes the server thread: its stop pipe, and a cancel while it is still in the rendezvous. */
+static void wake(void *arg)
+{
+    fl_ps_server_t *s = arg;
+    fl_msg_hdr_t h;
+    fl_msg_hdr_init(&h, FL_MSG_SHUTDOWN, FL_MSG_SENDER_SERVER);
+    fl_tp_send(s->cmd_tx, NULL, &h, NULL, 0, fl_deadline_in(5000));
+    if (fl_service_is_setting_up(&s->svc))
+        fl_tp_member_cancel(s->member);
 }
 
 void fl_ps_server_stop(fl_ps_server_t *s)
 {
-    if (s == NULL || !s->started)
-        return;
-    fl_msg_hdr_t h;
-    fl_msg_hdr_init(&h, FL_MSG_SHUTDOWN, FL_MSG_SENDER_SERVER);
-    fl_tp_send(s->cmd_tx, NULL, &h, NULL, 0, fl_deadline_in(5000));
-    pthread_mutex_lock(&s->lock);
-    bool joining = !s->serving && !s->finished;
-    pthread_mutex_unlock(&s->lock);
-    if (joining)
-        fl_tp_member_cancel(s->member); /* still in the rendezvous */
-    pthread_join(s->thread, NULL);
-    s->started = false;
+    if (s != NULL)
+        fl_service_stop(&s->svc, wake, s);
 }
 
 void fl_ps_server_get_stats(const fl_ps_server_t *s, fl_ps_server_stats_t *out)
@@ -592,7 +545,7 @@ void fl_ps_server_get_stats(const fl_ps_server_t *s, fl_ps_server_stats_t *out)
     memset(out, 0, sizeof *out);
     for (int k = 0; k < s->o.shard_count; k++) {
         ps_shard_stats_t st;
-        ps_shard_get_stats(s->shards[k], &st);
+        fl_ps__shard_get_stats(s->shards[k], &st);
         out->pushes += st.pushes;
         out->pulls += st.pulls;
         out->refused += st.refused;
@@ -603,12 +556,11 @@ void fl_ps_server_get_stats(const fl_ps_server_t *s, fl_ps_server_stats_t *out)
     }
     out->auth_refused = fl_ctx_stat(s->ctx, FL_STAT_AUTH_REFUSED);
     out->conn_dropped = fl_ctx_stat(s->ctx, FL_STAT_CONN_DROPPED);
-    out->bad_msgs = fl_ctx_stat(s->ctx, FL_STAT_BAD_HEADER) +
-                    fl_ctx_stat(s->ctx, FL_STAT_BAD_MAGIC) +
-                    fl_ctx_stat(s->ctx, FL_STAT_BAD_VERSION) + fl_ctx_stat(s->ctx, FL_STAT_BAD_JOB) +
-                    fl_ctx_stat(s->ctx, FL_STAT_BAD_FRAMES) +
-                    fl_ctx_stat(s->ctx, FL_STAT_OVERSIZED) +
-                    fl_ctx_stat(s->ctx, FL_STAT_UNEXPECTED);
+    out->bad_msgs =
+        fl_ctx_stat(s->ctx, FL_STAT_BAD_HEADER) + fl_ctx_stat(s->ctx, FL_STAT_BAD_MAGIC) +
+        fl_ctx_stat(s->ctx, FL_STAT_BAD_VERSION) + fl_ctx_stat(s->ctx, FL_STAT_BAD_JOB) +
+        fl_ctx_stat(s->ctx, FL_STAT_BAD_FRAMES) + fl_ctx_stat(s->ctx, FL_STAT_OVERSIZED) +
+        fl_ctx_stat(s->ctx, FL_STAT_UNEXPECTED);
 }
 
 void fl_ps_server_destroy(fl_ps_server_t **ps)
@@ -618,7 +570,7 @@ void fl_ps_server_destroy(fl_ps_server_t **ps)
     fl_ps_server_t *s = *ps;
     fl_ps_server_stop(s);
     for (int k = 0; s->shards != NULL && k < s->o.shard_count; k++)
-        ps_shard_destroy(&s->shards[k]);
+        fl_ps__shard_destroy(&s->shards[k]);
     free(s->shards);
     fl_tp_member_destroy(&s->member);
     fl_tp_sock_destroy(&s->cmd_rx);
@@ -626,8 +578,7 @@ void fl_ps_server_destroy(fl_ps_server_t **ps)
     fl_st_close(&s->init);
     fl_ctx_destroy(&s->ctx);
     free(s->peers);
-    pthread_mutex_destroy(&s->lock);
-    pthread_cond_destroy(&s->cond);
+    fl_service_deinit(&s->svc);
     free(s);
     *ps = NULL;
 }

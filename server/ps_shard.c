@@ -17,8 +17,8 @@ enum { CMD_STOP = 1, CMD_STOP_CHECKPOINT = 2 };
 /* Most messages handled before the periodic work (deadlines, commands) gets a turn. */
 #define DRAIN_MAX 64
 
-int ps_shard_create(fl_ctx_t *ctx, uint32_t index, const char *bind, const char *host,
-                    ps_shard_t **out)
+int fl_ps__shard_create(fl_ctx_t *ctx, uint32_t index, const char *bind, const char *host,
+                        ps_shard_t **out)
 {
     *out = NULL;
     ps_shard_t *sh = calloc(1, sizeof *sh);
@@ -59,24 +59,24 @@ int ps_shard_create(fl_ctx_t *ctx, uint32_t index, const char *bind, const char 
 fail: {
     char detail[1024];
     snprintf(detail, sizeof detail, "%s", fl_last_error());
-    ps_shard_destroy(&sh);
+    fl_ps__shard_destroy(&sh);
     return fl_fail(rc, "shard %u: %s", index, detail);
 }
 }
 
-const char *ps_shard_endpoint(const ps_shard_t *sh)
+const char *fl_ps__shard_endpoint(const ps_shard_t *sh)
 {
     return sh->endpoint;
 }
 
-int ps_shard_configure(ps_shard_t *sh, const ps_shard_conf_t *conf)
+int fl_ps__shard_configure(ps_shard_t *sh, const ps_shard_conf_t *conf)
 {
     if (sh->configured)
         return fl_fail(FL_EINVAL, "shard %u: configured twice", sh->index);
     sh->conf = *conf;
     sh->conf.state.count = conf->count;
     int world = conf->state.world;
-    int rc = ps_state_create(&sh->conf.state, &sh->state);
+    int rc = fl_ps__state_create(&sh->conf.state, &sh->state);
     if (rc != FL_OK)
         return fl_fail_ctx(rc, "shard %u", sh->index);
     if ((rc = fl_cmp_ws_create(&sh->ws)) != FL_OK)
@@ -92,17 +92,17 @@ int ps_shard_configure(ps_shard_t *sh, const ps_shard_conf_t *conf)
     return FL_OK;
 }
 
-int ps_shard_init_params(ps_shard_t *sh, const float *params, uint64_t step)
+int fl_ps__shard_init_params(ps_shard_t *sh, const float *params, uint64_t step)
 {
-    int rc = ps_state_init(sh->state, params, step);
+    int rc = fl_ps__state_init(sh->state, params, step);
     return rc == FL_OK ? FL_OK : fl_fail_ctx(rc, "shard %u: initial parameters", sh->index);
 }
 
-int ps_shard_resume(ps_shard_t *sh, uint64_t step)
+int fl_ps__shard_resume(ps_shard_t *sh, uint64_t step)
 {
     const ps_shard_conf_t *c = &sh->conf;
     ps_ckpt_t ck;
-    int rc = ps_ckpt_open(c->ckpt_dir, sh->index, c->num_shards, step, &ck);
+    int rc = fl_ps__ckpt_open(c->ckpt_dir, sh->index, c->num_shards, step, &ck);
     if (rc != FL_OK)
         return rc;
     const ps_ckpt_meta_t *m = &ck.meta;
@@ -120,42 +120,42 @@ int ps_shard_resume(ps_shard_t *sh, uint64_t step)
                              "now runs %s",
                     sh->index, ck.path, fl_ps_consistency_name(m->consistency),
                     fl_ps_consistency_name(c->state.consistency));
-        rc = ps_state_restore(sh->state, ck.params, ck.buf1, ck.buf2, m->opt_steps, m->version,
-                              ck.clocks, ck.nclocks);
+        rc = fl_ps__state_restore(sh->state, ck.params, ck.buf1, ck.buf2, m->opt_steps, m->version,
+                                  ck.clocks, ck.nclocks);
         if (rc != FL_OK)
             rc = fl_fail_ctx(rc, "checkpoint %s", ck.path);
     }
     if (rc == FL_OK)
         FL_INFO(sh->ctx, "shard %u resumed from %s (step %" PRIu64 ", version %" PRIu64 ")",
                 sh->index, ck.path, m->step, m->version);
-    ps_ckpt_close(&ck);
+    fl_ps__ckpt_close(&ck);
     return rc;
 }
 
-int ps_shard_checkpoint(ps_shard_t *sh, uint64_t step)
+int fl_ps__shard_checkpoint(ps_shard_t *sh, uint64_t step)
 {
     const ps_shard_conf_t *c = &sh->conf;
-    if (c->ckpt_dir == NULL || !ps_state_ready(sh->state))
+    if (c->ckpt_dir == NULL || !fl_ps__state_ready(sh->state))
         return FL_OK;
     int64_t t0 = fl_now_ms();
     ps_ckpt_meta_t m;
-    ps_ckpt_meta_init(&m);
+    fl_ps__ckpt_meta_init(&m);
     m.shard = sh->index;
     m.num_shards = c->num_shards;
     m.offset = c->offset;
     m.count = c->count;
     m.param_count = c->param_count;
     m.step = step;
-    m.version = ps_state_version(sh->state);
+    m.version = fl_ps__state_version(sh->state);
     m.opt = c->state.opt.kind;
     m.consistency = c->state.consistency;
     const float *b1 = NULL, *b2 = NULL;
-    const fl_opt_t *opt = ps_state_opt(sh->state);
+    const fl_opt_t *opt = fl_ps__state_opt(sh->state);
     if (opt != NULL)
         fl_opt_state(opt, &b1, &b2, &m.opt_steps);
-    int rc = ps_ckpt_write(c->ckpt_dir, &m, ps_params_data(ps_state_params(sh->state)), b1, b2,
-                           ps_state_clocks(sh->state), (size_t)c->state.world,
-                           c->keep);
+    int rc =
+        fl_ps__ckpt_write(c->ckpt_dir, &m, fl_ps__params_data(fl_ps__state_params(sh->state)), b1,
+                          b2, fl_ps__state_clocks(sh->state), (size_t)c->state.world, c->keep);
     if (rc != FL_OK) {
         /* Training goes on; the previous checkpoint stays the newest. */
         FL_ERROR(sh->ctx, "shard %u: checkpoint of step %" PRIu64 " failed: %s", sh->index, step,
@@ -169,8 +169,8 @@ int ps_shard_checkpoint(ps_shard_t *sh, uint64_t step)
     return FL_OK;
 }
 
-void ps_shard_error(ps_shard_t *sh, const fl_tp_route_t *to, int code, int about,
-                    const char *fmt, ...)
+void fl_ps__shard_error(ps_shard_t *sh, const fl_tp_route_t *to, int code, int about,
+                        const char *fmt, ...)
 {
     fl_msg_hdr_t h;
     fl_msg_hdr_init(&h, FL_MSG_ERROR, FL_MSG_SENDER_SERVER);
@@ -189,7 +189,7 @@ void ps_shard_error(ps_shard_t *sh, const fl_tp_route_t *to, int code, int about
         fl_ctx_count(sh->ctx, FL_STAT_ERRORS_SENT, 1);
 }
 
-const char *ps_shard_rank_name(const ps_shard_t *sh, int rank, char *buf, size_t cap)
+const char *fl_ps__shard_rank_name(const ps_shard_t *sh, int rank, char *buf, size_t cap)
 {
     if (rank >= 0 && rank < sh->conf.state.world && sh->conf.peers != NULL)
         snprintf(buf, cap, "rank %d (%s)", rank, sh->conf.peers[rank].host);
@@ -205,18 +205,18 @@ const char *ps_shard_rank_name(const ps_shard_t *sh, int rank, char *buf, size_t
  * the newest periodic checkpoint, the step they all hold, next to it. */
 static void final_checkpoint(ps_shard_t *sh)
 {
-    if (sh->conf.ckpt_dir == NULL || !ps_state_ready(sh->state))
+    if (sh->conf.ckpt_dir == NULL || !fl_ps__state_ready(sh->state))
         return;
-    uint64_t label = sh->conf.state.consistency == FL_PS_SYNC ? ps_state_min_clock(sh->state)
-                                                              : ps_state_clock(sh->state, 0);
+    uint64_t label = sh->conf.state.consistency == FL_PS_SYNC ? fl_ps__state_min_clock(sh->state)
+                                                              : fl_ps__state_clock(sh->state, 0);
     uint64_t have[256];
     size_t n = 0;
-    if (ps_ckpt_list(sh->conf.ckpt_dir, sh->index, sh->conf.num_shards, have, 256, &n, NULL) ==
+    if (fl_ps__ckpt_list(sh->conf.ckpt_dir, sh->index, sh->conf.num_shards, have, 256, &n, NULL) ==
         FL_OK)
         for (size_t i = 0; i < n; i++)
             if (have[i] == label)
                 return;
-    ps_shard_checkpoint(sh, label);
+    fl_ps__shard_checkpoint(sh, label);
 }
 
 /* Returns true when the thread must end. */
@@ -230,7 +230,7 @@ static bool on_command(ps_shard_t *sh)
         if (sh->failed[0] == '\0') {
             snprintf(sh->failed, sizeof sh->failed, "%s", c.hdr.u.error.text);
             sh->failed_code = c.hdr.u.error.code < 0 ? c.hdr.u.error.code : FL_EPEER;
-            ps_shard_fail_pending(sh);
+            fl_ps__shard_fail_pending(sh);
         }
     } else if (c.hdr.type == FL_MSG_SHUTDOWN) {
         if (c.hdr.u.shutdown.code == CMD_STOP_CHECKPOINT)
@@ -247,7 +247,7 @@ static void *shard_main(void *arg)
     fl_tp_sock_t *socks[2] = {sh->sock, sh->cmd_rx};
     for (;;) {
         int64_t now = fl_now_ms();
-        int64_t next = ps_shard_next_deadline(sh);
+        int64_t next = fl_ps__shard_next_deadline(sh);
         int wait = next == INT64_MAX ? 1000 : (int)(next > now ? next - now : 0);
         bool ready[2] = {false, false};
         if (fl_tp_poll(socks, 2, wait > 1000 ? 1000 : wait, ready) < 0) {
@@ -262,26 +262,26 @@ static void *shard_main(void *arg)
             if (rc == FL_ETIMEDOUT)
                 break;
             if (rc == FL_EPROTO) {
-                ps_shard_on_refused(sh);
+                fl_ps__shard_on_refused(sh);
                 continue;
             }
             if (rc != FL_OK) {
                 FL_ERROR(sh->ctx, "shard %u: %s", sh->index, fl_last_error());
                 break;
             }
-            ps_shard_on_message(sh);
+            fl_ps__shard_on_message(sh);
             if (sh->rx == NULL && (sh->rx = calloc(1, sizeof *sh->rx)) == NULL) {
                 FL_ERROR(sh->ctx, "shard %u: out of memory for a message", sh->index);
                 usleep(10000);
                 break;
             }
         }
-        ps_shard_serve_pending(sh, fl_now_ms());
+        fl_ps__shard_serve_pending(sh, fl_now_ms());
     }
     return NULL;
 }
 
-int ps_shard_start(ps_shard_t *sh)
+int fl_ps__shard_start(ps_shard_t *sh)
 {
     if (!sh->configured)
         return fl_fail(FL_EINVAL, "shard %u: start before configure", sh->index);
@@ -292,7 +292,7 @@ int ps_shard_start(ps_shard_t *sh)
     return FL_OK;
 }
 
-void ps_shard_fail(ps_shard_t *sh, int code, const char *text)
+void fl_ps__shard_fail(ps_shard_t *sh, int code, const char *text)
 {
     if (!sh->started)
         return;
@@ -303,7 +303,7 @@ void ps_shard_fail(ps_shard_t *sh, int code, const char *text)
     fl_tp_send(sh->cmd_tx, NULL, &h, NULL, 0, fl_deadline_in(1000));
 }
 
-void ps_shard_stop(ps_shard_t *sh, bool final_checkpoint)
+void fl_ps__shard_stop(ps_shard_t *sh, bool final_checkpoint)
 {
     if (sh == NULL || !sh->started)
         return;
@@ -316,7 +316,7 @@ void ps_shard_stop(ps_shard_t *sh, bool final_checkpoint)
     sh->started = false;
 }
 
-void ps_shard_get_stats(const ps_shard_t *sh, ps_shard_stats_t *out)
+void fl_ps__shard_get_stats(const ps_shard_t *sh, ps_shard_stats_t *out)
 {
     ps_shard_t *s = (ps_shard_t *)sh;
     memset(out, 0, sizeof *out);
@@ -326,25 +326,25 @@ void ps_shard_get_stats(const ps_shard_t *sh, ps_shard_stats_t *out)
     out->checkpoints = atomic_load(&s->n_ckpt);
     out->timeouts = atomic_load(&s->n_timeouts);
     if (!sh->started && sh->state != NULL) {
-        out->version = ps_state_version(sh->state);
-        out->step = ps_state_ready(sh->state) ? ps_state_min_clock(sh->state) : 0;
+        out->version = fl_ps__state_version(sh->state);
+        out->step = fl_ps__state_ready(sh->state) ? fl_ps__state_min_clock(sh->state) : 0;
     }
 }
 
-void ps_shard_destroy(ps_shard_t **psh)
+void fl_ps__shard_destroy(ps_shard_t **psh)
 {
     if (psh == NULL || *psh == NULL)
         return;
     ps_shard_t *sh = *psh;
-    ps_shard_stop(sh, false);
+    fl_ps__shard_stop(sh, false);
     fl_tp_sock_destroy(&sh->sock);
     fl_tp_sock_destroy(&sh->cmd_rx);
     fl_tp_sock_destroy(&sh->cmd_tx);
     /* After the socket: ZeroMQ has dropped (linger 0) every reply still queued, so their
      * references are gone and the state's parameters can go. */
     if (sh->lz4 != NULL)
-        ps_lz4_release(NULL, sh->lz4);
-    ps_state_destroy(&sh->state);
+        fl_ps__lz4_release(NULL, sh->lz4);
+    fl_ps__state_destroy(&sh->state);
     fl_cmp_ws_destroy(&sh->ws);
     if (sh->rx != NULL)
         fl_tp_msg_close(sh->rx);

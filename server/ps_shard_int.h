@@ -42,7 +42,7 @@ struct ps_shard {
     pthread_t thread;
     _Atomic bool started;
 
-    /* configuration (ps_shard_configure) */
+    /* configuration (fl_ps__shard_configure) */
     bool configured;
     ps_shard_conf_t conf;
     ps_state_t *state;
@@ -66,33 +66,33 @@ struct ps_shard {
 };
 
 /* Drops a reference to encoded parameters (a reply's release hook; any thread). */
-void ps_lz4_release(void *data, void *hint);
+void fl_ps__lz4_release(void *data, void *hint);
 
 /* Handles one message from the ROUTER (ps_shard_msg.c); takes ownership of shard->rx when it
  * keeps the message (a held sync push). */
-void ps_shard_on_message(ps_shard_t *sh);
+void fl_ps__shard_on_message(ps_shard_t *sh);
 
 /* Answers a message the transport refused (bad header, job, generation, frames). */
-void ps_shard_on_refused(ps_shard_t *sh);
+void fl_ps__shard_on_refused(ps_shard_t *sh);
 
 /* Answers the pending pulls that became possible, and those past their deadline. */
-void ps_shard_serve_pending(ps_shard_t *sh, int64_t now);
+void fl_ps__shard_serve_pending(ps_shard_t *sh, int64_t now);
 
 /* Fails every pending pull with the shard's failure text. */
-void ps_shard_fail_pending(ps_shard_t *sh);
+void fl_ps__shard_fail_pending(ps_shard_t *sh);
 
 /* The earliest deadline of a pending pull (INT64_MAX: none). */
-int64_t ps_shard_next_deadline(const ps_shard_t *sh);
+int64_t fl_ps__shard_next_deadline(const ps_shard_t *sh);
 
 /* Writes the shard's checkpoint labelled step, then removes all but the newest `keep`
  * (ps_shard.c). */
-int ps_shard_checkpoint(ps_shard_t *sh, uint64_t step);
+int fl_ps__shard_checkpoint(ps_shard_t *sh, uint64_t step);
 
 /* Sends an error reply to route and counts it. */
-void ps_shard_error(ps_shard_t *sh, const fl_tp_route_t *to, int code, int about,
-                    const char *fmt, ...) FL_PRINTF(5, 6);
+void fl_ps__shard_error(ps_shard_t *sh, const fl_tp_route_t *to, int code, int about,
+                        const char *fmt, ...) FL_PRINTF(5, 6);
 
 /* "rank 3 (host-a)" */
-const char *ps_shard_rank_name(const ps_shard_t *sh, int rank, char *buf, size_t cap);
+const char *fl_ps__shard_rank_name(const ps_shard_t *sh, int rank, char *buf, size_t cap);
 
 #endif

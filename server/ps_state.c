@@ -42,7 +42,7 @@ struct ps_state {
 };
 
 
-void ps_src_release(ps_src_t *src)
+void fl_ps__src_release(ps_src_t *src)
 {
     if (src->release != NULL)
         src->release(src->ud);
@@ -63,13 +63,26 @@ static ps_params_t *params_new(uint64_t count)
     return p;
 }
 
-ps_params_t *ps_params_ref(ps_params_t *p)
+/* The shard's parameters from now on: a copy of params. */
+static int set_params(ps_state_t *st, const float *params)
+{
+    ps_params_t *p = params_new(st->o.count);
+    if (p == NULL)
+        return fl_fail(FL_ENOMEM, "shard: out of memory for %" PRIu64 " parameters",
+                       st->o.count);
+    if (st->o.count > 0)
+        memcpy(p->data, params, st->o.count * sizeof(float));
+    st->cur = p;
+    return FL_OK;
+}
+
+ps_params_t *fl_ps__params_ref(ps_params_t *p)
 {
     atomic_fetch_add_explicit(&p->refs, 1, memory_order_relaxed);
     return p;
 }
 
-void ps_params_unref(ps_params_t *p)
+void fl_ps__params_unref(ps_params_t *p)
 {
     if (p != NULL && atomic_fetch_sub_explicit(&p->refs, 1, memory_order_acq_rel) == 1) {
         free(p->data);
@@ -77,12 +90,12 @@ void ps_params_unref(ps_params_t *p)
     }
 }
 
-const float *ps_params_data(const ps_params_t *p)
+const float *fl_ps__params_data(const ps_params_t *p)
 {
     return p->data;
 }
 
-int ps_state_create(const ps_state_opts_t *o, ps_state_t **out)
+int fl_ps__state_create(const ps_state_opts_t *o, ps_state_t **out)
 {
     *out = NULL;
     if (o->world < 1)
@@ -112,20 +125,20 @@ int ps_state_create(const ps_state_opts_t *o, ps_state_t **out)
     *out = st;
     return FL_OK;
 fail:
-    ps_state_destroy(&st);
+    fl_ps__state_destroy(&st);
     return rc;
 }
 
-void ps_state_destroy(ps_state_t **pst)
+void fl_ps__state_destroy(ps_state_t **pst)
 {
     if (pst == NULL || *pst == NULL)
         return;
     ps_state_t *st = *pst;
     for (int r = 0; st->has != NULL && r < st->o.world; r++)
         if (st->has[r])
-            ps_src_release(&st->held[r]);
+            fl_ps__src_release(&st->held[r]);
     fl_opt_destroy(&st->opt);
-    ps_params_unref(st->cur);
+    fl_ps__params_unref(st->cur);
     free(st->clock);
     free(st->held);
     free(st->has);
@@ -144,29 +157,24 @@ static int check_finite(const ps_uf32 *x, uint64_t n, const char *what)
     return FL_OK;
 }
 
-int ps_state_init(ps_state_t *st, const float *params, uint64_t step)
+int fl_ps__state_init(ps_state_t *st, const float *params, uint64_t step)
 {
     if (st->cur != NULL)
         return fl_fail(FL_EINVAL, "shard already has parameters");
     int rc = check_finite(params, st->o.count, "initial parameters");
     if (rc != FL_OK)
         return rc;
-    ps_params_t *p = params_new(st->o.count);
-    if (p == NULL)
-        return fl_fail(FL_ENOMEM, "shard: out of memory for %" PRIu64 " parameters",
-                       st->o.count);
-    if (st->o.count > 0)
-        memcpy(p->data, params, st->o.count * sizeof(float));
-    st->cur = p;
+    if ((rc = set_params(st, params)) != FL_OK)
+        return rc;
     st->version = 0;
     for (int r = 0; r < st->o.world; r++)
         st->clock[r] = step;
     return FL_OK;
 }
 
-int ps_state_restore(ps_state_t *st, const float *params, const float *buf1,
-                     const float *buf2, uint64_t opt_steps, uint64_t version,
-                     const uint64_t *clocks, size_t nclocks)
+int fl_ps__state_restore(ps_state_t *st, const float *params, const float *buf1,
+                         const float *buf2, uint64_t opt_steps, uint64_t version,
+                         const uint64_t *clocks, size_t nclocks)
 {
     if (st->cur != NULL)
         return fl_fail(FL_EINVAL, "shard already has parameters");
@@ -188,28 +196,23 @@ int ps_state_restore(ps_state_t *st, const float *params, const float *buf1,
         for (int r = 0; r < st->o.world; r++)
             st->clock[r] = lo;
     }
-    ps_params_t *p = params_new(st->o.count);
-    if (p == NULL)
-        return fl_fail(FL_ENOMEM, "shard: out of memory for %" PRIu64 " parameters",
-                       st->o.count);
-    if (st->o.count > 0)
-        memcpy(p->data, params, st->o.count * sizeof(float));
-    st->cur = p;
+    if ((rc = set_params(st, params)) != FL_OK)
+        return rc;
     st->version = version;
     return FL_OK;
 }
 
-bool ps_state_ready(const ps_state_t *st)
+bool fl_ps__state_ready(const ps_state_t *st)
 {
     return st->cur != NULL;
 }
 
-uint64_t ps_state_count(const ps_state_t *st)
+uint64_t fl_ps__state_count(const ps_state_t *st)
 {
     return st->o.count;
 }
 
-uint64_t ps_state_version(const ps_state_t *st)
+uint64_t fl_ps__state_version(const ps_state_t *st)
 {
     return st->version;
 }
@@ -223,37 +226,37 @@ static int slowest(const ps_state_t *st)
     return who;
 }
 
-uint64_t ps_state_min_clock(const ps_state_t *st)
+uint64_t fl_ps__state_min_clock(const ps_state_t *st)
 {
     return st->clock[slowest(st)];
 }
 
-uint64_t ps_state_clock(const ps_state_t *st, int rank)
+uint64_t fl_ps__state_clock(const ps_state_t *st, int rank)
 {
     return st->clock[rank];
 }
 
-const uint64_t *ps_state_clocks(const ps_state_t *st)
+const uint64_t *fl_ps__state_clocks(const ps_state_t *st)
 {
     return st->clock;
 }
 
-uint64_t ps_state_skipped(const ps_state_t *st)
+uint64_t fl_ps__state_skipped(const ps_state_t *st)
 {
     return st->skipped;
 }
 
-ps_params_t *ps_state_params(ps_state_t *st)
+ps_params_t *fl_ps__state_params(ps_state_t *st)
 {
     return st->cur;
 }
 
-const fl_opt_t *ps_state_opt(const ps_state_t *st)
+const fl_opt_t *fl_ps__state_opt(const ps_state_t *st)
 {
     return st->opt;
 }
 
-int ps_state_check_push(const ps_state_t *st, int rank, uint64_t step, char *why, size_t cap)
+int fl_ps__state_check_push(const ps_state_t *st, int rank, uint64_t step, char *why, size_t cap)
 {
     if (st->cur == NULL) {
         snprintf(why, cap, "the shard has no parameters yet: rank 0 pushes its initial "
@@ -269,7 +272,7 @@ int ps_state_check_push(const ps_state_t *st, int rank, uint64_t step, char *why
                  rank, step, next - 1);
         return FL_EINVAL;
     }
-    uint64_t lo = ps_state_min_clock(st);
+    uint64_t lo = fl_ps__state_min_clock(st);
     switch (st->o.consistency) {
     case FL_PS_SYNC:
         /* Only the shard's current step, once: a rank that pushed it waits for the others. */
@@ -313,7 +316,7 @@ static int writable(ps_state_t *st)
         return fl_fail(FL_ENOMEM, "shard: out of memory for a copy of %" PRIu64 " parameters",
                        st->o.count);
     memcpy(p->data, st->cur->data, st->o.count * sizeof(float));
-    ps_params_unref(st->cur);
+    fl_ps__params_unref(st->cur);
     st->cur = p;
     return FL_OK;
 }
@@ -340,7 +343,7 @@ static int apply(ps_state_t *st, uint64_t step, const ps_src_t **srcs, const flo
         return rc;
     if ((rc = writable(st)) != FL_OK)
         return rc;
-    ps_apply(st->opt, st->cur->data, st->o.count, srcs, weight, nsrc, scale, divisor);
+    fl_ps__apply(st->opt, st->cur->data, st->o.count, srcs, weight, nsrc, scale, divisor);
     return FL_OK;
 }
 
@@ -371,7 +374,7 @@ static int apply_sync(ps_state_t *st, uint64_t step)
                    equal ? (float)n : (float)total);
     for (int r = 0; r < st->o.world; r++) {
         if (st->has[r])
-            ps_src_release(&st->held[r]);
+            fl_ps__src_release(&st->held[r]);
         memset(&st->held[r], 0, sizeof st->held[r]);
         st->has[r] = false;
     }
@@ -380,13 +383,13 @@ static int apply_sync(ps_state_t *st, uint64_t step)
     return rc;
 }
 
-int ps_state_push(ps_state_t *st, int rank, uint64_t step, ps_src_t *src, bool *updated)
+int fl_ps__state_push(ps_state_t *st, int rank, uint64_t step, ps_src_t *src, bool *updated)
 {
     *updated = false;
     st->clock[rank] = step + 1;
     if (st->o.consistency == FL_PS_SYNC) {
-        if (st->has[rank]) { /* ps_state_check_push refuses this; never overwrite a hold */
-            ps_src_release(src);
+        if (st->has[rank]) { /* fl_ps__state_check_push refuses this; never overwrite a hold */
+            fl_ps__src_release(src);
             return fl_fail(FL_EINVAL, "rank %d pushed twice in one step", rank);
         }
         st->held[rank] = *src;
@@ -408,12 +411,12 @@ int ps_state_push(ps_state_t *st, int rank, uint64_t step, ps_src_t *src, bool *
     } else {
         *updated = true; /* the clock moved: an SSP pull may be answerable now */
     }
-    ps_src_release(src);
+    fl_ps__src_release(src);
     return rc;
 }
 
-int ps_state_check_pull(const ps_state_t *st, int rank, uint64_t step, bool latest,
-                        int *blocker, uint64_t *blocker_step, char *why, size_t cap)
+int fl_ps__state_check_pull(const ps_state_t *st, int rank, uint64_t step, bool latest,
+                            int *blocker, uint64_t *blocker_step, char *why, size_t cap)
 {
     *blocker = -1;
     *blocker_step = 0;

@@ -277,7 +277,7 @@ START_TEST(test_checkpoints_written_kept_and_exact)
     for (uint32_t s = 0; s < 2; s++) {
         uint64_t steps[8];
         size_t n = 0;
-        ck_assert(ps_ckpt_list(tmpdir, s, 2, steps, 8, &n, NULL) == FL_OK);
+        ck_assert(fl_ps__ckpt_list(tmpdir, s, 2, steps, 8, &n, NULL) == FL_OK);
         /* Keep 2: writing 4 removed none (2 and 4), the final 5 removed 2 (#18 item 5: it
          * left K + 1). Two files on disk per shard, nothing else. */
         char prefix[32];
@@ -288,7 +288,7 @@ START_TEST(test_checkpoints_written_kept_and_exact)
         ck_assert_uint_eq(steps[1], 4);
         for (size_t k = 0; k < 2; k++) {
             ps_ckpt_t c;
-            ck_assert_msg(ps_ckpt_open(tmpdir, s, 2, steps[k], &c) == FL_OK, "%s",
+            ck_assert_msg(fl_ps__ckpt_open(tmpdir, s, 2, steps[k], &c) == FL_OK, "%s",
                           fl_last_error());
             ck_assert_uint_eq(c.meta.param_count, N);
             ck_assert_uint_eq(c.meta.version, steps[k]);
@@ -302,7 +302,7 @@ START_TEST(test_checkpoints_written_kept_and_exact)
             /* Bit for bit the parameters the ranks pulled for that step. */
             const float *want = steps[k] == STEPS ? a[0].params : a[0].at_step[steps[k]];
             ck_assert_int_eq(memcmp(c.params, want + c.meta.offset, c.meta.count * 4), 0);
-            ps_ckpt_close(&c);
+            fl_ps__ckpt_close(&c);
         }
     }
     /* A truncated newest file is refused with a reason, the older one is used. */
@@ -311,12 +311,12 @@ START_TEST(test_checkpoints_written_kept_and_exact)
     ck_assert(truncate(path, 200) == 0);
     uint64_t valid[8], params = 0;
     size_t nv = 0;
-    ck_assert(ps_ckpt_valid_steps(tmpdir, 0, 2, NULL, valid, 8, &nv, &params) == FL_OK);
+    ck_assert(fl_ps__ckpt_valid_steps(tmpdir, 0, 2, NULL, valid, 8, &nv, &params) == FL_OK);
     ck_assert_uint_eq(nv, 1);
     ck_assert_uint_eq(valid[0], 4);
     ck_assert_uint_eq(params, N);
     ps_ckpt_t c;
-    ck_assert_int_eq(ps_ckpt_open(tmpdir, 0, 2, 5, &c), FL_EPROTO);
+    ck_assert_int_eq(fl_ps__ckpt_open(tmpdir, 0, 2, 5, &c), FL_EPROTO);
     ASSERT_HAS(fl_last_error(), path);
     /* A flipped bit in the data: the checksum catches it. */
     snprintf(path, sizeof path, "%s/shard-1-of-2.step-%012d.safetensors", tmpdir, 5);
@@ -327,7 +327,7 @@ START_TEST(test_checkpoints_written_kept_and_exact)
     fseek(f, -100, SEEK_END);
     fputc(ch ^ 0x10, f);
     fclose(f);
-    ck_assert_int_eq(ps_ckpt_open(tmpdir, 1, 2, 5, &c), FL_EPROTO);
+    ck_assert_int_eq(fl_ps__ckpt_open(tmpdir, 1, 2, 5, &c), FL_EPROTO);
     ASSERT_HAS(fl_last_error(), "CRC");
 
     /* Without --resume the directory of this run is refused, naming what to do. */
@@ -518,7 +518,7 @@ START_TEST(test_resume_ssp_clocks_apart)
         fl_ps_range_t r;
         fl_ps_map_range(N, 2, i, &r);
         ps_ckpt_meta_t m;
-        ps_ckpt_meta_init(&m);
+        fl_ps__ckpt_meta_init(&m);
         m.shard = i;
         m.num_shards = 2;
         m.offset = r.offset;
@@ -529,7 +529,7 @@ START_TEST(test_resume_ssp_clocks_apart)
         m.opt_steps = 7;
         m.opt = FL_OPT_ADAM;
         m.consistency = FL_PS_SSP;
-        ck_assert_msg(ps_ckpt_write(tmpdir, &m, p + r.offset, zeros, zeros, clocks, W, 2) ==
+        ck_assert_msg(fl_ps__ckpt_write(tmpdir, &m, p + r.offset, zeros, zeros, clocks, W, 2) ==
                           FL_OK,
                       "%s", fl_last_error());
     }

@@ -36,7 +36,7 @@ static ps_state_t *make_state(int world, fl_ps_consistency_t c, uint32_t s, fl_o
     o.lr.step_size = 2;
     o.lr.gamma = 0.5;
     ps_state_t *st = NULL;
-    ck_assert_msg(ps_state_create(&o, &st) == FL_OK, "%s", fl_last_error());
+    ck_assert_msg(fl_ps__state_create(&o, &st) == FL_OK, "%s", fl_last_error());
     return st;
 }
 
@@ -79,8 +79,8 @@ static void dense_src(ps_src_t *s, const float *g, uint32_t batch)
 static void push_ok(ps_state_t *st, int rank, uint64_t step, ps_src_t *src, bool *updated)
 {
     char why[256] = "";
-    ck_assert_msg(ps_state_check_push(st, rank, step, why, sizeof why) == FL_OK, "%s", why);
-    ck_assert_msg(ps_state_push(st, rank, step, src, updated) == FL_OK, "%s", fl_last_error());
+    ck_assert_msg(fl_ps__state_check_push(st, rank, step, why, sizeof why) == FL_OK, "%s", why);
+    ck_assert_msg(fl_ps__state_push(st, rank, step, src, updated) == FL_OK, "%s", fl_last_error());
 }
 
 /* Sync, W = 3, SGD with momentum (and Adam): the shard's parameters after each step are the
@@ -93,7 +93,7 @@ static void sync_exact(fl_opt_kind_t kind, bool equal_batches)
     for (int i = 0; i < N; i++)
         init[i] = ref[i] = (float)fl_test_uniform(&seed);
     ps_state_t *st = make_state(W, FL_PS_SYNC, 0, kind, N);
-    ck_assert(ps_state_init(st, init, 0) == FL_OK);
+    ck_assert(fl_ps__state_init(st, init, 0) == FL_OK);
     fl_opt_t *opt = make_ref_opt(kind, N);
     uint32_t batch[W] = {32, 32, 32};
     if (!equal_batches)
@@ -131,13 +131,13 @@ static void sync_exact(fl_opt_kind_t kind, bool equal_batches)
             push_ok(st, r, (uint64_t)step, &src, &updated);
             ck_assert(updated == (k == W - 1));
         }
-        ck_assert_uint_eq(ps_state_version(st), (uint64_t)step + 1);
-        ck_assert_uint_eq(ps_state_min_clock(st), (uint64_t)step + 1);
-        mismatches += memcmp(ps_params_data(ps_state_params(st)), ref, sizeof ref) != 0;
+        ck_assert_uint_eq(fl_ps__state_version(st), (uint64_t)step + 1);
+        ck_assert_uint_eq(fl_ps__state_min_clock(st), (uint64_t)step + 1);
+        mismatches += memcmp(fl_ps__params_data(fl_ps__state_params(st)), ref, sizeof ref) != 0;
     }
     ck_assert_int_eq(mismatches, 0);
     fl_opt_destroy(&opt);
-    ps_state_destroy(&st);
+    fl_ps__state_destroy(&st);
 }
 
 START_TEST(test_sync_sgd_exact)
@@ -166,7 +166,7 @@ START_TEST(test_sync_single_rank_is_local_training)
     for (int i = 0; i < N; i++)
         init[i] = ref[i] = (float)fl_test_uniform(&seed);
     ps_state_t *st = make_state(1, FL_PS_SYNC, 0, FL_OPT_ADAMW, N);
-    ck_assert(ps_state_init(st, init, 0) == FL_OK);
+    ck_assert(fl_ps__state_init(st, init, 0) == FL_OK);
     fl_opt_t *opt = make_ref_opt(FL_OPT_ADAMW, N);
     for (int step = 0; step < 3; step++) {
         for (int i = 0; i < N; i++)
@@ -177,9 +177,9 @@ START_TEST(test_sync_single_rank_is_local_training)
         bool updated;
         push_ok(st, 0, (uint64_t)step, &src, &updated);
     }
-    ck_assert_int_eq(memcmp(ps_params_data(ps_state_params(st)), ref, sizeof ref), 0);
+    ck_assert_int_eq(memcmp(fl_ps__params_data(fl_ps__state_params(st)), ref, sizeof ref), 0);
     fl_opt_destroy(&opt);
-    ps_state_destroy(&st);
+    fl_ps__state_destroy(&st);
 }
 END_TEST
 
@@ -198,13 +198,13 @@ START_TEST(test_sync_pull_waits_for_the_slow_rank)
     uint64_t bstep;
     char why[256] = "";
     /* No parameters yet: everyone waits for rank 0. */
-    ck_assert_int_eq(ps_state_check_pull(st, 1, 0, true, &blocker, &bstep, why, sizeof why),
+    ck_assert_int_eq(fl_ps__state_check_pull(st, 1, 0, true, &blocker, &bstep, why, sizeof why),
                      FL_ETIMEDOUT);
     ck_assert_int_eq(blocker, 0);
-    ck_assert_int_eq(ps_state_check_push(st, 1, 0, why, sizeof why), FL_EINVAL);
+    ck_assert_int_eq(fl_ps__state_check_push(st, 1, 0, why, sizeof why), FL_EINVAL);
     ck_assert_msg(strstr(why, "initial parameters") != NULL, "%s", why);
-    ck_assert(ps_state_init(st, init, 0) == FL_OK);
-    ck_assert_int_eq(ps_state_init(st, init, 0), FL_EINVAL); /* only once */
+    ck_assert(fl_ps__state_init(st, init, 0) == FL_OK);
+    ck_assert_int_eq(fl_ps__state_init(st, init, 0), FL_EINVAL); /* only once */
 
     released = 0;
     ps_src_t a, b;
@@ -217,25 +217,25 @@ START_TEST(test_sync_pull_waits_for_the_slow_rank)
     ck_assert(!updated);
     ck_assert_int_eq(released, 0); /* held until the step completes */
     /* Rank 0 wants step 1's parameters: rank 1 has not pushed step 0. */
-    ck_assert_int_eq(ps_state_check_pull(st, 0, 1, false, &blocker, &bstep, why, sizeof why),
+    ck_assert_int_eq(fl_ps__state_check_pull(st, 0, 1, false, &blocker, &bstep, why, sizeof why),
                      FL_ETIMEDOUT);
     ck_assert_int_eq(blocker, 1);
     ck_assert_uint_eq(bstep, 0);
     /* Step 0's parameters are there for anyone. */
-    ck_assert_int_eq(ps_state_check_pull(st, 0, 0, false, &blocker, &bstep, why, sizeof why),
+    ck_assert_int_eq(fl_ps__state_check_pull(st, 0, 0, false, &blocker, &bstep, why, sizeof why),
                      FL_OK);
     /* A pull ahead of the rank's own pushes could never be answered. */
-    ck_assert_int_eq(ps_state_check_pull(st, 1, 1, false, &blocker, &bstep, why, sizeof why),
+    ck_assert_int_eq(fl_ps__state_check_pull(st, 1, 1, false, &blocker, &bstep, why, sizeof why),
                      FL_EINVAL);
     ck_assert_msg(strstr(why, "rank 1") != NULL && strstr(why, "(none)") != NULL, "%s", why);
     /* The step pushed last, again, is a retry (acknowledged, ignored); the next step before
      * this one completes, and a future one, are refused and change nothing. */
-    ck_assert_int_eq(ps_state_check_push(st, 0, 0, why, sizeof why), PS_PUSH_DUPLICATE);
-    ck_assert_int_eq(ps_state_check_push(st, 0, 1, why, sizeof why), FL_EINVAL);
+    ck_assert_int_eq(fl_ps__state_check_push(st, 0, 0, why, sizeof why), PS_PUSH_DUPLICATE);
+    ck_assert_int_eq(fl_ps__state_check_push(st, 0, 1, why, sizeof why), FL_EINVAL);
     ck_assert_msg(strstr(why, "staleness bound 0") != NULL, "%s", why);
-    ck_assert_int_eq(ps_state_check_push(st, 1, 1, why, sizeof why), FL_EINVAL);
+    ck_assert_int_eq(fl_ps__state_check_push(st, 1, 1, why, sizeof why), FL_EINVAL);
     ck_assert_msg(strstr(why, "staleness bound 0") != NULL, "%s", why);
-    ck_assert_uint_eq(ps_state_version(st), 0);
+    ck_assert_uint_eq(fl_ps__state_version(st), 0);
     ck_assert_int_eq(released, 0);
 
     ps_src_t c;
@@ -244,14 +244,14 @@ START_TEST(test_sync_pull_waits_for_the_slow_rank)
     push_ok(st, 1, 0, &c, &updated);
     ck_assert(updated);
     ck_assert_int_eq(released, 3);
-    ck_assert_int_eq(ps_state_check_pull(st, 0, 1, false, &blocker, &bstep, why, sizeof why),
+    ck_assert_int_eq(fl_ps__state_check_pull(st, 0, 1, false, &blocker, &bstep, why, sizeof why),
                      FL_OK);
     /* Steps before the last one are refused. */
     dense_src(&a, g, 1);
     push_ok(st, 0, 1, &a, &updated);
-    ck_assert_int_eq(ps_state_check_push(st, 0, 0, why, sizeof why), FL_EINVAL);
+    ck_assert_int_eq(fl_ps__state_check_push(st, 0, 0, why, sizeof why), FL_EINVAL);
     ck_assert_msg(strstr(why, "already") != NULL, "%s", why);
-    ps_state_destroy(&st);
+    fl_ps__state_destroy(&st);
 }
 END_TEST
 
@@ -264,7 +264,7 @@ START_TEST(test_async_applies_each_push)
     for (int i = 0; i < N; i++)
         init[i] = ref[i] = (float)fl_test_uniform(&seed);
     ps_state_t *st = make_state(W, FL_PS_ASYNC, 0, FL_OPT_SGD, N);
-    ck_assert(ps_state_init(st, init, 0) == FL_OK);
+    ck_assert(fl_ps__state_init(st, init, 0) == FL_OK);
     fl_opt_t *opt = make_ref_opt(FL_OPT_SGD, N);
     /* rank 0 runs three steps ahead of rank 1: nobody waits. */
     const int ranks[] = {0, 0, 0, 1, 0, 1};
@@ -283,23 +283,23 @@ START_TEST(test_async_applies_each_push)
         int blocker;
         uint64_t bs;
         char why[128];
-        ck_assert_int_eq(ps_state_check_pull(st, 1, 0, false, &blocker, &bs, why, sizeof why),
+        ck_assert_int_eq(fl_ps__state_check_pull(st, 1, 0, false, &blocker, &bs, why, sizeof why),
                          FL_OK);
     }
-    ck_assert_uint_eq(ps_state_version(st), 6);
-    ck_assert_int_eq(memcmp(ps_params_data(ps_state_params(st)), ref, sizeof ref), 0);
+    ck_assert_uint_eq(fl_ps__state_version(st), 6);
+    ck_assert_int_eq(memcmp(fl_ps__params_data(fl_ps__state_params(st)), ref, sizeof ref), 0);
     /* Going back is refused, the last step again is a retry, jumping ahead is allowed within
      * reason. */
     char why[256];
-    ck_assert_int_eq(ps_state_check_push(st, 0, 2, why, sizeof why), FL_EINVAL);
-    ck_assert_int_eq(ps_state_check_push(st, 0, 3, why, sizeof why), PS_PUSH_DUPLICATE);
-    ck_assert_int_eq(ps_state_check_push(st, 1, 40, why, sizeof why), FL_OK);
-    ck_assert_int_eq(ps_state_check_push(st, 1, UINT64_MAX, why, sizeof why), FL_EINVAL);
-    ck_assert_int_eq(ps_state_check_push(st, 1, 2 + PS_MAX_STEP_JUMP + 1, why, sizeof why),
+    ck_assert_int_eq(fl_ps__state_check_push(st, 0, 2, why, sizeof why), FL_EINVAL);
+    ck_assert_int_eq(fl_ps__state_check_push(st, 0, 3, why, sizeof why), PS_PUSH_DUPLICATE);
+    ck_assert_int_eq(fl_ps__state_check_push(st, 1, 40, why, sizeof why), FL_OK);
+    ck_assert_int_eq(fl_ps__state_check_push(st, 1, UINT64_MAX, why, sizeof why), FL_EINVAL);
+    ck_assert_int_eq(fl_ps__state_check_push(st, 1, 2 + PS_MAX_STEP_JUMP + 1, why, sizeof why),
                      FL_EINVAL);
     ck_assert_msg(strstr(why, "beyond its last") != NULL, "%s", why);
     fl_opt_destroy(&opt);
-    ps_state_destroy(&st);
+    fl_ps__state_destroy(&st);
 }
 END_TEST
 
@@ -310,20 +310,20 @@ START_TEST(test_ssp_bound_is_exact)
     enum { W = 3, S = 2 };
     static float init[N], g[N];
     ps_state_t *st = make_state(W, FL_PS_SSP, S, FL_OPT_SGD, N);
-    ck_assert(ps_state_init(st, init, 0) == FL_OK);
+    ck_assert(fl_ps__state_init(st, init, 0) == FL_OK);
     int blocker;
     uint64_t bs;
     char why[256];
     /* Ranks 1 and 2 complete 4 steps; rank 0 none. */
     for (int r = 1; r < W; r++) {
         for (uint64_t t = 0; t < 4; t++) {
-            int rc = ps_state_check_push(st, r, t, why, sizeof why);
+            int rc = fl_ps__state_check_push(st, r, t, why, sizeof why);
             if (t <= S) {
                 ck_assert_msg(rc == FL_OK, "%s", why);
                 ps_src_t src;
                 dense_src(&src, g, 1);
                 bool updated;
-                ck_assert(ps_state_push(st, r, t, &src, &updated) == FL_OK);
+                ck_assert(fl_ps__state_push(st, r, t, &src, &updated) == FL_OK);
             } else {
                 /* Pushing step 3 with rank 0 at 0 completed steps exceeds the bound. */
                 ck_assert_int_eq(rc, FL_EINVAL);
@@ -335,9 +335,9 @@ START_TEST(test_ssp_bound_is_exact)
     }
     /* Ranks 1 and 2 have pushed steps 0..2, their clock is 3. Pulls for step t: allowed while
      * t - 2 <= 0 (rank 0's completed steps). */
-    ck_assert_int_eq(ps_state_check_pull(st, 1, 2, false, &blocker, &bs, why, sizeof why),
+    ck_assert_int_eq(fl_ps__state_check_pull(st, 1, 2, false, &blocker, &bs, why, sizeof why),
                      FL_OK);
-    ck_assert_int_eq(ps_state_check_pull(st, 1, 3, false, &blocker, &bs, why, sizeof why),
+    ck_assert_int_eq(fl_ps__state_check_pull(st, 1, 3, false, &blocker, &bs, why, sizeof why),
                      FL_ETIMEDOUT);
     ck_assert_int_eq(blocker, 0);
     ck_assert_uint_eq(bs, 0);
@@ -346,16 +346,16 @@ START_TEST(test_ssp_bound_is_exact)
     dense_src(&src, g, 1);
     bool updated;
     push_ok(st, 0, 0, &src, &updated);
-    ck_assert_int_eq(ps_state_check_pull(st, 1, 3, false, &blocker, &bs, why, sizeof why),
+    ck_assert_int_eq(fl_ps__state_check_pull(st, 1, 3, false, &blocker, &bs, why, sizeof why),
                      FL_OK);
-    ck_assert_int_eq(ps_state_check_push(st, 2, 3, why, sizeof why), FL_OK);
+    ck_assert_int_eq(fl_ps__state_check_push(st, 2, 3, why, sizeof why), FL_OK);
     dense_src(&src, g, 1);
-    ck_assert(ps_state_push(st, 2, 3, &src, &updated) == FL_OK);
-    ck_assert_int_eq(ps_state_check_pull(st, 2, 4, false, &blocker, &bs, why, sizeof why),
+    ck_assert(fl_ps__state_push(st, 2, 3, &src, &updated) == FL_OK);
+    ck_assert_int_eq(fl_ps__state_check_pull(st, 2, 4, false, &blocker, &bs, why, sizeof why),
                      FL_ETIMEDOUT);
     ck_assert_int_eq(blocker, 0);
     ck_assert_uint_eq(bs, 1);
-    ps_state_destroy(&st);
+    fl_ps__state_destroy(&st);
 }
 END_TEST
 
@@ -387,8 +387,8 @@ START_TEST(test_sparse_and_half_sources)
     }
     ps_state_t *mixed = make_state(W, FL_PS_SYNC, 0, FL_OPT_SGD, N);
     ps_state_t *dense = make_state(W, FL_PS_SYNC, 0, FL_OPT_SGD, N);
-    ck_assert(ps_state_init(mixed, init, 0) == FL_OK);
-    ck_assert(ps_state_init(dense, init, 0) == FL_OK);
+    ck_assert(fl_ps__state_init(mixed, init, 0) == FL_OK);
+    ck_assert(fl_ps__state_init(dense, init, 0) == FL_OK);
     ps_src_t s0 = {.kind = PS_SRC_SPARSE, .idx = idx, .val = val, .k = k, .batch = 4,
                    .maxabs = 1};
     ps_src_t s1 = {.kind = PS_SRC_F16, .dense = h, .batch = 4, .maxabs = 1};
@@ -402,10 +402,10 @@ START_TEST(test_sparse_and_half_sources)
         dense_src(&d, gd[r], 4);
         push_ok(dense, r, 0, &d, &u);
     }
-    memcpy(a, ps_params_data(ps_state_params(mixed)), sizeof a);
-    ck_assert_int_eq(memcmp(a, ps_params_data(ps_state_params(dense)), sizeof a), 0);
-    ps_state_destroy(&mixed);
-    ps_state_destroy(&dense);
+    memcpy(a, fl_ps__params_data(fl_ps__state_params(mixed)), sizeof a);
+    ck_assert_int_eq(memcmp(a, fl_ps__params_data(fl_ps__state_params(dense)), sizeof a), 0);
+    fl_ps__state_destroy(&mixed);
+    fl_ps__state_destroy(&dense);
 }
 END_TEST
 
@@ -415,22 +415,22 @@ START_TEST(test_copy_on_write_protects_replies)
     for (int i = 0; i < N; i++)
         init[i] = 1.0f, g[i] = 1.0f;
     ps_state_t *st = make_state(1, FL_PS_ASYNC, 0, FL_OPT_SGD, N);
-    ck_assert(ps_state_init(st, init, 0) == FL_OK);
-    ps_params_t *reply = ps_params_ref(ps_state_params(st)); /* a reply in flight */
+    ck_assert(fl_ps__state_init(st, init, 0) == FL_OK);
+    ps_params_t *reply = fl_ps__params_ref(fl_ps__state_params(st)); /* a reply in flight */
     ps_src_t src;
     dense_src(&src, g, 1);
     bool u;
     push_ok(st, 0, 0, &src, &u);
-    ck_assert_ptr_ne(ps_state_params(st), reply);
-    ck_assert(ps_params_data(reply)[N - 1] == 1.0f); /* what the reply sends is untouched */
-    ck_assert(ps_params_data(ps_state_params(st))[N - 1] != 1.0f);
-    ps_params_unref(reply); /* freed here (ASan would tell) */
+    ck_assert_ptr_ne(fl_ps__state_params(st), reply);
+    ck_assert(fl_ps__params_data(reply)[N - 1] == 1.0f); /* what the reply sends is untouched */
+    ck_assert(fl_ps__params_data(fl_ps__state_params(st))[N - 1] != 1.0f);
+    fl_ps__params_unref(reply); /* freed here (ASan would tell) */
     /* Without a reply in flight, the update is in place. */
-    ps_params_t *before = ps_state_params(st);
+    ps_params_t *before = fl_ps__state_params(st);
     dense_src(&src, g, 1);
     push_ok(st, 0, 1, &src, &u);
-    ck_assert_ptr_eq(ps_state_params(st), before);
-    ps_state_destroy(&st);
+    ck_assert_ptr_eq(fl_ps__state_params(st), before);
+    fl_ps__state_destroy(&st);
 }
 END_TEST
 
@@ -440,29 +440,29 @@ START_TEST(test_overflow_and_skips)
     for (int i = 0; i < N; i++)
         init[i] = 0.5f, g[i] = 3e38f;
     ps_state_t *st = make_state(2, FL_PS_SYNC, 0, FL_OPT_SGD, N);
-    ck_assert(ps_state_init(st, init, 0) == FL_OK);
+    ck_assert(fl_ps__state_init(st, init, 0) == FL_OK);
     ps_src_t a, b;
     dense_src(&a, g, 1);
     dense_src(&b, g, 1);
     bool u;
     push_ok(st, 0, 0, &a, &u);
     char why[128];
-    ck_assert_int_eq(ps_state_check_push(st, 1, 0, why, sizeof why), FL_OK);
-    ck_assert_int_eq(ps_state_push(st, 1, 0, &b, &u), FL_ENONFINITE);
+    ck_assert_int_eq(fl_ps__state_check_push(st, 1, 0, why, sizeof why), FL_OK);
+    ck_assert_int_eq(fl_ps__state_push(st, 1, 0, &b, &u), FL_ENONFINITE);
     ck_assert_msg(strstr(fl_last_error(), "overflow") != NULL, "%s", fl_last_error());
-    ck_assert_uint_eq(ps_state_skipped(st), 1);
-    ck_assert_uint_eq(ps_state_version(st), 1); /* the step is over, without an update */
-    ck_assert(ps_params_data(ps_state_params(st))[7] == 0.5f);
+    ck_assert_uint_eq(fl_ps__state_skipped(st), 1);
+    ck_assert_uint_eq(fl_ps__state_version(st), 1); /* the step is over, without an update */
+    ck_assert(fl_ps__params_data(fl_ps__state_params(st))[7] == 0.5f);
     /* Every rank skips (batch 0): no update, the step still ends. */
     dense_src(&a, g, 0);
     dense_src(&b, g, 0);
     push_ok(st, 0, 1, &a, &u);
     push_ok(st, 1, 1, &b, &u);
     ck_assert(u);
-    ck_assert_uint_eq(ps_state_version(st), 2);
-    ck_assert(ps_params_data(ps_state_params(st))[7] == 0.5f);
-    ck_assert_uint_eq(fl_opt_steps(ps_state_opt(st)), 0);
-    ps_state_destroy(&st);
+    ck_assert_uint_eq(fl_ps__state_version(st), 2);
+    ck_assert(fl_ps__params_data(fl_ps__state_params(st))[7] == 0.5f);
+    ck_assert_uint_eq(fl_opt_steps(fl_ps__state_opt(st)), 0);
+    fl_ps__state_destroy(&st);
 }
 END_TEST
 
@@ -472,43 +472,43 @@ START_TEST(test_restore_and_refusals)
     ps_state_t *st = make_state(3, FL_PS_SSP, 1, FL_OPT_SGD, N);
     uint64_t clocks[3] = {7, 9, 8};
     bad[17] = NAN;
-    ck_assert_int_eq(ps_state_restore(st, bad, NULL, NULL, 0, 5, clocks, 3), FL_ENONFINITE);
-    ck_assert(!ps_state_ready(st));
-    ck_assert_int_eq(ps_state_restore(st, p, NULL, NULL, 3, 5, clocks, 0), FL_EINVAL);
-    ck_assert_int_eq(ps_state_restore(st, p, NULL, NULL, 3, 5, clocks, 3), FL_OK);
-    ck_assert_uint_eq(ps_state_version(st), 5);
-    ck_assert_uint_eq(ps_state_clock(st, 1), 9);
-    ck_assert_uint_eq(ps_state_min_clock(st), 7);
-    ck_assert_uint_eq(fl_opt_steps(ps_state_opt(st)), 3);
-    ps_state_destroy(&st);
+    ck_assert_int_eq(fl_ps__state_restore(st, bad, NULL, NULL, 0, 5, clocks, 3), FL_ENONFINITE);
+    ck_assert(!fl_ps__state_ready(st));
+    ck_assert_int_eq(fl_ps__state_restore(st, p, NULL, NULL, 3, 5, clocks, 0), FL_EINVAL);
+    ck_assert_int_eq(fl_ps__state_restore(st, p, NULL, NULL, 3, 5, clocks, 3), FL_OK);
+    ck_assert_uint_eq(fl_ps__state_version(st), 5);
+    ck_assert_uint_eq(fl_ps__state_clock(st, 1), 9);
+    ck_assert_uint_eq(fl_ps__state_min_clock(st), 7);
+    ck_assert_uint_eq(fl_opt_steps(fl_ps__state_opt(st)), 3);
+    fl_ps__state_destroy(&st);
     /* Another number of ranks: every clock restarts at the smallest saved one. */
     st = make_state(2, FL_PS_ASYNC, 0, FL_OPT_SGD, N);
-    ck_assert_int_eq(ps_state_restore(st, p, NULL, NULL, 0, 5, clocks, 3), FL_OK);
-    ck_assert_uint_eq(ps_state_clock(st, 0), 7);
-    ck_assert_uint_eq(ps_state_clock(st, 1), 7);
-    ps_state_destroy(&st);
+    ck_assert_int_eq(fl_ps__state_restore(st, p, NULL, NULL, 0, 5, clocks, 3), FL_OK);
+    ck_assert_uint_eq(fl_ps__state_clock(st, 0), 7);
+    ck_assert_uint_eq(fl_ps__state_clock(st, 1), 7);
+    fl_ps__state_destroy(&st);
     /* Bad options. */
     ps_state_opts_t o;
     memset(&o, 0, sizeof o);
     fl_opt_opts_init(&o.opt);
     ps_state_t *x = NULL;
     o.world = 0;
-    ck_assert_int_eq(ps_state_create(&o, &x), FL_EINVAL);
+    ck_assert_int_eq(fl_ps__state_create(&o, &x), FL_EINVAL);
     o.world = 1;
     o.consistency = (fl_ps_consistency_t)7;
-    ck_assert_int_eq(ps_state_create(&o, &x), FL_EINVAL);
+    ck_assert_int_eq(fl_ps__state_create(&o, &x), FL_EINVAL);
     o.consistency = FL_PS_ASYNC;
     o.async_scale = -1;
-    ck_assert_int_eq(ps_state_create(&o, &x), FL_EINVAL);
+    ck_assert_int_eq(fl_ps__state_create(&o, &x), FL_EINVAL);
     /* An empty shard is fine and never updates anything. */
     o.async_scale = 0;
-    ck_assert_int_eq(ps_state_create(&o, &x), FL_OK);
-    ck_assert_int_eq(ps_state_init(x, NULL, 0), FL_OK);
+    ck_assert_int_eq(fl_ps__state_create(&o, &x), FL_OK);
+    ck_assert_int_eq(fl_ps__state_init(x, NULL, 0), FL_OK);
     ps_src_t s = {.kind = PS_SRC_F32, .batch = 1};
     bool u;
     push_ok(x, 0, 0, &s, &u);
-    ck_assert_ptr_null(ps_state_opt(x));
-    ps_state_destroy(&x);
+    ck_assert_ptr_null(fl_ps__state_opt(x));
+    fl_ps__state_destroy(&x);
 }
 END_TEST
 
@@ -521,7 +521,7 @@ static int decode1(fl_cmp_ws_t *ws, const void *data, size_t bytes, uint32_t dty
     const void *d[1] = {data};
     size_t b[1] = {bytes};
     fl_msg_frame_t f[1] = {{bytes, dtype, codec, raw}};
-    return ps_payload_decode(ws, d, b, f, 1, count, s, owned);
+    return fl_ps__payload_decode(ws, d, b, f, 1, count, s, owned);
 }
 
 START_TEST(test_payload_dense)
@@ -555,7 +555,7 @@ START_TEST(test_payload_dense)
         big[i] = (float)(i % 5);
     void *enc;
     size_t len;
-    ck_assert_int_eq(ps_payload_lz4(big, 4096, &enc, &len), FL_OK);
+    ck_assert_int_eq(fl_ps__payload_lz4(big, 4096, &enc, &len), FL_OK);
     ck_assert_ptr_nonnull(enc);
     ck_assert(len < sizeof big);
     ck_assert_int_eq(decode1(ws, enc, len, FL_FLOAT32, FL_CODEC_LZ4, sizeof big, 4096, &s, &owned),
@@ -577,7 +577,7 @@ START_TEST(test_payload_dense)
     uint64_t seed = 1;
     for (int i = 0; i < 4096; i++)
         big[i] = (float)fl_test_uniform(&seed);
-    ck_assert_int_eq(ps_payload_lz4(big, 4096, &enc, &len), FL_OK);
+    ck_assert_int_eq(fl_ps__payload_lz4(big, 4096, &enc, &len), FL_OK);
     ck_assert_ptr_null(enc);
     /* float16 NaN. */
     uint16_t h[8] = {0};
@@ -651,7 +651,7 @@ START_TEST(test_payload_pieces)
                            {400, FL_FLOAT32, FL_CODEC_RAW, 400}};
     ps_src_t s;
     void *owned;
-    ck_assert_msg(ps_payload_decode(ws, d, b, f, 3, NN, &s, &owned) == FL_OK, "%s",
+    ck_assert_msg(fl_ps__payload_decode(ws, d, b, f, 3, NN, &s, &owned) == FL_OK, "%s",
                   fl_last_error());
     ck_assert_ptr_null(owned);
     ck_assert_uint_eq(s.chunk_elems, P);
@@ -660,8 +660,8 @@ START_TEST(test_payload_pieces)
     s.batch = 1;
     ps_state_t *a = make_state(1, FL_PS_SYNC, 0, FL_OPT_SGD, NN);
     ps_state_t *c = make_state(1, FL_PS_SYNC, 0, FL_OPT_SGD, NN);
-    ck_assert(ps_state_init(a, init, 0) == FL_OK);
-    ck_assert(ps_state_init(c, init, 0) == FL_OK);
+    ck_assert(fl_ps__state_init(a, init, 0) == FL_OK);
+    ck_assert(fl_ps__state_init(c, init, 0) == FL_OK);
     bool u;
     push_ok(a, 0, 0, &s, &u);
     ps_src_t whole;
@@ -671,26 +671,26 @@ START_TEST(test_payload_pieces)
     whole.batch = 1;
     whole.maxabs = 8;
     push_ok(c, 0, 0, &whole, &u);
-    ck_assert_int_eq(memcmp(ps_params_data(ps_state_params(a)), ps_params_data(ps_state_params(c)),
-                            sizeof g),
+    ck_assert_int_eq(memcmp(fl_ps__params_data(fl_ps__state_params(a)),
+                            fl_ps__params_data(fl_ps__state_params(c)), sizeof g),
                      0);
-    ps_state_destroy(&a);
-    ps_state_destroy(&c);
+    fl_ps__state_destroy(&a);
+    fl_ps__state_destroy(&c);
     /* A NaN in the last piece names its index in the shard. */
     g[2 * P + 7] = NAN;
-    ck_assert_int_eq(ps_payload_decode(ws, d, b, f, 3, NN, &s, &owned), FL_ENONFINITE);
+    ck_assert_int_eq(fl_ps__payload_decode(ws, d, b, f, 3, NN, &s, &owned), FL_ENONFINITE);
     ck_assert_msg(strstr(fl_last_error(), "index 8199") != NULL, "%s", fl_last_error());
     g[2 * P + 7] = 0;
     /* A middle piece of another size, pieces not on block boundaries, a mixed dtype. */
     f[1].raw_bytes = f[1].bytes = b[1] = P * 4 - 4;
-    ck_assert_int_eq(ps_payload_decode(ws, d, b, f, 3, NN, &s, &owned), FL_EPROTO);
+    ck_assert_int_eq(fl_ps__payload_decode(ws, d, b, f, 3, NN, &s, &owned), FL_EPROTO);
     f[1].raw_bytes = f[1].bytes = b[1] = P * 4;
     fl_msg_frame_t odd[2] = {{1000 * 4, FL_FLOAT32, FL_CODEC_RAW, 1000 * 4},
                              {(NN - 1000) * 4, FL_FLOAT32, FL_CODEC_RAW, (NN - 1000) * 4}};
     size_t ob[2] = {1000 * 4, (NN - 1000) * 4};
-    ck_assert_int_eq(ps_payload_decode(ws, d, ob, odd, 2, NN, &s, &owned), FL_EPROTO);
+    ck_assert_int_eq(fl_ps__payload_decode(ws, d, ob, odd, 2, NN, &s, &owned), FL_EPROTO);
     f[2].dtype = FL_FLOAT16;
-    ck_assert_int_eq(ps_payload_decode(ws, d, b, f, 3, NN, &s, &owned), FL_EPROTO);
+    ck_assert_int_eq(fl_ps__payload_decode(ws, d, b, f, 3, NN, &s, &owned), FL_EPROTO);
     ck_assert_msg(strstr(fl_last_error(), "frame 2") != NULL, "%s", fl_last_error());
     fl_cmp_ws_destroy(&ws);
     /* The piece size senders use: one frame up to 1 Mi elements, at most 16 pieces beyond. */
