@@ -190,13 +190,7 @@ int fl_comm_init(const fl_comm_opts_t *o, fl_comm_t **out)
     return FL_OK;
 
 fail:
-    {
-        /* Keep the detail: destroy logs nothing into it, but be explicit. */
-        char detail[1024];
-        snprintf(detail, sizeof detail, "%s", fl_last_error());
-        fl_comm_destroy(&c);
-        fl_fail(rc, "%s", detail);
-    }
+    fl_comm_destroy(&c);
     return rc;
 }
 
@@ -236,7 +230,7 @@ void fl_comm_abort(fl_comm_t *c, int code, const char *why)
     goodbye(c);
 }
 
-void fl_comm_destroy(fl_comm_t **pc)
+static void comm_destroy(fl_comm_t **pc)
 {
     if (pc == NULL || *pc == NULL)
         return;
@@ -285,6 +279,13 @@ void fl_comm_destroy(fl_comm_t **pc)
     fl_cmp_ws_destroy(&c->cmp_ws);
     free(c);
     *pc = NULL;
+}
+
+void fl_comm_destroy(fl_comm_t **pc)
+{
+    fl_error_keep_begin();
+    comm_destroy(pc);
+    fl_error_keep_end();
 }
 
 int fl_comm_rank(const fl_comm_t *c)

@@ -243,11 +243,9 @@ int fl_comm_split(fl_comm_t *p, int n, const int *colors, const int *keys, fl_co
         rc = build_groups(p, n, all, mine);
     free(all);
     if (rc != FL_OK) {
-        if (detail[0] == '\0')
-            snprintf(detail, sizeof detail, "%s", fl_last_error());
         for (int t = 0; t < n; t++)
             fl_comm_destroy(&mine[t]);
-        return fl_fail(rc, "%s", detail);
+        return detail[0] != '\0' ? fl_fail(rc, "%s", detail) : rc;
     }
     for (int t = 0; t < n; t++)
         out[t] = mine[t];

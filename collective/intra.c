@@ -122,7 +122,7 @@ int fl_intra_create(fl_dev_t *const *devs, int L, const fl_intra_opts_t *o, fl_i
     return FL_OK;
 }
 
-void fl_intra_destroy(fl_intra_t **px)
+static void intra_destroy(fl_intra_t **px)
 {
     if (px == NULL || *px == NULL)
         return;
@@ -133,6 +133,13 @@ void fl_intra_destroy(fl_intra_t **px)
         fl_event_destroy(&x->fin[j]);
     free(x);
     *px = NULL;
+}
+
+void fl_intra_destroy(fl_intra_t **px)
+{
+    fl_error_keep_begin();
+    intra_destroy(px);
+    fl_error_keep_end();
 }
 
 fl_intra_impl_t fl_intra_impl(const fl_intra_t *x)

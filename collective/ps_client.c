@@ -352,12 +352,9 @@ int fl_ps_client_create(const fl_ps_client_opts_t *o, fl_ps_client_t **out)
             o->world_size, cl->nshards, fl_ps_consistency_name(cl->consistency));
     *out = cl;
     return FL_OK;
-fail: {
-    char detail[1024];
-    snprintf(detail, sizeof detail, "%s", fl_last_error());
+fail:
     fl_ps_client_destroy(&cl);
-    return fl_fail(rc, "%s", detail);
-}
+    return rc;
 }
 
 void fl_ps_client_abort(fl_ps_client_t *cl, int code, const char *why)
@@ -479,7 +476,7 @@ void fl_ps_client_part_range(const fl_ps_client_t *cl, size_t *offset, size_t *c
     *count = (size_t)(cl->hi - cl->lo);
 }
 
-void fl_ps_client_destroy(fl_ps_client_t **pcl)
+static void ps_client_destroy(fl_ps_client_t **pcl)
 {
     if (pcl == NULL || *pcl == NULL)
         return;
@@ -513,6 +510,13 @@ void fl_ps_client_destroy(fl_ps_client_t **pcl)
         pthread_mutex_destroy(&cl->mark_mu);
     free(cl);
     *pcl = NULL;
+}
+
+void fl_ps_client_destroy(fl_ps_client_t **pcl)
+{
+    fl_error_keep_begin();
+    ps_client_destroy(pcl);
+    fl_error_keep_end();
 }
 
 size_t fl_ps_client_param_count(const fl_ps_client_t *cl)

@@ -54,7 +54,7 @@ int fl_ctx_create(const fl_ctx_opts_t *opts, fl_ctx_t **out)
     return FL_OK;
 }
 
-void fl_ctx_destroy(fl_ctx_t **ctx)
+static void ctx_destroy(fl_ctx_t **ctx)
 {
     if (ctx == NULL || *ctx == NULL)
         return;
@@ -68,6 +68,13 @@ void fl_ctx_destroy(fl_ctx_t **ctx)
     pthread_mutex_destroy(&c->name_lock);
     free(c);
     *ctx = NULL;
+}
+
+void fl_ctx_destroy(fl_ctx_t **ctx)
+{
+    fl_error_keep_begin();
+    ctx_destroy(ctx);
+    fl_error_keep_end();
 }
 
 void *fl_ctx_zmq(const fl_ctx_t *ctx)

@@ -8,6 +8,16 @@
 #define DETAIL_MAX 1024
 
 static _Thread_local char detail[DETAIL_MAX];
+/* Failures inside a cleanup (fl_error_keep_begin) write here, so detail keeps the failure that
+ * made the caller clean up. */
+static _Thread_local char scratch[DETAIL_MAX];
+static _Thread_local int keeping;
+
+/* Where failures write and fl_last_error reads: the scratch text while keeping. */
+static char *text(void)
+{
+    return keeping > 0 ? scratch : detail;
+}
 
 const char *fl_strerror(int code)
 {
@@ -29,19 +39,31 @@ const char *fl_strerror(int code)
 
 const char *fl_last_error(void)
 {
-    return detail;
+    return text();
 }
 
 void fl_error_clear(void)
 {
-    detail[0] = '\0';
+    text()[0] = '\0';
+}
+
+void fl_error_keep_begin(void)
+{
+    if (keeping++ == 0)
+        scratch[0] = '\0';
+}
+
+void fl_error_keep_end(void)
+{
+    if (keeping > 0)
+        keeping--;
 }
 
 int fl_fail(int code, const char *fmt, ...)
 {
     va_list ap;
     va_start(ap, fmt);
-    vsnprintf(detail, sizeof detail, fmt, ap);
+    vsnprintf(text(), DETAIL_MAX, fmt, ap);
     va_end(ap);
     return code;
 }
@@ -52,14 +74,15 @@ int fl_fail_ctx(int code, const char *fmt, ...)
     char prefix[DETAIL_MAX / 2];
     va_list ap;
 
-    memcpy(old, detail, sizeof old);
+    char *out = text();
+    memcpy(old, out, sizeof old);
     va_start(ap, fmt);
     vsnprintf(prefix, sizeof prefix, fmt, ap);
     va_end(ap);
     /* Truncation of an over-long detail is acceptable; the start names the operation. */
     const char *cause = old[0] != '\0' ? old : fl_strerror(code);
     size_t n = strlen(prefix);
-    memcpy(detail, prefix, n);
-    snprintf(detail + n, sizeof detail - n, ": %s", cause);
+    memcpy(out, prefix, n);
+    snprintf(out + n, DETAIL_MAX - n, ": %s", cause);
     return code;
 }

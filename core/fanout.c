@@ -100,7 +100,7 @@ int fl_fanout_create(int n, int first, fl_fanout_fn fn, void *ud, const char *wh
     return FL_OK;
 }
 
-void fl_fanout_destroy(fl_fanout_t **pf)
+static void fanout_destroy(fl_fanout_t **pf)
 {
     if (pf == NULL || *pf == NULL)
         return;
@@ -118,6 +118,13 @@ void fl_fanout_destroy(fl_fanout_t **pf)
     free(f->job);
     free(f);
     *pf = NULL;
+}
+
+void fl_fanout_destroy(fl_fanout_t **pf)
+{
+    fl_error_keep_begin();
+    fanout_destroy(pf);
+    fl_error_keep_end();
 }
 
 void fl_fanout_begin(fl_fanout_t *f)

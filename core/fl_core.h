@@ -36,6 +36,13 @@ int fl_fail_ctx(int code, const char *fmt, ...) FL_PRINTF(2, 3);
 /* Clears the calling thread's detail text. */
 void fl_error_clear(void);
 
+/* Cleanup keeps the error that caused it: between begin and end (they nest), failures on this
+ * thread set and read a text of their own, and the detail text stays what it was. Destroy
+ * functions and the cleanup after a failure run inside, so their callers report the first
+ * failure without saving its text first. */
+void fl_error_keep_begin(void);
+void fl_error_keep_end(void);
+
 /* ---- clock (clock.c) ---- */
 
 /* Monotonic time. */

@@ -83,13 +83,20 @@ int fl_dev_create(const fl_dev_opts_t *o, fl_dev_t **out)
     return FL_OK;
 }
 
-void fl_dev_destroy(fl_dev_t **pd)
+static void dev_destroy(fl_dev_t **pd)
 {
     if (pd == NULL || *pd == NULL)
         return;
     (*pd)->be->close(*pd);
     free(*pd);
     *pd = NULL;
+}
+
+void fl_dev_destroy(fl_dev_t **pd)
+{
+    fl_error_keep_begin();
+    dev_destroy(pd);
+    fl_error_keep_end();
 }
 
 fl_dev_kind_t fl_dev_kind(const fl_dev_t *d)
@@ -211,13 +218,20 @@ int fl_stream_create(fl_dev_t *d, fl_stream_t **out)
     return FL_OK;
 }
 
-void fl_stream_destroy(fl_stream_t **ps)
+static void stream_destroy(fl_stream_t **ps)
 {
     if (ps == NULL || *ps == NULL)
         return;
     (*ps)->d->be->stream_close(*ps);
     free(*ps);
     *ps = NULL;
+}
+
+void fl_stream_destroy(fl_stream_t **ps)
+{
+    fl_error_keep_begin();
+    stream_destroy(ps);
+    fl_error_keep_end();
 }
 
 fl_dev_t *fl_stream_dev(const fl_stream_t *s)
@@ -274,13 +288,20 @@ int fl_event_elapsed_ms(fl_event_t *start, fl_event_t *end, double *ms)
     return start->d->be->event_elapsed(start, end, ms);
 }
 
-void fl_event_destroy(fl_event_t **pe)
+static void event_destroy(fl_event_t **pe)
 {
     if (pe == NULL || *pe == NULL)
         return;
     (*pe)->d->be->event_close(*pe);
     free(*pe);
     *pe = NULL;
+}
+
+void fl_event_destroy(fl_event_t **pe)
+{
+    fl_error_keep_begin();
+    event_destroy(pe);
+    fl_error_keep_end();
 }
 
 static int same_device(const fl_event_t *e, const fl_stream_t *s)
@@ -621,13 +642,20 @@ int fl_dev_topk_create(fl_dev_t *d, size_t n_max, fl_dev_topk_t **out)
     return FL_OK;
 }
 
-void fl_dev_topk_destroy(fl_dev_topk_t **pt)
+static void dev_topk_destroy(fl_dev_topk_t **pt)
 {
     if (pt == NULL || *pt == NULL)
         return;
     (*pt)->d->be->topk_close(*pt);
     free(*pt);
     *pt = NULL;
+}
+
+void fl_dev_topk_destroy(fl_dev_topk_t **pt)
+{
+    fl_error_keep_begin();
+    dev_topk_destroy(pt);
+    fl_error_keep_end();
 }
 
 int fl_dev_topk(fl_stream_t *s, fl_dev_topk_t *t, fl_dptr_t x, size_t n, size_t k, fl_dptr_t idx,

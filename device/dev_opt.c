@@ -65,7 +65,7 @@ fail:
     return fl_fail_ctx(rc, "optimizer state of %zu parameters", n);
 }
 
-void fl_dev_opt_destroy(fl_dev_opt_t **po)
+static void dev_opt_destroy(fl_dev_opt_t **po)
 {
     if (po == NULL || *po == NULL)
         return;
@@ -74,6 +74,13 @@ void fl_dev_opt_destroy(fl_dev_opt_t **po)
     fl_dev_free(t->d, &t->buf2);
     free(t);
     *po = NULL;
+}
+
+void fl_dev_opt_destroy(fl_dev_opt_t **po)
+{
+    fl_error_keep_begin();
+    dev_opt_destroy(po);
+    fl_error_keep_end();
 }
 
 size_t fl_dev_opt_size(const fl_dev_opt_t *o)

@@ -89,7 +89,7 @@ int fl_mlp_ws_create(const fl_mlp_shape_t *m, size_t batch, fl_mlp_ws_t **out)
     return rc;
 }
 
-void fl_mlp_ws_destroy(fl_mlp_ws_t **ws)
+static void mlp_ws_destroy(fl_mlp_ws_t **ws)
 {
     if (ws == NULL || *ws == NULL)
         return;
@@ -105,6 +105,13 @@ void fl_mlp_ws_destroy(fl_mlp_ws_t **ws)
     fl_dev_destroy(&w->own_dev);
     free(w);
     *ws = NULL;
+}
+
+void fl_mlp_ws_destroy(fl_mlp_ws_t **ws)
+{
+    fl_error_keep_begin();
+    mlp_ws_destroy(ws);
+    fl_error_keep_end();
 }
 
 fl_dev_t *fl_mlp_ws_dev(const fl_mlp_ws_t *ws)

@@ -139,12 +139,9 @@ int fl_coord_create(const fl_coord_opts_t *o, fl_coord_t **out)
         goto fail;
     *out = c;
     return FL_OK;
-fail: {
-    char detail[1024];
-    snprintf(detail, sizeof detail, "%s", fl_last_error());
+fail:
     fl_coord_destroy(&c);
-    return fl_fail(rc, "%s", detail);
-}
+    return rc;
 }
 
 const char *fl_coord_endpoint(const fl_coord_t *c)
@@ -296,7 +293,7 @@ void fl_coord_stop(fl_coord_t *c)
         fl_service_stop(&c->svc, wake, c);
 }
 
-void fl_coord_destroy(fl_coord_t **pc)
+static void coord_destroy(fl_coord_t **pc)
 {
     if (pc == NULL || *pc == NULL)
         return;
@@ -314,4 +311,11 @@ void fl_coord_destroy(fl_coord_t **pc)
     fl_service_deinit(&c->svc);
     free(c);
     *pc = NULL;
+}
+
+void fl_coord_destroy(fl_coord_t **pc)
+{
+    fl_error_keep_begin();
+    coord_destroy(pc);
+    fl_error_keep_end();
 }

@@ -291,12 +291,9 @@ int fl_ps_server_create(const fl_ps_server_opts_t *o, fl_ps_server_t **out)
         goto fail;
     *out = s;
     return FL_OK;
-fail: {
-    char detail[1024];
-    snprintf(detail, sizeof detail, "%s", fl_last_error());
+fail:
     fl_ps_server_destroy(&s);
-    return fl_fail(rc, "%s", detail);
-}
+    return rc;
 }
 
 uint64_t fl_ps_server_param_count(const fl_ps_server_t *s)
@@ -563,7 +560,7 @@ void fl_ps_server_get_stats(const fl_ps_server_t *s, fl_ps_server_stats_t *out)
         fl_ctx_stat(s->ctx, FL_STAT_UNEXPECTED);
 }
 
-void fl_ps_server_destroy(fl_ps_server_t **ps)
+static void ps_server_destroy(fl_ps_server_t **ps)
 {
     if (ps == NULL || *ps == NULL)
         return;
@@ -581,4 +578,11 @@ void fl_ps_server_destroy(fl_ps_server_t **ps)
     fl_service_deinit(&s->svc);
     free(s);
     *ps = NULL;
+}
+
+void fl_ps_server_destroy(fl_ps_server_t **ps)
+{
+    fl_error_keep_begin();
+    ps_server_destroy(ps);
+    fl_error_keep_end();
 }

@@ -56,12 +56,9 @@ int fl_ps__shard_create(fl_ctx_t *ctx, uint32_t index, const char *bind, const c
         goto fail;
     *out = sh;
     return FL_OK;
-fail: {
-    char detail[1024];
-    snprintf(detail, sizeof detail, "%s", fl_last_error());
+fail:
     fl_ps__shard_destroy(&sh);
-    return fl_fail(rc, "shard %u: %s", index, detail);
-}
+    return fl_fail_ctx(rc, "shard %u", index);
 }
 
 const char *fl_ps__shard_endpoint(const ps_shard_t *sh)
@@ -331,7 +328,7 @@ void fl_ps__shard_get_stats(const ps_shard_t *sh, ps_shard_stats_t *out)
     }
 }
 
-void fl_ps__shard_destroy(ps_shard_t **psh)
+static void ps_shard_destroy(ps_shard_t **psh)
 {
     if (psh == NULL || *psh == NULL)
         return;
@@ -354,4 +351,11 @@ void fl_ps__shard_destroy(ps_shard_t **psh)
     free(sh->route_known);
     free(sh);
     *psh = NULL;
+}
+
+void fl_ps__shard_destroy(ps_shard_t **psh)
+{
+    fl_error_keep_begin();
+    ps_shard_destroy(psh);
+    fl_error_keep_end();
 }

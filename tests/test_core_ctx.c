@@ -81,6 +81,32 @@ START_TEST(test_fail_ctx)
 }
 END_TEST
 
+/* A cleanup between keep_begin and keep_end fails on its own text and leaves the caller's: the
+ * failure that made it clean up is the one reported. Nested keeps end at the outermost. */
+START_TEST(test_error_kept_through_cleanup)
+{
+    fl_fail(FL_EPEER, "rank 1 died in allreduce #4");
+    fl_error_keep_begin();
+    ck_assert_int_eq(fl_fail(FL_EIO, "closing the socket: %s", "broken pipe"), FL_EIO);
+    ck_assert_str_eq(fl_last_error(), "closing the socket: broken pipe");
+    fl_fail_ctx(FL_EIO, "destroy");
+    ck_assert_str_eq(fl_last_error(), "destroy: closing the socket: broken pipe");
+    fl_error_keep_begin();
+    fl_fail(FL_EGPU, "device sim:0: stream failed");
+    fl_error_keep_end();
+    ck_assert_str_eq(fl_last_error(), "device sim:0: stream failed");
+    fl_error_keep_end();
+    ck_assert_str_eq(fl_last_error(), "rank 1 died in allreduce #4");
+    /* A keep starts with an empty text of its own, and an unmatched end changes nothing. */
+    fl_error_keep_begin();
+    ck_assert_str_eq(fl_last_error(), "");
+    fl_error_keep_end();
+    fl_error_keep_end();
+    fl_fail(FL_EIO, "after");
+    ck_assert_str_eq(fl_last_error(), "after");
+}
+END_TEST
+
 typedef struct err_thread {
     pthread_barrier_t *bar;
     int id;
@@ -438,6 +464,7 @@ Suite *core_ctx_suite(void)
     tcase_add_test(t, test_strerror);
     tcase_add_test(t, test_fail_sets_text);
     tcase_add_test(t, test_fail_ctx);
+    tcase_add_test(t, test_error_kept_through_cleanup);
     tcase_add_test(t, test_error_text_per_thread);
     suite_add_tcase(s, t);
 

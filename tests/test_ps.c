@@ -596,7 +596,7 @@ static int nan_body(rank_ctx_t *r, fl_ps_client_t *cl)
     fl_ps_grad_t grad = {.dense = g, .batch = 1};
     rc = fl_ps_client_push_pull(cl, &grad, r->params);
     if (rc != FL_ENONFINITE || strstr(fl_last_error(), "nothing pushed") == NULL)
-        return fl_fail(FL_EINVAL, "expected FL_ENONFINITE, got %d: %s", rc, fl_last_error());
+        return fl_fail_ctx(FL_EINVAL, "expected FL_ENONFINITE, got %d", rc);
     snprintf(r->err, sizeof r->err, "%s", fl_last_error());
     if (fl_ps_client_step(cl) != 0)
         return fl_fail(FL_EINVAL, "the step moved to %llu",

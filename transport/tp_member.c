@@ -418,7 +418,7 @@ void fl_tp_member_stop(fl_tp_member_t *m, int code, const char *text)
     m->started = false;
 }
 
-void fl_tp_member_destroy(fl_tp_member_t **pm)
+static void tp_member_destroy(fl_tp_member_t **pm)
 {
     if (pm == NULL || *pm == NULL)
         return;
@@ -442,4 +442,11 @@ void fl_tp_member_destroy(fl_tp_member_t **pm)
     pthread_mutex_destroy(&m->tap_lock);
     free(m);
     *pm = NULL;
+}
+
+void fl_tp_member_destroy(fl_tp_member_t **pm)
+{
+    fl_error_keep_begin();
+    tp_member_destroy(pm);
+    fl_error_keep_end();
 }

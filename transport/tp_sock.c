@@ -107,7 +107,7 @@ int fl_tp_sock_create(fl_ctx_t *ctx, fl_tp_kind_t kind, const fl_tp_opts_t *opts
     return FL_OK;
 }
 
-void fl_tp_sock_destroy(fl_tp_sock_t **sock)
+static void tp_sock_destroy(fl_tp_sock_t **sock)
 {
     if (sock == NULL || *sock == NULL)
         return;
@@ -120,6 +120,13 @@ void fl_tp_sock_destroy(fl_tp_sock_t **sock)
     zmq_close(s->zs);
     free(*sock);
     *sock = NULL;
+}
+
+void fl_tp_sock_destroy(fl_tp_sock_t **sock)
+{
+    fl_error_keep_begin();
+    tp_sock_destroy(sock);
+    fl_error_keep_end();
 }
 
 void fl_tp_sock_set_linger(fl_tp_sock_t *s, int linger_ms)

@@ -242,7 +242,7 @@ int fl_wk_devices_create(const fl_mlp_shape_t *m, const fl_dataset_t *train,
     return FL_OK;
 }
 
-void fl_wk_devices_destroy(fl_wk_devices_t **pd)
+static void wk_devices_destroy(fl_wk_devices_t **pd)
 {
     if (pd == NULL || *pd == NULL)
         return;
@@ -272,6 +272,13 @@ void fl_wk_devices_destroy(fl_wk_devices_t **pd)
     }
     free(d);
     *pd = NULL;
+}
+
+void fl_wk_devices_destroy(fl_wk_devices_t **pd)
+{
+    fl_error_keep_begin();
+    wk_devices_destroy(pd);
+    fl_error_keep_end();
 }
 
 void fl_wk_devices_set_epoch(fl_wk_devices_t *d, long epoch)

@@ -177,7 +177,7 @@ int fl_wk_rdev_create(const fl_wk_train_opts_t *o, int j, size_t dim, fl_wk_rdev
     return FL_OK;
 }
 
-void fl_wk_rdev_destroy(fl_wk_rdev_t **pr)
+static void wk_rdev_destroy(fl_wk_rdev_t **pr)
 {
     if (pr == NULL || *pr == NULL)
         return;
@@ -213,6 +213,13 @@ void fl_wk_rdev_destroy(fl_wk_rdev_t **pr)
     fl_dev_destroy(&r->dev);
     free(r);
     *pr = NULL;
+}
+
+void fl_wk_rdev_destroy(fl_wk_rdev_t **pr)
+{
+    fl_error_keep_begin();
+    wk_rdev_destroy(pr);
+    fl_error_keep_end();
 }
 
 fl_dev_t *fl_wk_rdev_dev(const fl_wk_rdev_t *r)
@@ -382,13 +389,12 @@ int fl_wk_rdev_grad(fl_wk_rdev_t *r, const float *params, const fl_mlp_src_t *sr
                        correct);
     if (rc != FL_OK) {
         /* Nothing queued may go on reading the caller's parameters or samples, or writing its
-         * gradient, after we return (the first error's text is kept). */
-        char err[1024];
-        snprintf(err, sizeof err, "%s", fl_last_error());
+         * gradient, after we return; the first error is the one to report. */
+        fl_error_keep_begin();
         fl_stream_sync(r->cs, 0);
         fl_stream_sync(r->out, 0);
         fl_stream_sync(r->in, 0);
-        fl_fail(rc, "%s", err);
+        fl_error_keep_end();
     }
     r->dgrad = fl_dptr_null();
     return rc;

@@ -222,7 +222,7 @@ int fl_wk_xchg_create(fl_comm_t *comm, const fl_wk_train_opts_t *o, float *grad,
     return FL_OK;
 }
 
-void fl_wk_xchg_destroy(fl_wk_xchg_t **px)
+static void wk_xchg_destroy(fl_wk_xchg_t **px)
 {
     if (px == NULL || *px == NULL)
         return;
@@ -248,6 +248,13 @@ void fl_wk_xchg_destroy(fl_wk_xchg_t **px)
     pthread_cond_destroy(&x->cv);
     free(x);
     *px = NULL;
+}
+
+void fl_wk_xchg_destroy(fl_wk_xchg_t **px)
+{
+    fl_error_keep_begin();
+    wk_xchg_destroy(px);
+    fl_error_keep_end();
 }
 
 void fl_wk_xchg_begin(fl_wk_xchg_t *x, double density)

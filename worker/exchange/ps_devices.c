@@ -120,7 +120,7 @@ int fl_wk_psdev_create(fl_ps_client_t *cl, int parts, const fl_wk_train_opts_t *
     return FL_OK;
 }
 
-void fl_wk_psdev_destroy(fl_wk_psdev_t **px)
+static void wk_psdev_destroy(fl_wk_psdev_t **px)
 {
     if (px == NULL || *px == NULL)
         return;
@@ -136,6 +136,13 @@ void fl_wk_psdev_destroy(fl_wk_psdev_t **px)
     }
     free(x);
     *px = NULL;
+}
+
+void fl_wk_psdev_destroy(fl_wk_psdev_t **px)
+{
+    fl_error_keep_begin();
+    wk_psdev_destroy(px);
+    fl_error_keep_end();
 }
 
 int fl_wk_psdev_push_pull(fl_wk_psdev_t *x, const float *grad, uint32_t batch, double density,

@@ -82,7 +82,7 @@ int fl_wk_dcmp_create(fl_wk_rdev_t *rd, const fl_wk_train_opts_t *o, size_t from
     return FL_OK;
 }
 
-void fl_wk_dcmp_destroy(fl_wk_dcmp_t **pc)
+static void wk_dcmp_destroy(fl_wk_dcmp_t **pc)
 {
     if (pc == NULL || *pc == NULL)
         return;
@@ -98,6 +98,13 @@ void fl_wk_dcmp_destroy(fl_wk_dcmp_t **pc)
     fl_dev_host_free(c->dev, c->hout);
     free(c);
     *pc = NULL;
+}
+
+void fl_wk_dcmp_destroy(fl_wk_dcmp_t **pc)
+{
+    fl_error_keep_begin();
+    wk_dcmp_destroy(pc);
+    fl_error_keep_end();
 }
 
 int fl_wk_dcmp_bind(fl_wk_dcmp_t *c)

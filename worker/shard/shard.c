@@ -58,7 +58,7 @@ int fl_wk_shards_create(const fl_wk_train_opts_t *o, size_t np, int rank, int wo
     return FL_OK;
 }
 
-void fl_wk_shards_destroy(fl_wk_shards_t **ps)
+static void wk_shards_destroy(fl_wk_shards_t **ps)
 {
     if (ps == NULL || *ps == NULL)
         return;
@@ -66,6 +66,13 @@ void fl_wk_shards_destroy(fl_wk_shards_t **ps)
         fl_opt_destroy(&(*ps)->opt[t]);
     free(*ps);
     *ps = NULL;
+}
+
+void fl_wk_shards_destroy(fl_wk_shards_t **ps)
+{
+    fl_error_keep_begin();
+    wk_shards_destroy(ps);
+    fl_error_keep_end();
 }
 
 const char *fl_wk_shard_name(fl_wk_shard_t m)

@@ -167,7 +167,7 @@ static void free_prog(fl_wk_full_t *z)
     z->live = 0;
 }
 
-void fl_wk_full_destroy(fl_wk_full_t **pz)
+static void wk_full_destroy(fl_wk_full_t **pz)
 {
     if (pz == NULL || *pz == NULL)
         return;
@@ -185,6 +185,13 @@ void fl_wk_full_destroy(fl_wk_full_t **pz)
     pthread_cond_destroy(&z->cv);
     free(z);
     *pz = NULL;
+}
+
+void fl_wk_full_destroy(fl_wk_full_t **pz)
+{
+    fl_error_keep_begin();
+    wk_full_destroy(pz);
+    fl_error_keep_end();
 }
 
 const fl_mlp_src_t *fl_wk_full_src(fl_wk_full_t *z, int t)

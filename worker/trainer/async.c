@@ -132,7 +132,7 @@ int fl_wk_async_create(fl_wk_devices_t *d, const fl_wk_train_opts_t *o, fl_comm_
     return FL_OK;
 }
 
-void fl_wk_async_destroy(fl_wk_async_t **pa)
+static void wk_async_destroy(fl_wk_async_t **pa)
 {
     if (pa == NULL || *pa == NULL)
         return;
@@ -156,6 +156,13 @@ void fl_wk_async_destroy(fl_wk_async_t **pa)
     pthread_cond_destroy(&a->cv);
     free(a);
     *pa = NULL;
+}
+
+void fl_wk_async_destroy(fl_wk_async_t **pa)
+{
+    fl_error_keep_begin();
+    wk_async_destroy(pa);
+    fl_error_keep_end();
 }
 
 static struct timespec deadline(void)

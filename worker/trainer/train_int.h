@@ -175,8 +175,9 @@ typedef struct trainer {
 
 /* The trainer's parts from its options (model, devices, exchanges, shards, El Che, metrics):
  * FL_OK, or the first error with its detail (the options named); fl_wk_trainer_teardown frees
- * what was made either way. A training that failed (rc, why: its detail) leaves the job with
- * the error (fl_comm_abort) once its threads are stopped and before its devices are freed. */
+ * what was made either way, keeping the thread's error text. A training that failed (rc, why:
+ * its detail) leaves the job with the error (fl_comm_abort) once its threads are stopped and
+ * before its devices are freed. */
 int fl_wk_trainer_setup(trainer_t *tr);
 void fl_wk_trainer_teardown(trainer_t *tr, int rc, const char *why);
 

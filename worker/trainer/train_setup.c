@@ -235,6 +235,7 @@ int fl_wk_trainer_setup(trainer_t *tr)
 
 void fl_wk_trainer_teardown(trainer_t *tr, int rc, const char *why)
 {
+    fl_error_keep_begin();
     for (int j = 0; j < tr->nx; j++)
         fl_wk_xchg_destroy(&tr->xchg[j]);
     fl_wk_shards_destroy(&tr->shards);
@@ -251,6 +252,7 @@ void fl_wk_trainer_teardown(trainer_t *tr, int rc, const char *why)
     free(tr->grad);
     if (tr->metrics != NULL)
         fclose(tr->metrics);
+    fl_error_keep_end();
 }
 
 /* Device t's optimizer, whichever --shard holds it (checkpoints). */
