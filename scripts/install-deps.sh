@@ -13,11 +13,12 @@ image_pkgs=(build-essential cmake pkg-config libzmq3-dev libprotobuf-c-dev proto
 # Tests: Check, network namespaces, the fuzzer, the deployment checks (Compose's parser,
 # YAML and JSON Schema for the Kubernetes manifests), the protocol's conformance test in
 # Python (protoc and the protobuf module; libzmq5 comes with libzmq3-dev), and promtool (in
-# Debian's prometheus package) for the metrics endpoints, and PyTorch for the Python package's
-# test (tests/python; about 47 MB installed, with numpy and its other dependencies).
+# Debian's prometheus package) for the metrics endpoints, PyTorch for the Python package's
+# test (tests/python; about 47 MB installed, with numpy and its other dependencies), and
+# clang-format 14 for the formatting check.
 build_pkgs=("${image_pkgs[@]}" check libsubunit-dev iproute2 clang libclang-rt-14-dev
             docker-compose python3-yaml python3-jsonschema protobuf-compiler python3-protobuf
-            prometheus python3-torch)
+            prometheus python3-torch clang-format-14)
 bench_pkgs=(openmpi-bin libopenmpi-dev iperf3 python3-torch)
 
 pkgs=("${build_pkgs[@]}")
