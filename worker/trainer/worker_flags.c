@@ -44,7 +44,7 @@ int fl_wk_args_apply(wargs_t *a, int ch, const char *name, const char *v)
         else if (strcmp(v, "ps") == 0)
             a->mode = FL_WK_MODE_PS;
         else if (strcmp(v, "drill") == 0)
-            a->mode = 99;
+            a->mode = FL_WK_MODE_DRILL;
         else
             rc = fl_fail(FL_EINVAL, "--mode: '%s' is not one of local|ring|ps|drill", v);
         break;

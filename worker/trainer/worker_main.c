@@ -455,8 +455,8 @@ int main(int argc, char **argv)
      * world of several ranks means a networked run, so a missing piece of it is an error
      * rather than a silent local run. */
     if (a.drill_flag != NULL && a.mode < 0)
-        a.mode = 99;
-    if (a.drill_flag != NULL && a.mode != 99)
+        a.mode = FL_WK_MODE_DRILL;
+    if (a.drill_flag != NULL && a.mode != FL_WK_MODE_DRILL)
         return bad("%s applies to --mode drill only", a.drill_flag);
     if (a.mode == FL_WK_MODE_PS && a.optim_flag != NULL)
         return bad("--%s: in --mode ps the optimizer runs on the parameter server: give it to "
@@ -512,7 +512,7 @@ int main(int argc, char **argv)
                             &a.co.curve_dir) != FL_OK)
             return usage_error();
     }
-    if (a.mode != 99 && fl_wk_device_select(a.device, a.gpus, a.replicas_given, &a.to) != FL_OK)
+    if (a.mode != FL_WK_MODE_DRILL && fl_wk_device_select(a.device, a.gpus, a.replicas_given, &a.to) != FL_OK)
         return usage_error();
     if (sim_env(&a.to, a.co.rank > 0 ? a.co.rank : 0) != FL_OK)
         return usage_error();
@@ -525,7 +525,7 @@ int main(int argc, char **argv)
     memset(&train, 0, sizeof train);
     memset(&test, 0, sizeof test);
     bool have_test = false;
-    if (a.mode != 99) {
+    if (a.mode != FL_WK_MODE_DRILL) {
         int rc = load_data(&a, &train, &test, &have_test);
         if (rc == FL_EINVAL)
             return usage_error();
@@ -574,7 +574,7 @@ int main(int argc, char **argv)
     wobs_t wo;
     if ((rc = wobs_start(&a, comm ? fl_comm_rank(comm) : 0, &wo)) != FL_OK) {
         code = rc == FL_EINVAL ? 2 : 1;
-    } else if (a.mode == 99) {
+    } else if (a.mode == FL_WK_MODE_DRILL) {
         rc = fl_wk_drill_run(comm, &a.d);
     } else {
         fl_wk_train_result_t res;
