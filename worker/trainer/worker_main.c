@@ -4,7 +4,6 @@
  * peer and operation), 2 on bad flags, a model that does not fit the data or the init file, or
  * a model that differs from the other ranks' (one line saying what and where). */
 #include <cblas.h>
-#include <getopt.h>
 #include <math.h>
 #include <stdarg.h>
 #include <stdio.h>
@@ -17,72 +16,6 @@
 #include "fl_core.h"
 #include "fl_obs.h"
 #include "fl_wk.h"
-
-static const char usage[] =
-    "usage: flodl-worker [--rank K --world-size N --coordinator tcp://HOST:PORT] [options]\n"
-    "  rank, world size and coordinator may come from the environment instead: FLODL_RANK/\n"
-    "  FLODL_WORLD_SIZE/FLODL_COORDINATOR, torchrun's RANK/WORLD_SIZE/MASTER_ADDR/MASTER_PORT,\n"
-    "  Open MPI's OMPI_COMM_WORLD_RANK/_SIZE, Kubernetes' JOB_COMPLETION_INDEX.\n"
-    "  --mode local|ring|ps|drill   (default: ring with a coordinator, else local)\n"
-    "data (default: the built-in dataset):\n"
-    "  --train-images F --train-labels F [--test-images F --test-labels F]   IDX (.gz ok)\n"
-    "  --train-csv F [--test-csv F]   CSV, label first\n"
-    "  --data-seed S                  seed of the built-in dataset (default 1)\n"
-    "model and training:\n"
-    "  --layers 64,256,128,10  --batch-size 64  --epochs 10  --seed 1  --no-shuffle\n"
-    "  --optimizer sgd|adam|adamw  --lr 0.05  --momentum 0.9  --nesterov  --dampening 0\n"
-    "  --weight-decay 0  --beta1 0.9  --beta2 0.999  --eps 1e-8\n"
-    "  --lr-schedule constant|step|cosine  --warmup-steps 0  --lr-step-size N  --lr-gamma 0.1\n"
-    "  --total-steps N  --min-lr 0   (in --mode ps the optimizer runs on flodl-ps: set it there)\n"
-    "  --scale-lr (linear scaling rule)  --max-grad-norm X\n"
-    "  --device auto|cpu|sim|cuda (auto: cuda when a GPU is usable, else cpu; sim: a simulated\n"
-    "    GPU for machines without one)  --gpus 0,1,... (the local GPUs, one device each; a\n"
-    "    repeated id gives two devices on one GPU)  --cpu-replicas L (devices on the CPU)\n"
-    "  --hierarchy hybrid|flat (several devices per host, --mode ring: two-level exchange, the\n"
-    "    default, or every device its own ring member)\n"
-    "  --ps-clients device|host (several devices per host, --mode ps: each device pushes and\n"
-    "    pulls its own shards on its own connections, the default, or the host's mean goes\n"
-    "    out over one client)\n"
-    "  --overlap (two levels: reduce and exchange bucket by bucket during the backward pass\n"
-    "    instead of after it; the same parameters)\n"
-    "  --first-leg auto|devices|host (several GPUs or sim devices: reduce inside the host on\n"
-    "    the devices, NCCL or device copies, or in host memory; auto: devices on sim, host\n"
-    "    memory on cuda until the NCCL leg has run on a GPU)\n"
-    "  --shard none|grad|hybrid|full (optimizer state: on every device; 1/(hosts x devices)\n"
-    "    each, gradients reduce-scattered and parameters all-gathered across hosts; 1/devices\n"
-    "    each, replicated across hosts; full: parameters too, each layer gathered only while it\n"
-    "    computes, the next one's gather overlapping it)\n"
-    "  --policy sync|cadence|async (gradients averaged every step; or local SGD: each device\n"
-    "    trains its own copy and parameters are averaged every --max-anchor batches of the\n"
-    "    slowest; async: the devices go on while a round is averaged, at most --run-ahead N\n"
-    "    rounds (default 1) beyond the last completed averaging)\n"
-    "  --checkpoint DIR (training state after every epoch: a file per shard and a manifest;\n"
-    "    --mode ps: the worker's top-k residual, the server checkpoints the rest)\n"
-    "  --resume DIR (from such a checkpoint, into any hosts, devices and --shard)\n"
-    "  --resume-if-any DIR (--resume DIR when DIR holds a checkpoint, else a fresh start: a\n"
-    "    restarted container or pod picks up where the job left off)\n"
-    "  --max-anchor N (El Che: faster devices do more batches between syncs, the slowest up to\n"
-    "    N; 0, the default: one batch each)  --overhead-target 0.1 (exchange / compute)\n"
-    "  --speed-hint DEVICE:RATIO (relative speed seeding El Che)  --throttle DEVICE:FACTOR\n"
-    "    (testing: the device takes FACTOR times its compute time per batch)\n"
-    "  --topk DENSITY (top-k with error feedback; 0: dense)  --topk-warmup EPOCHS\n"
-    "  --topk-values float32|float16|bfloat16  --bucket-mb 1\n"
-    "  --init FILE.safetensors  --save FILE.safetensors  --save-every STEPS\n"
-    "  --metrics FILE (JSON lines)  --progress SECONDS  --quiet\n"
-    "  --metrics-port N (Prometheus /metrics and /healthz; 0: any free port, printed)\n"
-    "  --metrics-bind ADDR (default 0.0.0.0)  --timeline FILE (Chrome trace of every phase)\n"
-    "security (networked modes; one of them is required):\n"
-    "  --curve-dir DIR (CurveZMQ keys from flodl-keygen: every connection authenticated and\n"
-    "    encrypted; or FLODL_CURVE_DIR)  --insecure (plain text; or FLODL_INSECURE=1)\n"
-    "communicator:\n"
-    "  --host ADDR  --bind ENDPOINT  --job-id ID  --timeout MS  --rendezvous-timeout MS\n"
-    "  --stripes K  --segment BYTES  --small BYTES  --algo auto|ring|rd|direct\n"
-    "  --log-level debug|info|warn|error (default warn, or FLODL_LOG)\n"
-    "  --ipc 0|1 (peers on this host over ipc:// sockets; default 1, or FLODL_IPC)\n"
-    "parameter server (--mode ps): --lz4 (compress dense pushes and pulls when it pays)\n"
-    "  --reconnect-timeout MS (wait this long for a restarted flodl-ps; default 600000)\n"
-    "drill (--mode drill): --size BYTES  --steps N  --dtype TYPE  --op sum|avg\n";
-
 #include "worker_args.h"
 
 /* The worker's observability: a metrics endpoint and a timeline, when asked for. */
@@ -351,113 +284,43 @@ static int run_ps(wargs_t *a, fl_dataset_t *train, fl_dataset_t *test)
 
 int main(int argc, char **argv)
 {
-    static const struct option train_opts[] = {
-        {"mode", 1, NULL, O_MODE}, {"train-images", 1, NULL, O_TRAIN_IMAGES},
-        {"train-labels", 1, NULL, O_TRAIN_LABELS}, {"test-images", 1, NULL, O_TEST_IMAGES},
-        {"test-labels", 1, NULL, O_TEST_LABELS}, {"train-csv", 1, NULL, O_TRAIN_CSV},
-        {"test-csv", 1, NULL, O_TEST_CSV}, {"data-seed", 1, NULL, O_DATA_SEED},
-        {"layers", 1, NULL, O_LAYERS}, {"batch-size", 1, NULL, O_BATCH},
-        {"epochs", 1, NULL, O_EPOCHS}, {"seed", 1, NULL, O_SEED},
-        {"no-shuffle", 0, NULL, O_NO_SHUFFLE}, {"lz4", 0, NULL, O_LZ4},
-        {"reconnect-timeout", 1, NULL, O_RECONNECT}, {"scale-lr", 0, NULL, O_SCALE_LR},
-        {"overlap", 0, NULL, O_OVERLAP}, {"first-leg", 1, NULL, O_FIRST_LEG},
-        {"max-grad-norm", 1, NULL, O_MAX_NORM},
-        {"cpu-replicas", 1, NULL, O_REPLICAS}, {"hierarchy", 1, NULL, O_HIER},
-        {"ps-clients", 1, NULL, O_PS_CLIENTS},
-        {"shard", 1, NULL, O_SHARD}, {"policy", 1, NULL, O_POLICY},
-        {"metrics-port", 1, NULL, O_MPORT}, {"metrics-bind", 1, NULL, O_MBIND},
-        {"timeline", 1, NULL, O_TIMELINE}, {"curve-dir", 1, NULL, O_CURVE},
-        {"insecure", 0, NULL, O_INSECURE}, {"checkpoint", 1, NULL, O_CKPT},
-        {"resume", 1, NULL, O_RESUME},
-        {"resume-if-any", 1, NULL, O_RESUME_ANY},
-        {"max-anchor", 1, NULL, O_ANCHOR}, {"run-ahead", 1, NULL, O_RUN_AHEAD}, {"overhead-target", 1, NULL, O_OVERHEAD},
-        {"speed-hint", 1, NULL, O_HINT}, {"throttle", 1, NULL, O_THROTTLE},
-        {"device", 1, NULL, O_DEVICE}, {"gpus", 1, NULL, O_GPUS},
-        {"topk", 1, NULL, O_TOPK}, {"topk-warmup", 1, NULL, O_TOPK_WARMUP},
-        {"topk-values", 1, NULL, O_TOPK_VALUES}, {"bucket-mb", 1, NULL, O_BUCKET},
-        {"init", 1, NULL, O_INIT}, {"save", 1, NULL, O_SAVE},
-        {"save-every", 1, NULL, O_SAVE_EVERY}, {"metrics", 1, NULL, O_METRICS},
-        {"progress", 1, NULL, O_PROGRESS}, {"quiet", 0, NULL, O_QUIET},
-        {"size", 1, NULL, O_SIZE}, {"steps", 1, NULL, O_STEPS}, {"dtype", 1, NULL, O_DTYPE},
-        {"op", 1, NULL, O_OP}, {"help", 0, NULL, O_HELP}, {"version", 0, NULL, O_VERSION},
-    };
-    static struct option longopts[128];
-    int nopt = 0;
-    for (int i = 0; fl_comm_opt_names[i] != NULL; i++)
-        longopts[nopt++] = (struct option){fl_comm_opt_names[i], required_argument, NULL, i + 1};
-    int ncomm = nopt;
-    for (size_t i = 0; i < sizeof train_opts / sizeof train_opts[0]; i++)
-        longopts[nopt++] = train_opts[i];
-    for (size_t i = 0; fl_cli_optim_names[i] != NULL; i++) {
-        const char *o = fl_cli_optim_names[i];
-        longopts[nopt++] = (struct option){o, strcmp(o, "nesterov") == 0 ? 0 : 1, NULL, O_OPTIM};
-    }
-    longopts[nopt] = (struct option){NULL, 0, NULL, 0};
-
     wargs_t a;
-    memset(&a, 0, sizeof a);
-    a.mode = -1;
-    a.data_seed = 1;
-    a.metrics_port = -1;
-    a.reconnect_ms = 600000;
-    fl_comm_opts_init(&a.co);
-    fl_wk_train_opts_init(&a.to);
-    fl_wk_drill_opts_init(&a.d);
+    fl_wk_args_init(&a);
 
-    fl_launch_info_t env;
-    if (fl_launch_from_env(env_get, NULL, &env) != FL_OK)
+    fl_launch_info_t *env = &a.env;
+    if (fl_launch_from_env(env_get, NULL, env) != FL_OK)
         return usage_error();
-    if (env.rank >= 0)
-        a.co.rank = env.rank;
-    if (env.world_size > 0)
-        a.co.world_size = env.world_size;
-    if (env.coordinator[0] != '\0')
-        a.co.coordinator = env.coordinator;
-    if (env.host[0] != '\0')
-        a.co.host = env.host;
-    if (env.job_id[0] != '\0')
-        a.co.job_id = env.job_id;
-    a.env_curve = env.curve_dir;
-    a.env_insecure = env.insecure;
-    if (env.log_level >= 0)
-        a.co.log_level = (fl_log_level_t)env.log_level;
-    if (env.ipc >= 0)
-        a.co.ipc = env.ipc;
+    if (env->rank >= 0)
+        a.co.rank = env->rank;
+    if (env->world_size > 0)
+        a.co.world_size = env->world_size;
+    if (env->coordinator[0] != '\0')
+        a.co.coordinator = env->coordinator;
+    if (env->host[0] != '\0')
+        a.co.host = env->host;
+    if (env->job_id[0] != '\0')
+        a.co.job_id = env->job_id;
+    if (env->log_level >= 0)
+        a.co.log_level = (fl_log_level_t)env->log_level;
+    if (env->ipc >= 0)
+        a.co.ipc = env->ipc;
 
-    int ch, li = 0;
-    opterr = 0;
-    while ((ch = getopt_long(argc, argv, "h", longopts, &li)) != -1) {
-        if (ch >= 1 && ch <= ncomm) {
-            if (fl_comm_opts_set(&a.co, fl_comm_opt_names[ch - 1], optarg) != FL_OK)
-                return usage_error();
-            continue;
-        }
-        if (ch == 'h' || ch == O_HELP) {
-            fputs(usage, stdout);
-            return 0;
-        }
-        if (ch == O_VERSION)
-            return fl_cli_version("flodl-worker");
-        if (ch == '?' || ch == ':')
-            return bad("unknown or incomplete flag '%s' (see --help)", argv[optind - 1]);
-        if (fl_wk_args_apply(&a, ch, longopts[li].name, optarg) != FL_OK)
-            return usage_error();
-        if (ch == O_SIZE || ch == O_STEPS || ch == O_DTYPE || ch == O_OP)
-            a.drill_flag = argv[optind - 2];
-        if (ch == O_OPTIM && a.optim_flag == NULL)
-            a.optim_flag = longopts[li].name;
-        if ((ch == O_LZ4 || ch == O_RECONNECT) && a.ps_flag == NULL)
-            a.ps_flag = longopts[li].name;
+    wargs_what_t what;
+    if (fl_wk_args_parse(&a, argc, argv, &what) != FL_OK)
+        return usage_error();
+    if (what == WARGS_HELP) {
+        fl_wk_args_help(stdout);
+        return 0;
     }
-    if (optind < argc)
-        return bad("unexpected argument '%s' (see --help)", argv[optind]);
+    if (what == WARGS_VERSION)
+        return fl_cli_version("flodl-worker");
     /* Drill flags imply the drill; with another mode they are a mistake. A coordinator or a
      * world of several ranks means a networked run, so a missing piece of it is an error
      * rather than a silent local run. */
     if (a.drill_flag != NULL && a.mode < 0)
         a.mode = FL_WK_MODE_DRILL;
     if (a.drill_flag != NULL && a.mode != FL_WK_MODE_DRILL)
-        return bad("%s applies to --mode drill only", a.drill_flag);
+        return bad("--%s applies to --mode drill only", a.drill_flag);
     if (a.mode == FL_WK_MODE_PS && a.optim_flag != NULL)
         return bad("--%s: in --mode ps the optimizer runs on the parameter server: give it to "
                    "flodl-ps",
@@ -508,7 +371,7 @@ int main(int argc, char **argv)
         }
         if (a.co.coordinator == NULL)
             return bad("--coordinator: missing (or set FLODL_COORDINATOR / MASTER_ADDR)");
-        if (fl_cli_security(a.co.curve_dir, a.insecure, a.env_curve, a.env_insecure,
+        if (fl_cli_security(a.co.curve_dir, a.insecure, a.env.curve_dir, a.env.insecure,
                             &a.co.curve_dir) != FL_OK)
             return usage_error();
     }
