@@ -1,6 +1,8 @@
-/* flodl-launch's command line (launch_int.h): its own flags, anywhere before "--", and the
- * security variables; every other argument goes to the workers. Finding the binaries and
- * running the job are launch_main.c's. */
+/* flodl-launch's command line (launch_int.h): its own flags, one row each (name, how the value
+ * is read and checked, the field it sets, --help's text), which also make --help; the
+ * security variables; and what goes to the workers instead. Finding the binaries and running
+ * the job are launch_main.c's. */
+#include <stddef.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -9,8 +11,10 @@
 #include "launch_int.h"
 
 #define MAX_WORKERS 1024
+#define HELP_WIDTH 90
+#define HELP_COLUMN 27 /* where a flag's text starts */
 
-static const char usage[] =
+static const char usage_head[] =
     "usage: flodl-launch [--workers N] [launcher options] [--] [flodl-worker flags]\n"
     "       flodl-launch [--workers N] [launcher options] -- PROGRAM [ARGS...]\n"
     "Runs flodl-ps and N flodl-worker processes (or N copies of PROGRAM) on this machine,\n"
@@ -20,28 +24,68 @@ static const char usage[] =
     "they are and, in its environment, FLODL_RANK=K, FLODL_WORLD_SIZE=N,\n"
     "FLODL_COORDINATOR (flodl-ps's endpoint), LOCAL_RANK=K, LOCAL_WORLD_SIZE=N and\n"
     "FLODL_CURVE_DIR (the job's keys) or FLODL_INSECURE=1, as flodl.init() in Python reads:\n"
-    "  flodl-launch --workers 4 -- python3 train.py --lr 0.1\n"
-    "  --workers N              worker processes (default 4)\n"
-    "  --heartbeat-timeout MS   passed to flodl-ps: a rank silent this long is dead\n"
-    "  --no-pin                 do not pin workers; by default, with more workers than CPUs,\n"
-    "                           rank K runs on CPU K mod ncpus\n"
-    "  --ps-flag FLAG           one more argument for flodl-ps (repeat it), e.g. to run the\n"
-    "                           parameter server: --ps-flag=--shards=2 -- --mode ps, or for\n"
-    "                           a program whose DistributedOptimizer has mode=\"ps\":\n"
-    "                           --ps-flag=--shards=2 --ps-flag=--lr=0.05 -- python3 train.py\n"
-    "  --curve-dir DIR          the job's CurveZMQ keys (flodl-keygen), for flodl-ps and every\n"
-    "                           worker; by default flodl-launch makes throw-away keys for the\n"
-    "                           job (removed at the end), so it is authenticated and encrypted\n"
-    "  --insecure               plain text instead (flodl-ps and every worker)\n"
-    "  --ps PATH                flodl-ps to run (default: the one next to flodl-launch)\n"
-    "  --worker PATH            flodl-worker to run (default: the one next to flodl-launch)\n"
-    "  --help                   this text\n"
+    "  flodl-launch --workers 4 -- python3 train.py --lr 0.1\n";
+
+static const char usage_tail[] =
     "Otherwise every other argument, and everything after \"--\", goes to each worker, which\n"
     "also gets --rank K --world-size N --coordinator (flodl-ps's endpoint); --job-id goes to\n"
     "flodl-ps too.\n"
     "flodl-ps logs at level warn unless FLODL_LOG is set.\n"
     "Exit status: 0 when every process succeeded, 1 when one failed (named on stderr), 2 on bad\n"
     "flags, 128+signal after SIGINT or SIGTERM (forwarded to every process).\n";
+
+/* How a flag's value is read. */
+typedef enum lflag_kind {
+    LF_COUNT, /* an integer in [lo, hi] into a long */
+    LF_MS,    /* an integer in [lo, hi], kept as the text given (it is passed on) */
+    LF_TEXT,  /* a non-empty value into a const char * */
+    LF_PS,    /* a non-empty value appended to flodl-ps's arguments */
+    LF_ON,    /* no value: the bool becomes true */
+    LF_OFF,   /* no value: the bool becomes false */
+} lflag_kind_t;
+
+typedef struct lflag {
+    const char *name; /* without "--" */
+    lflag_kind_t kind;
+    size_t off;       /* the field in fl_launch_opts_t (not for LF_PS) */
+    long lo, hi;      /* LF_COUNT, LF_MS */
+    bool anywhere;    /* the job's, not the launcher's: read after "--" too */
+    const char *alias; /* another spelling of a flag without a value, or NULL */
+    const char *meta; /* the value as --help shows it; NULL for a flag that takes none */
+    const char *help; /* NULL: not listed */
+} lflag_t;
+
+#define AT(f) .off = offsetof(fl_launch_opts_t, f)
+
+/* In --help's order. */
+static const lflag_t flags[] = {
+    {"workers", LF_COUNT, AT(workers), 1, MAX_WORKERS, .meta = "N",
+     .help = "worker processes (default 4)"},
+    {"heartbeat-timeout", LF_MS, AT(heartbeat), 10, 3600000, .meta = "MS",
+     .help = "passed to flodl-ps: a rank silent this long is dead"},
+    {"no-pin", LF_OFF, AT(pin),
+     .help = "do not pin workers; by default, with more workers than CPUs, rank K runs on CPU "
+             "K mod ncpus"},
+    {"ps-flag", LF_PS, .meta = "FLAG",
+     .help = "one more argument for flodl-ps (repeat it), e.g. to run the parameter server: "
+             "--ps-flag=--shards=2 -- --mode ps, or for a program whose DistributedOptimizer "
+             "has mode=\"ps\": --ps-flag=--shards=2 --ps-flag=--lr=0.05 -- python3 train.py"},
+    /* Security is the job's: it goes to flodl-ps and every worker, wherever it was given. */
+    {"curve-dir", LF_TEXT, AT(curve_dir), .anywhere = true, .meta = "DIR",
+     .help = "the job's CurveZMQ keys (flodl-keygen), for flodl-ps and every worker; by "
+             "default flodl-launch makes throw-away keys for the job (removed at the end), so "
+             "it is authenticated and encrypted"},
+    {"insecure", LF_ON, AT(insecure), .anywhere = true,
+     .help = "plain text instead (flodl-ps and every worker)"},
+    {"ps", LF_TEXT, AT(ps_path), .meta = "PATH",
+     .help = "flodl-ps to run (default: the one next to flodl-launch)"},
+    {"worker", LF_TEXT, AT(worker_path), .meta = "PATH",
+     .help = "flodl-worker to run (default: the one next to flodl-launch)"},
+    {"help", LF_ON, AT(help), .alias = "-h", .help = "this text"},
+    {"version", LF_ON, AT(version)},
+};
+
+#define NFLAGS (sizeof flags / sizeof flags[0])
 
 /* Matches "--name VALUE" or "--name=VALUE" at argv[*i]: *val gets the value (NULL when none
  * follows) and *i moves past what was used. */
@@ -58,21 +102,81 @@ static bool opt_value(int argc, char **argv, int *i, const char *name, const cha
     return true;
 }
 
+/* The row argv[*i] names, if any; rest: after "--", where only the job's flags are read. A
+ * flag without a value is matched only as spelled. */
+static const lflag_t *match(int argc, char **argv, int *i, bool rest, const char **val)
+{
+    for (size_t k = 0; k < NFLAGS; k++) {
+        const lflag_t *f = &flags[k];
+        char flag[48];
+        snprintf(flag, sizeof flag, "--%s", f->name);
+        if (rest && !f->anywhere)
+            continue;
+        if (f->meta != NULL && opt_value(argc, argv, i, flag, val))
+            return f;
+        if (f->meta == NULL && (strcmp(argv[*i], flag) == 0 ||
+                                (f->alias != NULL && strcmp(argv[*i], f->alias) == 0)))
+            return f;
+    }
+    return NULL;
+}
+
+static int apply(fl_launch_opts_t *o, const lflag_t *f, const char *v)
+{
+    char flag[48];
+    snprintf(flag, sizeof flag, "--%s", f->name);
+    char *field = (char *)o + f->off;
+    if (f->meta != NULL && (v == NULL || v[0] == '\0'))
+        return fl_fail(FL_EINVAL, "%s: missing value", flag);
+    long n;
+    bool on = f->kind == LF_ON;
+    int rc = FL_OK;
+    switch (f->kind) {
+    case LF_COUNT:
+        if ((rc = fl_cli_long(flag, v, f->lo, f->hi, &n)) == FL_OK)
+            memcpy(field, &n, sizeof n);
+        break;
+    case LF_MS:
+        if ((rc = fl_cli_long(flag, v, f->lo, f->hi, &n)) == FL_OK)
+            memcpy(field, &v, sizeof v);
+        break;
+    case LF_TEXT: memcpy(field, &v, sizeof v); break;
+    case LF_PS: o->pargs[o->npargs++] = v; break;
+    case LF_ON:
+    case LF_OFF: memcpy(field, &on, sizeof on); break;
+    }
+    return rc;
+}
+
 static bool is_flag(const char *a, const char *name)
 {
     size_t n = strlen(name);
     return strncmp(a, name, n) == 0 && (a[n] == '\0' || a[n] == '=');
 }
 
+/* argv[i], not the launcher's: the workers', but for what the launcher sets for each. */
+static int worker_flag(int argc, char **argv, int i, fl_launch_opts_t *o)
+{
+    static const char *const owned[] = {"--rank", "--world-size", "--coordinator", NULL};
+    const char *a = argv[i];
+    for (size_t k = 0; owned[k] != NULL; k++)
+        if (is_flag(a, owned[k]))
+            return fl_fail(FL_EINVAL, "%s: set by flodl-launch for each worker; remove it",
+                           owned[k]);
+    if (strcmp(a, "--job-id") == 0 && i + 1 < argc)
+        o->job_id = argv[i + 1];
+    else if (strncmp(a, "--job-id=", 9) == 0)
+        o->job_id = a + 9;
+    o->wargs[o->nwargs++] = a;
+    return FL_OK;
+}
+
 /* Launcher options are recognized anywhere before "--"; everything else goes to the workers. */
 static int parse_flags(int argc, char **argv, fl_launch_opts_t *o)
 {
-    static const char *const owned[] = {"--rank", "--world-size", "--coordinator", NULL};
     bool rest = false;
-    const char *v;
     for (int i = 1; i < argc; i++) {
-        const char *a = argv[i];
-        if (!rest && strcmp(a, "--") == 0) {
+        if (!rest && strcmp(argv[i], "--") == 0) {
             /* A word that is not a flag right after "--" is a program: it and everything after
              * it are its own, and the launcher reads no further. */
             if (i + 1 < argc && argv[i + 1][0] != '-') {
@@ -82,68 +186,11 @@ static int parse_flags(int argc, char **argv, fl_launch_opts_t *o)
             rest = true;
             continue;
         }
-        if (!rest && opt_value(argc, argv, &i, "--workers", &v)) {
-            if (fl_cli_long("--workers", v, 1, MAX_WORKERS, &o->workers) != FL_OK)
-                return FL_EINVAL;
-            continue;
-        }
-        if (!rest && opt_value(argc, argv, &i, "--heartbeat-timeout", &v)) {
-            long ms;
-            if (fl_cli_long("--heartbeat-timeout", v, 10, 3600000, &ms) != FL_OK)
-                return FL_EINVAL;
-            o->heartbeat = v;
-            continue;
-        }
-        if (!rest && opt_value(argc, argv, &i, "--ps-flag", &v)) {
-            if (v == NULL || v[0] == '\0')
-                return fl_fail(FL_EINVAL, "--ps-flag: missing value");
-            o->pargs[o->npargs++] = v;
-            continue;
-        }
-        if (!rest && opt_value(argc, argv, &i, "--ps", &v)) {
-            if (v == NULL || v[0] == '\0')
-                return fl_fail(FL_EINVAL, "--ps: missing value");
-            o->ps_path = v;
-            continue;
-        }
-        if (!rest && opt_value(argc, argv, &i, "--worker", &v)) {
-            if (v == NULL || v[0] == '\0')
-                return fl_fail(FL_EINVAL, "--worker: missing value");
-            o->worker_path = v;
-            continue;
-        }
-        if (!rest && strcmp(a, "--no-pin") == 0) {
-            o->pin = false;
-            continue;
-        }
-        if (!rest && (strcmp(a, "--help") == 0 || strcmp(a, "-h") == 0)) {
-            o->help = true;
-            continue;
-        }
-        if (!rest && strcmp(a, "--version") == 0) {
-            o->version = true;
-            continue;
-        }
-        /* Security is the job's: it goes to flodl-ps and every worker, wherever it was given. */
-        if (opt_value(argc, argv, &i, "--curve-dir", &v)) {
-            if (v == NULL || v[0] == '\0')
-                return fl_fail(FL_EINVAL, "--curve-dir: missing value");
-            o->curve_dir = v;
-            continue;
-        }
-        if (strcmp(a, "--insecure") == 0) {
-            o->insecure = true;
-            continue;
-        }
-        for (size_t k = 0; owned[k] != NULL; k++)
-            if (is_flag(a, owned[k]))
-                return fl_fail(FL_EINVAL, "%s: set by flodl-launch for each worker; remove it",
-                               owned[k]);
-        if (strcmp(a, "--job-id") == 0 && i + 1 < argc)
-            o->job_id = argv[i + 1];
-        else if (strncmp(a, "--job-id=", 9) == 0)
-            o->job_id = a + 9;
-        o->wargs[o->nwargs++] = a;
+        const char *v = NULL;
+        const lflag_t *f = match(argc, argv, &i, rest, &v);
+        int rc = f != NULL ? apply(o, f, v) : worker_flag(argc, argv, i, o);
+        if (rc != FL_OK)
+            return rc;
     }
     return FL_OK;
 }
@@ -182,7 +229,34 @@ void fl_launch_opts_deinit(fl_launch_opts_t *o)
     o->pargs = NULL;
 }
 
+/* Writes text's words from column col, wrapping at HELP_WIDTH to lines that start at
+ * HELP_COLUMN. */
+static void help_text(FILE *out, int col, const char *text)
+{
+    bool first = true;
+    for (const char *p = text; *p != '\0'; first = false) {
+        int n = (int)strcspn(p, " ");
+        if (!first && col + 1 + n > HELP_WIDTH)
+            col = fprintf(out, "\n%*s", HELP_COLUMN, "") - 1;
+        else if (!first)
+            col += fprintf(out, " ");
+        col += (int)fwrite(p, 1, (size_t)n, out);
+        p += n + (int)strspn(p + n, " ");
+    }
+    fputc('\n', out);
+}
+
 void fl_launch_opts_help(FILE *out)
 {
-    fputs(usage, out);
+    fputs(usage_head, out);
+    for (size_t k = 0; k < NFLAGS; k++) {
+        const lflag_t *f = &flags[k];
+        if (f->help == NULL)
+            continue;
+        char left[64];
+        snprintf(left, sizeof left, "--%s%s%s", f->name, f->meta != NULL ? " " : "",
+                 f->meta != NULL ? f->meta : "");
+        help_text(out, fprintf(out, "  %-*s", HELP_COLUMN - 2, left), f->help);
+    }
+    fputs(usage_tail, out);
 }
