@@ -6,7 +6,6 @@
 
 #include "worker_args.h"
 
-
 #define HELP_WIDTH 90
 
 /* Each section's title (NULL: none), whether its flags follow the title on its line, and the
