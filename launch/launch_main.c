@@ -324,8 +324,8 @@ static void start_ps(job_t *j, const fl_launch_opts_t *o, const char *path, cons
         argv[a++] = o->pargs[i];
     argv[a] = NULL;
     size_t idx;
-    int rc = fl_launch_procs_spawn(j->procs, "flodl-ps", "[ps] ", path, (char *const *)argv, -1,
-                               &idx);
+    int rc = fl_launch_procs_spawn(j->procs, "flodl-ps", "[ps] ", path, (char *const *)argv,
+                                   -1, &idx);
     free(argv);
     if (rc != FL_OK) {
         fprintf(stderr, "flodl-launch: cannot start flodl-ps: %s\n", fl_last_error());
@@ -428,7 +428,7 @@ static void start_workers(job_t *j, const fl_launch_opts_t *o, const char *path,
         snprintf(prefix, sizeof prefix, "[rank %ld] ", k);
         size_t idx;
         if (fl_launch_procs_spawn(j->procs, name, prefix, path, (char *const *)argv,
-                              pin_cpu(o, k), &idx) != FL_OK) {
+                                  pin_cpu(o, k), &idx) != FL_OK) {
             fprintf(stderr, "flodl-launch: cannot start rank %ld: %s; stopping the others\n", k,
                     fl_last_error());
             j->code = 1;
@@ -440,53 +440,81 @@ static void start_workers(job_t *j, const fl_launch_opts_t *o, const char *path,
     free(argv);
 }
 
-static int run_job(const fl_launch_opts_t *o_in, const char *ps_path, const char *wk_path)
-{
-    const fl_launch_opts_t *o = o_in;
-    const char *tmp = getenv("TMPDIR");
+/* A directory of the job's own: flodl-ps's endpoint file and, unless the job has keys or runs
+ * in plain text, its throw-away keys. */
+typedef struct jobdir {
     char dir[PATH_MAX];
     char epfile[PATH_MAX + 8];
-    int w = snprintf(dir, sizeof dir, "%s/flodl-launch-XXXXXX",
-                     tmp != NULL && tmp[0] != '\0' ? tmp : "/tmp");
-    if (w < 0 || (size_t)w >= sizeof dir || mkdtemp(dir) == NULL) {
+    char keys[PATH_MAX + 8]; /* "" when none were made */
+} jobdir_t;
+
+static void jobdir_remove(jobdir_t *d)
+{
+    unlink(d->epfile);
+    if (d->keys[0] != '\0')
+        remove_keys(d->keys);
+    rmdir(d->dir);
+}
+
+/* 0, or 1 after saying why. */
+static int jobdir_make(const fl_launch_opts_t *o, jobdir_t *d)
+{
+    const char *tmp = getenv("TMPDIR");
+    if (tmp == NULL || tmp[0] == '\0')
+        tmp = "/tmp";
+    memset(d, 0, sizeof *d);
+    int w = snprintf(d->dir, sizeof d->dir, "%s/flodl-launch-XXXXXX", tmp);
+    if (w < 0 || (size_t)w >= sizeof d->dir || mkdtemp(d->dir) == NULL) {
         fprintf(stderr, "flodl-launch: cannot create a directory for the endpoint file in %s\n",
-                tmp != NULL && tmp[0] != '\0' ? tmp : "/tmp");
+                tmp);
         return 1;
     }
-    snprintf(epfile, sizeof epfile, "%s/ep", dir);
-    char keys[PATH_MAX + 8] = "";
-    fl_launch_opts_t ob = *o;
-    if (!o->insecure && o->curve_dir == NULL) {
-        if (make_keys(dir, keys, sizeof keys) != FL_OK) {
-            fprintf(stderr, "flodl-launch: throw-away keys: %s\n", fl_last_error());
-            remove_keys(keys);
-            rmdir(dir);
-            return 1;
-        }
-        ob.curve_dir = keys;
-    }
-    o = &ob;
-    job_t j = {.nworkers = (size_t)o->workers, .code = -1, .deadline = INT64_MAX};
-    if (fl_launch_procs_create((size_t)o->workers + 1, &j.procs) != FL_OK) {
+    snprintf(d->epfile, sizeof d->epfile, "%s/ep", d->dir);
+    if (o->insecure || o->curve_dir != NULL || make_keys(d->dir, d->keys, sizeof d->keys) == FL_OK)
+        return 0;
+    fprintf(stderr, "flodl-launch: throw-away keys: %s\n", fl_last_error());
+    jobdir_remove(d);
+    return 1;
+}
+
+static int run_job(const fl_launch_opts_t *given, const char *ps_path, const char *wk_path)
+{
+    jobdir_t d;
+    if (jobdir_make(given, &d) != 0)
+        return 1;
+    fl_launch_opts_t o = *given;
+    if (d.keys[0] != '\0')
+        o.curve_dir = d.keys;
+    job_t j = {.nworkers = (size_t)o.workers, .code = -1, .deadline = INT64_MAX};
+    if (fl_launch_procs_create((size_t)o.workers + 1, &j.procs) != FL_OK) {
         fprintf(stderr, "flodl-launch: %s\n", fl_last_error());
-        if (keys[0] != '\0')
-            remove_keys(keys);
-        rmdir(dir);
+        jobdir_remove(&d);
         return 1;
     }
-    start_ps(&j, o, ps_path, epfile);
+    start_ps(&j, &o, ps_path, d.epfile);
     char ep[512];
-    if (j.started == 1 && wait_endpoint(&j, epfile, ep, sizeof ep))
-        start_workers(&j, o, wk_path, ep);
+    if (j.started == 1 && wait_endpoint(&j, d.epfile, ep, sizeof ep))
+        start_workers(&j, &o, wk_path, ep);
     while (fl_launch_procs_running(j.procs) > 0 && !j.gave_up)
         step(&j, 1000);
     fl_launch_procs_drain(j.procs, fl_deadline_in(DRAIN_MS));
     fl_launch_procs_destroy(&j.procs);
-    unlink(epfile);
-    if (keys[0] != '\0')
-        remove_keys(keys);
-    rmdir(dir);
+    jobdir_remove(&d);
     return j.code < 0 ? 0 : j.code;
+}
+
+/* flodl-ps, and flodl-worker or the program, to run. */
+static int find_binaries(const fl_launch_opts_t *o, char *ps_path, char *wk_path, size_t cap)
+{
+    int rc = find_binary("--ps", o->ps_path, "flodl-ps", "server", ps_path, cap);
+    if (rc != FL_OK)
+        return rc;
+    if (o->prog != NULL && o->nwargs > 0)
+        return fl_fail(FL_EINVAL, "'%s': a flodl-worker flag, but the job runs the program '%s'",
+                       o->wargs[0], o->prog[0]);
+    if (o->prog != NULL)
+        return find_program(o->prog[0], wk_path, cap);
+    return find_binary("--worker", o->worker_path, "flodl-worker", "worker", wk_path, cap);
 }
 
 int main(int argc, char **argv)
@@ -504,15 +532,7 @@ int main(int argc, char **argv)
     char ps_path[PATH_MAX];
     char wk_path[PATH_MAX];
     if (rc == FL_OK)
-        rc = find_binary("--ps", o.ps_path, "flodl-ps", "server", ps_path, sizeof ps_path);
-    if (rc == FL_OK && o.prog != NULL && o.nwargs > 0)
-        rc = fl_fail(FL_EINVAL, "'%s': a flodl-worker flag, but the job runs the program '%s'",
-                     o.wargs[0], o.prog[0]);
-    if (rc == FL_OK && o.prog != NULL)
-        rc = find_program(o.prog[0], wk_path, sizeof wk_path);
-    else if (rc == FL_OK)
-        rc = find_binary("--worker", o.worker_path, "flodl-worker", "worker", wk_path,
-                         sizeof wk_path);
+        rc = find_binaries(&o, ps_path, wk_path, PATH_MAX);
     if (rc != FL_OK) {
         fprintf(stderr, "flodl-launch: %s\n", fl_last_error());
         fl_launch_opts_deinit(&o);
