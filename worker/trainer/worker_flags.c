@@ -2,6 +2,7 @@
  * checked, the field it sets, and what --help says. The rows also make getopt's options and
  * --help itself (worker_help.c). What the flags mean together, the environment and the run
  * stay in worker_main.c. */
+#include <assert.h>
 #include <getopt.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -319,6 +320,7 @@ static void store_int(void *field, size_t size, long v)
         int i = (int)v;
         memcpy(field, &i, sizeof i);
     } else {
+        assert(size == sizeof(int64_t)); /* a row pointing at a field of another width */
         int64_t l = v;
         memcpy(field, &l, sizeof l);
     }
