@@ -1,9 +1,9 @@
 /* flodl-launch: runs a whole job on this machine. Starts flodl-ps and N flodl-worker processes
  * (or N copies of any program, e.g. a Python script using the flodl package) on 127.0.0.1,
  * relays their output behind "[ps] " / "[rank K] ", forwards SIGINT/SIGTERM, and stops
- * everything when one process fails, naming it. Flags and policy live here; fork/exec, the
- * output relay and reaping in launch_proc.c. Exit 0 / 1 (a process failed) / 2 (bad flags) /
- * 128+signal. */
+ * everything when one process fails, naming it. The policy lives here; the flags in
+ * launch_flags.c; fork/exec, the output relay and reaping in launch_proc.c. Exit 0 / 1 (a
+ * process failed) / 2 (bad flags) / 128+signal. */
 #include <errno.h>
 #include <limits.h>
 #include <sched.h>
@@ -19,62 +19,10 @@
 #include "fl_tp.h"
 #include "launch_int.h"
 
-#define MAX_WORKERS 1024
 #define GRACE_MS 10000    /* from SIGTERM (or the end of the job) to SIGKILL */
 #define KILL_WAIT_MS 5000 /* for SIGKILLed processes to be reaped */
 #define ENDPOINT_MS 10000 /* for flodl-ps to write its endpoint */
 #define DRAIN_MS 2000     /* for the last output once every process is reaped */
-
-static const char usage[] =
-    "usage: flodl-launch [--workers N] [launcher options] [--] [flodl-worker flags]\n"
-    "       flodl-launch [--workers N] [launcher options] -- PROGRAM [ARGS...]\n"
-    "Runs flodl-ps and N flodl-worker processes (or N copies of PROGRAM) on this machine,\n"
-    "prefixes their output with \"[ps] \" or \"[rank K] \", and stops them all when one fails.\n"
-    "The word after \"--\" decides: a flag (it starts with '-') or nothing means flodl-worker\n"
-    "flags; anything else is PROGRAM (looked up in PATH without a '/'), run with ARGS as\n"
-    "they are and, in its environment, FLODL_RANK=K, FLODL_WORLD_SIZE=N,\n"
-    "FLODL_COORDINATOR (flodl-ps's endpoint), LOCAL_RANK=K, LOCAL_WORLD_SIZE=N and\n"
-    "FLODL_CURVE_DIR (the job's keys) or FLODL_INSECURE=1, as flodl.init() in Python reads:\n"
-    "  flodl-launch --workers 4 -- python3 train.py --lr 0.1\n"
-    "  --workers N              worker processes (default 4)\n"
-    "  --heartbeat-timeout MS   passed to flodl-ps: a rank silent this long is dead\n"
-    "  --no-pin                 do not pin workers; by default, with more workers than CPUs,\n"
-    "                           rank K runs on CPU K mod ncpus\n"
-    "  --ps-flag FLAG           one more argument for flodl-ps (repeat it), e.g. to run the\n"
-    "                           parameter server: --ps-flag=--shards=2 -- --mode ps, or for\n"
-    "                           a program whose DistributedOptimizer has mode=\"ps\":\n"
-    "                           --ps-flag=--shards=2 --ps-flag=--lr=0.05 -- python3 train.py\n"
-    "  --curve-dir DIR          the job's CurveZMQ keys (flodl-keygen), for flodl-ps and every\n"
-    "                           worker; by default flodl-launch makes throw-away keys for the\n"
-    "                           job (removed at the end), so it is authenticated and encrypted\n"
-    "  --insecure               plain text instead (flodl-ps and every worker)\n"
-    "  --ps PATH                flodl-ps to run (default: the one next to flodl-launch)\n"
-    "  --worker PATH            flodl-worker to run (default: the one next to flodl-launch)\n"
-    "  --help                   this text\n"
-    "Otherwise every other argument, and everything after \"--\", goes to each worker, which\n"
-    "also gets --rank K --world-size N --coordinator (flodl-ps's endpoint); --job-id goes to\n"
-    "flodl-ps too.\n"
-    "flodl-ps logs at level warn unless FLODL_LOG is set.\n"
-    "Exit status: 0 when every process succeeded, 1 when one failed (named on stderr), 2 on bad\n"
-    "flags, 128+signal after SIGINT or SIGTERM (forwarded to every process).\n";
-
-typedef struct launch_opts {
-    long workers;
-    const char *ps_path;     /* --ps, or NULL */
-    const char *worker_path; /* --worker, or NULL */
-    const char *heartbeat;   /* --heartbeat-timeout, validated, or NULL */
-    const char *job_id;      /* seen among the worker flags, or NULL */
-    bool pin;
-    bool help;
-    bool version; /* --version: print it and start nothing */
-    bool insecure;          /* --insecure */
-    const char *curve_dir;  /* --curve-dir, or the throw-away keys */
-    const char **wargs; /* the workers' own flags, in order */
-    size_t nwargs;
-    const char **pargs; /* --ps-flag values, in order */
-    size_t npargs;
-    char *const *prog; /* PROGRAM and its ARGS (NULL-terminated, from argv), or NULL */
-} launch_opts_t;
 
 /* One job: flodl-ps is child 0, rank k is child k + 1. */
 typedef struct job {
@@ -89,111 +37,6 @@ typedef struct job {
     bool gave_up;     /* something survived SIGKILL: stop waiting */
     int64_t deadline; /* of the bounded wait under way; INT64_MAX when none */
 } job_t;
-
-/* Matches "--name VALUE" or "--name=VALUE" at argv[*i]: *val gets the value (NULL when none
- * follows) and *i moves past what was used. */
-static bool opt_value(int argc, char **argv, int *i, const char *name, const char **val)
-{
-    size_t n = strlen(name);
-    const char *a = argv[*i];
-    if (strncmp(a, name, n) != 0 || (a[n] != '\0' && a[n] != '='))
-        return false;
-    if (a[n] == '=')
-        *val = a + n + 1;
-    else
-        *val = *i + 1 < argc ? argv[++*i] : NULL;
-    return true;
-}
-
-static bool is_flag(const char *a, const char *name)
-{
-    size_t n = strlen(name);
-    return strncmp(a, name, n) == 0 && (a[n] == '\0' || a[n] == '=');
-}
-
-/* Launcher options are recognized anywhere before "--"; everything else goes to the workers. */
-static int parse_flags(int argc, char **argv, launch_opts_t *o)
-{
-    static const char *const owned[] = {"--rank", "--world-size", "--coordinator", NULL};
-    bool rest = false;
-    const char *v;
-    for (int i = 1; i < argc; i++) {
-        const char *a = argv[i];
-        if (!rest && strcmp(a, "--") == 0) {
-            /* A word that is not a flag right after "--" is a program: it and everything after
-             * it are its own, and the launcher reads no further. */
-            if (i + 1 < argc && argv[i + 1][0] != '-') {
-                o->prog = argv + i + 1;
-                break;
-            }
-            rest = true;
-            continue;
-        }
-        if (!rest && opt_value(argc, argv, &i, "--workers", &v)) {
-            if (fl_cli_long("--workers", v, 1, MAX_WORKERS, &o->workers) != FL_OK)
-                return FL_EINVAL;
-            continue;
-        }
-        if (!rest && opt_value(argc, argv, &i, "--heartbeat-timeout", &v)) {
-            long ms;
-            if (fl_cli_long("--heartbeat-timeout", v, 10, 3600000, &ms) != FL_OK)
-                return FL_EINVAL;
-            o->heartbeat = v;
-            continue;
-        }
-        if (!rest && opt_value(argc, argv, &i, "--ps-flag", &v)) {
-            if (v == NULL || v[0] == '\0')
-                return fl_fail(FL_EINVAL, "--ps-flag: missing value");
-            o->pargs[o->npargs++] = v;
-            continue;
-        }
-        if (!rest && opt_value(argc, argv, &i, "--ps", &v)) {
-            if (v == NULL || v[0] == '\0')
-                return fl_fail(FL_EINVAL, "--ps: missing value");
-            o->ps_path = v;
-            continue;
-        }
-        if (!rest && opt_value(argc, argv, &i, "--worker", &v)) {
-            if (v == NULL || v[0] == '\0')
-                return fl_fail(FL_EINVAL, "--worker: missing value");
-            o->worker_path = v;
-            continue;
-        }
-        if (!rest && strcmp(a, "--no-pin") == 0) {
-            o->pin = false;
-            continue;
-        }
-        if (!rest && (strcmp(a, "--help") == 0 || strcmp(a, "-h") == 0)) {
-            o->help = true;
-            continue;
-        }
-        if (!rest && strcmp(a, "--version") == 0) {
-            o->version = true;
-            continue;
-        }
-        /* Security is the job's: it goes to flodl-ps and every worker, wherever it was given. */
-        if (opt_value(argc, argv, &i, "--curve-dir", &v)) {
-            if (v == NULL || v[0] == '\0')
-                return fl_fail(FL_EINVAL, "--curve-dir: missing value");
-            o->curve_dir = v;
-            continue;
-        }
-        if (strcmp(a, "--insecure") == 0) {
-            o->insecure = true;
-            continue;
-        }
-        for (size_t k = 0; owned[k] != NULL; k++)
-            if (is_flag(a, owned[k]))
-                return fl_fail(FL_EINVAL, "%s: set by flodl-launch for each worker; remove it",
-                               owned[k]);
-        if (strcmp(a, "--job-id") == 0 && i + 1 < argc)
-            o->job_id = argv[i + 1];
-        else if (strncmp(a, "--job-id=", 9) == 0)
-            o->job_id = a + 9;
-        o->wargs[o->nwargs++] = a;
-    }
-    return FL_OK;
-}
 
 static bool is_executable(const char *path)
 {
@@ -395,7 +238,7 @@ static bool wait_endpoint(job_t *j, const char *file, char *ep, size_t cap)
 }
 
 /* --curve-dir DIR or --insecure, for flodl-ps and the workers. */
-static size_t security_args(const launch_opts_t *o, const char **argv, size_t a)
+static size_t security_args(const fl_launch_opts_t *o, const char **argv, size_t a)
 {
     if (o->insecure) {
         argv[a++] = "--insecure";
@@ -444,7 +287,7 @@ static void remove_keys(const char *keys)
     rmdir(keys);
 }
 
-static void start_ps(job_t *j, const launch_opts_t *o, const char *path, const char *epfile)
+static void start_ps(job_t *j, const fl_launch_opts_t *o, const char *path, const char *epfile)
 {
     char world[24];
     snprintf(world, sizeof world, "%ld", o->workers);
@@ -481,8 +324,8 @@ static void start_ps(job_t *j, const launch_opts_t *o, const char *path, const c
         argv[a++] = o->pargs[i];
     argv[a] = NULL;
     size_t idx;
-    int rc = fl_launch_procs_spawn(j->procs, "flodl-ps", "[ps] ", path, (char *const *)argv, -1,
-                               &idx);
+    int rc = fl_launch_procs_spawn(j->procs, "flodl-ps", "[ps] ", path, (char *const *)argv,
+                                   -1, &idx);
     free(argv);
     if (rc != FL_OK) {
         fprintf(stderr, "flodl-launch: cannot start flodl-ps: %s\n", fl_last_error());
@@ -495,7 +338,7 @@ static void start_ps(job_t *j, const launch_opts_t *o, const char *path, const c
 /* With more workers than CPUs, rank k stays on the (k mod ncpus)-th CPU we may use: the ranks
  * of a ring then take turns on each core instead of migrating (~10-15% faster measured with 4
  * ranks on 2 cores). */
-static int pin_cpu(const launch_opts_t *o, long rank)
+static int pin_cpu(const fl_launch_opts_t *o, long rank)
 {
     cpu_set_t allowed;
     if (!o->pin || sched_getaffinity(0, sizeof allowed, &allowed) != 0)
@@ -512,7 +355,7 @@ static int pin_cpu(const launch_opts_t *o, long rank)
 
 /* The variables a program's flodl.init() (or fl_comm_opts_from_env) reads, for rank k; the
  * launcher is single-threaded here, and each child takes its copy of the environment at fork. */
-static void program_env(const launch_opts_t *o, long k, const char *ep)
+static void program_env(const fl_launch_opts_t *o, long k, const char *ep)
 {
     char v[24];
     snprintf(v, sizeof v, "%ld", k);
@@ -533,7 +376,7 @@ static void program_env(const launch_opts_t *o, long k, const char *ep)
         setenv("FLODL_JOB_ID", o->job_id, 1);
 }
 
-static void start_workers(job_t *j, const launch_opts_t *o, const char *path, const char *ep)
+static void start_workers(job_t *j, const fl_launch_opts_t *o, const char *path, const char *ep)
 {
     if (o->prog != NULL) {
         for (long k = 0; k < o->workers && !j->stopping; k++) {
@@ -585,7 +428,7 @@ static void start_workers(job_t *j, const launch_opts_t *o, const char *path, co
         snprintf(prefix, sizeof prefix, "[rank %ld] ", k);
         size_t idx;
         if (fl_launch_procs_spawn(j->procs, name, prefix, path, (char *const *)argv,
-                              pin_cpu(o, k), &idx) != FL_OK) {
+                                  pin_cpu(o, k), &idx) != FL_OK) {
             fprintf(stderr, "flodl-launch: cannot start rank %ld: %s; stopping the others\n", k,
                     fl_last_error());
             j->code = 1;
@@ -597,105 +440,105 @@ static void start_workers(job_t *j, const launch_opts_t *o, const char *path, co
     free(argv);
 }
 
-static int run_job(const launch_opts_t *o_in, const char *ps_path, const char *wk_path)
-{
-    const launch_opts_t *o = o_in;
-    const char *tmp = getenv("TMPDIR");
+/* A directory of the job's own: flodl-ps's endpoint file and, unless the job has keys or runs
+ * in plain text, its throw-away keys. */
+typedef struct jobdir {
     char dir[PATH_MAX];
     char epfile[PATH_MAX + 8];
-    int w = snprintf(dir, sizeof dir, "%s/flodl-launch-XXXXXX",
-                     tmp != NULL && tmp[0] != '\0' ? tmp : "/tmp");
-    if (w < 0 || (size_t)w >= sizeof dir || mkdtemp(dir) == NULL) {
+    char keys[PATH_MAX + 8]; /* "" when none were made */
+} jobdir_t;
+
+static void jobdir_remove(jobdir_t *d)
+{
+    unlink(d->epfile);
+    if (d->keys[0] != '\0')
+        remove_keys(d->keys);
+    rmdir(d->dir);
+}
+
+/* 0, or 1 after saying why. */
+static int jobdir_make(const fl_launch_opts_t *o, jobdir_t *d)
+{
+    const char *tmp = getenv("TMPDIR");
+    if (tmp == NULL || tmp[0] == '\0')
+        tmp = "/tmp";
+    memset(d, 0, sizeof *d);
+    int w = snprintf(d->dir, sizeof d->dir, "%s/flodl-launch-XXXXXX", tmp);
+    if (w < 0 || (size_t)w >= sizeof d->dir || mkdtemp(d->dir) == NULL) {
         fprintf(stderr, "flodl-launch: cannot create a directory for the endpoint file in %s\n",
-                tmp != NULL && tmp[0] != '\0' ? tmp : "/tmp");
+                tmp);
         return 1;
     }
-    snprintf(epfile, sizeof epfile, "%s/ep", dir);
-    char keys[PATH_MAX + 8] = "";
-    launch_opts_t ob = *o;
-    if (!o->insecure && o->curve_dir == NULL) {
-        if (make_keys(dir, keys, sizeof keys) != FL_OK) {
-            fprintf(stderr, "flodl-launch: throw-away keys: %s\n", fl_last_error());
-            remove_keys(keys);
-            rmdir(dir);
-            return 1;
-        }
-        ob.curve_dir = keys;
-    }
-    o = &ob;
-    job_t j = {.nworkers = (size_t)o->workers, .code = -1, .deadline = INT64_MAX};
-    if (fl_launch_procs_create((size_t)o->workers + 1, &j.procs) != FL_OK) {
+    snprintf(d->epfile, sizeof d->epfile, "%s/ep", d->dir);
+    if (o->insecure || o->curve_dir != NULL || make_keys(d->dir, d->keys, sizeof d->keys) == FL_OK)
+        return 0;
+    fprintf(stderr, "flodl-launch: throw-away keys: %s\n", fl_last_error());
+    jobdir_remove(d);
+    return 1;
+}
+
+static int run_job(const fl_launch_opts_t *given, const char *ps_path, const char *wk_path)
+{
+    jobdir_t d;
+    if (jobdir_make(given, &d) != 0)
+        return 1;
+    fl_launch_opts_t o = *given;
+    if (d.keys[0] != '\0')
+        o.curve_dir = d.keys;
+    job_t j = {.nworkers = (size_t)o.workers, .code = -1, .deadline = INT64_MAX};
+    if (fl_launch_procs_create((size_t)o.workers + 1, &j.procs) != FL_OK) {
         fprintf(stderr, "flodl-launch: %s\n", fl_last_error());
-        if (keys[0] != '\0')
-            remove_keys(keys);
-        rmdir(dir);
+        jobdir_remove(&d);
         return 1;
     }
-    start_ps(&j, o, ps_path, epfile);
+    start_ps(&j, &o, ps_path, d.epfile);
     char ep[512];
-    if (j.started == 1 && wait_endpoint(&j, epfile, ep, sizeof ep))
-        start_workers(&j, o, wk_path, ep);
+    if (j.started == 1 && wait_endpoint(&j, d.epfile, ep, sizeof ep))
+        start_workers(&j, &o, wk_path, ep);
     while (fl_launch_procs_running(j.procs) > 0 && !j.gave_up)
         step(&j, 1000);
     fl_launch_procs_drain(j.procs, fl_deadline_in(DRAIN_MS));
     fl_launch_procs_destroy(&j.procs);
-    unlink(epfile);
-    if (keys[0] != '\0')
-        remove_keys(keys);
-    rmdir(dir);
+    jobdir_remove(&d);
     return j.code < 0 ? 0 : j.code;
+}
+
+/* flodl-ps, and flodl-worker or the program, to run. */
+static int find_binaries(const fl_launch_opts_t *o, char *ps_path, char *wk_path, size_t cap)
+{
+    int rc = find_binary("--ps", o->ps_path, "flodl-ps", "server", ps_path, cap);
+    if (rc != FL_OK)
+        return rc;
+    if (o->prog != NULL && o->nwargs > 0)
+        return fl_fail(FL_EINVAL, "'%s': a flodl-worker flag, but the job runs the program '%s'",
+                       o->wargs[0], o->prog[0]);
+    if (o->prog != NULL)
+        return find_program(o->prog[0], wk_path, cap);
+    return find_binary("--worker", o->worker_path, "flodl-worker", "worker", wk_path, cap);
 }
 
 int main(int argc, char **argv)
 {
-    launch_opts_t o = {.workers = 4, .pin = true};
-    o.wargs = calloc((size_t)argc + 1, sizeof *o.wargs);
-    o.pargs = calloc((size_t)argc + 1, sizeof *o.pargs);
-    if (o.wargs == NULL || o.pargs == NULL) {
-        fprintf(stderr, "flodl-launch: no memory\n");
-        return 1;
-    }
-    /* The security variables the binaries read are the job's choice here too (flags win). */
-    const char *env_dir = getenv("FLODL_CURVE_DIR");
-    const char *env_insecure = getenv("FLODL_INSECURE");
-    int rc = parse_flags(argc, argv, &o);
-    if (rc == FL_OK && o.curve_dir == NULL && !o.insecure) {
-        if (env_dir != NULL && env_dir[0] != '\0')
-            o.curve_dir = env_dir;
-        else if (env_insecure != NULL && strcmp(env_insecure, "1") == 0)
-            o.insecure = true;
-    }
-    if (rc == FL_OK && o.curve_dir != NULL && o.insecure)
-        rc = fl_fail(FL_EINVAL, "--curve-dir and --insecure: choose one");
+    fl_launch_opts_t o;
+    int rc = fl_launch_opts_parse(argc, argv, &o);
     if (rc == FL_OK && (o.help || o.version)) {
         if (o.help)
-            fputs(usage, stdout);
+            fl_launch_opts_help(stdout);
         else
             fl_cli_version("flodl-launch");
-        free(o.wargs);
-        free(o.pargs);
+        fl_launch_opts_deinit(&o);
         return 0;
     }
     char ps_path[PATH_MAX];
     char wk_path[PATH_MAX];
     if (rc == FL_OK)
-        rc = find_binary("--ps", o.ps_path, "flodl-ps", "server", ps_path, sizeof ps_path);
-    if (rc == FL_OK && o.prog != NULL && o.nwargs > 0)
-        rc = fl_fail(FL_EINVAL, "'%s': a flodl-worker flag, but the job runs the program '%s'",
-                     o.wargs[0], o.prog[0]);
-    if (rc == FL_OK && o.prog != NULL)
-        rc = find_program(o.prog[0], wk_path, sizeof wk_path);
-    else if (rc == FL_OK)
-        rc = find_binary("--worker", o.worker_path, "flodl-worker", "worker", wk_path,
-                         sizeof wk_path);
+        rc = find_binaries(&o, ps_path, wk_path, PATH_MAX);
     if (rc != FL_OK) {
         fprintf(stderr, "flodl-launch: %s\n", fl_last_error());
-        free(o.wargs);
-        free(o.pargs);
+        fl_launch_opts_deinit(&o);
         return rc == FL_EINVAL ? 2 : 1;
     }
     rc = run_job(&o, ps_path, wk_path);
-    free(o.wargs);
-    free(o.pargs);
+    fl_launch_opts_deinit(&o);
     return rc;
 }

@@ -238,11 +238,9 @@ static _Noreturn void child_exec(const fl_launch_procs_t *p, pid_t parent, int d
     _exit(127);
 }
 
-int fl_launch_procs_spawn(fl_launch_procs_t *p, const char *name, const char *prefix, const char *path,
-                      char *const argv[], int cpu, size_t *index)
+/* Child n's record, before it runs: its name, prefix and line buffers. */
+static int child_init(fl_launch_procs_t *p, const char *name, const char *prefix)
 {
-    if (p->n == p->cap)
-        return fl_fail(FL_EIO, "launch: %s: the process group is full (%zu)", name, p->cap);
     child_t *c = &p->kids[p->n];
     memset(c, 0, sizeof *c);
     snprintf(c->name, sizeof c->name, "%s", name);
@@ -255,18 +253,42 @@ int fl_launch_procs_spawn(fl_launch_procs_t *p, const char *name, const char *pr
         c->s[k].kid = p->n;
         c->s[k].line = malloc(PREFIX_CAP + LINE_CAP + 1);
     }
+    if (c->s[0].line == NULL || c->s[1].line == NULL)
+        return fl_fail(FL_ENOMEM, "launch: %s: no memory for its output buffers", name);
+    return FL_OK;
+}
+
+/* Undoes a spawn that failed: closes what was opened and frees the line buffers. */
+static void spawn_undo(child_t *c, const int out[2], const int err[2], int devnull)
+{
+    for (int k = 0; k < 2; k++) {
+        if (out[k] >= 0)
+            close(out[k]);
+        if (err[k] >= 0)
+            close(err[k]);
+        free(c->s[k].line);
+        c->s[k].line = NULL;
+    }
+    if (devnull >= 0)
+        close(devnull);
+}
+
+int fl_launch_procs_spawn(fl_launch_procs_t *p, const char *name, const char *prefix,
+                          const char *path, char *const argv[], int cpu, size_t *index)
+{
+    if (p->n == p->cap)
+        return fl_fail(FL_EIO, "launch: %s: the process group is full (%zu)", name, p->cap);
+    child_t *c = &p->kids[p->n];
     int out[2] = {-1, -1};
     int err[2] = {-1, -1};
     int devnull = -1;
-    int rc = FL_OK;
-    if (c->s[0].line == NULL || c->s[1].line == NULL) {
-        rc = fl_fail(FL_ENOMEM, "launch: %s: no memory for its output buffers", name);
-        goto fail;
-    }
-    if (pipe2(out, O_CLOEXEC) != 0 || pipe2(err, O_CLOEXEC) != 0 ||
-        (devnull = open("/dev/null", O_RDONLY | O_CLOEXEC)) < 0) {
+    int rc = child_init(p, name, prefix);
+    if (rc == FL_OK && (pipe2(out, O_CLOEXEC) != 0 || pipe2(err, O_CLOEXEC) != 0 ||
+                        (devnull = open("/dev/null", O_RDONLY | O_CLOEXEC)) < 0))
         rc = fl_fail(FL_EIO, "launch: %s: pipe: %s", name, strerror(errno));
-        goto fail;
+    if (rc != FL_OK) {
+        spawn_undo(c, out, err, devnull);
+        return rc;
     }
     cpu_set_t one;
     CPU_ZERO(&one);
@@ -278,7 +300,8 @@ int fl_launch_procs_spawn(fl_launch_procs_t *p, const char *name, const char *pr
         child_exec(p, parent, devnull, out, err, CPU_COUNT(&one) > 0 ? &one : NULL, path, argv);
     if (pid < 0) {
         rc = fl_fail(FL_EIO, "launch: %s: fork: %s", name, strerror(errno));
-        goto fail;
+        spawn_undo(c, out, err, devnull);
+        return rc;
     }
     close(out[1]);
     close(err[1]);
@@ -288,18 +311,6 @@ int fl_launch_procs_spawn(fl_launch_procs_t *p, const char *name, const char *pr
     c->s[1].fd = err[0];
     *index = p->n++;
     return FL_OK;
-fail:
-    for (int k = 0; k < 2; k++) {
-        if (out[k] >= 0)
-            close(out[k]);
-        if (err[k] >= 0)
-            close(err[k]);
-        free(c->s[k].line);
-        c->s[k].line = NULL;
-    }
-    if (devnull >= 0)
-        close(devnull);
-    return rc;
 }
 
 static void reap(fl_launch_procs_t *p)

@@ -28,6 +28,8 @@ typedef enum fl_wk_mode {
     FL_WK_MODE_LOCAL = 0, /* one process, no network */
     FL_WK_MODE_RING = 1,  /* gradients averaged across ranks (dense or top-k), local update */
     FL_WK_MODE_PS = 2,    /* push gradients, pull parameters (the parameter server, #4) */
+    FL_WK_MODE_DRILL = 3, /* flodl-worker's gradient-exchange drill (fl_wk_drill_run): no
+                             training, so fl_wk_train and fl_wk_settings never get it */
 } fl_wk_mode_t;
 
 /* How the devices of several hosts exchange (--hierarchy). */

@@ -2,11 +2,10 @@
  * launcher's environment, loads the data, joins the job and trains (or runs the
  * gradient-exchange drill). Exit 0 on success, 1 on a runtime failure (the message names rank,
  * peer and operation), 2 on bad flags, a model that does not fit the data or the init file, or
- * a model that differs from the other ranks' (one line saying what and where). */
+ * a model that differs from the other ranks' (one line saying what and where). The flags
+ * themselves, one by one, are worker_flags.c's. */
 #include <cblas.h>
-#include <getopt.h>
 #include <math.h>
-#include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -17,72 +16,6 @@
 #include "fl_core.h"
 #include "fl_obs.h"
 #include "fl_wk.h"
-
-static const char usage[] =
-    "usage: flodl-worker [--rank K --world-size N --coordinator tcp://HOST:PORT] [options]\n"
-    "  rank, world size and coordinator may come from the environment instead: FLODL_RANK/\n"
-    "  FLODL_WORLD_SIZE/FLODL_COORDINATOR, torchrun's RANK/WORLD_SIZE/MASTER_ADDR/MASTER_PORT,\n"
-    "  Open MPI's OMPI_COMM_WORLD_RANK/_SIZE, Kubernetes' JOB_COMPLETION_INDEX.\n"
-    "  --mode local|ring|ps|drill   (default: ring with a coordinator, else local)\n"
-    "data (default: the built-in dataset):\n"
-    "  --train-images F --train-labels F [--test-images F --test-labels F]   IDX (.gz ok)\n"
-    "  --train-csv F [--test-csv F]   CSV, label first\n"
-    "  --data-seed S                  seed of the built-in dataset (default 1)\n"
-    "model and training:\n"
-    "  --layers 64,256,128,10  --batch-size 64  --epochs 10  --seed 1  --no-shuffle\n"
-    "  --optimizer sgd|adam|adamw  --lr 0.05  --momentum 0.9  --nesterov  --dampening 0\n"
-    "  --weight-decay 0  --beta1 0.9  --beta2 0.999  --eps 1e-8\n"
-    "  --lr-schedule constant|step|cosine  --warmup-steps 0  --lr-step-size N  --lr-gamma 0.1\n"
-    "  --total-steps N  --min-lr 0   (in --mode ps the optimizer runs on flodl-ps: set it there)\n"
-    "  --scale-lr (linear scaling rule)  --max-grad-norm X\n"
-    "  --device auto|cpu|sim|cuda (auto: cuda when a GPU is usable, else cpu; sim: a simulated\n"
-    "    GPU for machines without one)  --gpus 0,1,... (the local GPUs, one device each; a\n"
-    "    repeated id gives two devices on one GPU)  --cpu-replicas L (devices on the CPU)\n"
-    "  --hierarchy hybrid|flat (several devices per host, --mode ring: two-level exchange, the\n"
-    "    default, or every device its own ring member)\n"
-    "  --ps-clients device|host (several devices per host, --mode ps: each device pushes and\n"
-    "    pulls its own shards on its own connections, the default, or the host's mean goes\n"
-    "    out over one client)\n"
-    "  --overlap (two levels: reduce and exchange bucket by bucket during the backward pass\n"
-    "    instead of after it; the same parameters)\n"
-    "  --first-leg auto|devices|host (several GPUs or sim devices: reduce inside the host on\n"
-    "    the devices, NCCL or device copies, or in host memory; auto: devices on sim, host\n"
-    "    memory on cuda until the NCCL leg has run on a GPU)\n"
-    "  --shard none|grad|hybrid|full (optimizer state: on every device; 1/(hosts x devices)\n"
-    "    each, gradients reduce-scattered and parameters all-gathered across hosts; 1/devices\n"
-    "    each, replicated across hosts; full: parameters too, each layer gathered only while it\n"
-    "    computes, the next one's gather overlapping it)\n"
-    "  --policy sync|cadence|async (gradients averaged every step; or local SGD: each device\n"
-    "    trains its own copy and parameters are averaged every --max-anchor batches of the\n"
-    "    slowest; async: the devices go on while a round is averaged, at most --run-ahead N\n"
-    "    rounds (default 1) beyond the last completed averaging)\n"
-    "  --checkpoint DIR (training state after every epoch: a file per shard and a manifest;\n"
-    "    --mode ps: the worker's top-k residual, the server checkpoints the rest)\n"
-    "  --resume DIR (from such a checkpoint, into any hosts, devices and --shard)\n"
-    "  --resume-if-any DIR (--resume DIR when DIR holds a checkpoint, else a fresh start: a\n"
-    "    restarted container or pod picks up where the job left off)\n"
-    "  --max-anchor N (El Che: faster devices do more batches between syncs, the slowest up to\n"
-    "    N; 0, the default: one batch each)  --overhead-target 0.1 (exchange / compute)\n"
-    "  --speed-hint DEVICE:RATIO (relative speed seeding El Che)  --throttle DEVICE:FACTOR\n"
-    "    (testing: the device takes FACTOR times its compute time per batch)\n"
-    "  --topk DENSITY (top-k with error feedback; 0: dense)  --topk-warmup EPOCHS\n"
-    "  --topk-values float32|float16|bfloat16  --bucket-mb 1\n"
-    "  --init FILE.safetensors  --save FILE.safetensors  --save-every STEPS\n"
-    "  --metrics FILE (JSON lines)  --progress SECONDS  --quiet\n"
-    "  --metrics-port N (Prometheus /metrics and /healthz; 0: any free port, printed)\n"
-    "  --metrics-bind ADDR (default 0.0.0.0)  --timeline FILE (Chrome trace of every phase)\n"
-    "security (networked modes; one of them is required):\n"
-    "  --curve-dir DIR (CurveZMQ keys from flodl-keygen: every connection authenticated and\n"
-    "    encrypted; or FLODL_CURVE_DIR)  --insecure (plain text; or FLODL_INSECURE=1)\n"
-    "communicator:\n"
-    "  --host ADDR  --bind ENDPOINT  --job-id ID  --timeout MS  --rendezvous-timeout MS\n"
-    "  --stripes K  --segment BYTES  --small BYTES  --algo auto|ring|rd|direct\n"
-    "  --log-level debug|info|warn|error (default warn, or FLODL_LOG)\n"
-    "  --ipc 0|1 (peers on this host over ipc:// sockets; default 1, or FLODL_IPC)\n"
-    "parameter server (--mode ps): --lz4 (compress dense pushes and pulls when it pays)\n"
-    "  --reconnect-timeout MS (wait this long for a restarted flodl-ps; default 600000)\n"
-    "drill (--mode drill): --size BYTES  --steps N  --dtype TYPE  --op sum|avg\n";
-
 #include "worker_args.h"
 
 /* The worker's observability: a metrics endpoint and a timeline, when asked for. */
@@ -93,6 +26,14 @@ typedef struct wobs {
     int last_id;
     double deadline_s;
 } wobs_t;
+
+/* What a run holds: the data and, networked, the communicator. */
+typedef struct wjob {
+    fl_dataset_t train;
+    fl_dataset_t test;
+    bool have_test;
+    fl_comm_t *comm;
+} wjob_t;
 
 /* /healthz: healthy until a step is overdue (none for longer than the collective deadline). */
 static bool worker_healthy(void *ud, char *why, size_t cap)
@@ -145,13 +86,55 @@ static int wobs_stop(wobs_t *w)
     return fl_obs_timeline_close(&w->tl);
 }
 
+/* Prints the current detail text as the one line of a failure; returns code. */
+static int failed(int code)
+{
+    fprintf(stderr, "flodl-worker: %s\n", fl_last_error());
+    return code;
+}
+
+/* ... of a usage error: exit code 2. */
+static int usage_error(void)
+{
+    return failed(2);
+}
+
+/* 2 for a configuration error, 1 for a runtime one. */
+static int exit_code(int rc)
+{
+    return rc == FL_OK ? 0 : rc == FL_EINVAL ? 2 : 1;
+}
+
 static const char *env_get(const char *name, void *ud)
 {
     (void)ud;
     return getenv(name);
 }
 
-/* Prints the current detail text as the one line of a usage error; returns exit code 2. */
+/* The launcher's variables, as defaults the flags override. */
+static int from_env(wargs_t *a)
+{
+    const fl_launch_info_t *env = &a->env;
+    int rc = fl_launch_from_env(env_get, NULL, &a->env);
+    if (rc != FL_OK)
+        return rc;
+    if (env->rank >= 0)
+        a->co.rank = env->rank;
+    if (env->world_size > 0)
+        a->co.world_size = env->world_size;
+    if (env->coordinator[0] != '\0')
+        a->co.coordinator = env->coordinator;
+    if (env->host[0] != '\0')
+        a->co.host = env->host;
+    if (env->job_id[0] != '\0')
+        a->co.job_id = env->job_id;
+    if (env->log_level >= 0)
+        a->co.log_level = (fl_log_level_t)env->log_level;
+    if (env->ipc >= 0)
+        a->co.ipc = env->ipc;
+    return FL_OK;
+}
+
 /* The simulated GPU's testing knobs, from the environment: FLODL_SIM_JITTER_US (a random delay
  * before each device operation, widening the window of a missing event), FLODL_SIM_MEM (each
  * device's memory, bytes) and FLODL_SIM_FAIL=RANK:DEVICE:N:OPERATION (a fault: on rank RANK,
@@ -186,30 +169,111 @@ static int sim_env(fl_wk_train_opts_t *t, int rank)
     return FL_OK;
 }
 
-static int usage_error(void)
+/* Flags of one mode given with another. Drill flags imply the drill when no mode is given. */
+static int check_modes(wargs_t *a)
 {
-    fprintf(stderr, "flodl-worker: %s\n", fl_last_error());
-    return 2;
+    if (a->drill_flag != NULL && a->mode < 0)
+        a->mode = FL_WK_MODE_DRILL;
+    if (a->drill_flag != NULL && a->mode != FL_WK_MODE_DRILL)
+        return fl_fail(FL_EINVAL, "--%s applies to --mode drill only", a->drill_flag);
+    if (a->mode == FL_WK_MODE_PS && a->optim_flag != NULL)
+        return fl_fail(FL_EINVAL, "--%s: in --mode ps the optimizer runs on the parameter "
+                                  "server: give it to flodl-ps",
+                       a->optim_flag);
+    if (a->ps_flag != NULL && a->mode != FL_WK_MODE_PS)
+        return fl_fail(FL_EINVAL, "--%s applies to --mode ps only", a->ps_flag);
+    if (a->resume_if_any != NULL && a->to.resume_dir != NULL)
+        return fl_fail(FL_EINVAL, "--resume and --resume-if-any: give one");
+    return FL_OK;
 }
 
-static int bad(const char *fmt, ...) FL_PRINTF(1, 2);
-
-static int bad(const char *fmt, ...)
+/* --resume-if-any DIR: --resume DIR when DIR holds a whole checkpoint. */
+static void resume_if_any(wargs_t *a)
 {
-    char text[512];
-    va_list ap;
-    va_start(ap, fmt);
-    vsnprintf(text, sizeof text, fmt, ap);
-    va_end(ap);
-    fl_fail(FL_EINVAL, "%s", text);
-    return usage_error();
+    if (a->resume_if_any == NULL)
+        return;
+    /* The manifest is written last, after every shard file (shard_ckpt.c): with it the
+     * checkpoint is whole; without it there is nothing to resume from. */
+    char manifest[4200];
+    snprintf(manifest, sizeof manifest, "%s/manifest.safetensors", a->resume_if_any);
+    if (access(manifest, F_OK) == 0)
+        a->to.resume_dir = a->resume_if_any;
+    else
+        printf("--resume-if-any: no checkpoint in %s yet: starting fresh\n", a->resume_if_any);
 }
 
-static int load_data(const wargs_t *a, fl_dataset_t *train, fl_dataset_t *test,
-                     bool *have_test)
+/* What --mode ps leaves to the parameter server. */
+static int check_ps(const wargs_t *a)
 {
-    *have_test = true;
-    /* A test set comes in the training set's format, whole: nothing given is ignored. */
+    const fl_wk_train_opts_t *t = &a->to;
+    if (a->mode != FL_WK_MODE_PS)
+        return FL_OK;
+    if (t->shard != FL_WK_SHARD_NONE || t->max_anchor > 0 || t->policy != FL_WK_POLICY_SYNC)
+        return fl_fail(FL_EINVAL, "--shard, --max-anchor and --policy: in --mode ps the "
+                                  "optimizer state lives on the parameter server and the "
+                                  "devices' mean is pushed every step");
+    if ((t->checkpoint_dir != NULL || t->resume_dir != NULL) && !(t->topk > 0))
+        return fl_fail(FL_EINVAL, "--checkpoint and --resume: in --mode ps the training state "
+                                  "lives on the parameter server (flodl-ps --checkpoint-dir); "
+                                  "the worker keeps only --topk's residual");
+    return FL_OK;
+}
+
+static int check_optim(wargs_t *a)
+{
+    /* The default momentum belongs to the default SGD: Adam and AdamW have betas instead, and
+     * only a --momentum given with them is a mistake. */
+    if (a->to.opt.kind != FL_OPT_SGD && !a->momentum_given)
+        a->to.opt.momentum = 0.0;
+    return fl_cli_optim_check(&a->to.opt, &a->to.lr);
+}
+
+/* The mode when none was given, and what a networked one needs. A coordinator or a world of
+ * several ranks means a networked run, so a missing piece of it is an error rather than a
+ * silent local run. */
+static int check_network(wargs_t *a)
+{
+    fl_comm_opts_t *co = &a->co;
+    if (a->mode < 0)
+        a->mode = co->coordinator != NULL || co->world_size > 1 || co->rank > 0
+                      ? FL_WK_MODE_RING
+                      : FL_WK_MODE_LOCAL;
+    if (a->mode == FL_WK_MODE_LOCAL)
+        return FL_OK;
+    if (co->world_size < 1)
+        return fl_fail(FL_EINVAL, "--world-size: missing (or set FLODL_WORLD_SIZE / WORLD_SIZE)");
+    if (co->rank < 0)
+        return fl_fail(FL_EINVAL, "--rank: missing (or set FLODL_RANK / RANK)");
+    if (co->rank >= co->world_size)
+        return fl_fail(FL_EINVAL, "--rank: %d is not below --world-size %d", co->rank,
+                       co->world_size);
+    if (co->coordinator == NULL)
+        return fl_fail(FL_EINVAL,
+                       "--coordinator: missing (or set FLODL_COORDINATOR / MASTER_ADDR)");
+    return fl_cli_security(co->curve_dir, a->insecure, a->env.curve_dir, a->env.insecure,
+                           &co->curve_dir);
+}
+
+/* The flags taken together, in this order (the first refusal is the one reported), then the
+ * devices and the simulated GPU's knobs. FL_OK or FL_EINVAL. */
+static int settle(wargs_t *a)
+{
+    int rc = check_modes(a);
+    if (rc != FL_OK)
+        return rc;
+    resume_if_any(a);
+    if ((rc = check_ps(a)) != FL_OK || (rc = check_optim(a)) != FL_OK ||
+        (rc = check_network(a)) != FL_OK)
+        return rc;
+    if (a->mode != FL_WK_MODE_DRILL &&
+        (rc = fl_wk_device_select(a->device, a->gpus, a->replicas_given, &a->to)) != FL_OK)
+        return rc;
+    return sim_env(&a->to, a->co.rank > 0 ? a->co.rank : 0);
+}
+
+/* A test set comes in the training set's format, whole: nothing given is ignored. */
+static int check_data_flags(const wargs_t *a)
+{
     if ((a->test_images != NULL) != (a->test_labels != NULL))
         return fl_fail(FL_EINVAL, "--test-images and --test-labels go together");
     if (a->test_images != NULL && a->train_images == NULL)
@@ -219,29 +283,79 @@ static int load_data(const wargs_t *a, fl_dataset_t *train, fl_dataset_t *test,
         return fl_fail(FL_EINVAL, "--test-csv needs --train-csv");
     if (a->train_csv != NULL && a->train_images != NULL)
         return fl_fail(FL_EINVAL, "--train-csv and --train-images: choose one data format");
-    if (a->train_images != NULL || a->train_labels != NULL) {
-        if (a->train_images == NULL || a->train_labels == NULL)
-            return fl_fail(FL_EINVAL, "--train-images and --train-labels go together");
-        int rc = fl_data_idx(a->train_images, a->train_labels, train);
-        if (rc != FL_OK)
-            return rc;
-        if (a->test_images == NULL) {
-            *have_test = false;
-            return FL_OK;
-        }
-        return fl_data_idx(a->test_images, a->test_labels, test);
+    if ((a->train_images != NULL) != (a->train_labels != NULL))
+        return fl_fail(FL_EINVAL, "--train-images and --train-labels go together");
+    return FL_OK;
+}
+
+static int load_data(const wargs_t *a, wjob_t *j)
+{
+    int rc = check_data_flags(a);
+    if (rc != FL_OK)
+        return rc;
+    if (a->train_images != NULL) {
+        j->have_test = a->test_images != NULL;
+        rc = fl_data_idx(a->train_images, a->train_labels, &j->train);
+        if (rc == FL_OK && j->have_test)
+            rc = fl_data_idx(a->test_images, a->test_labels, &j->test);
+        return rc;
     }
     if (a->train_csv != NULL) {
-        int rc = fl_data_csv(a->train_csv, train);
-        if (rc != FL_OK)
-            return rc;
-        if (a->test_csv == NULL) {
-            *have_test = false;
-            return FL_OK;
-        }
-        return fl_data_csv(a->test_csv, test);
+        j->have_test = a->test_csv != NULL;
+        rc = fl_data_csv(a->train_csv, &j->train);
+        if (rc == FL_OK && j->have_test)
+            rc = fl_data_csv(a->test_csv, &j->test);
+        return rc;
     }
-    return fl_data_builtin(a->data_seed, train, test);
+    j->have_test = true;
+    return fl_data_builtin(a->data_seed, &j->train, &j->test);
+}
+
+/* The training job's data, and what every rank must agree on: the model's signature and the
+ * settings. An exit code: 0, or 2 or 1 after saying why. */
+static int prepare(wargs_t *a, wjob_t *j)
+{
+    int rc = load_data(a, j);
+    if (rc != FL_OK)
+        return failed(exit_code(rc));
+    a->to.mode = (fl_wk_mode_t)a->mode;
+    /* The signature the rendezvous compares, also with a parameter server's --init. */
+    fl_model_shapes_t shapes;
+    fl_model_shapes_init(&shapes);
+    rc = fl_mlp_shapes(&a->to.shape, &shapes);
+    a->co.model_signature = fl_model_shapes_signature(fl_model_shapes_text(&shapes));
+    fl_model_shapes_deinit(&shapes);
+    if (rc != FL_OK)
+        return failed(1);
+    if (fl_wk_settings(&a->to, &j->train, a->settings, sizeof a->settings) != FL_OK)
+        return usage_error();
+    a->co.settings = a->settings;
+    return 0;
+}
+
+/* The lines after the summary's two, for what this run used. */
+static void summary_more(int rank, const fl_wk_train_result_t *r)
+{
+    if (r->first_leg != NULL && r->first_leg[0] != '\0')
+        printf("rank %d first leg inside the host: %s, %s%s%s\n", rank, r->first_leg,
+               r->first_leg_overlapped ? "bucket by bucket during the backward pass (--overlap)"
+                                       : "after the backward pass",
+               r->topk_on_devices ? "; each shard's top-k on its device" : "",
+               r->params_gathered_on_devices ? "; the updated ranges all-gathered on the devices"
+                                             : "");
+    if (r->gathers > 0)
+        printf("rank %d --shard full: %llu layer gathers, %.0f%% ready before the device asked "
+               "(prefetch), devices waited %.2f ms per step for the rest\n",
+               rank, (unsigned long long)r->gathers,
+               100.0 * (double)r->gathers_ready / (double)r->gathers, r->gather_wait_ms);
+    if (r->run_ahead_max > 0 || r->throttles > 0)
+        printf("rank %d --policy async: devices started up to %d round(s) beyond the last "
+               "completed averaging; %ld round starts waited at the bound, %.1f ms in all\n",
+               rank, r->run_ahead_max, r->throttles, r->throttled_ms);
+    if (r->divergence > 0)
+        printf("rank %d last averaging: weight-space divergence %.4g (||before - after|| / "
+               "||after||, the device that strayed most)\n",
+               rank, r->divergence);
 }
 
 static void summary(int rank, const fl_wk_train_result_t *r, bool have_test)
@@ -277,327 +391,141 @@ static void summary(int rank, const fl_wk_train_result_t *r, bool have_test)
            "%.2f MiB, residuals %.2f MiB%s\n",
            rank, (double)r->mem_params / 1048576.0, (double)r->mem_grads / 1048576.0,
            (double)r->mem_opt_state / 1048576.0, (double)r->mem_residual / 1048576.0, dev_mem);
-    if (r->first_leg != NULL && r->first_leg[0] != '\0')
-        printf("rank %d first leg inside the host: %s, %s%s%s\n", rank, r->first_leg,
-               r->first_leg_overlapped ? "bucket by bucket during the backward pass (--overlap)"
-                                       : "after the backward pass",
-               r->topk_on_devices ? "; each shard's top-k on its device" : "",
-               r->params_gathered_on_devices ? "; the updated ranges all-gathered on the devices"
-                                             : "");
-    if (r->gathers > 0)
-        printf("rank %d --shard full: %llu layer gathers, %.0f%% ready before the device asked "
-               "(prefetch), devices waited %.2f ms per step for the rest\n",
-               rank, (unsigned long long)r->gathers,
-               100.0 * (double)r->gathers_ready / (double)r->gathers, r->gather_wait_ms);
-    if (r->run_ahead_max > 0 || r->throttles > 0)
-        printf("rank %d --policy async: devices started up to %d round(s) beyond the last "
-               "completed averaging; %ld round starts waited at the bound, %.1f ms in all\n",
-               rank, r->run_ahead_max, r->throttles, r->throttled_ms);
-    if (r->divergence > 0)
-        printf("rank %d last averaging: weight-space divergence %.4g (||before - after|| / "
-               "||after||, the device that strayed most)\n",
-               rank, r->divergence);
+    summary_more(rank, r);
     fflush(stdout);
 }
 
-/* --mode ps: a parameter-server client instead of a communicator. */
-static int run_ps(wargs_t *a, fl_dataset_t *train, fl_dataset_t *test)
+/* The parameter-server client's options; shapes holds the text model_shapes points into. */
+static int ps_client_opts(const wargs_t *a, fl_model_shapes_t *shapes, fl_ps_client_opts_t *po)
+{
+    fl_ps_client_opts_init(po);
+    po->rank = a->co.rank;
+    po->world_size = a->co.world_size;
+    po->coordinator = a->co.coordinator;
+    po->job_id = a->co.job_id;
+    po->curve_dir = a->co.curve_dir;
+    po->host = a->co.host;
+    po->param_count = fl_mlp_nparams(&a->to.shape);
+    po->model_signature = a->co.model_signature;
+    po->settings = a->co.settings;
+    /* The parameter server's --init file is checked against these, tensor by tensor. */
+    int rc = fl_mlp_shapes(&a->to.shape, shapes);
+    po->model_shapes = fl_model_shapes_text(shapes);
+    po->timeout_ms = a->co.timeout_ms;
+    po->rendezvous_timeout_ms = a->co.rendezvous_timeout_ms;
+    po->reconnect_timeout_ms = a->reconnect_ms;
+    po->values = a->to.topk_values;
+    po->lz4 = a->lz4;
+    po->log_level = a->co.log_level;
+    return rc;
+}
+
+/* --mode ps: a parameter-server client instead of a communicator. An exit code. */
+static int run_ps(wargs_t *a, wjob_t *j)
 {
     fl_ps_client_opts_t po;
-    fl_ps_client_opts_init(&po);
-    po.rank = a->co.rank;
-    po.world_size = a->co.world_size;
-    po.coordinator = a->co.coordinator;
-    po.job_id = a->co.job_id;
-    po.curve_dir = a->co.curve_dir;
-    po.host = a->co.host;
-    po.param_count = fl_mlp_nparams(&a->to.shape);
-    po.model_signature = a->co.model_signature;
-    po.settings = a->co.settings;
-    /* The parameter server's --init file is checked against these, tensor by tensor. */
     fl_model_shapes_t shapes;
     fl_model_shapes_init(&shapes);
-    int rc = fl_mlp_shapes(&a->to.shape, &shapes);
-    po.model_shapes = fl_model_shapes_text(&shapes);
-    po.timeout_ms = a->co.timeout_ms;
-    po.rendezvous_timeout_ms = a->co.rendezvous_timeout_ms;
-    po.reconnect_timeout_ms = a->reconnect_ms;
-    po.values = a->to.topk_values;
-    po.lz4 = a->lz4;
-    po.log_level = a->co.log_level;
+    int rc = ps_client_opts(a, &shapes, &po);
     fl_ps_client_t *cl = NULL;
     if (rc == FL_OK)
         rc = fl_ps_client_create(&po, &cl);
     fl_model_shapes_deinit(&shapes);
-    int code = 0;
-    if (rc != FL_OK) {
-        code = rc == FL_EINVAL ? 2 : 1;
-    } else {
+    if (rc == FL_OK) {
         fl_wk_train_result_t res;
-        rc = fl_wk_train_ps(cl, po.rank, po.world_size, train, test, &a->to, &res);
+        rc = fl_wk_train_ps(cl, po.rank, po.world_size, &j->train,
+                            j->have_test ? &j->test : NULL, &a->to, &res);
         if (rc == FL_OK && !a->to.quiet)
-            summary(po.rank, &res, test != NULL);
-        code = rc == FL_OK ? 0 : rc == FL_EINVAL ? 2 : 1;
+            summary(po.rank, &res, j->have_test);
     }
     if (rc != FL_OK) {
         fprintf(stderr, "flodl-worker: %s\n", fl_last_error());
         fl_ps_client_abort(cl, rc, fl_last_error());
     }
     fl_ps_client_destroy(&cl);
-    fl_dataset_free(train);
-    fl_dataset_free(test);
+    return exit_code(rc);
+}
+
+/* A networked run's process limits, plain-text notice and (but for --mode ps, whose client
+ * connects as it starts) communicator. An exit code. */
+static int join(wargs_t *a, wjob_t *j)
+{
+    if (a->mode == FL_WK_MODE_LOCAL)
+        return 0;
+    fl_fdlimit_start("flodl-worker", a->co.log_level);
+    if (a->co.curve_dir == NULL)
+        fl_cli_security_notice("flodl-worker");
+    if (a->mode == FL_WK_MODE_PS)
+        return 0;
+    int rc = fl_comm_init(&a->co, &j->comm);
+    /* A refusal (another job, world size or model) is a configuration error. */
+    return rc == FL_OK ? 0 : failed(exit_code(rc));
+}
+
+static int train(wargs_t *a, wjob_t *j, int rank)
+{
+    fl_wk_train_result_t res;
+    a->to.device_timeout_ms = a->co.timeout_ms;
+    int rc = fl_wk_train(j->comm, &j->train, j->have_test ? &j->test : NULL, &a->to, &res);
+    if (rc == FL_OK && !a->to.quiet)
+        summary(rank, &res, j->have_test);
+    return rc;
+}
+
+/* Trains, or runs the drill, with the metrics endpoint and timeline asked for. An exit code. */
+static int run(wargs_t *a, wjob_t *j)
+{
+    int rank = j->comm != NULL ? fl_comm_rank(j->comm) : 0;
+    wobs_t wo;
+    int code;
+    int rc = wobs_start(a, rank, &wo);
+    if (rc != FL_OK) {
+        code = exit_code(rc);
+    } else if (a->mode == FL_WK_MODE_DRILL) {
+        rc = fl_wk_drill_run(j->comm, &a->d);
+        code = rc == FL_OK ? 0 : 1; /* its refusals are its flags', already checked */
+    } else {
+        rc = train(a, j, rank);
+        code = exit_code(rc);
+    }
+    if (rc != FL_OK) {
+        failed(code);
+        /* The others hear it now (the coordinator passes it on), not at their deadline. */
+        fl_comm_abort(j->comm, rc, fl_last_error());
+    }
+    if (wobs_stop(&wo) != FL_OK)
+        code = failed(code != 0 ? code : 1);
     return code;
 }
 
 int main(int argc, char **argv)
 {
-    static const struct option train_opts[] = {
-        {"mode", 1, NULL, O_MODE}, {"train-images", 1, NULL, O_TRAIN_IMAGES},
-        {"train-labels", 1, NULL, O_TRAIN_LABELS}, {"test-images", 1, NULL, O_TEST_IMAGES},
-        {"test-labels", 1, NULL, O_TEST_LABELS}, {"train-csv", 1, NULL, O_TRAIN_CSV},
-        {"test-csv", 1, NULL, O_TEST_CSV}, {"data-seed", 1, NULL, O_DATA_SEED},
-        {"layers", 1, NULL, O_LAYERS}, {"batch-size", 1, NULL, O_BATCH},
-        {"epochs", 1, NULL, O_EPOCHS}, {"seed", 1, NULL, O_SEED},
-        {"no-shuffle", 0, NULL, O_NO_SHUFFLE}, {"lz4", 0, NULL, O_LZ4},
-        {"reconnect-timeout", 1, NULL, O_RECONNECT}, {"scale-lr", 0, NULL, O_SCALE_LR},
-        {"overlap", 0, NULL, O_OVERLAP}, {"first-leg", 1, NULL, O_FIRST_LEG},
-        {"max-grad-norm", 1, NULL, O_MAX_NORM},
-        {"cpu-replicas", 1, NULL, O_REPLICAS}, {"hierarchy", 1, NULL, O_HIER},
-        {"ps-clients", 1, NULL, O_PS_CLIENTS},
-        {"shard", 1, NULL, O_SHARD}, {"policy", 1, NULL, O_POLICY},
-        {"metrics-port", 1, NULL, O_MPORT}, {"metrics-bind", 1, NULL, O_MBIND},
-        {"timeline", 1, NULL, O_TIMELINE}, {"curve-dir", 1, NULL, O_CURVE},
-        {"insecure", 0, NULL, O_INSECURE}, {"checkpoint", 1, NULL, O_CKPT},
-        {"resume", 1, NULL, O_RESUME},
-        {"resume-if-any", 1, NULL, O_RESUME_ANY},
-        {"max-anchor", 1, NULL, O_ANCHOR}, {"run-ahead", 1, NULL, O_RUN_AHEAD}, {"overhead-target", 1, NULL, O_OVERHEAD},
-        {"speed-hint", 1, NULL, O_HINT}, {"throttle", 1, NULL, O_THROTTLE},
-        {"device", 1, NULL, O_DEVICE}, {"gpus", 1, NULL, O_GPUS},
-        {"topk", 1, NULL, O_TOPK}, {"topk-warmup", 1, NULL, O_TOPK_WARMUP},
-        {"topk-values", 1, NULL, O_TOPK_VALUES}, {"bucket-mb", 1, NULL, O_BUCKET},
-        {"init", 1, NULL, O_INIT}, {"save", 1, NULL, O_SAVE},
-        {"save-every", 1, NULL, O_SAVE_EVERY}, {"metrics", 1, NULL, O_METRICS},
-        {"progress", 1, NULL, O_PROGRESS}, {"quiet", 0, NULL, O_QUIET},
-        {"size", 1, NULL, O_SIZE}, {"steps", 1, NULL, O_STEPS}, {"dtype", 1, NULL, O_DTYPE},
-        {"op", 1, NULL, O_OP}, {"help", 0, NULL, O_HELP}, {"version", 0, NULL, O_VERSION},
-    };
-    static struct option longopts[128];
-    int nopt = 0;
-    for (int i = 0; fl_comm_opt_names[i] != NULL; i++)
-        longopts[nopt++] = (struct option){fl_comm_opt_names[i], required_argument, NULL, i + 1};
-    int ncomm = nopt;
-    for (size_t i = 0; i < sizeof train_opts / sizeof train_opts[0]; i++)
-        longopts[nopt++] = train_opts[i];
-    for (size_t i = 0; fl_cli_optim_names[i] != NULL; i++) {
-        const char *o = fl_cli_optim_names[i];
-        longopts[nopt++] = (struct option){o, strcmp(o, "nesterov") == 0 ? 0 : 1, NULL, O_OPTIM};
-    }
-    longopts[nopt] = (struct option){NULL, 0, NULL, 0};
-
     wargs_t a;
-    memset(&a, 0, sizeof a);
-    a.mode = -1;
-    a.data_seed = 1;
-    a.metrics_port = -1;
-    a.reconnect_ms = 600000;
-    fl_comm_opts_init(&a.co);
-    fl_wk_train_opts_init(&a.to);
-    fl_wk_drill_opts_init(&a.d);
-
-    fl_launch_info_t env;
-    if (fl_launch_from_env(env_get, NULL, &env) != FL_OK)
+    wargs_what_t what = WARGS_RUN;
+    fl_wk_args_init(&a);
+    if (from_env(&a) != FL_OK || fl_wk_args_parse(&a, argc, argv, &what) != FL_OK)
         return usage_error();
-    if (env.rank >= 0)
-        a.co.rank = env.rank;
-    if (env.world_size > 0)
-        a.co.world_size = env.world_size;
-    if (env.coordinator[0] != '\0')
-        a.co.coordinator = env.coordinator;
-    if (env.host[0] != '\0')
-        a.co.host = env.host;
-    if (env.job_id[0] != '\0')
-        a.co.job_id = env.job_id;
-    a.env_curve = env.curve_dir;
-    a.env_insecure = env.insecure;
-    if (env.log_level >= 0)
-        a.co.log_level = (fl_log_level_t)env.log_level;
-    if (env.ipc >= 0)
-        a.co.ipc = env.ipc;
-
-    int ch, li = 0;
-    opterr = 0;
-    while ((ch = getopt_long(argc, argv, "h", longopts, &li)) != -1) {
-        if (ch >= 1 && ch <= ncomm) {
-            if (fl_comm_opts_set(&a.co, fl_comm_opt_names[ch - 1], optarg) != FL_OK)
-                return usage_error();
-            continue;
-        }
-        if (ch == 'h' || ch == O_HELP) {
-            fputs(usage, stdout);
-            return 0;
-        }
-        if (ch == O_VERSION)
-            return fl_cli_version("flodl-worker");
-        if (ch == '?' || ch == ':')
-            return bad("unknown or incomplete flag '%s' (see --help)", argv[optind - 1]);
-        if (fl_wk_args_apply(&a, ch, longopts[li].name, optarg) != FL_OK)
-            return usage_error();
-        if (ch == O_SIZE || ch == O_STEPS || ch == O_DTYPE || ch == O_OP)
-            a.drill_flag = argv[optind - 2];
-        if (ch == O_OPTIM && a.optim_flag == NULL)
-            a.optim_flag = longopts[li].name;
-        if ((ch == O_LZ4 || ch == O_RECONNECT) && a.ps_flag == NULL)
-            a.ps_flag = longopts[li].name;
+    if (what == WARGS_HELP) {
+        fl_wk_args_help(stdout);
+        return 0;
     }
-    if (optind < argc)
-        return bad("unexpected argument '%s' (see --help)", argv[optind]);
-    /* Drill flags imply the drill; with another mode they are a mistake. A coordinator or a
-     * world of several ranks means a networked run, so a missing piece of it is an error
-     * rather than a silent local run. */
-    if (a.drill_flag != NULL && a.mode < 0)
-        a.mode = 99;
-    if (a.drill_flag != NULL && a.mode != 99)
-        return bad("%s applies to --mode drill only", a.drill_flag);
-    if (a.mode == FL_WK_MODE_PS && a.optim_flag != NULL)
-        return bad("--%s: in --mode ps the optimizer runs on the parameter server: give it to "
-                   "flodl-ps",
-                   a.optim_flag);
-    if (a.ps_flag != NULL && a.mode != FL_WK_MODE_PS)
-        return bad("--%s applies to --mode ps only", a.ps_flag);
-    if (a.resume_if_any != NULL && a.to.resume_dir != NULL)
-        return bad("--resume and --resume-if-any: give one");
-    if (a.resume_if_any != NULL) {
-        /* The manifest is written last, after every shard file (shard_ckpt.c): with it the
-         * checkpoint is whole; without it there is nothing to resume from. */
-        char manifest[4200];
-        snprintf(manifest, sizeof manifest, "%s/manifest.safetensors", a.resume_if_any);
-        if (access(manifest, F_OK) == 0)
-            a.to.resume_dir = a.resume_if_any;
-        else
-            printf("--resume-if-any: no checkpoint in %s yet: starting fresh\n", a.resume_if_any);
-    }
-    if (a.mode == FL_WK_MODE_PS && (a.to.shard != FL_WK_SHARD_NONE || a.to.max_anchor > 0 ||
-                                    a.to.policy != FL_WK_POLICY_SYNC))
-        return bad("--shard, --max-anchor and --policy: in --mode ps the optimizer state lives on "
-                   "the parameter server and the devices' mean is pushed every step");
-    if (a.mode == FL_WK_MODE_PS && (a.to.checkpoint_dir != NULL || a.to.resume_dir != NULL) &&
-        !(a.to.topk > 0))
-        return bad("--checkpoint and --resume: in --mode ps the training state lives on the "
-                   "parameter server (flodl-ps --checkpoint-dir); the worker keeps only --topk's "
-                   "residual");
-    /* The default momentum belongs to the default SGD: Adam and AdamW have betas instead, and
-     * only a --momentum given with them is a mistake. */
-    if (a.to.opt.kind != FL_OPT_SGD && !a.momentum_given)
-        a.to.opt.momentum = 0.0;
-    if (fl_cli_optim_check(&a.to.opt, &a.to.lr) != FL_OK)
-        return usage_error();
-    if (a.mode < 0)
-        a.mode = a.co.coordinator != NULL || a.co.world_size > 1 || a.co.rank > 0
-                     ? FL_WK_MODE_RING
-                     : FL_WK_MODE_LOCAL;
-    bool networked = a.mode != FL_WK_MODE_LOCAL;
-    if (networked) {
-        if (a.co.world_size < 1)
-            return bad("--world-size: missing (or set FLODL_WORLD_SIZE / WORLD_SIZE)");
-        if (a.co.rank < 0)
-            return bad("--rank: missing (or set FLODL_RANK / RANK)");
-        if (a.co.rank >= a.co.world_size) {
-            fl_fail(FL_EINVAL, "--rank: %d is not below --world-size %d", a.co.rank,
-                    a.co.world_size);
-            return usage_error();
-        }
-        if (a.co.coordinator == NULL)
-            return bad("--coordinator: missing (or set FLODL_COORDINATOR / MASTER_ADDR)");
-        if (fl_cli_security(a.co.curve_dir, a.insecure, a.env_curve, a.env_insecure,
-                            &a.co.curve_dir) != FL_OK)
-            return usage_error();
-    }
-    if (a.mode != 99 && fl_wk_device_select(a.device, a.gpus, a.replicas_given, &a.to) != FL_OK)
-        return usage_error();
-    if (sim_env(&a.to, a.co.rank > 0 ? a.co.rank : 0) != FL_OK)
+    if (what == WARGS_VERSION)
+        return fl_cli_version("flodl-worker");
+    if (settle(&a) != FL_OK)
         return usage_error();
     /* One BLAS thread per process: the devices are threads of their own and the ranks share
      * the machine's cores. */
     openblas_set_num_threads(1);
-
-    fl_dataset_t train;
-    fl_dataset_t test;
-    memset(&train, 0, sizeof train);
-    memset(&test, 0, sizeof test);
-    bool have_test = false;
-    if (a.mode != 99) {
-        int rc = load_data(&a, &train, &test, &have_test);
-        if (rc == FL_EINVAL)
-            return usage_error();
-        if (rc != FL_OK) {
-            fprintf(stderr, "flodl-worker: %s\n", fl_last_error());
-            return 1;
-        }
-        a.to.mode = (fl_wk_mode_t)a.mode;
-        /* The signature the rendezvous compares, also with a parameter server's --init. */
-        fl_model_shapes_t shapes;
-        fl_model_shapes_init(&shapes);
-        rc = fl_mlp_shapes(&a.to.shape, &shapes);
-        a.co.model_signature = fl_model_shapes_signature(fl_model_shapes_text(&shapes));
-        fl_model_shapes_deinit(&shapes);
-        if (rc != FL_OK) {
-            fprintf(stderr, "flodl-worker: %s\n", fl_last_error());
-            fl_dataset_free(&train);
-            fl_dataset_free(&test);
-            return 1;
-        }
-        if (fl_wk_settings(&a.to, &train, a.settings, sizeof a.settings) != FL_OK)
-            return usage_error();
-        a.co.settings = a.settings;
-    }
-
-    if (networked)
-        fl_fdlimit_start("flodl-worker", a.co.log_level);
-    if (networked && a.co.curve_dir == NULL)
-        fl_cli_security_notice("flodl-worker");
-    if (a.mode == FL_WK_MODE_PS)
-        return run_ps(&a, &train, have_test ? &test : NULL);
-    fl_comm_t *comm = NULL;
-    if (networked) {
-        int rc = fl_comm_init(&a.co, &comm);
-        if (rc != FL_OK) {
-            /* A refusal (another job, world size or model) is a configuration error. */
-            int code = rc == FL_EINVAL ? 2 : 1;
-            fprintf(stderr, "flodl-worker: %s\n", fl_last_error());
-            fl_dataset_free(&train);
-            fl_dataset_free(&test);
-            return code;
-        }
-    }
-    int rc;
-    int code = 0;
-    wobs_t wo;
-    if ((rc = wobs_start(&a, comm ? fl_comm_rank(comm) : 0, &wo)) != FL_OK) {
-        code = rc == FL_EINVAL ? 2 : 1;
-    } else if (a.mode == 99) {
-        rc = fl_wk_drill_run(comm, &a.d);
-    } else {
-        fl_wk_train_result_t res;
-        a.to.device_timeout_ms = a.co.timeout_ms;
-        rc = fl_wk_train(comm, &train, have_test ? &test : NULL, &a.to, &res);
-        if (rc == FL_OK && !a.to.quiet)
-            summary(comm ? fl_comm_rank(comm) : 0, &res, have_test);
-        if (rc == FL_EINVAL)
-            code = 2;
-    }
-    if (rc != FL_OK) {
-        fprintf(stderr, "flodl-worker: %s\n", fl_last_error());
-        /* The others hear it now (the coordinator passes it on), not at their deadline. */
-        fl_comm_abort(comm, rc, fl_last_error());
-        if (code == 0)
-            code = 1;
-    }
-    if (wobs_stop(&wo) != FL_OK) {
-        fprintf(stderr, "flodl-worker: %s\n", fl_last_error());
-        code = code ? code : 1;
-    }
-    fl_comm_destroy(&comm);
-    fl_dataset_free(&train);
-    fl_dataset_free(&test);
+    wjob_t j;
+    memset(&j, 0, sizeof j);
+    /* The drill has no data and no model: the training code never sees its mode. */
+    int code = a.mode == FL_WK_MODE_DRILL ? 0 : prepare(&a, &j);
+    if (code == 0)
+        code = join(&a, &j);
+    if (code == 0)
+        code = a.mode == FL_WK_MODE_PS ? run_ps(&a, &j) : run(&a, &j);
+    fl_comm_destroy(&j.comm);
+    fl_dataset_free(&j.train);
+    fl_dataset_free(&j.test);
     return code;
 }
