@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# The fault matrix (#18): each row drives the built binaries (flodl-ps, flodl-worker,
+# The fault matrix: each row drives the built binaries (flodl-ps, flodl-worker,
 # flodl-keygen) through one failure on 127.0.0.1, or in network namespaces of its own, and
 # gives PASS, FAIL (the reason, one line) or SKIP (why) with a measured figure: a Markdown
 # table on stdout, progress on stderr. Exits 1 when a row fails.

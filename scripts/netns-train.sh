@@ -16,7 +16,7 @@
 #   --density D    top-k density of the third run (0.01)
 #   --build DIR    a build with server/flodl-ps and worker/flodl-worker (default: build.sh)
 #
-# Targets (issue #6): hybrid sends at most 1/L of the flat bytes across hosts, and hybrid top-k
+# Targets: hybrid sends at most 1/L of the flat bytes across hosts, and hybrid top-k
 # at least 20x fewer than flat dense. A flat ring ordered by host crosses hosts on one link per
 # host (2(NL-1)/(NL) of the model per step); hybrid's L columns carry 2(N-1)/N of it together.
 set -euo pipefail

@@ -1,5 +1,5 @@
 /* server: flodl-ps. The coordinator (rendezvous, peer table, heartbeats, failure broadcast)
- * whose public face is include/flodl/coordinator.h; the parameter-server shards join it (#4).
+ * whose public face is include/flodl/coordinator.h; the parameter-server shards join it.
  * This header holds what tests and the binary need beyond the public API. */
 #ifndef FL_PS_H
 #define FL_PS_H

@@ -462,8 +462,8 @@ END_TEST
 /* The parameter server's --init file against the ranks' model, tensor by tensor: a weight
  * declared transposed (the same parameter count) fails the rendezvous in either order, every
  * member told which tensor, both shapes and the file; the same tensors start the job; a rank
- * with a bare signature (no tensors described) is not compared with the file (#18 item 5:
- * only the counts were compared, and the transposed weight trained). */
+ * with a bare signature (no tensors described) is not compared with the file (comparing only the counts let the
+ * transposed weight train). */
 START_TEST(test_init_shapes_checked)
 {
     static const char *const want[] = {"different models", "tensor 'layers.0.weight'",

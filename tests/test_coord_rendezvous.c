@@ -126,7 +126,7 @@ START_TEST(test_duplicate_rank)
 }
 END_TEST
 
-/* #18 item 7: a stranger who claims a running rank with the holder's host and pid, from a
+/* A stranger who claims a running rank with the holder's host and pid, from a
  * connection of its own, is refused while the holder is heard from; the holder keeps its rank
  * and the job goes on. The holder itself, once its old connection went quiet, may move to a
  * new one (it lost the coordinator and reconnected). */

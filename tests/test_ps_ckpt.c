@@ -278,7 +278,7 @@ START_TEST(test_checkpoints_written_kept_and_exact)
         uint64_t steps[8];
         size_t n = 0;
         ck_assert(fl_ps__ckpt_list(tmpdir, s, 2, steps, 8, &n, NULL) == FL_OK);
-        /* Keep 2: writing 4 removed none (2 and 4), the final 5 removed 2 (#18 item 5: it
+        /* Keep 2: writing 4 removed none (2 and 4), the final 5 removed 2 (it once
          * left K + 1). Two files on disk per shard, nothing else. */
         char prefix[32];
         snprintf(prefix, sizeof prefix, "shard-%u-of-2.", s);
@@ -390,7 +390,7 @@ static void create_shard0_server(bool resume)
 #define S0 "shard-0-of-2.step-000000000004.safetensors"
 
 /* Writers killed inside a checkpoint leave "<file>.tmp.<pid>" behind (ten kills left 4 files,
- * 50 MB; #18 item 5). A server removes those of the shards it serves at start and at
+ * 50 MB). A server removes those of the shards it serves at start and at
  * --resume, when their pid no longer runs or is its own (an earlier process's); the shards
  * another process serves from the same directory, a live writer's file and other names stay. */
 START_TEST(test_killed_writers_temporaries_removed)

@@ -258,8 +258,7 @@ END_TEST
 /* flodl-ps --init with a NaN is refused at start with one line naming the tensor and the
  * index, before the coordinator binds (no endpoint file is written); a worker pointed at it
  * gives up after its --rendezvous-timeout. It was found only after the rendezvous, and the
- * workers then waited up to --reconnect-timeout (10 minutes) for a parameter-server restart
- * (#18 item 5). */
+ * workers then waited up to --reconnect-timeout (10 minutes) for a parameter-server restart. */
 START_TEST(test_init_with_nan_refused_at_start)
 {
     char dir[] = "/tmp/flodl-ps-nan-XXXXXX";
@@ -295,7 +294,7 @@ START_TEST(test_init_with_nan_refused_at_start)
 END_TEST
 
 /* flodl-ps --init with layer 0's weight declared [64,256] instead of [256,64] (the same
- * parameter count, so it trained: #18 item 5) fails the rendezvous: the worker and flodl-ps
+ * parameter count, so it once trained) fails the rendezvous: the worker and flodl-ps
  * both exit 2 with the line naming the tensor, both shapes and the file. */
 START_TEST(test_init_of_another_shape_refused)
 {

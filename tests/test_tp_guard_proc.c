@@ -1,5 +1,4 @@
-/* flodl-ps against connections that never authenticate and messages that never end (#18 items
- * 4 and 7): with a limit of 1024 open files, 2000 idle connections from another address (each
+/* flodl-ps against connections that never authenticate and messages that never end: with a limit of 1024 open files, 2000 idle connections from another address (each
  * opened again a second after it is closed) do not keep a 2-worker CURVE job from registering
  * and training; the soft limit on open files is raised to the hard one at start; a message of
  * 512 frames of 1.9 MB leaves flodl-ps's memory where it was; a frame over twice the

@@ -191,7 +191,7 @@ static size_t remove_state_files(const char *ck)
 /* A rank's own state (top-k's residuals, local SGD's optimizer per device) goes into the
  * checkpoint: W hosts of o run one epoch with --checkpoint, then resume for the second and
  * train exactly the parameters of a run that never stopped; resumed from the same checkpoint
- * without the state files (residuals and momenta at zero, as before #13) they differ. */
+ * without the state files (residuals and momenta at zero) they differ. */
 static void resume_own_state(fl_wk_train_opts_t *o, int W, const char *what)
 {
     fl_dataset_t d;
@@ -351,7 +351,7 @@ static bool tmp_exists(const char *in, const char *name, long pid, const char *t
 }
 
 /* Writers killed inside a checkpoint leave "<file>.tmp.<pid>" behind (ten kills left 4 files,
- * 50 MB; #18 item 5). A rank removes those of its own files (rank 0: and the manifest's) at
+ * 50 MB). A rank removes those of its own files (rank 0: and the manifest's) at
  * start and at --resume, when their pid no longer runs or is its own (an earlier process's);
  * another rank's, a live writer's and other names stay. */
 START_TEST(test_killed_writers_temporaries_removed)

@@ -106,8 +106,8 @@ START_TEST(test_local_training_and_checkpoint)
     const char *c[] = {"--mode", "local", "--epochs", "1", "--layers", "64,200,10", "--init",
                        save, NULL};
     expect_usage_error(c, "layers.0.weight");
-    /* A checkpoint holding a NaN is refused before training, naming the tensor and index
-     * (#18 item 5), instead of training on it and saving it again. */
+    /* A checkpoint holding a NaN is refused before training, naming the tensor and index,
+     * instead of training on it and saving it again. */
     fl_mlp_shape_t m;
     ck_assert(fl_mlp_parse("64,256,128,10", &m) == FL_OK);
     size_t np = fl_mlp_nparams(&m);

@@ -27,7 +27,7 @@ extern "C" {
 typedef enum fl_wk_mode {
     FL_WK_MODE_LOCAL = 0, /* one process, no network */
     FL_WK_MODE_RING = 1,  /* gradients averaged across ranks (dense or top-k), local update */
-    FL_WK_MODE_PS = 2,    /* push gradients, pull parameters (the parameter server, #4) */
+    FL_WK_MODE_PS = 2,    /* push gradients, pull parameters (the parameter server) */
     FL_WK_MODE_DRILL = 3, /* flodl-worker's gradient-exchange drill (fl_wk_drill_run): no
                              training, so fl_wk_train and fl_wk_settings never get it */
 } fl_wk_mode_t;
@@ -116,7 +116,8 @@ typedef struct fl_wk_train_opts {
     fl_wk_leg_t first_leg; /* several devices: where they reduce (default FL_WK_LEG_AUTO) */
     bool overlap;          /* two levels: reduce (in host memory) and exchange bucket by bucket
                               during the backward pass instead of after it (the same bits;
-                              off by default: see README, "Overlap with the backward pass") */
+                              off by default: docs/two-level.md, "Overlap with the backward
+                              pass") */
     double max_norm;       /* gradient clipping by global L2 norm (0: off) */
     double topk;           /* density of top-k with error feedback (0: dense) */
     int topk_warmup;       /* epochs of DGC density warm-up (0: none) */

@@ -4,8 +4,8 @@
  * parameter-server client (ps.h). Private types of the components never appear in these
  * headers, and libflodl.so exports exactly the functions declared in include/flodl.
  *
- * ABI: within one soname (libflodl.so.0.1 for every 0.1.x; see "Using libflodl" in the
- * README) a program built against older headers keeps running with a newer libflodl:
+ * ABI: within one soname (libflodl.so.0.1 for every 0.1.x; see docs/c-api.md,
+ * "ABI") a program built against older headers keeps running with a newer libflodl:
  * - functions are never removed and their signatures and meaning do not change; enum values
  *   and error codes keep their numbers (new ones may be added);
  * - the options structs that carry a struct_size as their first field (fl_comm_opts_t,

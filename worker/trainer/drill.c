@@ -1,4 +1,4 @@
-/* The gradient-exchange drill: the worker's job until training lands. Data is chosen so that
+/* The gradient-exchange drill (--drill): no model, only the exchange. Data is chosen so that
  * the exact sum is known in closed form, so every element of every step is checked. */
 #include "fl_wk.h"
 
