@@ -14,14 +14,6 @@
 #include <string.h>
 
 
-/* What one step computed. */
-typedef struct step_out {
-    double loss;
-    size_t correct;
-    size_t host_batches; /* this host's batches in the step */
-    double job_batches;  /* the whole job's */
-} step_out_t;
-
 /* One synchronous step: its clock (start, compute done, exchange done), what it computed, its
  * learning rate and the time of --shard's legs after the exchange. */
 typedef struct step {
@@ -80,13 +72,6 @@ void fl_wk_train_opts_init(fl_wk_train_opts_t *o)
     o->sim_fail_device = -1;
 }
 
-static void ready(int device, size_t from, void *ud)
-{
-    trainer_t *tr = ud;
-    if (tr->nx > 0) /* none with --shard grad: the columns reduce-scatter after the step */
-        fl_wk_xchg_ready_from(tr->xchg[tr->nx > 1 ? device : 0], from);
-}
-
 /* A label the model has no output for is the labels' fault as much as --layers': named with
  * the file the labels came from, its index and its value. */
 static int check_labels(const fl_mlp_shape_t *m, const fl_dataset_t *d)
@@ -115,288 +100,6 @@ int fl_wk_check_model(const fl_mlp_shape_t *m, const fl_dataset_t *d,
         return fl_fail(FL_EINVAL, "the test data (%s) has %zu features, the training data %zu",
                        test->source, test->dim, d->dim);
     return test != NULL ? check_labels(m, test) : FL_OK;
-}
-
-/* The step's exchanges: begin, wait (the first error), and their figures summed. */
-static void xchg_begin(trainer_t *tr, double density)
-{
-    for (int j = 0; j < tr->nx; j++)
-        fl_wk_xchg_begin(tr->xchg[j], density);
-}
-
-static int xchg_wait(trainer_t *tr)
-{
-    int rc = FL_OK;
-    char err[1024] = "";
-    for (int j = 0; j < tr->nx; j++) {
-        int r = fl_wk_xchg_wait(tr->xchg[j]);
-        if (r != FL_OK && rc == FL_OK) {
-            rc = r;
-            snprintf(err, sizeof err, "%s", fl_last_error());
-        }
-    }
-    if (rc != FL_OK)
-        fl_fail(rc, "%s", err);
-    return rc;
-}
-
-static void xchg_stats(trainer_t *tr, fl_wk_xchg_stats_t *out)
-{
-    memset(out, 0, sizeof *out);
-    if (tr->shards != NULL) {
-        uint64_t sent;
-        uint64_t remote;
-        fl_wk_shards_bytes(tr->shards, &sent, &remote);
-        out->bytes_sent = sent;
-        out->remote_bytes = remote;
-        /* The dense ring would have sent as much: reduce-scatter plus all-gather. */
-        out->raw_bytes = sent;
-    }
-    if (tr->full != NULL) {
-        fl_wk_full_stats_t fs;
-        fl_wk_full_stats(tr->full, &fs);
-        out->bytes_sent = fs.sent;
-        out->remote_bytes = fs.remote;
-        out->raw_bytes = fs.sent;
-    }
-    if (tr->async != NULL) {
-        fl_wk_async_stats_t as;
-        fl_wk_async_stats(tr->async, &as);
-        out->bytes_sent = as.sent;
-        out->remote_bytes = as.remote;
-        out->raw_bytes = as.sent;
-        out->busy_ms = as.exchange_s * 1e3;
-    }
-    for (int j = 0; j < tr->nx; j++) {
-        fl_wk_xchg_stats_t s;
-        fl_wk_xchg_stats(tr->xchg[j], &s);
-        out->bytes_sent += s.bytes_sent;
-        out->remote_bytes += s.remote_bytes;
-        out->raw_bytes += s.raw_bytes;
-        /* The exchanges run side by side: the step waited for the longest. */
-        out->busy_ms = s.busy_ms > out->busy_ms ? s.busy_ms : out->busy_ms;
-    }
-}
-
-/* Hosts that exchange pieces (1 on one host): the layouts' world. */
-static int piece_world(const trainer_t *tr)
-{
-    return tr->comm != NULL ? tr->world : 1;
-}
-
-/* The whole model into params: --shard full's gathered on every rank (a collective), or the
- * devices' resident copy. */
-static int materialize(trainer_t *tr)
-{
-    if (tr->resident_ranges)
-        return FL_OK; /* every update wrote its range back and the host gathered them */
-    if (tr->resident)
-        return fl_wk_devices_get_params(tr->dev, tr->params);
-    return tr->full != NULL ? fl_wk_full_materialize(tr->full, tr->params) : FL_OK;
-}
-
-/* What the rank holds beyond the ranges (ckpt_rank.c). */
-static void rank_state(trainer_t *tr, fl_wk_rank_state_t *s)
-{
-    fl_wk_rank_state_of(tr->o, tr->nx, tr->xchg, tr->dev, tr->async, s);
-}
-
-/* Device t's optimizer state into the host's, for a checkpoint. */
-static int save_device_state(trainer_t *tr, fl_opt_t *const *opts)
-{
-    int n = tr->resident_ranges ? fl_wk_shards_count(tr->shards) : 1;
-    int rc = FL_OK;
-    for (int t = 0; tr->resident && rc == FL_OK && t < n; t++)
-        rc = fl_wk_devices_opt_save(tr->dev, t, opts[t]);
-    return rc;
-}
-
-/* After a sharded update on the devices: the whole model on every device. On the devices'
- * first leg it is all-gathered on the devices themselves: --shard hybrid's ranges (all this
- * host's) go from device to device; --shard grad's columns, gathered across hosts in host
- * memory, go into their own device each and from there to the others. Else every device takes
- * the host's gathered copy. */
-static int gather_ranges(trainer_t *tr)
-{
-    if (!fl_wk_devices_can_gather(tr->dev))
-        return fl_wk_devices_put_params(tr->dev, tr->params);
-    size_t off[FL_DEV_MAX_DEVICES];
-    size_t len[FL_DEV_MAX_DEVICES];
-    int n = fl_wk_shards_count(tr->shards);
-    for (int t = 0; t < n; t++)
-        fl_wk_shards_column(tr->shards, t, &off[t], &len[t]);
-    int rc = fl_wk_shards_across_hosts(tr->shards)
-                 ? fl_wk_devices_put_columns(tr->dev, tr->params, off, len)
-                 : FL_OK;
-    if (rc != FL_OK)
-        return rc;
-    tr->gathered_on_devices = true;
-    return fl_wk_devices_gather_ranges(tr->dev, off, len);
-}
-
-/* The update of the step: on the devices, or on the host's shards. */
-static int update(trainer_t *tr, double lr)
-{
-    const fl_wk_train_opts_t *o = tr->o;
-    if (!tr->resident)
-        return tr->full != NULL ? fl_wk_full_step(tr->full, lr)
-                                : fl_wk_shards_step(tr->shards, tr->params, tr->grad, lr);
-    if (tr->keep_grad) /* checked and clipped on the device */
-        return fl_wk_devices_update(tr->dev, NULL, o->max_norm, lr);
-    int rc = fl_wk_shards_check(tr->shards, tr->grad);
-    return rc == FL_OK ? fl_wk_devices_update(tr->dev, tr->grad, 0.0, lr) : rc;
-}
-
-static int save(trainer_t *tr, long step, int epoch)
-{
-    char s[32];
-    char e[32];
-    snprintf(s, sizeof s, "%ld", step);
-    snprintf(e, sizeof e, "%d", epoch);
-    fl_st_meta_t meta[3] = {{"flodl.step", s}, {"flodl.epoch", e}, {"flodl.model", "mlp"}};
-    return fl_mlp_save(tr->m, tr->params, tr->o->save_path, meta, 3);
-}
-
-/* Every rank learns whether any rank failed (one small allreduce), so a failure one rank meets
- * alone (its disk, its evaluation) ends the others now, not at their next collective's
- * deadline. Every rank calls it at the same point. */
-static int agree(trainer_t *tr, int rc)
-{
-    if (tr->comm == NULL)
-        return rc;
-    char detail[1024] = "";
-    if (rc != FL_OK)
-        snprintf(detail, sizeof detail, "%s", fl_last_error());
-    double failed = rc != FL_OK;
-    int crc = fl_allreduce(tr->comm, &failed, &failed, 1, FL_FLOAT64, FL_MAX);
-    if (rc != FL_OK)
-        return fl_fail(rc, "%s", detail);
-    if (crc != FL_OK)
-        return crc;
-    if (failed > 0)
-        return fl_fail(FL_EPEER, "rank %d: another rank failed (its log says why); stopping with "
-                                 "it",
-                       tr->rank);
-    return FL_OK;
-}
-
-/* One step's compute: batch *bi of every device, or El Che's sync (the devices' planned
- * batches; the job's total agreed with one small allreduce). *t1: when the compute ended.
- * *more false: the epoch is over (nothing computed). */
-static int compute(trainer_t *tr, size_t *bi, size_t nbatches, step_out_t *so, bool *more,
-                   int64_t *t1)
-{
-    const fl_wk_train_opts_t *o = tr->o;
-    memset(so, 0, sizeof *so);
-    int rc;
-    if (o->max_anchor == 0) {
-        if (*bi >= nbatches) {
-            *more = false;
-            return FL_OK;
-        }
-        rc = fl_wk_devices_step(tr->dev, tr->resident ? NULL : tr->params, (*bi)++, ready, tr,
-                                &so->loss, &so->correct);
-        so->host_batches = (size_t)o->replicas;
-        so->job_batches = (double)o->replicas * tr->world;
-        *t1 = fl_now_ns();
-        return rc;
-    }
-    int counts[FL_DEV_MAX_DEVICES];
-    size_t left = fl_wk_devices_host_batches(tr->dev) - tr->next;
-    size_t mine = fl_wk_fit_counts(tr->cad.counts, o->replicas, left, counts);
-    double total = (double)mine;
-    if (tr->comm != NULL &&
-        (rc = fl_allreduce(tr->comm, &total, &total, 1, FL_FLOAT64, FL_SUM)) != FL_OK)
-        return rc;
-    if (total == 0) {
-        *more = false;
-        return FL_OK;
-    }
-    double batch_s[FL_DEV_MAX_DEVICES];
-    if (o->policy == FL_WK_POLICY_CADENCE) {
-        /* Local SGD: the schedule's step is the job's batches at the last averaging, in units
-         * of a per-batch sync's, plus the device's batches since. */
-        double per_sync = (double)o->replicas * tr->world * (double)o->batch;
-        rc = fl_wk_devices_local_round(tr->dev, tr->params, counts, tr->next, tr->sched,
-                                       tr->samples / per_sync, batch_s, &so->loss, &so->correct);
-    } else {
-        rc = fl_wk_devices_cadence_step(tr->dev, tr->resident ? NULL : tr->params, counts,
-                                        tr->next, batch_s, &so->loss, &so->correct);
-    }
-    if (rc != FL_OK)
-        return rc;
-    tr->next += mine;
-    fl_wk_cadence_observe(&tr->cad, batch_s);
-    /* Every batch of the job weighs the same: the exchange averages over ranks. */
-    fl_wk_devices_combine(tr->dev, (float)((double)tr->world / total), ready, tr);
-    so->host_batches = mine;
-    so->job_batches = total;
-    *t1 = fl_now_ns();
-    return FL_OK;
-}
-
-/* Memory per device as --shard and the exchange split it: parameters held for compute, the
- * gradient each device's backward pass fills, optimizer state, error-feedback residuals (one
- * per exchanged range, with top-k). */
-static void memory(const trainer_t *tr, fl_wk_train_result_t *res)
-{
-    const fl_wk_train_opts_t *o = tr->o;
-    res->mem_params = tr->np * sizeof(float);
-    res->mem_grads = tr->np * sizeof(float);
-    res->mem_opt_state = tr->shards != NULL ? fl_wk_shards_state_bytes(tr->shards) : 0;
-    if (tr->full != NULL) {
-        /* Its pieces and the layers gathered at most at once; the gradient each device's
-         * backward pass fills is still whole. */
-        size_t params;
-        size_t state;
-        fl_wk_full_memory(tr->full, &params, &state);
-        res->mem_params = params;
-        res->mem_opt_state = state;
-        fl_wk_full_stats_t fs;
-        fl_wk_full_stats(tr->full, &fs);
-        res->gathers = fs.gets;
-        res->gathers_ready = fs.ready;
-        res->gather_wait_ms = res->steps > 0 ? fs.wait_s * 1e3 / (double)res->steps : 0.0;
-    }
-    size_t widest = tr->np;
-    if (tr->nx > 1 && o->hierarchy == FL_WK_HIER_HYBRID)
-        widest = fl_shard_count(tr->np, tr->nx, 0); /* shard 0 is the widest */
-    res->mem_residual = o->topk > 0 && tr->nx > 0 ? widest * sizeof(float) : 0;
-}
-
-/* The step's figures into the metrics registry. */
-static void observe_step(trainer_t *tr, const fl_wk_xchg_stats_t *xs, double loss, double c_ms,
-                         double x_ms, double divergence, int64_t t_start)
-{
-    fl_wk_obs_step_t st;
-    memset(&st, 0, sizeof st);
-    st.samples = tr->samples;
-    st.sent = xs->bytes_sent;
-    st.remote = xs->remote_bytes;
-    st.raw = xs->raw_bytes;
-    double r2 = 0.0;
-    for (int j = 0; j < tr->nx; j++) {
-        double r = fl_wk_xchg_residual_norm(tr->xchg[j]);
-        r2 += r * r;
-    }
-    st.residual = sqrt(r2);
-    st.loss = loss;
-    double secs = (double)(fl_now_ns() - t_start) / 1e9;
-    st.samples_per_s = secs > 0 ? tr->samples / secs : 0.0;
-    st.compute_s = c_ms / 1e3;
-    st.exposed_s = x_ms / 1e3;
-    st.divergence = divergence;
-    if (tr->comm != NULL) {
-        fl_comm_stats_t cs;
-        fl_comm_get_stats(tr->comm, &cs);
-        st.recv = cs.bytes_recv;
-        st.ctx = fl_comm_ctx(tr->comm); /* the sub-communicators share its counters */
-        for (int j = 0; j < tr->nsubs; j++) {
-            fl_comm_get_stats(tr->subs[j], &cs);
-            st.recv += cs.bytes_recv;
-        }
-    }
-    fl_wk_obs_step(&tr->obs, &st);
 }
 
 /* The schedules of the run: the learning rate (scaled to the global batch with --scale-lr)
@@ -442,7 +145,7 @@ static int resume(trainer_t *tr, run_t *r)
         return FL_OK;
     if (o->checkpoint_dir == NULL || strcmp(o->resume_dir, o->checkpoint_dir) != 0)
         fl_wk_ckpt_clean(o->resume_dir, tr->rank, o->quiet);
-    int rc = fl_wk_ckpt_load(o->resume_dir, o, piece_world(tr), tr->rank, tr->params, r->opts,
+    int rc = fl_wk_ckpt_load(o->resume_dir, o, fl_wk_tr_piece_world(tr), tr->rank, tr->params, r->opts,
                              &r->step, &r->first_epoch, &tr->samples);
     if (rc == FL_OK && tr->full != NULL)
         fl_wk_full_scatter(tr->full, tr->params);
@@ -463,11 +166,11 @@ static int start(trainer_t *tr, run_t *r, fl_wk_train_result_t *res)
     int rc = resume(tr, r);
     if (rc != FL_OK)
         return rc;
-    rank_state(tr, &r->own);
+    fl_wk_tr_rank_state(tr, &r->own);
     if ((rc = fl_wk_trainer_keep(tr, r->opts)) != FL_OK)
         return rc;
     if (o->resume_dir != NULL &&
-        (rc = fl_wk_ckpt_rank_resume(o, tr->rank, piece_world(tr), r->step, &r->own)) != FL_OK)
+        (rc = fl_wk_ckpt_rank_resume(o, tr->rank, fl_wk_tr_piece_world(tr), r->step, &r->own)) != FL_OK)
         return rc;
     if (r->lead && o->resume_dir != NULL)
         printf("resumed from %s: step %ld, %d epoch(s) done\n", o->resume_dir, r->step,
@@ -511,7 +214,7 @@ static int apply(trainer_t *tr, const run_t *r, step_t *s, fl_wk_train_result_t 
         for (size_t i = 0; i < tr->np; i++)
             tr->params[i] += tr->grad[i];
         res->divergence = fl_wk_devices_divergence(tr->dev, tr->params, tr->grad);
-    } else if ((rc = update(tr, s->lr)) != FL_OK) {
+    } else if ((rc = fl_wk_tr_update(tr, s->lr)) != FL_OK) {
         return rc;
     }
     int64_t t_ag = fl_now_ns();
@@ -520,7 +223,7 @@ static int apply(trainer_t *tr, const run_t *r, step_t *s, fl_wk_train_result_t 
         return rc;
     /* Resident ranges: every device takes the gathered model (on cpu it is theirs),
      * all-gathered on the devices where the ranges are all this host's. */
-    if (tr->resident_ranges && o->device != FL_DEV_CPU && (rc = gather_ranges(tr)) != FL_OK)
+    if (tr->resident_ranges && o->device != FL_DEV_CPU && (rc = fl_wk_tr_gather_ranges(tr)) != FL_OK)
         return rc;
     s->legs_ms += (double)(fl_now_ns() - t_ag) / 1e6;
     /* El Che's exchange time: the buckets' wait and --shard grad's legs. */
@@ -585,13 +288,13 @@ static void account(trainer_t *tr, run_t *r, const step_t *s, const fl_wk_train_
     r->ep_loss += s->so.loss * (double)s->so.host_batches;
     r->ep_correct += s->so.correct;
     fl_wk_xchg_stats_t xs;
-    xchg_stats(tr, &xs);
+    fl_wk_tr_xchg_stats(tr, &xs);
     int64_t t_end = fl_now_ns();
     fl_obs_timeline_span(o->timeline, FL_WK_TRACK_STEP, "wait for the exchange", "step", s->t1,
                          s->t2);
     fl_obs_timeline_span(o->timeline, FL_WK_TRACK_STEP, "update", "step", s->t2, t_end);
     if (o->obs != NULL)
-        observe_step(tr, &xs, s->so.loss, c_ms, x_ms, res->divergence, r->t_start);
+        fl_wk_tr_observe_step(tr, &xs, s->so.loss, c_ms, x_ms, res->divergence, r->t_start);
     report(tr, r, s, &xs, c_ms, x_ms, res);
 }
 
@@ -602,8 +305,8 @@ static int save_every(trainer_t *tr, const run_t *r)
     const fl_wk_train_opts_t *o = tr->o;
     if (o->save_path == NULL || o->save_every <= 0 || (r->step + 1) % o->save_every != 0)
         return FL_OK;
-    int rc = materialize(tr);
-    return rc == FL_OK ? agree(tr, tr->rank == 0 ? save(tr, r->step + 1, r->ep) : FL_OK) : rc;
+    int rc = fl_wk_tr_materialize(tr);
+    return rc == FL_OK ? fl_wk_tr_agree(tr, tr->rank == 0 ? fl_wk_tr_save(tr, r->step + 1, r->ep) : FL_OK) : rc;
 }
 
 /* One synchronous step: every device's batch (or El Che's sync) computed while the exchange
@@ -613,13 +316,13 @@ static int sync_step(trainer_t *tr, run_t *r, fl_wk_train_result_t *res, bool *m
     step_t s;
     memset(&s, 0, sizeof s);
     s.t0 = fl_now_ns();
-    xchg_begin(tr, r->density);
+    fl_wk_tr_xchg_begin(tr, r->density);
     s.t1 = s.t0;
     *more = true;
-    int rc = compute(tr, &r->bi, r->nbatches, &s.so, more, &s.t1);
+    int rc = fl_wk_tr_compute(tr, &r->bi, r->nbatches, &s.so, more, &s.t1);
     if (rc != FL_OK || !*more)
         return rc;
-    rc = xchg_wait(tr);
+    rc = fl_wk_tr_xchg_wait(tr);
     s.t2 = fl_now_ns();
     if (rc != FL_OK)
         return rc;
@@ -669,7 +372,7 @@ static int steps(trainer_t *tr, run_t *r, fl_wk_train_result_t *res)
 static int evaluate(trainer_t *tr, const run_t *r, const fl_dataset_t *test,
                     fl_wk_train_result_t *res)
 {
-    int rc = materialize(tr);
+    int rc = fl_wk_tr_materialize(tr);
     if (rc != FL_OK)
         return rc;
     if (tr->rank == 0) {
@@ -681,7 +384,7 @@ static int evaluate(trainer_t *tr, const run_t *r, const fl_dataset_t *test,
             fl_wk_report_epoch(r->ep, tr->o->epochs, res,
                                (double)(fl_now_ns() - r->t_start) / 1e9);
     }
-    return agree(tr, rc);
+    return fl_wk_tr_agree(tr, rc);
 }
 
 /* The end of an epoch: its figures, the devices' memory, the evaluation and the checkpoint. */
@@ -704,9 +407,9 @@ static int end_epoch(trainer_t *tr, run_t *r, const fl_dataset_t *test,
     fl_wk_obs_epoch(&tr->obs, r->ep + 1);
     if (o->checkpoint_dir == NULL)
         return FL_OK;
-    if ((rc = materialize(tr)) != FL_OK || (rc = save_device_state(tr, r->opts)) != FL_OK)
+    if ((rc = fl_wk_tr_materialize(tr)) != FL_OK || (rc = fl_wk_tr_save_device_state(tr, r->opts)) != FL_OK)
         return rc;
-    return fl_wk_ckpt_save(o->checkpoint_dir, tr->comm, tr->rank, piece_world(tr), o,
+    return fl_wk_ckpt_save(o->checkpoint_dir, tr->comm, tr->rank, fl_wk_tr_piece_world(tr), o,
                            tr->params, r->opts, &r->own, r->step, r->ep + 1, tr->samples);
 }
 
@@ -731,8 +434,8 @@ static int finish(trainer_t *tr, const run_t *r, const fl_dataset_t *test,
                   fl_wk_train_result_t *res)
 {
     int rc = FL_OK;
-    if (tr->o->save_path != NULL && (rc = materialize(tr)) == FL_OK)
-        rc = agree(tr, tr->rank == 0 ? save(tr, r->step, res->epochs) : FL_OK);
+    if (tr->o->save_path != NULL && (rc = fl_wk_tr_materialize(tr)) == FL_OK)
+        rc = fl_wk_tr_agree(tr, tr->rank == 0 ? fl_wk_tr_save(tr, r->step, res->epochs) : FL_OK);
     if (rc != FL_OK || tr->comm == NULL || test == NULL)
         return rc;
     double ev[2] = {res->test_loss, res->test_acc};
@@ -749,7 +452,7 @@ static void results(trainer_t *tr, const run_t *r, fl_wk_train_result_t *res)
 {
     const fl_wk_train_opts_t *o = tr->o;
     fl_wk_xchg_stats_t xs;
-    xchg_stats(tr, &xs);
+    fl_wk_tr_xchg_stats(tr, &xs);
     res->steps = r->step;
     res->seconds = (double)(fl_now_ns() - r->t_start) / 1e9;
     res->samples_per_s = res->seconds > 0 ? (tr->samples - r->first_samples) / res->seconds : 0;
@@ -759,7 +462,7 @@ static void results(trainer_t *tr, const run_t *r, fl_wk_train_result_t *res)
     long run_steps = r->step - r->first_step;
     res->compute_ms = run_steps ? r->compute_ms / (double)run_steps : 0.0;
     double exposed_ms = r->exposed_ms;
-    memory(tr, res);
+    fl_wk_tr_memory(tr, res);
     if (tr->async != NULL) {
         fl_wk_async_stats_t as;
         fl_wk_async_stats(tr->async, &as);

@@ -1,6 +1,7 @@
-/* worker/trainer: the training loop (train.c, train_ps.c), its setup (train_setup.c), its
- * local-SGD policies (train_policy.c, async.c), its metrics and progress line (wk_obs.c,
- * report.c), and the trainer, the state of one fl_wk_train call. */
+/* worker/trainer: the training loop (train.c, the parts of its step in train_ops.c;
+ * train_ps.c), its setup (train_setup.c), its local-SGD policies (train_policy.c, async.c), its
+ * metrics and progress line (wk_obs.c, report.c), and the trainer, the state of one fl_wk_train
+ * call. */
 #ifndef FL_WK_TRAIN_INT_H
 #define FL_WK_TRAIN_INT_H
 
@@ -161,7 +162,7 @@ typedef struct trainer {
     bool resident;             /* parameters and optimizer on the devices (--policy sync) */
     bool resident_ranges;      /* ... each device stepping its range (--shard hybrid, grad) */
     bool keep_grad;            /* ... and the gradient too (one device, no exchange) */
-    bool gathered_on_devices;  /* ... the ranges all-gathered on the devices (gather_ranges) */
+    bool gathered_on_devices;  /* ... the ranges all-gathered on the devices (train_ops.c) */
     FILE *metrics;
     /* El Che (o->max_anchor > 0) */
     fl_wk_cadence_t cad;
@@ -196,6 +197,46 @@ double fl_wk_cadence_lr(const trainer_t *tr, const fl_lr_sched_t *sched, double 
 /* El Che after a sync: the exchange time folded in, and every few syncs a new plan (the same on
  * every rank). FL_OK or the allreduce's error. */
 int fl_wk_cadence_after(trainer_t *tr, double exchange_s);
+
+/* ---- the parts of a step (train_ops.c), called by the loop in train.c ---- */
+
+/* What one step computed. */
+typedef struct step_out {
+    double loss;
+    size_t correct;
+    size_t host_batches; /* this host's batches in the step */
+    double job_batches;  /* the whole job's */
+} step_out_t;
+
+/* The step's exchanges: begin, wait (the first error), and their figures summed. */
+void fl_wk_tr_xchg_begin(trainer_t *tr, double density);
+int fl_wk_tr_xchg_wait(trainer_t *tr);
+void fl_wk_tr_xchg_stats(trainer_t *tr, fl_wk_xchg_stats_t *out);
+/* Hosts that exchange pieces (1 on one host): the layouts' world. */
+int fl_wk_tr_piece_world(const trainer_t *tr);
+/* The whole model into tr->params (a collective under --shard full). */
+int fl_wk_tr_materialize(trainer_t *tr);
+/* What the rank holds beyond the ranges, for its checkpoint. */
+void fl_wk_tr_rank_state(trainer_t *tr, fl_wk_rank_state_t *s);
+/* The devices' optimizer state into opts, for a checkpoint. */
+int fl_wk_tr_save_device_state(trainer_t *tr, fl_opt_t *const *opts);
+/* After a sharded update on the devices: the whole model on every device. */
+int fl_wk_tr_gather_ranges(trainer_t *tr);
+/* The step's update at learning rate lr: on the devices, or on the host's shards. */
+int fl_wk_tr_update(trainer_t *tr, double lr);
+/* The model to --save, its metadata naming the step and epoch. */
+int fl_wk_tr_save(trainer_t *tr, long step, int epoch);
+/* rc, agreed among the ranks: FL_OK only when every rank's was (one small allreduce). */
+int fl_wk_tr_agree(trainer_t *tr, int rc);
+/* One step's compute into *so, from batch *bi of nbatches (or El Che's sync); *more false when
+ * the epoch is over, *t1 when the compute ended. */
+int fl_wk_tr_compute(trainer_t *tr, size_t *bi, size_t nbatches, step_out_t *so, bool *more,
+                     int64_t *t1);
+/* The memory per device of res, as --shard and the exchange split it. */
+void fl_wk_tr_memory(const trainer_t *tr, fl_wk_train_result_t *res);
+/* The step's figures into the metrics registry. */
+void fl_wk_tr_observe_step(trainer_t *tr, const fl_wk_xchg_stats_t *xs, double loss,
+                           double c_ms, double x_ms, double divergence, int64_t t_start);
 
 /* --policy async: what the averagings of an epoch report to. */
 typedef struct async_ctx {
