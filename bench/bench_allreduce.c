@@ -20,8 +20,8 @@ typedef struct ar_bench {
     bool no_mpi;
     bool no_floor; /* skip ZeroMQ's one-way floor */
     bool algos;    /* time each algorithm forced, and print the switch points */
-    bool bind;   /* bind rank k to CPU k mod ncpus (flodl and MPI alike) */
-    bool report; /* child of the launcher: only RESULT lines on stdout */
+    bool bind;     /* bind rank k to CPU k mod ncpus (flodl and MPI alike) */
+    bool report;   /* child of the launcher: only RESULT lines on stdout */
     fl_comm_opts_t comm;
     char *fwd[64]; /* communicator flags forwarded to the children */
     int nfwd;
@@ -43,8 +43,7 @@ static const char usage[] =
 
 /* A communicator flag: set on the options, and passed on to the ranks (launch mode) unless it
  * says who a rank is or where it joins. */
-static int set_comm(void *p, const char *name, const char *value, char *const *words,
-                    int nwords)
+static int set_comm(void *p, const char *name, const char *value, char *const *words, int nwords)
 {
     ar_bench_t *b = p;
     int rc = fl_comm_opts_set(&b->comm, name, value);
@@ -64,18 +63,40 @@ static const bench_more_t comm_flags = {fl_comm_opt_names, set_comm};
  * first: an endpoint, not this table's core|none. */
 #define AT(f) BENCH_AT(ar_bench_t, f)
 static const bench_flag_t flags[] = {
-    {.name = "ranks", .kind = BENCH_INT, .at = AT(ranks), .lo = 1, .hi = 256, .arg = "N",
+    {.name = "ranks",
+     .kind = BENCH_INT,
+     .at = AT(ranks),
+     .lo = 1,
+     .hi = 256,
+     .arg = "N",
      .help = "ranks on this machine"},
-    {.name = "min", .kind = BENCH_SIZE, .at = AT(min), .lo = 4, .hi = 4294967296.0,
-     .arg = "BYTES", .help = "smallest size"},
-    {.name = "max", .kind = BENCH_SIZE, .at = AT(max), .lo = 4, .hi = 4294967296.0,
-     .arg = "BYTES", .help = "largest size"},
+    {.name = "min",
+     .kind = BENCH_SIZE,
+     .at = AT(min),
+     .lo = 4,
+     .hi = 4294967296.0,
+     .arg = "BYTES",
+     .help = "smallest size"},
+    {.name = "max",
+     .kind = BENCH_SIZE,
+     .at = AT(max),
+     .lo = 4,
+     .hi = 4294967296.0,
+     .arg = "BYTES",
+     .help = "largest size"},
     {.name = "no-mpi", .kind = BENCH_SWITCH, .at = AT(no_mpi), .help = "without Open MPI"},
-    {.name = "no-floor", .kind = BENCH_SWITCH, .at = AT(no_floor),
+    {.name = "no-floor",
+     .kind = BENCH_SWITCH,
+     .at = AT(no_floor),
      .help = "without ZeroMQ's one-way floor"},
-    {.name = "algos", .kind = BENCH_SWITCH, .at = AT(algos),
+    {.name = "algos",
+     .kind = BENCH_SWITCH,
+     .at = AT(algos),
      .help = "each algorithm forced, and the switch points"},
-    {.name = "bind", .kind = BENCH_YESNO, .at = AT(bind), .words = "core|none",
+    {.name = "bind",
+     .kind = BENCH_YESNO,
+     .at = AT(bind),
+     .words = "core|none",
      .help = "rank k on CPU k mod ncpus, or unbound"},
     {.name = "report", .kind = BENCH_SWITCH, .at = AT(report)},
     {.name = NULL},
@@ -214,8 +235,7 @@ static int spawn_flodl(ar_bench_t *b, const bench_sizes_t *sizes, double *us)
 }
 
 /* Runs flodl-mpi-bench under mpirun with the given transport; 0 when it produced results. */
-static int spawn_mpi(const ar_bench_t *b, const bench_sizes_t *sizes, const char *btl,
-                     double *us)
+static int spawn_mpi(const ar_bench_t *b, const bench_sizes_t *sizes, const char *btl, double *us)
 {
     for (size_t i = 0; i < sizes->n; i++)
         us[i] = -1;
@@ -229,11 +249,25 @@ static int spawn_mpi(const ar_bench_t *b, const bench_sizes_t *sizes, const char
     snprintf(min_s, sizeof min_s, "%zu", b->min);
     snprintf(max_s, sizeof max_s, "%zu", b->max);
     /* The same placement as flodl's ranks: map by core, rank k on core k mod ncpus. */
-    char *argv[] = {"mpirun", "--allow-run-as-root", "--oversubscribe", "-np", np,
-                    "--map-by", "core", "--bind-to",
+    char *argv[] = {"mpirun",
+                    "--allow-run-as-root",
+                    "--oversubscribe",
+                    "-np",
+                    np,
+                    "--map-by",
+                    "core",
+                    "--bind-to",
                     b->bind ? "core:overload-allowed" : "none",
-                    "--mca", "btl", (char *)btl, "--mca", "btl_tcp_if_include", "lo",
-                    prog, min_s, max_s, NULL};
+                    "--mca",
+                    "btl",
+                    (char *)btl,
+                    "--mca",
+                    "btl_tcp_if_include",
+                    "lo",
+                    prog,
+                    min_s,
+                    max_s,
+                    NULL};
     int fd;
     pid_t pid = bench_spawn(argv, &fd, NULL);
     if (pid < 0)
@@ -277,8 +311,8 @@ static void print_table(const ar_bench_t *b, const bench_sizes_t *s, const doubl
     if (have_floor)
         printf(" | %9s %8s %9s %8s", "zmq 1-way", "f/floor", "zmq xchg", "f/xchg");
     if (have_mpi)
-        printf(" | %11s %9s | %11s %9s | %12s %12s", "mpi-tcp us", "busbw", "mpi-shm us",
-               "busbw", "busbw f/tcp", "time f/tcp");
+        printf(" | %11s %9s | %11s %9s | %12s %12s", "mpi-tcp us", "busbw", "mpi-shm us", "busbw",
+               "busbw f/tcp", "time f/tcp");
     printf("\n");
     for (size_t i = 0; i < s->n; i++) {
         char sz[32];
@@ -293,8 +327,8 @@ static void print_table(const ar_bench_t *b, const bench_sizes_t *s, const doubl
         if (have_mpi) {
             double tb = tcp[i] > 0 ? (double)s->bytes[i] / (tcp[i] * 1e3) * f : 0;
             double sb = shm[i] > 0 ? (double)s->bytes[i] / (shm[i] * 1e3) * f : 0;
-            printf(" | %11.1f %4.3f GB/s | %11.1f %4.3f GB/s | %11.2fx %11.2fx", tcp[i], tb,
-                   shm[i], sb, tb > 0 && fl[i] > 0 ? (algbw * f) / tb : 0,
+            printf(" | %11.1f %4.3f GB/s | %11.1f %4.3f GB/s | %11.2fx %11.2fx", tcp[i], tb, shm[i],
+                   sb, tb > 0 && fl[i] > 0 ? (algbw * f) / tb : 0,
                    tcp[i] > 0 && fl[i] > 0 ? fl[i] / tcp[i] : 0);
         }
         printf("\n");
@@ -332,8 +366,7 @@ static int run_algos(ar_bench_t *b, const bench_sizes_t *s)
     printf("\nflodl-bench allreduce --algos: %d ranks, each algorithm forced (us per op, median); "
            "auto: what AUTO runs with --small %zu\n",
            b->ranks, b->comm.small_bytes);
-    printf("%10s %11s %11s %11s | %8s %8s\n", "size", "direct", "rd", "ring", "fastest",
-           "auto");
+    printf("%10s %11s %11s %11s | %8s %8s\n", "size", "direct", "rd", "ring", "fastest", "auto");
     int prev = -1;
     char switches[512] = "";
     size_t used = 0;
@@ -355,8 +388,7 @@ static int run_algos(ar_bench_t *b, const bench_sizes_t *s)
     }
     printf("measured switch points: %s; AUTO switches at %zu bytes (one-shot to recursive "
            "doubling, up to %d ranks) and above --small %zu (to the ring)\n",
-           used ? switches : "none", FL_DIRECT_MAX_BYTES, FL_DIRECT_MAX_RANKS,
-           b->comm.small_bytes);
+           used ? switches : "none", FL_DIRECT_MAX_BYTES, FL_DIRECT_MAX_RANKS, b->comm.small_bytes);
     return status;
 }
 

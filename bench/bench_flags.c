@@ -57,8 +57,7 @@ static int add_count(const char *flag, const char *tok, void *ud)
     return 0;
 }
 
-int bench_parse_counts(const char *flag, const char *s, size_t lo, size_t hi, size_t *out,
-                       int *n)
+int bench_parse_counts(const char *flag, const char *s, size_t lo, size_t hi, size_t *out, int *n)
 {
     count_list_t l = {lo, hi, out, n};
     *n = 0;
@@ -164,8 +163,8 @@ static int take(const bench_flag_t *f, const char *v, void *b)
     if (f->kind == BENCH_COUNTS || f->kind == BENCH_DENSITIES) {
         /* The list parsers say what is wrong themselves. */
         int rc = f->kind == BENCH_COUNTS
-                     ? bench_parse_counts(flag, v, (size_t)f->lo, (size_t)f->hi,
-                                          field(b, f->at), field(b, f->count))
+                     ? bench_parse_counts(flag, v, (size_t)f->lo, (size_t)f->hi, field(b, f->at),
+                                          field(b, f->count))
                      : bench_parse_densities(flag, v, field(b, f->at), field(b, f->count));
         if (rc != 0)
             return -1;

@@ -1,10 +1,11 @@
 /* ZeroMQ's own one-way latency, the floor under flodl's per-message cost: two processes, each
- * with a PULL socket bound on loopback TCP (or ipc://, as flodl's same-host ranks use) and a PUSH socket to the other (the socket types
- * flodl's data plane uses), bound to the CPUs ranks 0 and 1 use, ping-pong one message of each
- * size; the floor is half the round trip, under the timing protocol of the allreduce figures
- * (warm-up, repetitions of back-to-back operations, median). Then the exchange: both send one
- * message of the size at once and take the other's, which is what 2 ranks' allreduce must do
- * at the least (each CPU copies the message out and the other's in). The peers are this executable
+ * with a PULL socket bound on loopback TCP (or ipc://, as flodl's same-host ranks use) and a PUSH
+ * socket to the other (the socket types flodl's data plane uses), bound to the CPUs ranks 0 and 1
+ * use, ping-pong one message of each size; the floor is half the round trip, under the timing
+ * protocol of the allreduce figures (warm-up, repetitions of back-to-back operations, median). Then
+ * the exchange: both send one message of the size at once and take the other's, which is what 2
+ * ranks' allreduce must do at the least (each CPU copies the message out and the other's in). The
+ * peers are this executable
  * ("flodl-bench zmq-floor echo|ping"); flodl-bench allreduce starts them. */
 #include <stdio.h>
 #include <stdlib.h>
@@ -15,8 +16,7 @@
 #include "bench_util.h"
 #include "fl_core.h"
 
-static int open_pair(void *ctx, const char *scheme, void **pull, void **push, char *ep,
-                     size_t cap)
+static int open_pair(void *ctx, const char *scheme, void **pull, void **push, char *ep, size_t cap)
 {
     int hwm = 0;
     *pull = zmq_socket(ctx, ZMQ_PULL);
@@ -100,8 +100,7 @@ static int run_ping(void *ctx, const char *scheme, const char *peer, size_t min,
     void *pull;
     void *push;
     char ep[256];
-    if (open_pair(ctx, scheme, &pull, &push, ep, sizeof ep) != 0 ||
-        zmq_connect(push, peer) != 0)
+    if (open_pair(ctx, scheme, &pull, &push, ep, sizeof ep) != 0 || zmq_connect(push, peer) != 0)
         return 1;
     int timeout = 60000;
     zmq_setsockopt(pull, ZMQ_RCVTIMEO, &timeout, sizeof timeout);

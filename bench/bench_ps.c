@@ -19,8 +19,8 @@
 
 typedef struct ps_row {
     int shards;
-    double density;  /* 0: dense pushes */
-    double step_s;   /* median, rank 0 (sync: every rank waits for the slowest) */
+    double density;    /* 0: dense pushes */
+    double step_s;     /* median, rank 0 (sync: every rank waits for the slowest) */
     double push_bytes; /* rank 0's, per step */
     double raw_bytes;  /* what a dense float32 push would send */
     double pull_bytes;
@@ -64,19 +64,56 @@ static const char usage[] =
 
 #define AT(f) BENCH_AT(ps_bench_t, f)
 static const bench_flag_t flags[] = {
-    {.name = "ranks", .kind = BENCH_INT, .at = AT(ranks), .lo = 1, .hi = 256, .arg = "N",
+    {.name = "ranks",
+     .kind = BENCH_INT,
+     .at = AT(ranks),
+     .lo = 1,
+     .hi = 256,
+     .arg = "N",
      .help = "worker processes"},
-    {.name = "n", .kind = BENCH_SIZE, .at = AT(n), .lo = 16, .hi = 4294967296.0, .arg = "COUNT",
-     .help = "float32 parameters of the model", .given = AT(n_s)},
-    {.name = "shards", .kind = BENCH_COUNTS, .at = AT(shards), .count = AT(nshards), .lo = 1,
-     .hi = 64, .arg = "LIST", .help = "shard counts of the dense pushes"},
-    {.name = "density", .kind = BENCH_DOUBLE, .at = AT(density), .lo = 0, .hi = 1, .arg = "D",
-     .help = "top-k pushes' density (0: none)", .given = AT(density_s)},
-    {.name = "sparse-shards", .kind = BENCH_INT, .at = AT(sparse_shards), .lo = 0, .hi = 64,
-     .arg = "S", .help = "shards of the top-k pushes (0: none)"},
-    {.name = "reps", .kind = BENCH_INT, .at = AT(reps), .lo = 1, .hi = 64, .arg = "N",
-     .help = "timed steps after the warm-up", .given = AT(reps_s)},
-    {.name = "bind", .kind = BENCH_YESNO, .at = AT(bind), .words = "core|none",
+    {.name = "n",
+     .kind = BENCH_SIZE,
+     .at = AT(n),
+     .lo = 16,
+     .hi = 4294967296.0,
+     .arg = "COUNT",
+     .help = "float32 parameters of the model",
+     .given = AT(n_s)},
+    {.name = "shards",
+     .kind = BENCH_COUNTS,
+     .at = AT(shards),
+     .count = AT(nshards),
+     .lo = 1,
+     .hi = 64,
+     .arg = "LIST",
+     .help = "shard counts of the dense pushes"},
+    {.name = "density",
+     .kind = BENCH_DOUBLE,
+     .at = AT(density),
+     .lo = 0,
+     .hi = 1,
+     .arg = "D",
+     .help = "top-k pushes' density (0: none)",
+     .given = AT(density_s)},
+    {.name = "sparse-shards",
+     .kind = BENCH_INT,
+     .at = AT(sparse_shards),
+     .lo = 0,
+     .hi = 64,
+     .arg = "S",
+     .help = "shards of the top-k pushes (0: none)"},
+    {.name = "reps",
+     .kind = BENCH_INT,
+     .at = AT(reps),
+     .lo = 1,
+     .hi = 64,
+     .arg = "N",
+     .help = "timed steps after the warm-up",
+     .given = AT(reps_s)},
+    {.name = "bind",
+     .kind = BENCH_YESNO,
+     .at = AT(bind),
+     .words = "core|none",
      .help = "rank k on CPU k mod ncpus, or unbound"},
     {.name = "report", .kind = BENCH_SWITCH, .at = AT(report)},
     {.name = "rank", .kind = BENCH_INT, .at = AT(rank), .lo = 0, .hi = 255},
@@ -215,8 +252,8 @@ static void on_result(const char *rest, void *ud)
     ps_row_t *r = b->cur;
     if (sscanf(rest, "ring %lf", &b->ring_s) == 1)
         return;
-    if (r != NULL && sscanf(rest, "ps %lf %lf %lf %lf", &r->step_s, &r->push_bytes,
-                            &r->raw_bytes, &r->pull_bytes) == 4)
+    if (r != NULL && sscanf(rest, "ps %lf %lf %lf %lf", &r->step_s, &r->push_bytes, &r->raw_bytes,
+                            &r->pull_bytes) == 4)
         r->have = true;
 }
 
@@ -247,11 +284,11 @@ static int run_ps_job(ps_bench_t *b, ps_row_t *row)
         goto out;
     char dens[32];
     snprintf(dens, sizeof dens, "%.17g", row->density);
-    char *extra[] = {"--n", (char *)b->n_s, "--reps", (char *)b->reps_s, "--phase", "ps",
-                     "--density", dens};
+    char *extra[] = {"--n",     (char *)b->n_s, "--reps",    (char *)b->reps_s,
+                     "--phase", "ps",           "--density", dens};
     b->cur = row;
-    status = bench_run_ranks(fl_coord_endpoint(coord), "ps", extra, 8, b->ranks, b->bind,
-                             on_result, b);
+    status =
+        bench_run_ranks(fl_coord_endpoint(coord), "ps", extra, 8, b->ranks, b->bind, on_result, b);
     b->cur = NULL;
     fl_ps_server_wait(srv, 10000);
 out:
@@ -276,13 +313,12 @@ static void print_table(const ps_bench_t *b)
            "(%s), sync, SGD; the parameter server in the launcher; median of %d steps after a "
            "warm-up\n",
            b->ranks, b->bind ? "rank k on CPU k mod ncpus" : "unbound", nstr, sz, b->reps);
-    printf("%-22s %6s | %9s %13s %9s | %14s %13s\n", "path", "shards", "step ms",
-           "GB/s (all)", "vs ring", "pushed/rank", "push traffic");
+    printf("%-22s %6s | %9s %13s %9s | %14s %13s\n", "path", "shards", "step ms", "GB/s (all)",
+           "vs ring", "pushed/rank", "push traffic");
     if (b->ring_s > 0)
-        printf("%-22s %6s | %9.1f %13.2f %9s | %14s %13s\n", "ring allreduce", "-",
-               b->ring_s * 1e3,
-               2.0 * (b->ranks - 1) / b->ranks * model * b->ranks / b->ring_s / 1e9, "1.00x",
-               "-", "-");
+        printf("%-22s %6s | %9.1f %13.2f %9s | %14s %13s\n", "ring allreduce", "-", b->ring_s * 1e3,
+               2.0 * (b->ranks - 1) / b->ranks * model * b->ranks / b->ring_s / 1e9, "1.00x", "-",
+               "-");
     else
         printf("%-22s (no result)\n", "ring allreduce");
     for (int i = 0; i < b->nrows; i++) {
@@ -328,8 +364,7 @@ static int launch(ps_bench_t *b)
 {
     int status = 0;
     fprintf(stderr, "flodl-bench: ring allreduce, %d ranks...\n", b->ranks);
-    char *ring_extra[] = {"--n", (char *)b->n_s, "--reps", (char *)b->reps_s, "--phase",
-                          "ring"};
+    char *ring_extra[] = {"--n", (char *)b->n_s, "--reps", (char *)b->reps_s, "--phase", "ring"};
     if (bench_run_job("ps", ring_extra, 6, b->ranks, b->bind, on_result, b) != 0)
         status = 1;
     for (int i = 0; i < b->nshards; i++)

@@ -71,17 +71,45 @@ static int set_values(void *p, const char *v)
 
 #define AT(f) BENCH_AT(sp_bench_t, f)
 static const bench_flag_t flags[] = {
-    {.name = "ranks", .kind = BENCH_INT, .at = AT(ranks), .lo = 1, .hi = 256, .arg = "N",
+    {.name = "ranks",
+     .kind = BENCH_INT,
+     .at = AT(ranks),
+     .lo = 1,
+     .hi = 256,
+     .arg = "N",
      .help = "ranks on this machine"},
-    {.name = "n", .kind = BENCH_SIZE, .at = AT(n), .lo = 1, .hi = UINT32_MAX, .arg = "COUNT",
-     .help = "float32 elements per rank", .given = AT(n_s)},
-    {.name = "densities", .kind = BENCH_TEXT, .at = AT(dens_s), .arg = "LIST",
+    {.name = "n",
+     .kind = BENCH_SIZE,
+     .at = AT(n),
+     .lo = 1,
+     .hi = UINT32_MAX,
+     .arg = "COUNT",
+     .help = "float32 elements per rank",
+     .given = AT(n_s)},
+    {.name = "densities",
+     .kind = BENCH_TEXT,
+     .at = AT(dens_s),
+     .arg = "LIST",
      .help = "top-k densities, each in (0, 1]"},
-    {.name = "values", .kind = BENCH_CALL, .set = set_values, .arg = "float32|float16|bfloat16",
-     .help = "the values' type on the wire", .def = "float32", .given = AT(values_s)},
-    {.name = "reps", .kind = BENCH_INT, .at = AT(reps), .lo = 1, .hi = 64, .arg = "N",
-     .help = "timed calls after the warm-up", .given = AT(reps_s)},
-    {.name = "bind", .kind = BENCH_YESNO, .at = AT(bind), .words = "core|none",
+    {.name = "values",
+     .kind = BENCH_CALL,
+     .set = set_values,
+     .arg = "float32|float16|bfloat16",
+     .help = "the values' type on the wire",
+     .def = "float32",
+     .given = AT(values_s)},
+    {.name = "reps",
+     .kind = BENCH_INT,
+     .at = AT(reps),
+     .lo = 1,
+     .hi = 64,
+     .arg = "N",
+     .help = "timed calls after the warm-up",
+     .given = AT(reps_s)},
+    {.name = "bind",
+     .kind = BENCH_YESNO,
+     .at = AT(bind),
+     .words = "core|none",
      .help = "rank k on CPU k mod ncpus, or unbound"},
     {.name = "report", .kind = BENCH_SWITCH, .at = AT(report)},
     {.name = "rank", .kind = BENCH_INT, .at = AT(rank), .lo = 0, .hi = 255},
@@ -105,8 +133,7 @@ static int fail_rc(int rc)
 }
 
 /* Dense ring allreduce of n floats: median seconds and bytes one rank sends per call. */
-static int time_dense(fl_comm_t *comm, const sp_bench_t *b, const float *grad, float *buf,
-                      int rank)
+static int time_dense(fl_comm_t *comm, const sp_bench_t *b, const float *grad, float *buf, int rank)
 {
     double t[64];
     double bytes = 0;
@@ -264,9 +291,9 @@ static void print_table(const sp_bench_t *b)
            "select ms", "time ms", "sent/rank", "compression", "vs dense", "+select");
     if (b->dense_s > 0) {
         fmt_mib(b->dense_bytes, w, sizeof w);
-        printf("%-14s %8s %9s %9s | %10.2f %12s %10.2fx | %8.2fx %11s\n", "dense ring", "-",
-               "-", "-", b->dense_s * 1e3, w, b->dense_bytes > 0 ? ring / b->dense_bytes : 0.0,
-               1.0, "-");
+        printf("%-14s %8s %9s %9s | %10.2f %12s %10.2fx | %8.2fx %11s\n", "dense ring", "-", "-",
+               "-", b->dense_s * 1e3, w, b->dense_bytes > 0 ? ring / b->dense_bytes : 0.0, 1.0,
+               "-");
     } else {
         printf("%-14s (no result)\n", "dense ring");
     }
@@ -298,7 +325,7 @@ static void print_table(const sp_bench_t *b)
 /* The job of ranks, then the table. */
 static int launch(sp_bench_t *b)
 {
-    char *extra[] = {"--n",    (char *)b->n_s,      "--densities", (char *)b->dens_s,
+    char *extra[] = {"--n",      (char *)b->n_s,      "--densities", (char *)b->dens_s,
                      "--values", (char *)b->values_s, "--reps",      (char *)b->reps_s};
     fprintf(stderr, "flodl-bench: sparse and dense allreduce, %d ranks...\n", b->ranks);
     int status = bench_run_job("sparse-allreduce", extra, (int)(sizeof extra / sizeof extra[0]),

@@ -54,14 +54,28 @@ static const char usage[] =
 
 #define AT(f) BENCH_AT(topk_bench_t, f)
 static const bench_flag_t flags[] = {
-    {.name = "sizes", .kind = BENCH_COUNTS, .at = AT(sizes), .count = AT(nsizes), .lo = 1,
-     .hi = UINT32_MAX, .arg = "LIST", .help = "element counts"},
-    {.name = "densities", .kind = BENCH_DENSITIES, .at = AT(dens), .count = AT(ndens),
-     .arg = "LIST", .help = "top-k densities"},
-    {.name = "reps", .kind = BENCH_INT, .at = AT(reps), .lo = 1, .hi = 64, .arg = "N",
+    {.name = "sizes",
+     .kind = BENCH_COUNTS,
+     .at = AT(sizes),
+     .count = AT(nsizes),
+     .lo = 1,
+     .hi = UINT32_MAX,
+     .arg = "LIST",
+     .help = "element counts"},
+    {.name = "densities",
+     .kind = BENCH_DENSITIES,
+     .at = AT(dens),
+     .count = AT(ndens),
+     .arg = "LIST",
+     .help = "top-k densities"},
+    {.name = "reps",
+     .kind = BENCH_INT,
+     .at = AT(reps),
+     .lo = 1,
+     .hi = 64,
+     .arg = "N",
      .help = "timed selections after the warm-up"},
-    {.name = "no-torch", .kind = BENCH_SWITCH, .at = AT(no_torch),
-     .help = "without torch.topk"},
+    {.name = "no-torch", .kind = BENCH_SWITCH, .at = AT(no_torch), .help = "without torch.topk"},
     {.name = NULL},
 };
 #undef AT
@@ -131,8 +145,8 @@ static int measure_flodl(topk_bench_t *b)
     fl_cmp_ws_t *ws = NULL;
     int status = 1;
     if (posix_memalign((void **)&x, 64, maxn * sizeof *x) != 0 ||
-        posix_memalign((void **)&dst, 64, maxn * sizeof *dst) != 0 || idx == NULL ||
-        val == NULL || fl_cmp_ws_create(&ws) != FL_OK) {
+        posix_memalign((void **)&dst, 64, maxn * sizeof *dst) != 0 || idx == NULL || val == NULL ||
+        fl_cmp_ws_create(&ws) != FL_OK) {
         fprintf(stderr, "flodl-bench: no memory for %zu floats\n", maxn);
         goto out;
     }
@@ -156,8 +170,8 @@ static int measure_flodl(topk_bench_t *b)
             if (fl_cmp_topk_count(n, &o, &r->k) != FL_OK ||
                 time_topk(ws, x, n, r->density, FL_CMP_EXACT, b->reps, idx, val, &r->exact_s,
                           &kx) != 0 ||
-                time_topk(ws, x, n, r->density, FL_CMP_SAMPLED, b->reps, idx, val,
-                          &r->sampled_s, &r->sampled_k) != 0)
+                time_topk(ws, x, n, r->density, FL_CMP_SAMPLED, b->reps, idx, val, &r->sampled_s,
+                          &r->sampled_k) != 0)
                 goto out;
         }
     }
@@ -235,8 +249,7 @@ static void measure_torch(topk_bench_t *b)
 {
     char script[1200];
     if (find_script(script, sizeof script) != 0) {
-        printf("torch.topk: skipped: no %s beside the binary or in ../share/flodl\n",
-               TORCH_SCRIPT);
+        printf("torch.topk: skipped: no %s beside the binary or in ../share/flodl\n", TORCH_SCRIPT);
         return;
     }
     if (!torch_importable()) {
@@ -281,8 +294,7 @@ static void print_table(const topk_bench_t *b)
         printf("%6s %7.2f%% %8zu | %9.3f %8.1f %7.2f %8.2fx | %10.3f %5.1f%% | %9.3f |", ns,
                r->density * 100.0, r->k, r->exact_s * 1e3, (double)r->n / r->exact_s / 1e6,
                (double)r->n * sizeof(float) / r->exact_s / 1e9, r->exact_s / r->memcpy_s,
-               r->sampled_s * 1e3, 100.0 * (double)r->sampled_k / (double)r->k,
-               r->memcpy_s * 1e3);
+               r->sampled_s * 1e3, 100.0 * (double)r->sampled_k / (double)r->k, r->memcpy_s * 1e3);
         if (r->torch_s > 0)
             printf(" %9.3f %7.1fx\n", r->torch_s * 1e3, r->torch_s / r->exact_s);
         else

@@ -54,8 +54,8 @@ typedef struct tr_bench {
     const char *dens_s;
     int epochs;
     const char *epochs_s; /* NULL: no --epochs (the device runs pick their own) */
-    long batch;         /* 0: the worker's default */
-    const char *device; /* NULL: no --device flag for the workers */
+    long batch;           /* 0: the worker's default */
+    const char *device;   /* NULL: no --device flag for the workers */
     int cpu_s;
     double target;
     int timeout_s;
@@ -173,8 +173,8 @@ static void parse_summary(tr_run_t *r, const char *line)
                          "rank %d summary: %d epochs, %ld steps, test accuracy %lf%% (loss %lf), "
                          "%lf s, %lf samples/s; per step compute %lf ms, exchange %lf ms "
                          "(exposed %lf ms, %lf%% hidden); %n",
-                         &rank, &epochs, &steps, &acc, &loss, &secs, &sps, &comp, &comm,
-                         &exposed, &hidden, &n);
+                         &rank, &epochs, &steps, &acc, &loss, &secs, &sps, &comp, &comm, &exposed,
+                         &hidden, &n);
         if (got != 11 || n == 0)
             continue;
         if (strncmp(p + n, "nothing exchanged", 17) == 0) {
@@ -288,8 +288,8 @@ static void run_one(const tr_bench_t *b, tr_run_t *r)
         return;
     }
     line_ctx_t c = {r, b->target, b->verbose};
-    r->timed_out = bench_read_lines(fd, deadline, on_line, &c) != 0 &&
-                   fl_deadline_left_ms(deadline) == 0;
+    r->timed_out =
+        bench_read_lines(fd, deadline, on_line, &c) != 0 && fl_deadline_left_ms(deadline) == 0;
     r->code = bench_wait_group(pid, deadline, GRACE_MS);
     r->wall_s = (double)(fl_now_ns() - t0) / 1e9;
     if (r->nsum > 0) {
@@ -342,8 +342,8 @@ static void print_tables(const tr_bench_t *b)
     if (b->nextra > 0)
         printf("worker flags: %s\n", b->extra_buf);
     const tr_run_t *base = find_run(b, 1, 0);
-    printf("%7s %-11s | %10s %8s %8s | %8s %8s %8s | %9s %8s\n", "workers", "exchange",
-           "samples/s", "vs 1", "vs dense", tcol, "seconds", "vs dense", "final acc", "train s");
+    printf("%7s %-11s | %10s %8s %8s | %8s %8s %8s | %9s %8s\n", "workers", "exchange", "samples/s",
+           "vs 1", "vs dense", tcol, "seconds", "vs dense", "final acc", "train s");
     for (int i = 0; i < b->nruns; i++) {
         const tr_run_t *r = &b->runs[i];
         exchange_name(r, ex, sizeof ex);
@@ -418,9 +418,9 @@ static void gpu_part(void)
         printf("GPU: none here (%s); flodl-bench train --device cuda needs one.\n", desc);
 }
 
-int bench_train_dev(const char *device, const char *worker, const char *launch,
-                    const char *layers, long batch, int epochs, int timeout_s, int cpu_s,
-                    char *const extra[], int nextra, bool verbose);
+int bench_train_dev(const char *device, const char *worker, const char *launch, const char *layers,
+                    long batch, int epochs, int timeout_s, int cpu_s, char *const extra[],
+                    int nextra, bool verbose);
 
 static int parse_workers(const char *s, tr_bench_t *b)
 {
@@ -482,32 +482,85 @@ static int set_worker(void *p, const char *v)
 
 #define AT(f) BENCH_AT(tr_bench_t, f)
 static const bench_flag_t flags[] = {
-    {.name = "workers", .kind = BENCH_TEXT, .at = AT(workers_s), .arg = "LIST",
+    {.name = "workers",
+     .kind = BENCH_TEXT,
+     .at = AT(workers_s),
+     .arg = "LIST",
      .help = "worker counts, each 1..256"},
-    {.name = "densities", .kind = BENCH_TEXT, .at = AT(dens_s), .arg = "LIST",
+    {.name = "densities",
+     .kind = BENCH_TEXT,
+     .at = AT(dens_s),
+     .arg = "LIST",
      .help = "top-k densities, each in (0, 1]"},
-    {.name = "epochs", .kind = BENCH_INT, .at = AT(epochs), .lo = 1, .hi = 10000, .arg = "E",
-     .help = "epochs per run", .given = AT(epochs_s)},
-    {.name = "target", .kind = BENCH_CALL, .set = set_target, .arg = "ACC",
-     .help = "test accuracy to reach, in (0, 1]", .def = "0.93"},
-    {.name = "layers", .kind = BENCH_TEXT, .at = AT(layers), .arg = "LIST",
-     .help = "the MLP's widths", .def = "the worker's"},
-    {.name = "worker-flags", .kind = BENCH_CALL, .set = split_extra, .arg = "\"...\"",
+    {.name = "epochs",
+     .kind = BENCH_INT,
+     .at = AT(epochs),
+     .lo = 1,
+     .hi = 10000,
+     .arg = "E",
+     .help = "epochs per run",
+     .given = AT(epochs_s)},
+    {.name = "target",
+     .kind = BENCH_CALL,
+     .set = set_target,
+     .arg = "ACC",
+     .help = "test accuracy to reach, in (0, 1]",
+     .def = "0.93"},
+    {.name = "layers",
+     .kind = BENCH_TEXT,
+     .at = AT(layers),
+     .arg = "LIST",
+     .help = "the MLP's widths",
+     .def = "the worker's"},
+    {.name = "worker-flags",
+     .kind = BENCH_CALL,
+     .set = split_extra,
+     .arg = "\"...\"",
      .help = "more flags for every worker, split at spaces"},
-    {.name = "timeout", .kind = BENCH_INT, .at = AT(timeout_s), .lo = 1, .hi = 86400,
-     .arg = "S", .help = "seconds per run"},
-    {.name = "launch", .kind = BENCH_CALL, .set = set_launch, .arg = "PATH",
-     .help = "flodl-launch", .def = "beside flodl-bench"},
-    {.name = "worker", .kind = BENCH_CALL, .set = set_worker, .arg = "PATH",
-     .help = "flodl-worker", .def = "beside flodl-bench"},
-    {.name = "verbose", .kind = BENCH_SWITCH, .at = AT(verbose),
+    {.name = "timeout",
+     .kind = BENCH_INT,
+     .at = AT(timeout_s),
+     .lo = 1,
+     .hi = 86400,
+     .arg = "S",
+     .help = "seconds per run"},
+    {.name = "launch",
+     .kind = BENCH_CALL,
+     .set = set_launch,
+     .arg = "PATH",
+     .help = "flodl-launch",
+     .def = "beside flodl-bench"},
+    {.name = "worker",
+     .kind = BENCH_CALL,
+     .set = set_worker,
+     .arg = "PATH",
+     .help = "flodl-worker",
+     .def = "beside flodl-bench"},
+    {.name = "verbose",
+     .kind = BENCH_SWITCH,
+     .at = AT(verbose),
      .help = "every line of the runs to stderr"},
-    {.name = "batch-size", .kind = BENCH_LONG, .at = AT(batch), .lo = 1, .hi = 1 << 20,
-     .arg = "B", .help = "batch per worker", .def = "the worker's"},
-    {.name = "device", .kind = BENCH_WORD, .at = AT(device), .words = "cpu|cuda|sim",
-     .help = "the workers' device", .def = "no --device flag"},
-    {.name = "cpu-seconds", .kind = BENCH_INT, .at = AT(cpu_s), .lo = 1, .hi = 86400,
-     .arg = "S", .help = "--device cuda: the CPU run's cap"},
+    {.name = "batch-size",
+     .kind = BENCH_LONG,
+     .at = AT(batch),
+     .lo = 1,
+     .hi = 1 << 20,
+     .arg = "B",
+     .help = "batch per worker",
+     .def = "the worker's"},
+    {.name = "device",
+     .kind = BENCH_WORD,
+     .at = AT(device),
+     .words = "cpu|cuda|sim",
+     .help = "the workers' device",
+     .def = "no --device flag"},
+    {.name = "cpu-seconds",
+     .kind = BENCH_INT,
+     .at = AT(cpu_s),
+     .lo = 1,
+     .hi = 86400,
+     .arg = "S",
+     .help = "--device cuda: the CPU run's cap"},
     {.name = NULL},
 };
 #undef AT

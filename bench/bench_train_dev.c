@@ -67,7 +67,8 @@ static void keep_tail(dv_run_t *r, const char *line)
 static const char *field_start(const char *line, const char *end)
 {
     for (const char *p = end; p > line + 1; p--)
-        if (p[-2] == ',' && p[-1] == ' ') return p;
+        if (p[-2] == ',' && p[-1] == ' ')
+            return p;
     return line;
 }
 
@@ -78,7 +79,8 @@ static void parse_summary(dv_run_t *r, const char *line)
 {
     const char *s = strstr(line, " summary: ");
     const char *q = s ? strstr(s, " samples/s; per step compute ") : NULL;
-    if (q == NULL) return;
+    if (q == NULL)
+        return;
     const char *secs = field_start(line, field_start(line, q) - 2);
     double t;
     double sps;
@@ -90,11 +92,14 @@ static void parse_summary(dv_run_t *r, const char *line)
         return;
     int rank = -1;
     const char *rk = strstr(line, "rank ");
-    if (rk != NULL && rk < s) sscanf(rk, "rank %d", &rank);
+    if (rk != NULL && rk < s)
+        sscanf(rk, "rank %d", &rank);
     const char *a = strstr(s, "test accuracy ");
     double acc;
-    if (rank == 0 && a != NULL && sscanf(a, "test accuracy %lf%%", &acc) == 1) r->acc = acc / 100.0;
-    if (r->nsum == 0 || sps < r->sps) r->sps = sps;
+    if (rank == 0 && a != NULL && sscanf(a, "test accuracy %lf%%", &acc) == 1)
+        r->acc = acc / 100.0;
+    if (r->nsum == 0 || sps < r->sps)
+        r->sps = sps;
     r->compute_ms += comp;
     r->comm_ms += comm;
     r->exposed_ms += exposed;
@@ -108,13 +113,15 @@ static void parse_progress(dv_run_t *r, const char *p)
     const char *st = strstr(p, " step ");
     const char *sp = strstr(p, " samples/s");
     long step;
-    if (st == NULL || sp == NULL || sscanf(st, " step %ld", &step) != 1) return;
+    if (st == NULL || sp == NULL || sscanf(st, " step %ld", &step) != 1)
+        return;
     const char *num = sp;
     while (num > p && num[-1] != ' ')
         num--;
     char *end;
     double sps = strtod(num, &end);
-    if (end != sp || sps <= 0) return;
+    if (end != sp || sps <= 0)
+        return;
     r->progress_sps = sps;
     r->progress_step = step;
 }
@@ -125,7 +132,8 @@ static void on_line(const char *line, void *ud)
     const char *p;
     keep_tail(r, line);
     if ((p = strstr(line, "RESULT ")) == line) {
-        if (sscanf(line, "RESULT samples_per_s %lf", &r->torch_sps) == 1) return;
+        if (sscanf(line, "RESULT samples_per_s %lf", &r->torch_sps) == 1)
+            return;
         if (strncmp(line, "RESULT torch ", 13) == 0)
             snprintf(r->torch, sizeof r->torch, "%s", line + 13);
         return;
@@ -147,7 +155,8 @@ typedef struct dv_line {
 static void on_line_v(const char *line, void *ud)
 {
     dv_line_t *c = ud;
-    if (c->verbose) fprintf(stderr, "  %s\n", line);
+    if (c->verbose)
+        fprintf(stderr, "  %s\n", line);
     on_line(line, c->run);
 }
 
@@ -227,13 +236,16 @@ static bool run_ok(const dv_run_t *r, int ranks)
 static bool find_in_path(const char *name, char *out, size_t cap)
 {
     const char *path = getenv("PATH");
-    if (strchr(name, '/') != NULL || path == NULL) return false;
+    if (strchr(name, '/') != NULL || path == NULL)
+        return false;
     while (*path != '\0') {
         size_t len = strcspn(path, ":");
         int w = snprintf(out, cap, "%.*s/%s", (int)len, len ? path : ".", name);
-        if (w > 0 && (size_t)w < cap && access(out, X_OK) == 0) return true;
+        if (w > 0 && (size_t)w < cap && access(out, X_OK) == 0)
+            return true;
         path += len;
-        if (*path == ':') path++;
+        if (*path == ':')
+            path++;
     }
     return false;
 }
@@ -257,7 +269,8 @@ static bool imports_torch(const char *python)
 static bool find_python(char *out, size_t cap)
 {
     snprintf(out, cap, "/usr/bin/python3");
-    if (imports_torch(out)) return true;
+    if (imports_torch(out))
+        return true;
     return find_in_path("python3", out, cap) && strcmp(out, "/usr/bin/python3") != 0 &&
            imports_torch(out);
 }
@@ -268,7 +281,8 @@ static bool find_script(char *out, size_t cap)
     char dir[PATH_MAX];
     bench_self_dir(dir, sizeof dir);
     snprintf(out, cap, "%s/%s", dir, TORCH_SCRIPT);
-    if (access(out, R_OK) == 0) return true;
+    if (access(out, R_OK) == 0)
+        return true;
     snprintf(out, cap, "%s/../share/flodl/%s", dir, TORCH_SCRIPT);
     return access(out, R_OK) == 0;
 }
@@ -383,7 +397,8 @@ static int cuda_others(const dv_args_t *a, cuda_runs_t *c)
     run_torch(a, &c->torch, c->torch_why, sizeof c->torch_why);
     if (c->torch_why[0] != '\0') {
         fprintf(stderr, "  torch: %s\n", c->torch_why);
-        if (c->torch.code > 0) status = 1; /* it ran and failed; a missing torch is a skip */
+        if (c->torch.code > 0)
+            status = 1; /* it ran and failed; a missing torch is a skip */
     }
     fprintf(stderr,
             "flodl-bench train: [3/4] flodl-worker --device cpu (1 epoch, at most %d s)"
@@ -470,7 +485,8 @@ static void print_cuda_share(const dv_run_t *two)
 static int bench_cuda(const dv_args_t *a)
 {
     cuda_runs_t *c = calloc(1, sizeof *c);
-    if (c == NULL) return 1;
+    if (c == NULL)
+        return 1;
     int status = cuda_gpu(a, &c->gpu);
     if (status == 0) {
         status = cuda_others(a, c);
@@ -484,7 +500,8 @@ static int bench_cuda(const dv_args_t *a)
 static int bench_sim(const dv_args_t *a)
 {
     dv_run_t *runs = calloc(2, sizeof *runs);
-    if (runs == NULL) return 1;
+    if (runs == NULL)
+        return 1;
     int status = 0;
     fprintf(stderr, "flodl-bench train: [1/2] flodl-worker --device sim...\n");
     run_worker(a, "sim", a->epochs, a->timeout_s, &runs[0]);

@@ -308,8 +308,8 @@ int bench_run_job(const char *subcommand, char *const extra[], int nextra, int r
         }
         return 1;
     }
-    int status = bench_run_ranks(fl_coord_endpoint(coord), subcommand, extra, nextra, ranks,
-                                 bind, fn, ud);
+    int status =
+        bench_run_ranks(fl_coord_endpoint(coord), subcommand, extra, nextra, ranks, bind, fn, ud);
     fl_coord_wait(coord, 5000);
     fl_coord_stop(coord);
     fl_coord_destroy(&coord);

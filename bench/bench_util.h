@@ -54,8 +54,7 @@ void bench_self_dir(char *out, size_t cap);
 /* Parses a comma-separated list of element counts ("1M,10M,50M"; K/M/G are powers of 1024,
  * as fl_cli_size) into out[0..*n), each in [lo, hi], at most BENCH_MAX_LIST. 0, or -1 after
  * printing what is wrong. */
-int bench_parse_counts(const char *flag, const char *s, size_t lo, size_t hi, size_t *out,
-                       int *n);
+int bench_parse_counts(const char *flag, const char *s, size_t lo, size_t hi, size_t *out, int *n);
 
 /* Parses a comma-separated list of densities, each in (0, 1]. 0, or -1 after printing. */
 int bench_parse_densities(const char *flag, const char *s, double *out, int *n);

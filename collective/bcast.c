@@ -23,8 +23,9 @@ static int bcast_tree(coll_op_t *op, uint8_t *buf, size_t bytes)
             if ((rc = fl_coll__recv(op, &m)) != FL_OK)
                 return rc;
             if (m.hdr.sender != src || m.hdr.u.chunk.phase != FL_PHASE_BCAST)
-                rc = fl_coll__fail(op, FL_EPROTO, "unexpected broadcast data from rank %d (parent "
-                                                  "is rank %d)",
+                rc = fl_coll__fail(op, FL_EPROTO,
+                                   "unexpected broadcast data from rank %d (parent "
+                                   "is rank %d)",
                                    m.hdr.sender, src);
             else
                 rc = fl_coll__check_payload(op, &m, op->dtype, op->count);
@@ -92,10 +93,11 @@ static int bcast_chain(coll_op_t *op, uint8_t *buf)
         fl_msg_chunk_t ck = m.hdr.u.chunk;
         size_t off = (size_t)ck.seg * segn;
         size_t cnt = ck.seg < nseg ? (op->count - off < segn ? op->count - off : segn) : 0;
-        if (m.hdr.sender != prev || ck.phase != FL_PHASE_BCAST || ck.seg >= nseg ||
-            seen[ck.seg] || ck.offset != off || ck.count != cnt)
-            rc = fl_coll__fail(op, FL_EPROTO, "unexpected broadcast segment %u [%llu, +%llu) from "
-                                              "rank %d (chain predecessor is rank %d)",
+        if (m.hdr.sender != prev || ck.phase != FL_PHASE_BCAST || ck.seg >= nseg || seen[ck.seg] ||
+            ck.offset != off || ck.count != cnt)
+            rc = fl_coll__fail(op, FL_EPROTO,
+                               "unexpected broadcast segment %u [%llu, +%llu) from "
+                               "rank %d (chain predecessor is rank %d)",
                                ck.seg, (unsigned long long)ck.offset, (unsigned long long)ck.count,
                                m.hdr.sender, prev);
         else

@@ -27,9 +27,9 @@ int fl_coll__fail(coll_op_t *op, int code, const char *fmt, ...)
     const fl_comm_t *c = op->c;
     if (op->phase != 0)
         return fl_fail(code, "rank %d (%s): %s #%llu (%zu x %s, %s) in %s step %u: %s", c->rank,
-                       c->host, fl_coll_kind_name(op->kind), (unsigned long long)op->seq,
-                       op->count, fl_dtype_name(op->dtype), size, fl_coll_phase_name(op->phase),
-                       op->step, cause);
+                       c->host, fl_coll_kind_name(op->kind), (unsigned long long)op->seq, op->count,
+                       fl_dtype_name(op->dtype), size, fl_coll_phase_name(op->phase), op->step,
+                       cause);
     return fl_fail(code, "rank %d (%s): %s #%llu (%zu x %s, %s): %s", c->rank, c->host,
                    fl_coll_kind_name(op->kind), (unsigned long long)op->seq, op->count,
                    fl_dtype_name(op->dtype), size, cause);
@@ -42,8 +42,8 @@ static int take_event(coll_op_t *op)
     int rc = fl_tp_recv(op->c->events, &ev, fl_deadline_in(0));
     if (rc != FL_OK)
         return fl_coll__fail(op, FL_EPEER, "aborted by the control thread (event unreadable)");
-    int code = ev.hdr.type == FL_MSG_ERROR && ev.hdr.u.error.code < 0 ? ev.hdr.u.error.code
-                                                                      : FL_EPEER;
+    int code =
+        ev.hdr.type == FL_MSG_ERROR && ev.hdr.u.error.code < 0 ? ev.hdr.u.error.code : FL_EPEER;
     char waiting[FL_HOST_MAX + 32] = "";
     if (op->waiting_on >= 0) {
         char name[FL_HOST_MAX + 32];
@@ -63,8 +63,8 @@ static bool event_pending(fl_comm_t *c)
     return fl_tp_poll(&ev, 1, 0, &ready) > 0 && ready;
 }
 
-int fl_coll__begin(fl_comm_t *c, coll_op_t *op, fl_coll_kind_t kind, size_t count,
-                   fl_dtype_t dtype, fl_op_t rop, int root)
+int fl_coll__begin(fl_comm_t *c, coll_op_t *op, fl_coll_kind_t kind, size_t count, fl_dtype_t dtype,
+                   fl_op_t rop, int root)
 {
     memset(op, 0, sizeof *op);
     op->c = c;
@@ -134,8 +134,9 @@ static int wait_released(coll_op_t *op, int64_t deadline, bool watch_events)
     for (int r = 0; r <= c->size; r++) {
         int rc = wait_slices(op, &c->inflight[r], deadline, watch_events);
         if (rc == FL_ETIMEDOUT)
-            return fl_fail(FL_ETIMEDOUT, "%lld zero-copy sends from region %d still held by "
-                                         "ZeroMQ",
+            return fl_fail(FL_ETIMEDOUT,
+                           "%lld zero-copy sends from region %d still held by "
+                           "ZeroMQ",
                            (long long)fl_rel_held(&c->inflight[r]), r);
         if (rc == EVENT_POSTED)
             return take_event(op);
@@ -213,20 +214,23 @@ static int match_op(coll_op_t *op, fl_tp_msg_t *m)
     fl_comm_peer_name(op->c, m->hdr.sender, who, sizeof who);
     if (op->kind == FL_COLL_BARRIER) {
         if (m->hdr.type != FL_MSG_BARRIER)
-            return fl_coll__fail(op, FL_EPROTO, "%s is in %s #%llu, not in a barrier: collectives "
-                                                "called in a different order on different ranks",
+            return fl_coll__fail(op, FL_EPROTO,
+                                 "%s is in %s #%llu, not in a barrier: collectives "
+                                 "called in a different order on different ranks",
                                  who, fl_coll_kind_name((int)m->hdr.u.chunk.coll),
                                  (unsigned long long)m->hdr.seq);
         return FL_OK;
     }
     if (m->hdr.type != FL_MSG_CHUNK)
-        return fl_coll__fail(op, FL_EPROTO, "%s is in a barrier #%llu, not in %s: collectives "
-                                            "called in a different order on different ranks",
+        return fl_coll__fail(op, FL_EPROTO,
+                             "%s is in a barrier #%llu, not in %s: collectives "
+                             "called in a different order on different ranks",
                              who, (unsigned long long)m->hdr.seq, fl_coll_kind_name(op->kind));
     const fl_msg_chunk_t *ck = &m->hdr.u.chunk;
     if (ck->coll != (uint32_t)op->kind)
-        return fl_coll__fail(op, FL_EPROTO, "%s is in %s #%llu, not in %s: collectives called in a "
-                                            "different order on different ranks",
+        return fl_coll__fail(op, FL_EPROTO,
+                             "%s is in %s #%llu, not in %s: collectives called in a "
+                             "different order on different ranks",
                              who, fl_coll_kind_name((int)ck->coll), (unsigned long long)m->hdr.seq,
                              fl_coll_kind_name(op->kind));
     if (ck->dtype != (uint32_t)op->dtype)
@@ -350,8 +354,9 @@ int fl_coll__recv(coll_op_t *op, fl_tp_msg_t *m)
             char who[FL_HOST_MAX + 32] = "any peer";
             if (op->waiting_on >= 0)
                 fl_comm_peer_name(c, op->waiting_on, who, sizeof who);
-            return fl_coll__fail(op, FL_ETIMEDOUT, "no data from %s within %d ms (%zu of %zu "
-                                                   "messages received)",
+            return fl_coll__fail(op, FL_ETIMEDOUT,
+                                 "no data from %s within %d ms (%zu of %zu "
+                                 "messages received)",
                                  who, c->timeout_ms, op->msgs_got, op->msgs_expected);
         }
     }
@@ -465,8 +470,9 @@ int fl_coll__check_payload(coll_op_t *op, fl_tp_msg_t *m, fl_dtype_t wire, size_
     if (m->nframes != 1 || m->hdr.frames[0].dtype != (uint32_t)wire ||
         m->hdr.frames[0].codec != FL_CODEC_RAW ||
         fl_tp_msg_size(m, 0) != count * fl_dtype_size(wire))
-        return fl_coll__fail(op, FL_EPROTO, "rank %d sent %zu frame(s) of %zu bytes (%s), expected "
-                                            "one raw frame of %zu x %s",
+        return fl_coll__fail(op, FL_EPROTO,
+                             "rank %d sent %zu frame(s) of %zu bytes (%s), expected "
+                             "one raw frame of %zu x %s",
                              m->hdr.sender, m->nframes, m->nframes ? fl_tp_msg_size(m, 0) : 0,
                              fl_dtype_name((fl_dtype_t)m->hdr.frames[0].dtype), count,
                              fl_dtype_name(wire));

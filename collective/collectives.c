@@ -35,8 +35,9 @@ static int check_overlap(fl_comm_t *c, const char *what, const void *big, size_t
 {
     if (!overlaps(big, big_bytes, small, small_bytes) || (const uint8_t *)big + at == small)
         return FL_OK;
-    return fl_fail(FL_EINVAL, "rank %d: %s: the buffers overlap; they must be the same (in "
-                              "place: the shard at element offset %zu) or apart",
+    return fl_fail(FL_EINVAL,
+                   "rank %d: %s: the buffers overlap; they must be the same (in "
+                   "place: the shard at element offset %zu) or apart",
                    c->rank, what, at);
 }
 
@@ -48,8 +49,8 @@ static int check_op(fl_comm_t *c, const char *what, fl_dtype_t dtype, fl_op_t op
     return FL_OK;
 }
 
-int fl_allreduce(fl_comm_t *c, const void *sendbuf, void *recvbuf, size_t count,
-                 fl_dtype_t dtype, fl_op_t op)
+int fl_allreduce(fl_comm_t *c, const void *sendbuf, void *recvbuf, size_t count, fl_dtype_t dtype,
+                 fl_op_t op)
 {
     return fl_allreduce_algo(c, sendbuf, recvbuf, count, dtype, op,
                              c != NULL ? c->algo : FL_ALGO_AUTO);
@@ -102,8 +103,8 @@ int fl_reduce_scatter(fl_comm_t *c, const void *sendbuf, void *recvbuf, size_t c
     size_t mine = fl_shard_count(count, c->size, c->rank);
     size_t esz = fl_dtype_size(dtype);
     if (mine > 0 && recvbuf == NULL)
-        return fl_fail(FL_EINVAL, "rank %d: reduce-scatter: NULL recvbuf for %zu elements",
-                       c->rank, mine);
+        return fl_fail(FL_EINVAL, "rank %d: reduce-scatter: NULL recvbuf for %zu elements", c->rank,
+                       mine);
     if ((rc = check_overlap(c, "reduce-scatter", sendbuf, count * esz, recvbuf, mine * esz,
                             fl_shard_offset(count, c->size, c->rank) * esz)) != FL_OK)
         return rc;
@@ -122,8 +123,7 @@ int fl_reduce_scatter(fl_comm_t *c, const void *sendbuf, void *recvbuf, size_t c
     return fl_coll__end(&o, fl_ring_reduce_scatter(&o, sendbuf, recvbuf));
 }
 
-int fl_allgather(fl_comm_t *c, const void *sendbuf, void *recvbuf, size_t count,
-                 fl_dtype_t dtype)
+int fl_allgather(fl_comm_t *c, const void *sendbuf, void *recvbuf, size_t count, fl_dtype_t dtype)
 {
     int rc = check(c, "all-gather", recvbuf, recvbuf, count, dtype);
     if (rc != FL_OK)
@@ -157,8 +157,8 @@ int fl_broadcast(fl_comm_t *c, void *buf, size_t count, fl_dtype_t dtype, int ro
     if (rc != FL_OK)
         return rc;
     if (root < 0 || root >= c->size)
-        return fl_fail(FL_EINVAL, "rank %d: broadcast: root %d out of range 0..%d", c->rank,
-                       root, c->size - 1);
+        return fl_fail(FL_EINVAL, "rank %d: broadcast: root %d out of range 0..%d", c->rank, root,
+                       c->size - 1);
     if (fl_comm_on_device(c, buf, buf))
         return fl_staged_broadcast(c, buf, count, dtype, root);
     coll_op_t o;

@@ -259,7 +259,7 @@ static void comm_destroy(fl_comm_t **pc)
     }
     if (c->tapped == NULL)
         fl_ctx_destroy(&c->ctx); /* a sub-communicator borrows its parent's */
-    fl_comm_ipc_remove(c); /* after the context: its sockets are closed by then */
+    fl_comm_ipc_remove(c);       /* after the context: its sockets are closed by then */
     free(c->peers);
     free(c->peer_ipc);
     free(c->data_out);
@@ -372,13 +372,11 @@ void fl_comm_get_stats(const fl_comm_t *c, fl_comm_stats_t *out)
     out->bytes_sent = c->bytes_sent;
     out->bytes_sent_remote = c->bytes_sent_remote;
     out->bytes_recv = c->bytes_recv;
-    out->bad_msgs = fl_ctx_stat(c->ctx, FL_STAT_BAD_HEADER) +
-                    fl_ctx_stat(c->ctx, FL_STAT_BAD_MAGIC) +
-                    fl_ctx_stat(c->ctx, FL_STAT_BAD_VERSION) +
-                    fl_ctx_stat(c->ctx, FL_STAT_BAD_JOB) +
-                    fl_ctx_stat(c->ctx, FL_STAT_BAD_FRAMES) +
-                    fl_ctx_stat(c->ctx, FL_STAT_OVERSIZED) +
-                    fl_ctx_stat(c->ctx, FL_STAT_UNEXPECTED);
+    out->bad_msgs =
+        fl_ctx_stat(c->ctx, FL_STAT_BAD_HEADER) + fl_ctx_stat(c->ctx, FL_STAT_BAD_MAGIC) +
+        fl_ctx_stat(c->ctx, FL_STAT_BAD_VERSION) + fl_ctx_stat(c->ctx, FL_STAT_BAD_JOB) +
+        fl_ctx_stat(c->ctx, FL_STAT_BAD_FRAMES) + fl_ctx_stat(c->ctx, FL_STAT_OVERSIZED) +
+        fl_ctx_stat(c->ctx, FL_STAT_UNEXPECTED);
     out->last_algo = c->last_algo;
 }
 

@@ -144,12 +144,11 @@ int fl_allreduce_algo(fl_comm_t *c, const void *sendbuf, void *recvbuf, size_t c
 bool fl_comm_on_device(const fl_comm_t *c, const void *a, const void *b);
 
 /* The public collectives with device buffers staged through host memory. */
-int fl_staged_allreduce(fl_comm_t *c, const void *send, void *recv, size_t count,
-                        fl_dtype_t dt, fl_op_t op);
+int fl_staged_allreduce(fl_comm_t *c, const void *send, void *recv, size_t count, fl_dtype_t dt,
+                        fl_op_t op);
 int fl_staged_reduce_scatter(fl_comm_t *c, const void *send, void *recv, size_t count,
                              fl_dtype_t dt, fl_op_t op);
-int fl_staged_allgather(fl_comm_t *c, const void *send, void *recv, size_t count,
-                        fl_dtype_t dt);
+int fl_staged_allgather(fl_comm_t *c, const void *send, void *recv, size_t count, fl_dtype_t dt);
 int fl_staged_broadcast(fl_comm_t *c, void *buf, size_t count, fl_dtype_t dt, int root);
 
 /* ---- op engine (coll_op.c) ---- */
@@ -171,8 +170,8 @@ typedef struct coll_op {
 } coll_op_t;
 
 /* Starts a collective: refuses on a broken communicator, numbers it, arms the deadline. */
-int fl_coll__begin(fl_comm_t *c, coll_op_t *op, fl_coll_kind_t kind, size_t count,
-                   fl_dtype_t dtype, fl_op_t rop, int root);
+int fl_coll__begin(fl_comm_t *c, coll_op_t *op, fl_coll_kind_t kind, size_t count, fl_dtype_t dtype,
+                   fl_op_t rop, int root);
 
 /* Ends a collective with rc: waits for this op's zero-copy sends to be released; on failure
  * prefixes the detail with the op and breaks the communicator. Returns rc. */

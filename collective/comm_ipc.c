@@ -131,13 +131,14 @@ int fl_comm_ipc_bind(fl_comm_t *c, int stripes)
     /* Made 0700 by whichever rank comes first; one made by anyone else, or with other modes,
      * is not used (a user who shares /tmp must not be able to plant or reach our sockets). */
     if (mkdir(dir, 0700) != 0 && errno != EEXIST) {
-        FL_WARN(c->ctx, "data over ipc off: cannot make %s: %s; peers on this host use tcp",
-                dir, strerror(errno));
+        FL_WARN(c->ctx, "data over ipc off: cannot make %s: %s; peers on this host use tcp", dir,
+                strerror(errno));
         return FL_OK;
     }
     if (!dir_private(dir)) {
-        FL_WARN(c->ctx, "data over ipc off: %s is not a directory of uid %u with mode 0700; "
-                        "peers on this host use tcp",
+        FL_WARN(c->ctx,
+                "data over ipc off: %s is not a directory of uid %u with mode 0700; "
+                "peers on this host use tcp",
                 dir, (unsigned)geteuid());
         return FL_OK;
     }

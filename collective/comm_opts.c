@@ -78,6 +78,7 @@ int fl_comm_opts_set(fl_comm_opts_t *o, const char *key, const char *value)
 }
 
 const char *const fl_comm_opt_names[] = {
-    "rank",    "world-size", "coordinator", "bind", "host",      "job-id",    "timeout",
-    "rendezvous-timeout", "stripes", "segment", "small", "algo", "log-level", "ipc", NULL,
+    "rank",   "world-size", "coordinator",        "bind",    "host",
+    "job-id", "timeout",    "rendezvous-timeout", "stripes", "segment",
+    "small",  "algo",       "log-level",          "ipc",     NULL,
 };

@@ -11,8 +11,7 @@
 
 void fl_comm_tuning(const fl_comm_t *c, char *out, size_t cap)
 {
-    snprintf(out, cap, "seg=%zu,small=%zu,algo=%d", c->segment_bytes, c->small_bytes,
-             (int)c->algo);
+    snprintf(out, cap, "seg=%zu,small=%zu,algo=%d", c->segment_bytes, c->small_bytes, (int)c->algo);
 }
 
 static void make_register(const fl_comm_t *c, fl_msg_register_t *r)
@@ -36,13 +35,15 @@ static int take_welcome(fl_comm_t *c, fl_msg_hdr_t *h)
 {
     fl_msg_welcome_t *w = &h->u.welcome;
     if (w->npeers != (uint32_t)c->size)
-        return fl_fail(FL_EPROTO, "rank %d: coordinator %s sent a peer table of %u ranks for a "
-                                  "job of %d",
+        return fl_fail(FL_EPROTO,
+                       "rank %d: coordinator %s sent a peer table of %u ranks for a "
+                       "job of %d",
                        c->rank, c->coordinator, w->npeers, c->size);
     for (uint32_t i = 0; i < w->npeers; i++) {
         if (w->peers[i].rank != (int32_t)i || w->peers[i].nendpoints < 1)
-            return fl_fail(FL_EPROTO, "rank %d: coordinator's peer table entry %u names rank %d "
-                                      "with %u endpoints",
+            return fl_fail(FL_EPROTO,
+                           "rank %d: coordinator's peer table entry %u names rank %d "
+                           "with %u endpoints",
                            c->rank, i, w->peers[i].rank, w->peers[i].nendpoints);
     }
     c->peers = w->peers;

@@ -84,8 +84,8 @@ static int member_create(fl_comm_t *p, int t, fl_comm_t **out)
             rc = fl_tp_member_tap(c->tapped, &c->events);
     }
     if (rc == FL_OK && c->tapped == NULL)
-        rc = fl_fail(FL_EINVAL, "rank %d: the communicator to split has no control thread",
-                     p->rank);
+        rc =
+            fl_fail(FL_EINVAL, "rank %d: the communicator to split has no control thread", p->rank);
     char bind[FL_ENDPOINT_MAX];
     member_bind(p, c, bind, sizeof bind);
     if (rc == FL_OK)
@@ -189,8 +189,9 @@ int fl_comm_split(fl_comm_t *p, int n, const int *colors, const int *keys, fl_co
     for (int r = 0; rc == FL_OK && r < p->size; r++) {
         if (ns[r] != n) {
             char who[FL_HOST_MAX + 32];
-            rc = fl_fail(FL_EINVAL, "rank %d (%s): split into %d members per rank, but %s asks "
-                                    "for %d",
+            rc = fl_fail(FL_EINVAL,
+                         "rank %d (%s): split into %d members per rank, but %s asks "
+                         "for %d",
                          p->rank, p->host, n, fl_comm_peer_name(p, r, who, sizeof who), ns[r]);
         }
     }
@@ -202,8 +203,7 @@ int fl_comm_split(fl_comm_t *p, int n, const int *colors, const int *keys, fl_co
     size_t total = (size_t)p->size * (size_t)n;
     rec_t *all = calloc(total, sizeof *all);
     if (all == NULL)
-        return fl_fail(FL_ENOMEM, "rank %d: split: out of memory for %zu members", p->rank,
-                       total);
+        return fl_fail(FL_ENOMEM, "rank %d: split: out of memory for %zu members", p->rank, total);
     rec_t *own = &all[(size_t)p->rank * n];
     for (int t = 0; t < n && rc == FL_OK; t++) {
         own[t].color = colors[t] < 0 ? -1 : colors[t];
@@ -232,8 +232,9 @@ int fl_comm_split(fl_comm_t *p, int n, const int *colors, const int *keys, fl_co
         for (int u = 0; rc == FL_OK && u < n; u++) {
             const rec_t *x = &all[(size_t)r * n + u];
             if (x->color == -2)
-                rc = fl_fail(FL_EPEER, "rank %d: split: rank %d (%s) could not make its "
-                                       "sub-communicators",
+                rc = fl_fail(FL_EPEER,
+                             "rank %d: split: rank %d (%s) could not make its "
+                             "sub-communicators",
                              p->rank, r, p->peers[r].host);
             else
                 rc = check_rec(p, x, r);

@@ -35,7 +35,7 @@ typedef enum fl_coll_phase {
     FL_PHASE_RD = 4,      /* recursive doubling rounds */
     FL_PHASE_RD_POST = 5, /* recursive doubling: hand the result to the extra ranks */
     FL_PHASE_BCAST = 6,
-    FL_PHASE_DIRECT = 7,  /* one-shot: whole contributions to every peer */
+    FL_PHASE_DIRECT = 7, /* one-shot: whole contributions to every peer */
 } fl_coll_phase_t;
 
 const char *fl_coll_kind_name(int kind);
@@ -132,8 +132,8 @@ bool fl_op_supports(fl_op_t op, fl_dtype_t dtype);
 
 /* dst[i] = widen(local[i]) op in[i]. local has dtype; in and dst have fl_acc_dtype(dtype).
  * dst may equal local when dtype is its own accumulation type. AVG combines as SUM. */
-void fl_reduce_combine(fl_op_t op, fl_dtype_t dtype, void *dst, const void *local,
-                       const void *in, size_t n);
+void fl_reduce_combine(fl_op_t op, fl_dtype_t dtype, void *dst, const void *local, const void *in,
+                       size_t n);
 
 /* dst[i] = widen(src[i]): dtype to its accumulation type. */
 void fl_reduce_widen(fl_dtype_t dtype, void *dst, const void *src, size_t n);

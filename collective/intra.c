@@ -52,12 +52,10 @@ static bool distinct_gpus(fl_dev_t *const *devs, int L)
 static fl_intra_impl_t pick(fl_dev_t *const *devs, int L)
 {
     switch (fl_dev_kind(devs[0])) {
-    case FL_DEV_CPU:
-        return FL_INTRA_HOST;
+    case FL_DEV_CPU: return FL_INTRA_HOST;
     case FL_DEV_CUDA:
         return fl_intra_nccl_built() && distinct_gpus(devs, L) ? FL_INTRA_NCCL : FL_INTRA_COPY;
-    default:
-        return FL_INTRA_COPY;
+    default: return FL_INTRA_COPY;
     }
 }
 
@@ -74,24 +72,18 @@ int fl_intra_create(fl_dev_t *const *devs, int L, const fl_intra_opts_t *o, fl_i
         if (devs[j] == NULL)
             return fl_fail(FL_EINVAL, "intra-host collectives: device %d is missing", j);
         if (fl_dev_kind(devs[j]) != fl_dev_kind(devs[0]))
-            return fl_fail(FL_EINVAL, "intra-host collectives: device %d (%s) and device 0 (%s) "
-                                      "are of different kinds",
+            return fl_fail(FL_EINVAL,
+                           "intra-host collectives: device %d (%s) and device 0 (%s) "
+                           "are of different kinds",
                            j, fl_dev_name(devs[j]), fl_dev_name(devs[0]));
     }
     fl_intra_impl_t kind = o->impl == FL_INTRA_AUTO ? pick(devs, L) : o->impl;
     const intra_backend_t *be = NULL;
     switch (kind) {
-    case FL_INTRA_NCCL:
-        be = &fl_intra_nccl_backend;
-        break;
-    case FL_INTRA_COPY:
-        be = &fl_intra_copy_backend;
-        break;
-    case FL_INTRA_HOST:
-        be = &fl_intra_host_backend;
-        break;
-    default:
-        return fl_fail(FL_EINVAL, "intra-host collectives: implementation %d", (int)o->impl);
+    case FL_INTRA_NCCL: be = &fl_intra_nccl_backend; break;
+    case FL_INTRA_COPY: be = &fl_intra_copy_backend; break;
+    case FL_INTRA_HOST: be = &fl_intra_host_backend; break;
+    default: return fl_fail(FL_EINVAL, "intra-host collectives: implementation %d", (int)o->impl);
     }
     char host[128];
     if (o->host != NULL)
@@ -114,9 +106,8 @@ int fl_intra_create(fl_dev_t *const *devs, int L, const fl_intra_opts_t *o, fl_i
         x->be = NULL; /* nothing of the implementation to close */
     if (rc != FL_OK) {
         fl_intra_destroy(&x);
-        return fl_fail_ctx(rc, "host %s: intra-host collectives (%s) over %d %s device(s): ",
-                           host, fl_intra_impl_name(kind), L,
-                           fl_dev_kind_name(fl_dev_kind(devs[0])));
+        return fl_fail_ctx(rc, "host %s: intra-host collectives (%s) over %d %s device(s): ", host,
+                           fl_intra_impl_name(kind), L, fl_dev_kind_name(fl_dev_kind(devs[0])));
     }
     *out = x;
     return FL_OK;
@@ -178,8 +169,8 @@ static int check_call(fl_intra_t *x, intra_op_t op, const fl_dptr_t *bufs, size_
             return fl_fail(FL_EINVAL, "host %s: intra-host %s: the buffer of device %s is null",
                            x->host, fl_intra_op_name(op), fl_dev_name(x->devs[j]));
         if (done != NULL && (done[j] == NULL))
-            return fl_fail(FL_EINVAL, "host %s: intra-host %s: done event %d is missing",
-                           x->host, fl_intra_op_name(op), j);
+            return fl_fail(FL_EINVAL, "host %s: intra-host %s: done event %d is missing", x->host,
+                           fl_intra_op_name(op), j);
     }
     return FL_OK;
 }

@@ -182,8 +182,7 @@ static int copy_bcast(fl_intra_t *x, const fl_dptr_t *bufs, size_t count, int ro
             continue;
         rc = fl_stream_wait(st[j], c->ready[root]);
         if (rc == FL_OK)
-            rc = fl_dev_peer_copy(st[j], bufs[j], x->devs[root], bufs[root],
-                                  count * sizeof(float));
+            rc = fl_dev_peer_copy(st[j], bufs[j], x->devs[root], bufs[root], count * sizeof(float));
         if (rc == FL_OK)
             rc = fl_event_record(c->read[j], st[j]);
         if (rc != FL_OK)

@@ -73,8 +73,9 @@ static int settle(fl_intra_t *x, const char *what)
         if (!busy)
             return FL_OK;
         if (late) {
-            int rc = fl_fail(FL_ETIMEDOUT, "host %s: NCCL %s: still in progress after %d ms: "
-                                           "communicators aborted",
+            int rc = fl_fail(FL_ETIMEDOUT,
+                             "host %s: NCCL %s: still in progress after %d ms: "
+                             "communicators aborted",
                              x->host, what, x->timeout_ms);
             abort_all(x);
             return fl_intra_set_failed(x, rc);
@@ -105,8 +106,9 @@ static int open_nccl(fl_intra_t *x)
             return fl_fail(FL_EINVAL, "NCCL serves cuda devices, not %s", fl_dev_name(x->devs[j]));
         for (int k = 0; k < j; k++)
             if (fl_dev_id(x->devs[k]) == fl_dev_id(x->devs[j]))
-                return fl_fail(FL_EINVAL, "GPU %d is listed twice (devices %d and %d): NCCL "
-                                          "refuses that, use the copy implementation",
+                return fl_fail(FL_EINVAL,
+                               "GPU %d is listed twice (devices %d and %d): NCCL "
+                               "refuses that, use the copy implementation",
                                fl_dev_id(x->devs[j]), k, j);
     }
     nccl_impl_t *n = calloc(1, sizeof *n);
@@ -185,8 +187,8 @@ static int nccl_rs(fl_intra_t *x, const fl_dptr_t *bufs, size_t S, fl_op_t op,
     for (int j = 0; j < x->L && rc == FL_OK; j++) {
         float *b = fl_dptr_native(bufs[j]);
         /* In place: NCCL's receive buffer is the send buffer at the rank's shard. */
-        ncclResult_t r = ncclReduceScatter(b, b + (size_t)j * S, S, ncclFloat32, red, n->comm[j],
-                                           native(st[j]));
+        ncclResult_t r =
+            ncclReduceScatter(b, b + (size_t)j * S, S, ncclFloat32, red, n->comm[j], native(st[j]));
         if (r != ncclSuccess && r != ncclInProgress)
             rc = nccl_fail(x, j, "reduce-scatter", r);
     }
@@ -202,8 +204,8 @@ static int nccl_ag(fl_intra_t *x, const fl_dptr_t *bufs, size_t S, fl_stream_t *
     ncclGroupStart();
     for (int j = 0; j < x->L && rc == FL_OK; j++) {
         float *b = fl_dptr_native(bufs[j]);
-        ncclResult_t r = ncclAllGather(b + (size_t)j * S, b, S, ncclFloat32, n->comm[j],
-                                       native(st[j]));
+        ncclResult_t r =
+            ncclAllGather(b + (size_t)j * S, b, S, ncclFloat32, n->comm[j], native(st[j]));
         if (r != ncclSuccess && r != ncclInProgress)
             rc = nccl_fail(x, j, "all-gather", r);
     }

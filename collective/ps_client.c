@@ -66,8 +66,8 @@ static int check_opts(const fl_ps_client_opts_t *o)
                        "ps client: fl_ps_client_opts_t.struct_size is %zu, this libflodl %s "
                        "expects %zu: fill the options with fl_ps_client_opts_init",
                        o->struct_size, FL_VERSION_STRING, sizeof *o);
-    int rc = fl_member_opts_check("ps client", o->rank, o->world_size, o->coordinator,
-                                  o->job_id, o->host, o->settings);
+    int rc = fl_member_opts_check("ps client", o->rank, o->world_size, o->coordinator, o->job_id,
+                                  o->host, o->settings);
     if (rc != FL_OK)
         return rc;
     if (o->param_count == 0)
@@ -75,8 +75,9 @@ static int check_opts(const fl_ps_client_opts_t *o)
     if (o->timeout_ms < 1 || o->rendezvous_timeout_ms < 1 || o->reconnect_timeout_ms < 0)
         return fl_fail(FL_EINVAL, "ps client: timeouts must be positive (reconnect: >= 0)");
     if (o->values != FL_FLOAT32 && o->values != FL_FLOAT16 && o->values != FL_BFLOAT16)
-        return fl_fail(FL_EINVAL, "ps client: values must be float32, float16 or bfloat16, not "
-                                  "%s",
+        return fl_fail(FL_EINVAL,
+                       "ps client: values must be float32, float16 or bfloat16, not "
+                       "%s",
                        fl_dtype_name(o->values));
     if (o->log_level < FL_LOG_DEBUG || o->log_level > FL_LOG_OFF)
         return fl_fail(FL_EINVAL, "ps client: log_level %d out of range", (int)o->log_level);
@@ -107,8 +108,9 @@ static void close_shards(fl_ps_client_t *cl)
     }
     bool held = !fl_rel_wait(&cl->inflight, 10000);
     if (held)
-        FL_ERROR(cl->ctx, "rank %d: ZeroMQ still holds %lld pushes 10 s after their sockets "
-                          "closed; keeping their buffers",
+        FL_ERROR(cl->ctx,
+                 "rank %d: ZeroMQ still holds %lld pushes 10 s after their sockets "
+                 "closed; keeping their buffers",
                  cl->o.rank, (long long)fl_rel_held(&cl->inflight));
     for (int s = 0; s < cl->nshards && !held; s++) {
         free(cl->shards[s].stage);
@@ -164,26 +166,29 @@ int fl_psc__take_welcome(fl_ps_client_t *cl, fl_msg_hdr_t *h)
     const fl_msg_welcome_t *w = &h->u.welcome;
     int r = cl->o.rank;
     if (w->nshards == 0)
-        return fl_fail(FL_EINVAL, "rank %d: job '%s' has no parameter server (the coordinator "
-                                  "runs with 0 shards)",
+        return fl_fail(FL_EINVAL,
+                       "rank %d: job '%s' has no parameter server (the coordinator "
+                       "runs with 0 shards)",
                        r, cl->job_id);
     if (w->param_count != cl->o.param_count)
-        return fl_fail(FL_EINVAL, "rank %d: the parameter server holds %" PRIu64 " parameters, "
-                                  "this rank's model %zu",
+        return fl_fail(FL_EINVAL,
+                       "rank %d: the parameter server holds %" PRIu64 " parameters, "
+                       "this rank's model %zu",
                        r, w->param_count, cl->o.param_count);
     uint64_t next = 0;
     for (uint32_t i = 0; i < w->nshards; i++) {
         const fl_msg_shard_t *s = &w->shards[i];
         if (s->index != i || s->offset != next || (s->count > 0 && s->endpoint[0] == '\0'))
-            return fl_fail(FL_EPROTO, "rank %d: the coordinator's shard map is broken at shard "
-                                      "%u (index %u, parameters %" PRIu64 "+%" PRIu64 ")",
+            return fl_fail(FL_EPROTO,
+                           "rank %d: the coordinator's shard map is broken at shard "
+                           "%u (index %u, parameters %" PRIu64 "+%" PRIu64 ")",
                            r, i, s->index, s->offset, s->count);
         next += s->count;
     }
     if (next != w->param_count)
-        return fl_fail(FL_EPROTO, "rank %d: the shard map covers %" PRIu64 " of %" PRIu64
-                                  " parameters",
-                       r, next, w->param_count);
+        return fl_fail(FL_EPROTO,
+                       "rank %d: the shard map covers %" PRIu64 " of %" PRIu64 " parameters", r,
+                       next, w->param_count);
     close_shards(cl);
     cl->shards = calloc(w->nshards, sizeof *cl->shards);
     if (cl->shards == NULL)
@@ -233,16 +238,15 @@ int fl_psc__on_event(fl_ps_client_t *cl)
         cl->lost = false;
         cl->resync_pending = true;
         cl->stats.resyncs++;
-        FL_WARN(cl->ctx, "rank %d: rejoined the restarted parameter server (%d shards)",
-                cl->o.rank, cl->nshards);
+        FL_WARN(cl->ctx, "rank %d: rejoined the restarted parameter server (%d shards)", cl->o.rank,
+                cl->nshards);
         rc = FL_ERESYNC;
         break;
     case FL_MSG_ERROR:
         rc = fl_psc__break(cl, fl_fail(ev.hdr.u.error.code < 0 ? ev.hdr.u.error.code : FL_EPEER,
                                        "rank %d: %s", cl->o.rank, ev.hdr.u.error.text));
         break;
-    default:
-        break;
+    default: break;
     }
     fl_tp_msg_close(&ev);
     return rc;
@@ -263,8 +267,9 @@ int fl_psc__wait_rejoin(fl_ps_client_t *cl)
             if (rc != FL_OK)
                 return rc;
         } else if (left == 0) {
-            return fl_psc__break(cl, fl_fail(FL_ETIMEDOUT, "rank %d: the parameter server did not "
-                                                           "come back within %d ms",
+            return fl_psc__break(cl, fl_fail(FL_ETIMEDOUT,
+                                             "rank %d: the parameter server did not "
+                                             "come back within %d ms",
                                              cl->o.rank, cl->o.reconnect_timeout_ms));
         }
     }
@@ -288,7 +293,7 @@ int fl_ps_client_create(const fl_ps_client_opts_t *o, fl_ps_client_t **out)
     cl->o.coordinator = cl->coordinator;
     cl->o.job_id = cl->job_id;
     cl->o.host = NULL;
-    cl->o.settings = NULL; /* the registration keeps its own copy */
+    cl->o.settings = NULL;     /* the registration keeps its own copy */
     cl->o.model_shapes = NULL; /* read by the registration below only */
     cl->last_mark_ms = fl_now_ms();
 
@@ -380,12 +385,13 @@ static void destroy_part(fl_ps_client_t *cl)
                 cl->o.rank, cl->part, (long long)fl_rel_held(&cl->inflight));
         if (fl_psc__reset_shards(cl) != FL_OK)
             FL_WARN(cl->ctx, "rank %d part %d: reconnecting its shards: %s", cl->o.rank, cl->part,
-                         fl_last_error());
+                    fl_last_error());
     }
     atomic_fetch_sub(&cl->parent->nparts, 1);
     if (!fl_rel_wait(&cl->inflight, 10000)) {
-        FL_ERROR(cl->ctx, "rank %d part %d: ZeroMQ still holds %lld pushes 10 s after their "
-                          "connections closed; keeping their buffers",
+        FL_ERROR(cl->ctx,
+                 "rank %d part %d: ZeroMQ still holds %lld pushes 10 s after their "
+                 "connections closed; keeping their buffers",
                  cl->o.rank, cl->part, (long long)fl_rel_held(&cl->inflight));
         /* The stage buffers hang off the parent's shards, which the parent's rejoin frees:
          * taken from them, they are kept with the part. */
@@ -413,15 +419,16 @@ int fl_ps_client_split(fl_ps_client_t *cl, int part, int parts, fl_ps_client_t *
 {
     *out = NULL;
     if (cl->parent != NULL)
-        return fl_fail(FL_EINVAL, "rank %d: a part of a client cannot be split again",
-                       cl->o.rank);
+        return fl_fail(FL_EINVAL, "rank %d: a part of a client cannot be split again", cl->o.rank);
     if (parts < 1 || parts > cl->nshards || part < 0 || part >= parts)
-        return fl_fail(FL_EINVAL, "rank %d: part %d of %d: the parameter server has %d shards "
-                                  "(1 <= parts <= shards)",
+        return fl_fail(FL_EINVAL,
+                       "rank %d: part %d of %d: the parameter server has %d shards "
+                       "(1 <= parts <= shards)",
                        cl->o.rank, part, parts, cl->nshards);
     if (cl->broken_rc != FL_OK)
-        return fl_fail(FL_ECLOSED, "rank %d: parameter-server client broken by an earlier "
-                                   "failure: %s",
+        return fl_fail(FL_ECLOSED,
+                       "rank %d: parameter-server client broken by an earlier "
+                       "failure: %s",
                        cl->o.rank, cl->broken_text);
     if (atomic_load(&cl->nparts) == 0)
         atomic_store(&cl->parts_stop, 0); /* the parts of a new split start afresh */
@@ -567,8 +574,9 @@ static int join_training(fl_ps_client_t *cl, float *params, bool *resynced)
         }
         *resynced = true;
     }
-    return fl_psc__break(cl, fl_fail(FL_EPEER, "rank %d: the parameter server restarted %d times "
-                                               "while this rank joined it",
+    return fl_psc__break(cl, fl_fail(FL_EPEER,
+                                     "rank %d: the parameter server restarted %d times "
+                                     "while this rank joined it",
                                      cl->o.rank, MAX_RESYNCS));
 }
 
@@ -581,8 +589,9 @@ int fl_ps_client_init(fl_ps_client_t *cl, float *params)
 int fl_ps_client_push(fl_ps_client_t *cl, const fl_ps_grad_t *grad)
 {
     if (cl->resync_pending)
-        return fl_fail(FL_ERESYNC, "rank %d: the parameter server restarted: pull its "
-                                   "parameters, then go on from step %llu",
+        return fl_fail(FL_ERESYNC,
+                       "rank %d: the parameter server restarted: pull its "
+                       "parameters, then go on from step %llu",
                        cl->o.rank, (unsigned long long)cl->step);
     return fl_psc__exchange(cl, grad, false, NULL, false);
 }
@@ -604,8 +613,9 @@ int fl_ps_client_pull(fl_ps_client_t *cl, float *params)
     if (rc != FL_ERESYNC)
         return rc;
     rc = join_training(cl, params, &resynced);
-    return rc == FL_OK ? fl_fail(FL_ERESYNC, "rank %d: the parameter server restarted; going "
-                                             "on from step %llu",
+    return rc == FL_OK ? fl_fail(FL_ERESYNC,
+                                 "rank %d: the parameter server restarted; going "
+                                 "on from step %llu",
                                  cl->o.rank, (unsigned long long)cl->step)
                        : rc;
 }
@@ -619,8 +629,9 @@ int fl_ps_client_push_pull(fl_ps_client_t *cl, const fl_ps_grad_t *grad, float *
     if (rc != FL_ERESYNC || cl->parent != NULL)
         return rc; /* a part: its parent joins again (fl_ps_client_split) */
     rc = join_training(cl, params, &resynced);
-    return rc == FL_OK ? fl_fail(FL_ERESYNC, "rank %d: the parameter server restarted; going "
-                                             "on from step %llu",
+    return rc == FL_OK ? fl_fail(FL_ERESYNC,
+                                 "rank %d: the parameter server restarted; going "
+                                 "on from step %llu",
                                  cl->o.rank, (unsigned long long)cl->step)
                        : rc;
 }

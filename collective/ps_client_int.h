@@ -21,7 +21,7 @@ typedef struct cl_shard {
     fl_tp_sock_t *sock; /* DEALER; NULL for an empty shard */
     void *stage;        /* what a push sends when it is not the caller's memory */
     size_t stage_cap;
-    uint32_t *rel_idx;  /* sparse pushes: indices relative to the shard */
+    uint32_t *rel_idx; /* sparse pushes: indices relative to the shard */
     size_t rel_cap;
 } cl_shard_t;
 
@@ -32,7 +32,7 @@ struct fl_ps_client {
     char host[FL_HOST_MAX];
     fl_ctx_t *ctx;
     fl_tp_member_t *member;
-    fl_tp_sock_t *events; /* owned by member */
+    fl_tp_sock_t *events;   /* owned by member */
     fl_tp_status_t *status; /* owned by member: the push or pull in flight, for heartbeats */
 
     /* from the (latest) welcome */
@@ -46,16 +46,16 @@ struct fl_ps_client {
     cl_shard_t *shards;
 
     uint64_t step;
-    uint64_t seq;          /* request numbers; shards echo them */
-    bool lost;             /* the coordinator went away; waiting for its successor */
-    bool resync_pending;   /* rejoined; the next pull joins again (init) */
-    int broken_rc;         /* a fatal failure: every later call returns FL_ECLOSED */
+    uint64_t seq;        /* request numbers; shards echo them */
+    bool lost;           /* the coordinator went away; waiting for its successor */
+    bool resync_pending; /* rejoined; the next pull joins again (init) */
+    int broken_rc;       /* a fatal failure: every later call returns FL_ECLOSED */
     char broken_text[1024];
-    bool aborted;          /* fl_ps_client_abort: the worker stops on its own error */
+    bool aborted; /* fl_ps_client_abort: the worker stops on its own error */
     int abort_rc;
     char abort_text[768];
-    int64_t last_mark_ms;  /* rank 0: when it last asked for a checkpoint */
-    fl_rel_t inflight; /* zero-copy sends ZeroMQ still holds */
+    int64_t last_mark_ms; /* rank 0: when it last asked for a checkpoint */
+    fl_rel_t inflight;    /* zero-copy sends ZeroMQ still holds */
     fl_cmp_ws_t *ws;
 
     fl_ps_client_stats_t stats;
@@ -63,15 +63,15 @@ struct fl_ps_client {
     /* A part (fl_ps_client_split): parent set; ctx, status and the shard connections of
      * shards[0..nshards) (a slice of the parent's) are borrowed; no membership, no events. */
     fl_ps_client_t *parent;
-    int part;              /* its index among the parent's parts */
-    uint64_t lo, hi;       /* the keys its shards hold: [lo, hi) */
+    int part;        /* its index among the parent's parts */
+    uint64_t lo, hi; /* the keys its shards hold: [lo, hi) */
     /* The parent of parts: the checkpoint mark of a step, decided by the first part there
      * so that every part (and so every shard) marks the same step. */
     pthread_mutex_t mark_mu;
     bool have_mark_mu;
     uint64_t mark_step;
     bool mark_val;
-    _Atomic int nparts;    /* parts alive */
+    _Atomic int nparts;     /* parts alive */
     _Atomic int parts_stop; /* set (after stop_rc and stop_text) when the parts must stop */
     int stop_rc;
     char stop_text[1024];

@@ -6,7 +6,6 @@
  * parameters. A lost coordinator turns into a wait for its successor and FL_ERESYNC. */
 #include "ps_client_int.h"
 
-
 #include <inttypes.h>
 #include <math.h>
 #include <stdatomic.h>
@@ -75,8 +74,8 @@ static size_t dense_frames(fl_ps_client_t *cl, cl_shard_t *sh, const void *src, 
 }
 
 /* Builds and sends the push to one shard. */
-static int send_push(fl_ps_client_t *cl, cl_shard_t *sh, const fl_ps_grad_t *g,
-                     const float *init, bool mark, uint64_t seq, int64_t deadline)
+static int send_push(fl_ps_client_t *cl, cl_shard_t *sh, const fl_ps_grad_t *g, const float *init,
+                     bool mark, uint64_t seq, int64_t deadline)
 {
     fl_msg_hdr_t h;
     fl_msg_hdr_init(&h, FL_MSG_PUSH, cl->o.rank);
@@ -105,10 +104,8 @@ static int send_push(fl_ps_client_t *cl, cl_shard_t *sh, const fl_ps_grad_t *g,
         size_t lo = lower_bound(g->idx, g->k, sh->offset);
         size_t hi = lower_bound(g->idx, g->k, sh->offset + sh->count);
         size_t k = hi - lo;
-        if ((rc = grow((void **)&sh->rel_idx, &sh->rel_cap, (k + 1) * sizeof(uint32_t))) !=
-                FL_OK ||
-            (rc = grow(&sh->stage, &sh->stage_cap, fl_cmp_sparse_bound(k, cl->o.values))) !=
-                FL_OK)
+        if ((rc = grow((void **)&sh->rel_idx, &sh->rel_cap, (k + 1) * sizeof(uint32_t))) != FL_OK ||
+            (rc = grow(&sh->stage, &sh->stage_cap, fl_cmp_sparse_bound(k, cl->o.values))) != FL_OK)
             return rc;
         for (size_t i = 0; i < k; i++)
             sh->rel_idx[i] = (uint32_t)(g->idx[lo + i] - sh->offset);
@@ -117,8 +114,8 @@ static int send_push(fl_ps_client_t *cl, cl_shard_t *sh, const fl_ps_grad_t *g,
         so.values = cl->o.values;
         so.lz4 = cl->o.lz4 != 0;
         size_t len;
-        if ((rc = fl_cmp_sparse_encode(cl->ws, sh->rel_idx, g->val + lo, k, (size_t)sh->count,
-                                       &so, sh->stage, sh->stage_cap, &len)) != FL_OK)
+        if ((rc = fl_cmp_sparse_encode(cl->ws, sh->rel_idx, g->val + lo, k, (size_t)sh->count, &so,
+                                       sh->stage, sh->stage_cap, &len)) != FL_OK)
             return fl_fail_ctx(rc, "rank %d: push to shard %u", cl->o.rank, sh->index);
         frames[0] = (fl_buf_t){sh->stage, len, &cl->inflight, fl_rel_hook};
         h.frames[0] = (fl_msg_frame_t){len, cl->o.values, FL_CODEC_SPARSE, len};
@@ -136,8 +133,7 @@ static int send_push(fl_ps_client_t *cl, cl_shard_t *sh, const fl_ps_grad_t *g,
             d[i] = cl->o.values == FL_FLOAT16 ? fl_f32_to_f16(x[i]) : fl_f32_to_bf16(x[i]);
         n = dense_frames(cl, sh, d, 2, cl->o.values, false, &h, frames);
     } else {
-        n = dense_frames(cl, sh, g->dense + sh->offset, 4, FL_FLOAT32, cl->o.lz4 != 0, &h,
-                         frames);
+        n = dense_frames(cl, sh, g->dense + sh->offset, 4, FL_FLOAT32, cl->o.lz4 != 0, &h, frames);
     }
     h.nframes = (uint32_t)n;
     size_t sent = 0; /* the transport takes the frames */
@@ -146,26 +142,26 @@ static int send_push(fl_ps_client_t *cl, cl_shard_t *sh, const fl_ps_grad_t *g,
     fl_rel_add(&cl->inflight, (int64_t)n);
     rc = fl_tp_send(sh->sock, NULL, &h, n > 0 ? frames : NULL, n, deadline);
     if (rc != FL_OK)
-        return fl_fail_ctx(rc, "rank %d: push to shard %u (%s)", cl->o.rank, sh->index,
-                           sh->host);
+        return fl_fail_ctx(rc, "rank %d: push to shard %u (%s)", cl->o.rank, sh->index, sh->host);
     cl->stats.bytes_sent += sent;
     cl->stats.raw_bytes += init != NULL ? 0 : raw;
     return FL_OK;
 }
 
 /* The pull behind a push asks for the parameters of the step after the one pushed. */
-static int send_pull(fl_ps_client_t *cl, cl_shard_t *sh, uint64_t step, bool latest,
-                     uint64_t seq, int64_t deadline)
+static int send_pull(fl_ps_client_t *cl, cl_shard_t *sh, uint64_t step, bool latest, uint64_t seq,
+                     int64_t deadline)
 {
     fl_msg_hdr_t h;
     fl_msg_hdr_init(&h, FL_MSG_PULL, cl->o.rank);
     h.seq = seq;
-    h.u.pull = (fl_msg_pull_t){sh->index, sh->offset, sh->count, step, latest,
-                               (uint32_t)cl->o.timeout_ms, cl->o.lz4 != 0};
+    h.u.pull = (fl_msg_pull_t){sh->index,     sh->offset, sh->count,
+                               step,          latest,     (uint32_t)cl->o.timeout_ms,
+                               cl->o.lz4 != 0};
     int rc = fl_tp_send(sh->sock, NULL, &h, NULL, 0, deadline);
     return rc == FL_OK ? FL_OK
-                       : fl_fail_ctx(rc, "rank %d: pull from shard %u (%s)", cl->o.rank,
-                                     sh->index, sh->host);
+                       : fl_fail_ctx(rc, "rank %d: pull from shard %u (%s)", cl->o.rank, sh->index,
+                                     sh->host);
 }
 
 /* What one exchange waits for and has got. */
@@ -182,23 +178,23 @@ static int take_reply(fl_ps_client_t *cl, cl_shard_t *sh, fl_tp_msg_t *m, float 
 {
     const fl_msg_pull_reply_t *r = &m->hdr.u.pull_reply;
     uint64_t raw = sh->count * sizeof(float), got = 0;
-    if (r->shard != sh->index || r->offset != sh->offset || r->count != sh->count ||
-        m->nframes < 1)
-        return fl_fail(FL_EPROTO, "rank %d: shard %u (%s) replied with parameters %" PRIu64
-                                  "+%" PRIu64 " of shard %u in %zu frames; expected %" PRIu64
-                                  "+%" PRIu64,
-                       cl->o.rank, sh->index, sh->host, r->offset, r->count, r->shard,
-                       m->nframes, sh->offset, sh->count);
+    if (r->shard != sh->index || r->offset != sh->offset || r->count != sh->count || m->nframes < 1)
+        return fl_fail(FL_EPROTO,
+                       "rank %d: shard %u (%s) replied with parameters %" PRIu64 "+%" PRIu64
+                       " of shard %u in %zu frames; expected %" PRIu64 "+%" PRIu64,
+                       cl->o.rank, sh->index, sh->host, r->offset, r->count, r->shard, m->nframes,
+                       sh->offset, sh->count);
     uint8_t *dst = (uint8_t *)(params + sh->offset);
     for (size_t f = 0; f < m->nframes; f++) {
         const fl_msg_frame_t *d = &m->hdr.frames[f];
         if (d->dtype != FL_FLOAT32 || d->raw_bytes > raw - got || d->raw_bytes % 4 != 0)
-            return fl_fail(FL_EPROTO, "rank %d: shard %u (%s) replied with a frame of %" PRIu64
-                                      " bytes past %" PRIu64 " of %" PRIu64,
+            return fl_fail(FL_EPROTO,
+                           "rank %d: shard %u (%s) replied with a frame of %" PRIu64
+                           " bytes past %" PRIu64 " of %" PRIu64,
                            cl->o.rank, sh->index, sh->host, d->raw_bytes, got, raw);
         if (d->codec == FL_CODEC_LZ4) {
-            int rc = fl_cmp_lz4_decompress(fl_tp_msg_data(m, f), fl_tp_msg_size(m, f),
-                                           dst + got, (size_t)d->raw_bytes);
+            int rc = fl_cmp_lz4_decompress(fl_tp_msg_data(m, f), fl_tp_msg_size(m, f), dst + got,
+                                           (size_t)d->raw_bytes);
             if (rc != FL_OK)
                 return fl_fail_ctx(rc, "rank %d: reply of shard %u", cl->o.rank, sh->index);
         } else if (d->codec == FL_CODEC_RAW) {
@@ -211,8 +207,8 @@ static int take_reply(fl_ps_client_t *cl, cl_shard_t *sh, fl_tp_msg_t *m, float 
         cl->stats.bytes_recv += fl_tp_msg_size(m, f);
     }
     if (got != raw)
-        return fl_fail(FL_EPROTO, "rank %d: shard %u (%s) replied with %" PRIu64 " of %" PRIu64
-                                  " bytes",
+        return fl_fail(FL_EPROTO,
+                       "rank %d: shard %u (%s) replied with %" PRIu64 " of %" PRIu64 " bytes",
                        cl->o.rank, sh->index, sh->host, got, raw);
     return FL_OK;
 }
@@ -253,8 +249,9 @@ static int on_reply(fl_ps_client_t *cl, xchg_t *x, int s, fl_tp_msg_t *m, float 
 static int wait_released(fl_ps_client_t *cl, int64_t deadline)
 {
     if (!fl_rel_wait(&cl->inflight, fl_deadline_left_ms(deadline)))
-        return fl_fail(FL_ETIMEDOUT, "rank %d: pushes still held by ZeroMQ at the "
-                                     "deadline",
+        return fl_fail(FL_ETIMEDOUT,
+                       "rank %d: pushes still held by ZeroMQ at the "
+                       "deadline",
                        cl->o.rank);
     return FL_OK;
 }
@@ -299,8 +296,9 @@ static int check_grad(const fl_ps_client_t *cl, const fl_ps_grad_t *g)
         fl_f32_max_abs_bits(g->dense + cl->lo, (size_t)(cl->hi - cl->lo)) >= 0x7f800000u) {
         for (size_t i = (size_t)cl->lo; i < (size_t)cl->hi; i++)
             if (!isfinite(g->dense[i]))
-                return fl_fail(FL_ENONFINITE, "rank %d: the gradient of step %llu holds %s at "
-                                              "index %zu: nothing pushed",
+                return fl_fail(FL_ENONFINITE,
+                               "rank %d: the gradient of step %llu holds %s at "
+                               "index %zu: nothing pushed",
                                cl->o.rank, (unsigned long long)cl->step,
                                isnan(g->dense[i]) ? "NaN" : "Inf", i);
     }
@@ -313,8 +311,9 @@ static int check_grad(const fl_ps_client_t *cl, const fl_ps_grad_t *g)
             return fl_fail_ctx(rc, "rank %d: push", cl->o.rank);
         for (size_t i = 0; i < g->k; i++)
             if (!isfinite(g->val[i]))
-                return fl_fail(FL_ENONFINITE, "rank %d: the gradient of step %llu holds %s at "
-                                              "index %u: nothing pushed",
+                return fl_fail(FL_ENONFINITE,
+                               "rank %d: the gradient of step %llu holds %s at "
+                               "index %u: nothing pushed",
                                cl->o.rank, (unsigned long long)cl->step,
                                isnan(g->val[i]) ? "NaN" : "Inf", g->idx[i]);
     }
@@ -340,8 +339,9 @@ static int part_event(fl_ps_client_t *cl)
     if (rc == FL_OK && !p->lost)
         return FL_OK;
     if (rc == FL_OK || rc == FL_ERESYNC) {
-        snprintf(p->stop_text, sizeof p->stop_text, "rank %d: the parameter server was lost: "
-                                                    "rejoin it, then split again",
+        snprintf(p->stop_text, sizeof p->stop_text,
+                 "rank %d: the parameter server was lost: "
+                 "rejoin it, then split again",
                  cl->o.rank);
         rc = FL_ERESYNC;
     } else {
@@ -385,8 +385,7 @@ static int send_requests(fl_ps_client_t *cl, const xchg_t *x, const fl_ps_grad_t
         if (x->push)
             rc = send_push(cl, sh, grad, init, mark, x->seq, deadline);
         if (rc == FL_OK && x->pull)
-            rc = send_pull(cl, sh, cl->step + (grad != NULL ? 1 : 0), x->latest, x->seq,
-                           deadline);
+            rc = send_pull(cl, sh, cl->step + (grad != NULL ? 1 : 0), x->latest, x->seq, deadline);
     }
     return rc;
 }
@@ -437,15 +436,15 @@ static int no_answer(const fl_ps_client_t *cl, const xchg_t *x)
 {
     int s = 0;
     while (s < cl->nshards &&
-           (cl->shards[s].count == 0 ||
-            ((!x->push || x->acked[s]) && (!x->pull || x->replied[s]))))
+           (cl->shards[s].count == 0 || ((!x->push || x->acked[s]) && (!x->pull || x->replied[s]))))
         s++;
-    return fl_fail(FL_ETIMEDOUT, "rank %d: no answer from shard %d (%s, %s) within %d ms "
-                                 "(%d of %d acks, %d of %d replies)",
+    return fl_fail(FL_ETIMEDOUT,
+                   "rank %d: no answer from shard %d (%s, %s) within %d ms "
+                   "(%d of %d acks, %d of %d replies)",
                    cl->o.rank, s, s < cl->nshards ? cl->shards[s].host : "?",
                    s < cl->nshards ? cl->shards[s].endpoint : "?",
-                   cl->o.timeout_ms + REPLY_MARGIN_MS, x->acks, x->push ? x->want : 0,
-                   x->replies, x->pull ? x->want : 0);
+                   cl->o.timeout_ms + REPLY_MARGIN_MS, x->acks, x->push ? x->want : 0, x->replies,
+                   x->pull ? x->want : 0);
 }
 
 /* What the coordinator's control thread posted: a part hands it to its siblings, a whole
@@ -535,8 +534,9 @@ int fl_psc__exchange(fl_ps_client_t *cl, const fl_ps_grad_t *grad, bool init, fl
                      bool latest)
 {
     if (cl->broken_rc != FL_OK)
-        return fl_fail(FL_ECLOSED, "rank %d: parameter-server client broken by an earlier "
-                                   "failure: %s",
+        return fl_fail(FL_ECLOSED,
+                       "rank %d: parameter-server client broken by an earlier "
+                       "failure: %s",
                        cl->o.rank, cl->broken_text);
     /* What happened while the caller computed. */
     bool ready = false;

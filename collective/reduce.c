@@ -13,8 +13,8 @@ typedef double uf64 __attribute__((aligned(1), may_alias));
 typedef int32_t ui32 __attribute__((aligned(1), may_alias));
 typedef int64_t ui64 __attribute__((aligned(1), may_alias));
 
-#if defined(__x86_64__) && defined(__GNUC__) && !defined(__clang__) && !defined(__SANITIZE_ADDRESS__) && \
-    !defined(__SANITIZE_THREAD__)
+#if defined(__x86_64__) && defined(__GNUC__) && !defined(__clang__) &&                             \
+    !defined(__SANITIZE_ADDRESS__) && !defined(__SANITIZE_THREAD__)
 #define FL_CLONES __attribute__((target_clones("avx2", "default")))
 #else
 #define FL_CLONES
@@ -70,17 +70,16 @@ static void f16_combine(fl_op_t op, float *dst, const uint16_t *local, const uf3
     }
 }
 
-#define INT_COMBINE(T, UT)                                                                    \
-    static void T##_combine(fl_op_t op, T##_t *dst, const T##_t *local, const UT *in,        \
-                            size_t n)                                                         \
-    {                                                                                         \
-        for (size_t i = 0; i < n; i++) {                                                      \
-            T##_t a = local[i], b = in[i];                                                    \
-            /* Wrap-around sum, like MPI and NCCL: computed unsigned, no overflow UB. */      \
-            dst[i] = op == FL_MAX   ? (a > b ? a : b)                                         \
-                     : op == FL_MIN ? (a < b ? a : b)                                         \
-                                    : (T##_t)((uint64_t)a + (uint64_t)b);                     \
-        }                                                                                     \
+#define INT_COMBINE(T, UT)                                                                         \
+    static void T##_combine(fl_op_t op, T##_t *dst, const T##_t *local, const UT *in, size_t n)    \
+    {                                                                                              \
+        for (size_t i = 0; i < n; i++) {                                                           \
+            T##_t a = local[i], b = in[i];                                                         \
+            /* Wrap-around sum, like MPI and NCCL: computed unsigned, no overflow UB. */           \
+            dst[i] = op == FL_MAX   ? (a > b ? a : b)                                              \
+                     : op == FL_MIN ? (a < b ? a : b)                                              \
+                                    : (T##_t)((uint64_t)a + (uint64_t)b);                          \
+        }                                                                                          \
     }
 INT_COMBINE(int32, ui32)
 INT_COMBINE(int64, ui64)
@@ -93,8 +92,8 @@ static void f64_combine(fl_op_t op, double *dst, const double *local, const uf64
     }
 }
 
-void fl_reduce_combine(fl_op_t op, fl_dtype_t dtype, void *dst, const void *local,
-                       const void *in, size_t n)
+void fl_reduce_combine(fl_op_t op, fl_dtype_t dtype, void *dst, const void *local, const void *in,
+                       size_t n)
 {
     switch (dtype) {
     case FL_FLOAT32:

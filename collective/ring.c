@@ -110,13 +110,14 @@ static int on_segment(ring_t *g, fl_tp_msg_t *m)
     bool is_rs = ck->phase == FL_PHASE_RS && g->rs;
     bool is_ag = ck->phase == FL_PHASE_AG && g->ag;
     if (m->hdr.sender != g->left || (!is_rs && !is_ag) || ck->step >= (uint32_t)(g->n - 1))
-        return fl_coll__fail(op, FL_EPROTO, "unexpected %s step %u segment %u from rank %d (the "
-                                            "ring's left neighbour is rank %d)",
+        return fl_coll__fail(op, FL_EPROTO,
+                             "unexpected %s step %u segment %u from rank %d (the "
+                             "ring's left neighbour is rank %d)",
                              fl_coll_phase_name((int)ck->phase), ck->step, ck->seg, m->hdr.sender,
                              g->left);
     int step = (int)ck->step;
-    int chunk = is_rs ? fl_ring_rs_recv_chunk(g->r, step, g->n)
-                      : fl_ring_ag_recv_chunk(g->r, step, g->n);
+    int chunk =
+        is_rs ? fl_ring_rs_recv_chunk(g->r, step, g->n) : fl_ring_ag_recv_chunk(g->r, step, g->n);
     if (ck->seg >= chunk_nseg(g, chunk))
         return fl_coll__fail(op, FL_EPROTO, "rank %d sent segment %u of chunk %d, which has %u",
                              m->hdr.sender, ck->seg, chunk, chunk_nseg(g, chunk));
@@ -124,11 +125,13 @@ static int on_segment(ring_t *g, fl_tp_msg_t *m)
     size_t cnt;
     seg_range(g, chunk, ck->seg, &off, &cnt);
     if (ck->offset != off || ck->count != cnt)
-        return fl_coll__fail(op, FL_EPROTO, "rank %d sent elements [%llu, +%llu) as segment %u of "
-                                            "chunk %d, expected [%zu, +%zu)",
+        return fl_coll__fail(op, FL_EPROTO,
+                             "rank %d sent elements [%llu, +%llu) as segment %u of "
+                             "chunk %d, expected [%zu, +%zu)",
                              m->hdr.sender, (unsigned long long)ck->offset,
                              (unsigned long long)ck->count, ck->seg, chunk, off, cnt);
-    size_t idx = ((size_t)(is_ag ? 1 : 0) * (size_t)(g->n - 1) + (size_t)step) * g->maxseg + ck->seg;
+    size_t idx =
+        ((size_t)(is_ag ? 1 : 0) * (size_t)(g->n - 1) + (size_t)step) * g->maxseg + ck->seg;
     if (g->seen[idx])
         return fl_coll__fail(op, FL_EPROTO, "rank %d sent %s step %d segment %u twice",
                              m->hdr.sender, fl_coll_phase_name((int)ck->phase), step, ck->seg);

@@ -88,16 +88,17 @@ static int gather_blocks(coll_op_t *op, fl_cmp_ws_t *ws, const uint8_t *mine, si
         fl_cmp_sparse_info_t info;
         if (m.hdr.sender != left || in->phase != FL_PHASE_AG || in->step >= (uint32_t)nr - 1 ||
             in->seg != (uint32_t)owner || have[owner]) {
-            rc = fl_coll__fail(op, FL_EPROTO, "unexpected sparse block step %u of rank %u from "
-                                              "rank %d",
+            rc = fl_coll__fail(op, FL_EPROTO,
+                               "unexpected sparse block step %u of rank %u from "
+                               "rank %d",
                                in->step, in->seg, m.hdr.sender);
         } else if (m.nframes != 1 || m.hdr.frames[0].codec != FL_CODEC_SPARSE ||
                    fl_cmp_sparse_peek(fl_tp_msg_data(&m, 0), fl_tp_msg_size(&m, 0), &info) !=
                        FL_OK ||
                    info.n != n) {
-            rc = fl_coll__fail(op, FL_EPROTO, "bad sparse block of rank %d (from rank %d): %s",
-                               owner, m.hdr.sender,
-                               m.nframes == 1 ? fl_last_error() : "no payload");
+            rc =
+                fl_coll__fail(op, FL_EPROTO, "bad sparse block of rank %d (from rank %d): %s",
+                              owner, m.hdr.sender, m.nframes == 1 ? fl_last_error() : "no payload");
         }
         if (rc != FL_OK) {
             fl_tp_msg_close(&m);
@@ -124,8 +125,8 @@ static int gather_blocks(coll_op_t *op, fl_cmp_ws_t *ws, const uint8_t *mine, si
     return rc;
 }
 
-static void finish_stats(fl_comm_t *c, size_t n, uint64_t sent_before, uint64_t k_total,
-                         bool dense, fl_sparse_stats_t *st)
+static void finish_stats(fl_comm_t *c, size_t n, uint64_t sent_before, uint64_t k_total, bool dense,
+                         fl_sparse_stats_t *st)
 {
     if (st == NULL)
         return;
@@ -145,16 +146,17 @@ static int check_args(const fl_comm_t *c, const uint32_t *idx, const float *val,
         return fl_fail(FL_EINVAL, "rank %d: sparse allreduce: operator %s, only sum and avg",
                        c->rank, fl_op_name(op));
     if (n == 0 || n > UINT32_MAX || k > n || out == NULL || (k > 0 && (idx == NULL || val == NULL)))
-        return fl_fail(FL_EINVAL, "rank %d: sparse allreduce: %zu pairs of a tensor of %zu "
-                                  "entries (or a NULL buffer)",
+        return fl_fail(FL_EINVAL,
+                       "rank %d: sparse allreduce: %zu pairs of a tensor of %zu "
+                       "entries (or a NULL buffer)",
                        c->rank, k, n);
     return FL_OK;
 }
 
 /* Every rank must take the same path: agree on the largest k, given or gathered, and choose
  * sparse or dense by it. *ktot gets the pairs of all ranks where this already tells them. */
-static int agree_path(fl_comm_t *c, size_t k, size_t n, const fl_sparse_opts_t *opts,
-                      bool *dense, uint64_t *ktot)
+static int agree_path(fl_comm_t *c, size_t k, size_t n, const fl_sparse_opts_t *opts, bool *dense,
+                      uint64_t *ktot)
 {
     uint64_t kmax = opts->k_max;
     int rc;
@@ -237,8 +239,8 @@ static int run_sparse(fl_comm_t *c, fl_cmp_ws_t *ws, const uint32_t *idx, const 
     return rc;
 }
 
-int fl_sparse_allreduce(fl_comm_t *c, const uint32_t *idx, const float *val, size_t k,
-                        float *out, size_t n, fl_op_t op, const fl_sparse_opts_t *opts,
+int fl_sparse_allreduce(fl_comm_t *c, const uint32_t *idx, const float *val, size_t k, float *out,
+                        size_t n, fl_op_t op, const fl_sparse_opts_t *opts,
                         fl_sparse_stats_t *stats)
 {
     fl_sparse_opts_t dflt;

@@ -13,8 +13,9 @@ static int stage(fl_comm_t *c, size_t bytes, uint8_t **out)
     if (bytes > c->stage_cap) {
         void *p = NULL;
         if (posix_memalign(&p, 64, bytes ? bytes : 64) != 0)
-            return fl_fail(FL_ENOMEM, "rank %d: no host memory to stage %zu bytes of device "
-                                      "data",
+            return fl_fail(FL_ENOMEM,
+                           "rank %d: no host memory to stage %zu bytes of device "
+                           "data",
                            c->rank, bytes);
         free(c->stage);
         c->stage = p;
@@ -38,8 +39,8 @@ static int copy(void *dst, const void *src, size_t n)
     return fl_gpu_memcpy(dst, src, n);
 }
 
-int fl_staged_allreduce(fl_comm_t *c, const void *send, void *recv, size_t count,
-                        fl_dtype_t dt, fl_op_t op)
+int fl_staged_allreduce(fl_comm_t *c, const void *send, void *recv, size_t count, fl_dtype_t dt,
+                        fl_op_t op)
 {
     size_t bytes = count * fl_dtype_size(dt);
     uint8_t *h = NULL; /* set by stage() when it succeeds; NULL keeps -O2 -Werror quiet */
@@ -69,8 +70,7 @@ int fl_staged_reduce_scatter(fl_comm_t *c, const void *send, void *recv, size_t 
     return rc;
 }
 
-int fl_staged_allgather(fl_comm_t *c, const void *send, void *recv, size_t count,
-                        fl_dtype_t dt)
+int fl_staged_allgather(fl_comm_t *c, const void *send, void *recv, size_t count, fl_dtype_t dt)
 {
     size_t esz = fl_dtype_size(dt);
     size_t off = fl_shard_offset(count, c->size, c->rank) * esz;

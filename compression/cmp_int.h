@@ -72,8 +72,8 @@ size_t fl_cmp_finish(const float *x, const uint32_t *sel_idx, const float *sel_v
                      uint32_t *idx, float *val);
 
 /* Exact top-k by a two-pass radix select over all of x (the path that never fails). */
-int fl_cmp_topk_exact_radix(fl_cmp_ws_t *ws, const float *x, size_t n, size_t k,
-                            const char *name, uint32_t *idx, float *val, size_t *k_out);
+int fl_cmp_topk_exact_radix(fl_cmp_ws_t *ws, const float *x, size_t n, size_t k, const char *name,
+                            uint32_t *idx, float *val, size_t *k_out);
 
 /* DGC's sampled selection (topk_sampled.c); k already validated. */
 int fl_cmp_topk_sampled(fl_cmp_ws_t *ws, const float *x, size_t n, size_t k,

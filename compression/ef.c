@@ -35,8 +35,7 @@ int fl_cmp_ef_create(const fl_cmp_ef_opts_t *o, fl_cmp_ef_t **out)
     *out = NULL;
     const char *name = o->name != NULL ? o->name : "gradient";
     if (o->n == 0 || o->n > UINT32_MAX)
-        return fl_fail(FL_EINVAL, "error feedback for '%s': n = %zu must be 1..2^32-1", name,
-                       o->n);
+        return fl_fail(FL_EINVAL, "error feedback for '%s': n = %zu must be 1..2^32-1", name, o->n);
     if (!(o->momentum >= 0.0f && o->momentum < 1.0f))
         return fl_fail(FL_EINVAL, "error feedback for '%s': momentum %g is outside [0, 1)", name,
                        (double)o->momentum);
@@ -44,8 +43,9 @@ int fl_cmp_ef_create(const fl_cmp_ef_opts_t *o, fl_cmp_ef_t **out)
         return fl_fail(FL_EINVAL, "error feedback for '%s': max_norm %g must be finite and >= 0",
                        name, o->max_norm);
     if (o->wire != FL_FLOAT32 && o->wire != FL_FLOAT16 && o->wire != FL_BFLOAT16)
-        return fl_fail(FL_EINVAL, "error feedback for '%s': wire type %s is not float32, "
-                                  "float16 or bfloat16",
+        return fl_fail(FL_EINVAL,
+                       "error feedback for '%s': wire type %s is not float32, "
+                       "float16 or bfloat16",
                        name, fl_dtype_name(o->wire));
     if (o->on_nonfinite != FL_NONFINITE_FAIL && o->on_nonfinite != FL_NONFINITE_SKIP)
         return fl_fail(FL_EINVAL, "error feedback for '%s': on_nonfinite %d unknown", name,
@@ -64,8 +64,8 @@ int fl_cmp_ef_create(const fl_cmp_ef_opts_t *o, fl_cmp_ef_t **out)
         e->velocity = calloc(o->n, sizeof *e->velocity);
     if (e->residual == NULL || (o->momentum > 0.0f && e->velocity == NULL)) {
         fl_cmp_ef_destroy(&e);
-        return fl_fail(FL_ENOMEM, "error feedback for '%s': out of memory for %zu entries",
-                       name, o->n);
+        return fl_fail(FL_ENOMEM, "error feedback for '%s': out of memory for %zu entries", name,
+                       o->n);
     }
     *out = e;
     return FL_OK;
@@ -118,8 +118,8 @@ int fl_cmp_ef_step(fl_cmp_ef_t *e, fl_cmp_ws_t *ws, const float *grad,
         }
         return rc;
     }
-    float scale = (float)fl_cmp_clip_factor(e->max_norm > 0.0 ? l2norm(grad, e->n) : 0.0,
-                                            e->max_norm);
+    float scale =
+        (float)fl_cmp_clip_factor(e->max_norm > 0.0 ? l2norm(grad, e->n) : 0.0, e->max_norm);
     float *v = e->residual;
     /* fl_ef_accum is the device kernels' body too (fl_math.h). */
     if (e->velocity != NULL) {
@@ -154,8 +154,9 @@ void fl_cmp_ef_state(const fl_cmp_ef_t *e, const float **residual, const float *
 int fl_cmp_ef_restore(fl_cmp_ef_t *e, const float *residual, const float *velocity, size_t n)
 {
     if (n != e->n)
-        return fl_fail(FL_EINVAL, "error feedback for '%s': saved state has %zu entries, the "
-                                  "tensor %zu",
+        return fl_fail(FL_EINVAL,
+                       "error feedback for '%s': saved state has %zu entries, the "
+                       "tensor %zu",
                        e->name, n, e->n);
     int rc = fl_cmp_nonfinite_at(residual, n, e->name);
     if (rc == FL_OK && velocity != NULL)

@@ -30,8 +30,7 @@ int fl_cmp_lz4_compress(const void *src, size_t n, void *dst, size_t cap, size_t
 int fl_cmp_lz4_decompress(const void *src, size_t n, void *dst, size_t raw_len)
 {
     if (n > (size_t)INT_MAX || raw_len > (size_t)INT_MAX)
-        return fl_fail(FL_EPROTO, "lz4: block of %zu bytes (%zu decoded) is too large", n,
-                       raw_len);
+        return fl_fail(FL_EPROTO, "lz4: block of %zu bytes (%zu decoded) is too large", n, raw_len);
     if (n == 0)
         return raw_len == 0 ? FL_OK
                             : fl_fail(FL_EPROTO, "lz4: empty block declares %zu bytes", raw_len);

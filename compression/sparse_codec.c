@@ -59,8 +59,9 @@ float fl_cmp_round(float v, fl_dtype_t values)
 int fl_cmp_sparse_check(const uint32_t *idx, size_t k, size_t n, fl_dtype_t values)
 {
     if (value_size(values) == 0)
-        return fl_fail(FL_EINVAL, "sparse pairs: value type %s is not float32, float16 or "
-                                  "bfloat16",
+        return fl_fail(FL_EINVAL,
+                       "sparse pairs: value type %s is not float32, float16 or "
+                       "bfloat16",
                        fl_dtype_name(values));
     if (n == 0 || n > UINT32_MAX || k > n)
         return fl_fail(FL_EINVAL, "sparse pairs: %zu pairs of a tensor of %zu entries", k, n);
@@ -105,24 +106,25 @@ static uint64_t get64(const uint8_t *p)
     return v;
 }
 
-int fl_cmp_sparse_encode(fl_cmp_ws_t *ws, const uint32_t *idx, const float *val, size_t k,
-                         size_t n, const fl_cmp_sparse_opts_t *o, void *dst, size_t cap,
-                         size_t *len)
+int fl_cmp_sparse_encode(fl_cmp_ws_t *ws, const uint32_t *idx, const float *val, size_t k, size_t n,
+                         const fl_cmp_sparse_opts_t *o, void *dst, size_t cap, size_t *len)
 {
     size_t vs = value_size(o->values);
     if (vs == 0)
-        return fl_fail(FL_EINVAL, "sparse encode: value type %s is not float32, float16 or "
-                                  "bfloat16",
+        return fl_fail(FL_EINVAL,
+                       "sparse encode: value type %s is not float32, float16 or "
+                       "bfloat16",
                        fl_dtype_name(o->values));
     if (n == 0 || n > UINT32_MAX || k > n)
         return fl_fail(FL_EINVAL, "sparse encode: %zu pairs of a tensor of %zu entries", k, n);
     if (cap < fl_cmp_sparse_bound(k, o->values))
-        return fl_fail(FL_EINVAL, "sparse encode: %zu bytes of room, %zu needed for %zu pairs",
-                       cap, fl_cmp_sparse_bound(k, o->values), k);
+        return fl_fail(FL_EINVAL, "sparse encode: %zu bytes of room, %zu needed for %zu pairs", cap,
+                       fl_cmp_sparse_bound(k, o->values), k);
     size_t raw_max = k * (VARINT_MAX + vs);
     if (raw_max > UINT32_MAX)
-        return fl_fail(FL_EINVAL, "sparse encode: %zu pairs do not fit one block (its sizes are "
-                                  "32-bit)",
+        return fl_fail(FL_EINVAL,
+                       "sparse encode: %zu pairs do not fit one block (its sizes are "
+                       "32-bit)",
                        k);
     int rc = fl_cmp_grow((void **)&ws->buf, 1, NULL, 0, &ws->buf_cap, raw_max + 1);
     if (rc != FL_OK)
@@ -200,8 +202,7 @@ int fl_cmp_sparse_peek(const void *src, size_t len, fl_cmp_sparse_info_t *info)
     if (s[6] != CODING_DELTA_VARINT)
         return fl_fail(FL_EPROTO, "sparse block: unknown index coding %u", s[6]);
     if ((s[7] & ~FLAG_LZ4) != 0 || get32(s + 36) != 0)
-        return fl_fail(FL_EPROTO, "sparse block: unknown flags 0x%02x or reserved bits set",
-                       s[7]);
+        return fl_fail(FL_EPROTO, "sparse block: unknown flags 0x%02x or reserved bits set", s[7]);
     uint64_t n = get64(s + 8);
     uint64_t k = get64(s + 16);
     uint32_t ib = get32(s + 24);
@@ -226,8 +227,8 @@ int fl_cmp_sparse_peek(const void *src, size_t len, fl_cmp_sparse_info_t *info)
                        (unsigned long long)raw);
     /* lz4 expands at most ~255:1: a body claiming more cannot be honest, and the claim would
      * otherwise size the decompression buffer. */
-    if (lz4 && (bb == 0 || bb > fl_cmp_lz4_bound((size_t)raw) || raw == 0 ||
-                raw > 255ull * bb + 16))
+    if (lz4 &&
+        (bb == 0 || bb > fl_cmp_lz4_bound((size_t)raw) || raw == 0 || raw > 255ull * bb + 16))
         return fl_fail(FL_EPROTO, "sparse block: lz4 body of %u bytes cannot decode to %llu", bb,
                        (unsigned long long)raw);
     info->n = n;
@@ -304,8 +305,8 @@ int fl_cmp_sparse_decode(fl_cmp_ws_t *ws, const void *src, size_t len, size_t n,
     return FL_OK;
 }
 
-int fl_cmp_sparse_accumulate(fl_cmp_ws_t *ws, const void *src, size_t len, float *dense,
-                             size_t n, size_t *k_out)
+int fl_cmp_sparse_accumulate(fl_cmp_ws_t *ws, const void *src, size_t len, float *dense, size_t n,
+                             size_t *k_out)
 {
     fl_cmp_sparse_info_t in;
     int rc = fl_cmp_sparse_peek(src, len, &in);
@@ -320,8 +321,8 @@ int fl_cmp_sparse_accumulate(fl_cmp_ws_t *ws, const void *src, size_t len, float
                           sizeof *ws->dec_val, &ws->dec_cap, (size_t)in.k + 1)) != FL_OK)
         return rc;
     size_t k;
-    if ((rc = fl_cmp_sparse_decode(ws, src, len, n, (size_t)in.k, ws->dec_idx, ws->dec_val,
-                                   &k)) != FL_OK)
+    if ((rc = fl_cmp_sparse_decode(ws, src, len, n, (size_t)in.k, ws->dec_idx, ws->dec_val, &k)) !=
+        FL_OK)
         return rc;
     /* Only now, with the whole block valid, is the caller's tensor touched. */
     for (size_t i = 0; i < k; i++)

@@ -67,8 +67,8 @@ int fl_cmp_topk_check(size_t n, const fl_cmp_topk_opts_t *o, size_t *k)
     if (o->mode != FL_CMP_EXACT && o->mode != FL_CMP_SAMPLED)
         return fl_fail(FL_EINVAL, "top-k of '%s': unknown mode %d", tname(o), (int)o->mode);
     if (o->mode == FL_CMP_SAMPLED && !(o->sample_fraction > 0.0 && o->sample_fraction <= 1.0))
-        return fl_fail(FL_EINVAL, "top-k of '%s': sample fraction %g is outside (0, 1]",
-                       tname(o), o->sample_fraction);
+        return fl_fail(FL_EINVAL, "top-k of '%s': sample fraction %g is outside (0, 1]", tname(o),
+                       o->sample_fraction);
     return FL_OK;
 }
 
@@ -174,10 +174,10 @@ static void bracket_pass_scalar(const float *x, size_t from, size_t n, uint32_t 
 
 #ifdef HAVE_AVX2_PATH
 /* Eight entries at a time: most groups hold nothing at or above lo and cost one compare. */
-__attribute__((target("avx2"))) static void bracket_pass_avx2(const float *x, size_t n,
-                                                               uint32_t lo, uint32_t hi,
-                                                               fl_cmp_ws_t *ws, size_t sel_cap,
-                                                               size_t cand_cap, pass_t *p)
+__attribute__((target("avx2"))) static void bracket_pass_avx2(const float *x, size_t n, uint32_t lo,
+                                                              uint32_t hi, fl_cmp_ws_t *ws,
+                                                              size_t sel_cap, size_t cand_cap,
+                                                              pass_t *p)
 {
     const __m256i absmask = _mm256_set1_epi32(0x7fffffff);
     /* keys are below 2^31, so a signed compare against lo - 1 means key >= lo */
@@ -220,7 +220,7 @@ void fl_cmp_bracket_pass(const float *x, size_t n, uint32_t lo, uint32_t hi, fl_
 /* The always-exact path: a histogram of the top 11 key bits, then one pass collecting the
  * buckets above the k-th entry's (sure) and its bucket (candidates). */
 int fl_cmp_topk_exact_radix(fl_cmp_ws_t *ws, const float *x, size_t n, size_t k, const char *name,
-                        uint32_t *idx, float *val, size_t *k_out)
+                            uint32_t *idx, float *val, size_t *k_out)
 {
     uint32_t hist[2048];
     memset(hist, 0, sizeof hist);
@@ -252,7 +252,7 @@ int fl_cmp_topk_exact_radix(fl_cmp_ws_t *ws, const float *x, size_t n, size_t k,
     pass_t p;
     fl_cmp_bracket_pass(x, n, lo, hi, ws, ws->sel_cap, ws->cand_cap, &p);
     *k_out = fl_cmp_finish(x, ws->sel_idx, ws->sel_val, p.ns, ws->cand_idx, ws->cand_key, p.nc,
-                    k - p.ns, idx, val);
+                           k - p.ns, idx, val);
     return FL_OK;
 }
 
@@ -277,10 +277,9 @@ static int select_bracket(fl_cmp_ws_t *ws, const float *x, size_t n, size_t k, c
     long hi_rank = (long)floor(q - margin);
     long lo_rank = (long)ceil(q + margin);
     size_t gt;
-    uint32_t hi = hi_rank >= 1 ? fl_cmp_threshold(sample, SAMPLE, (size_t)hi_rank, &gt)
-                               : UINT32_MAX;
-    uint32_t lo = lo_rank < SAMPLE ? fl_cmp_threshold(sample, SAMPLE, (size_t)lo_rank + 1, &gt)
-                                   : 0;
+    uint32_t hi =
+        hi_rank >= 1 ? fl_cmp_threshold(sample, SAMPLE, (size_t)hi_rank, &gt) : UINT32_MAX;
+    uint32_t lo = lo_rank < SAMPLE ? fl_cmp_threshold(sample, SAMPLE, (size_t)lo_rank + 1, &gt) : 0;
     if (hi < lo) /* equal keys around the threshold: one flat bracket */
         hi = lo;
     double expect_c = (lo_rank - (hi_rank > 0 ? hi_rank : 0) + 1.0) * (double)n / SAMPLE;
@@ -302,7 +301,7 @@ static int select_bracket(fl_cmp_ws_t *ws, const float *x, size_t n, size_t k, c
         return FL_OK;
     }
     *k_out = fl_cmp_finish(x, ws->sel_idx, ws->sel_val, p.ns, ws->cand_idx, ws->cand_key, p.nc,
-                    k - p.ns, idx, val);
+                           k - p.ns, idx, val);
     *done = 1;
     return FL_OK;
 }

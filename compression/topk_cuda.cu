@@ -17,13 +17,13 @@ extern "C" {
 #include "cmp_int.h"
 }
 
-#define CK(call)                                                                              \
-    do {                                                                                      \
-        cudaError_t e_ = (call);                                                              \
-        if (e_ != cudaSuccess) {                                                              \
-            rc = fl_fail(FL_EGPU, "top-k on device: %s: %s", #call, cudaGetErrorString(e_));  \
-            goto out;                                                                         \
-        }                                                                                     \
+#define CK(call)                                                                                   \
+    do {                                                                                           \
+        cudaError_t e_ = (call);                                                                   \
+        if (e_ != cudaSuccess) {                                                                   \
+            rc = fl_fail(FL_EGPU, "top-k on device: %s: %s", #call, cudaGetErrorString(e_));       \
+            goto out;                                                                              \
+        }                                                                                          \
     } while (0)
 
 /* The kernels are this file's own: internal linkage keeps their names out of libflodl. */
@@ -132,8 +132,8 @@ out:
     return rc;
 }
 
-static int exact(const float *x, size_t n, size_t k, const char *name, uint32_t *idx,
-                 float *val, size_t *k_out)
+static int exact(const float *x, size_t n, size_t k, const char *name, uint32_t *idx, float *val,
+                 size_t *k_out)
 {
     static const int shift[3] = {20, 9, 0};
     static const uint32_t mask[3] = {0x7ffu, 0x7ffu, 0x1ffu};

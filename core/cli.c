@@ -15,8 +15,7 @@ int fl_cli_long(const char *flag, const char *val, long lo, long hi, long *out)
     char *end = NULL;
     errno = 0;
     long v = strtol(val, &end, 10);
-    if (errno != 0 || end == val || *end != '\0' || isspace((unsigned char)val[0]) ||
-        val[0] == '+')
+    if (errno != 0 || end == val || *end != '\0' || isspace((unsigned char)val[0]) || val[0] == '+')
         return fl_fail(FL_EINVAL, "%s: '%s' is not an integer", flag, val);
     if (v < lo || v > hi)
         return fl_fail(FL_EINVAL, "%s: %ld is out of range %ld..%ld", flag, v, lo, hi);
@@ -91,10 +90,9 @@ int fl_cli_double(const char *flag, const char *val, double lo, double hi, doubl
 /* The optimizer flags both binaries take (the worker for its own optimizer, flodl-ps for the
  * server's), by long name. */
 const char *const fl_cli_optim_names[] = {
-    "optimizer",    "lr",          "momentum",     "dampening", "nesterov",
-    "weight-decay", "beta1",       "beta2",        "eps",       "lr-schedule",
-    "warmup-steps", "total-steps", "lr-step-size", "lr-gamma",  "min-lr",
-    NULL,
+    "optimizer",    "lr",       "momentum", "dampening",   "nesterov",     "weight-decay",
+    "beta1",        "beta2",    "eps",      "lr-schedule", "warmup-steps", "total-steps",
+    "lr-step-size", "lr-gamma", "min-lr",   NULL,
 };
 
 bool fl_cli_is_optim_flag(const char *name)
@@ -134,8 +132,9 @@ int fl_cli_optim_flag(const char *name, const char *val, fl_opt_opts_t *o, fl_lr
     if (strcmp(name, "lr-schedule") == 0)
         return fl_lr_kind_parse(val, &s->kind) == FL_OK
                    ? FL_OK
-                   : fl_fail(FL_EINVAL, "--lr-schedule: '%s' is not one of "
-                                        "constant|step|cosine",
+                   : fl_fail(FL_EINVAL,
+                             "--lr-schedule: '%s' is not one of "
+                             "constant|step|cosine",
                              val);
     if (strcmp(name, "warmup-steps") == 0)
         return fl_cli_long(flag, val, 0, 1L << 40, &s->warmup_steps);
@@ -189,7 +188,8 @@ int fl_cli_security(const char *flag_dir, bool flag_insecure, const char *env_di
 
 void fl_cli_security_notice(const char *prog)
 {
-    fprintf(stderr, "%s: running in plain text (--insecure): anyone who reaches these ports can "
-                    "join or read the job\n",
+    fprintf(stderr,
+            "%s: running in plain text (--insecure): anyone who reaches these ports can "
+            "join or read the job\n",
             prog);
 }

@@ -136,12 +136,12 @@ uint64_t fl_ctx_stat(const fl_ctx_t *ctx, fl_stat_t stat)
 const char *fl_stat_name(fl_stat_t stat)
 {
     static const char *const names[FL_STAT_COUNT] = {
-        [FL_STAT_MSGS_SENT] = "msgs_sent",     [FL_STAT_MSGS_RECV] = "msgs_recv",
-        [FL_STAT_BYTES_SENT] = "bytes_sent",   [FL_STAT_BYTES_RECV] = "bytes_recv",
-        [FL_STAT_BAD_HEADER] = "bad_header",   [FL_STAT_BAD_MAGIC] = "bad_magic",
-        [FL_STAT_BAD_VERSION] = "bad_version", [FL_STAT_BAD_JOB] = "bad_job",
-        [FL_STAT_BAD_FRAMES] = "bad_frames",   [FL_STAT_OVERSIZED] = "oversized",
-        [FL_STAT_UNEXPECTED] = "unexpected",   [FL_STAT_ERRORS_SENT] = "errors_sent",
+        [FL_STAT_MSGS_SENT] = "msgs_sent",       [FL_STAT_MSGS_RECV] = "msgs_recv",
+        [FL_STAT_BYTES_SENT] = "bytes_sent",     [FL_STAT_BYTES_RECV] = "bytes_recv",
+        [FL_STAT_BAD_HEADER] = "bad_header",     [FL_STAT_BAD_MAGIC] = "bad_magic",
+        [FL_STAT_BAD_VERSION] = "bad_version",   [FL_STAT_BAD_JOB] = "bad_job",
+        [FL_STAT_BAD_FRAMES] = "bad_frames",     [FL_STAT_OVERSIZED] = "oversized",
+        [FL_STAT_UNEXPECTED] = "unexpected",     [FL_STAT_ERRORS_SENT] = "errors_sent",
         [FL_STAT_AUTH_REFUSED] = "auth_refused", [FL_STAT_CONN_DROPPED] = "conn_dropped",
     };
     if (stat < 0 || stat >= FL_STAT_COUNT)

@@ -55,11 +55,11 @@ int fl_dtype_parse(const char *s, fl_dtype_t *out)
         const char *name;
         fl_dtype_t dtype;
     } names[] = {
-        {"float32", FL_FLOAT32}, {"f32", FL_FLOAT32},   {"float", FL_FLOAT32},
-        {"float16", FL_FLOAT16}, {"f16", FL_FLOAT16},   {"half", FL_FLOAT16},
-        {"bfloat16", FL_BFLOAT16}, {"bf16", FL_BFLOAT16}, {"float64", FL_FLOAT64},
-        {"f64", FL_FLOAT64},     {"double", FL_FLOAT64}, {"int32", FL_INT32},
-        {"int64", FL_INT64},     {"uint8", FL_UINT8},
+        {"float32", FL_FLOAT32},   {"f32", FL_FLOAT32},    {"float", FL_FLOAT32},
+        {"float16", FL_FLOAT16},   {"f16", FL_FLOAT16},    {"half", FL_FLOAT16},
+        {"bfloat16", FL_BFLOAT16}, {"bf16", FL_BFLOAT16},  {"float64", FL_FLOAT64},
+        {"f64", FL_FLOAT64},       {"double", FL_FLOAT64}, {"int32", FL_INT32},
+        {"int64", FL_INT64},       {"uint8", FL_UINT8},
     };
     if (s != NULL) {
         for (size_t i = 0; i < sizeof names / sizeof names[0]; i++) {
@@ -69,8 +69,9 @@ int fl_dtype_parse(const char *s, fl_dtype_t *out)
             }
         }
     }
-    return fl_fail(FL_EINVAL, "dtype '%s' is not one of float32|float16|bfloat16|float64|int32|"
-                              "int64|uint8",
+    return fl_fail(FL_EINVAL,
+                   "dtype '%s' is not one of float32|float16|bfloat16|float64|int32|"
+                   "int64|uint8",
                    s ? s : "(null)");
 }
 
@@ -97,11 +98,12 @@ float fl_bf16_to_f32(uint16_t h)
 
 /* The largest |x| as bits (|x| orders like its bit pattern) and whether one is NaN or Inf (bits
  * at or above 0x7f800000): integer work the compiler vectorises, one pass at memory speed. */
-#if defined(__x86_64__) && defined(__GNUC__) && !defined(__clang__) && __GNUC__ >= 12 && \
+#if defined(__x86_64__) && defined(__GNUC__) && !defined(__clang__) && __GNUC__ >= 12 &&           \
     !defined(__SANITIZE_THREAD__) /* its resolver would run before the TSan runtime */
 __attribute__((target_clones("arch=x86-64-v3", "default")))
 #endif
-uint32_t fl_f32_max_abs_bits(const void *x, size_t n)
+uint32_t
+fl_f32_max_abs_bits(const void *x, size_t n)
 {
     const uint32_t *u = (const uint32_t *)(const void *)x;
     uint32_t m = 0;

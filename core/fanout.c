@@ -28,11 +28,11 @@ struct fl_fanout {
     void *ud;
     pthread_mutex_t mu;
     pthread_cond_t cv;
-    uint64_t run;  /* runs begun */
-    int finished;  /* threads done with the current run */
-    bool running;  /* begun, not yet ended */
+    uint64_t run; /* runs begun */
+    int finished; /* threads done with the current run */
+    bool running; /* begun, not yet ended */
     bool quit;
-    job_t *job;    /* n */
+    job_t *job; /* n */
 };
 
 static void run_job(fl_fanout_t *f, job_t *jb)
@@ -91,8 +91,8 @@ int fl_fanout_create(int n, int first, fl_fanout_fn fn, void *ud, const char *wh
         int e = pthread_create(&job[j].th, NULL, job_main, &job[j]);
         if (e != 0) {
             fl_fanout_destroy(&f);
-            return fl_fail(FL_EIO, "%s: cannot start the thread of job %d of %d: %s", what, j,
-                           n, strerror(e));
+            return fl_fail(FL_EIO, "%s: cannot start the thread of job %d of %d: %s", what, j, n,
+                           strerror(e));
         }
         job[j].started = true;
     }

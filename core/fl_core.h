@@ -259,8 +259,7 @@ void fl_opt_scalars(const fl_opt_opts_t *o, uint64_t steps, double lr, fl_opt_sc
  * devices run their optimizer through it. */
 void fl_opt_apply(const fl_opt_scalars_t *s, float *p, const float *g, float *buf1, float *buf2,
                   size_t n);
-void fl_opt_step_range(fl_opt_t *opt, float *params, const float *grad, size_t off,
-                       size_t len);
+void fl_opt_step_range(fl_opt_t *opt, float *params, const float *grad, size_t off, size_t len);
 
 /* Parameters the optimizer was made for. */
 size_t fl_opt_size(const fl_opt_t *opt);
@@ -274,8 +273,7 @@ void fl_opt_state(const fl_opt_t *opt, const float **buf1, const float **buf2, u
 
 /* Restores a saved state; buf1/buf2 as fl_opt_state returns them (NULL: zeros).
  * FL_OK, FL_EINVAL (n mismatch: give n), FL_ENONFINITE. */
-int fl_opt_restore(fl_opt_t *opt, const float *buf1, const float *buf2, size_t n,
-                   uint64_t steps);
+int fl_opt_restore(fl_opt_t *opt, const float *buf1, const float *buf2, size_t n, uint64_t steps);
 
 typedef enum fl_lr_kind {
     FL_LR_CONSTANT = 0,
@@ -284,13 +282,13 @@ typedef enum fl_lr_kind {
 } fl_lr_kind_t;
 
 typedef struct fl_lr_sched {
-    double lr;          /* peak learning rate (after warm-up) */
-    fl_lr_kind_t kind;  /* default constant */
-    long warmup_steps;  /* linear warm-up from lr / warmup_steps... to lr (default 0) */
-    long total_steps;   /* COSINE: length of the decay after warm-up */
-    long step_size;     /* STEP: steps between decays */
-    double gamma;       /* STEP: factor (default 0.1) */
-    double min_lr;      /* COSINE: floor (default 0) */
+    double lr;         /* peak learning rate (after warm-up) */
+    fl_lr_kind_t kind; /* default constant */
+    long warmup_steps; /* linear warm-up from lr / warmup_steps... to lr (default 0) */
+    long total_steps;  /* COSINE: length of the decay after warm-up */
+    long step_size;    /* STEP: steps between decays */
+    double gamma;      /* STEP: factor (default 0.1) */
+    double min_lr;     /* COSINE: floor (default 0) */
 } fl_lr_sched_t;
 
 void fl_lr_sched_init(fl_lr_sched_t *s, double lr);
@@ -479,8 +477,7 @@ void fl_service_stop(fl_service_t *s, void (*wake)(void *arg), void *arg);
 
 /* Appends name=value to the list in buf (cap bytes, terminated); a ';' or control character in
  * the value becomes ',' or a space. FL_OK, or FL_EINVAL when it does not fit (buf unchanged). */
-int fl_settings_add(char *buf, size_t cap, const char *name, const char *fmt, ...)
-    FL_PRINTF(4, 5);
+int fl_settings_add(char *buf, size_t cap, const char *name, const char *fmt, ...) FL_PRINTF(4, 5);
 
 /* FL_OK when s is a well-formed list shorter than max bytes; FL_EINVAL saying where not. */
 int fl_settings_check(const char *s, size_t max);
@@ -488,8 +485,8 @@ int fl_settings_check(const char *s, size_t max);
 /* False when lists a and b give every name the same value. True otherwise, with the first name
  * that differs (a's order first, then names only b has) and its value in each, "(not set)"
  * where one list lacks it. */
-bool fl_settings_differ(const char *a, const char *b, char *name, size_t ncap, char *va,
-                        char *vb, size_t vcap);
+bool fl_settings_differ(const char *a, const char *b, char *name, size_t ncap, char *va, char *vb,
+                        size_t vcap);
 
 /* ---- scans (dtype.c) ---- */
 
@@ -531,8 +528,7 @@ bool fl_cli_is_optim_flag(const char *name);
 extern const char *const fl_cli_optim_names[];
 
 /* Applies one of them. FL_OK or FL_EINVAL naming the flag and the value. */
-int fl_cli_optim_flag(const char *name, const char *val, fl_opt_opts_t *opt,
-                      fl_lr_sched_t *sched);
+int fl_cli_optim_flag(const char *name, const char *val, fl_opt_opts_t *opt, fl_lr_sched_t *sched);
 
 /* Checks combinations the single flags cannot (a step schedule without a step size, cosine
  * without a length, Nesterov without momentum, momentum given to Adam). */
@@ -545,9 +541,10 @@ void fl_fmt_bytes(size_t bytes, char *out, size_t cap);
 
 /* What the members of a job compare at the rendezvous: the tensors of the flat parameter
  * vector in order, an entry "name[d0,d1];" each ("layers.0.weight[256,64];layers.0.bias[256];";
- * a scalar is "name[];": wire text has no line breaks), and a 64-bit signature of that whole text. The worker describes its
- * model, the parameter server its --init file; the coordinator refuses a mismatch naming the
- * first tensor that differs, from the texts cut to FL_MODEL_SHAPES_MAX bytes. */
+ * a scalar is "name[];": wire text has no line breaks), and a 64-bit signature of that whole text.
+ * The worker describes its model, the parameter server its --init file; the coordinator refuses a
+ * mismatch naming the first tensor that differs, from the texts cut to FL_MODEL_SHAPES_MAX bytes.
+ */
 #define FL_MODEL_SHAPES_MAX 1024
 
 typedef struct fl_model_shapes {
@@ -561,8 +558,7 @@ void fl_model_shapes_init(fl_model_shapes_t *s);
 void fl_model_shapes_deinit(fl_model_shapes_t *s); /* NULL-safe */
 
 /* Appends a tensor's entry. FL_OK or FL_ENOMEM. */
-int fl_model_shapes_add(fl_model_shapes_t *s, const char *name, size_t ndim,
-                        const uint64_t *shape);
+int fl_model_shapes_add(fl_model_shapes_t *s, const char *name, size_t ndim, const uint64_t *shape);
 
 /* The text so far ("" before the first tensor); lives until the next add or deinit. */
 const char *fl_model_shapes_text(const fl_model_shapes_t *s);

@@ -16,8 +16,8 @@ static int parse_int(const char *var, const char *val, int lo, int hi, int *out)
     errno = 0;
     long v = strtol(val, &end, 10);
     if (errno != 0 || end == val || *end != '\0' || v < lo || v > hi)
-        return fl_fail(FL_EINVAL, "environment %s='%s' is not an integer in %d..%d", var, val,
-                       lo, hi);
+        return fl_fail(FL_EINVAL, "environment %s='%s' is not an integer in %d..%d", var, val, lo,
+                       hi);
     *out = (int)v;
     return FL_OK;
 }
@@ -105,8 +105,9 @@ int fl_launch_from_env(fl_env_get_fn get, void *ud, fl_launch_info_t *out)
     if (v != NULL && v[0] != '\0') {
         fl_log_level_t level;
         if (fl_log_level_parse(v, &level) != FL_OK)
-            return fl_fail(FL_EINVAL, "environment FLODL_LOG='%s' is not one of "
-                                      "debug|info|warn|error|off",
+            return fl_fail(FL_EINVAL,
+                           "environment FLODL_LOG='%s' is not one of "
+                           "debug|info|warn|error|off",
                            v);
         out->log_level = (int)level;
     }

@@ -1,8 +1,8 @@
 /* A model's shapes as the members of a job compare them at the rendezvous: the tensors of the
- * flat parameter vector in order, an entry "name[d0,d1];" each (";" ends an entry: wire text has no line breaks). The signature hashes the whole
- * text; the wire carries it cut to whole entries, enough to name the first tensor that differs.
- * Pure text work: the worker describes its model here, the parameter server its --init file,
- * and the coordinator compares them. */
+ * flat parameter vector in order, an entry "name[d0,d1];" each (";" ends an entry: wire text has no
+ * line breaks). The signature hashes the whole text; the wire carries it cut to whole entries,
+ * enough to name the first tensor that differs. Pure text work: the worker describes its model
+ * here, the parameter server its --init file, and the coordinator compares them. */
 #include "fl_core.h"
 
 #include <inttypes.h>
@@ -25,8 +25,7 @@ void fl_model_shapes_deinit(fl_model_shapes_t *s)
     memset(s, 0, sizeof *s);
 }
 
-int fl_model_shapes_add(fl_model_shapes_t *s, const char *name, size_t ndim,
-                        const uint64_t *shape)
+int fl_model_shapes_add(fl_model_shapes_t *s, const char *name, size_t ndim, const uint64_t *shape)
 {
     size_t need = s->len + strlen(name) + 4 + ndim * 22;
     if (need > s->cap) {
@@ -98,8 +97,7 @@ static bool line_at(const char *text, size_t i, const char **start, size_t *len)
 }
 
 /* Splits a line "name[dims]" at its last '['. */
-static void split(const char *line, size_t len, char *name, size_t ncap, char *shape,
-                  size_t scap)
+static void split(const char *line, size_t len, char *name, size_t ncap, char *shape, size_t scap)
 {
     size_t at = len;
     for (size_t i = 0; i < len; i++)
@@ -121,14 +119,16 @@ void fl_model_shapes_diff(const char *a, const char *who_a, const char *b, const
         bool cut_a = ha && na == strlen(cut) && memcmp(la, cut, na) == 0;
         bool cut_b = hb && nb == strlen(cut) && memcmp(lb, cut, nb) == 0;
         if (cut_a || cut_b) {
-            snprintf(out, cap, "their first %zu tensors agree; they differ beyond (not "
-                               "described)",
+            snprintf(out, cap,
+                     "their first %zu tensors agree; they differ beyond (not "
+                     "described)",
                      i);
             return;
         }
         if (!ha && !hb) {
-            snprintf(out, cap, "the same %zu tensors described %s and %s, yet other "
-                               "signatures",
+            snprintf(out, cap,
+                     "the same %zu tensors described %s and %s, yet other "
+                     "signatures",
                      i, who_a, who_b);
             return;
         }
@@ -147,8 +147,8 @@ void fl_model_shapes_diff(const char *a, const char *who_a, const char *b, const
             snprintf(out, cap, "tensor '%s' is %s %s, %s %s", name_a, shape_a, who_a, shape_b,
                      who_b);
         } else {
-            snprintf(out, cap, "tensor %zu is '%s' %s %s, '%s' %s %s", i, name_a, shape_a,
-                     who_a, name_b, shape_b, who_b);
+            snprintf(out, cap, "tensor %zu is '%s' %s %s, '%s' %s %s", i, name_a, shape_a, who_a,
+                     name_b, shape_b, who_b);
         }
         return;
     }

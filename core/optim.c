@@ -27,7 +27,7 @@
 /* fmaf() is a library call on baseline x86-64, which keeps the loops scalar and slow; a clone
  * built for x86-64-v3 (AVX2 and FMA) inlines it and vectorises, 2-4x faster on large n. fmaf is
  * correctly rounded in both, so the clone the loader picks changes the speed, never the bits. */
-#if defined(__x86_64__) && defined(__GNUC__) && !defined(__clang__) && __GNUC__ >= 12 &&       \
+#if defined(__x86_64__) && defined(__GNUC__) && !defined(__clang__) && __GNUC__ >= 12 &&           \
     !defined(__SANITIZE_THREAD__)
 /* (Not under ThreadSanitizer: the clones' resolver runs at load time, before its runtime is up.) */
 #define FMA_CLONES __attribute__((target_clones("arch=x86-64-v3", "default")))
@@ -39,8 +39,8 @@ struct fl_opt {
     fl_opt_opts_t o;
     size_t n;
     uint64_t steps;
-    float *buf1; /* SGD: momentum buffer; Adam(W): first moment m */
-    float *buf2; /* Adam(W): second moment v */
+    float *buf1;         /* SGD: momentum buffer; Adam(W): first moment m */
+    float *buf2;         /* Adam(W): second moment v */
     fl_opt_scalars_t sc; /* the step in progress (fl_opt_step_begin) */
 };
 
@@ -111,8 +111,9 @@ int fl_opt_check(const fl_opt_opts_t *o, size_t n)
     if (!isfinite(o->dampening))
         return fl_fail(FL_EINVAL, "optimizer: dampening = %g must be finite", o->dampening);
     if (o->nesterov && (o->momentum == 0.0 || o->dampening != 0.0))
-        return fl_fail(FL_EINVAL, "optimizer: nesterov needs momentum > 0 and dampening = 0 "
-                                  "(momentum = %g, dampening = %g)",
+        return fl_fail(FL_EINVAL,
+                       "optimizer: nesterov needs momentum > 0 and dampening = 0 "
+                       "(momentum = %g, dampening = %g)",
                        o->momentum, o->dampening);
     if (!(o->beta1 >= 0.0 && o->beta1 < 1.0))
         return fl_fail(FL_EINVAL, "optimizer: beta1 = %g is outside [0, 1)", o->beta1);
@@ -191,27 +192,28 @@ static int first_nonfinite(const char *what, const float *x, size_t n)
     return FL_OK;
 }
 
-int fl_opt_restore(fl_opt_t *opt, const float *buf1, const float *buf2, size_t n,
-                   uint64_t steps)
+int fl_opt_restore(fl_opt_t *opt, const float *buf1, const float *buf2, size_t n, uint64_t steps)
 {
     assert(opt != NULL);
     int rc;
     if (n != opt->n)
-        return fl_fail(FL_EINVAL, "optimizer restore: the state has %zu parameters, the "
-                                  "optimizer %zu",
+        return fl_fail(FL_EINVAL,
+                       "optimizer restore: the state has %zu parameters, the "
+                       "optimizer %zu",
                        n, opt->n);
     /* Validate everything before touching anything, so a refused restore changes nothing. */
     if (opt->buf1 != NULL && buf1 != NULL &&
-        (rc = first_nonfinite(opt->o.kind == FL_OPT_SGD ? "momentum buffer" : "first moment",
-                              buf1, n)) != FL_OK)
+        (rc = first_nonfinite(opt->o.kind == FL_OPT_SGD ? "momentum buffer" : "first moment", buf1,
+                              n)) != FL_OK)
         return rc;
     if (opt->buf2 != NULL && buf2 != NULL) {
         if ((rc = first_nonfinite("second moment", buf2, n)) != FL_OK)
             return rc;
         for (size_t i = 0; i < n; i++) {
             if (buf2[i] < 0.0f)
-                return fl_fail(FL_EINVAL, "optimizer restore: second moment is negative (%g) at "
-                                          "index %zu of %zu",
+                return fl_fail(FL_EINVAL,
+                               "optimizer restore: second moment is negative (%g) at "
+                               "index %zu of %zu",
                                (double)buf2[i], i, n);
         }
     }

@@ -94,8 +94,8 @@ static void copy_span(char *out, size_t cap, const char *p, size_t n)
 }
 
 /* The first name of a whose value in b differs (or is absent). */
-static bool first_diff(const char *a, const char *b, char *name, size_t ncap, char *va,
-                       char *vb, size_t vcap, bool a_first)
+static bool first_diff(const char *a, const char *b, char *name, size_t ncap, char *va, char *vb,
+                       size_t vcap, bool a_first)
 {
     const char *p = a;
     while (*p) {
@@ -122,8 +122,8 @@ static bool first_diff(const char *a, const char *b, char *name, size_t ncap, ch
     return false;
 }
 
-bool fl_settings_differ(const char *a, const char *b, char *name, size_t ncap, char *va,
-                        char *vb, size_t vcap)
+bool fl_settings_differ(const char *a, const char *b, char *name, size_t ncap, char *va, char *vb,
+                        size_t vcap)
 {
     return first_diff(a, b, name, ncap, va, vb, vcap, true) ||
            first_diff(b, a, name, ncap, va, vb, vcap, false);

@@ -47,7 +47,7 @@ typedef struct entry {
 
 /* Everything the loader learnt about the layout of buf. */
 typedef struct layout {
-    const char *hdr;           /* the JSON, hdr_len bytes (no terminator) */
+    const char *hdr; /* the JSON, hdr_len bytes (no terminator) */
     size_t hdr_len;
     const unsigned char *data; /* the data section, data_len bytes, 8-byte aligned */
     uint64_t data_len;
@@ -108,8 +108,7 @@ static int load(fl_st_file_t *f, const char *path, size_t max_bytes, layout_t *l
         goto out;
     }
     if (size < 8) {
-        rc = bad(path, "file of %" PRIu64 " bytes is shorter than the 8-byte header length",
-                 size);
+        rc = bad(path, "file of %" PRIu64 " bytes is shorter than the 8-byte header length", size);
         goto out;
     }
     got = read_at(fd, len8, 8, 0);
@@ -127,9 +126,9 @@ static int load(fl_st_file_t *f, const char *path, size_t max_bytes, layout_t *l
         goto out;
     }
     if (n > size - 8) {
-        rc = bad(path, "header length %" PRIu64 " is larger than the %" PRIu64
-                       " bytes that follow it",
-                 n, size - 8);
+        rc = bad(path,
+                 "header length %" PRIu64 " is larger than the %" PRIu64 " bytes that follow it", n,
+                 size - 8);
         goto out;
     }
     /* Shift the file so that its data section (at 8 + n) lands 8-aligned; malloc aligns to 16.
@@ -137,15 +136,15 @@ static int load(fl_st_file_t *f, const char *path, size_t max_bytes, layout_t *l
     size_t shift = (size_t)((8 - n % 8) % 8);
     f->buf = malloc(shift + (size_t)size + 1);
     if (f->buf == NULL) {
-        rc = fl_fail(FL_ENOMEM, "safetensors file %s: out of memory for %" PRIu64 " bytes", path, size);
+        rc = fl_fail(FL_ENOMEM, "safetensors file %s: out of memory for %" PRIu64 " bytes", path,
+                     size);
         goto out;
     }
     got = read_at(fd, f->buf + shift, (size_t)size, 0);
     if (got < 0)
         rc = fl_fail(FL_EIO, "safetensors file %s: read: %s", path, strerror((int)-got));
     else if ((uint64_t)got != size)
-        rc = bad(path, "file shrank while being read: %" PRId64 " of %" PRIu64 " bytes", got,
-                 size);
+        rc = bad(path, "file shrank while being read: %" PRId64 " of %" PRIu64 " bytes", got, size);
     lay->hdr = (const char *)f->buf + shift + 8;
     lay->hdr_len = (size_t)n;
     lay->data = f->buf + shift + 8 + n;
@@ -208,8 +207,9 @@ static int parse_entry(const char *path, const cJSON *e, entry_t *out)
         return bad(path, "tensor " NAME_FMT ": \"data_offsets\" is not two integers in [0, 2^53)",
                    t->name);
     if (out->end < out->begin)
-        return bad(path, "tensor " NAME_FMT ": data_offsets [%" PRIu64 ", %" PRIu64 "] run "
-                         "backwards",
+        return bad(path,
+                   "tensor " NAME_FMT ": data_offsets [%" PRIu64 ", %" PRIu64 "] run "
+                   "backwards",
                    t->name, out->begin, out->end);
 
     /* product(shape) * size, saturating: any 0 makes it 0, overflow makes it "too much". */
@@ -225,8 +225,9 @@ static int parse_entry(const char *path, const cJSON *e, entry_t *out)
     if ((over && !zero) || need != out->end - out->begin) {
         char sh[256];
         fmt_shape(sh, sizeof sh, t->shape, t->ndim);
-        return bad(path, "tensor " NAME_FMT ": data_offsets [%" PRIu64 ", %" PRIu64 "] hold "
-                         "%" PRIu64 " bytes, but shape %s of %s needs %s%" PRIu64,
+        return bad(path,
+                   "tensor " NAME_FMT ": data_offsets [%" PRIu64 ", %" PRIu64 "] hold "
+                   "%" PRIu64 " bytes, but shape %s of %s needs %s%" PRIu64,
                    t->name, out->begin, out->end, out->end - out->begin, sh,
                    fl_st_dtype_name(t->dtype), over && !zero ? "more than " : "", need);
     }
@@ -346,23 +347,27 @@ static int check_layout(const char *path, entry_t *ent, size_t nt, const layout_
     uint64_t at = 0;
     for (size_t i = 0; i < nt; i++) {
         if (ent[i].begin < at)
-            return bad(path, "tensors " NAME_FMT " and " NAME_FMT " overlap: data_offsets [%" PRIu64
-                             ", %" PRIu64 "] and [%" PRIu64 ", %" PRIu64 "]",
+            return bad(path,
+                       "tensors " NAME_FMT " and " NAME_FMT " overlap: data_offsets [%" PRIu64
+                       ", %" PRIu64 "] and [%" PRIu64 ", %" PRIu64 "]",
                        ent[i - 1].t.name, ent[i].t.name, ent[i - 1].begin, ent[i - 1].end,
                        ent[i].begin, ent[i].end);
         if (ent[i].begin > at)
-            return bad(path, "gap of %" PRIu64 " bytes in the data section before tensor " NAME_FMT
-                             " (data_offsets [%" PRIu64 ", %" PRIu64 "])",
+            return bad(path,
+                       "gap of %" PRIu64 " bytes in the data section before tensor " NAME_FMT
+                       " (data_offsets [%" PRIu64 ", %" PRIu64 "])",
                        ent[i].begin - at, ent[i].t.name, ent[i].begin, ent[i].end);
         at = ent[i].end;
     }
     if (at > lay->data_len)
-        return bad(path, "data section truncated: %" PRIu64 " of %" PRIu64 " bytes (tensor "
-                         NAME_FMT " ends at %" PRIu64 ")",
+        return bad(path,
+                   "data section truncated: %" PRIu64 " of %" PRIu64 " bytes (tensor " NAME_FMT
+                   " ends at %" PRIu64 ")",
                    lay->data_len, at, ent[nt - 1].t.name, at);
     if (at < lay->data_len)
-        return bad(path, "data section has %" PRIu64 " bytes after the last tensor (%" PRIu64
-                         " of %" PRIu64 " used)",
+        return bad(path,
+                   "data section has %" PRIu64 " bytes after the last tensor (%" PRIu64
+                   " of %" PRIu64 " used)",
                    lay->data_len - at, at, lay->data_len);
     return FL_OK;
 }
@@ -382,8 +387,9 @@ static int check_flodl_meta(fl_st_file_t *f, const char *path, const layout_t *l
     if (lay->data_len > 0)
         crc = crc32_z(crc, lay->data, (z_size_t)lay->data_len);
     if (crc != expected)
-        return bad(path, "CRC-32 of the data section is %08lx, the header says %08lx: the data "
-                         "is corrupt",
+        return bad(path,
+                   "CRC-32 of the data section is %08lx, the header says %08lx: the data "
+                   "is corrupt",
                    (unsigned long)crc, expected);
     f->verified = true;
     return FL_OK;
@@ -445,7 +451,8 @@ int fl_st_open(const char *path, size_t max_bytes, fl_st_file_t **out)
         f->by_name = calloc(nt ? nt : 1, sizeof *f->by_name);
         rc = f->tensors && f->by_name
                  ? place_data(f, path, ent, nt, &lay)
-                 : fl_fail(FL_ENOMEM, "safetensors file %s: out of memory for %zu tensors", path, nt);
+                 : fl_fail(FL_ENOMEM, "safetensors file %s: out of memory for %zu tensors", path,
+                           nt);
     }
     free(ent);
     if (rc != FL_OK) {

@@ -131,8 +131,9 @@ static int check_tensor(const char *path, const fl_st_tensor_t *t, size_t i)
     if (!utf8_valid(t->name))
         return fl_fail(FL_EINVAL, "checkpoint %s: tensor #%zu: name is not valid UTF-8", path, i);
     if (strcmp(t->name, "__metadata__") == 0)
-        return fl_fail(FL_EINVAL, "checkpoint %s: tensor #%zu: the name '__metadata__' is "
-                                  "reserved for the metadata",
+        return fl_fail(FL_EINVAL,
+                       "checkpoint %s: tensor #%zu: the name '__metadata__' is "
+                       "reserved for the metadata",
                        path, i);
     const char *st_name = fl_st_dtype_name(t->dtype);
     if (st_name == NULL)
@@ -147,8 +148,9 @@ static int check_tensor(const char *path, const fl_st_tensor_t *t, size_t i)
     bool zero = false;
     for (size_t d = 0; d < t->ndim; d++) {
         if (t->shape[d] >= DIM_LIMIT)
-            return fl_fail(FL_EINVAL, "checkpoint %s: tensor '%s': shape %s: dimensions must be "
-                                      "below 2^53",
+            return fl_fail(FL_EINVAL,
+                           "checkpoint %s: tensor '%s': shape %s: dimensions must be "
+                           "below 2^53",
                            path, t->name, shape);
         zero = zero || t->shape[d] == 0;
     }
@@ -158,15 +160,17 @@ static int check_tensor(const char *path, const fl_st_tensor_t *t, size_t i)
         need = fl_dtype_size(t->dtype);
         for (size_t d = 0; d < t->ndim; d++) {
             if (t->shape[d] > SIZE_MAX / need)
-                return fl_fail(FL_EINVAL, "checkpoint %s: tensor '%s': shape %s of %s does not "
-                                          "fit in memory",
+                return fl_fail(FL_EINVAL,
+                               "checkpoint %s: tensor '%s': shape %s of %s does not "
+                               "fit in memory",
                                path, t->name, shape, st_name);
             need *= t->shape[d];
         }
     }
     if (t->bytes != need)
-        return fl_fail(FL_EINVAL, "checkpoint %s: tensor '%s': %zu bytes, but shape %s of %s "
-                                  "needs %" PRIu64,
+        return fl_fail(FL_EINVAL,
+                       "checkpoint %s: tensor '%s': %zu bytes, but shape %s of %s "
+                       "needs %" PRIu64,
                        path, t->name, t->bytes, shape, st_name, need);
     if (t->bytes > 0 && t->data == NULL)
         return fl_fail(FL_EINVAL, "checkpoint %s: tensor '%s': data is NULL", path, t->name);
@@ -182,8 +186,8 @@ static int check_meta(const char *path, const fl_st_meta_t *m)
     if (!utf8_valid(m->key) || !utf8_valid(m->value))
         return fl_fail(FL_EINVAL, "checkpoint %s: metadata '%s': not valid UTF-8", path, m->key);
     if (strcmp(m->key, "flodl.crc32") == 0 || strcmp(m->key, "flodl.format") == 0)
-        return fl_fail(FL_EINVAL, "checkpoint %s: metadata '%s' is reserved: flodl sets it",
-                       path, m->key);
+        return fl_fail(FL_EINVAL, "checkpoint %s: metadata '%s' is reserved: flodl sets it", path,
+                       m->key);
     return FL_OK;
 }
 

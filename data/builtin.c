@@ -181,8 +181,8 @@ static void model_make(model_t *m, uint64_t seed)
     for (int c = 0; c < CLASSES * CLUSTERS; c++)
         for (int a = 0; a < LATENT; a++)
             for (int b = 0; b < LATENT; b++)
-                cov[a][b] += (m->centre[c][a] - mu[a]) * (m->centre[c][b] - mu[b]) /
-                             (CLASSES * CLUSTERS);
+                cov[a][b] +=
+                    (m->centre[c][a] - mu[a]) * (m->centre[c][b] - mu[b]) / (CLASSES * CLUSTERS);
     for (int a = 0; a < LATENT; a++)
         cov[a][a] += SIGMA * SIGMA;
     for (int j = 0; j < DIM; j++) {

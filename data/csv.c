@@ -82,17 +82,17 @@ static int parse_label(reader_t *r, const char *f, int32_t *out)
 {
     double v;
     if (!parse_number(f, &v))
-        return fl_fail(FL_EPROTO, "%s: line %zu column 1: label \"%.40s\" is not a number",
-                       r->path, r->line, f);
-    if (v < 0)
-        return fl_fail(FL_EPROTO, "%s: line %zu column 1: label %s is negative", r->path,
+        return fl_fail(FL_EPROTO, "%s: line %zu column 1: label \"%.40s\" is not a number", r->path,
                        r->line, f);
+    if (v < 0)
+        return fl_fail(FL_EPROTO, "%s: line %zu column 1: label %s is negative", r->path, r->line,
+                       f);
     if (v != floor(v))
         return fl_fail(FL_EPROTO, "%s: line %zu column 1: label %s is not an integer", r->path,
                        r->line, f);
     if (v > MAX_LABEL)
-        return fl_fail(FL_EPROTO, "%s: line %zu column 1: label %s is above the limit %d",
-                       r->path, r->line, f, MAX_LABEL);
+        return fl_fail(FL_EPROTO, "%s: line %zu column 1: label %s is above the limit %d", r->path,
+                       r->line, f, MAX_LABEL);
     *out = (int32_t)v;
     return FL_OK;
 }
@@ -103,12 +103,11 @@ static int parse_row(reader_t *r, char *s)
     size_t cols = count_cols(s);
     if (r->cols == 0) {
         if (cols < 2)
-            return fl_fail(FL_EPROTO, "%s: line %zu has a label and no features", r->path,
-                           r->line);
+            return fl_fail(FL_EPROTO, "%s: line %zu has a label and no features", r->path, r->line);
         r->cols = cols;
     } else if (cols != r->cols) {
-        return fl_fail(FL_EPROTO, "%s: line %zu has %zu columns, earlier lines have %zu",
-                       r->path, r->line, cols, r->cols);
+        return fl_fail(FL_EPROTO, "%s: line %zu has %zu columns, earlier lines have %zu", r->path,
+                       r->line, cols, r->cols);
     }
     int rc = grow(r);
     if (rc != FL_OK)
@@ -130,17 +129,16 @@ static int parse_row(reader_t *r, char *s)
         }
         double v;
         if (*f == '\0')
-            return fl_fail(FL_EPROTO, "%s: line %zu column %zu is empty", r->path, r->line,
-                           c + 1);
+            return fl_fail(FL_EPROTO, "%s: line %zu column %zu is empty", r->path, r->line, c + 1);
         if (!parse_number(f, &v))
-            return fl_fail(FL_EPROTO, "%s: line %zu column %zu: \"%.40s\" is not a number",
-                           r->path, r->line, c + 1, f);
+            return fl_fail(FL_EPROTO, "%s: line %zu column %zu: \"%.40s\" is not a number", r->path,
+                           r->line, c + 1, f);
         if (!isfinite(v))
             return fl_fail(FL_EPROTO, "%s: line %zu column %zu is %s", r->path, r->line, c + 1,
                            isnan(v) ? "nan" : "infinite");
         if (fabs(v) > FLT_MAX)
-            return fl_fail(FL_EPROTO, "%s: line %zu column %zu: %s is out of float range",
-                           r->path, r->line, c + 1, f);
+            return fl_fail(FL_EPROTO, "%s: line %zu column %zu: %s is out of float range", r->path,
+                           r->line, c + 1, f);
         x[c - 1] = (float)v;
     }
     if (r->y[r->n] > r->max_label)

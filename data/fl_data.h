@@ -50,19 +50,19 @@ void fl_dataset_free(fl_dataset_t *d);
 /* ---- sampling (sampler.c): PyTorch's DistributedSampler, drop_last ---- */
 
 typedef struct fl_sampler {
-    size_t n;       /* samples in the dataset */
-    int world;      /* data-parallel replicas */
-    int rank;       /* this replica */
-    size_t batch;   /* per replica */
-    bool shuffle;   /* a seeded permutation per epoch, the same on every rank */
+    size_t n;     /* samples in the dataset */
+    int world;    /* data-parallel replicas */
+    int rank;     /* this replica */
+    size_t batch; /* per replica */
+    bool shuffle; /* a seeded permutation per epoch, the same on every rank */
     uint64_t seed;
     uint32_t *perm; /* n entries (identity without shuffle) */
 } fl_sampler_t;
 
 /* FL_OK, FL_EINVAL (world < 1, rank out of range, batch 0, batch larger than a replica's
  * share n / world: the detail says so), FL_ENOMEM. */
-int fl_sampler_init(fl_sampler_t *s, size_t n, int world, int rank, size_t batch,
-                       bool shuffle, uint64_t seed);
+int fl_sampler_init(fl_sampler_t *s, size_t n, int world, int rank, size_t batch, bool shuffle,
+                    uint64_t seed);
 void fl_sampler_deinit(fl_sampler_t *s);
 
 /* Draws the permutation of an epoch (a function of seed and epoch only). */

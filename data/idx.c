@@ -63,11 +63,11 @@ static int open_header(const char *path, uint32_t magic, const char *what, int n
     size_t got;
     int rc = read_some(f, path, h, len, &got);
     if (rc == FL_OK && got >= 4 && be32(h) != magic)
-        rc = fl_fail(FL_EPROTO, "%s: wrong magic 0x%08x, expected 0x%08x (IDX %s)", path,
-                     be32(h), magic, what);
+        rc = fl_fail(FL_EPROTO, "%s: wrong magic 0x%08x, expected 0x%08x (IDX %s)", path, be32(h),
+                     magic, what);
     else if (rc == FL_OK && got < len)
-        rc = fl_fail(FL_EPROTO, "%s: truncated header: expected %zu bytes, the file has %zu",
-                     path, len, got);
+        rc = fl_fail(FL_EPROTO, "%s: truncated header: expected %zu bytes, the file has %zu", path,
+                     len, got);
     if (rc != FL_OK) {
         gzclose(f);
         return rc;
@@ -125,8 +125,8 @@ static int read_labels(gzFile f, const char *path, size_t n, uint8_t **out, int 
         if (lab[i] > max)
             max = lab[i];
     if (rc == FL_OK && max == 0)
-        rc = fl_fail(FL_EPROTO, "%s: every label is 0: a classifier needs at least 2 classes",
-                     path);
+        rc =
+            fl_fail(FL_EPROTO, "%s: every label is 0: a classifier needs at least 2 classes", path);
     if (rc != FL_OK) {
         free(lab);
         return rc;
@@ -191,8 +191,8 @@ int fl_data_idx(const char *images, const char *labels, fl_dataset_t *out)
         goto done;
     }
     if ((uint64_t)di[0] * pixels > SIZE_MAX / sizeof(float)) {
-        rc = fl_fail(FL_ENOMEM, "%s: %u images of %llu pixels do not fit in memory", images,
-                     di[0], (unsigned long long)pixels);
+        rc = fl_fail(FL_ENOMEM, "%s: %u images of %llu pixels do not fit in memory", images, di[0],
+                     (unsigned long long)pixels);
         goto done;
     }
     if (dl[0] != di[0]) {

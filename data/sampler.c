@@ -33,8 +33,8 @@ static uint32_t below(uint64_t *st, uint32_t bound)
     return (uint32_t)(m >> 32);
 }
 
-int fl_sampler_init(fl_sampler_t *s, size_t n, int world, int rank, size_t batch,
-                       bool shuffle, uint64_t seed)
+int fl_sampler_init(fl_sampler_t *s, size_t n, int world, int rank, size_t batch, bool shuffle,
+                    uint64_t seed)
 {
     assert(s != NULL);
     memset(s, 0, sizeof *s);

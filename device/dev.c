@@ -29,12 +29,9 @@ const char *fl_dev_kind_name(fl_dev_kind_t kind)
 static const dev_backend_t *backend(fl_dev_kind_t kind)
 {
     switch (kind) {
-    case FL_DEV_CPU:
-        return &fl_dev_cpu_backend;
-    case FL_DEV_SIM:
-        return &fl_dev_sim_backend;
-    case FL_DEV_CUDA:
-        return &fl_dev_cuda_backend;
+    case FL_DEV_CPU: return &fl_dev_cpu_backend;
+    case FL_DEV_SIM: return &fl_dev_sim_backend;
+    case FL_DEV_CUDA: return &fl_dev_cuda_backend;
     }
     return NULL;
 }
@@ -279,8 +276,9 @@ int fl_event_elapsed_ms(fl_event_t *start, fl_event_t *end, double *ms)
         return fl_fail(FL_EINVAL, "device %s: elapsed time between an event of it and one of %s",
                        start->d->name, end->d->name);
     if (!start->timed || !end->timed)
-        return fl_fail(FL_EINVAL, "device %s: elapsed time of an event made without timing "
-                                  "(fl_event_create_timed)",
+        return fl_fail(FL_EINVAL,
+                       "device %s: elapsed time of an event made without timing "
+                       "(fl_event_create_timed)",
                        start->d->name);
     if (!start->recorded || !end->recorded)
         return fl_fail(FL_EINVAL, "device %s: elapsed time of an event never recorded",
@@ -404,8 +402,7 @@ int fl_dev_d2d(fl_stream_t *s, fl_dptr_t dst, fl_dptr_t src, size_t bytes)
     return copy(s, DOP_D2D, dst.opaque_, src.opaque_, bytes, false, false);
 }
 
-int fl_dev_peer_copy(fl_stream_t *s, fl_dptr_t dst, fl_dev_t *src_dev, fl_dptr_t src,
-                     size_t bytes)
+int fl_dev_peer_copy(fl_stream_t *s, fl_dptr_t dst, fl_dev_t *src_dev, fl_dptr_t src, size_t bytes)
 {
     if (src_dev->be != s->d->be)
         return fl_fail(FL_EINVAL, "device %s: peer copy from %s, a device of another kind",
@@ -605,8 +602,8 @@ int fl_dev_ef_accum(fl_stream_t *s, fl_dptr_t v, fl_dptr_t u, fl_dptr_t g, size_
     return submit(s, &op, m > 0.0f ? 7u : 5u);
 }
 
-int fl_dev_ef_sent(fl_stream_t *s, fl_dptr_t v, fl_dptr_t u, fl_dptr_t idx, fl_dptr_t val,
-                   size_t k, size_t n, int wire)
+int fl_dev_ef_sent(fl_stream_t *s, fl_dptr_t v, fl_dptr_t u, fl_dptr_t idx, fl_dptr_t val, size_t k,
+                   size_t n, int wire)
 {
     if (k == 0)
         return FL_OK;

@@ -99,8 +99,7 @@ static int event_record(fl_event_t *e, fl_stream_t *s)
 static int event_elapsed(fl_event_t *a, fl_event_t *b, double *ms)
 {
     if (a->t_ns < 0 || b->t_ns < 0)
-        return fl_fail(FL_EINVAL, "device %s: elapsed time of an event never recorded",
-                       a->d->name);
+        return fl_fail(FL_EINVAL, "device %s: elapsed time of an event never recorded", a->d->name);
     *ms = (double)(b->t_ns - a->t_ns) / 1e6;
     return FL_OK;
 }

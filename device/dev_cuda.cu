@@ -153,8 +153,8 @@ static int host_alloc(fl_dev_t *d, size_t bytes, void **out)
         return FL_OK;
     *out = NULL;
     cudaGetLastError();
-    return fl_fail(FL_ENOMEM, "device %s: no page-locked host memory for %zu bytes: %s",
-                   d->name, bytes, cudaGetErrorString(e));
+    return fl_fail(FL_ENOMEM, "device %s: no page-locked host memory for %zu bytes: %s", d->name,
+                   bytes, cudaGetErrorString(e));
 }
 
 static void host_free(fl_dev_t *d, void *p)
@@ -171,8 +171,8 @@ static int host_register(fl_dev_t *d, void *p, size_t bytes)
     if (e == cudaSuccess)
         return FL_OK;
     cudaGetLastError();
-    return fl_fail(FL_EGPU, "device %s: page-locking %zu bytes of host memory: %s", d->name,
-                   bytes, cudaGetErrorString(e));
+    return fl_fail(FL_EGPU, "device %s: page-locking %zu bytes of host memory: %s", d->name, bytes,
+                   cudaGetErrorString(e));
 }
 
 static void host_unregister(fl_dev_t *d, void *p)
@@ -341,8 +341,8 @@ static int event_open(fl_event_t *e)
     if (rc != FL_OK)
         return rc;
     cudaEvent_t v = NULL;
-    cudaError_t c = cudaEventCreateWithFlags(&v, e->timed ? cudaEventDefault
-                                                          : cudaEventDisableTiming);
+    cudaError_t c =
+        cudaEventCreateWithFlags(&v, e->timed ? cudaEventDefault : cudaEventDisableTiming);
     if (c != cudaSuccess)
         return fl_dev_cuda_fail(e->d, "event create", c);
     e->impl = v;
@@ -381,8 +381,7 @@ static bool event_done(fl_event_t *e)
 static int event_sync(fl_event_t *e, int timeout_ms)
 {
     cudaEvent_t v = ev(e);
-    return bounded_wait(e->d, "event synchronize", timeout_ms,
-                        [v]() { return cudaEventQuery(v); });
+    return bounded_wait(e->d, "event synchronize", timeout_ms, [v]() { return cudaEventQuery(v); });
 }
 
 static int event_elapsed(fl_event_t *a, fl_event_t *b, double *ms)

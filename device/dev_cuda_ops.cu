@@ -273,15 +273,11 @@ static cudaError_t launch_each(cudaStream_t st, size_t n, F f)
 static size_t align_of(const dev_op_t *op, int i)
 {
     switch (op->code) {
-    case DOP_XENT:
-        return i >= 3 ? 8 : 4;
+    case DOP_XENT: return i >= 3 ? 8 : 4;
     case DOP_SUMSQ:
-    case DOP_NONFINITE:
-        return i == 1 ? 8 : 4;
-    case DOP_TOPK:
-        return i == 3 ? 8 : 4;
-    default:
-        return 4;
+    case DOP_NONFINITE: return i == 1 ? 8 : 4;
+    case DOP_TOPK: return i == 3 ? 8 : 4;
+    default: return 4;
     }
 }
 
@@ -304,12 +300,8 @@ static int copy(fl_stream_t *s, const dev_op_t *op)
     size_t n = op->n[0];
     cudaError_t e = cudaSuccess;
     switch (op->code) {
-    case DOP_H2D:
-        e = cudaMemcpyAsync(op->p[0], op->p[1], n, cudaMemcpyHostToDevice, st);
-        break;
-    case DOP_D2H:
-        e = cudaMemcpyAsync(op->p[0], op->p[1], n, cudaMemcpyDeviceToHost, st);
-        break;
+    case DOP_H2D: e = cudaMemcpyAsync(op->p[0], op->p[1], n, cudaMemcpyHostToDevice, st); break;
+    case DOP_D2H: e = cudaMemcpyAsync(op->p[0], op->p[1], n, cudaMemcpyDeviceToHost, st); break;
     case DOP_D2D:
         if (op->p[0] != op->p[1])
             e = cudaMemcpyAsync(op->p[0], op->p[1], n, cudaMemcpyDeviceToDevice, st);
@@ -318,9 +310,7 @@ static int copy(fl_stream_t *s, const dev_op_t *op)
         /* Two logical devices on one GPU (--gpus 0,0) make this a plain device copy. */
         e = cudaMemcpyPeerAsync(op->p[0], s->d->o.id, op->p[1], op->peer->o.id, n, st);
         break;
-    default:
-        e = cudaMemsetAsync(op->p[0], op->i0, n, st);
-        break;
+    default: e = cudaMemsetAsync(op->p[0], op->i0, n, st); break;
     }
     return check(s->d, op, e);
 }
@@ -365,8 +355,8 @@ static int gemm(fl_stream_t *s, const dev_op_t *op)
         break;
     }
     if (st != CUBLAS_STATUS_SUCCESS)
-        return fl_fail(FL_EGPU, "device %s: %s: cuBLAS: %s", s->d->name,
-                       fl_dev_op_name(op->code), cublasGetStatusName(st));
+        return fl_fail(FL_EGPU, "device %s: %s: cuBLAS: %s", s->d->name, fl_dev_op_name(op->code),
+                       cublasGetStatusName(st));
     return FL_OK;
 }
 
@@ -374,8 +364,13 @@ static int xent(fl_stream_t *s, const dev_op_t *op)
 {
     cudaStream_t st = fl_dev_cuda_stream(s)->st;
     double *out = (double *)op->p[4];
-    xent_row_f f = {(const float *)op->p[0], (const int32_t *)op->p[1], (float *)op->p[2],
-                    (double *)op->p[3], out, op->n[0], op->n[1]};
+    xent_row_f f = {(const float *)op->p[0],
+                    (const int32_t *)op->p[1],
+                    (float *)op->p[2],
+                    (double *)op->p[3],
+                    out,
+                    op->n[0],
+                    op->n[1]};
     /* out[1] counts with atomics from zero. */
     cudaError_t e = cudaMemsetAsync(out, 0, 2 * sizeof(double), st);
     if (e == cudaSuccess)
@@ -432,12 +427,8 @@ static int elementwise(fl_stream_t *s, const dev_op_t *op)
     case DOP_BIAS_ROWS:
         e = launch_each(st, op->n[0] * op->n[1], bias_rows_f{x, y, op->n[1]});
         break;
-    case DOP_RELU:
-        e = launch_each(st, n, relu_f{x});
-        break;
-    case DOP_RELU_BACK:
-        e = launch_each(st, n, relu_back_f{x, y});
-        break;
+    case DOP_RELU: e = launch_each(st, n, relu_f{x}); break;
+    case DOP_RELU_BACK: e = launch_each(st, n, relu_back_f{x, y}); break;
     case DOP_BIAS_GRAD:
         if (op->n[1] > 0) {
             unsigned g = (unsigned)((op->n[1] + BG_COLS - 1) / BG_COLS);
@@ -445,25 +436,21 @@ static int elementwise(fl_stream_t *s, const dev_op_t *op)
             e = cudaGetLastError();
         }
         break;
-    case DOP_SUM_ROWS:
-        e = launch_each(st, n, sum_rows_f{x, y, n, op->n[1], op->f[0]});
-        break;
-    case DOP_SCALE:
-        e = launch_each(st, n, scale_f{x, op->f[0]});
-        break;
-    case DOP_AXPY:
-        e = launch_each(st, n, axpy_f{x, y, op->f[0], op->f[0] == 1.0f});
-        break;
+    case DOP_SUM_ROWS: e = launch_each(st, n, sum_rows_f{x, y, n, op->n[1], op->f[0]}); break;
+    case DOP_SCALE: e = launch_each(st, n, scale_f{x, op->f[0]}); break;
+    case DOP_AXPY: e = launch_each(st, n, axpy_f{x, y, op->f[0], op->f[0] == 1.0f}); break;
     case DOP_OPT:
         e = launch_each(st, n, opt_f{op->sc, x, y, (float *)op->p[2], (float *)op->p[3]});
         break;
     case DOP_EF_ACCUM:
-        e = launch_each(st, n, ef_accum_f{x, (float *)op->p[1], (const float *)op->p[2],
-                                          op->f[0], op->f[1]});
+        e = launch_each(st, n,
+                        ef_accum_f{x, (float *)op->p[1], (const float *)op->p[2], op->f[0],
+                                   op->f[1]});
         break;
     case DOP_EF_SENT:
-        e = launch_each(st, n, ef_sent_f{x, (float *)op->p[1], (const uint32_t *)op->p[2],
-                                         (float *)op->p[3], op->n[1], op->i0});
+        e = launch_each(st, n,
+                        ef_sent_f{x, (float *)op->p[1], (const uint32_t *)op->p[2],
+                                  (float *)op->p[3], op->n[1], op->i0});
         break;
     default:
         return fl_fail(FL_EINVAL, "device %s: unknown operation %d", s->d->name, (int)op->code);
@@ -485,21 +472,14 @@ int fl_dev_cuda_run(fl_stream_t *s, const dev_op_t *op)
     case DOP_D2H:
     case DOP_D2D:
     case DOP_MEMSET:
-    case DOP_PEER:
-        return copy(s, op);
+    case DOP_PEER: return copy(s, op);
     case DOP_GEMM_FWD:
     case DOP_GEMM_WGRAD:
-    case DOP_GEMM_IGRAD:
-        return gemm(s, op);
-    case DOP_XENT:
-        return xent(s, op);
-    case DOP_SUMSQ:
-        return sumsq(s, op);
-    case DOP_NONFINITE:
-        return nonfinite(s, op);
-    case DOP_TOPK:
-        return fl_dev_cuda_topk(s, op);
-    default:
-        return elementwise(s, op);
+    case DOP_GEMM_IGRAD: return gemm(s, op);
+    case DOP_XENT: return xent(s, op);
+    case DOP_SUMSQ: return sumsq(s, op);
+    case DOP_NONFINITE: return nonfinite(s, op);
+    case DOP_TOPK: return fl_dev_cuda_topk(s, op);
+    default: return elementwise(s, op);
     }
 }

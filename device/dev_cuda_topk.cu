@@ -141,8 +141,8 @@ __global__ void mark_kernel(const float *x, size_t n, const topk_state_t *st, ui
 
 /* Selected: above T, or equal to T and among the first k - above equal ones by index. Nothing
  * when x holds a NaN or Inf. Each entry's rank becomes its flag, in place. */
-__global__ void flag_kernel(const float *x, size_t n, unsigned long long k,
-                            const topk_state_t *st, uint32_t *mark)
+__global__ void flag_kernel(const float *x, size_t n, unsigned long long k, const topk_state_t *st,
+                            uint32_t *mark)
 {
     const uint32_t t = st->prefix;
     const bool bad = st->bad != TOPK_NONE;
@@ -154,8 +154,8 @@ __global__ void flag_kernel(const float *x, size_t n, unsigned long long k,
     }
 }
 
-__global__ void gather_kernel(const float *x, const uint32_t *idx, size_t k,
-                              const topk_state_t *st, float *val)
+__global__ void gather_kernel(const float *x, const uint32_t *idx, size_t k, const topk_state_t *st,
+                              float *val)
 {
     const size_t count = (size_t)st->count < k ? (size_t)st->count : k;
     size_t stride = (size_t)gridDim.x * blockDim.x;
@@ -227,8 +227,9 @@ int fl_dev_cuda_topk_open(fl_dev_topk_t *t)
         if (cudaMemGetInfo(&fr, &tot) != cudaSuccess)
             cudaGetLastError();
         free(w);
-        return fl_fail(FL_ENOMEM, "device %s: top-k workspace for %zu entries: %zu bytes asked, "
-                                  "%zu free of %zu (%s)",
+        return fl_fail(FL_ENOMEM,
+                       "device %s: top-k workspace for %zu entries: %zu bytes asked, "
+                       "%zu free of %zu (%s)",
                        d->name, n, total, fr, tot, cudaGetErrorString(e));
     }
     char *base = (char *)w->base;
@@ -289,8 +290,8 @@ static cudaError_t choose(cudaStream_t s, cuda_topk_t *w, const float *x, size_t
     if (e == cudaSuccess)
         e = compact(w->tmp, bytes, w->mark, idx, &w->st->count, n, s);
     if (e == cudaSuccess) {
-        gather_kernel<<<fl_dev_cuda_grid(k, FL_CUDA_GRID_MAX), FL_CUDA_BLOCK, 0, s>>>(
-            x, idx, k, w->st, val);
+        gather_kernel<<<fl_dev_cuda_grid(k, FL_CUDA_GRID_MAX), FL_CUDA_BLOCK, 0, s>>>(x, idx, k,
+                                                                                      w->st, val);
         e = cudaGetLastError();
     }
     return e;
@@ -311,8 +312,9 @@ int fl_dev_cuda_topk(fl_stream_t *s, const dev_op_t *op)
     if (e != cudaSuccess)
         return fl_dev_cuda_fail(s->d, what, e);
     if (need > w->tmp_bytes)
-        return fl_fail(FL_EGPU, "device %s: %s: CUB needs %zu bytes of scratch for %zu entries, "
-                                "the workspace has %zu",
+        return fl_fail(FL_EGPU,
+                       "device %s: %s: CUB needs %zu bytes of scratch for %zu entries, "
+                       "the workspace has %zu",
                        s->d->name, what, need, n, w->tmp_bytes);
     e = threshold(st, w, x, n, k);
     if (e == cudaSuccess && k > 0)

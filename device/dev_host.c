@@ -127,14 +127,10 @@ int fl_dev_host_run(const dev_op_t *op)
         if (op->p[0] != op->p[1])
             memmove(op->p[0], op->p[1], n);
         return FL_OK;
-    case DOP_MEMSET:
-        memset(op->p[0], op->i0, n);
-        return FL_OK;
+    case DOP_MEMSET: memset(op->p[0], op->i0, n); return FL_OK;
     case DOP_GEMM_FWD:
     case DOP_GEMM_WGRAD:
-    case DOP_GEMM_IGRAD:
-        gemm(op);
-        return FL_OK;
+    case DOP_GEMM_IGRAD: gemm(op); return FL_OK;
     case DOP_BIAS_ROWS:
         for (size_t r = 0; r < op->n[0]; r++)
             memcpy(x + r * op->n[1], y, op->n[1] * sizeof(float));
@@ -156,9 +152,7 @@ int fl_dev_host_run(const dev_op_t *op)
                 x[j] += y[r * cols + j];
         return FL_OK;
     }
-    case DOP_XENT:
-        xent(op);
-        return FL_OK;
+    case DOP_XENT: xent(op); return FL_OK;
     case DOP_SCALE:
         for (size_t i = 0; i < n; i++)
             x[i] *= op->f[0];
@@ -188,14 +182,9 @@ int fl_dev_host_run(const dev_op_t *op)
         *(int64_t *)op->p[1] = at;
         return FL_OK;
     }
-    case DOP_OPT:
-        opt_step(op);
-        return FL_OK;
-    case DOP_EF_ACCUM:
-        ef_accum(op);
-        return FL_OK;
-    case DOP_EF_SENT:
-        return ef_sent(op);
+    case DOP_OPT: opt_step(op); return FL_OK;
+    case DOP_EF_ACCUM: ef_accum(op); return FL_OK;
+    case DOP_EF_SENT: return ef_sent(op);
     case DOP_TOPK:
         fl_dev_host_topk(op->p[0], op->n[0], op->n[1], op->p[1], op->p[2], op->p[3]);
         return FL_OK;
@@ -203,8 +192,7 @@ int fl_dev_host_run(const dev_op_t *op)
         for (size_t i = 0; i < n; i++)
             x[i] = fl_sum_rows(y, n, op->n[1], i, op->f[0]);
         return FL_OK;
-    case DOP_COUNT:
-        break;
+    case DOP_COUNT: break;
     }
     return fl_fail(FL_EINVAL, "device: unknown operation %d", (int)op->code);
 }

@@ -68,10 +68,10 @@ struct fl_stream {
 struct fl_event {
     fl_dev_t *d;
     void *impl;
-    bool timed;   /* fl_event_create_timed: fl_event_elapsed_ms may read it */
+    bool timed;    /* fl_event_create_timed: fl_event_elapsed_ms may read it */
     bool recorded; /* fl_event_record succeeded once: before that no backend is asked for its
                     * time (CUDA would report an invalid handle, a sanitizer an API error) */
-    int64_t t_ns; /* cpu: the host clock at the last record (its work is done by then) */
+    int64_t t_ns;  /* cpu: the host clock at the last record (its work is done by then) */
 };
 
 struct fl_dev_topk {

@@ -37,10 +37,10 @@ typedef struct sim_event {
                            on several streams); a handful at most */
     size_t nabove;
     size_t cap;
-    int rc;             /* the error of the stream of the last completed record */
+    int rc; /* the error of the stream of the last completed record */
     char err[512];
-    int pending;        /* records and waits queued and not yet run (event_close waits) */
-    uint64_t t_gen;     /* the latest generation whose completion was timed, and when */
+    int pending;    /* records and waits queued and not yet run (event_close waits) */
+    uint64_t t_gen; /* the latest generation whose completion was timed, and when */
     int64_t t_ns;
 } sim_event_t;
 
@@ -52,8 +52,8 @@ static void complete_gen(sim_event_t *e, uint64_t gen)
         return;
     if (gen == e->completed + 1) {
         e->completed = gen;
-    } else if (e->nabove < e->cap || (e->above = realloc(e->above, (e->cap = e->cap * 2 + 8) *
-                                                                         sizeof *e->above))) {
+    } else if (e->nabove < e->cap ||
+               (e->above = realloc(e->above, (e->cap = e->cap * 2 + 8) * sizeof *e->above))) {
         e->above[e->nabove++] = gen;
     } else {
         e->completed = gen; /* no memory to keep it apart: complete everything below too */
@@ -278,8 +278,7 @@ static void jitter(sim_stream_t *q)
 static int injected_fault(fl_dev_t *d, const dev_op_t *op)
 {
     const char *name = fl_dev_op_name(op->code);
-    if (d->o.sim_fail_op == NULL || d->o.sim_fail_after <= 0 ||
-        strcmp(name, d->o.sim_fail_op) != 0)
+    if (d->o.sim_fail_op == NULL || d->o.sim_fail_after <= 0 || strcmp(name, d->o.sim_fail_op) != 0)
         return FL_OK;
     sim_dev_t *m = d->impl;
     pthread_mutex_lock(&m->mu);
@@ -293,8 +292,9 @@ static int injected_fault(fl_dev_t *d, const dev_op_t *op)
         nanosleep(&ts, NULL);
         return FL_OK;
     }
-    return fl_fail(FL_EGPU, "device %s: %s: an illegal memory access was encountered (a fault "
-                            "injected on run %ld of it)",
+    return fl_fail(FL_EGPU,
+                   "device %s: %s: an illegal memory access was encountered (a fault "
+                   "injected on run %ld of it)",
                    d->name, name, d->o.sim_fail_after);
 }
 
@@ -491,8 +491,7 @@ static int event_sync(fl_event_t *e, int timeout_ms)
     uint64_t target = v->recorded;
     /* sim_late_done: the event completes within the device's bound, but only after this
      * shorter wait has given up. */
-    bool late = e->d->o.sim_late_done && timeout_ms < e->d->o.timeout_ms &&
-                v->completed < target;
+    bool late = e->d->o.sim_late_done && timeout_ms < e->d->o.timeout_ms && v->completed < target;
     struct timespec dl = deadline_in(late ? e->d->o.timeout_ms : timeout_ms);
     while (v->completed < target && w != ETIMEDOUT)
         w = pthread_cond_timedwait(&v->cv, &v->mu, &dl);
@@ -583,8 +582,9 @@ static int record_time(fl_event_t *e, int64_t *t)
     *t = v->t_ns;
     pthread_mutex_unlock(&v->mu);
     return ok ? FL_OK
-              : fl_fail(FL_EINVAL, "device %s: elapsed time of an event never recorded or not "
-                                   "completed yet",
+              : fl_fail(FL_EINVAL,
+                        "device %s: elapsed time of an event never recorded or not "
+                        "completed yet",
                         e->d->name);
 }
 

@@ -82,24 +82,24 @@ typedef struct fl_stream fl_stream_t;
 typedef struct fl_event fl_event_t;
 
 typedef struct fl_dev_opts {
-    fl_dev_kind_t kind; /* default cpu */
-    int id;             /* cuda: the GPU's ordinal; sim: a label */
-    size_t mem_bytes;   /* sim: the arena's capacity (default 16 GiB, address space only) */
-    int sim_jitter_us;  /* sim: each operation starts after a random 0..N us, widening the
-                           window of a missing event (0: none) */
-    int timeout_ms;     /* bound of every wait inside the backend (default 600000) */
+    fl_dev_kind_t kind;      /* default cpu */
+    int id;                  /* cuda: the GPU's ordinal; sim: a label */
+    size_t mem_bytes;        /* sim: the arena's capacity (default 16 GiB, address space only) */
+    int sim_jitter_us;       /* sim: each operation starts after a random 0..N us, widening the
+                                window of a missing event (0: none) */
+    int timeout_ms;          /* bound of every wait inside the backend (default 600000) */
     const char *sim_fail_op; /* sim, fault injection (tests): the sim_fail_after-th run of the
                                 operation of this name (as the backend's errors name it, e.g.
                                 "GEMM (weight gradient)") on this device fails its stream with
                                 FL_EGPU, as a GPU fault would; NULL: none. Borrowed for the
                                 device's life. */
     long sim_fail_after;
-    int sim_stall_ms;        /* sim: > 0: that run stalls its stream this long, then succeeds
-                                (a kernel that hangs), instead of failing */
-    bool sim_late_done;      /* sim (tests): an event still pending when a wait shorter than
-                                timeout_ms starts completes only after that wait has timed out:
-                                the race between a poll slice's end and the completion, every
-                                time */
+    int sim_stall_ms;   /* sim: > 0: that run stalls its stream this long, then succeeds
+                           (a kernel that hangs), instead of failing */
+    bool sim_late_done; /* sim (tests): an event still pending when a wait shorter than
+                           timeout_ms starts completes only after that wait has timed out:
+                           the race between a poll slice's end and the completion, every
+                           time */
 } fl_dev_opts_t;
 
 void fl_dev_opts_init(fl_dev_opts_t *o);
@@ -217,8 +217,7 @@ int fl_dev_memset(fl_stream_t *s, fl_dptr_t dst, int byte, size_t bytes);
  * device, src on src_dev. The caller orders it after src_dev's writers with an event wait on s
  * (fl_stream_wait takes the other device's event). cuda: cudaMemcpyPeerAsync; sim checks src
  * against src_dev's memory. FL_EINVAL for a device of another kind. */
-int fl_dev_peer_copy(fl_stream_t *s, fl_dptr_t dst, fl_dev_t *src_dev, fl_dptr_t src,
-                     size_t bytes);
+int fl_dev_peer_copy(fl_stream_t *s, fl_dptr_t dst, fl_dev_t *src_dev, fl_dptr_t src, size_t bytes);
 
 /* ---- GEMM, row-major float32 (the three layouts of a linear layer) ---- */
 
@@ -276,8 +275,8 @@ int fl_dev_ef_accum(fl_stream_t *s, fl_dptr_t v, fl_dptr_t u, fl_dptr_t g, size_
 /* Error feedback, after top-k chose k pairs (idx, val) of the n entries of v: val rounded to
  * the wire (FL_WIRE_*), v[idx] -= the rounded value, u[idx] = 0 (u may be null). An index at or
  * past n fails the stream (cpu, sim) or is skipped (cuda). */
-int fl_dev_ef_sent(fl_stream_t *s, fl_dptr_t v, fl_dptr_t u, fl_dptr_t idx, fl_dptr_t val,
-                   size_t k, size_t n, int wire);
+int fl_dev_ef_sent(fl_stream_t *s, fl_dptr_t v, fl_dptr_t u, fl_dptr_t idx, fl_dptr_t val, size_t k,
+                   size_t n, int wire);
 
 /* ---- top-k by magnitude: the set of compression's exact mode (ties to the lower index,
  *      indices ascending) ---- */

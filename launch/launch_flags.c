@@ -47,12 +47,12 @@ typedef enum lflag_kind {
 typedef struct lflag {
     const char *name; /* without "--" */
     lflag_kind_t kind;
-    size_t off;       /* the field in fl_launch_opts_t (not for LF_PS) */
-    long lo, hi;      /* LF_COUNT, LF_MS */
-    bool anywhere;    /* the job's, not the launcher's: read after "--" too */
+    size_t off;        /* the field in fl_launch_opts_t (not for LF_PS) */
+    long lo, hi;       /* LF_COUNT, LF_MS */
+    bool anywhere;     /* the job's, not the launcher's: read after "--" too */
     const char *alias; /* another spelling of a flag without a value, or NULL */
-    const char *meta; /* the value as --help shows it; NULL for a flag that takes none */
-    const char *help; /* NULL: not listed */
+    const char *meta;  /* the value as --help shows it; NULL for a flag that takes none */
+    const char *help;  /* NULL: not listed */
 } lflag_t;
 
 #define AT(f) .off = offsetof(fl_launch_opts_t, f)
@@ -114,8 +114,8 @@ static const lflag_t *match(int argc, char **argv, int *i, bool rest, const char
             continue;
         if (f->meta != NULL && opt_value(argc, argv, i, flag, val))
             return f;
-        if (f->meta == NULL && (strcmp(argv[*i], flag) == 0 ||
-                                (f->alias != NULL && strcmp(argv[*i], f->alias) == 0)))
+        if (f->meta == NULL &&
+            (strcmp(argv[*i], flag) == 0 || (f->alias != NULL && strcmp(argv[*i], f->alias) == 0)))
             return f;
     }
     return NULL;

@@ -23,14 +23,14 @@ typedef struct fl_launch_opts {
     const char *job_id;      /* seen among the worker flags, or NULL */
     bool pin;
     bool help;
-    bool version;            /* --version: print it and start nothing */
-    bool insecure;           /* --insecure, or FLODL_INSECURE=1 */
-    const char *curve_dir;   /* --curve-dir or FLODL_CURVE_DIR; the throw-away keys in a job */
-    const char **wargs;      /* the workers' own flags, in order */
+    bool version;          /* --version: print it and start nothing */
+    bool insecure;         /* --insecure, or FLODL_INSECURE=1 */
+    const char *curve_dir; /* --curve-dir or FLODL_CURVE_DIR; the throw-away keys in a job */
+    const char **wargs;    /* the workers' own flags, in order */
     size_t nwargs;
-    const char **pargs;      /* --ps-flag values, in order */
+    const char **pargs; /* --ps-flag values, in order */
     size_t npargs;
-    char *const *prog;       /* PROGRAM and its ARGS (NULL-terminated, from argv), or NULL */
+    char *const *prog; /* PROGRAM and its ARGS (NULL-terminated, from argv), or NULL */
 } fl_launch_opts_t;
 
 /* Reads argv (and FLODL_CURVE_DIR, FLODL_INSECURE, which the flags override) into o, every

@@ -70,8 +70,8 @@ static int find_binary(const char *flag, const char *given, const char *name, co
     w = snprintf(out, cap, "%s/../%s/%s", self, sub, name);
     if (w > 0 && (size_t)w < cap && is_executable(out))
         return FL_OK;
-    return fl_fail(FL_EIO, "cannot find %s in %s or %s/../%s; pass %s PATH", name, self, self,
-                   sub, flag);
+    return fl_fail(FL_EIO, "cannot find %s in %s or %s/../%s; pass %s PATH", name, self, self, sub,
+                   flag);
 }
 
 /* PROGRAM as given when it holds a '/', else the first executable of that name in PATH. */
@@ -276,8 +276,9 @@ static int make_keys(const char *dir, char *keys, size_t cap)
 
 static void remove_keys(const char *keys)
 {
-    static const char *const files[] = {"server.key", "server.pub", "client.key",
-                                        "authorized/client.pub", "authorized", NULL};
+    static const char *const files[] = {"server.key", "server.pub",
+                                        "client.key", "authorized/client.pub",
+                                        "authorized", NULL};
     char path[PATH_MAX + 64];
     for (size_t i = 0; files[i] != NULL; i++) {
         snprintf(path, sizeof path, "%s/%s", keys, files[i]);
@@ -324,8 +325,8 @@ static void start_ps(job_t *j, const fl_launch_opts_t *o, const char *path, cons
         argv[a++] = o->pargs[i];
     argv[a] = NULL;
     size_t idx;
-    int rc = fl_launch_procs_spawn(j->procs, "flodl-ps", "[ps] ", path, (char *const *)argv,
-                                   -1, &idx);
+    int rc =
+        fl_launch_procs_spawn(j->procs, "flodl-ps", "[ps] ", path, (char *const *)argv, -1, &idx);
     free(argv);
     if (rc != FL_OK) {
         fprintf(stderr, "flodl-launch: cannot start flodl-ps: %s\n", fl_last_error());
@@ -388,8 +389,8 @@ static void start_workers(job_t *j, const fl_launch_opts_t *o, const char *path,
             size_t idx;
             if (fl_launch_procs_spawn(j->procs, name, prefix, path, o->prog, pin_cpu(o, k), &idx) !=
                 FL_OK) {
-                fprintf(stderr, "flodl-launch: cannot start rank %ld: %s; stopping the others\n",
-                        k, fl_last_error());
+                fprintf(stderr, "flodl-launch: cannot start rank %ld: %s; stopping the others\n", k,
+                        fl_last_error());
                 j->code = 1;
                 stop_all(j, SIGTERM);
                 break;
@@ -427,8 +428,8 @@ static void start_workers(job_t *j, const fl_launch_opts_t *o, const char *path,
         snprintf(name, sizeof name, "rank %ld", k);
         snprintf(prefix, sizeof prefix, "[rank %ld] ", k);
         size_t idx;
-        if (fl_launch_procs_spawn(j->procs, name, prefix, path, (char *const *)argv,
-                                  pin_cpu(o, k), &idx) != FL_OK) {
+        if (fl_launch_procs_spawn(j->procs, name, prefix, path, (char *const *)argv, pin_cpu(o, k),
+                                  &idx) != FL_OK) {
             fprintf(stderr, "flodl-launch: cannot start rank %ld: %s; stopping the others\n", k,
                     fl_last_error());
             j->code = 1;

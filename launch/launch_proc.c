@@ -232,7 +232,8 @@ static _Noreturn void child_exec(const fl_launch_procs_t *p, pid_t parent, int d
     }
     execv(path, argv);
     static const char msg[] = "flodl-launch: cannot execute ";
-    struct iovec iov[3] = {{(void *)msg, sizeof msg - 1}, {(void *)path, strlen(path)},
+    struct iovec iov[3] = {{(void *)msg, sizeof msg - 1},
+                           {(void *)path, strlen(path)},
                            {(void *)"\n", 1}};
     (void)!writev(2, iov, 3);
     _exit(127);

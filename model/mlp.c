@@ -26,8 +26,8 @@ int fl_mlp_parse(const char *s, fl_mlp_shape_t *out)
         errno = 0;
         long v = strtol(p, &end, 10);
         if (end == p || errno != 0 || v < 1 || v > MAX_SIZE)
-            return fl_fail(FL_EINVAL, "layers '%s': size %d is not an integer in 1..%d", s,
-                           n + 1, MAX_SIZE);
+            return fl_fail(FL_EINVAL, "layers '%s': size %d is not an integer in 1..%d", s, n + 1,
+                           MAX_SIZE);
         if (n > FL_MLP_MAX_LAYERS)
             return fl_fail(FL_EINVAL, "layers '%s': more than %d layers", s, FL_MLP_MAX_LAYERS);
         out->sizes[n++] = (int)v;

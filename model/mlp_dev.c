@@ -17,11 +17,11 @@ struct fl_mlp_ws {
     size_t batch;
     fl_dptr_t act[FL_MLP_MAX_LAYERS + 1]; /* act[l]: input of layer l after ReLU (act[0] unused:
                                             the caller's x); act[nlayers]: logits */
-    fl_dptr_t dz;                        /* gradient of a layer's output, batch x widest */
-    fl_dptr_t da;                        /* gradient of a layer's input, batch x widest */
-    fl_dptr_t row_loss;                  /* batch doubles */
-    fl_dptr_t out;                       /* loss sum and correct count */
-    fl_dptr_t x;                         /* staging for evaluation: batch samples */
+    fl_dptr_t dz;                         /* gradient of a layer's output, batch x widest */
+    fl_dptr_t da;                         /* gradient of a layer's input, batch x widest */
+    fl_dptr_t row_loss;                   /* batch doubles */
+    fl_dptr_t out;                        /* loss sum and correct count */
+    fl_dptr_t x;                          /* staging for evaluation: batch samples */
     fl_dptr_t y;
     fl_dptr_t slot[2]; /* layers copied in from a host source, alternately */
     size_t slot_cap;   /* floats per slot */
@@ -36,8 +36,7 @@ static size_t widest(const fl_mlp_shape_t *m)
     return w;
 }
 
-int fl_mlp_ws_create_on(fl_dev_t *dev, const fl_mlp_shape_t *m, size_t batch,
-                           fl_mlp_ws_t **out)
+int fl_mlp_ws_create_on(fl_dev_t *dev, const fl_mlp_shape_t *m, size_t batch, fl_mlp_ws_t **out)
 {
     *out = NULL;
     if (batch == 0)
@@ -225,8 +224,8 @@ static int backward(layers_t *p, fl_mlp_ws_t *ws, fl_dptr_t x, size_t b, fl_dptr
 }
 
 int fl_mlp_dgrad(const fl_mlp_shape_t *m, fl_mlp_ws_t *ws, fl_dptr_t params,
-                    const fl_mlp_dsrc_t *src, fl_dptr_t x, fl_dptr_t y, size_t b, fl_dptr_t grad,
-                    fl_mlp_layer_done_fn done, void *ud)
+                 const fl_mlp_dsrc_t *src, fl_dptr_t x, fl_dptr_t y, size_t b, fl_dptr_t grad,
+                 fl_mlp_layer_done_fn done, void *ud)
 {
     if (b == 0 || b > ws->batch)
         return fl_fail(FL_EINVAL, "model: batch of %zu samples, the workspace holds %zu", b,
@@ -283,8 +282,8 @@ static int stage(fl_mlp_ws_t *ws, fl_dptr_t *slot, const void *host, size_t byte
     return rc;
 }
 
-int fl_mlp_deval(const fl_mlp_shape_t *m, fl_mlp_ws_t *ws, fl_dptr_t params,
-                    const float *x, const int32_t *y, size_t n, double *loss, size_t *correct)
+int fl_mlp_deval(const fl_mlp_shape_t *m, fl_mlp_ws_t *ws, fl_dptr_t params, const float *x,
+                 const int32_t *y, size_t n, double *loss, size_t *correct)
 {
     double sum = 0.0;
     size_t ok = 0;
@@ -362,8 +361,8 @@ static void host_put(void *ud, int layer)
 }
 
 int fl_mlp_dgrad_hsrc(const fl_mlp_shape_t *m, fl_mlp_ws_t *ws, const fl_mlp_src_t *src,
-                         fl_dptr_t x, fl_dptr_t y, size_t b, fl_dptr_t grad,
-                         fl_mlp_layer_done_fn done, void *ud)
+                      fl_dptr_t x, fl_dptr_t y, size_t b, fl_dptr_t grad, fl_mlp_layer_done_fn done,
+                      void *ud)
 {
     host_src_t hs = {.m = m, .src = src, .ws = ws};
     fl_mlp_dsrc_t ds = {host_get, host_put, &hs};
@@ -373,7 +372,8 @@ int fl_mlp_dgrad_hsrc(const fl_mlp_shape_t *m, fl_mlp_ws_t *ws, const fl_mlp_src
 /* fl_mlp_grad's body on host buffers; src NULL: the flat params. */
 static int host_grad(const fl_mlp_shape_t *m, fl_mlp_ws_t *ws, const float *params,
                      const fl_mlp_src_t *src, const float *x, const int32_t *y, size_t b,
-                     float *grad, double *loss, size_t *correct, fl_mlp_layer_done_fn done, void *ud)
+                     float *grad, double *loss, size_t *correct, fl_mlp_layer_done_fn done,
+                     void *ud)
 {
     if (b == 0 || b > ws->batch)
         return fl_fail(FL_EINVAL, "model: batch of %zu samples, the workspace holds %zu", b,
@@ -401,22 +401,22 @@ static int host_grad(const fl_mlp_shape_t *m, fl_mlp_ws_t *ws, const float *para
     return rc;
 }
 
-int fl_mlp_grad(const fl_mlp_shape_t *m, fl_mlp_ws_t *ws, const float *params,
-                   const float *x, const int32_t *y, size_t b, float *grad, double *loss,
-                   size_t *correct, fl_mlp_layer_done_fn done, void *ud)
+int fl_mlp_grad(const fl_mlp_shape_t *m, fl_mlp_ws_t *ws, const float *params, const float *x,
+                const int32_t *y, size_t b, float *grad, double *loss, size_t *correct,
+                fl_mlp_layer_done_fn done, void *ud)
 {
     return host_grad(m, ws, params, NULL, x, y, b, grad, loss, correct, done, ud);
 }
 
 int fl_mlp_grad_src(const fl_mlp_shape_t *m, fl_mlp_ws_t *ws, const fl_mlp_src_t *src,
-                       const float *x, const int32_t *y, size_t b, float *grad, double *loss,
-                       size_t *correct, fl_mlp_layer_done_fn done, void *ud)
+                    const float *x, const int32_t *y, size_t b, float *grad, double *loss,
+                    size_t *correct, fl_mlp_layer_done_fn done, void *ud)
 {
     return host_grad(m, ws, NULL, src, x, y, b, grad, loss, correct, done, ud);
 }
 
-int fl_mlp_eval(const fl_mlp_shape_t *m, fl_mlp_ws_t *ws, const float *params,
-                   const float *x, const int32_t *y, size_t n, double *loss, size_t *correct)
+int fl_mlp_eval(const fl_mlp_shape_t *m, fl_mlp_ws_t *ws, const float *params, const float *x,
+                const int32_t *y, size_t n, double *loss, size_t *correct)
 {
     /* Host parameters on the workspace's device: as they are on cpu, else a copy. */
     size_t bytes = fl_mlp_nparams(m) * sizeof(float);

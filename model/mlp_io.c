@@ -18,17 +18,20 @@ static void tensors(const fl_mlp_shape_t *m, const float *params, fl_st_tensor_t
         size_t in = (size_t)m->sizes[l];
         snprintf(names[2 * l], sizeof names[0], "layers.%d.weight", l);
         snprintf(names[2 * l + 1], sizeof names[0], "layers.%d.bias", l);
-        t[2 * l] = (fl_st_tensor_t){names[2 * l], FL_FLOAT32, 2, {out, in},
+        t[2 * l] = (fl_st_tensor_t){names[2 * l],
+                                    FL_FLOAT32,
+                                    2,
+                                    {out, in},
                                     params ? params + fl_mlp_weight_at(m, l) : NULL,
                                     out * in * sizeof(float)};
-        t[2 * l + 1] = (fl_st_tensor_t){names[2 * l + 1], FL_FLOAT32, 1, {out},
-                                        params ? params + fl_mlp_bias_at(m, l) : NULL,
-                                        out * sizeof(float)};
+        t[2 * l + 1] = (fl_st_tensor_t){
+            names[2 * l + 1],   FL_FLOAT32, 1, {out}, params ? params + fl_mlp_bias_at(m, l) : NULL,
+            out * sizeof(float)};
     }
 }
 
 int fl_mlp_save(const fl_mlp_shape_t *m, const float *params, const char *path,
-                   const fl_st_meta_t *meta, size_t nmeta)
+                const fl_st_meta_t *meta, size_t nmeta)
 {
     fl_st_tensor_t t[2 * FL_MLP_MAX_LAYERS];
     char names[2 * FL_MLP_MAX_LAYERS][32];
@@ -123,15 +126,17 @@ static int file_names(const fl_st_file_t *f, const fl_mlp_shape_t *m, const char
         if (!seq_weight(name, &k, &p))
             continue;
         if (prefix != NULL && (p != plen || strncmp(name, prefix, p) != 0))
-            return fl_fail(FL_EINVAL, "%s: weights under two prefixes ('%.*s' and '%.*s'): "
-                                      "expected layers.<i>.weight or one nn.Sequential's "
-                                      "<k>.weight",
+            return fl_fail(FL_EINVAL,
+                           "%s: weights under two prefixes ('%.*s' and '%.*s'): "
+                           "expected layers.<i>.weight or one nn.Sequential's "
+                           "<k>.weight",
                            path, (int)plen, prefix, (int)p, name);
         prefix = name;
         plen = p;
         if (found == L)
-            return fl_fail(FL_EINVAL, "%s: more than %d weight tensors for a model of %d linear "
-                                      "layers (--layers)",
+            return fl_fail(FL_EINVAL,
+                           "%s: more than %d weight tensors for a model of %d linear "
+                           "layers (--layers)",
                            path, L, L);
         int at = found++;
         while (at > 0 && ks[at - 1] > k) { /* insertion by module index */
@@ -141,9 +146,10 @@ static int file_names(const fl_st_file_t *f, const fl_mlp_shape_t *m, const char
         ks[at] = k;
     }
     if (found != L)
-        return fl_fail(FL_EINVAL, "%s: expected tensors layers.0.weight .. layers.%d.bias "
-                                  "(flodl's names) or an nn.Sequential's <k>.weight/<k>.bias "
-                                  "for %d linear layers; found %d such weights",
+        return fl_fail(FL_EINVAL,
+                       "%s: expected tensors layers.0.weight .. layers.%d.bias "
+                       "(flodl's names) or an nn.Sequential's <k>.weight/<k>.bias "
+                       "for %d linear layers; found %d such weights",
                        path, L - 1, L, found);
     for (int l = 0; l < L; l++) {
         snprintf(w[l], sizeof w[l], "%.*s%ld.weight", (int)plen, prefix, ks[l]);

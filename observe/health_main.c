@@ -22,18 +22,21 @@ static int parse_url(const char *url, char *host, size_t hcap, char *port, size_
                      const char **path)
 {
     const char *p = url;
-    if (strncmp(p, "http://", 7) == 0) p += 7;
+    if (strncmp(p, "http://", 7) == 0)
+        p += 7;
     const char *slash = strchr(p, '/');
     *path = slash ? slash : "/";
     size_t hostlen = slash ? (size_t)(slash - p) : strlen(p);
     const char *colon = memchr(p, ':', hostlen);
     size_t namelen = colon ? (size_t)(colon - p) : hostlen;
-    if (namelen == 0 || namelen >= hcap) return -1;
+    if (namelen == 0 || namelen >= hcap)
+        return -1;
     memcpy(host, p, namelen);
     host[namelen] = '\0';
     if (colon) {
         size_t portlen = hostlen - namelen - 1;
-        if (portlen == 0 || portlen >= pcap) return -1;
+        if (portlen == 0 || portlen >= pcap)
+            return -1;
         memcpy(port, colon + 1, portlen);
         port[portlen] = '\0';
     } else {
@@ -92,7 +95,8 @@ int main(int argc, char **argv)
         connect(fd, ai->ai_addr, ai->ai_addrlen) != 0) {
         fprintf(stderr, "flodl-health: %s: connect: %s\n", url, strerror(errno));
         freeaddrinfo(ai);
-        if (fd >= 0) close(fd);
+        if (fd >= 0)
+            close(fd);
         return 1;
     }
     freeaddrinfo(ai);
@@ -107,9 +111,11 @@ int main(int argc, char **argv)
     size_t got = 0;
     while (got < sizeof line - 1) {
         ssize_t r = read(fd, line + got, sizeof line - 1 - got);
-        if (r <= 0) break;
+        if (r <= 0)
+            break;
         got += (size_t)r;
-        if (memchr(line, '\n', got)) break;
+        if (memchr(line, '\n', got))
+            break;
     }
     close(fd);
     line[got] = '\0';

@@ -94,10 +94,10 @@ int fl_obs_http_start(fl_obs_t *o, const char *bind_addr, int port, fl_obs_healt
     h->o = o;
     h->health = health;
     h->ud = ud;
-    h->d = MHD_start_daemon(MHD_USE_INTERNAL_POLLING_THREAD | MHD_USE_AUTO, (uint16_t)port,
-                            NULL, NULL, handle, h, MHD_OPTION_SOCK_ADDR, &sa,
-                            MHD_OPTION_CONNECTION_TIMEOUT, (unsigned)10,
-                            MHD_OPTION_CONNECTION_LIMIT, (unsigned)64, MHD_OPTION_END);
+    h->d =
+        MHD_start_daemon(MHD_USE_INTERNAL_POLLING_THREAD | MHD_USE_AUTO, (uint16_t)port, NULL, NULL,
+                         handle, h, MHD_OPTION_SOCK_ADDR, &sa, MHD_OPTION_CONNECTION_TIMEOUT,
+                         (unsigned)10, MHD_OPTION_CONNECTION_LIMIT, (unsigned)64, MHD_OPTION_END);
     if (h->d == NULL) {
         free(h);
         return fl_fail(FL_EIO, "metrics: cannot serve HTTP on %s:%d (port taken?)", addr, port);

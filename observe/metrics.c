@@ -32,8 +32,8 @@ struct fl_obs {
     _Atomic int n;
     fl_obs_refresh_fn refresh;
     void *refresh_ud;
-    bool process;  /* fl_obs_add_process: refresh the process series at each render */
-    int proc[5];   /* their ids: cpu, rss, fds, max fds, start time */
+    bool process; /* fl_obs_add_process: refresh the process series at each render */
+    int proc[5];  /* their ids: cpu, rss, fds, max fds, start time */
 };
 
 static uint64_t to_bits(double v)
@@ -80,8 +80,7 @@ static bool valid_name(const char *s)
     if (s == NULL || s[0] == '\0' || strlen(s) >= NAME_MAX_LEN)
         return false;
     for (const char *p = s; *p; p++) {
-        bool alpha = (*p >= 'a' && *p <= 'z') || (*p >= 'A' && *p <= 'Z') || *p == '_' ||
-                     *p == ':';
+        bool alpha = (*p >= 'a' && *p <= 'z') || (*p >= 'A' && *p <= 'Z') || *p == '_' || *p == ':';
         if (!alpha && !(p > s && *p >= '0' && *p <= '9'))
             return false;
     }
@@ -297,8 +296,8 @@ static bool put_histogram(text_t *t, series_t *y)
     for (int b = 0; b <= y->nb && ok; b++) {
         cum += atomic_load(&y->counts[b]);
         if (b < y->nb)
-            ok = put(t, "%s_bucket{%s%sle=\"%.15g\"} %llu\n", y->name, y->labels, sep,
-                     y->bounds[b], (unsigned long long)cum);
+            ok = put(t, "%s_bucket{%s%sle=\"%.15g\"} %llu\n", y->name, y->labels, sep, y->bounds[b],
+                     (unsigned long long)cum);
         else
             ok = put(t, "%s_bucket{%s%sle=\"+Inf\"} %llu\n", y->name, y->labels, sep,
                      (unsigned long long)cum);
@@ -316,13 +315,13 @@ int fl_obs_add_process(fl_obs_t *o)
     int ids[5];
     ids[0] = fl_obs_add(o, "process_cpu_seconds_total", "User and system CPU time spent",
                         FL_OBS_COUNTER, NULL);
-    ids[1] = fl_obs_add(o, "process_resident_memory_bytes", "Resident memory size",
-                        FL_OBS_GAUGE, NULL);
+    ids[1] =
+        fl_obs_add(o, "process_resident_memory_bytes", "Resident memory size", FL_OBS_GAUGE, NULL);
     ids[2] = fl_obs_add(o, "process_open_fds", "Open file descriptors", FL_OBS_GAUGE, NULL);
     ids[3] = fl_obs_add(o, "process_max_fds", "The soft limit on open file descriptors",
                         FL_OBS_GAUGE, NULL);
-    ids[4] = fl_obs_add(o, "process_start_time_seconds", "Start time, Unix seconds",
-                        FL_OBS_GAUGE, NULL);
+    ids[4] =
+        fl_obs_add(o, "process_start_time_seconds", "Start time, Unix seconds", FL_OBS_GAUGE, NULL);
     char labels[128];
     const char *f = fl_build_features();
     snprintf(labels, sizeof labels, "version=\"%s\",features=\"%s\"", fl_version(),
@@ -369,8 +368,7 @@ char *fl_obs_render(fl_obs_t *o, size_t *len)
         if (!first)
             continue; /* printed with the first series of its name */
         const series_t *x = &o->s[i];
-        ok = put(&t, "# HELP %s %s\n# TYPE %s %s\n", x->name, x->help, x->name,
-                 kind_name(x->kind));
+        ok = put(&t, "# HELP %s %s\n# TYPE %s %s\n", x->name, x->help, x->name, kind_name(x->kind));
         for (int j = i; j < n && ok; j++) {
             series_t *y = &o->s[j];
             if (strcmp(y->name, x->name) != 0)
@@ -379,9 +377,9 @@ char *fl_obs_render(fl_obs_t *o, size_t *len)
                 ok = put_histogram(&t, y);
                 continue;
             }
-            ok = (y->labels[0] ? put(&t, "%s{%s} ", y->name, y->labels)
-                               : put(&t, "%s ", y->name)) &&
-                 put_value(&t, from_bits(atomic_load(&o->s[j].bits)));
+            ok =
+                (y->labels[0] ? put(&t, "%s{%s} ", y->name, y->labels) : put(&t, "%s ", y->name)) &&
+                put_value(&t, from_bits(atomic_load(&o->s[j].bits)));
         }
     }
     pthread_mutex_unlock(&o->mu);

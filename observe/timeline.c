@@ -18,8 +18,8 @@ struct fl_obs_timeline {
     char path[1024];
     pthread_mutex_t mu;
     int pid;
-    int64_t t0_ns;     /* the monotonic clock at open */
-    double epoch0_us;  /* the wall clock then, Unix-epoch microseconds */
+    int64_t t0_ns;    /* the monotonic clock at open */
+    double epoch0_us; /* the wall clock then, Unix-epoch microseconds */
     bool first;
     bool failed;
 };
@@ -44,8 +44,9 @@ int fl_obs_timeline_open(const char *path, int pid, fl_obs_timeline_t **out)
     t->t0_ns = fl_now_ns();
     t->epoch0_us = (double)wall.tv_sec * 1e6 + (double)wall.tv_nsec / 1e3;
     t->first = true;
-    if (fprintf(t->f, "[\n{\"name\":\"process_name\",\"ph\":\"M\",\"pid\":%d,\"args\":"
-                      "{\"name\":\"rank %d\"}}",
+    if (fprintf(t->f,
+                "[\n{\"name\":\"process_name\",\"ph\":\"M\",\"pid\":%d,\"args\":"
+                "{\"name\":\"rank %d\"}}",
                 pid, pid) < 0)
         t->failed = true;
     t->first = false;

@@ -25,8 +25,8 @@ extern "C" {
 #define FL_MSG_MAX_PEERS 65536
 #define FL_MSG_TUNING_MAX 512
 #define FL_MSG_SETTINGS_MAX FL_SETTINGS_MAX /* Register.settings, terminator included */
-#define FL_MSG_MAX_SHARDS 4096     /* shards of one job */
-#define FL_MSG_MAX_CHECKPOINTS 16  /* checkpoint steps a server offers when resuming */
+#define FL_MSG_MAX_SHARDS 4096              /* shards of one job */
+#define FL_MSG_MAX_CHECKPOINTS 16           /* checkpoint steps a server offers when resuming */
 
 typedef enum fl_msg_type {
     FL_MSG_NONE = 0,

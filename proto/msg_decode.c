@@ -24,8 +24,7 @@ static int bad(fl_msg_fault_t *fault, fl_msg_fault_t why, const char *fmt, ...)
 
 /* Copies a protobuf string into a fixed field; a string that does not fit is refused, not
  * truncated, because identifiers (hosts, endpoints, job ids) must survive intact. */
-static int copy_id(char *dst, size_t cap, const char *src, const char *what,
-                   fl_msg_fault_t *fault)
+static int copy_id(char *dst, size_t cap, const char *src, const char *what, fl_msg_fault_t *fault)
 {
     size_t n = strlen(src);
     if (n >= cap)
@@ -87,11 +86,10 @@ static int alloc_table(const fl_msg_table_t *t, const fl_msg_field_t *f, void *b
     return FL_OK;
 }
 
-static int take_fields(const fl_msg_table_t *t, const void *pb, void *body,
-                       fl_msg_fault_t *fault);
+static int take_fields(const fl_msg_table_t *t, const void *pb, void *body, fl_msg_fault_t *fault);
 
-static int take_list(const fl_msg_table_t *t, const fl_msg_field_t *f, const void *pb,
-                     void *body, fl_msg_fault_t *fault)
+static int take_list(const fl_msg_table_t *t, const fl_msg_field_t *f, const void *pb, void *body,
+                     fl_msg_fault_t *fault)
 {
     size_t n;
     memcpy(&n, (const char *)pb + f->pb_n, sizeof n);
@@ -120,13 +118,12 @@ static int take_list(const fl_msg_table_t *t, const fl_msg_field_t *f, const voi
         for (size_t i = 0; i < n && rc == FL_OK; i++)
             rc = take_fields(f->sub, ((void *const *)src)[i], dst + i * f->sub->size, fault);
         return rc;
-    default:
-        return FL_OK;
+    default: return FL_OK;
     }
 }
 
-static int take_field(const fl_msg_table_t *t, const fl_msg_field_t *f, const void *pb,
-                      void *body, fl_msg_fault_t *fault)
+static int take_field(const fl_msg_table_t *t, const fl_msg_field_t *f, const void *pb, void *body,
+                      fl_msg_fault_t *fault)
 {
     const char *src = (const char *)pb + f->pb;
     char *dst = (char *)body + f->off;
@@ -154,8 +151,7 @@ static int take_field(const fl_msg_table_t *t, const fl_msg_field_t *f, const vo
     }
 }
 
-static int take_fields(const fl_msg_table_t *t, const void *pb, void *body,
-                       fl_msg_fault_t *fault)
+static int take_fields(const fl_msg_table_t *t, const void *pb, void *body, fl_msg_fault_t *fault)
 {
     for (size_t i = 0; i < t->nfields; i++) {
         int rc = take_field(t, &t->fields[i], pb, body, fault);
@@ -234,8 +230,7 @@ int fl_msg_decode(const void *data, size_t len, fl_msg_hdr_t *out, fl_msg_fault_
     int rc = FL_OK;
     unsigned nbodies = 0;
     if (h->magic != FL_MSG_MAGIC) {
-        rc = bad(fault, FL_FAULT_MAGIC, "header: bad magic 0x%08llx",
-                 (unsigned long long)h->magic);
+        rc = bad(fault, FL_FAULT_MAGIC, "header: bad magic 0x%08llx", (unsigned long long)h->magic);
         goto out;
     }
     /* Fill what a refusal needs before any further check can fail. */

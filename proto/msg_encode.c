@@ -70,8 +70,7 @@ static void arena_free(arena_t *a)
 static int put_text(arena_t *a, const fl_msg_field_t *f, const char *s, char **dst)
 {
     if (strnlen(s, f->cap) >= f->cap)
-        return fl_fail(FL_EINVAL, "encode: %s is not terminated within %zu bytes", f->name,
-                       f->cap);
+        return fl_fail(FL_EINVAL, "encode: %s is not terminated within %zu bytes", f->name, f->cap);
     char *out = take(a, f->cap);
     if (out == NULL)
         return fl_fail(FL_ENOMEM, "encode: out of memory for the %s", f->name);
@@ -167,12 +166,8 @@ static int put_field(arena_t *a, const fl_msg_field_t *f, const void *body, void
             return too_many(f, n);
         set_list(pb, f, n, src); /* the body's own array: nothing to convert */
         return FL_OK;
-    case FL_MSG_F_ID_TABLE:
-        memcpy(&table, src, sizeof table);
-        return put_ids(a, f, table, n, pb);
-    case FL_MSG_F_TABLE:
-        memcpy(&table, src, sizeof table);
-        return put_table(a, f, table, n, pb);
+    case FL_MSG_F_ID_TABLE: memcpy(&table, src, sizeof table); return put_ids(a, f, table, n, pb);
+    case FL_MSG_F_TABLE: memcpy(&table, src, sizeof table); return put_table(a, f, table, n, pb);
     }
     return fl_fail(FL_EINVAL, "encode: field %s of an unknown kind", f->name);
 }

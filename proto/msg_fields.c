@@ -47,7 +47,7 @@
 #define IDS(m, nm, what)                                                                           \
     {                                                                                              \
         LIST(FL_MSG_F_IDS, m, nm, m, what), .cap = sizeof(((S *)0)->m[0]),                         \
-        .max = NELEM(((S *)0)->m)                                                                  \
+                                            .max = NELEM(((S *)0)->m)                              \
     }
 #define U64S(m, nm, what)                                                                          \
     {                                                                                              \
@@ -230,29 +230,17 @@ TABLE_OF(pull_reply_table, "pull-reply", flodl__pull_reply__descriptor, pull_rep
 const fl_msg_table_t *fl_msg_table(int type)
 {
     switch (type) {
-    case FL_MSG_REGISTER:
-        return &register_table;
-    case FL_MSG_WELCOME:
-        return &welcome_table;
-    case FL_MSG_BARRIER:
-        return &barrier_table;
-    case FL_MSG_HEARTBEAT:
-        return &heartbeat_table;
-    case FL_MSG_ERROR:
-        return &error_table;
-    case FL_MSG_SHUTDOWN:
-        return &shutdown_table;
-    case FL_MSG_CHUNK:
-        return &chunk_table;
-    case FL_MSG_PUSH:
-        return &push_table;
-    case FL_MSG_PUSH_ACK:
-        return &push_ack_table;
-    case FL_MSG_PULL:
-        return &pull_table;
-    case FL_MSG_PULL_REPLY:
-        return &pull_reply_table;
-    default:
-        return NULL;
+    case FL_MSG_REGISTER: return &register_table;
+    case FL_MSG_WELCOME: return &welcome_table;
+    case FL_MSG_BARRIER: return &barrier_table;
+    case FL_MSG_HEARTBEAT: return &heartbeat_table;
+    case FL_MSG_ERROR: return &error_table;
+    case FL_MSG_SHUTDOWN: return &shutdown_table;
+    case FL_MSG_CHUNK: return &chunk_table;
+    case FL_MSG_PUSH: return &push_table;
+    case FL_MSG_PUSH_ACK: return &push_ack_table;
+    case FL_MSG_PULL: return &pull_table;
+    case FL_MSG_PULL_REPLY: return &pull_reply_table;
+    default: return NULL;
     }
 }

@@ -106,8 +106,8 @@ int fl_msg_hdr_copy(fl_msg_hdr_t *dst, const fl_msg_hdr_t *src)
         if (fl_msg_register_alloc_shards(&dst->u.reg, r->nshard_eps) != FL_OK)
             goto fail;
         if (r->nshard_eps > 0)
-            memcpy(dst->u.reg.shard_eps, r->shard_eps, (size_t)r->nshard_eps *
-                                                           sizeof *r->shard_eps);
+            memcpy(dst->u.reg.shard_eps, r->shard_eps,
+                   (size_t)r->nshard_eps * sizeof *r->shard_eps);
     }
     return FL_OK;
 fail:
@@ -182,13 +182,14 @@ int fl_msg_check_frames(const fl_msg_hdr_t *h, const size_t *sizes, size_t n, si
         if (sizes[i] != h->frames[i].bytes) {
             *fault = FL_FAULT_FRAMES;
             return fl_fail(FL_EPROTO, "%s message frame %zu declares %llu bytes but %zu arrived",
-                           fl_msg_type_name(h->type), i,
-                           (unsigned long long)h->frames[i].bytes, sizes[i]);
+                           fl_msg_type_name(h->type), i, (unsigned long long)h->frames[i].bytes,
+                           sizes[i]);
         }
         if (h->frames[i].bytes > max_bytes || h->frames[i].raw_bytes > max_bytes) {
             *fault = FL_FAULT_SIZE;
-            return fl_fail(FL_EPROTO, "%s message frame %zu of %llu bytes (%llu decoded) is over "
-                                      "the %zu-byte limit",
+            return fl_fail(FL_EPROTO,
+                           "%s message frame %zu of %llu bytes (%llu decoded) is over "
+                           "the %zu-byte limit",
                            fl_msg_type_name(h->type), i, (unsigned long long)h->frames[i].bytes,
                            (unsigned long long)h->frames[i].raw_bytes, max_bytes);
         }

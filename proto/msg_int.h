@@ -45,13 +45,13 @@ int fl_msg_wire_check(const void *data, size_t len, unsigned *nbodies, fl_msg_fa
 /* How a field of a message body travels, and what each direction checks. Strings and lists
  * are bounded by the C side's arrays: cap is a string's bytes, terminator included. */
 typedef enum fl_msg_kind {
-    FL_MSG_F_U32,      /* a 4-byte integer or enum, copied bit for bit */
-    FL_MSG_F_ENUM,     /* a 4-byte enum; decoding refuses a value past max: "unknown <name>" */
-    FL_MSG_F_U64,      /* an 8-byte integer */
-    FL_MSG_F_BOOL,     /* bool here, protobuf_c_boolean there */
-    FL_MSG_F_ID,       /* an identifier, char[cap]: refused, never cut, when too long */
-    FL_MSG_F_ID_CUT,   /* an identifier when sent, cut rather than refused when taken */
-    FL_MSG_F_TEXT,     /* free text, char[cap]: escaped when sent, cut when taken */
+    FL_MSG_F_U32,    /* a 4-byte integer or enum, copied bit for bit */
+    FL_MSG_F_ENUM,   /* a 4-byte enum; decoding refuses a value past max: "unknown <name>" */
+    FL_MSG_F_U64,    /* an 8-byte integer */
+    FL_MSG_F_BOOL,   /* bool here, protobuf_c_boolean there */
+    FL_MSG_F_ID,     /* an identifier, char[cap]: refused, never cut, when too long */
+    FL_MSG_F_ID_CUT, /* an identifier when sent, cut rather than refused when taken */
+    FL_MSG_F_TEXT,   /* free text, char[cap]: escaped when sent, cut when taken */
     /* the lists, last: a kind >= FL_MSG_F_IDS has a count */
     FL_MSG_F_IDS,      /* at most max identifiers: char[max][cap] and a uint32_t count */
     FL_MSG_F_U64S,     /* at most max uint64_t: an array and a uint32_t count */

@@ -41,9 +41,8 @@ static int walk(const ProtobufCMessageDescriptor *d, const uint8_t *p, size_t n,
             return unparsable(fault, d->short_name);
         uint64_t tag = key >> 3;
         const ProtobufCFieldDescriptor *f =
-            tag > 0 && tag <= 0x1fffffff
-                ? protobuf_c_message_descriptor_get_field(d, (unsigned)tag)
-                : NULL;
+            tag > 0 && tag <= 0x1fffffff ? protobuf_c_message_descriptor_get_field(d, (unsigned)tag)
+                                         : NULL;
         switch (key & 7) {
         case PROTOBUF_C_WIRE_TYPE_VARINT:
             if (!read_varint(&p, end, &v))

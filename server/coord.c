@@ -36,8 +36,8 @@ static int check_opts(const fl_coord_opts_t *o)
     if (fl_tp_endpoint_parse(o->bind, &ep) != FL_OK)
         return fl_fail_ctx(FL_EINVAL, "coordinator: bind");
     if (o->world_size < 1 || o->world_size > FL_MSG_MAX_PEERS)
-        return fl_fail(FL_EINVAL, "coordinator: world_size %d out of range 1..%d",
-                       o->world_size, FL_MSG_MAX_PEERS);
+        return fl_fail(FL_EINVAL, "coordinator: world_size %d out of range 1..%d", o->world_size,
+                       FL_MSG_MAX_PEERS);
     if (o->job_id == NULL || o->job_id[0] == '\0' || strlen(o->job_id) >= FL_JOB_MAX)
         return fl_fail(FL_EINVAL, "coordinator: job_id must be 1..%d bytes", FL_JOB_MAX - 1);
     if (fl_text_scan(o->job_id, strlen(o->job_id), NULL) != strlen(o->job_id))
@@ -51,8 +51,8 @@ static int check_opts(const fl_coord_opts_t *o)
     if (o->rendezvous_timeout_ms < 1)
         return fl_fail(FL_EINVAL, "coordinator: rendezvous_timeout_ms must be positive");
     if (o->num_shards < 0 || o->num_shards > FL_MSG_MAX_SHARDS)
-        return fl_fail(FL_EINVAL, "coordinator: num_shards %d out of range 0..%d",
-                       o->num_shards, FL_MSG_MAX_SHARDS);
+        return fl_fail(FL_EINVAL, "coordinator: num_shards %d out of range 0..%d", o->num_shards,
+                       FL_MSG_MAX_SHARDS);
     if (o->param_count > 0 && o->num_shards == 0)
         return fl_fail(FL_EINVAL, "coordinator: param_count given without num_shards");
     return FL_OK;
@@ -111,8 +111,7 @@ int fl_coord_create(const fl_coord_opts_t *o, fl_coord_t **out)
         rc = fl_fail(FL_ENOMEM, "coordinator: out of memory for %d ranks", c->world);
         goto fail;
     }
-    if (c->nshards > 0 &&
-        (c->servers = calloc((size_t)c->nshards, sizeof *c->servers)) == NULL) {
+    if (c->nshards > 0 && (c->servers = calloc((size_t)c->nshards, sizeof *c->servers)) == NULL) {
         rc = fl_fail(FL_ENOMEM, "coordinator: out of memory for %d shards", c->nshards);
         goto fail;
     }
@@ -268,8 +267,9 @@ void fl_coord_outcome(const fl_coord_t *c, char *out, size_t cap)
         else if (k->left)
             snprintf(one, sizeof one, "rank %d stopped after the job failed", r);
         else if (fl_tp_live_state(c->live, r) == FL_PEER_DEAD)
-            snprintf(one, sizeof one, "rank %d dead (host %s: silent past the heartbeat "
-                                      "timeout)%s",
+            snprintf(one, sizeof one,
+                     "rank %d dead (host %s: silent past the heartbeat "
+                     "timeout)%s",
                      r, k->reg.host, k->failed ? ", which failed the job" : "");
         else
             snprintf(one, sizeof one, "rank %d still running", r);

@@ -26,8 +26,9 @@ int fl_coord_check_agree(const fl_coord_t *c, int r, const fl_msg_register_t *re
         return FL_OK;
     const fl_msg_register_t *o = &c->ranks[q].reg;
     if (strcmp(o->tuning, reg->tuning) != 0) {
-        snprintf(why, cap, "rank %d (host %.64s) uses collective settings '%.120s', rank %d "
-                           "(host %.64s) uses '%.120s'; all ranks must agree",
+        snprintf(why, cap,
+                 "rank %d (host %.64s) uses collective settings '%.120s', rank %d "
+                 "(host %.64s) uses '%.120s'; all ranks must agree",
                  r, reg->host, reg->tuning, q, o->host, o->tuning);
         return FL_EINVAL;
     }
@@ -36,9 +37,10 @@ int fl_coord_check_agree(const fl_coord_t *c, int r, const fl_msg_register_t *re
     char theirs[FL_MSG_SETTINGS_MAX];
     if (fl_settings_differ(reg->settings, o->settings, name, sizeof name, mine, theirs,
                            sizeof mine)) {
-        snprintf(why, cap, "rank %d (host %.64s) and rank %d (host %.64s) disagree on %s: "
-                           "'%.120s' on rank %d, '%.120s' on rank %d; it must be the same on "
-                           "every rank",
+        snprintf(why, cap,
+                 "rank %d (host %.64s) and rank %d (host %.64s) disagree on %s: "
+                 "'%.120s' on rank %d, '%.120s' on rank %d; it must be the same on "
+                 "every rank",
                  r, reg->host, q, o->host, name, mine, r, theirs, q);
         return FL_EINVAL;
     }
@@ -46,8 +48,9 @@ int fl_coord_check_agree(const fl_coord_t *c, int r, const fl_msg_register_t *re
      * names and shapes); the signature alone is the last word for members that declare none. */
     if ((o->model_signature != 0 || reg->model_signature != 0) &&
         o->model_signature != reg->model_signature) {
-        snprintf(why, cap, "rank %d (host %.64s) has model signature 0x%016llx, rank %d (host "
-                           "%.64s) 0x%016llx: the ranks run different models",
+        snprintf(why, cap,
+                 "rank %d (host %.64s) has model signature 0x%016llx, rank %d (host "
+                 "%.64s) 0x%016llx: the ranks run different models",
                  r, reg->host, (unsigned long long)reg->model_signature, q, o->host,
                  (unsigned long long)o->model_signature);
         return FL_EINVAL;

@@ -45,9 +45,10 @@ void fl_coord_send_all(fl_coord_t *c, fl_msg_hdr_t *h)
 /* A summary of the warnings held back: how many, and the bad-message counts by kind. */
 static void warn_summary(fl_coord_t *c, uint64_t held)
 {
-    FL_WARN(c->ctx, "%llu more warnings held back in the last %d s; bad messages so far: "
-                    "header %llu, magic %llu, version %llu, job %llu, frames %llu, size %llu, "
-                    "unexpected %llu",
+    FL_WARN(c->ctx,
+            "%llu more warnings held back in the last %d s; bad messages so far: "
+            "header %llu, magic %llu, version %llu, job %llu, frames %llu, size %llu, "
+            "unexpected %llu",
             (unsigned long long)held, c->warn_rl.window_ms / 1000,
             (unsigned long long)fl_ctx_stat(c->ctx, FL_STAT_BAD_HEADER),
             (unsigned long long)fl_ctx_stat(c->ctx, FL_STAT_BAD_MAGIC),
@@ -254,9 +255,10 @@ static bool reg_fits_job(fl_coord_t *c, const fl_tp_msg_t *m, const char *host)
          * message (bad_job), and worth a line, since that job is now waiting for nothing. */
         char job[FL_JOB_MAX];
         fl_ctx_count(c->ctx, FL_STAT_BAD_JOB, 1);
-        fl_coord_warn(c, "refused a registration for rank %d from host %s (pid %d) of job '%s': "
-                        "this is job '%s'",
-                r, host, reg->pid, fl_text_escape(m->hdr.job_id, job, sizeof job), c->job_id);
+        fl_coord_warn(c,
+                      "refused a registration for rank %d from host %s (pid %d) of job '%s': "
+                      "this is job '%s'",
+                      r, host, reg->pid, fl_text_escape(m->hdr.job_id, job, sizeof job), c->job_id);
         fl_coord_send_error(c, to, FL_EINVAL, r, reg->host,
                             "rank %d (host %s) belongs to job '%s', this coordinator "
                             "runs job '%s'",
@@ -310,8 +312,9 @@ static void reg_again(fl_coord_t *c, const fl_tp_msg_t *m, const char *host)
     if (!k->left && k->reg.pid == reg->pid && strcmp(k->reg.host, reg->host) == 0 &&
         strcmp(k->key, m->peer_key) == 0 && fl_tp_live_state(c->live, r) != FL_PEER_DEAD &&
         quiet >= 2 * (int64_t)c->hb_ms) {
-        FL_WARN(c->ctx, "rank %d (%s, pid %d) registered again on a new connection, its "
-                        "old one quiet for %lld ms",
+        FL_WARN(c->ctx,
+                "rank %d (%s, pid %d) registered again on a new connection, its "
+                "old one quiet for %lld ms",
                 r, host, reg->pid, (long long)quiet);
         k->route = *to;
         fl_tp_live_heard(c->live, r, fl_now_ms());
@@ -321,10 +324,11 @@ static void reg_again(fl_coord_t *c, const fl_tp_msg_t *m, const char *host)
     }
     fl_ctx_count(c->ctx, FL_STAT_UNEXPECTED, 1);
     char holder[FL_HOST_MAX];
-    fl_coord_warn(c, "refused a registration for rank %d from host %s (pid %d): the rank is "
-                    "held by host %s (pid %d), heard from %lld ms ago",
-            r, host, reg->pid, fl_text_escape(k->reg.host, holder, sizeof holder), k->reg.pid,
-            (long long)quiet);
+    fl_coord_warn(c,
+                  "refused a registration for rank %d from host %s (pid %d): the rank is "
+                  "held by host %s (pid %d), heard from %lld ms ago",
+                  r, host, reg->pid, fl_text_escape(k->reg.host, holder, sizeof holder), k->reg.pid,
+                  (long long)quiet);
     fl_coord_send_error(c, to, FL_EINVAL, r, reg->host,
                         "rank %d is already registered by another process; this "
                         "registration (host %s, pid %d) is refused",
@@ -460,8 +464,7 @@ void fl_coord_fail_job(fl_coord_t *c, int about, const char *text)
     coord_rank_t *k = &c->ranks[about];
     for (int r = 0; r < c->world; r++) {
         coord_rank_t *q = &c->ranks[r];
-        if (r == about || !q->registered || q->left ||
-            fl_tp_live_state(c->live, r) == FL_PEER_DEAD)
+        if (r == about || !q->registered || q->left || fl_tp_live_state(c->live, r) == FL_PEER_DEAD)
             continue;
         fl_coord_send_error(c, &q->route, FL_EPEER, about, k->reg.host, "%s", text);
     }
@@ -497,8 +500,8 @@ static void on_shutdown(fl_coord_t *c, fl_tp_msg_t *m, int r)
          * others meet in their own collectives, each naming the peer it waited for. */
         char text[FL_MSG_TEXT_MAX];
         /* Its goodbye may fill a message text alone: the head of it is what matters. */
-        snprintf(text, sizeof text, "rank %d (host %.64s, pid %d) failed: %.400s", r,
-                 k->reg.host, k->reg.pid, k->leave_text);
+        snprintf(text, sizeof text, "rank %d (host %.64s, pid %d) failed: %.400s", r, k->reg.host,
+                 k->reg.pid, k->leave_text);
         FL_ERROR(c->ctx, "%s", fl_text_escape(text, said, sizeof said));
         k->failed = true;
         fl_coord_fail_job(c, r, text);
@@ -567,12 +570,8 @@ void fl_coord_on_message(fl_coord_t *c, fl_tp_msg_t *m)
     }
     fl_tp_live_heard(c->live, r, fl_now_ms());
     switch (m->hdr.type) {
-    case FL_MSG_HEARTBEAT:
-        on_heartbeat(c, m, r);
-        return;
-    case FL_MSG_SHUTDOWN:
-        on_shutdown(c, m, r);
-        return;
+    case FL_MSG_HEARTBEAT: on_heartbeat(c, m, r); return;
+    case FL_MSG_SHUTDOWN: on_shutdown(c, m, r); return;
     default:
         fl_ctx_count(c->ctx, FL_STAT_UNEXPECTED, 1);
         fl_coord_send_error(c, &m->route, FL_EPROTO, r, "",

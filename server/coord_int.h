@@ -42,7 +42,7 @@ typedef struct coord_server {
     bool registered;
     bool left;
     fl_tp_route_t route;
-    char key[48]; /* with CURVE: the client key it registered with */
+    char key[48];          /* with CURVE: the client key it registered with */
     fl_msg_register_t reg; /* owns reg.shard_eps */
 } coord_server_t;
 
@@ -79,13 +79,13 @@ struct fl_coord {
     int ndead;
     int64_t last_hb_ms;
     int stall_ms;
-    bool ran; /* the rendezvous completed (the job started) */
-    int64_t last_stall_ms; /* when the last stall report was written */
+    bool ran;               /* the rendezvous completed (the job started) */
+    int64_t last_stall_ms;  /* when the last stall report was written */
     fl_ratelimit_t warn_rl; /* warnings about peers' messages (fl_coord_warn) */
 
     /* shared with fl_coord_registered and the like */
     _Atomic int nregistered;
-    _Atomic int nactive; /* registered, not left, not dead */
+    _Atomic int nactive;  /* registered, not left, not dead */
     _Atomic int nunheard; /* ranks no registration came for (coord_rank_t.heard) */
     /* published by the coordinator thread at every tick, for fl_coord_get_info */
     pthread_mutex_t lock;

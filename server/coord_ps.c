@@ -88,8 +88,9 @@ int fl_coord_ps_check_params(const fl_coord_t *c, uint64_t count, const char *wh
     uint64_t known = known_params(c, other, sizeof other);
     if (known == 0 || known == count)
         return FL_OK;
-    snprintf(why, cap, "%s has %" PRIu64 " parameters, %s has %" PRIu64 ": they hold different "
-                       "models",
+    snprintf(why, cap,
+             "%s has %" PRIu64 " parameters, %s has %" PRIu64 ": they hold different "
+             "models",
              who, count, other, known);
     return FL_EINVAL;
 }
@@ -106,14 +107,15 @@ static const char *model_owner(const fl_msg_register_t *r, char *out, size_t cap
         return text;
     }
     if (strncmp(text, FL_PS_INIT_FILE_TAG, tag) == 0 && nl != NULL) {
-        snprintf(out, cap, "in %.*s (the --init file of the parameter server on %s, shards "
-                           "%d..%d)",
+        snprintf(out, cap,
+                 "in %.*s (the --init file of the parameter server on %s, shards "
+                 "%d..%d)",
                  (int)(nl - text - (ptrdiff_t)tag), text + tag, r->host, r->rank,
                  r->rank + (int)r->shard_count - 1);
         return nl + 1;
     }
-    snprintf(out, cap, "in the --init file of the parameter server on %s (shards %d..%d)",
-             r->host, r->rank, r->rank + (int)r->shard_count - 1);
+    snprintf(out, cap, "in the --init file of the parameter server on %s (shards %d..%d)", r->host,
+             r->rank, r->rank + (int)r->shard_count - 1);
     return text;
 }
 
@@ -166,10 +168,10 @@ static bool same_settings(const fl_msg_register_t *a, const fl_msg_register_t *b
 static void describe_settings(const fl_msg_register_t *r, char *out, size_t cap)
 {
     static const char *const names[] = {"sync", "async", "ssp"};
-    snprintf(out, cap, "consistency=%s,staleness=%u,checkpoint-every=%" PRIu64 "steps/%" PRIu64
-                       "ms,%s",
-             r->consistency < 3 ? names[r->consistency] : "?", r->staleness,
-             r->ckpt_every_steps, r->ckpt_every_ms, r->tuning);
+    snprintf(out, cap,
+             "consistency=%s,staleness=%u,checkpoint-every=%" PRIu64 "steps/%" PRIu64 "ms,%s",
+             r->consistency < 3 ? names[r->consistency] : "?", r->staleness, r->ckpt_every_steps,
+             r->ckpt_every_ms, r->tuning);
 }
 
 /* The checks a server's registration must pass whatever the job's state: its job and the
@@ -185,10 +187,11 @@ static bool server_fits_job(fl_coord_t *c, const fl_tp_msg_t *m)
         char shown[FL_HOST_MAX];
         char job[FL_JOB_MAX];
         fl_ctx_count(c->ctx, FL_STAT_BAD_JOB, 1);
-        fl_coord_warn(c, "refused the parameter server on %s (pid %d) of job '%s': this is job "
-                        "'%s'",
-                fl_text_escape(host, shown, sizeof shown), reg->pid,
-                fl_text_escape(m->hdr.job_id, job, sizeof job), c->job_id);
+        fl_coord_warn(c,
+                      "refused the parameter server on %s (pid %d) of job '%s': this is job "
+                      "'%s'",
+                      fl_text_escape(host, shown, sizeof shown), reg->pid,
+                      fl_text_escape(m->hdr.job_id, job, sizeof job), c->job_id);
         fl_coord_send_error(c, to, FL_EINVAL, -1, host,
                             "parameter server on %s belongs to job '%s', this "
                             "coordinator runs job '%s'",
@@ -332,10 +335,11 @@ static void take_server(fl_coord_t *c, fl_tp_msg_t *m)
     fl_tp_live_forget(c->live, c->world + first);
     fl_tp_live_heard(c->live, c->world + first, fl_now_ms());
     char shown[FL_HOST_MAX];
-    FL_INFO(c->ctx, "parameter server for shards %d..%d registered from %s (pid %d): %d of %d "
-                    "shards served",
-            first, first + count - 1, fl_text_escape(v->reg.host, shown, sizeof shown),
-            v->reg.pid, c->shards_covered, c->nshards);
+    FL_INFO(c->ctx,
+            "parameter server for shards %d..%d registered from %s (pid %d): %d of %d "
+            "shards served",
+            first, first + count - 1, fl_text_escape(v->reg.host, shown, sizeof shown), v->reg.pid,
+            c->shards_covered, c->nshards);
     fl_coord_maybe_start(c);
 }
 
@@ -445,8 +449,9 @@ void fl_coord_ps_dead(fl_coord_t *c, int slot, int64_t silent_ms)
     server_name(v, name, sizeof name);
     atomic_fetch_sub(&c->nservers_active, 1);
     if (c->phase == PHASE_RENDEZVOUS) {
-        FL_WARN(c->ctx, "%s silent for %lld ms during the rendezvous; dropping its "
-                        "registration",
+        FL_WARN(c->ctx,
+                "%s silent for %lld ms during the rendezvous; dropping its "
+                "registration",
                 name, (long long)silent_ms);
         forget(c, slot);
         return;
@@ -463,8 +468,7 @@ void fl_coord_ps_send_all(fl_coord_t *c, fl_msg_hdr_t *h)
 {
     for (int i = 0; i < c->nshards; i++) {
         coord_server_t *v = &c->servers[i];
-        if (!v->registered || v->left ||
-            fl_tp_live_state(c->live, c->world + i) == FL_PEER_DEAD)
+        if (!v->registered || v->left || fl_tp_live_state(c->live, c->world + i) == FL_PEER_DEAD)
             continue;
         fl_tp_send(c->sock, &v->route, h, NULL, 0, fl_deadline_in(0));
     }
@@ -521,8 +525,9 @@ static int choose_resume(const fl_coord_t *c, fl_msg_welcome_t *w, char *why, si
         return FL_OK;
     char a[FL_HOST_MAX + 96], b[FL_HOST_MAX + 96];
     if (without >= 0) {
-        snprintf(why, cap, "%s has no checkpoint to resume from while %s has checkpoints up to "
-                           "step %" PRIu64 ": refusing to start shards from different steps",
+        snprintf(why, cap,
+                 "%s has no checkpoint to resume from while %s has checkpoints up to "
+                 "step %" PRIu64 ": refusing to start shards from different steps",
                  server_name(&c->servers[without], a, sizeof a),
                  server_name(&c->servers[ref], b, sizeof b), c->servers[ref].reg.checkpoints[0]);
         return FL_EINVAL;
@@ -551,8 +556,7 @@ static int choose_resume(const fl_coord_t *c, fl_msg_welcome_t *w, char *why, si
         const coord_server_t *v = &c->servers[i];
         if (!v->registered)
             continue;
-        n += (size_t)snprintf(why + n, cap - n, " shards %d..%d have", v->reg.rank,
-                              last_shard(v));
+        n += (size_t)snprintf(why + n, cap - n, " shards %d..%d have", v->reg.rank, last_shard(v));
         for (uint32_t j = 0; j < v->reg.ncheckpoints && n + 24 < cap; j++)
             n += (size_t)snprintf(why + n, cap - n, " %" PRIu64, v->reg.checkpoints[j]);
         if (n + 2 < cap)
@@ -568,17 +572,18 @@ int fl_coord_ps_fill_welcome(fl_coord_t *c, fl_msg_hdr_t *h, char *why, size_t c
     char who[FL_HOST_MAX + 96];
     uint64_t n = known_params(c, who, sizeof who);
     if (n == 0) {
-        snprintf(why, cap, "job '%s' cannot start: no rank declared its parameter count and "
-                           "the parameter server has no --init file or checkpoint",
+        snprintf(why, cap,
+                 "job '%s' cannot start: no rank declared its parameter count and "
+                 "the parameter server has no --init file or checkpoint",
                  c->job_id);
         return FL_EINVAL;
     }
     /* Every shard must hold something: n fills at least as many blocks as there are shards. */
     if ((n + FL_PS_ALIGN - 1) / FL_PS_ALIGN < (uint64_t)c->nshards) {
-        snprintf(why, cap, "job '%s' cannot start: %" PRIu64 " parameters do not fill %d shards "
-                           "of at least %d (use at most %" PRIu64 " shards)",
-                 c->job_id, n, c->nshards, FL_PS_ALIGN,
-                 (n + FL_PS_ALIGN - 1) / FL_PS_ALIGN);
+        snprintf(why, cap,
+                 "job '%s' cannot start: %" PRIu64 " parameters do not fill %d shards "
+                 "of at least %d (use at most %" PRIu64 " shards)",
+                 c->job_id, n, c->nshards, FL_PS_ALIGN, (n + FL_PS_ALIGN - 1) / FL_PS_ALIGN);
         return FL_EINVAL;
     }
     fl_msg_welcome_t *w = &h->u.welcome;

@@ -37,11 +37,11 @@ void fl_coord_stall_check(fl_coord_t *c, int64_t now)
     if (text == NULL)
         return;
     const coord_rank_t *s = &c->ranks[stuck];
-    size_t len = (size_t)snprintf(text, cap,
-                                  "stall: rank %d (%s) has made no progress in collective #%llu "
-                                  "for %lld ms; every rank:",
-                                  stuck, s->reg.host, (unsigned long long)s->op_seq,
-                                  (long long)longest);
+    size_t len =
+        (size_t)snprintf(text, cap,
+                         "stall: rank %d (%s) has made no progress in collective #%llu "
+                         "for %lld ms; every rank:",
+                         stuck, s->reg.host, (unsigned long long)s->op_seq, (long long)longest);
     for (int r = 0; r < c->world && len < cap; r++) {
         const coord_rank_t *k = &c->ranks[r];
         char op[160];
@@ -50,8 +50,8 @@ void fl_coord_stall_check(fl_coord_t *c, int64_t now)
             continue;
         }
         if (k->left) {
-            len += (size_t)snprintf(text + len, cap - len, "\n  rank %d (%s): left", r,
-                                    k->reg.host);
+            len +=
+                (size_t)snprintf(text + len, cap - len, "\n  rank %d (%s): left", r, k->reg.host);
             continue;
         }
         fl_coord_describe_op(k, op, sizeof op);

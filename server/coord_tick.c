@@ -74,8 +74,9 @@ static void declare_dead(fl_coord_t *c, int dead, int64_t silent)
     char text[FL_MSG_TEXT_MAX];
     fl_coord_describe_op(k, op, sizeof op);
     others_view(c, dead, view, sizeof view);
-    snprintf(text, sizeof text, "rank %d (host %.64s, pid %d) declared dead: silent for %lld ms "
-                                "(timeout %d ms); it was %s%s",
+    snprintf(text, sizeof text,
+             "rank %d (host %.64s, pid %d) declared dead: silent for %lld ms "
+             "(timeout %d ms); it was %s%s",
              dead, k->reg.host, k->reg.pid, (long long)silent, c->hb_timeout_ms, op, view);
     char shown[FL_MSG_TEXT_MAX];
     FL_ERROR(c->ctx, "%s", fl_text_escape(text, shown, sizeof shown));
@@ -152,8 +153,7 @@ void fl_coord_publish(fl_coord_t *c, int64_t now)
     pthread_mutex_unlock(&c->lock);
 }
 
-void fl_coord_get_info(fl_coord_t *c, fl_coord_info_t *info, fl_coord_rank_info_t *ranks,
-                       int cap)
+void fl_coord_get_info(fl_coord_t *c, fl_coord_info_t *info, fl_coord_rank_info_t *ranks, int cap)
 {
     pthread_mutex_lock(&c->lock);
     *info = c->info;
@@ -180,8 +180,9 @@ void fl_coord_tick(fl_coord_t *c, int64_t now)
         if (c->phase == PHASE_RENDEZVOUS) {
             /* Not started yet: forget it, so a restarted process can take the slot. */
             char host[FL_HOST_MAX];
-            FL_WARN(c->ctx, "rank %d (%s, pid %d) silent for %lld ms during the rendezvous; "
-                            "dropping its registration",
+            FL_WARN(c->ctx,
+                    "rank %d (%s, pid %d) silent for %lld ms during the rendezvous; "
+                    "dropping its registration",
                     dead, fl_text_escape(k->reg.host, host, sizeof host), k->reg.pid,
                     (long long)silent);
             k->registered = false;
@@ -196,8 +197,9 @@ void fl_coord_tick(fl_coord_t *c, int64_t now)
         char missing[FL_MSG_MISSING_MAX];
         char text[FL_MSG_TEXT_MAX];
         missing_list(c, missing, sizeof missing);
-        snprintf(text, sizeof text, "rendezvous of job '%s' timed out after %d ms: %d of %d "
-                                    "ranks registered, missing %s",
+        snprintf(text, sizeof text,
+                 "rendezvous of job '%s' timed out after %d ms: %d of %d "
+                 "ranks registered, missing %s",
                  c->job_id, c->rdv_timeout_ms, atomic_load(&c->nregistered), c->world, missing);
         FL_ERROR(c->ctx, "%s", text);
         fl_coord_fail_rendezvous_all(c, FL_EPEER, FL_ETIMEDOUT, -1, "", text, NULL);

@@ -122,16 +122,16 @@ void fl_ps_server_stop(fl_ps_server_t *srv);
 void fl_ps_server_destroy(fl_ps_server_t **srv);
 
 typedef struct fl_ps_server_stats {
-    uint64_t pushes;      /* pushes taken by its shards */
-    uint64_t pulls;       /* replies sent */
-    uint64_t refused;     /* error replies: bad or out-of-place requests */
-    uint64_t bad_msgs;    /* messages the transport refused (malformed, wrong job, ...) */
+    uint64_t pushes;       /* pushes taken by its shards */
+    uint64_t pulls;        /* replies sent */
+    uint64_t refused;      /* error replies: bad or out-of-place requests */
+    uint64_t bad_msgs;     /* messages the transport refused (malformed, wrong job, ...) */
     uint64_t auth_refused; /* connections refused by CURVE (a client key not allowed) */
     uint64_t conn_dropped; /* connections closed in their handshake, over the caps on those */
-    uint64_t checkpoints; /* shard checkpoints written */
-    uint64_t timeouts;    /* pulls that waited past their deadline */
-    uint64_t version;     /* after stop: updates applied (the largest over its shards) */
-    uint64_t step;        /* after stop: steps completed by the slowest rank (smallest) */
+    uint64_t checkpoints;  /* shard checkpoints written */
+    uint64_t timeouts;     /* pulls that waited past their deadline */
+    uint64_t version;      /* after stop: updates applied (the largest over its shards) */
+    uint64_t step;         /* after stop: steps completed by the slowest rank (smallest) */
 } fl_ps_server_stats_t;
 
 void fl_ps_server_get_stats(const fl_ps_server_t *srv, fl_ps_server_stats_t *out);

@@ -11,8 +11,7 @@
 #define BLOCK PS_BLOCK /* floats: 8 KiB, with the optimizer's state it stays in L1/L2 */
 
 /* g[j] (+)= w * x[j] for one dense source over [off, off + len). */
-static void add_dense(float *g, const ps_src_t *s, uint64_t off, size_t len, float w,
-                      bool first)
+static void add_dense(float *g, const ps_src_t *s, uint64_t off, size_t len, float w, bool first)
 {
     switch (s->kind) {
     case PS_SRC_F32: {

@@ -19,11 +19,11 @@
 
 #define FORMAT "1"
 
-static void path_of(const char *dir, uint32_t shard, uint32_t num_shards, uint64_t step,
-                    char *out, size_t cap)
+static void path_of(const char *dir, uint32_t shard, uint32_t num_shards, uint64_t step, char *out,
+                    size_t cap)
 {
-    snprintf(out, cap, "%s/shard-%u-of-%u.step-%012" PRIu64 ".safetensors", dir, shard,
-             num_shards, step);
+    snprintf(out, cap, "%s/shard-%u-of-%u.step-%012" PRIu64 ".safetensors", dir, shard, num_shards,
+             step);
 }
 
 /* Parses "shard-<i>-of-<S>.step-<t>.safetensors": true with the three numbers. */
@@ -138,8 +138,7 @@ int fl_ps__ckpt_write(const char *dir, const ps_ckpt_meta_t *m, const float *par
         t[nt++] = (fl_st_tensor_t){"opt.buf1", FL_FLOAT32, 1, {m->count}, buf1, bytes};
     if (buf2 != NULL)
         t[nt++] = (fl_st_tensor_t){"opt.buf2", FL_FLOAT32, 1, {m->count}, buf2, bytes};
-    t[nt++] = (fl_st_tensor_t){"clocks", FL_INT64, 1, {nclocks}, clocks,
-                               nclocks * sizeof *clocks};
+    t[nt++] = (fl_st_tensor_t){"clocks", FL_INT64, 1, {nclocks}, clocks, nclocks * sizeof *clocks};
     char v[10][32];
     snprintf(v[0], sizeof v[0], "%u", m->shard);
     snprintf(v[1], sizeof v[1], "%u", m->num_shards);
@@ -152,10 +151,12 @@ int fl_ps__ckpt_write(const char *dir, const ps_ckpt_meta_t *m, const float *par
     snprintf(v[8], sizeof v[8], "%s", fl_opt_kind_name(m->opt));
     snprintf(v[9], sizeof v[9], "%s", fl_ps_consistency_name(m->consistency));
     const fl_st_meta_t meta[] = {
-        {"flodl.ps.format", FORMAT}, {"flodl.ps.shard", v[0]},    {"flodl.ps.num_shards", v[1]},
-        {"flodl.ps.offset", v[2]},   {"flodl.ps.count", v[3]},    {"flodl.ps.param_count", v[4]},
-        {"flodl.ps.step", v[5]},     {"flodl.ps.version", v[6]},  {"flodl.ps.opt_steps", v[7]},
-        {"flodl.ps.optimizer", v[8]}, {"flodl.ps.consistency", v[9]},
+        {"flodl.ps.format", FORMAT},    {"flodl.ps.shard", v[0]},
+        {"flodl.ps.num_shards", v[1]},  {"flodl.ps.offset", v[2]},
+        {"flodl.ps.count", v[3]},       {"flodl.ps.param_count", v[4]},
+        {"flodl.ps.step", v[5]},        {"flodl.ps.version", v[6]},
+        {"flodl.ps.opt_steps", v[7]},   {"flodl.ps.optimizer", v[8]},
+        {"flodl.ps.consistency", v[9]},
     };
     char path[4096];
     path_of(dir, m->shard, m->num_shards, m->step, path, sizeof path);
@@ -185,8 +186,8 @@ static int meta_u64(const fl_st_file_t *f, const char *path, const char *key, ui
     errno = 0;
     unsigned long long v = strtoull(s, &end, 10);
     if (errno != 0 || *end != '\0')
-        return fl_fail(FL_EPROTO, "checkpoint %s: metadata %s = '%s' is not a number", path,
-                       key, s);
+        return fl_fail(FL_EPROTO, "checkpoint %s: metadata %s = '%s' is not a number", path, key,
+                       s);
     *out = v;
     return FL_OK;
 }
@@ -223,8 +224,9 @@ int fl_ps__ckpt_open(const char *dir, uint32_t shard, uint32_t num_shards, uint6
     uint64_t v;
     const char *fmt = fl_st_meta_get(f, "flodl.ps.format");
     if (fmt == NULL || strcmp(fmt, FORMAT) != 0) {
-        rc = fl_fail(FL_EPROTO, "checkpoint %s: not a flodl parameter-server checkpoint "
-                                "(format '%s')",
+        rc = fl_fail(FL_EPROTO,
+                     "checkpoint %s: not a flodl parameter-server checkpoint "
+                     "(format '%s')",
                      path, fmt ? fmt : "none");
         goto fail;
     }
@@ -251,8 +253,8 @@ int fl_ps__ckpt_open(const char *dir, uint32_t shard, uint32_t num_shards, uint6
         goto fail;
     }
     if (m->offset > m->param_count || m->count > m->param_count - m->offset) {
-        rc = fl_fail(FL_EPROTO, "checkpoint %s: range %" PRIu64 "+%" PRIu64 " outside %" PRIu64
-                                " parameters",
+        rc = fl_fail(FL_EPROTO,
+                     "checkpoint %s: range %" PRIu64 "+%" PRIu64 " outside %" PRIu64 " parameters",
                      path, m->offset, m->count, m->param_count);
         goto fail;
     }
@@ -263,8 +265,7 @@ int fl_ps__ckpt_open(const char *dir, uint32_t shard, uint32_t num_shards, uint6
     }
     const char *cons = fl_st_meta_get(f, "flodl.ps.consistency");
     if (cons == NULL || fl_ps_consistency_parse(cons, &m->consistency) != FL_OK) {
-        rc = fl_fail(FL_EPROTO, "checkpoint %s: unknown consistency '%s'", path,
-                     cons ? cons : "");
+        rc = fl_fail(FL_EPROTO, "checkpoint %s: unknown consistency '%s'", path, cons ? cons : "");
         goto fail;
     }
     rc = FL_OK;
@@ -305,9 +306,10 @@ int fl_ps__ckpt_valid_steps(const char *dir, uint32_t shard, uint32_t num_shards
     if (rc != FL_OK)
         return rc;
     if (nf == 0 && foreign != 0)
-        return fl_fail(FL_EINVAL, "checkpoint directory %s holds checkpoints of a job with %u "
-                                  "shards; this one has %u (re-sharding a checkpoint is not "
-                                  "supported: use the same --num-shards)",
+        return fl_fail(FL_EINVAL,
+                       "checkpoint directory %s holds checkpoints of a job with %u "
+                       "shards; this one has %u (re-sharding a checkpoint is not "
+                       "supported: use the same --num-shards)",
                        dir, foreign, num_shards);
     for (size_t i = 0; i < nf && *n < cap; i++) {
         ps_ckpt_t c;

@@ -21,8 +21,9 @@ static int check_finite(const char *path, const fl_st_tensor_t *t)
         return FL_OK;
     for (size_t i = 0; i < n; i++)
         if (!isfinite(v[i]))
-            return fl_fail(FL_EINVAL, "--init %s: tensor '%s' holds %s at index %zu, expected "
-                                      "finite values",
+            return fl_fail(FL_EINVAL,
+                           "--init %s: tensor '%s' holds %s at index %zu, expected "
+                           "finite values",
                            path, t->name, isnan(v[i]) ? "NaN" : "Inf", i);
     return FL_OK;
 }
@@ -39,8 +40,9 @@ int fl_ps__init_open(const char *path, fl_st_file_t **out, uint64_t *param_count
     for (size_t i = 0; i < fl_st_count(f) && rc == FL_OK; i++) {
         const fl_st_tensor_t *t = fl_st_at(f, i);
         if (t->dtype != FL_FLOAT32)
-            rc = fl_fail(FL_EINVAL, "--init %s: tensor %s is %s; the parameter server holds "
-                                    "float32",
+            rc = fl_fail(FL_EINVAL,
+                         "--init %s: tensor %s is %s; the parameter server holds "
+                         "float32",
                          path, t->name, fl_st_dtype_name(t->dtype));
         else
             rc = check_finite(path, t);

@@ -33,15 +33,15 @@ typedef enum ps_src_kind {
 
 typedef struct ps_src {
     ps_src_kind_t kind;
-    const void *dense;   /* dense and contiguous (chunk_elems 0): count elements */
+    const void *dense;                    /* dense and contiguous (chunk_elems 0): count elements */
     const void *chunk[FL_MSG_MAX_FRAMES]; /* dense in pieces: chunk c holds elements from
                                              c * chunk_elems on (a multiple of PS_BLOCK) */
-    uint64_t chunk_elems; /* 0: contiguous */
+    uint64_t chunk_elems;                 /* 0: contiguous */
     const uint32_t *idx; /* sparse: k indices into the shard, strictly ascending, < count */
     const float *val;
     size_t k;
-    uint32_t batch;  /* samples behind it; 0: the rank skips the step */
-    double maxabs;   /* largest |value| (checked finite on arrival) */
+    uint32_t batch;            /* samples behind it; 0: the rank skips the step */
+    double maxabs;             /* largest |value| (checked finite on arrival) */
     void (*release)(void *ud); /* called once when the state no longer needs the memory */
     void *ud;
 } ps_src_t;
@@ -59,7 +59,6 @@ static inline const void *ps_src_at(const ps_src_t *s, uint64_t at, size_t es)
     return (const char *)s->chunk[c] + (at - c * s->chunk_elems) * es;
 }
 
-
 /* ---- the parameters, shared with replies in flight (copy on write) ---- */
 
 typedef struct ps_params ps_params_t;
@@ -75,11 +74,11 @@ const float *fl_ps__params_data(const ps_params_t *p);
 typedef struct ps_state ps_state_t;
 
 typedef struct ps_state_opts {
-    uint64_t count;                  /* parameters of the shard (0: an empty shard) */
-    int world;                       /* ranks that push */
+    uint64_t count; /* parameters of the shard (0: an empty shard) */
+    int world;      /* ranks that push */
     fl_ps_consistency_t consistency;
-    uint32_t staleness;              /* SSP */
-    double async_scale;              /* ASYNC and SSP: factor on each push (0: 1 / world) */
+    uint32_t staleness; /* SSP */
+    double async_scale; /* ASYNC and SSP: factor on each push (0: 1 / world) */
     fl_opt_opts_t opt;
     fl_lr_sched_t lr;
 } ps_state_opts_t;
@@ -95,9 +94,9 @@ int fl_ps__state_init(ps_state_t *st, const float *params, uint64_t step);
 /* The state of a checkpoint: parameters, the optimizer's buffers (NULL: zeros) and step
  * count, the version and the ranks' clocks (nclocks entries; another number of ranks than
  * the job's sets every clock to the smallest saved one). FL_OK, FL_EINVAL, FL_ENONFINITE. */
-int fl_ps__state_restore(ps_state_t *st, const float *params, const float *buf1,
-                         const float *buf2, uint64_t opt_steps, uint64_t version,
-                         const uint64_t *clocks, size_t nclocks);
+int fl_ps__state_restore(ps_state_t *st, const float *params, const float *buf1, const float *buf2,
+                         uint64_t opt_steps, uint64_t version, const uint64_t *clocks,
+                         size_t nclocks);
 
 bool fl_ps__state_ready(const ps_state_t *st);
 uint64_t fl_ps__state_count(const ps_state_t *st);
@@ -162,9 +161,8 @@ void fl_ps__apply(fl_opt_t *opt, float *params, uint64_t count, const ps_src_t *
  * once the source is released; the caller sets src->batch and src->release. FL_OK, or
  * FL_EPROTO / FL_ENONFINITE / FL_ENOMEM with the detail (then *owned is NULL). */
 int fl_ps__payload_decode(fl_cmp_ws_t *ws, const void *const *data, const size_t *bytes,
-                          const fl_msg_frame_t *desc, size_t nframes, uint64_t count,
-                          ps_src_t *src, void **owned);
-
+                          const fl_msg_frame_t *desc, size_t nframes, uint64_t count, ps_src_t *src,
+                          void **owned);
 
 /* Encodes count parameters with lz4 into a new buffer when that shrinks them: FL_OK with *out
  * (malloc'd, *out_len bytes) or *out = NULL when lz4 does not pay; FL_ENOMEM. */
@@ -189,7 +187,7 @@ int fl_ps__init_shapes(const fl_st_file_t *f, const char *path, uint64_t *signat
 typedef struct ps_ckpt_meta {
     uint32_t shard;
     uint32_t num_shards;
-    uint64_t offset;      /* the shard's key range */
+    uint64_t offset; /* the shard's key range */
     uint64_t count;
     uint64_t param_count; /* of the whole model */
     uint64_t step;        /* the step the file is named after (steps completed) */

@@ -59,17 +59,42 @@ static const char usage[] =
 
 /* The parameter server's flags are O_SHARDS..O_OPTIM (apply_server), the others the job's. */
 enum {
-    O_BIND = 1000, O_WORLD, O_JOB, O_HBT, O_RDV, O_EPFILE, O_LOG, O_HELP, O_VERSION,
-    O_SHARDS, O_NUM, O_INDEX, O_COORD, O_HOST, O_CONS, O_STALE, O_SCALE, O_INIT, O_CKDIR,
-    O_CKEVERY, O_KEEP, O_RESUME, O_MAXWAIT, O_OPTIM,
-    O_MPORT, O_MBIND, O_STALL, O_CURVE, O_INSECURE
+    O_BIND = 1000,
+    O_WORLD,
+    O_JOB,
+    O_HBT,
+    O_RDV,
+    O_EPFILE,
+    O_LOG,
+    O_HELP,
+    O_VERSION,
+    O_SHARDS,
+    O_NUM,
+    O_INDEX,
+    O_COORD,
+    O_HOST,
+    O_CONS,
+    O_STALE,
+    O_SCALE,
+    O_INIT,
+    O_CKDIR,
+    O_CKEVERY,
+    O_KEEP,
+    O_RESUME,
+    O_MAXWAIT,
+    O_OPTIM,
+    O_MPORT,
+    O_MBIND,
+    O_STALL,
+    O_CURVE,
+    O_INSECURE
 };
 
 typedef struct args {
     fl_coord_opts_t co;
     fl_ps_server_opts_t so;
     const char *epfile;
-    const char *coordinator; /* server-only mode */
+    const char *coordinator;             /* server-only mode */
     int shards, num_shards, shard_index; /* -1: not given */
     bool any_ps_flag;
     int metrics_port; /* -1: off */
@@ -290,21 +315,34 @@ static void local_endpoint(const char *bound, char *out, size_t cap)
 static int parse(args_t *a, int argc, char **argv)
 {
     static const struct option fixed[] = {
-        {"bind", 1, NULL, O_BIND},           {"world-size", 1, NULL, O_WORLD},
-        {"job-id", 1, NULL, O_JOB},          {"heartbeat-timeout", 1, NULL, O_HBT},
-        {"rendezvous-timeout", 1, NULL, O_RDV}, {"endpoint-file", 1, NULL, O_EPFILE},
-        {"log-level", 1, NULL, O_LOG},       {"help", 0, NULL, O_HELP},
+        {"bind", 1, NULL, O_BIND},
+        {"world-size", 1, NULL, O_WORLD},
+        {"job-id", 1, NULL, O_JOB},
+        {"heartbeat-timeout", 1, NULL, O_HBT},
+        {"rendezvous-timeout", 1, NULL, O_RDV},
+        {"endpoint-file", 1, NULL, O_EPFILE},
+        {"log-level", 1, NULL, O_LOG},
+        {"help", 0, NULL, O_HELP},
         {"version", 0, NULL, O_VERSION},
-        {"shards", 1, NULL, O_SHARDS},       {"num-shards", 1, NULL, O_NUM},
-        {"shard-index", 1, NULL, O_INDEX},   {"coordinator", 1, NULL, O_COORD},
-        {"host", 1, NULL, O_HOST},           {"consistency", 1, NULL, O_CONS},
-        {"staleness", 1, NULL, O_STALE},     {"async-scale", 1, NULL, O_SCALE},
-        {"init", 1, NULL, O_INIT},           {"checkpoint-dir", 1, NULL, O_CKDIR},
-        {"metrics-port", 1, NULL, O_MPORT},  {"metrics-bind", 1, NULL, O_MBIND},
-        {"stall-report", 1, NULL, O_STALL},  {"curve-dir", 1, NULL, O_CURVE},
+        {"shards", 1, NULL, O_SHARDS},
+        {"num-shards", 1, NULL, O_NUM},
+        {"shard-index", 1, NULL, O_INDEX},
+        {"coordinator", 1, NULL, O_COORD},
+        {"host", 1, NULL, O_HOST},
+        {"consistency", 1, NULL, O_CONS},
+        {"staleness", 1, NULL, O_STALE},
+        {"async-scale", 1, NULL, O_SCALE},
+        {"init", 1, NULL, O_INIT},
+        {"checkpoint-dir", 1, NULL, O_CKDIR},
+        {"metrics-port", 1, NULL, O_MPORT},
+        {"metrics-bind", 1, NULL, O_MBIND},
+        {"stall-report", 1, NULL, O_STALL},
+        {"curve-dir", 1, NULL, O_CURVE},
         {"insecure", 0, NULL, O_INSECURE},
-        {"checkpoint-every", 1, NULL, O_CKEVERY}, {"keep", 1, NULL, O_KEEP},
-        {"resume", 0, NULL, O_RESUME},       {"max-wait", 1, NULL, O_MAXWAIT},
+        {"checkpoint-every", 1, NULL, O_CKEVERY},
+        {"keep", 1, NULL, O_KEEP},
+        {"resume", 0, NULL, O_RESUME},
+        {"max-wait", 1, NULL, O_MAXWAIT},
     };
     static struct option longopts[64];
     int n = 0;
@@ -363,11 +401,11 @@ static int wait_until(const sigset_t *sigs, fl_coord_t *coord, fl_ps_server_t *s
 
 /* What a run holds, made in this order and released in the reverse one. */
 typedef struct run {
-    fl_coord_t *coord;       /* NULL with --coordinator */
-    fl_ps_server_t *srv;     /* NULL when this process serves no shard */
-    ps_metrics_t *metrics;   /* NULL without --metrics-port */
+    fl_coord_t *coord;              /* NULL with --coordinator */
+    fl_ps_server_t *srv;            /* NULL when this process serves no shard */
+    ps_metrics_t *metrics;          /* NULL without --metrics-port */
     char coord_ep[FL_ENDPOINT_MAX]; /* the coordinator as this process's server dials it */
-    char host[FL_HOST_MAX];  /* the address ranks dial for this process's shards */
+    char host[FL_HOST_MAX];         /* the address ranks dial for this process's shards */
 } run_t;
 
 static void release(run_t *r)

@@ -24,8 +24,7 @@ struct ps_metrics {
     int state_ids[4];
     int started, auth, dropped, pushes, pulls, refused, ckpts, timeouts, srv_bad;
     int bad[FL_STAT_COUNT]; /* the coordinator's refusals by kind; -1: not a refusal counter */
-    int up[MAX_RANK_SERIES], silent[MAX_RANK_SERIES], seq[MAX_RANK_SERIES],
-        lag[MAX_RANK_SERIES];
+    int up[MAX_RANK_SERIES], silent[MAX_RANK_SERIES], seq[MAX_RANK_SERIES], lag[MAX_RANK_SERIES];
 };
 
 static const char *const state_name[4] = {"absent", "alive", "dead", "left"};
@@ -106,8 +105,7 @@ static void register_all(ps_metrics_t *m)
         snprintf(l, sizeof l, "state=\"%s\"", state_name[s]);
         m->state_ids[s] = add(m, "flodl_ps_ranks", "Ranks of the job by state", FL_OBS_GAUGE, l);
     }
-    m->started = add(m, "flodl_ps_job_started", "1 once every rank registered", FL_OBS_GAUGE,
-                     NULL);
+    m->started = add(m, "flodl_ps_job_started", "1 once every rank registered", FL_OBS_GAUGE, NULL);
     /* By kind, as the workers' flodl_bad_messages_total; refused connections have a series
      * of their own (flodl_ps_auth_refused_total, flodl_ps_conn_dropped_total). */
     for (int k = 0; k < FL_STAT_COUNT; k++) {
@@ -133,8 +131,8 @@ static void register_all(ps_metrics_t *m)
     m->pulls = add(m, "flodl_ps_pulls_total", "Pull replies sent", FL_OBS_COUNTER, NULL);
     m->refused = add(m, "flodl_ps_refused_total", "Requests refused with an error reply",
                      FL_OBS_COUNTER, NULL);
-    m->ckpts = add(m, "flodl_ps_checkpoints_total", "Shard checkpoints written", FL_OBS_COUNTER,
-                   NULL);
+    m->ckpts =
+        add(m, "flodl_ps_checkpoints_total", "Shard checkpoints written", FL_OBS_COUNTER, NULL);
     m->timeouts = add(m, "flodl_ps_pull_timeouts_total", "Pulls that waited past their deadline",
                       FL_OBS_COUNTER, NULL);
     m->srv_bad = add(m, "flodl_ps_shard_bad_messages_total",
@@ -147,13 +145,13 @@ static void register_all(ps_metrics_t *m)
         m->seq[r] = add(m, "flodl_ps_rank_collectives_total",
                         "Collectives the rank has started (its latest heartbeat's count)",
                         FL_OBS_COUNTER, l);
-        m->lag[r] = add(m, "flodl_ps_rank_lag", "Collectives behind the furthest rank",
-                        FL_OBS_GAUGE, l);
+        m->lag[r] =
+            add(m, "flodl_ps_rank_lag", "Collectives behind the furthest rank", FL_OBS_GAUGE, l);
     }
 }
 
-int ps_metrics_start(const char *bind, int port, fl_coord_t *coord, fl_ps_server_t *srv,
-                     int world, ps_metrics_t **out)
+int ps_metrics_start(const char *bind, int port, fl_coord_t *coord, fl_ps_server_t *srv, int world,
+                     ps_metrics_t **out)
 {
     *out = NULL;
     ps_metrics_t *m = calloc(1, sizeof *m);
@@ -169,8 +167,8 @@ int ps_metrics_start(const char *bind, int port, fl_coord_t *coord, fl_ps_server
     if (rc == FL_OK) {
         register_all(m);
         if (m->failed)
-            rc = fl_fail(FL_EINVAL, "metrics: could not register every series: %s",
-                         fl_last_error());
+            rc =
+                fl_fail(FL_EINVAL, "metrics: could not register every series: %s", fl_last_error());
     }
     if (rc == FL_OK) {
         fl_obs_on_render(m->obs, refresh, m);

@@ -11,8 +11,8 @@ typedef struct ps_metrics ps_metrics_t;
 /* Serves /metrics and /healthz on bind:port for the coordinator (may be NULL) of world ranks
  * and the server (may be NULL), both borrowed until ps_metrics_stop. FL_OK or the endpoint's
  * error. */
-int ps_metrics_start(const char *bind, int port, fl_coord_t *coord, fl_ps_server_t *srv,
-                     int world, ps_metrics_t **out);
+int ps_metrics_start(const char *bind, int port, fl_coord_t *coord, fl_ps_server_t *srv, int world,
+                     ps_metrics_t **out);
 int ps_metrics_port(const ps_metrics_t *m);
 void ps_metrics_stop(ps_metrics_t **m);
 

@@ -99,8 +99,9 @@ static int decode_sparse(fl_cmp_ws_t *ws, const void *data, size_t bytes, uint64
     if (rc != FL_OK)
         return rc;
     if (info.n != count)
-        return fl_fail(FL_EPROTO, "sparse push for a tensor of %" PRIu64 " entries, the shard "
-                                  "holds %" PRIu64,
+        return fl_fail(FL_EPROTO,
+                       "sparse push for a tensor of %" PRIu64 " entries, the shard "
+                       "holds %" PRIu64,
                        info.n, count);
     /* k <= n is checked by peek: the allocation is bounded by the shard, not the sender. */
     size_t k = (size_t)info.k;
@@ -110,8 +111,7 @@ static int decode_sparse(fl_cmp_ws_t *ws, const void *data, size_t bytes, uint64
     uint32_t *idx = mem;
     float *val = (float *)(idx + k + 1);
     size_t got = 0;
-    if ((rc = fl_cmp_sparse_decode(ws, data, bytes, (size_t)count, k, idx, val, &got)) !=
-        FL_OK) {
+    if ((rc = fl_cmp_sparse_decode(ws, data, bytes, (size_t)count, k, idx, val, &got)) != FL_OK) {
         free(mem);
         return rc;
     }
@@ -124,9 +124,8 @@ static int decode_sparse(fl_cmp_ws_t *ws, const void *data, size_t bytes, uint64
 }
 
 /* Lays out a dense payload of nframes pieces: element type, sizes, piece lengths. */
-static int decode_dense(const void *const *data, const size_t *bytes,
-                        const fl_msg_frame_t *desc, size_t nframes, uint64_t count,
-                        ps_src_t *src, void **owned)
+static int decode_dense(const void *const *data, const size_t *bytes, const fl_msg_frame_t *desc,
+                        size_t nframes, uint64_t count, ps_src_t *src, void **owned)
 {
     size_t es;
     uint32_t dtype = desc[0].dtype, codec = desc[0].codec;
@@ -135,15 +134,17 @@ static int decode_dense(const void *const *data, const size_t *bytes,
     case FL_FLOAT16: src->kind = PS_SRC_F16, es = 2; break;
     case FL_BFLOAT16: src->kind = PS_SRC_BF16, es = 2; break;
     default:
-        return fl_fail(FL_EPROTO, "dense push of %s values (float32, float16 or bfloat16 "
-                                  "expected)",
+        return fl_fail(FL_EPROTO,
+                       "dense push of %s values (float32, float16 or bfloat16 "
+                       "expected)",
                        fl_dtype_name((fl_dtype_t)dtype));
     }
     uint64_t total = 0, piece = desc[0].raw_bytes / es;
     for (size_t f = 0; f < nframes; f++) {
         if (desc[f].dtype != dtype || desc[f].codec != codec)
-            return fl_fail(FL_EPROTO, "dense push frame %zu has another type or codec than "
-                                      "frame 0",
+            return fl_fail(FL_EPROTO,
+                           "dense push frame %zu has another type or codec than "
+                           "frame 0",
                            f);
         if (codec != FL_CODEC_RAW && codec != FL_CODEC_LZ4)
             return fl_fail(FL_EPROTO, "push with unknown codec %u", codec);
@@ -153,14 +154,16 @@ static int decode_dense(const void *const *data, const size_t *bytes,
         uint64_t elems = desc[f].raw_bytes / es;
         if (desc[f].raw_bytes % es != 0 || (f + 1 < nframes && elems != piece) ||
             (f + 1 == nframes && elems > piece) || elems == 0)
-            return fl_fail(FL_EPROTO, "dense push frame %zu of %" PRIu64 " bytes does not "
-                                      "continue pieces of %" PRIu64 " elements",
+            return fl_fail(FL_EPROTO,
+                           "dense push frame %zu of %" PRIu64 " bytes does not "
+                           "continue pieces of %" PRIu64 " elements",
                            f, desc[f].raw_bytes, piece);
         total += elems;
     }
     if (total != count || (nframes > 1 && piece % PS_BLOCK != 0))
-        return fl_fail(FL_EPROTO, "dense push of %" PRIu64 " bytes for a shard of %" PRIu64
-                                  " %s values (%" PRIu64 " bytes)%s",
+        return fl_fail(FL_EPROTO,
+                       "dense push of %" PRIu64 " bytes for a shard of %" PRIu64
+                       " %s values (%" PRIu64 " bytes)%s",
                        total * es, count, fl_dtype_name((fl_dtype_t)dtype), count * es,
                        total == count ? " in pieces that are not multiples of 2048" : "");
     if (codec == FL_CODEC_RAW) {
@@ -190,8 +193,8 @@ static int decode_dense(const void *const *data, const size_t *bytes,
 }
 
 int fl_ps__payload_decode(fl_cmp_ws_t *ws, const void *const *data, const size_t *bytes,
-                          const fl_msg_frame_t *desc, size_t nframes, uint64_t count,
-                          ps_src_t *src, void **owned)
+                          const fl_msg_frame_t *desc, size_t nframes, uint64_t count, ps_src_t *src,
+                          void **owned)
 {
     memset(src, 0, sizeof *src);
     *owned = NULL;
@@ -200,8 +203,7 @@ int fl_ps__payload_decode(fl_cmp_ws_t *ws, const void *const *data, const size_t
     int rc;
     if (desc[0].codec == FL_CODEC_SPARSE) {
         if (nframes != 1)
-            return fl_fail(FL_EPROTO, "sparse push in %zu frames (one block expected)",
-                           nframes);
+            return fl_fail(FL_EPROTO, "sparse push in %zu frames (one block expected)", nframes);
         rc = decode_sparse(ws, data[0], bytes[0], count, src, owned);
     } else {
         rc = decode_dense(data, bytes, desc, nframes, count, src, owned);

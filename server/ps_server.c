@@ -26,13 +26,13 @@ struct fl_ps_server {
     fl_ctx_t *ctx;
     fl_tp_member_t *member;
     ps_shard_t **shards;
-    fl_st_file_t *init;     /* --init, until the shards took their ranges */
-    uint64_t param_count;   /* from --init or the checkpoints; 0: from the ranks */
-    uint64_t signature;     /* of --init's tensor shapes, which the ranks' must match; 0: none */
+    fl_st_file_t *init;   /* --init, until the shards took their ranges */
+    uint64_t param_count; /* from --init or the checkpoints; 0: from the ranks */
+    uint64_t signature;   /* of --init's tensor shapes, which the ranks' must match; 0: none */
     char shapes[FL_MODEL_SHAPES_MAX];
     uint64_t resume_steps[FL_MSG_MAX_CHECKPOINTS];
     size_t nresume;
-    fl_msg_peer_t *peers;   /* from the welcome: hosts for the shards' texts */
+    fl_msg_peer_t *peers; /* from the welcome: hosts for the shards' texts */
     int world;
 
     fl_service_t svc; /* the server thread; ready once past the rendezvous */
@@ -64,20 +64,20 @@ static int check_opts(const fl_ps_server_opts_t *o)
                        o->num_shards, FL_MSG_MAX_SHARDS);
     if (o->shard_first < 0 || o->shard_count < 1 || o->shard_first >= o->num_shards ||
         o->shard_count > o->num_shards - o->shard_first)
-        return fl_fail(FL_EINVAL, "parameter server: shards %d..%d outside 0..%d",
-                       o->shard_first, o->shard_first + o->shard_count - 1, o->num_shards - 1);
+        return fl_fail(FL_EINVAL, "parameter server: shards %d..%d outside 0..%d", o->shard_first,
+                       o->shard_first + o->shard_count - 1, o->num_shards - 1);
     if (o->consistency != FL_PS_SYNC && o->consistency != FL_PS_ASYNC &&
         o->consistency != FL_PS_SSP)
-        return fl_fail(FL_EINVAL, "parameter server: unknown consistency %d",
-                       (int)o->consistency);
+        return fl_fail(FL_EINVAL, "parameter server: unknown consistency %d", (int)o->consistency);
     if (o->consistency != FL_PS_SSP && o->staleness != 0)
         return fl_fail(FL_EINVAL, "parameter server: --staleness only applies to ssp");
     if (!(o->async_scale >= 0.0) || o->async_scale > 1e6)
         return fl_fail(FL_EINVAL, "parameter server: async scale %g", o->async_scale);
     if (o->keep < 2)
-        return fl_fail(FL_EINVAL, "parameter server: --keep %d: keep at least 2 (a crash while "
-                                  "the shards write one checkpoint must leave an older one they "
-                                  "all hold)",
+        return fl_fail(FL_EINVAL,
+                       "parameter server: --keep %d: keep at least 2 (a crash while "
+                       "the shards write one checkpoint must leave an older one they "
+                       "all hold)",
                        o->keep);
     if (o->checkpoint_dir == NULL && (o->resume || o->ckpt_every_steps || o->ckpt_every_ms))
         return fl_fail(FL_EINVAL, "parameter server: --resume and --checkpoint-every need "
@@ -109,8 +109,8 @@ static int open_init(fl_ps_server_t *s)
 {
     int rc = fl_ps__init_open(s->o.init_path, &s->init, &s->param_count);
     if (rc == FL_OK)
-        rc = fl_ps__init_shapes(s->init, s->o.init_path, &s->signature, s->shapes,
-                                sizeof s->shapes);
+        rc =
+            fl_ps__init_shapes(s->init, s->o.init_path, &s->signature, s->shapes, sizeof s->shapes);
     return rc;
 }
 
@@ -133,8 +133,9 @@ static int scan_checkpoints(fl_ps_server_t *s)
     if (rc != FL_OK)
         return rc;
     if (stale > 0)
-        FL_INFO(s->ctx, "removed %zu temporary file(s) of killed checkpoint writers from %s "
-                        "(%.1f MiB)",
+        FL_INFO(s->ctx,
+                "removed %zu temporary file(s) of killed checkpoint writers from %s "
+                "(%.1f MiB)",
                 stale, s->ckpt_dir, (double)stale_bytes / 1048576.0);
     for (int k = 0; k < o->shard_count; k++) {
         uint32_t idx = (uint32_t)(o->shard_first + k);
@@ -147,9 +148,10 @@ static int scan_checkpoints(fl_ps_server_t *s)
         files += n + (foreign > 0);
         if (!o->resume) {
             if (n > 0 || foreign > 0)
-                return fl_fail(FL_EINVAL, "--checkpoint-dir %s holds checkpoints of an earlier "
-                                          "run: pass --resume to continue from them, or choose "
-                                          "another directory",
+                return fl_fail(FL_EINVAL,
+                               "--checkpoint-dir %s holds checkpoints of an earlier "
+                               "run: pass --resume to continue from them, or choose "
+                               "another directory",
                                s->ckpt_dir);
             continue;
         }
@@ -158,8 +160,7 @@ static int scan_checkpoints(fl_ps_server_t *s)
             return rc;
         if (used + 48 < sizeof seen)
             used += (size_t)snprintf(seen + used, sizeof seen - used, "%sshard %u: %zu valid%s",
-                                     k ? "; " : "", idx, n,
-                                     n ? ", newest " : "");
+                                     k ? "; " : "", idx, n, n ? ", newest " : "");
         if (n > 0 && used + 24 < sizeof seen)
             used += (size_t)snprintf(seen + used, sizeof seen - used, "%llu",
                                      (unsigned long long)steps[0]);
@@ -179,15 +180,17 @@ static int scan_checkpoints(fl_ps_server_t *s)
         ncommon = keep;
     }
     if (o->resume && files > 0 && ncommon == 0)
-        return fl_fail(FL_EINVAL, "--resume: %s holds checkpoints, but no valid step common to "
-                                  "shards %d..%d (%s): refusing to start over",
+        return fl_fail(FL_EINVAL,
+                       "--resume: %s holds checkpoints, but no valid step common to "
+                       "shards %d..%d (%s): refusing to start over",
                        s->ckpt_dir, o->shard_first, o->shard_first + o->shard_count - 1, seen);
     s->nresume = ncommon < FL_MSG_MAX_CHECKPOINTS ? ncommon : FL_MSG_MAX_CHECKPOINTS;
     memcpy(s->resume_steps, common, s->nresume * sizeof *common);
     if (params != 0) {
         if (s->param_count != 0 && s->param_count != params)
-            return fl_fail(FL_EINVAL, "--init %s has %" PRIu64 " parameters, the checkpoints in "
-                                      "%s %" PRIu64,
+            return fl_fail(FL_EINVAL,
+                           "--init %s has %" PRIu64 " parameters, the checkpoints in "
+                           "%s %" PRIu64,
                            o->init_path, s->param_count, s->ckpt_dir, params);
         s->param_count = params;
     }
@@ -361,14 +364,16 @@ static int setup_shards(fl_ps_server_t *s, fl_msg_hdr_t *h)
     const fl_ps_server_opts_t *o = &s->o;
     fl_msg_welcome_t *w = &h->u.welcome;
     if (w->nshards != (uint32_t)o->num_shards)
-        return fl_fail(FL_EPROTO, "the coordinator's shard map has %u shards, this server "
-                                  "expects %d",
+        return fl_fail(FL_EPROTO,
+                       "the coordinator's shard map has %u shards, this server "
+                       "expects %d",
                        w->nshards, o->num_shards);
     if (w->consistency != (uint32_t)o->consistency || w->staleness != o->staleness)
-        return fl_fail(FL_EPROTO, "the coordinator runs consistency %s (staleness %u), this "
-                                  "server %s (staleness %u)",
-                       fl_ps_consistency_name((fl_ps_consistency_t)w->consistency),
-                       w->staleness, fl_ps_consistency_name(o->consistency), o->staleness);
+        return fl_fail(FL_EPROTO,
+                       "the coordinator runs consistency %s (staleness %u), this "
+                       "server %s (staleness %u)",
+                       fl_ps_consistency_name((fl_ps_consistency_t)w->consistency), w->staleness,
+                       fl_ps_consistency_name(o->consistency), o->staleness);
     if (s->init != NULL && w->param_count != s->param_count)
         return fl_fail(FL_EINVAL, "the ranks' model has %" PRIu64 " parameters, --init %" PRIu64,
                        w->param_count, s->param_count);
@@ -380,8 +385,9 @@ static int setup_shards(fl_ps_server_t *s, fl_msg_hdr_t *h)
         uint32_t idx = (uint32_t)(o->shard_first + k);
         const fl_msg_shard_t *m = &w->shards[idx];
         if (m->index != idx || strcmp(m->endpoint, fl_ps__shard_endpoint(s->shards[k])) != 0)
-            return fl_fail(FL_EPROTO, "the coordinator's shard map gives shard %u to %s, not "
-                                      "to this server (%s)",
+            return fl_fail(FL_EPROTO,
+                           "the coordinator's shard map gives shard %u to %s, not "
+                           "to this server (%s)",
                            idx, m->endpoint, fl_ps__shard_endpoint(s->shards[k]));
         ps_shard_conf_t c;
         memset(&c, 0, sizeof c);
@@ -418,11 +424,12 @@ static int setup_shards(fl_ps_server_t *s, fl_msg_hdr_t *h)
             if (rc != FL_OK)
                 return rc;
         }
-        FL_INFO(s->ctx, "shard %u: parameters %" PRIu64 "..%" PRIu64 " of %" PRIu64
-                        " at %s (%s%s)",
+        FL_INFO(s->ctx, "shard %u: parameters %" PRIu64 "..%" PRIu64 " of %" PRIu64 " at %s (%s%s)",
                 idx, m->offset, m->offset + m->count, w->param_count,
                 fl_ps__shard_endpoint(s->shards[k]), fl_ps_consistency_name(o->consistency),
-                w->resume ? ", resumed" : s->init != NULL ? ", from --init" : "");
+                w->resume         ? ", resumed"
+                : s->init != NULL ? ", from --init"
+                                  : "");
     }
     fl_st_close(&s->init);
     return FL_OK;

@@ -39,19 +39,16 @@ int fl_ps__shard_create(fl_ctx_t *ctx, uint32_t index, const char *bind, const c
     char bound[FL_ENDPOINT_MAX];
     if ((rc = fl_tp_sock_create(ctx, FL_TP_ROUTER, &t, name, &sh->sock)) != FL_OK ||
         (rc = fl_tp_sock_bind(sh->sock, bind, bound, sizeof bound)) != FL_OK ||
-        (rc = fl_tp_endpoint_advertise(bound, host, sh->endpoint, sizeof sh->endpoint)) !=
-            FL_OK)
+        (rc = fl_tp_endpoint_advertise(bound, host, sh->endpoint, sizeof sh->endpoint)) != FL_OK)
         goto fail;
     fl_tp_opts_t p;
     fl_tp_opts_init(&p);
     p.linger_ms = 0;
     char ep[96];
     snprintf(ep, sizeof ep, "inproc://flodl-shard-%u-%p", index, (void *)sh);
-    if ((rc = fl_tp_sock_create(ctx, FL_TP_PAIR, &p, "shard commands", &sh->cmd_rx)) !=
-            FL_OK ||
+    if ((rc = fl_tp_sock_create(ctx, FL_TP_PAIR, &p, "shard commands", &sh->cmd_rx)) != FL_OK ||
         (rc = fl_tp_sock_bind(sh->cmd_rx, ep, NULL, 0)) != FL_OK ||
-        (rc = fl_tp_sock_create(ctx, FL_TP_PAIR, &p, "shard commands", &sh->cmd_tx)) !=
-            FL_OK ||
+        (rc = fl_tp_sock_create(ctx, FL_TP_PAIR, &p, "shard commands", &sh->cmd_tx)) != FL_OK ||
         (rc = fl_tp_sock_connect(sh->cmd_tx, ep)) != FL_OK)
         goto fail;
     *out = sh;
@@ -104,17 +101,19 @@ int fl_ps__shard_resume(ps_shard_t *sh, uint64_t step)
         return rc;
     const ps_ckpt_meta_t *m = &ck.meta;
     if (m->offset != c->offset || m->count != c->count || m->param_count != c->param_count) {
-        rc = fl_fail(FL_EPROTO, "checkpoint %s holds parameters %" PRIu64 "+%" PRIu64 " of %" PRIu64
-                                ", shard %u of this job holds %" PRIu64 "+%" PRIu64 " of %" PRIu64,
-                     ck.path, m->offset, m->count, m->param_count, sh->index, c->offset,
-                     c->count, c->param_count);
+        rc = fl_fail(FL_EPROTO,
+                     "checkpoint %s holds parameters %" PRIu64 "+%" PRIu64 " of %" PRIu64
+                     ", shard %u of this job holds %" PRIu64 "+%" PRIu64 " of %" PRIu64,
+                     ck.path, m->offset, m->count, m->param_count, sh->index, c->offset, c->count,
+                     c->param_count);
     } else if (m->opt != c->state.opt.kind) {
         rc = fl_fail(FL_EPROTO, "checkpoint %s was written with optimizer %s, this job runs %s",
                      ck.path, fl_opt_kind_name(m->opt), fl_opt_kind_name(c->state.opt.kind));
     } else {
         if (m->consistency != c->state.consistency)
-            FL_WARN(sh->ctx, "shard %u: checkpoint %s was written under %s consistency, the job "
-                             "now runs %s",
+            FL_WARN(sh->ctx,
+                    "shard %u: checkpoint %s was written under %s consistency, the job "
+                    "now runs %s",
                     sh->index, ck.path, fl_ps_consistency_name(m->consistency),
                     fl_ps_consistency_name(c->state.consistency));
         rc = fl_ps__state_restore(sh->state, ck.params, ck.buf1, ck.buf2, m->opt_steps, m->version,
@@ -161,8 +160,8 @@ int fl_ps__shard_checkpoint(ps_shard_t *sh, uint64_t step)
     }
     atomic_fetch_add(&sh->n_ckpt, 1);
     sh->last_ckpt_ms = fl_now_ms();
-    FL_INFO(sh->ctx, "shard %u: checkpoint of step %" PRIu64 " written in %lld ms", sh->index,
-            step, (long long)(sh->last_ckpt_ms - t0));
+    FL_INFO(sh->ctx, "shard %u: checkpoint of step %" PRIu64 " written in %lld ms", sh->index, step,
+            (long long)(sh->last_ckpt_ms - t0));
     return FL_OK;
 }
 

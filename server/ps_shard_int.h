@@ -49,13 +49,13 @@ struct ps_shard {
     fl_cmp_ws_t *ws;
 
     /* thread state */
-    fl_tp_msg_t *rx;       /* where the next message is received (a held push keeps it) */
+    fl_tp_msg_t *rx; /* where the next message is received (a held push keeps it) */
     ps_pending_t *pending;
     size_t npending, pending_cap;
     fl_tp_route_t *routes; /* the connection each rank uses, once seen */
     bool *route_known;
-    ps_lz4_t *lz4;         /* encoded parameters of the current version, or NULL */
-    uint64_t ckpt_due;     /* step to checkpoint once completed (0: none); rank 0 asks */
+    ps_lz4_t *lz4;                /* encoded parameters of the current version, or NULL */
+    uint64_t ckpt_due;            /* step to checkpoint once completed (0: none); rank 0 asks */
     char failed[FL_MSG_TEXT_MAX]; /* the job failed: every request gets this */
     int failed_code;
     int64_t last_ckpt_ms;

@@ -160,8 +160,8 @@ static int decode(ps_shard_t *sh, fl_tp_msg_t *m, ps_src_t *src, void **owned)
 }
 
 /* The range a message names must be this shard's, as the shard map says. */
-static bool range_ok(ps_shard_t *sh, fl_tp_msg_t *m, uint32_t shard, uint64_t off,
-                     uint64_t count, int rank)
+static bool range_ok(ps_shard_t *sh, fl_tp_msg_t *m, uint32_t shard, uint64_t off, uint64_t count,
+                     int rank)
 {
     if (shard == sh->index && off == sh->conf.offset && count == sh->conf.count)
         return true;
@@ -213,8 +213,8 @@ static void on_init(ps_shard_t *sh, fl_tp_msg_t *m, int rank)
         if (flat == NULL)
             rc = fl_fail(FL_ENOMEM, "out of memory for the initial parameters");
         for (uint64_t at = 0; flat != NULL && at < sh->conf.count; at += src.chunk_elems) {
-            uint64_t n = sh->conf.count - at < src.chunk_elems ? sh->conf.count - at
-                                                                : src.chunk_elems;
+            uint64_t n =
+                sh->conf.count - at < src.chunk_elems ? sh->conf.count - at : src.chunk_elems;
             memcpy(flat + at, ps_src_at(&src, at, 4), (size_t)n * sizeof(float));
         }
     }
@@ -303,8 +303,7 @@ static void on_push(ps_shard_t *sh, fl_tp_msg_t *m, int rank)
         on_gradient(sh, m, rank);
 }
 
-static int add_pending(ps_shard_t *sh, const fl_tp_route_t *to, int rank,
-                       const fl_msg_pull_t *p)
+static int add_pending(ps_shard_t *sh, const fl_tp_route_t *to, int rank, const fl_msg_pull_t *p)
 {
     size_t cap = 4 * (size_t)sh->conf.state.world;
     if (sh->npending >= cap)
@@ -321,8 +320,8 @@ static int add_pending(ps_shard_t *sh, const fl_tp_route_t *to, int rank,
     if (sh->conf.max_wait_ms > 0 && wait > (uint32_t)sh->conf.max_wait_ms)
         wait = (uint32_t)sh->conf.max_wait_ms;
     int64_t now = fl_now_ms();
-    sh->pending[sh->npending++] = (ps_pending_t){*to,       sh->reply_seq, rank, p->step,
-                                                 p->latest, p->lz4, now + wait, now};
+    sh->pending[sh->npending++] =
+        (ps_pending_t){*to, sh->reply_seq, rank, p->step, p->latest, p->lz4, now + wait, now};
     return FL_OK;
 }
 
@@ -422,8 +421,8 @@ void fl_ps__shard_serve_pending(ps_shard_t *sh, int64_t now)
         int blocker;
         uint64_t bstep;
         char why[FL_MSG_TEXT_MAX];
-        int rc = fl_ps__state_check_pull(sh->state, q.rank, q.step, q.latest, &blocker, &bstep,
-                                         why, sizeof why);
+        int rc = fl_ps__state_check_pull(sh->state, q.rank, q.step, q.latest, &blocker, &bstep, why,
+                                         sizeof why);
         if (rc == FL_OK)
             reply(sh, &q.route, q.rank, q.lz4);
         else if (rc != FL_ETIMEDOUT)

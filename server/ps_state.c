@@ -28,7 +28,7 @@ struct ps_params {
 
 struct ps_state {
     ps_state_opts_t o;
-    fl_opt_t *opt;   /* NULL for an empty shard */
+    fl_opt_t *opt;    /* NULL for an empty shard */
     ps_params_t *cur; /* NULL until initialised */
     uint64_t version;
     uint64_t *clock; /* world entries */
@@ -40,7 +40,6 @@ struct ps_state {
     const ps_src_t **order;
     float *weights;
 };
-
 
 void fl_ps__src_release(ps_src_t *src)
 {
@@ -68,8 +67,7 @@ static int set_params(ps_state_t *st, const float *params)
 {
     ps_params_t *p = params_new(st->o.count);
     if (p == NULL)
-        return fl_fail(FL_ENOMEM, "shard: out of memory for %" PRIu64 " parameters",
-                       st->o.count);
+        return fl_fail(FL_ENOMEM, "shard: out of memory for %" PRIu64 " parameters", st->o.count);
     if (st->o.count > 0)
         memcpy(p->data, params, st->o.count * sizeof(float));
     st->cur = p;
@@ -172,9 +170,9 @@ int fl_ps__state_init(ps_state_t *st, const float *params, uint64_t step)
     return FL_OK;
 }
 
-int fl_ps__state_restore(ps_state_t *st, const float *params, const float *buf1,
-                         const float *buf2, uint64_t opt_steps, uint64_t version,
-                         const uint64_t *clocks, size_t nclocks)
+int fl_ps__state_restore(ps_state_t *st, const float *params, const float *buf1, const float *buf2,
+                         uint64_t opt_steps, uint64_t version, const uint64_t *clocks,
+                         size_t nclocks)
 {
     if (st->cur != NULL)
         return fl_fail(FL_EINVAL, "shard already has parameters");
@@ -259,16 +257,18 @@ const fl_opt_t *fl_ps__state_opt(const ps_state_t *st)
 int fl_ps__state_check_push(const ps_state_t *st, int rank, uint64_t step, char *why, size_t cap)
 {
     if (st->cur == NULL) {
-        snprintf(why, cap, "the shard has no parameters yet: rank 0 pushes its initial "
-                           "parameters first");
+        snprintf(why, cap,
+                 "the shard has no parameters yet: rank 0 pushes its initial "
+                 "parameters first");
         return FL_EINVAL;
     }
     uint64_t next = st->clock[rank];
     if (next > 0 && step == next - 1)
         return PS_PUSH_DUPLICATE; /* the step it pushed last, again: a retry */
     if (step < next) {
-        snprintf(why, cap, "rank %d pushed step %" PRIu64 " but has pushed up to step %" PRIu64
-                           " already (steps go forward, once each)",
+        snprintf(why, cap,
+                 "rank %d pushed step %" PRIu64 " but has pushed up to step %" PRIu64
+                 " already (steps go forward, once each)",
                  rank, step, next - 1);
         return FL_EINVAL;
     }
@@ -277,9 +277,10 @@ int fl_ps__state_check_push(const ps_state_t *st, int rank, uint64_t step, char 
     case FL_PS_SYNC:
         /* Only the shard's current step, once: a rank that pushed it waits for the others. */
         if (step != next || step != lo || st->has[rank]) {
-            snprintf(why, cap, "rank %d pushed step %" PRIu64 " while the shard is at step "
-                               "%" PRIu64 " (sync: one step at a time, beyond the staleness "
-                               "bound 0)",
+            snprintf(why, cap,
+                     "rank %d pushed step %" PRIu64 " while the shard is at step "
+                     "%" PRIu64 " (sync: one step at a time, beyond the staleness "
+                     "bound 0)",
                      rank, step, lo);
             return FL_EINVAL;
         }
@@ -287,8 +288,9 @@ int fl_ps__state_check_push(const ps_state_t *st, int rank, uint64_t step, char 
     case FL_PS_SSP:
         if (step > lo + st->o.staleness) {
             int s = slowest(st);
-            snprintf(why, cap, "rank %d pushed step %" PRIu64 ", beyond the staleness bound %u: "
-                               "the slowest rank %d has completed %" PRIu64 " steps",
+            snprintf(why, cap,
+                     "rank %d pushed step %" PRIu64 ", beyond the staleness bound %u: "
+                     "the slowest rank %d has completed %" PRIu64 " steps",
                      rank, step, st->o.staleness, s, st->clock[s]);
             return FL_EINVAL;
         }
@@ -297,8 +299,9 @@ int fl_ps__state_check_push(const ps_state_t *st, int rank, uint64_t step, char 
         /* Async takes jumps (a rank going on after a restart from its own newest step), not
          * absurd ones: the step also picks the learning rate. */
         if (step - next > PS_MAX_STEP_JUMP || step >= ((uint64_t)1 << 62)) {
-            snprintf(why, cap, "rank %d pushed step %" PRIu64 ", %" PRIu64 " steps beyond its "
-                               "last (at most %d)",
+            snprintf(why, cap,
+                     "rank %d pushed step %" PRIu64 ", %" PRIu64 " steps beyond its "
+                     "last (at most %d)",
                      rank, step, step - next, PS_MAX_STEP_JUMP);
             return FL_EINVAL;
         }
@@ -334,8 +337,9 @@ static int apply(ps_state_t *st, uint64_t step, const ps_src_t **srcs, const flo
     bound *= fabs((double)scale) > 1.0 ? fabs((double)scale) : 1.0;
     if (!(bound <= 1e37)) {
         st->skipped++;
-        return fl_fail(FL_ENONFINITE, "step %" PRIu64 " skipped: the weighted sum of the pushed "
-                                      "gradients could overflow float32 (up to %g)",
+        return fl_fail(FL_ENONFINITE,
+                       "step %" PRIu64 " skipped: the weighted sum of the pushed "
+                       "gradients could overflow float32 (up to %g)",
                        step, bound);
     }
     int rc = fl_opt_step_begin(st->opt, fl_lr_at(&st->o.lr, (long)step));
@@ -370,8 +374,7 @@ static int apply_sync(ps_state_t *st, uint64_t step)
         st->weights[i] = equal ? 1.0f : (float)st->order[i]->batch;
     int rc = FL_OK;
     if (n > 0)
-        rc = apply(st, step, st->order, st->weights, n, 1.0f,
-                   equal ? (float)n : (float)total);
+        rc = apply(st, step, st->order, st->weights, n, 1.0f, equal ? (float)n : (float)total);
     for (int r = 0; r < st->o.world; r++) {
         if (st->has[r])
             fl_ps__src_release(&st->held[r]);
@@ -427,8 +430,9 @@ int fl_ps__state_check_pull(const ps_state_t *st, int rank, uint64_t step, bool 
     if (latest || st->o.consistency == FL_PS_ASYNC)
         return FL_OK;
     if (step > st->clock[rank]) {
-        snprintf(why, cap, "rank %d asked for the parameters of step %" PRIu64 " but has pushed "
-                           "only up to step %" PRIu64 "%s",
+        snprintf(why, cap,
+                 "rank %d asked for the parameters of step %" PRIu64 " but has pushed "
+                 "only up to step %" PRIu64 "%s",
                  rank, step, st->clock[rank] - 1, st->clock[rank] == 0 ? " (none)" : "");
         return FL_EINVAL;
     }

@@ -92,8 +92,8 @@ void run_world_at(int world, const fl_comm_opts_t *o, const char *ipc_tag, fl_te
                 continue;
             nfail++;
             if (len < sizeof report)
-                len += (size_t)snprintf(report + len, sizeof report - len, "\n  rank %d: %s: %s",
-                                        r, fl_strerror(slots[r].rc), slots[r].err);
+                len += (size_t)snprintf(report + len, sizeof report - len, "\n  rank %d: %s: %s", r,
+                                        fl_strerror(slots[r].rc), slots[r].err);
         }
     }
     for (int r = 0; ipc_tag != NULL && r < world; r++) {

@@ -32,12 +32,12 @@ void run_world_at(int world, const fl_comm_opts_t *o, const char *ipc_tag, fl_te
 
 void run_world(int world, const fl_comm_opts_t *o, fl_test_rank_fn fn, void *arg);
 
-#define EXPECT_OK(call)                                                                       \
-    do {                                                                                      \
-        int rc_ = (call);                                                                     \
-        if (rc_ != FL_OK)                                                                     \
-            return rc_ == TEST_EBAD ? rc_ : bad("%s: %s: %s", #call, fl_strerror(rc_),        \
-                                                fl_last_error());                             \
+#define EXPECT_OK(call)                                                                            \
+    do {                                                                                           \
+        int rc_ = (call);                                                                          \
+        if (rc_ != FL_OK)                                                                          \
+            return rc_ == TEST_EBAD ? rc_                                                          \
+                                    : bad("%s: %s: %s", #call, fl_strerror(rc_), fl_last_error()); \
     } while (0)
 
 #endif

@@ -345,9 +345,8 @@ const char *job_status(const job_t *job, char *buf, size_t cap)
         rank_report_t rep;
         const rank_report_t *p = report_of(&job->ch[r], &rep);
         int w = snprintf(buf + used, cap - used, "\n  rank %d: joined %s, %s (%s)%s%s", r,
-                         has_event(&job->ch[r], 'J') ? "yes" : "no",
-                         p ? "reported" : "no report", child_end(&job->ch[r], how, sizeof how),
-                         p ? ": " : "", p ? p->err : "");
+                         has_event(&job->ch[r], 'J') ? "yes" : "no", p ? "reported" : "no report",
+                         child_end(&job->ch[r], how, sizeof how), p ? ": " : "", p ? p->err : "");
         if (w < 0)
             break;
         used += (size_t)w < cap - used ? (size_t)w : cap - used - 1;

@@ -30,19 +30,18 @@ typedef struct rank_report {
 } rank_report_t;
 
 struct scenario;
-typedef void (*body_fn)(fl_comm_t *comm, const struct scenario *sc, rank_report_t *rep,
-                        int res_fd);
+typedef void (*body_fn)(fl_comm_t *comm, const struct scenario *sc, rank_report_t *rep, int res_fd);
 
 typedef struct scenario {
     int world;
-    size_t count;    /* float32 elements per allreduce */
-    int timeout_ms;  /* fl_comm_opts_t.timeout_ms */
+    size_t count;   /* float32 elements per allreduce */
+    int timeout_ms; /* fl_comm_opts_t.timeout_ms */
     fl_algo_t algo;
     size_t segment;  /* segment_bytes */
     int special;     /* the rank killed, stalled or attacked; -1: none */
     int progress_at; /* steps after which rank `progress_rank` sends 'P' */
     int progress_rank;
-    int expect_bad;  /* garbage: messages the attacked rank must count */
+    int expect_bad; /* garbage: messages the attacked rank must count */
     body_fn body;
 } scenario_t;
 

@@ -134,8 +134,8 @@ void make_chunk(fl_msg_hdr_t *h)
     for (uint32_t i = 0; i < FL_MSG_MAX_FRAMES; i++) {
         uint64_t raw = (uint64_t)(i + 1) * 8 * 1024 * 1024 * 1024; /* over 4 GiB: 64 bits */
         uint32_t codec = i % 2 ? FL_CODEC_LZ4 : FL_CODEC_RAW;
-        h->frames[i] = (fl_msg_frame_t){codec == FL_CODEC_RAW ? raw : 1000 + i, dts[i % 8],
-                                        codec, raw};
+        h->frames[i] =
+            (fl_msg_frame_t){codec == FL_CODEC_RAW ? raw : 1000 + i, dts[i % 8], codec, raw};
     }
     h->u.chunk.coll = 1;
     h->u.chunk.phase = 2;

@@ -40,8 +40,8 @@ typedef void (*make_fn)(fl_msg_hdr_t *h);
 
 void make_welcome3(fl_msg_hdr_t *h);
 
-static const make_fn makers[] = {make_register,  make_welcome3, make_barrier, make_heartbeat,
-                                 make_error,     make_shutdown, make_chunk};
+static const make_fn makers[] = {make_register, make_welcome3, make_barrier, make_heartbeat,
+                                 make_error,    make_shutdown, make_chunk};
 
 typedef struct pb {
     uint8_t *b;

@@ -85,8 +85,7 @@ bool fl_test_exposition_valid(const char *text, char *err, size_t cap)
         if (strncmp(line, "# TYPE ", 7) == 0) {
             char name[128], kind[32];
             if (sscanf(line + 7, "%127s %31s", name, kind) != 2 ||
-                (strcmp(kind, "counter") && strcmp(kind, "gauge") &&
-                 strcmp(kind, "histogram"))) {
+                (strcmp(kind, "counter") && strcmp(kind, "gauge") && strcmp(kind, "histogram"))) {
                 snprintf(err, cap, "line %d: bad TYPE: %s", lineno, line);
                 return false;
             }
@@ -127,11 +126,11 @@ bool fl_test_exposition_valid(const char *text, char *err, size_t cap)
         for (int i = 0; i < ntyped && !ok; i++) {
             size_t tl = strlen(typed[i]);
             /* A histogram's series are its name with _bucket (and an le label), _sum, _count. */
-            ok = histo[i] ? strncmp(name, typed[i], tl) == 0 &&
-                                (strcmp(name + tl, "_sum") == 0 ||
-                                 strcmp(name + tl, "_count") == 0 ||
-                                 (strcmp(name + tl, "_bucket") == 0 && strstr(line, "le=\"")))
-                          : strcmp(typed[i], name) == 0;
+            ok = histo[i]
+                     ? strncmp(name, typed[i], tl) == 0 &&
+                           (strcmp(name + tl, "_sum") == 0 || strcmp(name + tl, "_count") == 0 ||
+                            (strcmp(name + tl, "_bucket") == 0 && strstr(line, "le=\"")))
+                     : strcmp(typed[i], name) == 0;
         }
         if (!ok) {
             snprintf(err, cap, "line %d: %s has no # TYPE before it", lineno, name);

@@ -5,7 +5,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#define IDX_CANARY 0xdeadbeefu      /* idx[k_cap..] */
+#define IDX_CANARY 0xdeadbeefu /* idx[k_cap..] */
 
 uint32_t f32_bits(float f)
 {
@@ -150,8 +150,8 @@ void random_indices(uint32_t *idx, size_t k, size_t n, uint64_t seed)
 
 void random_values(float *val, size_t k, uint64_t seed)
 {
-    static const float specials[] = {0.0f, -0.0f, 1e-8f, -7e4f, 65520.0f, 3e38f, INFINITY,
-                                     -INFINITY, NAN, 6e-5f};
+    static const float specials[] = {0.0f,  -0.0f,    1e-8f,     -7e4f, 65520.0f,
+                                     3e38f, INFINITY, -INFINITY, NAN,   6e-5f};
     uint64_t s = seed;
     for (size_t i = 0; i < k; i++) {
         uint64_t r = fl_test_rand(&s);
@@ -165,19 +165,13 @@ void random_values(float *val, size_t k, uint64_t seed)
 void shape_indices(const shape_t *sh, uint32_t *idx, uint64_t seed)
 {
     switch (sh->kind) {
-    case IDX_RANDOM:
-        random_indices(idx, sh->k, sh->n, seed);
-        break;
+    case IDX_RANDOM: random_indices(idx, sh->k, sh->n, seed); break;
     case IDX_ALL:
         for (size_t i = 0; i < sh->k; i++)
             idx[i] = (uint32_t)i;
         break;
-    case IDX_FIRST:
-        idx[0] = 0;
-        break;
-    case IDX_LAST:
-        idx[0] = (uint32_t)(sh->n - 1);
-        break;
+    case IDX_FIRST: idx[0] = 0; break;
+    case IDX_LAST: idx[0] = (uint32_t)(sh->n - 1); break;
     case IDX_TOP: {
         const uint32_t top[] = {0, 1, 1u << 31, UINT32_MAX - 3, UINT32_MAX - 2, UINT32_MAX - 1};
         memcpy(idx, top, sizeof top);

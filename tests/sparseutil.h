@@ -8,7 +8,7 @@
 #include "testutil.h"
 
 #define HDR FL_CMP_SPARSE_HEADER
-#define GUARD 16                    /* canary entries after every output array */
+#define GUARD 16 /* canary entries after every output array */
 
 #define VAL_CANARY 0x7fa5a5a5u      /* bits of val[k_cap..] and of dense[n..] */
 #define BYTE_CANARY 0xa5            /* bytes after an encoder's dst */

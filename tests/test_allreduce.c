@@ -201,8 +201,8 @@ END_TEST
 
 START_TEST(test_dtypes_ops)
 {
-    static const fl_dtype_t dts[] = {FL_FLOAT32, FL_FLOAT16, FL_BFLOAT16, FL_FLOAT64, FL_INT32,
-                                     FL_INT64};
+    static const fl_dtype_t dts[] = {FL_FLOAT32, FL_FLOAT16, FL_BFLOAT16,
+                                     FL_FLOAT64, FL_INT32,   FL_INT64};
     static const fl_op_t ops[] = {FL_SUM, FL_AVG, FL_MAX, FL_MIN};
     fl_comm_opts_t o;
     static const fl_algo_t algos[] = {FL_ALGO_RING, FL_ALGO_RD, FL_ALGO_DIRECT};
@@ -267,8 +267,7 @@ START_TEST(test_exact_sums)
     fl_comm_opts_t o;
     opts_with(&o, FL_ALGO_RING, 16384, 2);
     char err[512] = "";
-    ck_assert_msg(fl_test_run_ranks(5, &o, exact_rank, NULL, err, sizeof err) == FL_OK, "%s",
-                  err);
+    ck_assert_msg(fl_test_run_ranks(5, &o, exact_rank, NULL, err, sizeof err) == FL_OK, "%s", err);
 }
 END_TEST
 

@@ -154,8 +154,8 @@ static int sw_rank(fl_comm_t *comm, void *arg)
             break;
         fl_comm_stats_t st;
         fl_comm_get_stats(comm, &st);
-        fl_algo_t want = a->algo == FL_ALGO_AUTO ? fl_allreduce_pick(n, bytes, a->small_bytes)
-                                                 : a->algo;
+        fl_algo_t want =
+            a->algo == FL_ALGO_AUTO ? fl_allreduce_pick(n, bytes, a->small_bytes) : a->algo;
         if (st.last_algo != want) {
             snprintf(a->why, sizeof a->why, "rank %d, %zu x %s: ran algorithm %d, want %d", r,
                      c->count, fl_dtype_name(c->dt), (int)st.last_algo, (int)want);
@@ -166,10 +166,11 @@ static int sw_rank(fl_comm_t *comm, void *arg)
             double got = get(dst, i, c->dt);
             double ref = reference(c->op, c->dt, n, i);
             if (got != ref) {
-                snprintf(a->why, sizeof a->why, "rank %d, algorithm %d, %zu x %s %s: element "
-                                                "%zu is %g, want %g",
-                         r, (int)a->algo, c->count, fl_dtype_name(c->dt), fl_op_name(c->op), i,
-                         got, ref);
+                snprintf(a->why, sizeof a->why,
+                         "rank %d, algorithm %d, %zu x %s %s: element "
+                         "%zu is %g, want %g",
+                         r, (int)a->algo, c->count, fl_dtype_name(c->dt), fl_op_name(c->op), i, got,
+                         ref);
                 rc = FL_EINVAL;
                 break;
             }

@@ -63,13 +63,13 @@ static long long doc_default(const char *text, const char *type, const char *fie
     return -1;
 }
 
-#define CHECK_DEFAULT(text, type, opts, field)                                                 \
-    do {                                                                                       \
-        long long doc_ = doc_default(text, #type, #field);                                      \
-        ck_assert_msg(doc_ >= 0, #type "." #field ": no documented default");                  \
-        ck_assert_msg((long long)(opts).field == doc_,                                         \
-                      #type "." #field ": the header documents %lld, the library gives %lld",   \
-                      doc_, (long long)(opts).field);                                          \
+#define CHECK_DEFAULT(text, type, opts, field)                                                     \
+    do {                                                                                           \
+        long long doc_ = doc_default(text, #type, #field);                                         \
+        ck_assert_msg(doc_ >= 0, #type "." #field ": no documented default");                      \
+        ck_assert_msg((long long)(opts).field == doc_,                                             \
+                      #type "." #field ": the header documents %lld, the library gives %lld",      \
+                      doc_, (long long)(opts).field);                                              \
     } while (0)
 
 START_TEST(test_comm_defaults_documented)

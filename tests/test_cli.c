@@ -55,8 +55,7 @@ START_TEST(test_ps_bad_flags)
         /* An address this host does not have: what a bind takes, not "No such device". */
         {{"--bind", "tcp://nosuchhost.invalid:29999", "--world-size", "1", NULL},
          {NULL},
-         {"'nosuchhost.invalid' is not an address or interface of this host", "0.0.0.0",
-          NULL}},
+         {"'nosuchhost.invalid' is not an address or interface of this host", "0.0.0.0", NULL}},
         {{"--bind", "tcp://192.0.2.1:29999", "--world-size", "1", NULL},
          {NULL},
          {"'192.0.2.1' is not an address or interface of this host", NULL}},
@@ -117,8 +116,9 @@ END_TEST
 START_TEST(test_keygen_unmakeable_dir)
 {
     static const bad_case_t cases[] = {
-        {{"/proc/flodl-no/keys", NULL}, {NULL}, {"cannot make /proc/flodl-no/keys", "No such file",
-                                                 NULL}},
+        {{"/proc/flodl-no/keys", NULL},
+         {NULL},
+         {"cannot make /proc/flodl-no/keys", "No such file", NULL}},
     };
     check_bad(FLODL_BIN_DIR "/server/flodl-keygen", cases, sizeof cases / sizeof cases[0]);
 }
@@ -157,12 +157,12 @@ START_TEST(test_version)
         proc_t p;
         run_sync(&p, bins[b], argv, NULL);
         char want[64];
-        snprintf(want, sizeof want, "%s%s (libflodl %s; built with ", names[b],
-                 FL_VERSION_STRING, fl_version());
+        snprintf(want, sizeof want, "%s%s (libflodl %s; built with ", names[b], FL_VERSION_STRING,
+                 fl_version());
         if (proc_code(&p) != 0 || strncmp(p.buf[0], want, strlen(want)) != 0 ||
             count_of(p.buf[0], "\n") != 1 || p.len[1] != 0)
-            ck_abort_msg("%s --version: exit %d, stdout '%s', stderr '%s'", bins[b],
-                         proc_code(&p), p.buf[0], p.buf[1]);
+            ck_abort_msg("%s --version: exit %d, stdout '%s', stderr '%s'", bins[b], proc_code(&p),
+                         p.buf[0], p.buf[1]);
         procs_free(&p, 1);
     }
 }
@@ -175,8 +175,9 @@ START_TEST(test_waiting_worker_says_so)
     int port = free_port(); /* nothing listens there */
     char coord[64];
     snprintf(coord, sizeof coord, "tcp://127.0.0.1:%d", port);
-    const char *argv[] = {WK_BIN, "--rank", "0", "--world-size", "2", "--coordinator", coord,
-                          "--rendezvous-timeout", "3500", "--epochs", "1", NULL};
+    const char *argv[] = {WK_BIN, "--rank",        "0",   "--world-size",
+                          "2",    "--coordinator", coord, "--rendezvous-timeout",
+                          "3500", "--epochs",      "1",   NULL};
     proc_t p;
     memset(&p, 0, sizeof p);
     proc_start(&p, WK_BIN, argv, NULL);
@@ -196,8 +197,7 @@ END_TEST
 
 /* Starts a worker; an argument "@EP", or an environment entry ending in "=@EP", gets the
  * coordinator's endpoint instead. */
-static void start_worker(proc_t *p, const char *ep, const char *const *args,
-                         const char *const *env)
+static void start_worker(proc_t *p, const char *ep, const char *const *args, const char *const *env)
 {
     const char *argv[MAX_ARGS] = {WK_BIN};
     size_t a = 1;
@@ -252,9 +252,10 @@ START_TEST(test_end_to_end)
     bool up = start_ps(&ps[0], 3, ps_extra, NULL, ep, sizeof ep, 1);
     static const char *const ranks[3] = {"0", "1", "2"};
     for (int r = 0; up && r < 3; r++) {
-        const char *args[] = {"--rank", ranks[r], "--world-size", "3", "--coordinator", "@EP",
-                              "--mode", "drill", "--size", "1M", "--steps", "3", "--timeout", "20000",
-                              "--rendezvous-timeout", "20000", NULL};
+        const char *args[] = {"--rank",  ranks[r], "--world-size", "3",      "--coordinator",
+                              "@EP",     "--mode", "drill",        "--size", "1M",
+                              "--steps", "3",      "--timeout",    "20000",  "--rendezvous-timeout",
+                              "20000",   NULL};
         start_worker(&ps[1 + r], ep, args, NULL);
     }
     static const int want[] = {0, 1, 2};
@@ -275,8 +276,10 @@ START_TEST(test_end_to_end)
 }
 END_TEST
 
-static const char *const small_drill[] = {"--mode", "drill", "--size", "64K", "--steps", "2", "--timeout",
-                                          "20000", "--rendezvous-timeout", "20000", NULL};
+static const char *const small_drill[] = {"--mode",    "drill",   "--size",
+                                          "64K",       "--steps", "2",
+                                          "--timeout", "20000",   "--rendezvous-timeout",
+                                          "20000",     NULL};
 
 START_TEST(test_env_flodl)
 {
@@ -354,9 +357,11 @@ START_TEST(test_job_id_with_percent)
 {
     static const char *const ps_extra[] = {"--job-id", "run%%7", "--rendezvous-timeout", "5000",
                                            NULL};
-    static const char *const args[] = {"--rank", "0", "--world-size", "1", "--coordinator",
-                                       "@EP", "--job-id", "run%%7", "--mode", "drill", "--size", "4K", "--steps",
-                                       "1", "--rendezvous-timeout", "5000", NULL};
+    static const char *const args[] = {
+        "--rank", "0",        "--world-size", "1",      "--coordinator",
+        "@EP",    "--job-id", "run%%7",       "--mode", "drill",
+        "--size", "4K",       "--steps",      "1",      "--rendezvous-timeout",
+        "5000",   NULL};
     proc_t ps[2];
     memset(ps, 0, sizeof ps);
     char ep[256] = "";
@@ -381,18 +386,19 @@ START_TEST(test_hostile_job_id)
     char ep[256] = "";
     static const char *const ps_extra[] = {"--rendezvous-timeout", "20000", NULL};
     bool up = start_ps(&ps[0], 1, ps_extra, NULL, ep, sizeof ep, 6);
-    const char *bad[] = {"--rank", "0", "--world-size", "1", "--coordinator", "@EP",
-                         "--job-id", hostile, "--mode", "drill", "--size", "4K", "--steps", "1",
-                         "--rendezvous-timeout", "3000", NULL};
+    const char *bad[] = {"--rank", "0",        "--world-size", "1",      "--coordinator",
+                         "@EP",    "--job-id", hostile,        "--mode", "drill",
+                         "--size", "4K",       "--steps",      "1",      "--rendezvous-timeout",
+                         "3000",   NULL};
     if (up) {
         start_worker(&ps[1], ep, bad, NULL);
         procs_wait(&ps[1], 1, fl_deadline_in(10000));
         procs_pump(ps, 1, 100);
     }
     bool ps_alive = up && !ps[0].reaped;
-    static const char *const good[] = {"--rank", "0", "--world-size", "1", "--coordinator",
-                                       "@EP", "--mode", "drill", "--size", "4K", "--steps", "1",
-                                       "--rendezvous-timeout", "5000", NULL};
+    static const char *const good[] = {
+        "--rank", "0",  "--world-size", "1", "--coordinator",        "@EP",  "--mode", "drill",
+        "--size", "4K", "--steps",      "1", "--rendezvous-timeout", "5000", NULL};
     if (ps_alive)
         start_worker(&ps[2], ep, good, NULL);
     bool all = up && procs_wait(ps, 3, fl_deadline_in(20000));
@@ -435,9 +441,15 @@ START_TEST(test_worker_killed)
     char rank[3][8];
     for (int r = 0; up && r < 3; r++) {
         snprintf(rank[r], sizeof rank[r], "%d", r);
-        const char *argv[] = {WK_BIN, "--rank", rank[r], "--world-size", "3", "--coordinator",
-                              ep, "--mode", "drill", "--size", "2M", "--steps", "100000000", "--timeout", "30000",
-                              "--rendezvous-timeout", "20000", NULL};
+        const char *argv[] = {WK_BIN,      "--rank",
+                              rank[r],     "--world-size",
+                              "3",         "--coordinator",
+                              ep,          "--mode",
+                              "drill",     "--size",
+                              "2M",        "--steps",
+                              "100000000", "--timeout",
+                              "30000",     "--rendezvous-timeout",
+                              "20000",     NULL};
         proc_start(&ps[1 + r], WK_BIN, argv, NULL);
     }
     bool running = up && proc_wait_text(ps, 4, 1, 0, "verified", 3, fl_deadline_in(30000));
@@ -475,8 +487,13 @@ START_TEST(test_ps_sigterm_in_rendezvous)
     char rank[2][8];
     for (int r = 0; up && r < 2; r++) {
         snprintf(rank[r], sizeof rank[r], "%d", r);
-        const char *argv[] = {WK_BIN, "--rank", rank[r], "--world-size", "3", "--coordinator",
-                              ep, "--mode", "drill", "--size", "4K", "--steps", "1", "--rendezvous-timeout",
+        const char *argv[] = {WK_BIN,  "--rank",
+                              rank[r], "--world-size",
+                              "3",     "--coordinator",
+                              ep,      "--mode",
+                              "drill", "--size",
+                              "4K",    "--steps",
+                              "1",     "--rendezvous-timeout",
                               "60000", NULL};
         proc_start(&ps[1 + r], WK_BIN, argv, NULL);
     }

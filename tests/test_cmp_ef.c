@@ -230,8 +230,8 @@ START_TEST(test_momentum_by_hand)
         const float *vel = NULL;
         const float *res = state(ef, &vel);
         ck_assert_ptr_nonnull(vel);
-        ck_assert_msg(res[0] == want_v[t][0] && res[1] == want_v[t][1] &&
-                          vel[0] == want_u[t][0] && vel[1] == want_u[t][1],
+        ck_assert_msg(res[0] == want_v[t][0] && res[1] == want_v[t][1] && vel[0] == want_u[t][0] &&
+                          vel[1] == want_u[t][1],
                       "step %d: v (%g, %g) u (%g, %g)", t, (double)res[0], (double)res[1],
                       (double)vel[0], (double)vel[1]);
     }
@@ -310,8 +310,7 @@ END_TEST
 
 static float round_trip(float v, fl_dtype_t wire)
 {
-    return wire == FL_FLOAT16 ? fl_f16_to_f32(fl_f32_to_f16(v))
-                              : fl_bf16_to_f32(fl_f32_to_bf16(v));
+    return wire == FL_FLOAT16 ? fl_f16_to_f32(fl_f32_to_f16(v)) : fl_bf16_to_f32(fl_f32_to_bf16(v));
 }
 
 /* float16/bfloat16 on the wire: values rounded to nearest, exactly representable, and the
@@ -345,8 +344,8 @@ START_TEST(test_wire_rounding)
             float v = w.mine[i];
             float s = w.val[j];
             if (round_trip(s, wire) != s || s != round_trip(v, wire) || res[i] != v - s)
-                ck_abort_msg("%s step %d entry %u: v %a sent %a residual %a",
-                             fl_dtype_name(wire), t, i, (double)v, (double)s, (double)res[i]);
+                ck_abort_msg("%s step %d entry %u: v %a sent %a residual %a", fl_dtype_name(wire),
+                             t, i, (double)v, (double)s, (double)res[i]);
             inexact += s != v;
             w.mine[i] = res[i];
         }
@@ -378,8 +377,7 @@ START_TEST(test_wire_overflow)
     const float *res = state(ef, NULL);
     ck_assert_msg(isfinite(res[0]) && isfinite(res[1]) && isfinite(res[2]) && isfinite(res[3]),
                   "%s: residual (%g, %g, %g, %g) after sending %g (rc %d)", fl_dtype_name(wire),
-                  (double)res[0], (double)res[1], (double)res[2], (double)res[3], (double)val,
-                  rc);
+                  (double)res[0], (double)res[1], (double)res[2], (double)res[3], (double)val, rc);
     if (rc == FL_OK) {
         ck_assert_uint_eq(k_out, 1);
         ck_assert_uint_eq(idx, 1);
@@ -482,9 +480,8 @@ START_TEST(test_nonfinite_gradient)
             const char *msg = fl_last_error();
             char want[64];
             snprintf(want, sizeof want, "index %zu ", pos[b]);
-            if (policy == FL_NONFINITE_FAIL &&
-                (rc != FL_ENONFINITE || skipped || !strstr(msg, "enc.layer0") ||
-                 !strstr(msg, want)))
+            if (policy == FL_NONFINITE_FAIL && (rc != FL_ENONFINITE || skipped ||
+                                                !strstr(msg, "enc.layer0") || !strstr(msg, want)))
                 ck_abort_msg("step %d: rc %d skipped %d: %s", t, rc, (int)skipped, msg);
             if (policy == FL_NONFINITE_SKIP && (rc != FL_OK || k_out != 0 || !skipped))
                 ck_abort_msg("step %d: rc %d k_out %zu skipped %d", t, rc, k_out, (int)skipped);
@@ -760,8 +757,12 @@ START_TEST(test_schedule)
     fl_cmp_schedule_init(&s);
     ck_assert(s.density == 0.001 && s.warmup_epochs == 4);
     /* DGC: 25%, 6.25%, 1.56%, 0.4%, then 0.1% */
-    const double want[] = {0.25118864315095801, 0.063095734448019331, 0.015848931924611134,
-                           0.0039810717055349725, 0.001, 0.001};
+    const double want[] = {0.25118864315095801,
+                           0.063095734448019331,
+                           0.015848931924611134,
+                           0.0039810717055349725,
+                           0.001,
+                           0.001};
     const double epochs[] = {0, 1, 2, 3, 4, 10};
     for (size_t i = 0; i < NELEM(want); i++) {
         double d = fl_cmp_schedule_density(&s, epochs[i]);

@@ -25,8 +25,8 @@ static void fill_random(uint8_t *p, size_t n, uint64_t seed)
  * block holds both literals and matches of various lengths and offsets. */
 static void fill_compressible(uint8_t *p, size_t n, uint64_t seed)
 {
-    static const char *const words[] = {"gradient ", "allreduce ", "rank ", "step ", "loss=",
-                                        "0.125 ", "\n", "tensor"};
+    static const char *const words[] = {"gradient ", "allreduce ", "rank ", "step ",
+                                        "loss=",     "0.125 ",     "\n",    "tensor"};
     uint64_t s = seed;
     size_t i = 0;
     while (i < n) {
@@ -45,9 +45,7 @@ static void fill_compressible(uint8_t *p, size_t n, uint64_t seed)
                 p[i++] = (uint8_t)w[k];
             break;
         }
-        default:
-            p[i++] = (uint8_t)(r >> 16);
-            break;
+        default: p[i++] = (uint8_t)(r >> 16); break;
         }
     }
 }
@@ -165,8 +163,7 @@ START_TEST(test_bound_and_cap)
         if (fl_cmp_lz4_bound(ns[i]) != want)
             ck_abort_msg("bound(%zu) = %zu, expected %zu", ns[i], fl_cmp_lz4_bound(ns[i]), want);
     }
-    ck_assert_uint_eq(fl_cmp_lz4_bound(LZ4_MAX_BLOCK),
-                      LZ4_MAX_BLOCK + LZ4_MAX_BLOCK / 255 + 16);
+    ck_assert_uint_eq(fl_cmp_lz4_bound(LZ4_MAX_BLOCK), LZ4_MAX_BLOCK + LZ4_MAX_BLOCK / 255 + 16);
     ck_assert_uint_eq(fl_cmp_lz4_bound(LZ4_MAX_BLOCK + 1), 0);
     ck_assert_uint_eq(fl_cmp_lz4_bound(SIZE_MAX), 0);
 
@@ -191,8 +188,7 @@ START_TEST(test_bound_and_cap)
     ck_assert_int_eq(fl_cmp_lz4_compress(src, n, dst, bound, &len), FL_OK);
     ck_assert(len > 0 && len < n && guard_intact(dst, bound));
     /* Over one block's maximum: refused without reading the input. */
-    ck_assert_int_eq(fl_cmp_lz4_compress(src, LZ4_MAX_BLOCK + 1, dst, SIZE_MAX, &len),
-                     FL_EINVAL);
+    ck_assert_int_eq(fl_cmp_lz4_compress(src, LZ4_MAX_BLOCK + 1, dst, SIZE_MAX, &len), FL_EINVAL);
     ck_assert_msg(strstr(fl_last_error(), "block") != NULL, "%s", fl_last_error());
     free(dst);
     free(src);
@@ -233,8 +229,7 @@ START_TEST(test_corrupt_blocks)
         for (size_t pos = 0; pos < len; pos++) {
             for (size_t k = 0; k < NELEM(xors); k++) {
                 block[pos] ^= xors[k];
-                snprintf(what, sizeof what, "%zu-byte block, byte %zu ^ 0x%02x", len, pos,
-                         xors[k]);
+                snprintf(what, sizeof what, "%zu-byte block, byte %zu ^ 0x%02x", len, pos, xors[k]);
                 if (decode_hostile(block, len, n, what) == FL_EPROTO)
                     refused++;
                 block[pos] ^= xors[k];
@@ -340,8 +335,7 @@ START_TEST(test_empty_blocks)
     ck_assert_int_eq(fl_cmp_lz4_decompress(NULL, 0, out, 0), FL_OK);
     ck_assert_int_eq(fl_cmp_lz4_decompress(out, 0, out, 0), FL_OK);
     ck_assert_int_eq(fl_cmp_lz4_decompress(NULL, 0, out, 5), FL_EPROTO);
-    ck_assert_msg(strstr(fl_last_error(), "empty block declares 5 bytes"), "%s",
-                  fl_last_error());
+    ck_assert_msg(strstr(fl_last_error(), "empty block declares 5 bytes"), "%s", fl_last_error());
     for (size_t i = 0; i < sizeof out; i++)
         ck_assert_int_eq(out[i], GUARD_BYTE);
 

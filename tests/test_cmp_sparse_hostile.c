@@ -138,8 +138,7 @@ static int accumulate_guarded(fl_cmp_ws_t *ws, const uint8_t *block, size_t len,
  * says so (FL_OK: the header is fine, the body is not), by decode with room for k_cap pairs, and
  * by accumulate when acc (n small enough for a dense vector). */
 static void expect_refused(fl_cmp_ws_t *ws, const uint8_t *block, size_t len, size_t n,
-                           size_t k_cap, int peek_rc, bool acc, const char *want,
-                           const char *what)
+                           size_t k_cap, int peek_rc, bool acc, const char *want, const char *what)
 {
     uint8_t *src = exact_copy(block, len);
     fl_cmp_sparse_info_t info;
@@ -189,8 +188,8 @@ static void zoo_make(fl_cmp_ws_t *ws, zoo_t *z)
     for (size_t i = 0; i < 5; i++)
         val[i] = (float)i * 1.25f - 2.0f;
     z[ZOO_F32_RAW] = (zoo_t){NULL, 0, 1000, 5, "float32 raw"};
-    z[ZOO_F32_RAW].block = encode_block(ws, a, val, 5, 1000, FL_FLOAT32, false,
-                                        &z[ZOO_F32_RAW].len);
+    z[ZOO_F32_RAW].block =
+        encode_block(ws, a, val, 5, 1000, FL_FLOAT32, false, &z[ZOO_F32_RAW].len);
 
     /* 300 float16 pairs 200 apart (2-byte varints), regular: lz4 */
     for (size_t i = 0; i < 300; i++) {
@@ -198,8 +197,8 @@ static void zoo_make(fl_cmp_ws_t *ws, zoo_t *z)
         val[i] = (float)(i % 8) * 0.5f;
     }
     z[ZOO_F16_LZ4] = (zoo_t){NULL, 0, 60000, 300, "float16 lz4"};
-    z[ZOO_F16_LZ4].block = encode_block(ws, idx, val, 300, 60000, FL_FLOAT16, true,
-                                        &z[ZOO_F16_LZ4].len);
+    z[ZOO_F16_LZ4].block =
+        encode_block(ws, idx, val, 300, 60000, FL_FLOAT16, true, &z[ZOO_F16_LZ4].len);
 
     /* k = n = 64 bfloat16, few distinct values: an lz4 body of mostly tokens and matches */
     for (size_t i = 0; i < 64; i++) {
@@ -207,8 +206,8 @@ static void zoo_make(fl_cmp_ws_t *ws, zoo_t *z)
         val[i] = (float)(i % 4);
     }
     z[ZOO_BF16_DENSE] = (zoo_t){NULL, 0, 64, 64, "bfloat16 dense"};
-    z[ZOO_BF16_DENSE].block = encode_block(ws, idx, val, 64, 64, FL_BFLOAT16, true,
-                                           &z[ZOO_BF16_DENSE].len);
+    z[ZOO_BF16_DENSE].block =
+        encode_block(ws, idx, val, 64, 64, FL_BFLOAT16, true, &z[ZOO_BF16_DENSE].len);
 
     z[ZOO_EMPTY] = (zoo_t){NULL, 0, 10, 0, "empty"};
     z[ZOO_EMPTY].block = encode_block(ws, idx, val, 0, 10, FL_FLOAT32, true, &z[ZOO_EMPTY].len);
@@ -216,14 +215,13 @@ static void zoo_make(fl_cmp_ws_t *ws, zoo_t *z)
     random_indices(idx, 40, 5000, 77);
     random_values(val, 40, 78);
     z[ZOO_F16_RAW] = (zoo_t){NULL, 0, 5000, 40, "float16 raw"};
-    z[ZOO_F16_RAW].block = encode_block(ws, idx, val, 40, 5000, FL_FLOAT16, false,
-                                        &z[ZOO_F16_RAW].len);
+    z[ZOO_F16_RAW].block =
+        encode_block(ws, idx, val, 40, 5000, FL_FLOAT16, false, &z[ZOO_F16_RAW].len);
 
     shape_t sh = {"gaps", N32, 15, IDX_GAPS};
     shape_indices(&sh, idx, 0);
     z[ZOO_HUGE_N] = (zoo_t){NULL, 0, N32, 15, "n = 2^32-1"};
-    z[ZOO_HUGE_N].block = encode_block(ws, idx, val, 15, N32, FL_FLOAT32, true,
-                                       &z[ZOO_HUGE_N].len);
+    z[ZOO_HUGE_N].block = encode_block(ws, idx, val, 15, N32, FL_FLOAT32, true, &z[ZOO_HUGE_N].len);
 }
 
 static void zoo_free(zoo_t *z)
@@ -410,25 +408,49 @@ START_TEST(test_index_stream)
 {
     static const uint8_t c80 = 0x80;
     static const stream_case_t cases[] = {
-        {"6 continuation bytes", 1000, 2, {c80, c80, c80, c80, c80, c80, 0, 0}, 8,
+        {"6 continuation bytes",
+         1000,
+         2,
+         {c80, c80, c80, c80, c80, c80, 0, 0},
+         8,
          "index 0's varint is over 5 bytes"},
-        {"5 continuation bytes", 1000, 2, {0, c80, c80, c80, c80, c80, 0}, 7,
+        {"5 continuation bytes",
+         1000,
+         2,
+         {0, c80, c80, c80, c80, c80, 0},
+         7,
          "index 1's varint is over 5 bytes"},
         {"past the stream", 1000, 2, {0x00, 0x80}, 2, "index stream ends inside index 1"},
         {"past the stream at once", 1000, 1, {0xff}, 1, "index stream ends inside index 0"},
-        {"past the stream, 4 bytes", 1000, 1, {0xff, 0xff, 0xff, 0xff}, 4,
+        {"past the stream, 4 bytes",
+         1000,
+         1,
+         {0xff, 0xff, 0xff, 0xff},
+         4,
          "index stream ends inside index 0"},
         {"gap past n", 10, 2, {5, 4}, 2, "index 1 is 10, outside 0..9"},
         {"first index n", 10, 1, {10}, 1, "index 0 is 10, outside 0..9"},
         {"last index n-1", 10, 2, {5, 3}, 2, NULL},
         {"gap over 2^32", 1000, 1, {0xff, 0xff, 0xff, 0xff, 0x7f}, 5, "outside 0..999"},
-        {"gap 2^32-1", N32, 1, {0xff, 0xff, 0xff, 0xff, 0x0f}, 5,
+        {"gap 2^32-1",
+         N32,
+         1,
+         {0xff, 0xff, 0xff, 0xff, 0x0f},
+         5,
          "index 0 is 4294967295, outside 0..4294967294"},
         {"gap 2^32-2", N32, 1, {0xfe, 0xff, 0xff, 0xff, 0x0f}, 5, NULL},
-        {"top then one more", N32, 2, {0xfe, 0xff, 0xff, 0xff, 0x0f, 0x00}, 6,
+        {"top then one more",
+         N32,
+         2,
+         {0xfe, 0xff, 0xff, 0xff, 0x0f, 0x00},
+         6,
          "index 1 is 4294967295"},
-        {"sum past 2^32", N32, 2, {0x80, 0x80, 0x80, 0x80, 0x08, 0x80, 0x80, 0x80, 0x80, 0x08},
-         10, "index 1 is 4294967297"},
+        {"sum past 2^32",
+         N32,
+         2,
+         {0x80, 0x80, 0x80, 0x80, 0x08, 0x80, 0x80, 0x80, 0x80, 0x08},
+         10,
+         "index 1 is 4294967297"},
         {"1 byte left", 1000, 1, {0, 0}, 2, "1 index bytes left after 1 indices"},
         {"3 bytes left", 1000, 2, {1, 2, 3, 4, 5}, 5, "3 index bytes left after 2 indices"},
     };

@@ -115,8 +115,8 @@ START_TEST(test_round_trip)
     ck_assert_msg(in.n == sh->n && in.k == k && in.values == vt, "%s: peek n %llu k %llu %s", what,
                   (unsigned long long)in.n, (unsigned long long)in.k, fl_dtype_name(in.values));
     ck_assert_msg(in.index_bytes == ib && in.value_bytes == k * vsize(vt),
-                  "%s: peek %zu index bytes (expected %zu), %zu value bytes", what,
-                  in.index_bytes, ib, in.value_bytes);
+                  "%s: peek %zu index bytes (expected %zu), %zu value bytes", what, in.index_bytes,
+                  ib, in.value_bytes);
     ck_assert_msg(in.body_bytes == len - HDR, "%s: body %zu of %zu", what, in.body_bytes, len);
     /* lz4 only when asked for and only when it shrinks the body. */
     ck_assert_msg(in.lz4 ? lz4 && in.body_bytes < raw : in.body_bytes == raw,
@@ -237,10 +237,22 @@ END_TEST
  * at the type's largest finite value, stored as those bits, and a few results by hand. */
 START_TEST(test_rounding)
 {
-    const float vals[] = {1.0f + 0x1p-11f, 1.0f + 0x3p-11f, 1.0f + 0x1p-8f, 1.0f + 0x3p-8f,
-                          65519.0f,        65520.0f,        0x1p-24f,       0x1p-25f,
-                          0x3p-26f,        -0.0f,           NAN,            -INFINITY,
-                          0.1f,            -3.14159f,       1e-40f,         3.4e38f};
+    const float vals[] = {1.0f + 0x1p-11f,
+                          1.0f + 0x3p-11f,
+                          1.0f + 0x1p-8f,
+                          1.0f + 0x3p-8f,
+                          65519.0f,
+                          65520.0f,
+                          0x1p-24f,
+                          0x1p-25f,
+                          0x3p-26f,
+                          -0.0f,
+                          NAN,
+                          -INFINITY,
+                          0.1f,
+                          -3.14159f,
+                          1e-40f,
+                          3.4e38f};
     const size_t k = NELEM(vals);
     uint32_t idx[NELEM(vals)];
     for (size_t i = 0; i < k; i++)
@@ -375,8 +387,8 @@ START_TEST(test_lz4_choice)
         block = encode_block(ws, idx, val, k, n, vtypes[t], true, &len);
         CHECK(fl_cmp_sparse_peek(block, len, &in) == FL_OK, "%s: %s", name, fl_last_error());
         size_t raw = in.index_bytes + in.value_bytes;
-        CHECK(in.lz4 && block[7] == 1 && in.body_bytes < raw / 4,
-              "regular %s: lz4 %d, %zu of %zu", name, in.lz4, in.body_bytes, raw);
+        CHECK(in.lz4 && block[7] == 1 && in.body_bytes < raw / 4, "regular %s: lz4 %d, %zu of %zu",
+              name, in.lz4, in.body_bytes, raw);
         free(block);
         /* Not asked for: raw, however well it would compress. */
         block = encode_block(ws, idx, val, k, n, vtypes[t], false, &len);
@@ -401,9 +413,8 @@ START_TEST(test_bound)
             size_t lz = fl_cmp_lz4_bound(raw);
             size_t want = HDR + (lz > raw ? lz : raw);
             if (fl_cmp_sparse_bound(ks[i], vtypes[t]) != want)
-                ck_abort_msg("bound(%zu, %s) = %zu, expected %zu", ks[i],
-                             fl_dtype_name(vtypes[t]), fl_cmp_sparse_bound(ks[i], vtypes[t]),
-                             want);
+                ck_abort_msg("bound(%zu, %s) = %zu, expected %zu", ks[i], fl_dtype_name(vtypes[t]),
+                             fl_cmp_sparse_bound(ks[i], vtypes[t]), want);
         }
     }
     /* Worst case: 5-byte varints and random values. */

@@ -102,24 +102,12 @@ static void fill(float *x, size_t n, int dist, uint64_t seed)
         case D_GAUSS:
             v = (float)(u + fl_test_uniform(&s) + fl_test_uniform(&s) + fl_test_uniform(&s));
             break;
-        case D_CAUCHY:
-            v = (float)tan(u * HALF_PI * 0.99999);
-            break;
-        case D_SMALLINT:
-            v = (float)(int)(fl_test_rand(&s) % 7) - 3.0f;
-            break;
-        case D_ALLEQ:
-            v = rsign(&s) * 0.75f;
-            break;
-        case D_KTIES:
-            v = (fl_test_rand(&s) & 2) ? rsign(&s) * 0.5f : (float)u;
-            break;
-        case D_QUANT:
-            v = floorf((float)u * 64.0f) / 64.0f;
-            break;
-        case D_ZEROS:
-            v = fl_test_rand(&s) % 10 == 0 ? (float)u : rsign(&s) * 0.0f;
-            break;
+        case D_CAUCHY: v = (float)tan(u * HALF_PI * 0.99999); break;
+        case D_SMALLINT: v = (float)(int)(fl_test_rand(&s) % 7) - 3.0f; break;
+        case D_ALLEQ: v = rsign(&s) * 0.75f; break;
+        case D_KTIES: v = (fl_test_rand(&s) & 2) ? rsign(&s) * 0.5f : (float)u; break;
+        case D_QUANT: v = floorf((float)u * 64.0f) / 64.0f; break;
+        case D_ZEROS: v = fl_test_rand(&s) % 10 == 0 ? (float)u : rsign(&s) * 0.0f; break;
         case D_SUBNORMAL: {
             uint64_t r = fl_test_rand(&s);
             v = r % 16 == 0 ? FLT_MIN : from_bits((uint32_t)(r >> 8) & 0x807fffffu);
@@ -132,27 +120,13 @@ static void fill(float *x, size_t n, int dist, uint64_t seed)
             v = r == 0 ? rsign(&s) * FLT_MAX : r == 1 ? FLT_MAX * (float)u : (float)u;
             break;
         }
-        case D_ASC:
-            v = rsign(&s) * (float)i;
-            break;
-        case D_DESC:
-            v = rsign(&s) * (float)(n - i);
-            break;
-        case D_BLOCKEND:
-            v = i >= n - n / 10 ? 100.0f + (float)u : (float)u;
-            break;
-        case D_PERIODIC:
-            v = i % stride == 0 ? 50.0f + (float)u : (float)u;
-            break;
-        case D_SAMPLE_LOW:
-            v = rsign(&s) * (1.0f + (float)u);
-            break;
-        case D_SAMPLE_HIGH:
-            v = (float)u;
-            break;
-        default:
-            v = (float)u;
-            break;
+        case D_ASC: v = rsign(&s) * (float)i; break;
+        case D_DESC: v = rsign(&s) * (float)(n - i); break;
+        case D_BLOCKEND: v = i >= n - n / 10 ? 100.0f + (float)u : (float)u; break;
+        case D_PERIODIC: v = i % stride == 0 ? 50.0f + (float)u : (float)u; break;
+        case D_SAMPLE_LOW: v = rsign(&s) * (1.0f + (float)u); break;
+        case D_SAMPLE_HIGH: v = (float)u; break;
+        default: v = (float)u; break;
         }
         x[i] = v;
     }
@@ -237,8 +211,7 @@ static void ref_check(const bufs_t *b, size_t n, size_t k, size_t k_out, const c
             continue;
         if (b->idx[j] != i)
             ck_abort_msg("%s: idx[%zu] = %u, want %zu (|x| %g vs %g)", what, j, b->idx[j], i,
-                         fabs((double)b->x[b->idx[j] < n ? b->idx[j] : 0]),
-                         fabs((double)b->x[i]));
+                         fabs((double)b->x[b->idx[j] < n ? b->idx[j] : 0]), fabs((double)b->x[i]));
         if (bits_of(b->val[j]) != bits_of(b->x[i]))
             ck_abort_msg("%s: val[%zu] = %a, x[%zu] = %a", what, j, (double)b->val[j], i,
                          (double)b->x[i]);
@@ -293,8 +266,7 @@ START_TEST(test_exact_sweep)
         for (int seed = 1; seed <= seeds; seed++) {
             fill(b.x, n, dist, (uint64_t)seed);
             ref_build(&b, n);
-            check_all_k(ws, &b, n, dist, (uint64_t)seed, densities, NELEM(densities),
-                        false);
+            check_all_k(ws, &b, n, dist, (uint64_t)seed, densities, NELEM(densities), false);
         }
     }
     fl_cmp_ws_destroy(&ws);
@@ -342,8 +314,8 @@ static void expect_pairs(const float *x, size_t n, size_t k, const uint32_t *wan
     ck_assert_msg(k_out == k, "%s: k_out %zu", what, k_out);
     for (size_t j = 0; j < k; j++)
         if (idx[j] != want_idx[j] || bits_of(val[j]) != bits_of(x[want_idx[j]]))
-            ck_abort_msg("%s: pair %zu = (%u, %a), want (%u, %a)", what, j, idx[j],
-                         (double)val[j], want_idx[j], (double)x[want_idx[j]]);
+            ck_abort_msg("%s: pair %zu = (%u, %a), want (%u, %a)", what, j, idx[j], (double)val[j],
+                         want_idx[j], (double)x[want_idx[j]]);
 }
 
 START_TEST(test_exact_small_cases)
@@ -382,8 +354,7 @@ static bool has_number(const char *msg, const char *num)
 
 /* fl_cmp_topk fails with FL_EINVAL naming num and writes nothing; so does
  * fl_cmp_topk_count when the count itself is bad (count_too). */
-static void expect_einval(size_t n, const fl_cmp_topk_opts_t *o, const char *num,
-                          bool count_too)
+static void expect_einval(size_t n, const fl_cmp_topk_opts_t *o, const char *num, bool count_too)
 {
     static const float x[16];
     uint32_t idx[16];
@@ -541,15 +512,15 @@ static void check_sampled(bufs_t *b, size_t n, size_t k, size_t k_out, const cha
     }
     for (size_t i = 0; i < n && k_out > 0; i++)
         if (!mark[i] && key_of(x[i]) > min_sel)
-            ck_abort_msg("%s: x[%zu] = %g left out, selected down to |%g|", what, i,
-                         (double)x[i], (double)from_bits(min_sel));
+            ck_abort_msg("%s: x[%zu] = %g left out, selected down to |%g|", what, i, (double)x[i],
+                         (double)from_bits(min_sel));
 }
 
 START_TEST(test_sampled_bounds)
 {
     static const size_t sizes[] = {1, 7, 1000, 65537, 1000000};
-    static const int dists[] = {D_UNIFORM, D_GAUSS,     D_CAUCHY, D_SMALLINT, D_ALLEQ,
-                                D_KTIES,   D_ZEROS,     D_HUGE,   D_ASC,      D_SAMPLE_HIGH};
+    static const int dists[] = {D_UNIFORM, D_GAUSS, D_CAUCHY, D_SMALLINT, D_ALLEQ,
+                                D_KTIES,   D_ZEROS, D_HUGE,   D_ASC,      D_SAMPLE_HIGH};
     static const double dens[] = {1e-3, 1e-2, 0.1, 1.0};
     const size_t maxn = 1000000;
     bufs_t b;

@@ -87,34 +87,33 @@ static void mm_run(int world, mm_kind_t kind, const char *const *must)
     int found = -1;
     for (int r = 0; r < world; r++) {
         len += (size_t)snprintf(all + len, len < sizeof all ? sizeof all - len : 0,
-                                " [rank %d: %s: %.200s]", r, fl_strerror(a->rc[r]),
-                                a->text[r]);
+                                " [rank %d: %s: %.200s]", r, fl_strerror(a->rc[r]), a->text[r]);
         if (len >= sizeof all)
             len = sizeof all - 1;
         int rc = a->rc[r];
         if (rc != FL_OK && rc != FL_EPROTO && rc != FL_ETIMEDOUT && rc != FL_EPEER)
-            ck_abort_msg("mismatch %d, %d ranks: rank %d returned %d (%s): %s", kind, world, r,
-                         rc, fl_strerror(rc), a->text[r]);
+            ck_abort_msg("mismatch %d, %d ranks: rank %d returned %d (%s): %s", kind, world, r, rc,
+                         fl_strerror(rc), a->text[r]);
         bool names_all = rc == FL_EPROTO;
         for (int k = 0; must[k] != NULL; k++)
             names_all = names_all && strstr(a->text[r], must[k]) != NULL;
         if (names_all && found < 0)
             found = r;
         if (rc != FL_OK && a->rc2[r] != FL_ECLOSED)
-            ck_abort_msg("mismatch %d: rank %d's call after the failure returned %d (%s): %s",
-                         kind, r, a->rc2[r], fl_strerror(a->rc2[r]), a->text2[r]);
+            ck_abort_msg("mismatch %d: rank %d's call after the failure returned %d (%s): %s", kind,
+                         r, a->rc2[r], fl_strerror(a->rc2[r]), a->text2[r]);
         if (rc != FL_OK && (strstr(a->text2[r], "broken by an earlier failure") == NULL ||
                             strstr(a->text2[r], a->text[r]) == NULL))
             ck_abort_msg("mismatch %d: rank %d's FL_ECLOSED text '%s' does not carry the cause "
                          "'%s'",
                          kind, r, a->text2[r], a->text[r]);
     }
-    ck_assert_msg(found >= 0, "mismatch %d, %d ranks: no rank reported FL_EPROTO naming "
+    ck_assert_msg(found >= 0,
+                  "mismatch %d, %d ranks: no rank reported FL_EPROTO naming "
                   "'%s'%s%s:%s",
                   kind, world, must[0], must[1] ? ", " : "", must[1] ? must[1] : "", all);
     /* Blocked ranks give up at their 1 s deadline; setup and teardown take the rest. */
-    ck_assert_msg(took < 10000, "mismatch %d, %d ranks took %lld ms", kind, world,
-                  (long long)took);
+    ck_assert_msg(took < 10000, "mismatch %d, %d ranks took %lld ms", kind, world, (long long)took);
     free(a);
 }
 
@@ -171,18 +170,18 @@ static int expect_einval(int rc, const char *call, const char *a, const char *b)
 {
     const char *t = fl_last_error();
     if (rc != FL_EINVAL)
-        return bad("%s returned %d (%s), want FL_EINVAL; detail '%s'", call, rc,
-                   fl_strerror(rc), t);
+        return bad("%s returned %d (%s), want FL_EINVAL; detail '%s'", call, rc, fl_strerror(rc),
+                   t);
     if (strstr(t, a) == NULL || (b != NULL && strstr(t, b) == NULL))
         return bad("%s: detail '%s' does not name '%s' and '%s'", call, t, a, b ? b : "");
     return FL_OK;
 }
 
-#define EXPECT_EINVAL(call, a, b)                                                             \
-    do {                                                                                      \
-        int rc_ = expect_einval((call), #call, (a), (b));                                     \
-        if (rc_ != FL_OK)                                                                     \
-            return rc_;                                                                       \
+#define EXPECT_EINVAL(call, a, b)                                                                  \
+    do {                                                                                           \
+        int rc_ = expect_einval((call), #call, (a), (b));                                          \
+        if (rc_ != FL_OK)                                                                          \
+            return rc_;                                                                            \
     } while (0)
 
 static int args_rank(fl_comm_t *comm, void *arg)
@@ -203,15 +202,13 @@ static int args_rank(fl_comm_t *comm, void *arg)
     snprintf(me, sizeof me, "rank %d", r);
     snprintf(top, sizeof top, "root %d", n);
 
-    EXPECT_EINVAL(fl_allreduce(comm, buf, buf, 10, (fl_dtype_t)99, FL_SUM), "unknown dtype 99",
-                  me);
+    EXPECT_EINVAL(fl_allreduce(comm, buf, buf, 10, (fl_dtype_t)99, FL_SUM), "unknown dtype 99", me);
     EXPECT_EINVAL(fl_allgather(comm, buf, buf, 10, (fl_dtype_t)0), "unknown dtype 0", me);
     EXPECT_EINVAL(fl_broadcast(comm, buf, 10, (fl_dtype_t)-3, 0), "unknown dtype -3", me);
     EXPECT_EINVAL(fl_allreduce(comm, ibuf, ibuf, 10, FL_INT32, FL_AVG), "avg", "int32");
     EXPECT_EINVAL(fl_reduce_scatter(comm, ibuf, ibuf, 10, FL_INT32, FL_AVG), "avg", "int32");
     EXPECT_EINVAL(fl_allreduce(comm, ubuf, ubuf, 10, FL_UINT8, FL_MAX), "max", "uint8");
-    EXPECT_EINVAL(fl_allreduce(comm, buf, buf, 10, FL_FLOAT32, (fl_op_t)9), "operator",
-                  "float32");
+    EXPECT_EINVAL(fl_allreduce(comm, buf, buf, 10, FL_FLOAT32, (fl_op_t)9), "operator", "float32");
     EXPECT_EINVAL(fl_broadcast(comm, buf, 10, FL_FLOAT32, -1), "root -1", "out of range");
     EXPECT_EINVAL(fl_broadcast(comm, buf, 10, FL_FLOAT32, n), top, "out of range");
     EXPECT_EINVAL(fl_allreduce(comm, NULL, buf, 10, FL_FLOAT32, FL_SUM), "NULL buffer",
@@ -224,8 +221,8 @@ static int args_rank(fl_comm_t *comm, void *arg)
     EXPECT_EINVAL(fl_allgather(comm, NULL, buf, 64, FL_FLOAT32), "NULL sendbuf", "all-gather");
     EXPECT_EINVAL(fl_allgather(comm, buf, NULL, 64, FL_FLOAT32), "NULL buffer", "all-gather");
     EXPECT_EINVAL(fl_broadcast(comm, NULL, 5, FL_FLOAT32, 0), "NULL buffer", "broadcast");
-    EXPECT_EINVAL(fl_allreduce(comm, buf, buf, SIZE_MAX / 8 + 1, FL_FLOAT32, FL_SUM),
-                  "too large", me);
+    EXPECT_EINVAL(fl_allreduce(comm, buf, buf, SIZE_MAX / 8 + 1, FL_FLOAT32, FL_SUM), "too large",
+                  me);
 
     fl_comm_stats_t st;
     fl_comm_get_stats(comm, &st);
@@ -252,8 +249,7 @@ static int args_rank(fl_comm_t *comm, void *arg)
     EXPECT_OK(fl_allreduce(comm, buf, out, 64, FL_FLOAT32, FL_SUM));
     for (int i = 0; i < 64; i++)
         if (out[i] != (float)(n * i + n * (n - 1) / 2))
-            return bad("rank %d: allreduce after refused calls: element %d is %g", r, i,
-                       out[i]);
+            return bad("rank %d: allreduce after refused calls: element %d is %g", r, i, out[i]);
     fl_comm_get_stats(comm, &st);
     if (st.ops != 7)
         return bad("rank %d: %llu ops counted, want 7", r, (unsigned long long)st.ops);

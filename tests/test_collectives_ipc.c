@@ -66,9 +66,9 @@ END_TEST
 static const size_t auto_counts[AUTO_SIZES] = {1000, 20000, 300001}; /* direct, rd, ring */
 
 typedef struct auto_arg {
-    bool ipc;                                  /* what the ranks should use */
-    float *out[MAX_WORLD][AUTO_SIZES];         /* each rank's results */
-    char dir[MAX_WORLD][128];                  /* each rank's socket directory */
+    bool ipc;                          /* what the ranks should use */
+    float *out[MAX_WORLD][AUTO_SIZES]; /* each rank's results */
+    char dir[MAX_WORLD][128];          /* each rank's socket directory */
 } auto_arg_t;
 
 static int auto_rank(fl_comm_t *comm, void *arg)
@@ -122,8 +122,8 @@ static void auto_run(int world, int stripes, bool ipc, auto_arg_t *a)
     for (int r = 0; r < world; r++) {
         struct stat st;
         if (a->dir[r][0] != '\0')
-            ck_assert_msg(lstat(a->dir[r], &st) != 0, "rank %d's socket directory %s is left",
-                          r, a->dir[r]);
+            ck_assert_msg(lstat(a->dir[r], &st) != 0, "rank %d's socket directory %s is left", r,
+                          a->dir[r]);
     }
 }
 
@@ -149,8 +149,7 @@ START_TEST(test_ipc_same_host)
             ck_assert_msg(memcmp(on->out[r][k], on->out[0][k], bytes) == 0,
                           "ipc: rank %d's sum of %zu differs from rank 0's", r, auto_counts[k]);
             ck_assert_msg(memcmp(on->out[r][k], off->out[r][k], bytes) == 0,
-                          "rank %d: the sum of %zu over ipc differs from tcp's", r,
-                          auto_counts[k]);
+                          "rank %d: the sum of %zu over ipc differs from tcp's", r, auto_counts[k]);
         }
     }
     for (int r = 0; r < world; r++) {
@@ -171,8 +170,7 @@ static char open_dir[128];
 static void make_open_dir(const char *coordinator, const char *job_id)
 {
     fl_comm_ipc_dir_name(job_id, coordinator, open_dir, sizeof open_dir);
-    ck_assert_msg(mkdir(open_dir, 0700) == 0 && chmod(open_dir, 0755) == 0, "mkdir %s",
-                  open_dir);
+    ck_assert_msg(mkdir(open_dir, 0700) == 0 && chmod(open_dir, 0755) == 0, "mkdir %s", open_dir);
 }
 
 START_TEST(test_ipc_dir_not_private)

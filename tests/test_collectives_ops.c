@@ -109,8 +109,8 @@ static int rs_verify(int r, int n, const void *got, size_t count, fl_dtype_t dt,
         if (!(fabs(g - ref) <= tol))
             return bad("rank %d of %d: reduce-scatter %zu x %s %s (%s): element %zu: got %.9g, "
                        "want %.9g (tol %.3g)",
-                       r, n, count, fl_dtype_name(dt), fl_op_name(op), rs_mode_name[mode],
-                       off + j, g, ref, tol);
+                       r, n, count, fl_dtype_name(dt), fl_op_name(op), rs_mode_name[mode], off + j,
+                       g, ref, tol);
     }
     return FL_OK;
 }
@@ -141,8 +141,7 @@ static int rs_one(fl_comm_t *comm, size_t count, fl_dtype_t dt, fl_op_t op, rs_m
         rc = bad("rank %d: reduce-scatter %zu (%s) wrote past sendbuf", r, count,
                  rs_mode_name[mode]);
     if (rc == FL_OK && mode == RS_SEPARATE && !guard_intact(sep + mine * esz))
-        rc = bad("rank %d: reduce-scatter %zu wrote past the %zu-element recvbuf", r, count,
-                 mine);
+        rc = bad("rank %d: reduce-scatter %zu wrote past the %zu-element recvbuf", r, count, mine);
     if (rc == FL_OK && mode == RS_SEPARATE && memcmp(send, copy, count * esz) != 0)
         rc = bad("rank %d: reduce-scatter %zu changed sendbuf", r, count);
     free(send);
@@ -154,7 +153,9 @@ static int rs_one(fl_comm_t *comm, size_t count, fl_dtype_t dt, fl_op_t op, rs_m
 static const struct {
     fl_dtype_t dt;
     fl_op_t op;
-} rs_types[] = {{FL_FLOAT32, FL_SUM}, {FL_FLOAT32, FL_AVG}, {FL_FLOAT16, FL_SUM},
+} rs_types[] = {{FL_FLOAT32, FL_SUM},
+                {FL_FLOAT32, FL_AVG},
+                {FL_FLOAT16, FL_SUM},
                 {FL_FLOAT16, FL_AVG}};
 
 static int rs_rank(fl_comm_t *comm, void *arg)
@@ -301,8 +302,7 @@ static int ag_rank(fl_comm_t *comm, void *arg)
 {
     (void)arg;
     int n = fl_comm_size(comm);
-    size_t counts[] = {0, 1, (size_t)n - 1, (size_t)n + 1, (size_t)1000 * n + 3, 77777,
-                       300001};
+    size_t counts[] = {0, 1, (size_t)n - 1, (size_t)n + 1, (size_t)1000 * n + 3, 77777, 300001};
     static const fl_dtype_t dts[] = {FL_UINT8, FL_FLOAT64, FL_FLOAT32};
     uint64_t salt = 1;
     first_bad_t f = {FL_OK, ""};
@@ -367,9 +367,9 @@ static int bcast_rank(fl_comm_t *comm, void *arg)
     static const struct {
         size_t count;
         fl_dtype_t dt;
-    } cases[] = {{0, FL_FLOAT32}, {1, FL_UINT8},       {1, FL_FLOAT64},     {1000, FL_UINT8},
-                 {16384, FL_FLOAT32}, {16385, FL_FLOAT32}, {300001, FL_FLOAT32},
-                 {70001, FL_FLOAT64}};
+    } cases[] = {{0, FL_FLOAT32},      {1, FL_UINT8},       {1, FL_FLOAT64},
+                 {1000, FL_UINT8},     {16384, FL_FLOAT32}, {16385, FL_FLOAT32},
+                 {300001, FL_FLOAT32}, {70001, FL_FLOAT64}};
     uint64_t salt = 1;
     first_bad_t f = {FL_OK, ""};
     for (int root = 0; root < fl_comm_size(comm); root++) {
@@ -433,9 +433,8 @@ START_TEST(test_barrier)
                              "rank %d entered it",
                              world, k, r, (double)(slow_in - a.exit[k][r]) / 1e6, a.slow[k]);
             if (r != a.slow[k] && a.exit[k][r] - a.entry[k][r] < 100 * 1000000LL)
-                ck_abort_msg("%d ranks, round %d: rank %d waited only %.3f ms for rank %d",
-                             world, k, r, (double)(a.exit[k][r] - a.entry[k][r]) / 1e6,
-                             a.slow[k]);
+                ck_abort_msg("%d ranks, round %d: rank %d waited only %.3f ms for rank %d", world,
+                             k, r, (double)(a.exit[k][r] - a.entry[k][r]) / 1e6, a.slow[k]);
         }
     }
 }
@@ -514,11 +513,11 @@ static int mix_rank(fl_comm_t *comm, void *arg)
             for (size_t j = 0; rc == FL_OK && j < len; j++) {
                 double want = mix_ref(rdt, op, salt, n, first + j);
                 if (load(dst, j, rdt) != want)
-                    rc = bad("iteration %d: rank %d: %s %zu x %s %s: element %zu is %g, want "
-                             "%g",
-                             it, r, kind == 0 ? "allreduce" : "reduce-scatter", count,
-                             fl_dtype_name(rdt), fl_op_name(op), first + j,
-                             load(dst, j, rdt), want);
+                    rc =
+                        bad("iteration %d: rank %d: %s %zu x %s %s: element %zu is %g, want "
+                            "%g",
+                            it, r, kind == 0 ? "allreduce" : "reduce-scatter", count,
+                            fl_dtype_name(rdt), fl_op_name(op), first + j, load(dst, j, rdt), want);
             }
         } else if (kind == 2 || kind == 3) {
             size_t esz = fl_dtype_size(mdt);
@@ -533,8 +532,8 @@ static int mix_rank(fl_comm_t *comm, void *arg)
                 memset(out, 0xEE, count * esz);
                 if (in_place)
                     memcpy(out + off * esz, want + off * esz, mine * esz);
-                rc = fl_allgather(comm, in_place ? out + off * esz : want + off * esz, out,
-                                  count, mdt);
+                rc = fl_allgather(comm, in_place ? out + off * esz : want + off * esz, out, count,
+                                  mdt);
             } else {
                 if (r == root)
                     memcpy(out, want, count * esz);
@@ -544,8 +543,7 @@ static int mix_rank(fl_comm_t *comm, void *arg)
             }
             if (rc == FL_OK && memcmp(out, want, count * esz) != 0)
                 rc = bad("iteration %d: rank %d: %s of %zu x %s (root %d) differs", it, r,
-                         kind == 2 ? "all-gather" : "broadcast", count, fl_dtype_name(mdt),
-                         root);
+                         kind == 2 ? "all-gather" : "broadcast", count, fl_dtype_name(mdt), root);
         } else {
             rc = fl_barrier(comm);
         }
@@ -555,8 +553,8 @@ static int mix_rank(fl_comm_t *comm, void *arg)
     fl_comm_stats_t st;
     fl_comm_get_stats(comm, &st);
     if (rc == FL_OK && st.ops != (uint64_t)a->iters)
-        rc = bad("rank %d: %llu ops counted after %d collectives", r,
-                 (unsigned long long)st.ops, a->iters);
+        rc = bad("rank %d: %llu ops counted after %d collectives", r, (unsigned long long)st.ops,
+                 a->iters);
     if (rc == FL_OK && st.bad_msgs != 0)
         rc = bad("rank %d: %llu messages refused", r, (unsigned long long)st.bad_msgs);
     free(buf);
@@ -571,8 +569,11 @@ START_TEST(test_random_mix)
         int stripes;
         int iters;
         fl_algo_t algo;
-    } cfg[] = {{4, 1, 300, FL_ALGO_AUTO}, {3, 2, 300, FL_ALGO_RD}, {5, 1, 200, FL_ALGO_AUTO},
-               {2, 3, 300, FL_ALGO_AUTO}, {9, 1, 100, FL_ALGO_AUTO}};
+    } cfg[] = {{4, 1, 300, FL_ALGO_AUTO},
+               {3, 2, 300, FL_ALGO_RD},
+               {5, 1, 200, FL_ALGO_AUTO},
+               {2, 3, 300, FL_ALGO_AUTO},
+               {9, 1, 100, FL_ALGO_AUTO}};
     fl_comm_opts_t o;
     opts_base(&o);
     o.segment_bytes = 4096;

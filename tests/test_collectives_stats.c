@@ -122,14 +122,13 @@ static int st_rank(fl_comm_t *comm, void *arg)
     /* Reduce-scatter and all-gather are not allreduces: last_algo stays. */
     if (rc == FL_OK) {
         fl_comm_get_stats(comm, &s);
-        rc = st_step(comm, fl_reduce_scatter(comm, buf, out, c, FL_FLOAT32, FL_SUM), &s,
-                     rs_out * 4, small, 5, "reduce-scatter");
+        rc = st_step(comm, fl_reduce_scatter(comm, buf, out, c, FL_FLOAT32, FL_SUM), &s, rs_out * 4,
+                     small, 5, "reduce-scatter");
     }
     if (rc == FL_OK) {
         fl_comm_get_stats(comm, &s);
-        rc = st_step(comm,
-                     fl_allgather(comm, buf + fl_shard_offset(c, n, r), buf, c, FL_FLOAT32), &s,
-                     ag_out * 4, small, 6, "all-gather");
+        rc = st_step(comm, fl_allgather(comm, buf + fl_shard_offset(c, n, r), buf, c, FL_FLOAT32),
+                     &s, ag_out * 4, small, 6, "all-gather");
     }
     if (rc == FL_OK) {
         fl_comm_get_stats(comm, &s);
@@ -157,7 +156,8 @@ START_TEST(test_stats)
         sent += a.sent[r];
     /* Each of the N chunks is sent N-1 times in each phase: 2(N-1)/N of the buffer per rank. */
     uint64_t want = 2ULL * (uint64_t)(world - 1) * 10007 * 4;
-    ck_assert_msg(sent == want, "%d ranks: ring allreduce of %d bytes sent %llu in total, want "
+    ck_assert_msg(sent == want,
+                  "%d ranks: ring allreduce of %d bytes sent %llu in total, want "
                   "%llu",
                   world, 10007 * 4, (unsigned long long)sent, (unsigned long long)want);
 }
@@ -201,8 +201,8 @@ START_TEST(test_stats_early_messages)
     static const uint64_t want_recv[4] = {2048, 3072, 3072, 3072};
     for (int r = 0; r < 4; r++) {
         if (a.sent[r] != want_sent[r] || a.recv[r] != want_recv[r])
-            ck_abort_msg("rank %d counted %llu bytes sent and %llu received, want %llu and %llu",
-                         r, (unsigned long long)a.sent[r], (unsigned long long)a.recv[r],
+            ck_abort_msg("rank %d counted %llu bytes sent and %llu received, want %llu and %llu", r,
+                         (unsigned long long)a.sent[r], (unsigned long long)a.recv[r],
                          (unsigned long long)want_sent[r], (unsigned long long)want_recv[r]);
     }
 }

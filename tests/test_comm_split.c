@@ -49,8 +49,9 @@ static int split_one_rank(fl_comm_t *comm, void *arg)
     int size = (world + 1 - color) / 2;
     int want_rank = size - 1 - r / 2;
     if (fl_comm_size(sub) != size || fl_comm_rank(sub) != want_rank)
-        rc = bad(err, sizeof err, "rank %d: group %d of size %d, rank %d; expected size %d, "
-                                  "rank %d",
+        rc = bad(err, sizeof err,
+                 "rank %d: group %d of size %d, rank %d; expected size %d, "
+                 "rank %d",
                  r, color, fl_comm_size(sub), fl_comm_rank(sub), size, want_rank);
     enum { N = 70001 };
     float *buf = malloc(N * sizeof *buf);
@@ -104,10 +105,10 @@ static void *member_main(void *p)
     int n = j->flat ? j->world * L : j->world;
     int want_rank = j->flat ? j->parent_rank * L + j->t : j->parent_rank;
     if (fl_comm_size(j->sub) != n || fl_comm_rank(j->sub) != want_rank) {
-        j->rc = bad(j->err, sizeof j->err, "member %d of rank %d: size %d rank %d, expected %d "
-                                           "and %d",
-                    j->t, j->parent_rank, fl_comm_size(j->sub), fl_comm_rank(j->sub), n,
-                    want_rank);
+        j->rc = bad(j->err, sizeof j->err,
+                    "member %d of rank %d: size %d rank %d, expected %d "
+                    "and %d",
+                    j->t, j->parent_rank, fl_comm_size(j->sub), fl_comm_rank(j->sub), n, want_rank);
         return NULL;
     }
     float *buf = malloc(COUNT * sizeof *buf);
@@ -129,8 +130,9 @@ static void *member_main(void *p)
                     if (j->flat || t == j->t)
                         want += val(r, t, i);
             if (buf[i] != want) {
-                j->rc = bad(j->err, sizeof j->err, "member %d of rank %d: element %zu is %g, "
-                                                   "expected %g",
+                j->rc = bad(j->err, sizeof j->err,
+                            "member %d of rank %d: element %zu is %g, "
+                            "expected %g",
                             j->t, j->parent_rank, i, buf[i], want);
                 break;
             }
@@ -158,8 +160,8 @@ static int members_rank(fl_comm_t *comm, void *arg)
     member_job_t jobs[L];
     pthread_t th[L];
     for (int t = 0; t < L; t++) {
-        jobs[t] = (member_job_t){.sub = subs[t], .parent_rank = r, .t = t, .flat = flat,
-                                 .world = world};
+        jobs[t] =
+            (member_job_t){.sub = subs[t], .parent_rank = r, .t = t, .flat = flat, .world = world};
         ck_assert(pthread_create(&th[t], NULL, member_main, &jobs[t]) == 0);
     }
     for (int t = 0; t < L; t++)
@@ -293,8 +295,8 @@ START_TEST(test_member_hears_the_parents_failure)
     fail_rank_t ranks[2];
     pthread_t th[2];
     for (int r = 0; r < 2; r++) {
-        ranks[r] = (fail_rank_t){.coord = coord, .rank = r, .world = 2, .split_done = &done,
-                                 .mu = &mu};
+        ranks[r] =
+            (fail_rank_t){.coord = coord, .rank = r, .world = 2, .split_done = &done, .mu = &mu};
         ck_assert(pthread_create(&th[r], NULL, fail_main, &ranks[r]) == 0);
     }
     for (int i = 0; i < 1000; i++) {
@@ -316,8 +318,7 @@ START_TEST(test_member_hears_the_parents_failure)
     ck_assert_msg(strstr(ranks[0].err, "waiting for rank 1 (127.0.0.1)") != NULL, "%s",
                   ranks[0].err);
     /* Well before the member's own 20 s deadline. */
-    ck_assert_msg(ranks[0].waited_ms < 10000, "waited %lld ms",
-                  (long long)ranks[0].waited_ms);
+    ck_assert_msg(ranks[0].waited_ms < 10000, "waited %lld ms", (long long)ranks[0].waited_ms);
 }
 END_TEST
 

@@ -208,8 +208,8 @@ END_TEST
 
 /* Sends h encoded, with the bytes `find` (once in the encoding) replaced by `repl` of the same
  * length: how a hostile peer puts text on the wire that the encoder refuses to write. */
-static void send_patched(fl_tp_sock_t *s, const fl_msg_hdr_t *h, const char *find,
-                         const char *repl, size_t n)
+static void send_patched(fl_tp_sock_t *s, const fl_msg_hdr_t *h, const char *find, const char *repl,
+                         size_t n)
 {
     raw_out_t o = {NULL};
     size_t len = 0;
@@ -283,8 +283,9 @@ START_TEST(test_bad_message_warnings_rate_limited)
     ck_assert_uint_eq(wait_stat(e.coord, FL_STAT_BAD_HEADER, 1000, 10000), 1000);
     assert_still_serves(&e, 2);
     int lines = log_count(log, "refused a message");
-    ck_assert_msg(lines >= 1 && lines <= 10, "%d warning lines for 1000 bad "
-                                                                   "messages",
+    ck_assert_msg(lines >= 1 && lines <= 10,
+                  "%d warning lines for 1000 bad "
+                  "messages",
                   lines);
     env_end(&e);
     unlink(log);

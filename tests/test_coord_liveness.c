@@ -70,8 +70,8 @@ START_TEST(test_silent_rank_declared_dead)
             continue;
         ck_assert_msg(err[r].code == FL_EPEER && err[r].about_rank == DEAD &&
                           strcmp(err[r].host, "host-2") == 0,
-                      "rank %d got code %d about rank %d (%s)", r, err[r].code,
-                      err[r].about_rank, err[r].host);
+                      "rank %d got code %d about rank %d (%s)", r, err[r].code, err[r].about_rank,
+                      err[r].host);
         ASSERT_HAS(err[r].text, "rank 2");
         ASSERT_HAS(err[r].text, "host-2");
         ASSERT_HAS(err[r].text, "pid 1002");

@@ -16,8 +16,8 @@
 #define JOB "ps-test"
 #define MAX_FAKES 12
 
-#define ASSERT_HAS(text, needle)                                                               \
-    ck_assert_msg(strstr((text), (needle)) != NULL, "\"%s\" does not mention \"%s\"", (text), \
+#define ASSERT_HAS(text, needle)                                                                   \
+    ck_assert_msg(strstr((text), (needle)) != NULL, "\"%s\" does not mention \"%s\"", (text),      \
                   (needle))
 
 typedef struct env {
@@ -114,14 +114,14 @@ typedef struct server_spec {
     int nckpt;
     uint64_t ckpt[4];
     int pid;
-    const char *job; /* NULL: JOB */
+    const char *job;    /* NULL: JOB */
     const char *shapes; /* its --init file's tensors (NULL: none), named init.safetensors */
 } server_spec_t;
 
 static server_spec_t server_of(int first, int count, int num_shards)
 {
-    server_spec_t v = {first, count, num_shards, 0, "opt=sgd,lr=0.1", 0, 0, 0, {0}, 900 + first,
-                       NULL, NULL};
+    server_spec_t v = {first, count,       num_shards, 0,   "opt=sgd,lr=0.1", 0, 0, 0,
+                       {0},   900 + first, NULL,       NULL};
     return v;
 }
 
@@ -462,8 +462,8 @@ END_TEST
 /* The parameter server's --init file against the ranks' model, tensor by tensor: a weight
  * declared transposed (the same parameter count) fails the rendezvous in either order, every
  * member told which tensor, both shapes and the file; the same tensors start the job; a rank
- * with a bare signature (no tensors described) is not compared with the file (comparing only the counts let the
- * transposed weight train). */
+ * with a bare signature (no tensors described) is not compared with the file (comparing only the
+ * counts let the transposed weight train). */
 START_TEST(test_init_shapes_checked)
 {
     static const char *const want[] = {"different models", "tensor 'layers.0.weight'",
@@ -581,8 +581,7 @@ START_TEST(test_server_death_asks_for_restart)
 {
     env_t e;
     env_start(&e, 2, 2, 0, 800);
-    fl_tp_sock_t *w0 = fake_open(&e), *w1 = fake_open(&e), *a = fake_open(&e),
-                 *b = fake_open(&e);
+    fl_tp_sock_t *w0 = fake_open(&e), *w1 = fake_open(&e), *a = fake_open(&e), *b = fake_open(&e);
     server_spec_t va = server_of(0, 1, 2), vb = server_of(1, 1, 2);
     send_server(a, &va);
     send_server(b, &vb);
@@ -773,8 +772,8 @@ END_TEST
 
 START_TEST(test_map_covers_everything_once)
 {
-    static const uint64_t sizes[] = {0, 1, 15, 16, 17, 31, 33, 100, 1000, 4096, 65537,
-                                     203530, 16777216, 16777217, 1000000007};
+    static const uint64_t sizes[] = {0,    1,    15,    16,     17,       31,       33,        100,
+                                     1000, 4096, 65537, 203530, 16777216, 16777217, 1000000007};
     static const uint32_t shards[] = {1, 2, 3, 4, 7, 8, 16, 64, 4096};
     int bad = 0;
     char first_bad[256] = "";
@@ -805,8 +804,7 @@ START_TEST(test_map_covers_everything_once)
             /* Balanced: at most one block apart (the ragged tail may be shorter still). */
             if (hi > 0 && hi - lo > FL_PS_ALIGN && bad++ == 0)
                 snprintf(first_bad, sizeof first_bad, "n=%llu s=%u: sizes %llu..%llu",
-                         (unsigned long long)n, s, (unsigned long long)lo,
-                         (unsigned long long)hi);
+                         (unsigned long long)n, s, (unsigned long long)lo, (unsigned long long)hi);
         }
     }
     ck_assert_msg(bad == 0, "%d bad maps, first: %s", bad, first_bad);
@@ -833,8 +831,7 @@ START_TEST(test_map_edges)
         counts[i] = r.count;
     }
     ck_assert_uint_eq(counts[0] + counts[1] + counts[2] + counts[3], 20);
-    ck_assert_int_eq((counts[0] == 0) + (counts[1] == 0) + (counts[2] == 0) + (counts[3] == 0),
-                     2);
+    ck_assert_int_eq((counts[0] == 0) + (counts[1] == 0) + (counts[2] == 0) + (counts[3] == 0), 2);
 }
 END_TEST
 

@@ -12,7 +12,7 @@
 #include "fl_tp.h"
 #include "coordutil.h"
 
-#define ASSERT_HASNT(text, needle)                                                             \
+#define ASSERT_HASNT(text, needle)                                                                 \
     ck_assert_msg(strstr((text), (needle)) == NULL, "\"%s\" reveals \"%s\"", (text), (needle))
 
 /* First mismatch between a welcome's peer table and what spec_of() registered, or "". */
@@ -73,8 +73,8 @@ START_TEST(test_welcome_peer_table)
         fl_tp_msg_close(&m);
         ck_assert_msg(bad[0] == '\0', "rank %d's peer table: %s", r, bad);
         ck_assert_msg(hb == 150 && hbt == 3000, "rank %d: heartbeat %u / %u ms", r, hb, hbt);
-        ck_assert_msg(gen != 0 && (r == 0 || gen == gen0), "rank %d: generation %llu vs %llu",
-                      r, (unsigned long long)gen, (unsigned long long)gen0);
+        ck_assert_msg(gen != 0 && (r == 0 || gen == gen0), "rank %d: generation %llu vs %llu", r,
+                      (unsigned long long)gen, (unsigned long long)gen0);
         ck_assert_str_eq(job, JOB);
         gen0 = gen;
     }
@@ -232,9 +232,10 @@ START_TEST(test_curve_rank_bound_to_its_key)
     ck_assert(fl_tp_curve_keygen(path, "host a") == FL_OK);
     snprintf(path, sizeof path, "%s/b/client", root);
     ck_assert(fl_tp_curve_keygen(path, "host b") == FL_OK);
-    snprintf(cmd, sizeof cmd, "cp %s/keys/client.pub %s/keys/authorized/a.pub && cp "
-                              "%s/b/client.pub %s/keys/authorized/b.pub && cp %s/b/client.pub "
-                              "%s/b/authorized/ && cp %s/keys/server.key %s/b/",
+    snprintf(cmd, sizeof cmd,
+             "cp %s/keys/client.pub %s/keys/authorized/a.pub && cp "
+             "%s/b/client.pub %s/keys/authorized/b.pub && cp %s/b/client.pub "
+             "%s/b/authorized/ && cp %s/keys/server.key %s/b/",
              root, root, root, root, root, root, root, root);
     ck_assert_int_eq(system(cmd), 0);
 
@@ -420,7 +421,7 @@ START_TEST(test_disagreement_fails_rendezvous)
     reg_spec_t r = spec_of(1, 3);
     r.settings = "optimizer=sgd;lr=0.1;batch-size=64 per device";
     static const char *const lr[] = {"disagree on lr", "'0.1' on rank 1", "'0.05' on rank 0",
-                                     "host-1", "host-0", NULL};
+                                     "host-1",         "host-0",          NULL};
     disagree_case("lr", r, lr);
 
     r = spec_of(1, 3);

@@ -22,9 +22,9 @@ START_TEST(test_cli_long)
         const char *val;
         const char *says; /* besides the flag */
     } bad[] = {
-        {"11", "11"},           {"-1", "-1"},     {"abc", "'abc'"},
-        {"5x", "'5x'"},         {"", "missing"},  {"99999999999999999999999", "not an integer"},
-        {"0x10", "'0x10'"},     {"1e3", "'1e3'"},
+        {"11", "11"},       {"-1", "-1"},     {"abc", "'abc'"},
+        {"5x", "'5x'"},     {"", "missing"},  {"99999999999999999999999", "not an integer"},
+        {"0x10", "'0x10'"}, {"1e3", "'1e3'"},
     };
     for (size_t i = 0; i < NELEM(bad); i++) {
         v = -7;
@@ -63,8 +63,8 @@ START_TEST(test_cli_size)
         size_t v = 1;
         int rc = fl_cli_size("--segment", ok[i].val, 0, SIZE_MAX, &v);
         if (rc != FL_OK || v != ok[i].want)
-            ck_abort_msg("'%s': rc %d value %zu, expected %zu (%s)", ok[i].val, rc, v,
-                         ok[i].want, fl_last_error());
+            ck_abort_msg("'%s': rc %d value %zu, expected %zu (%s)", ok[i].val, rc, v, ok[i].want,
+                         fl_last_error());
     }
     static const struct {
         const char *val;
@@ -195,8 +195,8 @@ START_TEST(test_settings_refusals)
     ck_assert_ptr_nonnull(strstr(fl_last_error(), "'momentum' does not fit"));
     ck_assert_int_eq(fl_settings_add(small, sizeof small, "Lr", "1"), FL_EINVAL);
     ck_assert_int_eq(fl_settings_add(small, sizeof small, "", "1"), FL_EINVAL);
-    static const char *const bad[] = {"lr", "=1", "lr=1;", "lr=1;;x=2", "LR=1", "lr=a\tb",
-                                      "lr=1;x y=2"};
+    static const char *const bad[] = {"lr",   "=1",      "lr=1;",     "lr=1;;x=2",
+                                      "LR=1", "lr=a\tb", "lr=1;x y=2"};
     for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++)
         ck_assert_msg(fl_settings_check(bad[i], FL_SETTINGS_MAX) == FL_EINVAL, "'%s' accepted",
                       bad[i]);

@@ -14,9 +14,9 @@
 
 START_TEST(test_strerror)
 {
-    static const int codes[] = {FL_OK,       FL_EINVAL, FL_ENOMEM, FL_EIO,    FL_ETIMEDOUT,
-                                FL_EPEER,    FL_EPROTO, FL_EGPU,   FL_ECLOSED, FL_ENONFINITE,
-                                FL_ERESYNC};
+    static const int codes[] = {FL_OK,        FL_EINVAL,     FL_ENOMEM, FL_EIO,
+                                FL_ETIMEDOUT, FL_EPEER,      FL_EPROTO, FL_EGPU,
+                                FL_ECLOSED,   FL_ENONFINITE, FL_ERESYNC};
     for (size_t i = 0; i < NELEM(codes); i++) {
         const char *s = fl_strerror(codes[i]);
         if (s == NULL || s[0] == '\0' || strcmp(s, "unknown error") == 0)
@@ -214,17 +214,16 @@ START_TEST(test_log_level_parse)
         const char *s;
         fl_log_level_t want;
     } ok[] = {
-        {"debug", FL_LOG_DEBUG}, {"DEBUG", FL_LOG_DEBUG}, {"info", FL_LOG_INFO},
-        {"Info", FL_LOG_INFO},   {"warn", FL_LOG_WARN},   {"WaRn", FL_LOG_WARN},
+        {"debug", FL_LOG_DEBUG},  {"DEBUG", FL_LOG_DEBUG},  {"info", FL_LOG_INFO},
+        {"Info", FL_LOG_INFO},    {"warn", FL_LOG_WARN},    {"WaRn", FL_LOG_WARN},
         {"warning", FL_LOG_WARN}, {"WARNING", FL_LOG_WARN}, {"error", FL_LOG_ERROR},
-        {"ERROR", FL_LOG_ERROR}, {"off", FL_LOG_OFF},     {"Off", FL_LOG_OFF},
+        {"ERROR", FL_LOG_ERROR},  {"off", FL_LOG_OFF},      {"Off", FL_LOG_OFF},
     };
     for (size_t i = 0; i < NELEM(ok); i++) {
         fl_log_level_t l = (fl_log_level_t)99;
         int rc = fl_log_level_parse(ok[i].s, &l);
         if (rc != FL_OK || l != ok[i].want)
-            ck_abort_msg("'%s': rc %d level %d, expected %d", ok[i].s, rc, (int)l,
-                         (int)ok[i].want);
+            ck_abort_msg("'%s': rc %d level %d, expected %d", ok[i].s, rc, (int)l, (int)ok[i].want);
     }
     static const char *const bad[] = {"verbose", "", "warn ", "debugx", "4", "err"};
     for (size_t i = 0; i < NELEM(bad); i++) {
@@ -243,8 +242,7 @@ START_TEST(test_log_level_parse)
     ck_assert_ptr_nonnull(strstr(fl_last_error(), "missing"));
 
     for (int i = FL_LOG_DEBUG; i <= FL_LOG_OFF; i++) {
-        if (fl_log_level_parse(fl_log_level_name((fl_log_level_t)i), &l) != FL_OK ||
-            (int)l != i)
+        if (fl_log_level_parse(fl_log_level_name((fl_log_level_t)i), &l) != FL_OK || (int)l != i)
             ck_abort_msg("level %d does not round-trip through its name", i);
     }
     ck_assert_str_eq(fl_log_level_name(FL_LOG_WARN), "warn");
@@ -423,8 +421,7 @@ START_TEST(test_log_lines)
     char text[4096];
     capture_stderr(log_some, c, text, sizeof text);
     ck_assert_msg(strstr(text, "rank 3 host-a] warn: peer 4 is slow\n") != NULL, "%s", text);
-    ck_assert_msg(strstr(text, "rank 3 host-a] error: gave up after 250 ms\n") != NULL, "%s",
-                  text);
+    ck_assert_msg(strstr(text, "rank 3 host-a] error: gave up after 250 ms\n") != NULL, "%s", text);
     /* Wall-clock time, ISO 8601 UTC with milliseconds, so hosts' lines merge: the stamp is
      * within a second or two of now. */
     int y, mo, d, h, mi, sec, ms;
@@ -433,12 +430,15 @@ START_TEST(test_log_lines)
                          &z) == 8 &&
                       z == 'Z',
                   "not an ISO 8601 UTC stamp: %s", text);
-    struct tm tm = {.tm_year = y - 1900, .tm_mon = mo - 1, .tm_mday = d, .tm_hour = h,
-                    .tm_min = mi, .tm_sec = sec};
+    struct tm tm = {.tm_year = y - 1900,
+                    .tm_mon = mo - 1,
+                    .tm_mday = d,
+                    .tm_hour = h,
+                    .tm_min = mi,
+                    .tm_sec = sec};
     time_t stamp = timegm(&tm);
     ck_assert_msg(labs((long)(time(NULL) - stamp)) <= 2, "stamp %s is not now", text);
-    ck_assert_msg(strstr(text, "not shown") == NULL && strstr(text, "never") == NULL, "%s",
-                  text);
+    ck_assert_msg(strstr(text, "not shown") == NULL && strstr(text, "never") == NULL, "%s", text);
     fl_ctx_set_log_level(c, FL_LOG_DEBUG);
     fl_ctx_set_log_name(c, "ps");
     capture_stderr(log_some, c, text, sizeof text);

@@ -24,8 +24,8 @@ START_TEST(test_dtypes)
         fl_dtype_t back = (fl_dtype_t)0;
         if (fl_dtype_size(known[i].dt) != known[i].size ||
             strcmp(fl_dtype_name(known[i].dt), known[i].name) != 0 ||
-            !fl_dtype_is_valid((int)known[i].dt) ||
-            fl_dtype_parse(known[i].name, &back) != FL_OK || back != known[i].dt)
+            !fl_dtype_is_valid((int)known[i].dt) || fl_dtype_parse(known[i].name, &back) != FL_OK ||
+            back != known[i].dt)
             ck_abort_msg("dtype %d (%s): size %zu name %s", (int)known[i].dt, known[i].name,
                          fl_dtype_size(known[i].dt), fl_dtype_name(known[i].dt));
     }
@@ -40,10 +40,10 @@ START_TEST(test_dtypes)
         const char *s;
         fl_dtype_t dt;
     } aliases[] = {
-        {"f32", FL_FLOAT32},  {"FLOAT32", FL_FLOAT32}, {"float", FL_FLOAT32},
-        {"f16", FL_FLOAT16},  {"half", FL_FLOAT16},    {"Half", FL_FLOAT16},
-        {"bf16", FL_BFLOAT16}, {"BFloat16", FL_BFLOAT16}, {"f64", FL_FLOAT64},
-        {"double", FL_FLOAT64}, {"INT32", FL_INT32},   {"int64", FL_INT64},
+        {"f32", FL_FLOAT32},    {"FLOAT32", FL_FLOAT32},   {"float", FL_FLOAT32},
+        {"f16", FL_FLOAT16},    {"half", FL_FLOAT16},      {"Half", FL_FLOAT16},
+        {"bf16", FL_BFLOAT16},  {"BFloat16", FL_BFLOAT16}, {"f64", FL_FLOAT64},
+        {"double", FL_FLOAT64}, {"INT32", FL_INT32},       {"int64", FL_INT64},
         {"UInt8", FL_UINT8},
     };
     for (size_t i = 0; i < NELEM(aliases); i++) {
@@ -147,8 +147,7 @@ static void check_f16(float f)
     uint16_t got = fl_f32_to_f16(f);
     uint16_t want = ref_f32_to_f16(f);
     if (got != want)
-        ck_abort_msg("float 0x%08x (%.9g): half 0x%04x, GCC 0x%04x", f2u(f), (double)f, got,
-                     want);
+        ck_abort_msg("float 0x%08x (%.9g): half 0x%04x, GCC 0x%04x", f2u(f), (double)f, got, want);
 }
 
 START_TEST(test_f16_special_cases)
@@ -162,36 +161,28 @@ START_TEST(test_f16_special_cases)
         float f;
         uint16_t want;
     } known[] = {
-        {0.0f, 0x0000},
-        {-0.0f, 0x8000},
-        {1.0f, 0x3c00},
-        {-2.0f, 0xc000},
-        {65504.0f, 0x7bff},            /* largest finite */
-        {65519.99f, 0x7bff},           /* just below the rounding threshold */
-        {65520.0f, 0x7c00},            /* the threshold itself rounds to infinity */
-        {-65520.0f, 0xfc00},
-        {1e10f, 0x7c00},
-        {FLT_MAX, 0x7c00},
-        {INFINITY, 0x7c00},
-        {-INFINITY, 0xfc00},
-        {0x1p-24f, 0x0001},            /* smallest subnormal */
-        {0x1p-25f, 0x0000},            /* tie between 0 and 2^-24: even is 0 */
-        {-0x1p-25f, 0x8000},
-        {0x1.000002p-25f, 0x0001},     /* just above the tie */
-        {0x1.8p-24f, 0x0002},          /* 1.5 * 2^-24: tie, even is 2 */
-        {0x1.4p-23f, 0x0002},          /* 2.5 * 2^-24: tie, even is 2 */
-        {0x1.cp-23f, 0x0004},          /* 3.5 * 2^-24: tie, even is 4 */
-        {0x1p-26f, 0x0000},
-        {FLT_TRUE_MIN, 0x0000},
-        {FLT_MIN, 0x0000},
-        {0x1p-14f, 0x0400},            /* smallest normal */
-        {0x1.ff8p-15f, 0x03ff},        /* largest subnormal, exact */
-        {0x1.ffcp-15f, 0x0400},        /* largest subnormal tie rounds up into the normals */
-        {0x1.002p0f, 0x3c00},          /* 1 + 2^-11: tie, even is 1 */
-        {0x1.006p0f, 0x3c02},          /* 1 + 3 * 2^-11: tie, even is 1 + 2^-9 */
-        {0x1.002002p0f, 0x3c01},       /* just above the tie */
-        {2049.0f, 0x6800},             /* 2048 + 1: tie, even is 2048 */
-        {2051.0f, 0x6802},             /* tie, even is 2052 */
+        {0.0f, 0x0000},          {-0.0f, 0x8000},
+        {1.0f, 0x3c00},          {-2.0f, 0xc000},
+        {65504.0f, 0x7bff},  /* largest finite */
+        {65519.99f, 0x7bff}, /* just below the rounding threshold */
+        {65520.0f, 0x7c00},  /* the threshold itself rounds to infinity */
+        {-65520.0f, 0xfc00},     {1e10f, 0x7c00},
+        {FLT_MAX, 0x7c00},       {INFINITY, 0x7c00},
+        {-INFINITY, 0xfc00},     {0x1p-24f, 0x0001},        /* smallest subnormal */
+        {0x1p-25f, 0x0000},                                 /* tie between 0 and 2^-24: even is 0 */
+        {-0x1p-25f, 0x8000},     {0x1.000002p-25f, 0x0001}, /* just above the tie */
+        {0x1.8p-24f, 0x0002},                               /* 1.5 * 2^-24: tie, even is 2 */
+        {0x1.4p-23f, 0x0002},                               /* 2.5 * 2^-24: tie, even is 2 */
+        {0x1.cp-23f, 0x0004},                               /* 3.5 * 2^-24: tie, even is 4 */
+        {0x1p-26f, 0x0000},      {FLT_TRUE_MIN, 0x0000},
+        {FLT_MIN, 0x0000},       {0x1p-14f, 0x0400}, /* smallest normal */
+        {0x1.ff8p-15f, 0x03ff},                      /* largest subnormal, exact */
+        {0x1.ffcp-15f, 0x0400},  /* largest subnormal tie rounds up into the normals */
+        {0x1.002p0f, 0x3c00},    /* 1 + 2^-11: tie, even is 1 */
+        {0x1.006p0f, 0x3c02},    /* 1 + 3 * 2^-11: tie, even is 1 + 2^-9 */
+        {0x1.002002p0f, 0x3c01}, /* just above the tie */
+        {2049.0f, 0x6800},       /* 2048 + 1: tie, even is 2048 */
+        {2051.0f, 0x6802},       /* tie, even is 2052 */
     };
     for (size_t i = 0; i < NELEM(known); i++) {
         uint16_t got = fl_f32_to_f16(known[i].f);
@@ -299,12 +290,12 @@ START_TEST(test_bf16)
         float f;
         uint16_t want;
     } known[] = {
-        {0.0f, 0x0000},          {-0.0f, 0x8000},      {1.0f, 0x3f80},
-        {0x1.01p0f, 0x3f80},     /* 1 + 2^-8: tie, even is 1 */
-        {0x1.03p0f, 0x3f82},     /* 1 + 3 * 2^-8: tie, even is 1 + 2^-6 */
-        {0x1.010002p0f, 0x3f81}, {INFINITY, 0x7f80},   {-INFINITY, 0xff80},
-        {FLT_MAX, 0x7f80},       /* rounds past the largest finite bf16 */
-        {0x1.fep127f, 0x7f7f},   /* largest finite bf16 */
+        {0.0f, 0x0000},          {-0.0f, 0x8000},
+        {1.0f, 0x3f80},          {0x1.01p0f, 0x3f80}, /* 1 + 2^-8: tie, even is 1 */
+        {0x1.03p0f, 0x3f82},                          /* 1 + 3 * 2^-8: tie, even is 1 + 2^-6 */
+        {0x1.010002p0f, 0x3f81}, {INFINITY, 0x7f80},
+        {-INFINITY, 0xff80},     {FLT_MAX, 0x7f80}, /* rounds past the largest finite bf16 */
+        {0x1.fep127f, 0x7f7f},                      /* largest finite bf16 */
         {0x1.ff00p127f, 0x7f80}, /* tie between it and "2^128": even is infinity */
         {FLT_TRUE_MIN, 0x0000},  {0x1p-133f, 0x0001}, /* smallest bf16 subnormal */
     };

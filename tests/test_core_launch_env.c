@@ -112,12 +112,9 @@ START_TEST(test_launch_coordinator_and_more)
     ck_assert_int_eq(launch(portonly, &li), FL_OK);
     ck_assert_str_eq(li.coordinator, "");
 
-    const env_var_t rest[] = {{"FLODL_HOST", "node-17"},
-                              {"FLODL_JOB_ID", "job-2024-x"},
-                              {"FLODL_LOG", "DEBUG"},
-                              {"FLODL_RANK", "0"},
-                              {"WORLD_SIZE", "1"},
-                              {NULL, NULL}};
+    const env_var_t rest[] = {{"FLODL_HOST", "node-17"}, {"FLODL_JOB_ID", "job-2024-x"},
+                              {"FLODL_LOG", "DEBUG"},    {"FLODL_RANK", "0"},
+                              {"WORLD_SIZE", "1"},       {NULL, NULL}};
     ck_assert_int_eq(launch(rest, &li), FL_OK);
     ck_assert_str_eq(li.host, "node-17");
     ck_assert_str_eq(li.job_id, "job-2024-x");
@@ -133,7 +130,10 @@ START_TEST(test_launch_ipc)
     static const struct {
         const char *v;
         int rc, want;
-    } cases[] = {{"0", FL_OK, 0}, {"1", FL_OK, 1}, {"", FL_OK, -1}, {"yes", FL_EINVAL, -1},
+    } cases[] = {{"0", FL_OK, 0},
+                 {"1", FL_OK, 1},
+                 {"", FL_OK, -1},
+                 {"yes", FL_EINVAL, -1},
                  {"2", FL_EINVAL, -1}};
     for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
         const env_var_t env[] = {{"FLODL_IPC", cases[i].v}, {NULL, NULL}};

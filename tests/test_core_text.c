@@ -32,14 +32,14 @@ START_TEST(test_model_shapes)
     ck_assert_str_eq(whole, text);
 
     char why[256];
-    fl_model_shapes_diff(text, "on A", "layers.0.weight[64,256];layers.0.bias[256];", "in B",
-                         why, sizeof why);
+    fl_model_shapes_diff(text, "on A", "layers.0.weight[64,256];layers.0.bias[256];", "in B", why,
+                         sizeof why);
     ck_assert_str_eq(why, "tensor 'layers.0.weight' is [256,64] on A, [64,256] in B");
-    fl_model_shapes_diff(text, "on A", "layers.0.weight[256,64];layers.1.bias[256];", "in B",
-                         why, sizeof why);
+    fl_model_shapes_diff(text, "on A", "layers.0.weight[256,64];layers.1.bias[256];", "in B", why,
+                         sizeof why);
     ck_assert_str_eq(why, "tensor 1 is 'layers.0.bias' [256] on A, 'layers.1.bias' [256] in B");
-    fl_model_shapes_diff(text, "on A", "layers.0.weight[256,64];layers.0.bias[256];", "in B",
-                         why, sizeof why);
+    fl_model_shapes_diff(text, "on A", "layers.0.weight[256,64];layers.0.bias[256];", "in B", why,
+                         sizeof why);
     ck_assert_str_eq(why, "2 tensors in B, more on A (the next is 'scale' [])");
     fl_model_shapes_diff(text, "on A", cut, "in B", why, sizeof why);
     ck_assert_msg(strstr(why, "first 1 tensors agree") != NULL, "%s", why);
@@ -59,30 +59,34 @@ START_TEST(test_text_scan)
         {"", 0, 0, NULL},
         {"gpu-node-05.cluster.local", 25, 25, NULL},
         {"n\xc5\x93ud-\xc3\xbc-\xe6\x97\xa5\xe6\x9c\xac-\xf0\x9f\x98\x80", 20, 20, NULL},
-        {"\xef\xbf\xbf\xf4\x8f\xbf\xbf", 7, 7, NULL},           /* U+FFFF, U+10FFFF */
+        {"\xef\xbf\xbf\xf4\x8f\xbf\xbf", 7, 7, NULL}, /* U+FFFF, U+10FFFF */
         {"flodl\0evil", 10, 5, "a NUL byte"},
         {"host\nforged", 11, 4, "a control character"},
         {"a\tb", 3, 1, "a control character"},
         {"a\rb", 3, 1, "a control character"},
         {"del\x7f", 4, 3, "a control character"},
-        {"csi\xc2\x9b" "2J", 7, 3, "a control character"},    /* U+009B */
-        {"nbsp\xc2\xa0ok", 8, 8, NULL},                        /* U+00A0 is printable */
+        {"csi\xc2\x9b"
+         "2J",
+         7, 3, "a control character"},  /* U+009B */
+        {"nbsp\xc2\xa0ok", 8, 8, NULL}, /* U+00A0 is printable */
         {"bad\xff", 4, 3, "bytes that are not UTF-8"},
         {"cont\x80", 5, 4, "bytes that are not UTF-8"},
-        {"over\xc0\xaf", 6, 4, "bytes that are not UTF-8"},     /* overlong '/' */
-        {"over\xe0\x80\xaf", 7, 4, "bytes that are not UTF-8"}, /* overlong, 3 bytes */
-        {"sur\xed\xa0\x80", 6, 3, "bytes that are not UTF-8"},  /* U+D800 */
+        {"over\xc0\xaf", 6, 4, "bytes that are not UTF-8"},        /* overlong '/' */
+        {"over\xe0\x80\xaf", 7, 4, "bytes that are not UTF-8"},    /* overlong, 3 bytes */
+        {"sur\xed\xa0\x80", 6, 3, "bytes that are not UTF-8"},     /* U+D800 */
         {"big\xf4\x90\x80\x80", 7, 3, "bytes that are not UTF-8"}, /* U+110000 */
-        {"cut\xe6\x97", 5, 3, "bytes that are not UTF-8"},      /* sequence cut short */
-        {"\xe6\x97" "x", 3, 0, "bytes that are not UTF-8"},
+        {"cut\xe6\x97", 5, 3, "bytes that are not UTF-8"},         /* sequence cut short */
+        {"\xe6\x97"
+         "x",
+         3, 0, "bytes that are not UTF-8"},
     };
     for (size_t i = 0; i < NELEM(cases); i++) {
         const char *why = "unset";
         size_t at = fl_text_scan(cases[i].s, cases[i].len, &why);
         if (at != cases[i].at || (why == NULL) != (cases[i].why == NULL) ||
             (why != NULL && strcmp(why, cases[i].why) != 0))
-            ck_abort_msg("case %zu: offset %zu (%s), expected %zu (%s)", i, at,
-                         why ? why : "fine", cases[i].at, cases[i].why ? cases[i].why : "fine");
+            ck_abort_msg("case %zu: offset %zu (%s), expected %zu (%s)", i, at, why ? why : "fine",
+                         cases[i].at, cases[i].why ? cases[i].why : "fine");
     }
     ck_assert_uint_eq(fl_text_scan("abc", 3, NULL), 3);
 }
@@ -152,7 +156,7 @@ START_TEST(test_text_cut)
     ck_assert_uint_eq(fl_text_cut("abc", 10), 3);
     ck_assert_uint_eq(fl_text_cut("abc", 3), 3);
     ck_assert_uint_eq(fl_text_cut("abcd", 3), 3);
-    ck_assert_uint_eq(fl_text_cut("ab\xc3\xa9", 3), 2);         /* 2-byte char split */
+    ck_assert_uint_eq(fl_text_cut("ab\xc3\xa9", 3), 2); /* 2-byte char split */
     ck_assert_uint_eq(fl_text_cut("ab\xc3\xa9", 4), 4);
     ck_assert_uint_eq(fl_text_cut("a\xf0\x9f\x98\x80z", 2), 1); /* 4-byte char, each cut */
     ck_assert_uint_eq(fl_text_cut("a\xf0\x9f\x98\x80z", 3), 1);

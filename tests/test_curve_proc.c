@@ -56,10 +56,16 @@ static const char *const secure_env[] = {"FLODL_INSECURE=0", NULL};
 static void start_worker(proc_t *p, const char *ep, const char *rank, const char *sec,
                          const char *dir, const char *rdv_ms)
 {
-    const char *argv[MAX_ARGS] = {WK_BIN,  "--mode",      "ring",  "--rank",  rank,
-                                  "--world-size", "2",   "--coordinator", ep, "--host",
-                                  "127.0.0.1", "--epochs", "1", "--progress", "1000",
-                                  "--rendezvous-timeout", rdv_ms, sec, dir, NULL};
+    const char *argv[MAX_ARGS] = {WK_BIN,      "--mode",
+                                  "ring",      "--rank",
+                                  rank,        "--world-size",
+                                  "2",         "--coordinator",
+                                  ep,          "--host",
+                                  "127.0.0.1", "--epochs",
+                                  "1",         "--progress",
+                                  "1000",      "--rendezvous-timeout",
+                                  rdv_ms,      sec,
+                                  dir,         NULL};
     proc_start(p, WK_BIN, argv, secure_env);
 }
 
@@ -94,16 +100,23 @@ START_TEST(test_strangers_get_nothing_through)
     int mport = free_port();
     char mp[16];
     snprintf(mp, sizeof mp, "%d", mport);
-    const char *extra[] = {"--curve-dir", keys, "--log-level", "warn", "--metrics-port", mp,
-                           "--metrics-bind", "127.0.0.1", NULL};
+    const char *extra[] = {
+        "--curve-dir",    keys,        "--log-level", "warn", "--metrics-port", mp,
+        "--metrics-bind", "127.0.0.1", NULL};
     ck_assert(start_ps(&p[0], 2, extra, secure_env, ep, sizeof ep, 3));
     start_worker(&p[1], ep, "0", "--curve-dir", keys, "30000");
     /* Rank 1 first as a stranger, then in plain text: both refused at once, well before their
      * rendezvous deadline (120 s). */
     start_worker(&p[2], ep, "1", "--curve-dir", strange, "120000");
-    const char *argv[MAX_ARGS] = {WK_BIN, "--mode", "ring", "--rank", "1", "--world-size", "2",
-                                  "--coordinator", ep, "--host", "127.0.0.1", "--epochs", "1",
-                                  "--rendezvous-timeout", "120000", "--insecure", NULL};
+    const char *argv[MAX_ARGS] = {WK_BIN,      "--mode",
+                                  "ring",      "--rank",
+                                  "1",         "--world-size",
+                                  "2",         "--coordinator",
+                                  ep,          "--host",
+                                  "127.0.0.1", "--epochs",
+                                  "1",         "--rendezvous-timeout",
+                                  "120000",    "--insecure",
+                                  NULL};
     proc_start(&p[3], WK_BIN, argv, NULL);
     bool ended = procs_wait(&p[2], 2, fl_deadline_in(20000));
     show(p, 4, out, sizeof out);
@@ -139,8 +152,9 @@ START_TEST(test_strangers_get_nothing_through)
         struct timespec tick = {0, 100 * 1000000L};
         nanosleep(&tick, NULL);
     }
-    ck_assert_msg(refused >= 2, "expected flodl_ps_auth_refused_total >= 2 (a key, plain text), "
-                                "got %g:\n%s",
+    ck_assert_msg(refused >= 2,
+                  "expected flodl_ps_auth_refused_total >= 2 (a key, plain text), "
+                  "got %g:\n%s",
                   refused, body);
     free(body);
     /* The job goes on with the allowed rank 1. */
@@ -148,8 +162,7 @@ START_TEST(test_strangers_get_nothing_through)
     bool done = procs_wait(p, 5, fl_deadline_in(90000));
     procs_stop(p, 5);
     show(p, 5, out, sizeof out);
-    ck_assert_msg(done && proc_code(&p[0]) == 0 && proc_code(&p[1]) == 0 &&
-                      proc_code(&p[4]) == 0,
+    ck_assert_msg(done && proc_code(&p[0]) == 0 && proc_code(&p[1]) == 0 && proc_code(&p[4]) == 0,
                   "the allowed job did not finish:%s", out);
     ck_assert_msg(strstr(p[1].buf[0], "rank 0 summary:") != NULL, "%s", out);
     procs_free(p, 5);
@@ -162,8 +175,8 @@ START_TEST(test_unsafe_keys_and_no_choice_refused)
     snprintf(path, sizeof path, "%s/client.key", keys);
     ck_assert(chmod(path, 0644) == 0);
     proc_t p;
-    const char *a[] = {PS_BIN, "--world-size", "1", "--bind", "tcp://127.0.0.1:0",
-                       "--curve-dir", keys, NULL};
+    const char *a[] = {PS_BIN,        "--world-size", "1", "--bind", "tcp://127.0.0.1:0",
+                       "--curve-dir", keys,           NULL};
     run_sync(&p, PS_BIN, a, secure_env);
     ck_assert_msg(proc_code(&p) == 2 && strstr(p.buf[1], "readable by others"), "%d: %s",
                   proc_code(&p), p.buf[1]);
@@ -176,11 +189,11 @@ START_TEST(test_unsafe_keys_and_no_choice_refused)
                       strstr(p.buf[1], "--insecure"),
                   "%d: %s", proc_code(&p), p.buf[1]);
     procs_free(&p, 1);
-    const char *c[] = {WK_BIN, "--rank", "0", "--world-size", "2", "--coordinator",
-                       "tcp://127.0.0.1:1", NULL};
+    const char *c[] = {
+        WK_BIN, "--rank", "0", "--world-size", "2", "--coordinator", "tcp://127.0.0.1:1", NULL};
     run_sync(&p, WK_BIN, c, secure_env);
-    ck_assert_msg(proc_code(&p) == 2 && strstr(p.buf[1], "--curve-dir"), "%d: %s",
-                  proc_code(&p), p.buf[1]);
+    ck_assert_msg(proc_code(&p) == 2 && strstr(p.buf[1], "--curve-dir"), "%d: %s", proc_code(&p),
+                  p.buf[1]);
     procs_free(&p, 1);
     /* Both: refused too. */
     const char *d[] = {PS_BIN, "--world-size", "1", "--curve-dir", keys, "--insecure", NULL};

@@ -44,7 +44,8 @@ START_TEST(test_health)
     int code = 1;
     for (int i = 0; i < 50 && code != 0; i++) {
         code = health(port, err, sizeof err);
-        if (code != 0) usleep(100000);
+        if (code != 0)
+            usleep(100000);
     }
     char url[128];
     snprintf(url, sizeof url, "http://127.0.0.1:%s/metrics", port);

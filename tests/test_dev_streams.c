@@ -308,8 +308,7 @@ START_TEST(test_sim_events)
     OK(fl_dev_d2h(s2, h, acc, n * 4));
     OK(fl_event_record(e, s3)); /* moved to an idle stream at once */
     OK(fl_stream_sync(s2, 10000));
-    ck_assert_msg(h[0] == 30.0f && h[n - 1] == 30.0f, "the wait passed early: %g",
-                  (double)h[0]);
+    ck_assert_msg(h[0] == 30.0f && h[n - 1] == 30.0f, "the wait passed early: %g", (double)h[0]);
 
     /* A failure on the recording stream. */
     float host[4] = {0};
@@ -319,8 +318,7 @@ START_TEST(test_sim_events)
     OK(fl_stream_wait(s2, e));
     OK(fl_dev_memset(s2, acc, 0, 4));
     ck_assert_int_eq(fl_stream_sync(s2, 10000), FL_EINVAL);
-    ck_assert_msg(strstr(fl_last_error(), "outside device memory") != NULL, "%s",
-                  fl_last_error());
+    ck_assert_msg(strstr(fl_last_error(), "outside device memory") != NULL, "%s", fl_last_error());
 
     /* Destroyed with a wait queued behind other work on another stream. */
     fl_stream_t *s4 = NULL;

@@ -40,8 +40,8 @@ static bool start_job(proc_t *ps, const char *extra[W][10], int n)
     static char rank[W][8];
     for (int r = 0; r < W; r++) {
         snprintf(rank[r], sizeof rank[r], "%d", r);
-        const char *argv[24] = {WK_BIN, "--rank", rank[r], "--world-size", "4", "--coordinator",
-                                ep, "--quiet", "--timeout", "300000"};
+        const char *argv[24] = {WK_BIN,          "--rank", rank[r],   "--world-size", "4",
+                                "--coordinator", ep,       "--quiet", "--timeout",    "300000"};
         int a = 10;
         for (int e = 0; e < 10 && extra[r][e] != NULL && a < 23; e++)
             argv[a++] = extra[r][e];
@@ -60,8 +60,9 @@ static void expect_job_failed(proc_t *ps, int culprit, int within_ms, const char
     procs_stop(ps, 1 + W);
     char info[16384];
     show(ps, 1 + W, info, sizeof info);
-    ck_assert_msg(all, "processes still running a minute on (the others waited for the failed "
-                       "rank): %s",
+    ck_assert_msg(all,
+                  "processes still running a minute on (the others waited for the failed "
+                  "rank): %s",
                   info);
     int64_t first = ps[1 + culprit].end_ms;
     for (int r = 0; r < W; r++) {
@@ -96,8 +97,9 @@ START_TEST(test_own_error_before_any_collective)
     write_csv(good, 400, 3);
     const char *extra[W][10];
     for (int r = 0; r < W; r++) {
-        const char *e[10] = {"--train-csv", good, "--layers", "4,8,3", "--epochs", "50",
-                            r == 2 ? "--init" : NULL, missing};
+        const char *e[10] = {
+            "--train-csv", good, "--layers", "4,8,3", "--epochs", "50", r == 2 ? "--init" : NULL,
+            missing};
         memcpy(extra[r], e, sizeof e);
     }
     proc_t ps[1 + W];
@@ -135,7 +137,7 @@ START_TEST(test_settings_disagree_at_rendezvous)
         const char *extra[W][10];
         for (int r = 0; r < W; r++) {
             const char *e[10] = {"--epochs", "1", r == 3 ? cases[c].flag : NULL, cases[c].value,
-                                NULL};
+                                 NULL};
             memcpy(extra[r], e, sizeof e);
         }
         proc_t ps[1 + W];
@@ -150,10 +152,11 @@ START_TEST(test_settings_disagree_at_rendezvous)
         for (int p = 1; p <= W; p++)
             first = ps[p].end_ms < first ? ps[p].end_ms : first;
         for (int p = 0; p <= W; p++) {
-            ck_assert_msg(proc_code(&ps[p]) == 2, "%s: process %d exited %d: %s", cases[c].flag,
-                          p, proc_code(&ps[p]), info);
-            ck_assert_msg(ps[p].end_ms - first <= 5000, "%s: process %d ended %lld ms after the "
-                                                        "first: %s",
+            ck_assert_msg(proc_code(&ps[p]) == 2, "%s: process %d exited %d: %s", cases[c].flag, p,
+                          proc_code(&ps[p]), info);
+            ck_assert_msg(ps[p].end_ms - first <= 5000,
+                          "%s: process %d ended %lld ms after the "
+                          "first: %s",
                           cases[c].flag, p, (long long)(ps[p].end_ms - first), info);
             const char *e = ps[p].buf[1];
             char on[64];
@@ -179,13 +182,14 @@ static void frozen_case(bool ps_mode, int n)
     proc_t ps[3];
     memset(ps, 0, sizeof ps);
     char ep[256] = "";
-    const char *ps_extra[] = {"--heartbeat-timeout", "2000", "--log-level", "info",
-                              ps_mode ? "--shards" : NULL, "1", NULL};
+    const char *ps_extra[] = {"--heartbeat-timeout",       "2000", "--log-level", "info",
+                              ps_mode ? "--shards" : NULL, "1",    NULL};
     ck_assert(start_ps(&ps[0], 2, ps_extra, NULL, ep, sizeof ep, n));
     for (int r = 0; r < 2; r++) {
-        const char *argv[16] = {WK_BIN, "--rank", r ? "1" : "0", "--world-size", "2",
-                                "--coordinator", ep, "--quiet", "--epochs", "1000",
-                                "--mode", ps_mode ? "ps" : "ring", NULL};
+        const char *argv[16] = {
+            WK_BIN, "--rank",  r ? "1" : "0", "--world-size", "2",      "--coordinator",
+            ep,     "--quiet", "--epochs",    "1000",         "--mode", ps_mode ? "ps" : "ring",
+            NULL};
         proc_start(&ps[1 + r], WK_BIN, argv, NULL);
     }
     char info[16384];
@@ -228,9 +232,8 @@ END_TEST
 /* flodl-ps and W workers with 2 simulated GPUs each (model 4,8,3, batch 4, 50 epochs of a
  * 400-sample CSV written in dir, the job's good file): env for every worker, --timeout
  * timeout2 on rank 2 and timeout elsewhere, --overlap when asked. dir is a mkdtemp template. */
-static void start_sim_job(proc_t *ps, char *dir, char *good, size_t cap,
-                          const char *const *env, const char *timeout, const char *timeout2,
-                          bool overlap, int slot)
+static void start_sim_job(proc_t *ps, char *dir, char *good, size_t cap, const char *const *env,
+                          const char *timeout, const char *timeout2, bool overlap, int slot)
 {
     ck_assert(mkdtemp(dir) != NULL);
     snprintf(good, cap, "%s/good.csv", dir);
@@ -242,11 +245,30 @@ static void start_sim_job(proc_t *ps, char *dir, char *good, size_t cap,
     char rank[W][8];
     for (int r = 0; r < W; r++) {
         snprintf(rank[r], sizeof rank[r], "%d", r);
-        const char *argv[] = {WK_BIN, "--rank", rank[r], "--world-size", "4", "--coordinator",
-                              ep, "--quiet", "--timeout", r == 2 ? timeout2 : timeout,
-                              "--train-csv", good, "--layers", "4,8,3", "--batch-size", "4",
-                              "--epochs", "50", "--device", "sim", "--gpus", "0,1",
-                              overlap ? "--overlap" : NULL, NULL};
+        const char *argv[] = {WK_BIN,
+                              "--rank",
+                              rank[r],
+                              "--world-size",
+                              "4",
+                              "--coordinator",
+                              ep,
+                              "--quiet",
+                              "--timeout",
+                              r == 2 ? timeout2 : timeout,
+                              "--train-csv",
+                              good,
+                              "--layers",
+                              "4,8,3",
+                              "--batch-size",
+                              "4",
+                              "--epochs",
+                              "50",
+                              "--device",
+                              "sim",
+                              "--gpus",
+                              "0,1",
+                              overlap ? "--overlap" : NULL,
+                              NULL};
         proc_start(&ps[1 + r], WK_BIN, argv, env);
     }
 }
@@ -269,8 +291,7 @@ static void device_fault_case(const char *op, bool overlap)
     const char *want[] = {"rank 2 (host 127.0.0.", "step 21:", "device sim:1", op,
                           "illegal memory access"};
     for (size_t i = 0; i < sizeof want / sizeof want[0]; i++)
-        ck_assert_msg(strstr(mine, want[i]) != NULL, "rank 2 does not say '%s': %s", want[i],
-                      mine);
+        ck_assert_msg(strstr(mine, want[i]) != NULL, "rank 2 does not say '%s': %s", want[i], mine);
     for (int r = 0; r < W; r++) {
         const char *e = ps[1 + r].buf[1];
         ck_assert_msg(strstr(e, "step 21:") != NULL && strstr(e, "device sim:1") != NULL &&
@@ -324,8 +345,8 @@ START_TEST(test_hung_kernel_in_the_overlapped_first_leg)
         ck_assert_msg(strstr(e, "rank 2 (host") != NULL && strstr(e, "step 21:") != NULL &&
                           strstr(e, "the first leg inside the host") != NULL &&
                           strstr(e, "not done in 2000 ms") != NULL,
-                      "worker %d does not name rank 2, the step, the leg and its deadline: %s",
-                      r, e);
+                      "worker %d does not name rank 2, the step, the leg and its deadline: %s", r,
+                      e);
         /* The stall ends 15 s after step 21 began: the others must not have waited for it. */
         if (r != 2)
             ck_assert_msg(ps[1 + r].end_ms - t0 < 12000,

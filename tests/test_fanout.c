@@ -12,11 +12,11 @@
 #define MAXJ 8
 
 typedef struct jobs {
-    pthread_barrier_t *bar;  /* when set, every job waits there: all n must run at once */
-    atomic_int count[MAXJ];  /* runs of job j */
-    pthread_t self[MAXJ];    /* the thread job j ran on last */
-    int fail_code[MAXJ];     /* FL_OK: job j succeeds */
-    atomic_bool release;     /* when hold is set, jobs wait for this */
+    pthread_barrier_t *bar; /* when set, every job waits there: all n must run at once */
+    atomic_int count[MAXJ]; /* runs of job j */
+    pthread_t self[MAXJ];   /* the thread job j ran on last */
+    int fail_code[MAXJ];    /* FL_OK: job j succeeds */
+    atomic_bool release;    /* when hold is set, jobs wait for this */
     bool hold;
 } jobs_t;
 

@@ -95,14 +95,12 @@ static void check_after_failure(const rank_report_t *rep)
     if (rep->rc_next != FL_ECLOSED || rep->next_ms > 1000)
         ck_abort_msg("rank %d: the call after the failure returned %s after %lld ms (want "
                      "FL_ECLOSED at once): %s",
-                     rep->rank, fl_strerror(rep->rc_next), (long long)rep->next_ms,
-                     rep->err_next);
+                     rep->rank, fl_strerror(rep->rc_next), (long long)rep->next_ms, rep->err_next);
     if (rep->destroy_ms > 5000)
         ck_abort_msg("rank %d: fl_comm_destroy took %lld ms after the failure", rep->rank,
                      (long long)rep->destroy_ms);
     if (rep->mismatches != 0)
-        ck_abort_msg("rank %d: %d wrong elements before the failure", rep->rank,
-                     rep->mismatches);
+        ck_abort_msg("rank %d: %d wrong elements before the failure", rep->rank, rep->mismatches);
 }
 
 /* ---- tests ---- */
@@ -152,9 +150,8 @@ static void rank_killed(fl_algo_t algo, size_t count)
         rank_report_t rep = get_report(&job, r);
         int64_t after = rep.fail_ms - killed;
         if (rep.rc != FL_EPEER || after > HB_TIMEOUT_MS + 2000)
-            ck_abort_msg("rank %d: %s %lld ms after the kill (want FL_EPEER within %d ms): %s",
-                         r, fl_strerror(rep.rc), (long long)after, HB_TIMEOUT_MS + 2000,
-                         rep.err);
+            ck_abort_msg("rank %d: %s %lld ms after the kill (want FL_EPEER within %d ms): %s", r,
+                         fl_strerror(rep.rc), (long long)after, HB_TIMEOUT_MS + 2000, rep.err);
         if (!names_rank(rep.err, sc.special) || strstr(rep.err, "127.0.0.1") == NULL ||
             strstr(rep.err, "allreduce") == NULL || strstr(rep.err, "dead") == NULL)
             ck_abort_msg("rank %d: the error should name dead rank 2, its host and the "
@@ -186,11 +183,11 @@ START_TEST(test_rank_killed_each_algo)
     static const struct {
         fl_algo_t algo;
         size_t count;
-    } runs[] = {{FL_ALGO_DIRECT, 1024},        /* 4 KiB */
-                {FL_ALGO_RD, 16384},           /* 64 KiB */
-                {FL_ALGO_RING, 65536},         /* 256 KiB, one segment a chunk */
-                {FL_ALGO_AUTO, 1024},          /* AUTO's one-shot */
-                {FL_ALGO_AUTO, 16384}};        /* AUTO's recursive doubling */
+    } runs[] = {{FL_ALGO_DIRECT, 1024}, /* 4 KiB */
+                {FL_ALGO_RD, 16384},    /* 64 KiB */
+                {FL_ALGO_RING, 65536},  /* 256 KiB, one segment a chunk */
+                {FL_ALGO_AUTO, 1024},   /* AUTO's one-shot */
+                {FL_ALGO_AUTO, 16384}}; /* AUTO's recursive doubling */
     rank_killed(runs[_i].algo, runs[_i].count);
 }
 END_TEST
@@ -221,8 +218,7 @@ START_TEST(test_rank_stalls)
     ck_assert_msg(forked, "could not fork the ranks");
     ck_assert_msg(have_coord, "coordinator did not start");
     char st[4096];
-    ck_assert_msg(reported, "ranks did not report within 30 s:%s",
-                  job_status(&job, st, sizeof st));
+    ck_assert_msg(reported, "ranks did not report within 30 s:%s", job_status(&job, st, sizeof st));
     for (int r = 0; r < sc.special; r++) {
         rank_report_t rep = get_report(&job, r);
         int left = (r + sc.world - 1) % sc.world; /* the ring receives from rank - 1 */
@@ -271,8 +267,8 @@ static pid_t start_ps(int world, char *ep, size_t cap)
             dup2(devnull, 2);
         }
         execl(PS_BIN, PS_BIN, "--bind", "tcp://127.0.0.1:0", "--endpoint-file", path,
-              "--world-size", ws, "--heartbeat-timeout", hb, "--log-level", "error",
-              "--insecure", (char *)NULL);
+              "--world-size", ws, "--heartbeat-timeout", hb, "--log-level", "error", "--insecure",
+              (char *)NULL);
         _exit(127);
     }
     if (pid < 0)
@@ -336,9 +332,8 @@ START_TEST(test_coordinator_killed)
         rank_report_t rep = get_report(&job, r);
         int64_t after = rep.fail_ms - killed;
         if (rep.rc != FL_EPEER || after > HB_TIMEOUT_MS + 2000)
-            ck_abort_msg("rank %d: %s %lld ms after the kill (want FL_EPEER within %d ms): %s",
-                         r, fl_strerror(rep.rc), (long long)after, HB_TIMEOUT_MS + 2000,
-                         rep.err);
+            ck_abort_msg("rank %d: %s %lld ms after the kill (want FL_EPEER within %d ms): %s", r,
+                         fl_strerror(rep.rc), (long long)after, HB_TIMEOUT_MS + 2000, rep.err);
         if (strstr(rep.err, "coordinator") == NULL || strstr(rep.err, "silent") == NULL ||
             strstr(rep.err, ep) == NULL)
             ck_abort_msg("rank %d: the error should say coordinator %s is silent: %s", r, ep,

@@ -128,8 +128,8 @@ static void tally(int r, int *rc, int *n)
 }
 
 /* The garbage set: every message is refused and counted exactly once by the receiver. */
-static int attack_garbage(fl_tp_sock_t *s, const char *job, uint64_t gen, int target,
-                          int world, size_t total, int *sent)
+static int attack_garbage(fl_tp_sock_t *s, const char *job, uint64_t gen, int target, int world,
+                          size_t total, int *sent)
 {
     uint64_t seed = 42;
     uint8_t noise[200];
@@ -264,8 +264,7 @@ static void run_garbage(attack_fn attack, int expect)
     ck_assert_msg(arc == FL_OK && sent == expect, "attacker: sent %d of %d: %s", sent, expect,
                   aerr);
     char st[4096];
-    ck_assert_msg(reported, "ranks did not report within 30 s:%s",
-                  job_status(&job, st, sizeof st));
+    ck_assert_msg(reported, "ranks did not report within 30 s:%s", job_status(&job, st, sizeof st));
     /* The attacked rank first: when it crashed, that is the news, not its peers' errors. */
     for (int k = 0; k < sc.world; k++) {
         int r = (sc.special + k) % sc.world;

@@ -32,18 +32,12 @@ static void fill(float *x, size_t n, int dist, uint64_t seed)
         uint64_t r = fl_test_rand(&s);
         float sign = (r & 1) ? -1.0f : 1.0f;
         switch (dist) {
-        case D_TIES: /* -3..3 */
-            x[i] = (float)(int)((r >> 8) % 7) - 3.0f;
-            break;
-        case D_ALLEQ:
-            x[i] = sign * 0.75f;
-            break;
+        case D_TIES: /* -3..3 */ x[i] = (float)(int)((r >> 8) % 7) - 3.0f; break;
+        case D_ALLEQ: x[i] = sign * 0.75f; break;
         case D_ZEROS: /* mostly +0.0 and -0.0 */
             x[i] = (r >> 8) % 10 == 0 ? (float)fl_test_uniform(&s) : sign * 0.0f;
             break;
-        default:
-            x[i] = (float)fl_test_uniform(&s);
-            break;
+        default: x[i] = (float)fl_test_uniform(&s); break;
         }
     }
 }
@@ -74,8 +68,8 @@ static void dev_free(dbufs_t *d)
 }
 
 /* Runs fl_cmp_topk_device on d->x (already holding n entries) and copies the pairs back. */
-static int run_device(dbufs_t *d, size_t n, const fl_cmp_topk_opts_t *o, uint32_t *idx,
-                      float *val, size_t *k_out)
+static int run_device(dbufs_t *d, size_t n, const fl_cmp_topk_opts_t *o, uint32_t *idx, float *val,
+                      size_t *k_out)
 {
     int rc = fl_cmp_topk_device(d->x, n, o, d->idx, d->val, k_out);
     if (rc != FL_OK || *k_out == 0)
@@ -128,8 +122,7 @@ static void compare_exact(fl_cmp_ws_t *ws, dbufs_t *d, host_t *h, size_t n, int 
     for (size_t j = 0; j < k_host; j++)
         if (h->didx[j] != h->idx[j] || memcmp(&h->dval[j], &h->val[j], sizeof(float)) != 0)
             ck_abort_msg("n %zu dist %d k %zu: pair %zu device (%u, %a) host (%u, %a)", n, dist,
-                         k_host, j, h->didx[j], (double)h->dval[j], h->idx[j],
-                         (double)h->val[j]);
+                         k_host, j, h->didx[j], (double)h->dval[j], h->idx[j], (double)h->val[j]);
 }
 
 START_TEST(test_exact_matches_host)
@@ -199,15 +192,14 @@ START_TEST(test_sampled)
                 uint32_t i = h.didx[j];
                 if (i >= n || (j > 0 && i <= h.didx[j - 1]) ||
                     memcmp(&h.dval[j], &h.x[i], sizeof(float)) != 0)
-                    ck_abort_msg("n %zu dist %d: pair %zu (%u, %g) out of order or wrong", n,
-                                 dist, j, i, (double)h.dval[j]);
+                    ck_abort_msg("n %zu dist %d: pair %zu (%u, %g) out of order or wrong", n, dist,
+                                 j, i, (double)h.dval[j]);
                 mark[i] = 1;
                 min_sel = key_of(h.x[i]) < min_sel ? key_of(h.x[i]) : min_sel;
             }
             for (size_t i = 0; i < n && k_out > 0; i++)
                 if (!mark[i] && key_of(h.x[i]) > min_sel)
-                    ck_abort_msg("n %zu dist %d: x[%zu] = %g left out", n, dist, i,
-                                 (double)h.x[i]);
+                    ck_abort_msg("n %zu dist %d: x[%zu] = %g left out", n, dist, i, (double)h.x[i]);
             if (dist == D_UNIFORM && n > 1000 && k_out < k / 2)
                 ck_abort_msg("n %zu: only %zu of %zu pairs", n, k_out, k);
         }

@@ -411,8 +411,8 @@ START_TEST(test_device_error_reported)
     OK(fl_intra_reduce_scatter(b.x, b.buf, count, FL_SUM, b.st, NULL));
     ck_assert_int_eq(fl_intra_wait(b.x, 20000), FL_EINVAL);
     const char *e = fl_last_error();
-    ck_assert_msg(strstr(e, "host test-host") && strstr(e, "reduce-scatter") && strstr(e, "sim:1") &&
-                      strstr(e, "outside device memory"),
+    ck_assert_msg(strstr(e, "host test-host") && strstr(e, "reduce-scatter") &&
+                      strstr(e, "sim:1") && strstr(e, "outside device memory"),
                   "%s", e);
     /* The streams are failed for good (sticky): new ones for the end. */
     for (int j = 0; j < 3; j++) {

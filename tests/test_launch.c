@@ -382,8 +382,9 @@ END_TEST
 START_TEST(test_small_job)
 {
     static const char *const args[] = {
-        "--workers", "3",     "--timeout", "20000", "--rendezvous-timeout", "20000", "--",
-        "--mode",    "drill", "--size",    "1M",    "--steps",              "3",     NULL};
+        "--workers", "3",       "--timeout", "20000", "--rendezvous-timeout",
+        "20000",     "--",      "--mode",    "drill", "--size",
+        "1M",        "--steps", "3",         NULL};
     proc_t p;
     run_launch(&p, args, 40000);
     char info[6000];
@@ -411,11 +412,16 @@ END_TEST
 START_TEST(test_program)
 {
     static const char *const args[] = {
-        "--workers", "2", "--", "sh", "-c",
+        "--workers",
+        "2",
+        "--",
+        "sh",
+        "-c",
         "echo env $FLODL_RANK/$FLODL_WORLD_SIZE $LOCAL_RANK/$LOCAL_WORLD_SIZE "
         "${FLODL_CURVE_DIR:+curve}${FLODL_INSECURE:+insecure}; "
         "exec \"$0\" --mode drill --size 1M --steps 2",
-        FLODL_BIN_DIR "/worker/flodl-worker", NULL};
+        FLODL_BIN_DIR "/worker/flodl-worker",
+        NULL};
     proc_t p;
     run_launch(&p, args, 40000);
     char info[6000];
@@ -433,9 +439,10 @@ END_TEST
 /* Launcher options anywhere before "--", in both spellings; the rest goes to the workers. */
 START_TEST(test_flags_anywhere)
 {
-    static const char *const args[] = {"--mode", "drill", "--size", "64K", "--workers=2",
-                                       "--steps", "2", "--no-pin", "--heartbeat-timeout=3000",
-                                       "--timeout", "20000", NULL};
+    static const char *const args[] = {"--mode",    "drill",       "--size",
+                                       "64K",       "--workers=2", "--steps",
+                                       "2",         "--no-pin",    "--heartbeat-timeout=3000",
+                                       "--timeout", "20000",       NULL};
     proc_t p;
     run_launch(&p, args, 40000);
     char info[6000];
@@ -480,8 +487,9 @@ START_TEST(test_relay)
                      "head -c 40000 /dev/zero | tr '\\0' x\n"
                      "echo\n"
                      "printf 'no newline'\n");
-    const char *args[] = {"--ps", ps, "--worker", wk, "--workers", "2", "--heartbeat-timeout",
-                          "700", "--foo", "bar", "--job-id", "J7", NULL};
+    const char *args[] = {
+        "--ps", ps,      "--worker", wk,         "--workers", "2", "--heartbeat-timeout",
+        "700",  "--foo", "bar",      "--job-id", "J7",        NULL};
     proc_t p;
     run_launch(&p, args, 20000);
     unlink(ps);
@@ -490,8 +498,7 @@ START_TEST(test_relay)
     char info[6000];
     show(&p, info, sizeof info);
     ck_assert_msg(proc_code(&p) == 0, "%s", info);
-    ck_assert_msg(unprefixed_lines(p.buf[0]) == 0 && unprefixed_lines(p.buf[1]) == 0, "%s",
-                  info);
+    ck_assert_msg(unprefixed_lines(p.buf[0]) == 0 && unprefixed_lines(p.buf[1]) == 0, "%s", info);
     /* Each rank's x's arrive whole, on lines holding nothing else. */
     int xs = 0;
     int mixed = 0;
@@ -500,13 +507,12 @@ START_TEST(test_relay)
         xs += (int)run;
         mixed += s[2 + run] != '\n';
     }
-    ck_assert_msg(xs == 80000 && mixed == 0, "%d x's (want 80000), %d mixed lines: %s", xs,
-                  mixed, info);
+    ck_assert_msg(xs == 80000 && mixed == 0, "%d x's (want 80000), %d mixed lines: %s", xs, mixed,
+                  info);
     /* The job's throw-away keys go to every process, before the user's flags. */
     const char *w1 = strstr(p.buf[0], "[rank 1] args: --rank 1 --world-size 2 --coordinator "
                                       "tcp://127.0.0.1:1 --curve-dir /");
-    ck_assert_msg(w1 != NULL && strstr(w1, "/keys --foo bar --job-id J7\n") != NULL, "%s",
-                  info);
+    ck_assert_msg(w1 != NULL && strstr(w1, "/keys --foo bar --job-id J7\n") != NULL, "%s", info);
     ck_assert_msg(count_of(p.buf[0], "[rank 0] no newline\n") == 1 &&
                       count_of(p.buf[0], "[rank 1] no newline\n") == 1,
                   "%s", info);
@@ -514,10 +520,8 @@ START_TEST(test_relay)
                       count_of(p.buf[1], "[rank 1] to stderr\n") == 1 &&
                       count_of(p.buf[0], "to stderr") == 0,
                   "%s", info);
-    ck_assert_msg(count_of(p.buf[0], "[ps] args: --bind tcp://127.0.0.1:0 --world-size 2 ") ==
-                          1 &&
-                      strstr(p.buf[0], "--heartbeat-timeout 700 --job-id J7 --curve-dir /") !=
-                          NULL,
+    ck_assert_msg(count_of(p.buf[0], "[ps] args: --bind tcp://127.0.0.1:0 --world-size 2 ") == 1 &&
+                      strstr(p.buf[0], "--heartbeat-timeout 700 --job-id J7 --curve-dir /") != NULL,
                   "%s", info);
     proc_free(&p);
 }
@@ -571,10 +575,25 @@ START_TEST(test_killed)
     static const char *const victims[] = {"rank 1", "flodl-ps"};
     char marker[64];
     marker_for(marker, sizeof marker, 2 + _i);
-    const char *argv[] = {LAUNCH_BIN, "--workers", "3", "--heartbeat-timeout", "1500", "--",
-                          "--mode", "drill", "--size", "1M", "--steps", "100000000",
-                          "--timeout", "30000", "--rendezvous-timeout", "20000", "--job-id",
-                          marker, NULL};
+    const char *argv[] = {LAUNCH_BIN,
+                          "--workers",
+                          "3",
+                          "--heartbeat-timeout",
+                          "1500",
+                          "--",
+                          "--mode",
+                          "drill",
+                          "--size",
+                          "1M",
+                          "--steps",
+                          "100000000",
+                          "--timeout",
+                          "30000",
+                          "--rendezvous-timeout",
+                          "20000",
+                          "--job-id",
+                          marker,
+                          NULL};
     proc_t p;
     proc_start(&p, argv);
     bool running = proc_wait_text(&p, "verified\n", 3, fl_deadline_in(30000));
@@ -600,8 +619,8 @@ START_TEST(test_killed)
     ck_assert_msg(running, "the job never got going: %s", info);
     ck_assert_msg(victim > 0, "no child of the launcher runs %s: %s", victims[_i], info);
     ck_assert_msg(pinned, "workers are not pinned as promised: %s", info);
-    ck_assert_msg(ended, "the launcher still ran %lld ms after %s was killed: %s",
-                  (long long)took, victims[_i], info);
+    ck_assert_msg(ended, "the launcher still ran %lld ms after %s was killed: %s", (long long)took,
+                  victims[_i], info);
     ck_assert_msg(proc_code(&p) == 1, "%s", info);
     ck_assert_msg(strstr(p.buf[1], want) != NULL && count_of(p.buf[1], "flodl-launch: ") == 1,
                   "one line should say '%s': %s", want, info);
@@ -617,9 +636,9 @@ START_TEST(test_signal)
     int sig = stop_signals[_i];
     char marker[64];
     marker_for(marker, sizeof marker, 4 + _i);
-    const char *argv[] = {LAUNCH_BIN, "--workers", "2", "--", "--mode", "drill", "--size", "1M",
-                          "--steps", "100000000", "--timeout", "30000", "--job-id", marker,
-                          NULL};
+    const char *argv[] = {LAUNCH_BIN,  "--workers", "2",        "--",      "--mode",
+                          "drill",     "--size",    "1M",       "--steps", "100000000",
+                          "--timeout", "30000",     "--job-id", marker,    NULL};
     proc_t p;
     proc_start(&p, argv);
     bool running = proc_wait_text(&p, "verified\n", 3, fl_deadline_in(30000));
@@ -633,8 +652,8 @@ START_TEST(test_signal)
     char info[6000];
     show(&p, info, sizeof info);
     ck_assert_msg(running, "the job never got going: %s", info);
-    ck_assert_msg(ended, "the launcher still ran %lld ms after signal %d: %s", (long long)took,
-                  sig, info);
+    ck_assert_msg(ended, "the launcher still ran %lld ms after signal %d: %s", (long long)took, sig,
+                  info);
     ck_assert_msg(proc_code(&p) == 128 + sig, "want exit %d: %s", 128 + sig, info);
     ck_assert_msg(strstr(p.buf[1], "flodl-launch: got signal") != NULL, "%s", info);
     ck_assert_msg(left == 0, "%d processes of the job outlived the launcher: %s", left, info);
@@ -705,8 +724,7 @@ START_TEST(test_stubborn)
              "exec sleep %s\n",
              marker);
     write_script(ps, body);
-    snprintf(body, sizeof body, "#!/bin/sh\ntrap '' TERM INT\necho up\nexec sleep %s\n",
-             marker);
+    snprintf(body, sizeof body, "#!/bin/sh\ntrap '' TERM INT\necho up\nexec sleep %s\n", marker);
     write_script(wk, body);
     const char *argv[] = {LAUNCH_BIN, "--ps", ps, "--worker", wk, "--workers", "2", NULL};
     proc_t p;

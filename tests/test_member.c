@@ -48,8 +48,7 @@ static void worker_reg(fl_msg_register_t *r, int rank, int world)
     r->pid = getpid();
 }
 
-static fl_tp_member_t *member(fl_ctx_t *ctx, const char *coordinator, int rank,
-                              int reconnect_ms)
+static fl_tp_member_t *member(fl_ctx_t *ctx, const char *coordinator, int rank, int reconnect_ms)
 {
     fl_tp_member_opts_t mo;
     fl_tp_member_opts_init(&mo);

@@ -116,8 +116,7 @@ START_TEST(test_empty_body_is_present)
     encode_ok(&h, &e);
     ck_assert_uint_ge(e.len, 3);
     ck_assert_msg(e.buf[e.len - 3] == 0xaa && e.buf[e.len - 2] == 0x01 && e.buf[e.len - 1] == 0,
-                  "ends with %02x %02x %02x", e.buf[e.len - 3], e.buf[e.len - 2],
-                  e.buf[e.len - 1]);
+                  "ends with %02x %02x %02x", e.buf[e.len - 3], e.buf[e.len - 2], e.buf[e.len - 1]);
     free(e.buf);
 }
 END_TEST
@@ -369,7 +368,9 @@ static void c_endpoint_overlong(pb_t *p)
 static void c_tuning_c1(pb_t *p)
 {
     pb_header(p, FL_MSG_MAGIC, FL_MSG_VERSION, FL_MSG_REGISTER, 2);
-    pb_register_body(p, "host", 1, "tcp://a:1", "seg=1\xc2\x9b" "2J");
+    pb_register_body(p, "host", 1, "tcp://a:1",
+                     "seg=1\xc2\x9b"
+                     "2J");
 }
 
 static void c_peer_host_escape(pb_t *p)

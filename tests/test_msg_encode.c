@@ -207,8 +207,8 @@ START_TEST(test_check_frames)
 
     ck_assert_int_eq(fl_msg_check_frames(&h, sizes, 1, 1000, &fault), FL_EPROTO);
     ck_assert_int_eq(fault, FL_FAULT_FRAMES);
-    ck_assert_msg(strstr(fl_last_error(), "chunk message declares 2 payload frames but 1"),
-                  "%s", fl_last_error());
+    ck_assert_msg(strstr(fl_last_error(), "chunk message declares 2 payload frames but 1"), "%s",
+                  fl_last_error());
     ck_assert_int_eq(fl_msg_check_frames(&h, sizes, 3, 1000, &fault), FL_EPROTO);
     ck_assert_int_eq(fault, FL_FAULT_FRAMES);
     ck_assert_msg(strstr(fl_last_error(), "but 3 arrived"), "%s", fl_last_error());

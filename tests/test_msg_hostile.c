@@ -18,11 +18,9 @@ static void check_consistent(const fl_msg_hdr_t *h, const char *what)
         const fl_msg_frame_t *f = &h->frames[i];
         if ((f->dtype != 0 && !fl_dtype_is_valid((int)f->dtype)) || f->codec > FL_CODEC_LZ4 ||
             (f->codec == FL_CODEC_RAW && f->raw_bytes != f->bytes))
-            ck_abort_msg("%s: accepted frame %u (dtype %u codec %u)", what, i, f->dtype,
-                         f->codec);
+            ck_abort_msg("%s: accepted frame %u (dtype %u codec %u)", what, i, f->dtype, f->codec);
     }
-    if (h->type == FL_MSG_WELCOME &&
-        (h->u.welcome.npeers == 0) != (h->u.welcome.peers == NULL))
+    if (h->type == FL_MSG_WELCOME && (h->u.welcome.npeers == 0) != (h->u.welcome.peers == NULL))
         ck_abort_msg("%s: welcome with %u peers and table %p", what, h->u.welcome.npeers,
                      (void *)h->u.welcome.peers);
     /* Everything decode accepts, encode must accept too (every bound holds). */
@@ -58,8 +56,8 @@ START_TEST(test_decode_truncated_prefixes)
         }
         /* Most cuts land inside a field or before the body: refusals must dominate. */
         if (refused < (long)e.len / 2)
-            ck_abort_msg("%s: only %ld of %zu prefixes refused", fl_msg_type_name(h.type),
-                         refused, e.len);
+            ck_abort_msg("%s: only %ld of %zu prefixes refused", fl_msg_type_name(h.type), refused,
+                         e.len);
         free(e.buf);
         fl_msg_hdr_deinit(&h);
     }
@@ -87,8 +85,8 @@ START_TEST(test_decode_garbage)
             check_consistent(&out, "garbage");
             accepted++;
         } else if (rc != FL_EPROTO || fault == FL_FAULT_NONE) {
-            ck_abort_msg("seed %llu (%zu bytes): rc %d fault %d", (unsigned long long)seed, len,
-                         rc, (int)fault);
+            ck_abort_msg("seed %llu (%zu bytes): rc %d fault %d", (unsigned long long)seed, len, rc,
+                         (int)fault);
         }
         fl_msg_hdr_deinit(&out);
     }
@@ -115,8 +113,8 @@ START_TEST(test_decode_mutations)
                 if (rc == FL_OK)
                     check_consistent(&out, "mutation");
                 else if (rc != FL_EPROTO || fault == FL_FAULT_NONE)
-                    ck_abort_msg("%s, byte %zu ^ 0x%02x: rc %d fault %d",
-                                 fl_msg_type_name(h.type), pos, xors[k], rc, (int)fault);
+                    ck_abort_msg("%s, byte %zu ^ 0x%02x: rc %d fault %d", fl_msg_type_name(h.type),
+                                 pos, xors[k], rc, (int)fault);
                 fl_msg_hdr_deinit(&out);
                 e.buf[pos] ^= xors[k];
             }

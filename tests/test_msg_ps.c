@@ -162,9 +162,8 @@ START_TEST(test_welcome_shard_map_round_trip)
         int differ = 0;
         for (uint32_t i = 0; i < a->nshards; i++) {
             const fl_msg_shard_t *x = &a->shards[i], *y = &b->shards[i];
-            differ += x->index != y->index || x->offset != y->offset ||
-                      x->count != y->count || strcmp(x->endpoint, y->endpoint) != 0 ||
-                      strcmp(x->host, y->host) != 0;
+            differ += x->index != y->index || x->offset != y->offset || x->count != y->count ||
+                      strcmp(x->endpoint, y->endpoint) != 0 || strcmp(x->host, y->host) != 0;
         }
         ck_assert_int_eq(differ, 0);
         ck_assert_uint_eq(b->param_count, a->param_count);
@@ -187,8 +186,7 @@ START_TEST(test_push_pull_round_trip)
     fl_msg_hdr_init(&h, FL_MSG_PUSH, 7);
     h.nframes = 1;
     h.frames[0] = (fl_msg_frame_t){4000, FL_FLOAT16, FL_CODEC_LZ4, 8192};
-    h.u.push = (fl_msg_push_t){3, 0x200000000ULL, 4096, 123456789012ULL, 64, FL_PUSH_INIT,
-                               true};
+    h.u.push = (fl_msg_push_t){3, 0x200000000ULL, 4096, 123456789012ULL, 64, FL_PUSH_INIT, true};
     round_trip(&h, &out);
     ck_assert_uint_eq(out.u.push.shard, 3);
     ck_assert_uint_eq(out.u.push.offset, 0x200000000ULL);

@@ -8,16 +8,16 @@
 #include "fl_msg.h"
 #include "msgutil.h"
 
-#define SAME(field)                                                                            \
-    do {                                                                                       \
-        if (a->field != b->field)                                                              \
-            ck_abort_msg("%s: " #field " %lld != %lld", what, (long long)a->field,             \
-                         (long long)b->field);                                                 \
+#define SAME(field)                                                                                \
+    do {                                                                                           \
+        if (a->field != b->field)                                                                  \
+            ck_abort_msg("%s: " #field " %lld != %lld", what, (long long)a->field,                 \
+                         (long long)b->field);                                                     \
     } while (0)
-#define SAME_STR(field)                                                                        \
-    do {                                                                                       \
-        if (strcmp(a->field, b->field) != 0)                                                   \
-            ck_abort_msg("%s: " #field " '%s' != '%s'", what, a->field, b->field);             \
+#define SAME_STR(field)                                                                            \
+    do {                                                                                           \
+        if (strcmp(a->field, b->field) != 0)                                                       \
+            ck_abort_msg("%s: " #field " '%s' != '%s'", what, a->field, b->field);                 \
     } while (0)
 
 static void same_peer(const fl_msg_peer_t *a, const fl_msg_peer_t *b, const char *what)
@@ -101,8 +101,7 @@ static void same_hdr(const fl_msg_hdr_t *a, const fl_msg_hdr_t *b)
         SAME(u.chunk.op);
         SAME(u.chunk.total);
         break;
-    default:
-        ck_abort_msg("unexpected type %d", (int)a->type);
+    default: ck_abort_msg("unexpected type %d", (int)a->type);
     }
 }
 

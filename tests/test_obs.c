@@ -39,8 +39,8 @@ START_TEST(test_render_format)
     ck_assert(text != NULL && len == strlen(text));
     char err[256];
     ck_assert_msg(fl_test_exposition_valid(text, err, sizeof err), "%s\n%s", err, text);
-    ck_assert_msg(strstr(text, "# TYPE flodl_steps_total counter\nflodl_steps_total 3\n"),
-                  "%s", text);
+    ck_assert_msg(strstr(text, "# TYPE flodl_steps_total counter\nflodl_steps_total 3\n"), "%s",
+                  text);
     ck_assert_msg(strstr(text, "flodl_bad_messages_total{kind=\"bad_magic\"} 0\n"
                                "flodl_bad_messages_total{kind=\"oversized\"} 1\n"),
                   "%s", text);
@@ -98,8 +98,7 @@ START_TEST(test_process_series)
     ck_assert_msg(fl_test_metric_value(text, "process_max_fds") >= 64, "%s", text);
     ck_assert_msg(fl_test_metric_value(text, "process_cpu_seconds_total") >= 0, "%s", text);
     double start = fl_test_metric_value(text, "process_start_time_seconds");
-    ck_assert_msg(start > (double)time(NULL) - 3600 && start <= (double)time(NULL) + 1, "%s",
-                  text);
+    ck_assert_msg(start > (double)time(NULL) - 3600 && start <= (double)time(NULL) + 1, "%s", text);
     char info[128];
     snprintf(info, sizeof info, "flodl_build_info{version=\"%s\",features=\"", fl_version());
     ck_assert_msg(strstr(text, info) != NULL, "%s", text);
@@ -159,8 +158,8 @@ START_TEST(test_http_endpoint)
     hammer_t h = {o, fl_obs_add(o, "flodl_spins_total", "Spins", FL_OBS_COUNTER, NULL), 0};
     int healthy = 1;
     fl_obs_http_t *srv = NULL;
-    ck_assert_msg(fl_obs_http_start(o, "127.0.0.1", 0, health_flag, &healthy, &srv) == FL_OK,
-                  "%s", fl_last_error());
+    ck_assert_msg(fl_obs_http_start(o, "127.0.0.1", 0, health_flag, &healthy, &srv) == FL_OK, "%s",
+                  fl_last_error());
     int port = fl_obs_http_port(srv);
     ck_assert(port > 0);
     pthread_t th;
@@ -215,8 +214,7 @@ static void *spans_main(void *p)
     span_arg_t *a = p;
     for (int i = 0; i < 100; i++) {
         int64_t t0 = fl_now_ns();
-        fl_obs_timeline_span(a->t, a->tid, i % 2 ? "compute" : "exchange", "step", t0,
-                             t0 + 1000);
+        fl_obs_timeline_span(a->t, a->tid, i % 2 ? "compute" : "exchange", "step", t0, t0 + 1000);
     }
     return NULL;
 }

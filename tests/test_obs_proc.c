@@ -26,13 +26,19 @@ static void start_worker(proc_t *p, const char *ep, int rank, int port, const ch
     char r[16], mp[16];
     snprintf(r, sizeof r, "%d", rank);
     snprintf(mp, sizeof mp, "%d", port);
-    const char *argv[MAX_ARGS] = {WK_BIN,          "--mode",        "ring",       "--rank",
-                                  r,               "--world-size",  "2",          "--coordinator",
-                                  ep,              "--host",        "127.0.0.1",  "--epochs",
-                                  "40",            "--topk",        "0.01",       "--progress",
-                                  "1000",          "--metrics-port", mp,          "--metrics-bind",
-                                  "127.0.0.1",     "--timeline",    timeline,     "--timeout",
-                                  "20000",         NULL};
+    const char *argv[MAX_ARGS] = {WK_BIN,      "--mode",
+                                  "ring",      "--rank",
+                                  r,           "--world-size",
+                                  "2",         "--coordinator",
+                                  ep,          "--host",
+                                  "127.0.0.1", "--epochs",
+                                  "40",        "--topk",
+                                  "0.01",      "--progress",
+                                  "1000",      "--metrics-port",
+                                  mp,          "--metrics-bind",
+                                  "127.0.0.1", "--timeline",
+                                  timeline,    "--timeout",
+                                  "20000",     NULL};
     proc_start(p, WK_BIN, argv, NULL);
 }
 
@@ -103,8 +109,8 @@ static void check_timeline(const char *path, const char *want)
         exchange += strcmp(name, want) == 0;
         wait += strcmp(name, "wait for the exchange") == 0;
     }
-    ck_assert_msg(compute > 0 && exchange > 0 && wait > 0, "%s: %d compute, %d %s, %d wait",
-                  path, compute, exchange, want, wait);
+    ck_assert_msg(compute > 0 && exchange > 0 && wait > 0, "%s: %d compute, %d %s, %d wait", path,
+                  compute, exchange, want, wait);
     cJSON_Delete(j);
     free(buf);
 }
@@ -145,9 +151,10 @@ START_TEST(test_timelines_merge_on_one_clock)
         snprintf(tl[r], sizeof tl[r], "/tmp/flodl-tlm-%d-%d.json", (int)getpid(), r);
         char rank[8];
         snprintf(rank, sizeof rank, "%d", r);
-        const char *argv[] = {WK_BIN,   "--rank",   rank,       "--world-size", "2",
-                              "--coordinator", ep,  "--epochs", "1",          "--quiet",
-                              "--timeline", tl[r], NULL};
+        const char *argv[] = {WK_BIN, "--rank",        rank,         "--world-size",
+                              "2",    "--coordinator", ep,           "--epochs",
+                              "1",    "--quiet",       "--timeline", tl[r],
+                              NULL};
         proc_start(&p[1 + r], WK_BIN, argv, NULL);
     }
     bool done = procs_wait(p, 3, fl_deadline_in(90000));
@@ -156,12 +163,10 @@ START_TEST(test_timelines_merge_on_one_clock)
     ck_assert_msg(done && proc_code(&p[1]) == 0 && proc_code(&p[2]) == 0, "%s", out);
     char merged[64];
     snprintf(merged, sizeof merged, "/tmp/flodl-tlm-%d.json", (int)getpid());
-    const char *margv[] = {FLODL_BIN_DIR "/observe/flodl-trace-merge", merged, tl[0], tl[1],
-                           NULL};
+    const char *margv[] = {FLODL_BIN_DIR "/observe/flodl-trace-merge", merged, tl[0], tl[1], NULL};
     proc_t m;
     run_sync(&m, margv[0], margv, NULL);
-    ck_assert_msg(proc_code(&m) == 0, "flodl-trace-merge: exit %d: %s", proc_code(&m),
-                  m.buf[1]);
+    ck_assert_msg(proc_code(&m) == 0, "flodl-trace-merge: exit %d: %s", proc_code(&m), m.buf[1]);
     procs_free(&m, 1);
     FILE *f = fopen(merged, "r");
     ck_assert_ptr_nonnull(f);
@@ -205,8 +210,9 @@ START_TEST(test_scraped_while_training)
     int wk_port[2] = {free_port(), free_port()};
     char ps_mp[16];
     snprintf(ps_mp, sizeof ps_mp, "%d", ps_port);
-    const char *extra[] = {"--metrics-port", ps_mp, "--metrics-bind", "127.0.0.1",
-                           "--heartbeat-timeout", "1500", NULL};
+    const char *extra[] = {
+        "--metrics-port", ps_mp, "--metrics-bind", "127.0.0.1", "--heartbeat-timeout",
+        "1500",           NULL};
     ck_assert(start_ps(&p[0], 2, extra, NULL, ep, sizeof ep, 1));
     char tl[2][64];
     for (int r = 0; r < 2; r++) {
@@ -239,8 +245,7 @@ START_TEST(test_scraped_while_training)
     free(a);
     free(b);
     char *w1 = scrape(wk_port[1]);
-    ck_assert_msg(!isnan(fl_test_metric_value(w1, "flodl_bytes_sent_total{rank=\"1\"}")), "%s",
-                  w1);
+    ck_assert_msg(!isnan(fl_test_metric_value(w1, "flodl_bytes_sent_total{rank=\"1\"}")), "%s", w1);
     ck_assert_msg(strstr(w1, "flodl_job_samples") == NULL, "rank 1 repeats the job's figures");
     free(w1);
     /* The coordinator: both ranks alive, job started, healthy. */
@@ -288,8 +293,9 @@ START_TEST(test_scraped_while_training)
 }
 END_TEST
 
-/* A rank that does not arrive (slowed 1000x on a larger model: seconds per batch): the coordinator's stall report names it, what
- * the others are waiting in, and when each was last heard from. */
+/* A rank that does not arrive (slowed 1000x on a larger model: seconds per batch): the
+ * coordinator's stall report names it, what the others are waiting in, and when each was last heard
+ * from. */
 START_TEST(test_stall_report_names_the_missing_rank)
 {
     proc_t p[3];
@@ -300,10 +306,26 @@ START_TEST(test_stall_report_names_the_missing_rank)
     for (int r = 0; r < 2; r++) {
         char rank[8];
         snprintf(rank, sizeof rank, "%d", r);
-        const char *argv[] = {WK_BIN, "--mode", "ring", "--rank", rank, "--world-size", "2",
-                              "--coordinator", ep, "--host", "127.0.0.1", "--epochs", "1",
-                              "--progress", "1000", "--layers", "64,1024,1024,10",
-                              "--throttle", r == 1 ? "0:1000" : "0:1", NULL};
+        const char *argv[] = {WK_BIN,
+                              "--mode",
+                              "ring",
+                              "--rank",
+                              rank,
+                              "--world-size",
+                              "2",
+                              "--coordinator",
+                              ep,
+                              "--host",
+                              "127.0.0.1",
+                              "--epochs",
+                              "1",
+                              "--progress",
+                              "1000",
+                              "--layers",
+                              "64,1024,1024,10",
+                              "--throttle",
+                              r == 1 ? "0:1000" : "0:1",
+                              NULL};
         proc_start(&p[1 + r], WK_BIN, argv, NULL);
     }
     bool seen = proc_wait_text(p, 3, 0, 1, "stall:", 1, fl_deadline_in(30000));

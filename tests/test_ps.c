@@ -21,8 +21,8 @@
 #define N 5000 /* parameters: two shards of 2500, each crossing the apply pass's blocks */
 #define MAXW 4
 
-#define ASSERT_HAS(text, needle)                                                               \
-    ck_assert_msg(strstr((text), (needle)) != NULL, "\"%s\" does not mention \"%s\"", (text), \
+#define ASSERT_HAS(text, needle)                                                                   \
+    ck_assert_msg(strstr((text), (needle)) != NULL, "\"%s\" does not mention \"%s\"", (text),      \
                   (needle))
 
 typedef struct job {
@@ -38,7 +38,7 @@ typedef struct job_spec {
     uint32_t staleness;
     fl_opt_kind_t opt;
     double lr;
-    double momentum; /* SGD: with Nesterov when > 0 */
+    double momentum;      /* SGD: with Nesterov when > 0 */
     const char *bind;     /* NULL: tcp://127.0.0.1:0 */
     const char *ckpt_dir; /* NULL: none */
     uint64_t ckpt_steps;
@@ -245,8 +245,7 @@ static int train_body(rank_ctx_t *r, fl_ps_client_t *cl)
 static void expect_all_ok(rank_ctx_t *ctx, int world)
 {
     for (int r = 0; r < world; r++)
-        ck_assert_msg(ctx[r].rc == FL_OK, "rank %d: %s: %s", r, fl_strerror(ctx[r].rc),
-                      ctx[r].err);
+        ck_assert_msg(ctx[r].rc == FL_OK, "rank %d: %s: %s", r, fl_strerror(ctx[r].rc), ctx[r].err);
 }
 
 static void sync_exact(fl_opt_kind_t kind, int shards, fl_dtype_t values, int lz4)
@@ -346,8 +345,8 @@ static int split_body(rank_ctx_t *r, fl_ps_client_t *cl)
     for (int j = 0; j < 2; j++)
         fl_ps_client_part_range(a[j].part, &off[j], &n[j]);
     if (off[0] != 0 || off[0] + n[0] != off[1] || off[1] + n[1] != N || n[0] == 0)
-        rc = fl_fail(FL_EPROTO, "parts cover %zu+%zu and %zu+%zu of %d", off[0], n[0], off[1],
-                     n[1], N);
+        rc = fl_fail(FL_EPROTO, "parts cover %zu+%zu and %zu+%zu of %d", off[0], n[0], off[1], n[1],
+                     N);
     pthread_t th;
     if (rc == FL_OK && pthread_create(&th, NULL, part_main, &a[1]) == 0) {
         part_main(&a[0]); /* part 0 on the thread that owns the client */

@@ -18,8 +18,8 @@
 #define N 4000
 #define JOB "flodl"
 
-#define ASSERT_HAS(text, needle)                                                               \
-    ck_assert_msg(strstr((text), (needle)) != NULL, "\"%s\" does not mention \"%s\"", (text), \
+#define ASSERT_HAS(text, needle)                                                                   \
+    ck_assert_msg(strstr((text), (needle)) != NULL, "\"%s\" does not mention \"%s\"", (text),      \
                   (needle))
 
 static fl_coord_t *coord;
@@ -146,8 +146,7 @@ static void *hostile_join(void *p)
     return NULL;
 }
 
-static fl_tp_sock_t *open_shard(hostile_t *h, int shard, int sender, uint64_t gen,
-                                const char *job)
+static fl_tp_sock_t *open_shard(hostile_t *h, int shard, int sender, uint64_t gen, const char *job)
 {
     fl_tp_opts_t t;
     fl_tp_opts_init(&t);
@@ -299,8 +298,8 @@ START_TEST(test_bad_pushes_and_pulls_are_refused)
     fl_cmp_sparse_opts_init(&so);
     uint8_t block[256];
     size_t len;
-    ck_assert(fl_cmp_sparse_encode(ws, idx, val, 2, (size_t)s0->count + 1, &so, block,
-                                   sizeof block, &len) == FL_OK);
+    ck_assert(fl_cmp_sparse_encode(ws, idx, val, 2, (size_t)s0->count + 1, &so, block, sizeof block,
+                                   &len) == FL_OK);
     push(x, s0, FL_PUSH_GRADIENT, 0, block, len, FL_FLOAT32, FL_CODEC_SPARSE, len);
     expect_error(x, FL_EINVAL, text, sizeof text);
     ASSERT_HAS(text, "sparse push for a tensor of");
@@ -308,8 +307,8 @@ START_TEST(test_bad_pushes_and_pulls_are_refused)
      * the last index lands past the end (sizes unchanged). */
     uint32_t idx2[2] = {3, (uint32_t)s0->count - 1};
     so.lz4 = false;
-    ck_assert(fl_cmp_sparse_encode(ws, idx2, val, 2, (size_t)s0->count, &so, block,
-                                   sizeof block, &len) == FL_OK);
+    ck_assert(fl_cmp_sparse_encode(ws, idx2, val, 2, (size_t)s0->count, &so, block, sizeof block,
+                                   &len) == FL_OK);
     ck_assert_uint_eq(block[FL_CMP_SPARSE_HEADER], 3);
     block[FL_CMP_SPARSE_HEADER] = 0x70;
     push(x, s0, FL_PUSH_GRADIENT, 0, block, len, FL_FLOAT32, FL_CODEC_SPARSE, len);
@@ -393,8 +392,8 @@ START_TEST(test_bad_pushes_and_pulls_are_refused)
         fl_tp_sock_t *xs[2] = {x, x1};
         const fl_msg_shard_t *ss[2] = {s0, s1};
         for (int k = 0; k < 2; k++) {
-            hp.u.pull = (fl_msg_pull_t){ss[k]->index, ss[k]->offset, ss[k]->count, t + 1, false,
-                                        10000, false};
+            hp.u.pull = (fl_msg_pull_t){ss[k]->index, ss[k]->offset, ss[k]->count, t + 1,
+                                        false,        10000,         false};
             hp.seq = ++seq_no;
             ck_assert(fl_tp_send(xs[k], NULL, &hp, NULL, 0, fl_deadline_in(1000)) == FL_OK);
             fl_test_expect_msg(xs[k], FL_MSG_PULL_REPLY, 15000, &m);

@@ -23,8 +23,8 @@
 #define N 3000
 #define MAXW 3
 
-#define ASSERT_HAS(text, needle)                                                               \
-    ck_assert_msg(strstr((text), (needle)) != NULL, "\"%s\" does not mention \"%s\"", (text), \
+#define ASSERT_HAS(text, needle)                                                                   \
+    ck_assert_msg(strstr((text), (needle)) != NULL, "\"%s\" does not mention \"%s\"", (text),      \
                   (needle))
 
 typedef struct job {

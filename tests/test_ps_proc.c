@@ -17,8 +17,8 @@
 #define PS_BIN FLODL_BIN_DIR "/server/flodl-ps"
 #define WK_BIN FLODL_BIN_DIR "/worker/flodl-worker"
 
-#define ASSERT_HAS(text, needle)                                                               \
-    ck_assert_msg(strstr((text), (needle)) != NULL, "\"%s\" does not mention \"%s\"", (text), \
+#define ASSERT_HAS(text, needle)                                                                   \
+    ck_assert_msg(strstr((text), (needle)) != NULL, "\"%s\" does not mention \"%s\"", (text),      \
                   (needle))
 
 static void start_worker(proc_t *p, const char *ep, int rank, int world, const char *epochs,
@@ -27,10 +27,11 @@ static void start_worker(proc_t *p, const char *ep, int rank, int world, const c
     char r[16], w[16];
     snprintf(r, sizeof r, "%d", rank);
     snprintf(w, sizeof w, "%d", world);
-    const char *argv[MAX_ARGS] = {WK_BIN,  "--mode",    "ps",    "--rank",   r,
-                                  "--world-size", w, "--coordinator", ep, "--host",
-                                  "127.0.0.1", "--epochs", epochs, "--progress", "1000",
-                                  "--rendezvous-timeout", "30000", "--timeout", "30000"};
+    const char *argv[MAX_ARGS] = {WK_BIN,  "--mode",       "ps",        "--rank",
+                                  r,       "--world-size", w,           "--coordinator",
+                                  ep,      "--host",       "127.0.0.1", "--epochs",
+                                  epochs,  "--progress",   "1000",      "--rendezvous-timeout",
+                                  "30000", "--timeout",    "30000"};
     size_t a = 19;
     for (size_t i = 0; more != NULL && more[i] != NULL && a + 1 < MAX_ARGS; i++)
         argv[a++] = more[i];
@@ -72,10 +73,14 @@ static void write_init(const char *path, int nan_tensor, size_t nan_at, bool tra
         data[2 * l + 1] = calloc(out, sizeof(float));
         ck_assert(data[2 * l] != NULL && data[2 * l + 1] != NULL);
         bool tr = transposed && l == 0;
-        t[2 * l] = (fl_st_tensor_t){names[2 * l], FL_FLOAT32, 2, {tr ? in : out, tr ? out : in},
-                                    data[2 * l], in * out * sizeof(float)};
-        t[2 * l + 1] = (fl_st_tensor_t){names[2 * l + 1], FL_FLOAT32, 1, {out},
-                                        data[2 * l + 1], out * sizeof(float)};
+        t[2 * l] = (fl_st_tensor_t){names[2 * l],
+                                    FL_FLOAT32,
+                                    2,
+                                    {tr ? in : out, tr ? out : in},
+                                    data[2 * l],
+                                    in * out * sizeof(float)};
+        t[2 * l + 1] = (fl_st_tensor_t){names[2 * l + 1], FL_FLOAT32,         1, {out},
+                                        data[2 * l + 1],  out * sizeof(float)};
     }
     if (nan_tensor >= 0)
         data[nan_tensor][nan_at] = NAN;
@@ -97,9 +102,11 @@ START_TEST(test_train_through_the_ps)
     proc_t ps[3];
     memset(ps, 0, sizeof ps);
     char ep[FL_ENDPOINT_MAX], out[8192];
-    static const char *const extra[] = {"--shards", "2", "--host", "127.0.0.1", "--lr", "0.05",
-                                        "--momentum", "0.9", "--consistency", "ssp",
-                                        "--staleness", "2", NULL};
+    static const char *const extra[] = {"--shards",   "2",           "--host",
+                                        "127.0.0.1",  "--lr",        "0.05",
+                                        "--momentum", "0.9",         "--consistency",
+                                        "ssp",        "--staleness", "2",
+                                        NULL};
     ck_assert(start_ps(&ps[0], 2, extra, NULL, ep, sizeof ep, 1));
     start_worker(&ps[1], ep, 0, 2, "1", NULL);
     static const char *const topk[] = {"--topk", "0.05", NULL};
@@ -123,13 +130,13 @@ START_TEST(test_shards_over_two_processes)
     proc_t ps[4];
     memset(ps, 0, sizeof ps);
     char ep[FL_ENDPOINT_MAX], out[8192];
-    static const char *const first[] = {"--num-shards", "2", "--shards", "1", "--host",
-                                        "127.0.0.1", "--lr", "0.05", "--momentum", "0.9",
-                                        NULL};
+    static const char *const first[] = {"--num-shards", "2",         "--shards", "1",
+                                        "--host",       "127.0.0.1", "--lr",     "0.05",
+                                        "--momentum",   "0.9",       NULL};
     ck_assert(start_ps(&ps[0], 2, first, NULL, ep, sizeof ep, 2));
-    const char *second[] = {PS_BIN,  "--coordinator", ep,    "--num-shards", "2",
-                            "--shard-index", "1", "--host", "127.0.0.1", "--lr", "0.05",
-                            "--momentum", "0.9", NULL};
+    const char *second[] = {
+        PS_BIN,   "--coordinator", ep,     "--num-shards", "2",          "--shard-index", "1",
+        "--host", "127.0.0.1",     "--lr", "0.05",         "--momentum", "0.9",           NULL};
     proc_start(&ps[1], PS_BIN, second, NULL);
     start_worker(&ps[2], ep, 0, 2, "1", NULL);
     start_worker(&ps[3], ep, 1, 2, "1", NULL);
@@ -161,18 +168,25 @@ static void kill_and_resume(const char *const *slow)
     char bind[64], ep[64], out[12000];
     snprintf(bind, sizeof bind, "tcp://127.0.0.1:%d", port);
     snprintf(ep, sizeof ep, "tcp://127.0.0.1:%d", port);
-    const char *ps_argv[] = {PS_BIN, "--bind", bind, "--world-size", "2", "--shards", "2",
-                             "--host", "127.0.0.1", "--checkpoint-dir", dir,
-                             "--checkpoint-every", "100", "--heartbeat-timeout", "1000",
-                             "--lr", "0.05", "--momentum", "0.9", "--resume", NULL};
+    const char *ps_argv[] = {PS_BIN,      "--bind",
+                             bind,        "--world-size",
+                             "2",         "--shards",
+                             "2",         "--host",
+                             "127.0.0.1", "--checkpoint-dir",
+                             dir,         "--checkpoint-every",
+                             "100",       "--heartbeat-timeout",
+                             "1000",      "--lr",
+                             "0.05",      "--momentum",
+                             "0.9",       "--resume",
+                             NULL};
     proc_t p[3];
     memset(p, 0, sizeof p);
     proc_start(&p[0], PS_BIN, ps_argv, NULL);
     start_worker(&p[1], ep, 0, 2, "3", slow);
     start_worker(&p[2], ep, 1, 2, "3", slow);
     /* Once a checkpoint past step 200 is on disk, kill the parameter server outright. */
-    bool ckpt = proc_wait_text(p, 3, 0, 1, "checkpoint of step 300 written", 2,
-                               fl_deadline_in(60000));
+    bool ckpt =
+        proc_wait_text(p, 3, 0, 1, "checkpoint of step 300 written", 2, fl_deadline_in(60000));
     show(p, 3, out, sizeof out);
     if (!ckpt) {
         procs_stop(p, 3);
@@ -196,8 +210,7 @@ static void kill_and_resume(const char *const *slow)
     long s1 = resumed_step(&p[1]), s2 = resumed_step(&p[2]);
     /* Both went on from the same checkpoint, a multiple of 100 at or after step 300: at most
      * the steps since it were lost. */
-    ck_assert_msg(s1 == s2 && s1 >= 300 && s1 % 100 == 0, "resumed at %ld and %ld:%s", s1, s2,
-                  out);
+    ck_assert_msg(s1 == s2 && s1 >= 300 && s1 % 100 == 0, "resumed at %ld and %ld:%s", s1, s2, out);
     ck_assert_msg(final_accuracy(&p[1]) > 85.0, "%s", out);
     procs_free(p, 3);
 }
@@ -214,8 +227,8 @@ END_TEST
  * splits again. */
 START_TEST(test_kill_and_resume_device_clients)
 {
-    static const char *const slow[] = {"--reconnect-timeout", "60000", "--cpu-replicas", "2",
-                                       "--batch-size", "32", NULL};
+    static const char *const slow[] = {
+        "--reconnect-timeout", "60000", "--cpu-replicas", "2", "--batch-size", "32", NULL};
     kill_and_resume(slow);
 }
 END_TEST
@@ -228,11 +241,11 @@ START_TEST(test_device_clients_host_killed)
     proc_t p[3];
     memset(p, 0, sizeof p);
     char ep[FL_ENDPOINT_MAX], out[12000];
-    static const char *const extra[] = {"--shards", "2", "--host", "127.0.0.1",
-                                        "--heartbeat-timeout", "1000", NULL};
+    static const char *const extra[] = {
+        "--shards", "2", "--host", "127.0.0.1", "--heartbeat-timeout", "1000", NULL};
     ck_assert(start_ps(&p[0], 2, extra, NULL, ep, sizeof ep, 1));
-    static const char *const dev[] = {"--cpu-replicas", "2", "--batch-size", "16",
-                                      "--progress", "0.2", NULL};
+    static const char *const dev[] = {
+        "--cpu-replicas", "2", "--batch-size", "16", "--progress", "0.2", NULL};
     start_worker(&p[1], ep, 0, 2, "50", dev);
     start_worker(&p[2], ep, 1, 2, "50", dev);
     bool going = proc_wait_text(p, 3, 1, 0, "push+pull", 1, fl_deadline_in(60000));
@@ -269,9 +282,14 @@ START_TEST(test_init_with_nan_refused_at_start)
     write_init(init, 3, 7, false); /* layers.1.bias[7] */
     int port = free_port();
     snprintf(bind, sizeof bind, "tcp://127.0.0.1:%d", port);
-    const char *ps_argv[] = {PS_BIN, "--bind", bind, "--world-size", "1", "--shards", "1",
-                             "--host", "127.0.0.1", "--init", init, "--endpoint-file", epf,
-                             "--rendezvous-timeout", "20000", NULL};
+    const char *ps_argv[] = {PS_BIN,      "--bind",
+                             bind,        "--world-size",
+                             "1",         "--shards",
+                             "1",         "--host",
+                             "127.0.0.1", "--init",
+                             init,        "--endpoint-file",
+                             epf,         "--rendezvous-timeout",
+                             "20000",     NULL};
     proc_t p[2];
     memset(p, 0, sizeof p);
     proc_start(&p[0], PS_BIN, ps_argv, NULL);
@@ -316,8 +334,10 @@ START_TEST(test_init_of_another_shape_refused)
     ck_assert_msg(done, "did not end:%s", out);
     static const char *const want[] = {"different models: tensor 'layers.0.weight' is [256,64] "
                                        "on rank 0",
-                                       "[64,256] in ", "init.safetensors (the --init file of "
-                                                       "the parameter server", NULL};
+                                       "[64,256] in ",
+                                       "init.safetensors (the --init file of "
+                                       "the parameter server",
+                                       NULL};
     for (int i = 0; i < 2; i++) {
         ck_assert_msg(proc_code(&p[i]) == 2, "process %d:%s", i, out);
         for (int k = 0; want[k] != NULL; k++)
@@ -354,13 +374,10 @@ START_TEST(test_ps_flags_refused)
         {{"--world-size", "2", "--shards", "1", "--lr-schedule", "step", NULL},
          {NULL},
          {"--lr-step-size", NULL}},
-        {{"--world-size", "2", "--shards", "1", "--optimizer", "adam", "--momentum", "0.9",
-          NULL},
+        {{"--world-size", "2", "--shards", "1", "--optimizer", "adam", "--momentum", "0.9", NULL},
          {NULL},
          {"--momentum", "adam", NULL}},
-        {{"--world-size", "2", "--consistency", "async", NULL},
-         {NULL},
-         {"--shards", NULL}},
+        {{"--world-size", "2", "--consistency", "async", NULL}, {NULL}, {"--shards", NULL}},
         {{"--world-size", "2", "--shards", "1", "--init", "/nonexistent.safetensors", NULL},
          {NULL},
          {"/nonexistent.safetensors", NULL}},
@@ -370,8 +387,8 @@ START_TEST(test_ps_flags_refused)
     };
     check_bad(PS_BIN, cases, sizeof cases / sizeof cases[0]);
     static const bad_case_t wk[] = {
-        {{"--mode", "ps", "--rank", "0", "--world-size", "2", "--coordinator",
-          "tcp://127.0.0.1:1", "--lr", "0.1", NULL},
+        {{"--mode", "ps", "--rank", "0", "--world-size", "2", "--coordinator", "tcp://127.0.0.1:1",
+          "--lr", "0.1", NULL},
          {NULL},
          {"--lr", "flodl-ps", NULL}},
         {{"--mode", "ring", "--rank", "0", "--world-size", "2", "--coordinator",

@@ -389,8 +389,7 @@ START_TEST(test_sparse_and_half_sources)
     ps_state_t *dense = make_state(W, FL_PS_SYNC, 0, FL_OPT_SGD, N);
     ck_assert(fl_ps__state_init(mixed, init, 0) == FL_OK);
     ck_assert(fl_ps__state_init(dense, init, 0) == FL_OK);
-    ps_src_t s0 = {.kind = PS_SRC_SPARSE, .idx = idx, .val = val, .k = k, .batch = 4,
-                   .maxabs = 1};
+    ps_src_t s0 = {.kind = PS_SRC_SPARSE, .idx = idx, .val = val, .k = k, .batch = 4, .maxabs = 1};
     ps_src_t s1 = {.kind = PS_SRC_F16, .dense = h, .batch = 4, .maxabs = 1};
     ps_src_t s2 = {.kind = PS_SRC_BF16, .dense = bh, .batch = 4, .maxabs = 1};
     bool u;
@@ -515,8 +514,8 @@ END_TEST
 /* ---- payloads ---- */
 
 /* One frame through the decoder. */
-static int decode1(fl_cmp_ws_t *ws, const void *data, size_t bytes, uint32_t dtype,
-                   uint32_t codec, uint64_t raw, uint64_t count, ps_src_t *s, void **owned)
+static int decode1(fl_cmp_ws_t *ws, const void *data, size_t bytes, uint32_t dtype, uint32_t codec,
+                   uint64_t raw, uint64_t count, ps_src_t *s, void **owned)
 {
     const void *d[1] = {data};
     size_t b[1] = {bytes};
@@ -599,8 +598,7 @@ START_TEST(test_payload_sparse)
     fl_cmp_sparse_opts_init(&so);
     uint8_t block[256];
     size_t len;
-    ck_assert(fl_cmp_sparse_encode(ws, idx, val, 3, 100, &so, block, sizeof block, &len) ==
-              FL_OK);
+    ck_assert(fl_cmp_sparse_encode(ws, idx, val, 3, 100, &so, block, sizeof block, &len) == FL_OK);
     ps_src_t s;
     void *owned;
     ck_assert_int_eq(decode1(ws, block, len, FL_FLOAT32, FL_CODEC_SPARSE, len, 100, &s, &owned),
@@ -618,8 +616,7 @@ START_TEST(test_payload_sparse)
     ck_assert_ptr_null(owned);
     /* A NaN value names its index in the shard. */
     val[2] = NAN;
-    ck_assert(fl_cmp_sparse_encode(ws, idx, val, 3, 100, &so, block, sizeof block, &len) ==
-              FL_OK);
+    ck_assert(fl_cmp_sparse_encode(ws, idx, val, 3, 100, &so, block, sizeof block, &len) == FL_OK);
     ck_assert_int_eq(decode1(ws, block, len, FL_FLOAT32, FL_CODEC_SPARSE, len, 100, &s, &owned),
                      FL_ENONFINITE);
     ck_assert_msg(strstr(fl_last_error(), "index 99") != NULL, "%s", fl_last_error());

@@ -178,8 +178,7 @@ static void combine_case(fl_op_t op, fl_dtype_t dt, size_t n, size_t mis, bool a
         ck_abort_msg("combine %s %s n=%zu wrote past element %zu", fl_op_name(op),
                      fl_dtype_name(dt), n, n);
     if (memcmp(in, in_copy, n * asz) != 0)
-        ck_abort_msg("combine %s %s n=%zu changed its input", fl_op_name(op), fl_dtype_name(dt),
-                     n);
+        ck_abort_msg("combine %s %s n=%zu changed its input", fl_op_name(op), fl_dtype_name(dt), n);
     if (!alias && memcmp(local, local_copy, n * esz) != 0)
         ck_abort_msg("combine %s %s n=%zu changed local", fl_op_name(op), fl_dtype_name(dt), n);
     free(local);
@@ -345,8 +344,7 @@ static void finish_case(fl_op_t op, fl_dtype_t dt, size_t n, int nranks, bool al
                          fl_dtype_name(dt), n, nranks, alias ? " in place" : "", i, why);
     }
     if (!guard_intact(o + n * esz, GUARD))
-        ck_abort_msg("finish %s %s n=%zu wrote past the end", fl_op_name(op), fl_dtype_name(dt),
-                     n);
+        ck_abort_msg("finish %s %s n=%zu wrote past the end", fl_op_name(op), fl_dtype_name(dt), n);
     if (!alias && memcmp(acc, acc_copy, n * asz) != 0)
         ck_abort_msg("finish %s %s n=%zu changed the accumulator", fl_op_name(op),
                      fl_dtype_name(dt), n);
@@ -444,20 +442,20 @@ START_TEST(test_op_supports)
     /* Rows: dtypes 0..8 (0 and 8 unknown); columns: ops 0..5 (0 and 5 unknown). */
     static const bool want[9][6] = {
         {false, false, false, false, false, false}, /* 0 */
-        {false, true, true, true, true, false},      /* float32 */
-        {false, true, true, true, true, false},      /* float16 */
-        {false, true, true, true, true, false},      /* bfloat16 */
-        {false, true, true, true, true, false},      /* float64 */
-        {false, true, false, true, true, false},     /* int32: no avg */
-        {false, false, false, false, false, false},  /* uint8: nothing */
-        {false, true, false, true, true, false},     /* int64: no avg */
-        {false, false, false, false, false, false},  /* 8 */
+        {false, true, true, true, true, false},     /* float32 */
+        {false, true, true, true, true, false},     /* float16 */
+        {false, true, true, true, true, false},     /* bfloat16 */
+        {false, true, true, true, true, false},     /* float64 */
+        {false, true, false, true, true, false},    /* int32: no avg */
+        {false, false, false, false, false, false}, /* uint8: nothing */
+        {false, true, false, true, true, false},    /* int64: no avg */
+        {false, false, false, false, false, false}, /* 8 */
     };
     for (int d = 0; d < 9; d++) {
         for (int o = 0; o < 6; o++) {
             if (fl_op_supports((fl_op_t)o, (fl_dtype_t)d) != want[d][o])
-                ck_abort_msg("fl_op_supports(op %d, dtype %d) = %d, want %d", o, d,
-                             !want[d][o], want[d][o]);
+                ck_abort_msg("fl_op_supports(op %d, dtype %d) = %d, want %d", o, d, !want[d][o],
+                             want[d][o]);
         }
     }
 }

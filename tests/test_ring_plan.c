@@ -26,8 +26,8 @@ static const char *layout_error(size_t count, int n)
             return why;
         }
         if (cnt != want || cnt > big || big - cnt > 1) {
-            snprintf(why, sizeof why, "shard %d has %zu elements (want %zu, shard 0 has %zu)",
-                     i, cnt, want, big);
+            snprintf(why, sizeof why, "shard %d has %zu elements (want %zu, shard 0 has %zu)", i,
+                     cnt, want, big);
             return why;
         }
         if (i > 0 && cnt > fl_shard_count(count, n, i - 1)) {
@@ -118,20 +118,23 @@ static const char *rs_schedule_error(int n)
             int to = fl_ring_mod((long)r + 1, n);
             int c = fl_ring_rs_send_chunk(r, s, n);
             if (fl_ring_rs_recv_chunk(to, s, n) != c) {
-                snprintf(why, sizeof why, "step %d: rank %d sends chunk %d, rank %d expects %d",
-                         s, r, c, to, fl_ring_rs_recv_chunk(to, s, n));
+                snprintf(why, sizeof why, "step %d: rank %d sends chunk %d, rank %d expects %d", s,
+                         r, c, to, fl_ring_rs_recv_chunk(to, s, n));
                 return why;
             }
             if (acc[to][c] & sent[r]) {
-                snprintf(why, sizeof why, "step %d: rank %d's chunk %d counts a contribution "
-                                          "twice", s, to, c);
+                snprintf(why, sizeof why,
+                         "step %d: rank %d's chunk %d counts a contribution "
+                         "twice",
+                         s, to, c);
                 return why;
             }
             acc[to][c] |= sent[r];
             /* Pipelining: what arrives in step s is sent on in step s+1. */
             if (s + 1 < n - 1 && fl_ring_rs_send_chunk(to, s + 1, n) != c) {
-                snprintf(why, sizeof why, "rank %d receives chunk %d in step %d but sends %d "
-                                          "in step %d",
+                snprintf(why, sizeof why,
+                         "rank %d receives chunk %d in step %d but sends %d "
+                         "in step %d",
                          to, c, s, fl_ring_rs_send_chunk(to, s + 1, n), s + 1);
                 return why;
             }
@@ -139,8 +142,8 @@ static const char *rs_schedule_error(int n)
     }
     for (int r = 0; r < n; r++) {
         if (acc[r][r] != all) {
-            snprintf(why, sizeof why, "rank %d's chunk %d holds contributions %#llx, not all",
-                     r, r, (unsigned long long)acc[r][r]);
+            snprintf(why, sizeof why, "rank %d's chunk %d holds contributions %#llx, not all", r, r,
+                     (unsigned long long)acc[r][r]);
             return why;
         }
         if (n > 1 && fl_ring_rs_recv_chunk(r, n - 2, n) != r) {
@@ -173,24 +176,25 @@ static const char *ag_schedule_error(int n)
             int to = fl_ring_mod((long)r + 1, n);
             int c = fl_ring_ag_send_chunk(r, s, n);
             if (!(before[r] & (1ULL << c))) {
-                snprintf(why, sizeof why, "step %d: rank %d sends chunk %d it does not hold", s,
-                         r, c);
+                snprintf(why, sizeof why, "step %d: rank %d sends chunk %d it does not hold", s, r,
+                         c);
                 return why;
             }
             if (fl_ring_ag_recv_chunk(to, s, n) != c) {
-                snprintf(why, sizeof why, "step %d: rank %d sends chunk %d, rank %d expects %d",
-                         s, r, c, to, fl_ring_ag_recv_chunk(to, s, n));
+                snprintf(why, sizeof why, "step %d: rank %d sends chunk %d, rank %d expects %d", s,
+                         r, c, to, fl_ring_ag_recv_chunk(to, s, n));
                 return why;
             }
             if (have[to] & (1ULL << c)) {
-                snprintf(why, sizeof why, "step %d: rank %d receives chunk %d a second time", s,
-                         to, c);
+                snprintf(why, sizeof why, "step %d: rank %d receives chunk %d a second time", s, to,
+                         c);
                 return why;
             }
             have[to] |= 1ULL << c;
             if (s + 1 < n - 1 && fl_ring_ag_send_chunk(to, s + 1, n) != c) {
-                snprintf(why, sizeof why, "rank %d receives chunk %d in step %d but sends %d "
-                                          "in step %d",
+                snprintf(why, sizeof why,
+                         "rank %d receives chunk %d in step %d but sends %d "
+                         "in step %d",
                          to, c, s, fl_ring_ag_send_chunk(to, s + 1, n), s + 1);
                 return why;
             }
@@ -243,8 +247,19 @@ END_TEST
 
 START_TEST(test_segn_limits)
 {
-    static const size_t chunks[] = {0, 1, 2, 7, 1000, 4095, 4096, 4097, 65536, 1000003,
-                                    (size_t)1 << 24, ((size_t)1 << 32) + 5, (size_t)1 << 40};
+    static const size_t chunks[] = {0,
+                                    1,
+                                    2,
+                                    7,
+                                    1000,
+                                    4095,
+                                    4096,
+                                    4097,
+                                    65536,
+                                    1000003,
+                                    (size_t)1 << 24,
+                                    ((size_t)1 << 32) + 5,
+                                    (size_t)1 << 40};
     static const size_t elems[] = {0, 1, 2, 4, 8};
     static const size_t segs[] = {1, 3, 4, 7, 4096, 65536, (size_t)1 << 20, (size_t)64 << 20};
     for (size_t a = 0; a < sizeof chunks / sizeof chunks[0]; a++) {
@@ -258,20 +273,21 @@ START_TEST(test_segn_limits)
                 if (want == 0)
                     want = 1;
                 if (segn < 1)
-                    ck_abort_msg("chunk %zu, %zu-byte elements, segment %zu: segn 0", cnt,
-                                 esz, sb);
+                    ck_abort_msg("chunk %zu, %zu-byte elements, segment %zu: segn 0", cnt, esz, sb);
                 uint64_t nseg = (cnt + segn - 1) / segn;
                 if (nseg > 4096)
-                    ck_abort_msg("chunk %zu, %zu-byte elements, segment %zu: %llu segments",
-                                 cnt, esz, sb, (unsigned long long)nseg);
+                    ck_abort_msg("chunk %zu, %zu-byte elements, segment %zu: %llu segments", cnt,
+                                 esz, sb, (unsigned long long)nseg);
                 /* Where 4096 segments of the requested size cover the chunk, that size is
                  * used; else the fewest elements per segment that stay within 4096. */
                 if (cnt <= 4096 * want && segn != want)
                     ck_abort_msg("chunk %zu, %zu-byte elements, segment %zu: segn %zu, want "
-                                 "%zu", cnt, esz, sb, segn, want);
+                                 "%zu",
+                                 cnt, esz, sb, segn, want);
                 if (cnt > 4096 * want && segn != (cnt + 4095) / 4096)
                     ck_abort_msg("chunk %zu, %zu-byte elements, segment %zu: segn %zu for a "
-                                 "capped chunk", cnt, esz, sb, segn);
+                                 "capped chunk",
+                                 cnt, esz, sb, segn);
                 if (fl_ring_nseg(cnt, segn) != (uint32_t)nseg)
                     ck_abort_msg("nseg(%zu, %zu) = %u, want %llu", cnt, segn,
                                  fl_ring_nseg(cnt, segn), (unsigned long long)nseg);

@@ -96,8 +96,7 @@ static bool spit(const char *path, const void *data, size_t len)
 
 /* A file as another tool writes it: the 8-byte length of json (padded with spaces to pad
  * bytes when pad > its length), the json, then data. */
-static void write_raw(const char *path, const char *json, size_t pad, const void *data,
-                      size_t dlen)
+static void write_raw(const char *path, const char *json, size_t pad, const void *data, size_t dlen)
 {
     size_t jlen = strlen(json);
     size_t n = pad > jlen ? pad : jlen;
@@ -206,8 +205,8 @@ static const char *compare(const fl_st_file_t *f, const fl_st_tensor_t *t, size_
         else if (fl_st_find(f, t[i].name) != g)
             why = "fl_st_find";
         if (why != NULL) {
-            snprintf(buf, cap, "tensor %zu '%s' (read as '%s'): %s differs", i, t[i].name,
-                     g->name, why);
+            snprintf(buf, cap, "tensor %zu '%s' (read as '%s'): %s differs", i, t[i].name, g->name,
+                     why);
             return buf;
         }
     }
@@ -285,8 +284,8 @@ START_TEST(test_nothing_and_limits)
 
     /* max_bytes bounds the file: exactly its size passes, one less is refused. */
     const float v[3] = {1.0f, -2.5f, 3.25f};
-    fl_st_tensor_t t = {.name = "v", .dtype = FL_FLOAT32, .ndim = 1, .shape = {3},
-                        .data = v, .bytes = sizeof v};
+    fl_st_tensor_t t = {
+        .name = "v", .dtype = FL_FLOAT32, .ndim = 1, .shape = {3}, .data = v, .bytes = sizeof v};
     ck_assert_int_eq(fl_st_write(p, &t, 1, NULL, 0), FL_OK);
     struct stat st;
     ck_assert_int_eq(stat(p, &st), 0);
@@ -324,10 +323,10 @@ START_TEST(test_replace_atomically)
     path_in(p, sizeof p, "model.safetensors");
     const int32_t a[4] = {1, 2, 3, 4};
     const int64_t b[2] = {-5, INT64_MAX};
-    fl_st_tensor_t ta = {.name = "w", .dtype = FL_INT32, .ndim = 2, .shape = {2, 2},
-                         .data = a, .bytes = sizeof a};
-    fl_st_tensor_t tb = {.name = "w", .dtype = FL_INT64, .ndim = 1, .shape = {2},
-                         .data = b, .bytes = sizeof b};
+    fl_st_tensor_t ta = {
+        .name = "w", .dtype = FL_INT32, .ndim = 2, .shape = {2, 2}, .data = a, .bytes = sizeof a};
+    fl_st_tensor_t tb = {
+        .name = "w", .dtype = FL_INT64, .ndim = 1, .shape = {2}, .data = b, .bytes = sizeof b};
     const fl_st_meta_t m1 = {"step", "1"};
     const fl_st_meta_t m2 = {"step", "2"};
     ck_assert_int_eq(fl_st_write(p, &ta, 1, &m1, 1), FL_OK);
@@ -377,12 +376,11 @@ START_TEST(test_foreign_file)
     memcpy(data, a, 12);
     memcpy(data + 12, b, 16);
     memcpy(data + 28, c, 2);
-    const char *json =
-        "{\"b\":{\"dtype\":\"I64\",\"shape\":[2],\"data_offsets\":[12,28]},"
-        "\"__metadata__\":{\"format\":\"pt\"},"
-        "\"a\":{\"dtype\":\"F32\",\"shape\":[3],\"data_offsets\":[0,12]},"
-        "\"h\":{\"dtype\":\"F16\",\"shape\":[1,1],\"data_offsets\":[28,30]},"
-        "\"z\":{\"dtype\":\"BF16\",\"shape\":[0],\"data_offsets\":[30,30]}}";
+    const char *json = "{\"b\":{\"dtype\":\"I64\",\"shape\":[2],\"data_offsets\":[12,28]},"
+                       "\"__metadata__\":{\"format\":\"pt\"},"
+                       "\"a\":{\"dtype\":\"F32\",\"shape\":[3],\"data_offsets\":[0,12]},"
+                       "\"h\":{\"dtype\":\"F16\",\"shape\":[1,1],\"data_offsets\":[28,30]},"
+                       "\"z\":{\"dtype\":\"BF16\",\"shape\":[0],\"data_offsets\":[30,30]}}";
     char p[512];
     path_in(p, sizeof p, "foreign.safetensors");
     write_raw(p, json, 0, data, sizeof data);
@@ -508,8 +506,8 @@ START_TEST(test_corrupt_data)
             int rc = written ? fl_st_open(q, 0, &f) : FL_EIO;
             if (rc != FL_EPROTO || strstr(fl_last_error(), "CRC-32") == NULL) {
                 size_t at = strlen(fails);
-                snprintf(fails + at, sizeof fails - at, " [byte %zu bit %d: rc %d: %s]", i, bit,
-                         rc, fl_last_error());
+                snprintf(fails + at, sizeof fails - at, " [byte %zu bit %d: rc %d: %s]", i, bit, rc,
+                         fl_last_error());
                 nfail++;
                 fl_st_close(&f);
             }
@@ -556,7 +554,7 @@ START_TEST(test_lying_header_length)
 }
 END_TEST
 
-#define T_F32(name, shape, b, e)                                                                  \
+#define T_F32(name, shape, b, e)                                                                   \
     "\"" name "\":{\"dtype\":\"F32\",\"shape\":" shape ",\"data_offsets\":[" #b "," #e "]}"
 
 START_TEST(test_bad_json)
@@ -606,12 +604,12 @@ START_TEST(test_bad_entries)
     expect_proto("{" T_F32("a", "[0]", 4, 0) "}", zero, 4, "run backwards");
 
     /* Shape and byte count disagree. */
-    expect_proto("{" T_F32("a", "[4]", 0, 12) "}", zero, 12, "hold 12 bytes, but shape [4] of F32 "
-                                                             "needs 16");
+    expect_proto("{" T_F32("a", "[4]", 0, 12) "}", zero, 12,
+                 "hold 12 bytes, but shape [4] of F32 "
+                 "needs 16");
     expect_proto("{" T_F32("a", "[]", 0, 8) "}", zero, 8, "shape [] of F32 needs 4");
     expect_proto("{" T_F32("a", "[2,0]", 0, 8) "}", zero, 8, "needs 0");
-    expect_proto("{" T_F32("a", "[4294967296,4294967296]", 0, 8) "}", zero, 8,
-                 "needs more than");
+    expect_proto("{" T_F32("a", "[4294967296,4294967296]", 0, 8) "}", zero, 8, "needs more than");
 }
 END_TEST
 
@@ -626,8 +624,7 @@ START_TEST(test_bad_layout)
     /* Overlap, gaps, unused data. */
     expect_proto("{" T_F32("a", "[2]", 0, 8) "," T_F32("b", "[2]", 4, 12) "}", zero, 12,
                  "tensors 'a' and 'b' overlap: data_offsets [0, 8] and [4, 12]");
-    expect_proto("{" T_F32("a", "[2]", 0, 8) "," T_F32("b", "[2]", 0, 8) "}", zero, 8,
-                 "overlap");
+    expect_proto("{" T_F32("a", "[2]", 0, 8) "," T_F32("b", "[2]", 0, 8) "}", zero, 8, "overlap");
     expect_proto("{" T_F32("a", "[1]", 4, 8) "}", zero, 8,
                  "gap of 4 bytes in the data section before tensor 'a'");
     expect_proto("{" T_F32("a", "[1]", 0, 4) "," T_F32("b", "[1]", 8, 12) "}", zero, 12,
@@ -693,8 +690,9 @@ START_TEST(test_write_refusals)
     expect_write_fail(t, 2, NULL, 0, FL_EINVAL, "not valid UTF-8");
     t[1].name = "b";
     t[1].bytes = 12;
-    expect_write_fail(t, 2, NULL, 0, FL_EINVAL, "tensor 'b': 12 bytes, but shape [2] of F32 "
-                                                "needs 8");
+    expect_write_fail(t, 2, NULL, 0, FL_EINVAL,
+                      "tensor 'b': 12 bytes, but shape [2] of F32 "
+                      "needs 8");
     t[1].bytes = 8;
     t[1].shape[0] = 3;
     expect_write_fail(t, 2, NULL, 0, FL_EINVAL, "tensor 'b': 8 bytes, but shape [3]");
@@ -735,8 +733,8 @@ END_TEST
 START_TEST(test_write_io_errors)
 {
     const uint8_t u[2] = {1, 2};
-    fl_st_tensor_t t = {.name = "u", .dtype = FL_UINT8, .ndim = 1, .shape = {2}, .data = u,
-                        .bytes = 2};
+    fl_st_tensor_t t = {
+        .name = "u", .dtype = FL_UINT8, .ndim = 1, .shape = {2}, .data = u, .bytes = 2};
     char p[512];
     bool has_tmp = false;
 

@@ -96,8 +96,8 @@ int __wrap_fl_tp_poll(fl_tp_sock_t *const *socks, size_t n, int timeout_ms, bool
 typedef struct fake {
     fl_comm_t c;
     fl_tp_status_t status;
-    fl_tp_sock_t *peer;   /* PUSH into c.data_in, as rank 1 */
-    fl_tp_sock_t *ev_tx;  /* the control thread's end of c.events */
+    fl_tp_sock_t *peer;  /* PUSH into c.data_in, as rank 1 */
+    fl_tp_sock_t *ev_tx; /* the control thread's end of c.events */
 } fake_t;
 
 static fl_tp_sock_t *sock(fl_ctx_t *ctx, fl_tp_kind_t kind, const char *name)

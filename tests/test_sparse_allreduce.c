@@ -154,9 +154,9 @@ static size_t gen(const sp_case_t *c, int q, int nr, size_t kmax, uint32_t *idx,
     }
     /* Magnitudes from 2^-6 to 2^5: the order of the additions shows in the low bits. */
     for (size_t j = 0; j < k; j++)
-        val[j] = c->constant ? 0.25f * (float)(q + 1)
-                             : (float)(fl_test_uniform(&s) *
-                                       ldexp(1.0, (int)(fl_test_rand(&s) % 12) - 6));
+        val[j] = c->constant
+                     ? 0.25f * (float)(q + 1)
+                     : (float)(fl_test_uniform(&s) * ldexp(1.0, (int)(fl_test_rand(&s) % 12) - 6));
     return k;
 }
 
@@ -203,8 +203,8 @@ static int check_values(const sp_case_t *c, int r, int nr, bool dense, const buf
         float got = b->out[i];
         float want = b->ref[i];
         double tol = 2.0 * nr * FLT_EPSILON * b->absref[i] / (c->op == FL_AVG ? nr : 1);
-        bool ok = dense ? fabs((double)got - (double)want) <= tol
-                        : memcmp(&got, &want, sizeof got) == 0;
+        bool ok =
+            dense ? fabs((double)got - (double)want) <= tol : memcmp(&got, &want, sizeof got) == 0;
         if (!ok)
             return bad("%s, %d ranks, rank %d (%s path): out[%zu] = %a, want %a", c->name, nr, r,
                        dense ? "dense" : "sparse", i, (double)got, (double)want);
@@ -212,17 +212,16 @@ static int check_values(const sp_case_t *c, int r, int nr, bool dense, const buf
     return FL_OK;
 }
 
-static int check_stats(const sp_case_t *c, int r, int nr, const fl_sparse_stats_t *st,
-                       bool dense, uint64_t ktot, uint64_t blocks)
+static int check_stats(const sp_case_t *c, int r, int nr, const fl_sparse_stats_t *st, bool dense,
+                       uint64_t ktot, uint64_t blocks)
 {
     uint64_t raw = (uint64_t)(2.0 * (nr - 1) / nr * (double)c->n * 4);
     const char *nm = c->name;
     if (st->dense != (int)dense)
-        return bad("%s, %d ranks, rank %d: stats.dense = %d, want %d", nm, nr, r, st->dense,
-                   dense);
+        return bad("%s, %d ranks, rank %d: stats.dense = %d, want %d", nm, nr, r, st->dense, dense);
     if (st->k_total != ktot || st->raw_bytes != raw)
-        return bad("%s, %d ranks, rank %d: k_total %llu raw_bytes %llu, want %llu and %llu", nm,
-                   nr, r, (unsigned long long)st->k_total, (unsigned long long)st->raw_bytes,
+        return bad("%s, %d ranks, rank %d: k_total %llu raw_bytes %llu, want %llu and %llu", nm, nr,
+                   r, (unsigned long long)st->k_total, (unsigned long long)st->raw_bytes,
                    (unsigned long long)ktot, (unsigned long long)raw);
     if (st->wire_bytes > 0 && st->ratio != (double)raw / (double)st->wire_bytes)
         return bad("%s, %d ranks, rank %d: ratio %g, raw/wire = %g", nm, nr, r, st->ratio,
@@ -238,8 +237,8 @@ static int check_stats(const sp_case_t *c, int r, int nr, const fl_sparse_stats_
                    nm, nr, r, (unsigned long long)st->wire_bytes, (unsigned long long)blocks,
                    (long long)ag);
     if (nr > 1 && dense && st->wire_bytes + 32ULL * nr < raw)
-        return bad("%s, %d ranks, rank %d: dense path sent %llu bytes, a ring sends %llu", nm,
-                   nr, r, (unsigned long long)st->wire_bytes, (unsigned long long)raw);
+        return bad("%s, %d ranks, rank %d: dense path sent %llu bytes, a ring sends %llu", nm, nr,
+                   r, (unsigned long long)st->wire_bytes, (unsigned long long)raw);
     if (nr > 1 && c->far && st->ratio < 100)
         return bad("%s, %d ranks, rank %d: ratio %g (%llu of %llu bytes)", nm, nr, r, st->ratio,
                    (unsigned long long)st->wire_bytes, (unsigned long long)raw);
@@ -295,9 +294,9 @@ static int run_case(fl_comm_t *comm, fl_cmp_ws_t *ws, const sp_case_t *c, sp_res
     if (op == FL_AVG)
         for (size_t i = 0; i < c->n; i++)
             b.ref[i] /= (float)nr;
-    bool dense = !c->no_dense && nr > 1 &&
-                 (double)nr * (double)kmax * (double)(fl_dtype_size(vt) + 4) >
-                     2.0 * (double)c->n * 4.0;
+    bool dense =
+        !c->no_dense && nr > 1 &&
+        (double)nr * (double)kmax * (double)(fl_dtype_size(vt) + 4) > 2.0 * (double)c->n * 4.0;
 
     fl_sparse_opts_t o;
     fl_sparse_opts_init(&o);
@@ -307,8 +306,8 @@ static int run_case(fl_comm_t *comm, fl_cmp_ws_t *ws, const sp_case_t *c, sp_res
     memset(b.out, 0xff, c->n * sizeof *b.out); /* NaNs: "zeros elsewhere" must be written */
     size_t kr = gen(c, r, nr, kmax, b.idx, b.val, b.tmp);
     /* NULL pairs where there are none: allowed with k = 0. */
-    rc = fl_sparse_allreduce(comm, kr ? b.idx : NULL, kr ? b.val : NULL, kr, b.out, c->n, op,
-                             &o, &res->st);
+    rc = fl_sparse_allreduce(comm, kr ? b.idx : NULL, kr ? b.val : NULL, kr, b.out, c->n, op, &o,
+                             &res->st);
     if (rc != FL_OK)
         rc = fl_fail_ctx(rc, "%s, %d ranks", c->name, nr);
     if (rc == FL_OK)
@@ -335,8 +334,8 @@ static int dense_step(fl_comm_t *comm, int i)
     for (size_t j = 0; rc == FL_OK && j < cnt; j++) {
         float want = (float)(nr * (int)(j % 1000) + nr * (nr - 1) / 2);
         if (buf[j] != want)
-            rc = bad("rank %d: dense allreduce %d after a sparse one: [%zu] = %g, want %g", r, i,
-                     j, (double)buf[j], (double)want);
+            rc = bad("rank %d: dense allreduce %d after a sparse one: [%zu] = %g, want %g", r, i, j,
+                     (double)buf[j], (double)want);
     }
     free(buf);
     return rc;
@@ -380,8 +379,8 @@ static void run_cases(int world, const sp_case_t *cases, int ncases, bool mix)
         const sp_case_t *c = &cases[i];
         for (int r = 1; r < world; r++)
             if (a->res[i][r].hash != a->res[i][0].hash)
-                ck_abort_msg("%s, %d ranks: rank %d's bytes differ from rank 0's", c->name,
-                             world, r);
+                ck_abort_msg("%s, %d ranks: rank %d's bytes differ from rank 0's", c->name, world,
+                             r);
         if (!c->twin)
             continue;
         if (a->res[i][0].hash != a->res[i - 1][0].hash)
@@ -400,54 +399,112 @@ static void run_cases(int world, const sp_case_t *cases, int ncases, bool mix)
 
 static const sp_case_t small_cases[] = {
     {.name = "n=1", .n = 1, .k = 1, .pat = P_CONTIG},
-    {.name = "n=1 forced sparse avg", .n = 1, .k = 1, .pat = P_CONTIG, .op = FL_AVG,
+    {.name = "n=1 forced sparse avg",
+     .n = 1,
+     .k = 1,
+     .pat = P_CONTIG,
+     .op = FL_AVG,
      .no_dense = true},
     {.name = "n=1 k=0", .n = 1, .km = K_ALL_ZERO},
-    {.name = "n=1 last rank only", .n = 1, .k = 1, .km = K_LAST_ONLY, .pat = P_CONTIG,
-     .op = FL_AVG, .no_dense = true},
+    {.name = "n=1 last rank only",
+     .n = 1,
+     .k = 1,
+     .km = K_LAST_ONLY,
+     .pat = P_CONTIG,
+     .op = FL_AVG,
+     .no_dense = true},
     {.name = "n=37 varying k", .n = 37, .k = 3, .km = K_VARY},
     {.name = "n=1000 overlapping", .n = 1000, .k = 20, .pat = P_HOT},
     {.name = "n=1000 disjoint avg", .n = 1000, .k = 20, .pat = P_DISJOINT, .op = FL_AVG},
     {.name = "n=1000 k=0 on odd ranks", .n = 1000, .k = 25, .km = K_SOME_ZERO},
     {.name = "n=1000 k=0 everywhere avg", .n = 1000, .km = K_ALL_ZERO, .op = FL_AVG},
-    {.name = "n=4099 float16 overlapping", .n = 4099, .k = 60, .km = K_VARY, .pat = P_HOT,
+    {.name = "n=4099 float16 overlapping",
+     .n = 4099,
+     .k = 60,
+     .km = K_VARY,
+     .pat = P_HOT,
      .values = FL_FLOAT16},
     {.name = "n=4099 bfloat16 avg", .n = 4099, .k = 60, .values = FL_BFLOAT16, .op = FL_AVG},
-    {.name = "n=5000 bfloat16 disjoint", .n = 5000, .k = 50, .pat = P_DISJOINT,
-     .values = FL_BFLOAT16, .no_lz4 = true},
+    {.name = "n=5000 bfloat16 disjoint",
+     .n = 5000,
+     .k = 50,
+     .pat = P_DISJOINT,
+     .values = FL_BFLOAT16,
+     .no_lz4 = true},
     {.name = "contiguous constant", .n = 20000, .k = 400, .pat = P_CONTIG, .constant = true},
-    {.name = "contiguous constant, no lz4", .n = 20000, .k = 400, .pat = P_CONTIG,
-     .constant = true, .no_lz4 = true, .twin = true},
+    {.name = "contiguous constant, no lz4",
+     .n = 20000,
+     .k = 400,
+     .pat = P_CONTIG,
+     .constant = true,
+     .no_lz4 = true,
+     .twin = true},
     {.name = "random, no lz4", .n = 20000, .k = 400, .op = FL_AVG, .no_lz4 = true},
     {.name = "random, lz4", .n = 20000, .k = 400, .op = FL_AVG, .twin = true},
-    {.name = "float16 contiguous", .n = 3000, .k = 300, .pat = P_CONTIG, .values = FL_FLOAT16,
+    {.name = "float16 contiguous",
+     .n = 3000,
+     .k = 300,
+     .pat = P_CONTIG,
+     .values = FL_FLOAT16,
      .constant = true},
-    {.name = "float16 contiguous, no lz4", .n = 3000, .k = 300, .pat = P_CONTIG,
-     .values = FL_FLOAT16, .constant = true, .no_lz4 = true, .twin = true},
+    {.name = "float16 contiguous, no lz4",
+     .n = 3000,
+     .k = 300,
+     .pat = P_CONTIG,
+     .values = FL_FLOAT16,
+     .constant = true,
+     .no_lz4 = true,
+     .twin = true},
 };
 
 #define MILLION 1000000
 
 static const sp_case_t large_cases[] = {
     {.name = "1% spread", .n = MILLION, .k = 10000},
-    {.name = "1% overlapping, varying k, avg", .n = MILLION, .k = 10000, .km = K_VARY,
-     .pat = P_HOT, .op = FL_AVG},
+    {.name = "1% overlapping, varying k, avg",
+     .n = MILLION,
+     .k = 10000,
+     .km = K_VARY,
+     .pat = P_HOT,
+     .op = FL_AVG},
     {.name = "0.1% spread", .n = MILLION, .k = 1000, .far = true},
-    {.name = "0.1% bfloat16 disjoint avg", .n = MILLION, .k = 1000, .pat = P_DISJOINT,
-     .values = FL_BFLOAT16, .op = FL_AVG, .far = true},
-    {.name = "0.1% float16, k=0 on odd ranks, no lz4", .n = MILLION, .k = 1000,
-     .km = K_SOME_ZERO, .values = FL_FLOAT16, .no_lz4 = true, .far = true},
+    {.name = "0.1% bfloat16 disjoint avg",
+     .n = MILLION,
+     .k = 1000,
+     .pat = P_DISJOINT,
+     .values = FL_BFLOAT16,
+     .op = FL_AVG,
+     .far = true},
+    {.name = "0.1% float16, k=0 on odd ranks, no lz4",
+     .n = MILLION,
+     .k = 1000,
+     .km = K_SOME_ZERO,
+     .values = FL_FLOAT16,
+     .no_lz4 = true,
+     .far = true},
 };
 
 /* N * kmax * (value bytes + 4) against 2 * n * 4: dense for most of these when N > 1. */
 static const sp_case_t dense_cases[] = {
     {.name = "50%", .n = 10000, .k = 5000},
-    {.name = "60% overlapping avg", .n = 10000, .k = 6000, .km = K_VARY, .pat = P_HOT,
+    {.name = "60% overlapping avg",
+     .n = 10000,
+     .k = 6000,
+     .km = K_VARY,
+     .pat = P_HOT,
      .op = FL_AVG},
     {.name = "60% float16", .n = 10000, .k = 6000, .values = FL_FLOAT16},
-    {.name = "60% overlapping avg, dense not allowed", .n = 10000, .k = 6000, .km = K_VARY,
-     .pat = P_HOT, .op = FL_AVG, .no_dense = true},
-    {.name = "60% bfloat16, dense not allowed", .n = 10000, .k = 6000, .values = FL_BFLOAT16,
+    {.name = "60% overlapping avg, dense not allowed",
+     .n = 10000,
+     .k = 6000,
+     .km = K_VARY,
+     .pat = P_HOT,
+     .op = FL_AVG,
+     .no_dense = true},
+    {.name = "60% bfloat16, dense not allowed",
+     .n = 10000,
+     .k = 6000,
+     .values = FL_BFLOAT16,
      .no_dense = true},
     {.name = "exactly the threshold", .n = 6000, .km = K_SPLIT},
     {.name = "one pair above the threshold", .n = 6000, .k = 1, .km = K_SPLIT},
@@ -458,7 +515,11 @@ static const sp_case_t mix_cases[] = {
     {.name = "mix sparse", .n = 5000, .k = 50, .pat = P_HOT},
     {.name = "mix dense fallback", .n = 2000, .k = 1500, .op = FL_AVG},
     {.name = "mix k=0", .n = 100, .km = K_ALL_ZERO, .values = FL_FLOAT16},
-    {.name = "mix bfloat16", .n = 100000, .k = 100, .km = K_VARY, .values = FL_BFLOAT16,
+    {.name = "mix bfloat16",
+     .n = 100000,
+     .k = 100,
+     .km = K_VARY,
+     .values = FL_BFLOAT16,
      .op = FL_AVG},
     {.name = "mix forced sparse", .n = 64, .k = 64, .pat = P_CONTIG, .no_dense = true},
 };
@@ -516,8 +577,7 @@ static const bad_call_t bad_calls[] = {
     {"operator min", "min", idx_ok, vals, 3, 8, false, FL_MIN, FL_FLOAT32},
     {"n = 0", "0 entries", NULL, NULL, 0, 0, false, FL_SUM, FL_FLOAT32},
     {"k > n", "5 pairs of a tensor of 4", idx_ok, vals, 5, 4, false, FL_SUM, FL_FLOAT32},
-    {"n > 2^32", "4294967296", idx_ok, vals, 3, (size_t)UINT32_MAX + 1, false, FL_SUM,
-     FL_FLOAT32},
+    {"n > 2^32", "4294967296", idx_ok, vals, 3, (size_t)UINT32_MAX + 1, false, FL_SUM, FL_FLOAT32},
     {"NULL out", "NULL", idx_ok, vals, 3, 8, true, FL_SUM, FL_FLOAT32},
     {"NULL idx", "NULL", NULL, vals, 3, 8, false, FL_SUM, FL_FLOAT32},
     {"NULL val", "NULL", idx_ok, NULL, 3, 8, false, FL_AVG, FL_FLOAT32},
@@ -564,7 +624,9 @@ static int make_bad_calls(fl_comm_t *comm, bool quiet)
     return FL_OK;
 }
 
-static const sp_case_t after_bad = {.name = "after refused calls", .n = 300, .k = 7,
+static const sp_case_t after_bad = {.name = "after refused calls",
+                                    .n = 300,
+                                    .k = 7,
                                     .values = FL_FLOAT16};
 
 typedef struct args_arg {
@@ -676,21 +738,19 @@ static void mm_run(int world, mm_kind_t kind, const char *must1, const char *mus
     for (int r = 0; r < world; r++) {
         int q = a->rc[r];
         if (q != FL_EPROTO && q != FL_ETIMEDOUT && q != FL_EPEER)
-            ck_abort_msg("mismatch %d, %d ranks: rank %d returned %d (%s): %s", kind, world, r,
-                         q, fl_strerror(q), a->text[r]);
-        if (q == FL_EPROTO && strstr(a->text[r], must1) && strstr(a->text[r], must2) &&
-            found < 0)
+            ck_abort_msg("mismatch %d, %d ranks: rank %d returned %d (%s): %s", kind, world, r, q,
+                         fl_strerror(q), a->text[r]);
+        if (q == FL_EPROTO && strstr(a->text[r], must1) && strstr(a->text[r], must2) && found < 0)
             found = r;
         if (a->rc2[r] != FL_ECLOSED || !strstr(a->text2[r], "broken by an earlier failure"))
-            ck_abort_msg("mismatch %d, %d ranks: rank %d's next call returned %d: %s", kind,
-                         world, r, a->rc2[r], a->text2[r]);
+            ck_abort_msg("mismatch %d, %d ranks: rank %d's next call returned %d: %s", kind, world,
+                         r, a->rc2[r], a->text2[r]);
     }
     if (found < 0)
         ck_abort_msg("mismatch %d, %d ranks: no rank reported FL_EPROTO naming '%s' and '%s'; "
                      "rank 0: %s",
                      kind, world, must1, must2, a->text[0]);
-    ck_assert_msg(took < 12000, "mismatch %d, %d ranks took %lld ms", kind, world,
-                  (long long)took);
+    ck_assert_msg(took < 12000, "mismatch %d, %d ranks took %lld ms", kind, world, (long long)took);
     free(a);
 }
 

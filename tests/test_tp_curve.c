@@ -16,11 +16,11 @@
 static char root[64];
 
 /* Runs a shell command made from a format and the root directory (as often as it appears). */
-#define SH(fmt, ...)                                                                          \
-    do {                                                                                      \
-        char cmd_[512];                                                                       \
-        snprintf(cmd_, sizeof cmd_, fmt, __VA_ARGS__);                                        \
-        ck_assert_msg(system(cmd_) == 0, "%s", cmd_);                                         \
+#define SH(fmt, ...)                                                                               \
+    do {                                                                                           \
+        char cmd_[512];                                                                            \
+        snprintf(cmd_, sizeof cmd_, fmt, __VA_ARGS__);                                             \
+        ck_assert_msg(system(cmd_) == 0, "%s", cmd_);                                              \
     } while (0)
 
 /* root/keys: server.key, client.key (allowed) and authorized/client.pub; root/stranger.key. */
@@ -38,8 +38,8 @@ static void setup(void)
     /* The stranger knows the server's public key but holds a key nobody allowed. */
     snprintf(base, sizeof base, "%s/strange/client", root);
     ck_assert(fl_tp_curve_keygen(base, "stranger") == FL_OK);
-    SH("cp %s/keys/server.key %s/strange/ && cp %s/strange/client.pub %s/strange/authorized/",
-       root, root, root, root);
+    SH("cp %s/keys/server.key %s/strange/ && cp %s/strange/client.pub %s/strange/authorized/", root,
+       root, root, root);
 }
 
 static void teardown(void)
@@ -162,8 +162,8 @@ static void expect_refused(const char *want)
     fl_tp_curve_t *c = NULL;
     ck_assert_int_eq(fl_tp_curve_load(dir, &c), FL_EINVAL);
     ck_assert(c == NULL);
-    ck_assert_msg(strstr(fl_last_error(), want) != NULL, "'%s' does not say '%s'",
-                  fl_last_error(), want);
+    ck_assert_msg(strstr(fl_last_error(), want) != NULL, "'%s' does not say '%s'", fl_last_error(),
+                  want);
 }
 
 START_TEST(test_unsafe_or_incomplete_keys_refused)
@@ -187,8 +187,7 @@ START_TEST(test_unsafe_or_incomplete_keys_refused)
     expect_refused("holds no *.pub key");
     SH("rmdir %s/keys/authorized", root);
     expect_refused("no allowlist");
-    SH("mkdir %s/keys/authorized && cp %s/keys/client.pub %s/keys/authorized/", root, root,
-       root);
+    SH("mkdir %s/keys/authorized && cp %s/keys/client.pub %s/keys/authorized/", root, root, root);
     SH("echo 'public-key = \"short\"' > %s/keys/authorized/bad.pub", root);
     expect_refused("bad.pub has no valid public-key");
     SH("rm %s/keys/authorized/bad.pub && rm %s/keys/server.key", root, root);

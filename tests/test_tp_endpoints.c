@@ -73,8 +73,8 @@ START_TEST(test_endpoint_parse_valid)
         if (rc != FL_OK)
             ck_abort_msg("parse '%s': %d %s", ok[i].ep, rc, fl_last_error());
         if (e.scheme != ok[i].scheme || strcmp(e.host, ok[i].host) != 0 || e.port != ok[i].port)
-            ck_abort_msg("parse '%s': scheme %d host '%s' port %d", ok[i].ep, (int)e.scheme,
-                         e.host, e.port);
+            ck_abort_msg("parse '%s': scheme %d host '%s' port %d", ok[i].ep, (int)e.scheme, e.host,
+                         e.port);
     }
 }
 END_TEST
@@ -134,8 +134,8 @@ START_TEST(test_endpoint_advertise)
     for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
         int rc = fl_tp_endpoint_advertise(cases[i].bound, cases[i].host, out, sizeof out);
         if (rc != FL_OK || strcmp(out, cases[i].want) != 0)
-            ck_abort_msg("advertise(%s, %s): %d '%s', want '%s'", cases[i].bound, cases[i].host,
-                         rc, rc == FL_OK ? out : fl_last_error(), cases[i].want);
+            ck_abort_msg("advertise(%s, %s): %d '%s', want '%s'", cases[i].bound, cases[i].host, rc,
+                         rc == FL_OK ? out : fl_last_error(), cases[i].want);
     }
     ck_assert_int_eq(fl_tp_endpoint_advertise("udp://x:1", "h", out, sizeof out), FL_EINVAL);
     char small[12];
@@ -166,10 +166,10 @@ END_TEST
 
 START_TEST(test_is_ip_literal)
 {
-    static const char *const yes[] = {"127.0.0.1", "0.0.0.0", "10.1.2.3", "::1", "::",
-                                      "fe80::1",   "2001:db8::8a2e:370:7334"};
-    static const char *const no[] = {"", "localhost", "host-1", "1.2.3", "256.1.1.1", "[::1]",
-                                     "*", "1.2.3.4:5", "::1:::"};
+    static const char *const yes[] = {
+        "127.0.0.1", "0.0.0.0", "10.1.2.3", "::1", "::", "fe80::1", "2001:db8::8a2e:370:7334"};
+    static const char *const no[] = {"",      "localhost", "host-1",    "1.2.3", "256.1.1.1",
+                                     "[::1]", "*",         "1.2.3.4:5", "::1:::"};
     for (size_t i = 0; i < sizeof yes / sizeof yes[0]; i++) {
         if (!fl_tp_is_ip_literal(yes[i]))
             ck_abort_msg("'%s' is an IP literal", yes[i]);
@@ -233,8 +233,7 @@ START_TEST(test_create_errors)
         if (rc != FL_EINVAL || s != NULL)
             ck_abort_msg("case %d: rc %d out %p, want FL_EINVAL and NULL", which, rc, (void *)s);
         if (strstr(fl_last_error(), "bad-opts") == NULL)
-            ck_abort_msg("case %d: detail '%s' does not name the socket", which,
-                         fl_last_error());
+            ck_abort_msg("case %d: detail '%s' does not name the socket", which, fl_last_error());
     }
     fl_ctx_destroy(&ctx);
 }

@@ -1,11 +1,12 @@
-/* flodl-ps against connections that never authenticate and messages that never end: with a limit of 1024 open files, 2000 idle connections from another address (each
- * opened again a second after it is closed) do not keep a 2-worker CURVE job from registering
- * and training; the soft limit on open files is raised to the hard one at start; a message of
- * 512 frames of 1.9 MB leaves flodl-ps's memory where it was; a frame over twice the
- * coordinator's limit is counted, not dropped without a word. Without the guard the idle
- * connections take every descriptor until ZeroMQ's own handshake interval (30 s) ends them:
- * the workers' rendezvous deadline (15 s) is shorter. The test stops only the processes it
- * started, by PID, and uses loopback only (127.0.0.2 as the other address). */
+/* flodl-ps against connections that never authenticate and messages that never end: with a limit of
+ * 1024 open files, 2000 idle connections from another address (each opened again a second after it
+ * is closed) do not keep a 2-worker CURVE job from registering and training; the soft limit on open
+ * files is raised to the hard one at start; a message of 512 frames of 1.9 MB leaves flodl-ps's
+ * memory where it was; a frame over twice the coordinator's limit is counted, not dropped without a
+ * word. Without the guard the idle connections take every descriptor until ZeroMQ's own handshake
+ * interval (30 s) ends them: the workers' rendezvous deadline (15 s) is shorter. The test stops
+ * only the processes it started, by PID, and uses loopback only (127.0.0.2 as the other address).
+ */
 #include <arpa/inet.h>
 #include <check.h>
 #include <errno.h>

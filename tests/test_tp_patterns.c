@@ -107,8 +107,7 @@ static void check_chunk(fl_tp_msg_t *m, uint64_t salt)
                          (unsigned long long)h->frames[i].bytes, h->frames[i].dtype,
                          h->frames[i].codec, (unsigned long long)h->frames[i].raw_bytes);
         if (fl_tp_msg_size(m, i) != frame_len[i])
-            ck_abort_msg("frame %zu: %zu bytes, want %zu", i, fl_tp_msg_size(m, i),
-                         frame_len[i]);
+            ck_abort_msg("frame %zu: %zu bytes, want %zu", i, fl_tp_msg_size(m, i), frame_len[i]);
         const uint8_t *d = fl_tp_msg_data(m, i);
         for (size_t j = 0; j < frame_len[i]; j++) {
             if (d[j] != pattern(salt, i, j))

@@ -104,8 +104,7 @@ static void raw_hdr(fl_msg_hdr_t *h, uint32_t n, const size_t *sizes)
     }
 }
 
-static void send_raw_ok(fl_tp_sock_t *s, const void *const *parts, const size_t *sizes,
-                        size_t n)
+static void send_raw_ok(fl_tp_sock_t *s, const void *const *parts, const size_t *sizes, size_t n)
 {
     int rc = fl_tp_send_raw(s, parts, sizes, n);
     ck_assert_msg(rc == FL_OK, "send_raw: %s", fl_last_error());
@@ -230,8 +229,7 @@ START_TEST(test_refuse_too_many_frames)
     }
     fl_msg_hdr_t h;
     fl_msg_hdr_init(&h, FL_MSG_CHUNK, 0);
-    ck_assert_int_eq(fl_tp_send(g.tx, NULL, &h, frames, FL_MSG_MAX_FRAMES,
-                                fl_deadline_in(WAIT_MS)),
+    ck_assert_int_eq(fl_tp_send(g.tx, NULL, &h, frames, FL_MSG_MAX_FRAMES, fl_deadline_in(WAIT_MS)),
                      FL_OK);
     fl_tp_msg_t m;
     recv_ok(g.rx, &m);
@@ -348,8 +346,8 @@ START_TEST(test_huge_limit_not_wrapped)
         fl_tp_msg_t m;
         int rc = fl_tp_recv(g.rx, &m, fl_deadline_in(1500));
         if (rc != FL_OK)
-            ck_abort_msg("max_msg_bytes %zu: a %d-byte frame did not arrive: %d %s", limits[k],
-                         LEN, rc, fl_last_error());
+            ck_abort_msg("max_msg_bytes %zu: a %d-byte frame did not arrive: %d %s", limits[k], LEN,
+                         rc, fl_last_error());
         ck_assert_uint_eq(fl_tp_msg_size(&m, 0), LEN);
         fl_tp_msg_close(&m);
         rig_close(&g);

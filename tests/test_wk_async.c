@@ -132,8 +132,7 @@ START_TEST(test_failing_device_ends_the_run)
     int rc = fl_wk_train(NULL, &d, NULL, &o, &r);
     ck_assert_int_eq(rc, FL_EINVAL);
     ck_assert_msg(strstr(fl_last_error(), "label 7") != NULL, "%s", fl_last_error());
-    ck_assert_msg(fl_now_ns() - t0 < 10000000000LL, "took %lld ns",
-                  (long long)(fl_now_ns() - t0));
+    ck_assert_msg(fl_now_ns() - t0 < 10000000000LL, "took %lld ns", (long long)(fl_now_ns() - t0));
     fl_dataset_free(&d);
 }
 END_TEST
@@ -158,8 +157,7 @@ START_TEST(test_failure_on_one_host_stops_both)
     ck_assert_int_eq(res[0].epochs, 0);
     ck_assert_int_eq(res[1].epochs, 0);
     ck_assert_msg(rc == FL_EINVAL || rc == FL_EPEER, "%s: %s", fl_strerror(rc), err);
-    ck_assert_msg(strstr(err, "label 7") != NULL || strstr(err, "another rank") != NULL, "%s",
-                  err);
+    ck_assert_msg(strstr(err, "label 7") != NULL || strstr(err, "another rank") != NULL, "%s", err);
     ck_assert_msg(secs < 10.0, "stopping took %.1f s", secs);
     fl_dataset_free(&d);
 }

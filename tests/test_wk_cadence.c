@@ -121,8 +121,7 @@ START_TEST(test_cadence_step_weighs_every_batch_alike)
         }
         double l;
         size_t ok;
-        ck_assert(fl_mlp_grad(&o.shape, ws, params, x, y, 8, g, &l, &ok, NULL, NULL) ==
-                  FL_OK);
+        ck_assert(fl_mlp_grad(&o.shape, ws, params, x, y, 8, g, &l, &ok, NULL, NULL) == FL_OK);
         want_loss += l / 3;
         for (size_t i = 0; i < np; i++)
             want[i] += g[i] / 3.0;

@@ -78,8 +78,7 @@ static void resume_into(fl_wk_shard_t shard1, int W2, int L2, fl_wk_shard_t shar
         for (int t = 0; t < files; t++)
             for (int u = 0; u < (shard1 == FL_WK_SHARD_FULL ? 2 : 1); u++) {
                 int id = shard1 == FL_WK_SHARD_FULL ? t * FL_MLP_MAX_LAYERS + u : t;
-                snprintf(path, sizeof path, "%s/shard-s%d-r%d-d%d.safetensors", ck, N / 32, r,
-                         id);
+                snprintf(path, sizeof path, "%s/shard-s%d-r%d-d%d.safetensors", ck, N / 32, r, id);
                 ck_assert_msg(access(path, R_OK) == 0, "missing %s", path);
             }
 
@@ -384,7 +383,7 @@ START_TEST(test_killed_writers_temporaries_removed)
     ck_assert(!tmp_exists(ck, "shard-s16-r0-d0.safetensors", dead, ""));
     ck_assert(!tmp_exists(ck, "manifest.safetensors", dead, ""));
     ck_assert(!tmp_exists(ck, "shard-s8-r0-d0.safetensors", (long)getpid(), ""));
-    ck_assert(tmp_exists(ck, "shard-s16-r1-d0.safetensors", dead, ""));  /* rank 1's */
+    ck_assert(tmp_exists(ck, "shard-s16-r1-d0.safetensors", dead, ""));           /* rank 1's */
     ck_assert(tmp_exists(ck, "shard-s24-r0-d0.safetensors", (long)live.pid, "")); /* running */
     ck_assert(tmp_exists(ck, "model.safetensors", dead, ""));            /* not a checkpoint's */
     ck_assert(tmp_exists(ck, "shard-s16-r0-d0.safetensors", dead, "x")); /* not our pattern */

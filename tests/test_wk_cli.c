@@ -92,9 +92,9 @@ START_TEST(test_local_training_and_checkpoint)
     ck_assert_msg(r.status == 0, "exit %d: %s", r.status, r.err);
     const char *s = strstr(r.out, "test accuracy ");
     ck_assert_msg(s != NULL, "%s", r.out);
-    double acc = atof(strstr(r.out, "summary") ? strstr(strstr(r.out, "summary"), "accuracy ") +
-                                                     strlen("accuracy ")
-                                               : "0");
+    double acc = atof(strstr(r.out, "summary")
+                          ? strstr(strstr(r.out, "summary"), "accuracy ") + strlen("accuracy ")
+                          : "0");
     ck_assert_msg(acc > 85.0, "local training reached only %.2f%%:\n%s", acc, r.out);
     ck_assert(access(save, R_OK) == 0);
 
@@ -103,8 +103,8 @@ START_TEST(test_local_training_and_checkpoint)
     run(b, 120, &r);
     ck_assert_msg(r.status == 0, "exit %d: %s", r.status, r.err);
     /* A model that does not fit the checkpoint: exit 2 naming the tensor. */
-    const char *c[] = {"--mode", "local", "--epochs", "1", "--layers", "64,200,10", "--init",
-                       save, NULL};
+    const char *c[] = {"--mode",    "local",  "--epochs", "1", "--layers",
+                       "64,200,10", "--init", save,       NULL};
     expect_usage_error(c, "layers.0.weight");
     /* A checkpoint holding a NaN is refused before training, naming the tensor and index,
      * instead of training on it and saving it again. */
@@ -130,7 +130,7 @@ START_TEST(test_local_training_and_checkpoint)
     ck_assert_msg(fl_mlp_load(&m, p, save) == FL_OK, "%s", fl_last_error());
     char seq[160];
     snprintf(seq, sizeof seq, "%s/seq.safetensors", dir);
-    static const char *const names[] = {"net.4.weight", "net.4.bias", "net.0.weight",
+    static const char *const names[] = {"net.4.weight", "net.4.bias",   "net.0.weight",
                                         "net.0.bias",   "net.2.weight", "net.2.bias"};
     static const int layer_of[] = {2, 2, 0, 0, 1, 1};
     fl_st_tensor_t t[6];
@@ -138,7 +138,10 @@ START_TEST(test_local_training_and_checkpoint)
         int l = layer_of[i];
         uint64_t out = (uint64_t)m.sizes[l + 1], in = (uint64_t)m.sizes[l];
         bool w = i % 2 == 0;
-        t[i] = (fl_st_tensor_t){names[i], FL_FLOAT32, w ? 2u : 1u, {out, w ? in : 0},
+        t[i] = (fl_st_tensor_t){names[i],
+                                FL_FLOAT32,
+                                w ? 2u : 1u,
+                                {out, w ? in : 0},
                                 p + (w ? fl_mlp_weight_at(&m, l) : fl_mlp_bias_at(&m, l)),
                                 (w ? out * in : out) * sizeof(float)};
     }
@@ -182,8 +185,9 @@ START_TEST(test_configuration_errors)
     expect_usage_error(hh, "hybrid|flat");
     const char *fl[] = {"--mode", "local", "--first-leg", "nvlink", NULL};
     expect_usage_error(fl, "auto|devices|host");
-    const char *fc[] = {"--mode", "local", "--cpu-replicas", "2", "--first-leg", "devices",
-                        "--epochs", "1", NULL};
+    const char *fc[] = {"--mode",   "local",       "--cpu-replicas",
+                        "2",        "--first-leg", "devices",
+                        "--epochs", "1",           NULL};
     expect_usage_error(fc, "--first-leg devices: cpu replicas reduce in host memory");
     const char *sh[] = {"--mode", "local", "--shard", "zero", NULL};
     expect_usage_error(sh, "none|grad|full|hybrid");
@@ -198,8 +202,9 @@ START_TEST(test_configuration_errors)
     const char *mo[] = {"--mode", "local", "--optimizer", "adam", "--momentum", "0.5", NULL};
     expect_usage_error(mo, "SGD's");
     /* Test-set flags alone, or without their training set, are refused, not ignored. */
-    const char *t1[] = {"--mode", "local", "--train-images", "x", "--train-labels", "y",
-                        "--test-images", "z", NULL};
+    const char *t1[] = {
+        "--mode", "local", "--train-images", "x", "--train-labels", "y", "--test-images",
+        "z",      NULL};
     expect_usage_error(t1, "--test-images and --test-labels go together");
     const char *t2[] = {"--mode", "local", "--test-labels", "z", NULL};
     expect_usage_error(t2, "--test-images and --test-labels go together");
@@ -225,8 +230,9 @@ START_TEST(test_no_test_set_and_progress)
         fprintf(fp, "%d,%g,%g,%g\n", i % 3, (i % 3) == 0 ? 1.0 : 0.0, (i % 3) == 1 ? 1.0 : 0.0,
                 0.001 * (i % 11));
     fclose(fp);
-    const char *a[] = {"--mode", "local", "--train-csv", csv, "--layers", "3,8,3", "--epochs",
-                       "2", "--batch-size", "200", "--progress", "0", NULL};
+    const char *a[] = {"--mode",   "local", "--train-csv",  csv,   "--layers",   "3,8,3",
+                       "--epochs", "2",     "--batch-size", "200", "--progress", "0",
+                       NULL};
     run_t r;
     run(a, 120, &r);
     ck_assert_msg(r.status == 0, "exit %d: %.300s", r.status, r.err);
@@ -234,8 +240,8 @@ START_TEST(test_no_test_set_and_progress)
     ck_assert_msg(sum != NULL, "no summary in %zu bytes of output", strlen(r.out));
     ck_assert_msg(strstr(sum, "no test set") != NULL && strstr(sum, "0.00%") == NULL, "%.400s",
                   sum);
-    ck_assert_msg(strstr(sum, "nothing exchanged") != NULL && strstr(sum, "0.0x") == NULL,
-                  "%.400s", sum);
+    ck_assert_msg(strstr(sum, "nothing exchanged") != NULL && strstr(sum, "0.0x") == NULL, "%.400s",
+                  sum);
     ck_assert_msg(strstr(r.out, "ratio") == NULL, "a progress line still says ratio");
     const char *half = strstr(r.out, "step 20/40 (50% ETA ");
     ck_assert_msg(half != NULL, "no 'step 20/40 (50%% ETA' line: %.300s", r.out);
@@ -249,8 +255,8 @@ END_TEST
  * refused before training with one line. */
 START_TEST(test_devices)
 {
-    const char *a[] = {"--mode", "local", "--device", "sim", "--gpus", "0,1", "--epochs", "1",
-                       "--optimizer", "adam", "--lr", "0.001", NULL};
+    const char *a[] = {"--mode", "local",       "--device", "sim",  "--gpus", "0,1", "--epochs",
+                       "1",      "--optimizer", "adam",     "--lr", "0.001",  NULL};
     run_t r;
     run(a, 120, &r);
     ck_assert_msg(r.status == 0, "exit %d: %s", r.status, r.err);
@@ -286,8 +292,13 @@ START_TEST(test_bad_data_files)
     run(a, 60, &r);
     ck_assert_msg(r.status != 0, "a bad CSV trained");
     ck_assert_msg(strstr(r.err, "bad.csv") && strstr(r.err, "line 2"), "%s", r.err);
-    const char *b[] = {"--mode", "local", "--train-images", "/nonexistent/img.idx",
-                       "--train-labels", "/nonexistent/lab.idx", NULL};
+    const char *b[] = {"--mode",
+                       "local",
+                       "--train-images",
+                       "/nonexistent/img.idx",
+                       "--train-labels",
+                       "/nonexistent/lab.idx",
+                       NULL};
     run(b, 60, &r);
     ck_assert_msg(r.status != 0 && strstr(r.err, "/nonexistent/"), "%d %s", r.status, r.err);
     unlink(csv);

@@ -92,8 +92,7 @@ START_TEST(test_builtin_shape)
         /* Classes are drawn uniformly: each holds about a tenth of the samples. */
         for (int c = 0; c < FL_DATA_BUILTIN_CLASSES; c++)
             if (count[c] < d->n / 12 || count[c] > d->n / 8)
-                ck_abort_msg("%s: class %d has %zu of %zu samples", d->source, c, count[c],
-                             d->n);
+                ck_abort_msg("%s: class %d has %zu of %zu samples", d->source, c, count[c], d->n);
         /* Standardized features: mean ~0 and standard deviation ~1 each. */
         for (size_t j = 0; j < d->dim; j++) {
             double sum = 0.0;
@@ -175,8 +174,8 @@ static void put_be32(unsigned char *p, uint32_t v)
 }
 
 /* Writes an IDX file: magic, ndims counts, then len bytes of data; gzipped when gz. */
-static void write_idx(const char *path, bool gz, uint32_t magic, const uint32_t *dims,
-                      int ndims, const void *data, size_t len)
+static void write_idx(const char *path, bool gz, uint32_t magic, const uint32_t *dims, int ndims,
+                      const void *data, size_t len)
 {
     unsigned char h[16];
     put_be32(h, magic);
@@ -293,12 +292,10 @@ START_TEST(test_idx_refusals)
     /* A label file where the images should be, and the other way round. */
     write_pair(img, lab, false, false);
     expect_refusal(fl_data_idx(lab, img, &d), FL_EPROTO, lab,
-                   (const char *const[]){"wrong magic 0x00000801", "expected 0x00000803",
-                                         NULL});
+                   (const char *const[]){"wrong magic 0x00000801", "expected 0x00000803", NULL});
     write_idx(lab, false, 0x803, di, 1, labels, sizeof labels);
     expect_refusal(fl_data_idx(img, lab, &d), FL_EPROTO, lab,
-                   (const char *const[]){"wrong magic 0x00000803", "expected 0x00000801",
-                                         NULL});
+                   (const char *const[]){"wrong magic 0x00000803", "expected 0x00000801", NULL});
 
     /* Truncated data, header and gzip stream. */
     write_pair(img, lab, false, false);
@@ -413,8 +410,8 @@ START_TEST(test_csv_load)
         if (rc != FL_OK)
             ck_abort_msg("file %zu: %s", k, fl_last_error());
         if (d.n != 3 || d.dim != 2 || d.classes != 5 || strcmp(d.source, p) != 0)
-            ck_abort_msg("file %zu: n %zu dim %zu classes %d source %s", k, d.n, d.dim,
-                         d.classes, d.source);
+            ck_abort_msg("file %zu: n %zu dim %zu classes %d source %s", k, d.n, d.dim, d.classes,
+                         d.source);
         for (size_t i = 0; i < NELEM(want_x); i++)
             if (d.x[i] != want_x[i])
                 ck_abort_msg("file %zu: x[%zu] is %g", k, i, (double)d.x[i]);
@@ -612,12 +609,12 @@ START_TEST(test_sampler_refusals)
     };
     for (size_t k = 0; k < NELEM(cases); k++) {
         fl_sampler_t s;
-        int rc = fl_sampler_init(&s, cases[k].n, cases[k].world, cases[k].rank,
-                                    cases[k].batch, true, 1);
+        int rc =
+            fl_sampler_init(&s, cases[k].n, cases[k].world, cases[k].rank, cases[k].batch, true, 1);
         const char *e = fl_last_error();
         if (rc != FL_EINVAL || strstr(e, cases[k].says) == NULL || s.perm != NULL)
-            ck_abort_msg("case %zu: got %s \"%s\", expected FL_EINVAL \"%s\"", k,
-                         fl_strerror(rc), e, cases[k].says);
+            ck_abort_msg("case %zu: got %s \"%s\", expected FL_EINVAL \"%s\"", k, fl_strerror(rc),
+                         e, cases[k].says);
         fl_sampler_deinit(&s);
     }
     /* The largest batch that fits is accepted: one batch per epoch. */

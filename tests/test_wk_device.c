@@ -68,8 +68,7 @@ static void base_opts(fl_wk_train_opts_t *o, const wk_mode_t *m, const char *sav
     o->save_path = save;
 }
 
-static void train(const wk_mode_t *m, fl_dev_kind_t kind, const fl_dataset_t *d,
-                  const char *save)
+static void train(const wk_mode_t *m, fl_dev_kind_t kind, const fl_dataset_t *d, const char *save)
 {
     fl_wk_train_opts_t o;
     base_opts(&o, m, save);

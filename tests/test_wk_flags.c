@@ -131,8 +131,8 @@ static int parse(wargs_t *a, const char *const *args)
     wargs_what_t what;
     int rc = parse_raw(a, args, &what);
     ck_assert_msg(rc == FL_OK || rc == FL_EINVAL, "%s: %s", args[0], fl_strerror(rc));
-    ck_assert_msg(rc == FL_OK || strstr(fl_last_error(), "unknown or incomplete") == NULL,
-                  "%s: %s", args[0], fl_last_error());
+    ck_assert_msg(rc == FL_OK || strstr(fl_last_error(), "unknown or incomplete") == NULL, "%s: %s",
+                  args[0], fl_last_error());
     ck_assert_msg(rc != FL_OK || what == WARGS_RUN, "%s", args[0]);
     return rc;
 }

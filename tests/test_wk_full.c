@@ -277,8 +277,7 @@ START_TEST(test_failing_device_names_its_error)
     int rc = fl_wk_train(NULL, &d, NULL, &o, &r);
     ck_assert_int_eq(rc, FL_EINVAL);
     ck_assert_msg(strstr(fl_last_error(), "label 7") != NULL, "%s", fl_last_error());
-    ck_assert_msg(fl_now_ns() - t0 < 10000000000LL, "took %lld ns",
-                  (long long)(fl_now_ns() - t0));
+    ck_assert_msg(fl_now_ns() - t0 < 10000000000LL, "took %lld ns", (long long)(fl_now_ns() - t0));
     fl_dataset_free(&d);
 }
 END_TEST

@@ -157,8 +157,7 @@ START_TEST(test_topk_over_hybrid_legs_learns)
     fl_wk_train_result_t rr[MAX_RANKS];
     int rc = fl_test_run_hosts(3, &o, NULL, &d, rr, err, sizeof err);
     ck_assert_msg(rc == FL_OK, "%s: %s", fl_strerror(rc), err);
-    ck_assert_msg(rr[0].test_acc > 0.9, "top-k hybrid reached only %.1f%%",
-                  100 * rr[0].test_acc);
+    ck_assert_msg(rr[0].test_acc > 0.9, "top-k hybrid reached only %.1f%%", 100 * rr[0].test_acc);
     ck_assert_msg(rr[0].bytes_sent < rr[0].raw_bytes, "sent %llu of %llu dense bytes",
                   (unsigned long long)rr[0].bytes_sent, (unsigned long long)rr[0].raw_bytes);
     fl_dataset_free(&d);
@@ -278,8 +277,7 @@ START_TEST(test_device_memory_measured)
                           none[r].mem_device_used <= none[r].mem_device_total,
                       "rank %d: %llu bytes in use of %llu, the model's state alone takes %llu", r,
                       (unsigned long long)none[r].mem_device_used,
-                      (unsigned long long)none[r].mem_device_total,
-                      (unsigned long long)need);
+                      (unsigned long long)none[r].mem_device_total, (unsigned long long)need);
         /* Half, rounded up to the widest device's range (4803 parameters on 2 devices). */
         ck_assert_msg(hyb[r].mem_opt_state * 2 >= none[r].mem_opt_state &&
                           hyb[r].mem_opt_state * 2 <= none[r].mem_opt_state + 16,
@@ -394,12 +392,9 @@ START_TEST(test_overlap_trains_the_same_bits)
         int W, L;
         double topk, max_norm;
         const char *layers;
-    } cases[] = {{2, 2, 0, 0, "6,16,16,3"},
-                 {2, 2, 0.1, 0, "6,16,16,3"},
-                 {3, 3, 0, 1.0, "6,16,16,3"},
-                 {2, 3, 0.05, 0.5, "6,16,16,3"},
-                 {2, 4, 0, 0, "6,16,1,1,3"},
-                 {2, 2, 0, 0, "6,15,16,3"}};
+    } cases[] = {{2, 2, 0, 0, "6,16,16,3"},   {2, 2, 0.1, 0, "6,16,16,3"},
+                 {3, 3, 0, 1.0, "6,16,16,3"}, {2, 3, 0.05, 0.5, "6,16,16,3"},
+                 {2, 4, 0, 0, "6,16,1,1,3"},  {2, 2, 0, 0, "6,15,16,3"}};
     for (size_t c = 0; c < sizeof cases / sizeof cases[0]; c++) {
         const char *layers = cases[c].layers;
         fl_wk_train_opts_t o;
@@ -410,8 +405,8 @@ START_TEST(test_overlap_trains_the_same_bits)
         o.topk = cases[c].topk;
         o.max_norm = cases[c].max_norm;
         o.overlap = true;
-        snprintf(what, sizeof what, "%d x %d, top-k %g, clip %g, layers %s", cases[c].W,
-                 cases[c].L, cases[c].topk, cases[c].max_norm, layers);
+        snprintf(what, sizeof what, "%d x %d, top-k %g, clip %g, layers %s", cases[c].W, cases[c].L,
+                 cases[c].topk, cases[c].max_norm, layers);
         /* The leg each device kind takes: host memory on cpu, device copies on sim. */
         const char *leg = o.device == FL_DEV_SIM ? "copy" : "host";
         fl_wk_train_result_t res[3];
@@ -430,8 +425,8 @@ START_TEST(test_overlap_trains_the_same_bits)
         ck_assert_msg(rc == FL_OK, "%s: after the pass: %s", what, err);
         for (int r = 0; r < cases[c].W; r++)
             ck_assert_msg(strcmp(res[r].first_leg, leg) == 0 && !res[r].first_leg_overlapped,
-                          "%s: rank %d's first leg without --overlap is '%s' (overlapped %d)",
-                          what, r, res[r].first_leg, res[r].first_leg_overlapped);
+                          "%s: rank %d's first leg without --overlap is '%s' (overlapped %d)", what,
+                          r, res[r].first_leg, res[r].first_leg_overlapped);
         double diff = fl_test_params_diff(layers, a, b);
         ck_assert_msg(diff == 0.0, "%s: overlapped differs by %.3g", what, diff);
     }

@@ -23,8 +23,10 @@ START_TEST(test_parse_and_layout)
     ck_assert_uint_eq(fl_mlp_bias_at(&m, 2), 512 * 785 + 256 * 513 + 10 * 256);
     ck_assert_uint_eq(fl_mlp_nparams(&m), 512 * 785 + 256 * 513 + 10 * 257);
 
-    static const char *const bad[] = {"", "10", "10,", "10,,5", "0,5", "-3,5", "10;5", "a,b",
-                                      "1,2,3,4,5,6,7,8,9,10,11,12,13,14,15,16,17,18"};
+    static const char *const bad[] = {
+        "",      "10",  "10,",
+        "10,,5", "0,5", "-3,5",
+        "10;5",  "a,b", "1,2,3,4,5,6,7,8,9,10,11,12,13,14,15,16,17,18"};
     for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
         if (fl_mlp_parse(bad[i], &m) != FL_EINVAL)
             ck_abort_msg("'%s' parsed", bad[i]);
@@ -112,8 +114,7 @@ START_TEST(test_gradient_check)
     double loss;
     size_t correct;
     norder = 0;
-    ck_assert_int_eq(fl_mlp_grad(&m, ws, p, x, y, b, g, &loss, &correct, record, NULL),
-                     FL_OK);
+    ck_assert_int_eq(fl_mlp_grad(&m, ws, p, x, y, b, g, &loss, &correct, record, NULL), FL_OK);
     ck_assert_int_eq(norder, 3);
     ck_assert(order[0] == 2 && order[1] == 1 && order[2] == 0); /* last layer first */
     ck_assert(isfinite(loss) && loss > 0.0);
@@ -150,8 +151,8 @@ START_TEST(test_gradient_check)
         }
     }
     ck_assert_msg(kinks <= n / 10, "%zu of %zu parameters sit at a kink", kinks, n);
-    ck_assert_msg(worst < 1e-2, "parameter %zu: analytic and numeric gradients differ by %.3g",
-                  at, worst);
+    ck_assert_msg(worst < 1e-2, "parameter %zu: analytic and numeric gradients differ by %.3g", at,
+                  worst);
     /* The same data through eval gives the same loss as grad. */
     double le;
     size_t ce;
@@ -160,8 +161,7 @@ START_TEST(test_gradient_check)
     ck_assert_uint_eq(ce, correct);
     /* Bad labels and oversized batches are refused. */
     y[3] = 4;
-    ck_assert_int_eq(fl_mlp_grad(&m, ws, p, x, y, b, g, &loss, &correct, NULL, NULL),
-                     FL_EINVAL);
+    ck_assert_int_eq(fl_mlp_grad(&m, ws, p, x, y, b, g, &loss, &correct, NULL, NULL), FL_EINVAL);
     ck_assert_msg(strstr(fl_last_error(), "label 4") != NULL, "%s", fl_last_error());
     y[3] = 3;
     ck_assert_int_eq(fl_mlp_grad(&m, ws, p, x, y, b + 1, g, &loss, &correct, NULL, NULL),

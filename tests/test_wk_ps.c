@@ -20,8 +20,8 @@
 #define N 512
 
 static char dir[64];
-static int g_shards = 2;              /* the next server's shards */
-static fl_ps_consistency_t g_cons;    /* and its consistency (sync unless a test says) */
+static int g_shards = 2;           /* the next server's shards */
+static fl_ps_consistency_t g_cons; /* and its consistency (sync unless a test says) */
 
 static void base_opts(fl_wk_train_opts_t *o, const char *save)
 {
@@ -118,8 +118,8 @@ static void *rank_main(void *p)
 }
 
 /* world ranks train through the server of j; rank 0 saves to base->save_path. */
-static void run_ranks(ps_job_t *j, int world, const fl_wk_train_opts_t *base,
-                      const fl_dataset_t *d, rank_arg_t *args)
+static void run_ranks(ps_job_t *j, int world, const fl_wk_train_opts_t *base, const fl_dataset_t *d,
+                      rank_arg_t *args)
 {
     pthread_t th[4];
     for (int r = 0; r < world; r++) {
@@ -314,12 +314,13 @@ START_TEST(test_ps_device_clients_equivalence)
             ck_assert_int_eq(args[0].res.steps, 2 * (N / 32));
             ck_assert(args[0].res.test_acc > 0.8);
             double diff = fl_test_params_diff("6,16,3", host, dev);
-            ck_assert_msg(diff == 0.0, "%d shards%s: a client per device vs the host's mean: "
-                                       "%.3g",
+            ck_assert_msg(diff == 0.0,
+                          "%d shards%s: a client per device vs the host's mean: "
+                          "%.3g",
                           shards, clip ? ", clipped" : "", diff);
             diff = fl_test_params_diff("6,16,3", one, dev);
-            ck_assert_msg(clip || diff < 1e-4, "%d shards: 2 x 2 devices vs 1 local: %.3g",
-                          shards, diff);
+            ck_assert_msg(clip || diff < 1e-4, "%d shards: 2 x 2 devices vs 1 local: %.3g", shards,
+                          diff);
         }
     }
     unlink(one);

@@ -70,8 +70,7 @@ START_TEST(test_data_parallel_equivalence)
     a.o.batch = 16;
     a.data = &d;
     char err[512] = "";
-    ck_assert_msg(fl_test_run_ranks(2, NULL, ring_rank, &a, err, sizeof err) == FL_OK, "%s",
-                  err);
+    ck_assert_msg(fl_test_run_ranks(2, NULL, ring_rank, &a, err, sizeof err) == FL_OK, "%s", err);
     fl_test_params_close("6,16,3", one, ring, "2 ranks x batch 16 vs 1 x 32");
 
     /* one process, two CPU replicas of batch 16 */
@@ -94,8 +93,7 @@ START_TEST(test_data_parallel_equivalence)
     a.o.opt.kind = FL_OPT_ADAM;
     a.o.opt.momentum = 0;
     a.o.lr.lr = 0.01;
-    ck_assert_msg(fl_test_run_ranks(4, NULL, ring_rank, &a, err, sizeof err) == FL_OK, "%s",
-                  err);
+    ck_assert_msg(fl_test_run_ranks(4, NULL, ring_rank, &a, err, sizeof err) == FL_OK, "%s", err);
     fl_test_params_close("6,16,3", one, ring, "Adam, 4 ranks x batch 8 vs 1 x 32");
     unlink(one);
     unlink(ring);
@@ -119,8 +117,7 @@ START_TEST(test_topk_learns)
     a.data = &d;
     a.test_acc = 0;
     char err[512] = "";
-    ck_assert_msg(fl_test_run_ranks(3, NULL, ring_rank, &a, err, sizeof err) == FL_OK, "%s",
-                  err);
+    ck_assert_msg(fl_test_run_ranks(3, NULL, ring_rank, &a, err, sizeof err) == FL_OK, "%s", err);
     /* chance is 33%; the clusters are easy */
     ck_assert_msg(a.test_acc > 0.9, "top-k training reached only %.1f%%", 100 * a.test_acc);
     fl_dataset_free(&d);
@@ -144,7 +141,8 @@ START_TEST(test_metrics_file)
     char line[1024];
     long lines = 0;
     while (fgets(line, sizeof line, f) != NULL) {
-        if (line[0] != '{' || strstr(line, "\"loss\":") == NULL || strstr(line, "\"step\":") == NULL)
+        if (line[0] != '{' || strstr(line, "\"loss\":") == NULL ||
+            strstr(line, "\"step\":") == NULL)
             ck_abort_msg("not a metrics line: %s", line);
         lines++;
     }

@@ -23,16 +23,29 @@
 #define OUT_CAP ((size_t)128 << 10)
 
 static const char *const launcher_vars[] = {
-    "FLODL_RANK", "FLODL_WORLD_SIZE", "FLODL_COORDINATOR", "FLODL_HOST", "FLODL_JOB_ID",
-    "FLODL_LOG", "RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT",
-    "OMPI_COMM_WORLD_RANK", "OMPI_COMM_WORLD_SIZE", "JOB_COMPLETION_INDEX", "FLODL_CURVE_DIR",
-    "FLODL_INSECURE", "FLODL_IPC", NULL,
+    "FLODL_RANK",
+    "FLODL_WORLD_SIZE",
+    "FLODL_COORDINATOR",
+    "FLODL_HOST",
+    "FLODL_JOB_ID",
+    "FLODL_LOG",
+    "RANK",
+    "WORLD_SIZE",
+    "LOCAL_RANK",
+    "MASTER_ADDR",
+    "MASTER_PORT",
+    "OMPI_COMM_WORLD_RANK",
+    "OMPI_COMM_WORLD_SIZE",
+    "JOB_COMPLETION_INDEX",
+    "FLODL_CURVE_DIR",
+    "FLODL_INSECURE",
+    "FLODL_IPC",
+    NULL,
 };
 
 /* Starts path with argv (NULL-terminated) and env ("NAME=value" strings, NULL-terminated or
  * NULL) on top of this environment minus every launcher variable. */
-void proc_start(proc_t *p, const char *path, const char *const *argv,
-                       const char *const *env)
+void proc_start(proc_t *p, const char *path, const char *const *argv, const char *const *env)
 {
     memset(p, 0, sizeof *p);
     p->fd[0] = p->fd[1] = -1;
@@ -180,7 +193,7 @@ int count_of(const char *hay, const char *needle)
 /* Waits until stream k of ps[i] holds `times` copies of text, the child ends, or the
  * deadline. */
 bool proc_wait_text(proc_t *ps, size_t n, size_t i, int k, const char *text, int times,
-                           int64_t deadline)
+                    int64_t deadline)
 {
     for (;;) {
         if (count_of(ps[i].buf[k], text) >= times)
@@ -230,8 +243,7 @@ int proc_code(const proc_t *p)
 }
 
 /* Runs one binary to completion (10 s at most). */
-void run_sync(proc_t *p, const char *path, const char *const *argv,
-                     const char *const *env)
+void run_sync(proc_t *p, const char *path, const char *const *argv, const char *const *env)
 {
     proc_start(p, path, argv, env);
     procs_wait(p, 1, fl_deadline_in(10000));
@@ -290,8 +302,8 @@ bool read_epfile(proc_t *ps, const char *path, char *out, size_t cap, int64_t de
 }
 
 /* Starts flodl-ps on an ephemeral port; fills ep. extra: more flags (NULL-terminated). */
-bool start_ps(proc_t *ps, int world, const char *const *extra, const char *const *env,
-                     char *ep, size_t cap, int n)
+bool start_ps(proc_t *ps, int world, const char *const *extra, const char *const *env, char *ep,
+              size_t cap, int n)
 {
     char path[128];
     char ws[16];
@@ -318,8 +330,9 @@ void show(const proc_t *ps, size_t n, char *out, size_t cap)
     size_t used = 0;
     out[0] = '\0';
     for (size_t i = 0; i < n && used + 1 < cap; i++) {
-        int w = snprintf(out + used, cap - used, "\n[%zu] exit %d\n  stdout: %.600s\n  stderr: "
-                                                 "%.900s",
+        int w = snprintf(out + used, cap - used,
+                         "\n[%zu] exit %d\n  stdout: %.600s\n  stderr: "
+                         "%.900s",
                          i, proc_code(&ps[i]), ps[i].buf[0] ? ps[i].buf[0] : "",
                          ps[i].buf[1] ? ps[i].buf[1] : "");
         if (w < 0)

@@ -81,7 +81,7 @@ void show(const proc_t *ps, size_t n, char *out, size_t cap);
 typedef struct bad_case {
     const char *argv[12]; /* after the program name */
     const char *env[3];
-    const char *want[3];  /* substrings the one stderr line must hold */
+    const char *want[3]; /* substrings the one stderr line must hold */
 } bad_case_t;
 
 /* Runs each case: exit 2, nothing on stdout, exactly one line on stderr holding every want

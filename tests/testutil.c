@@ -36,8 +36,8 @@ void fl_test_expect_msg(fl_tp_sock_t *s, fl_msg_type_t want, int timeout_ms, fl_
         int rc = fl_tp_recv(s, m, deadline);
         if (rc == FL_EPROTO)
             continue;
-        ck_assert_msg(rc == FL_OK, "waiting %d ms for %s: %s", timeout_ms,
-                      fl_msg_type_name(want), fl_last_error());
+        ck_assert_msg(rc == FL_OK, "waiting %d ms for %s: %s", timeout_ms, fl_msg_type_name(want),
+                      fl_last_error());
         if (m->hdr.type == want)
             return;
         if (m->hdr.type != FL_MSG_HEARTBEAT) {

@@ -17,8 +17,8 @@
 #define NELEM(a) (sizeof(a) / sizeof((a)[0]))
 
 /* Fails with both strings shown unless text contains needle. */
-#define ASSERT_HAS(text, needle)                                                               \
-    ck_assert_msg(strstr((text), (needle)) != NULL, "\"%s\" does not mention \"%s\"", (text), \
+#define ASSERT_HAS(text, needle)                                                                   \
+    ck_assert_msg(strstr((text), (needle)) != NULL, "\"%s\" does not mention \"%s\"", (text),      \
                   (needle))
 
 /* Runs a suite (fork mode, the suite's case timeouts) and returns the process exit status. */

@@ -62,9 +62,7 @@ void link_to(int xp, fl_tp_sock_t *a, fl_tp_sock_t *b, char *out)
         snprintf(ep, sizeof ep, "ipc://%s", ipc_paths[nipc]);
         nipc++;
         break;
-    default:
-        snprintf(ep, sizeof ep, "tcp://127.0.0.1:0");
-        break;
+    default: snprintf(ep, sizeof ep, "tcp://127.0.0.1:0"); break;
     }
     int rc = fl_tp_sock_bind(a, ep, bound, sizeof bound);
     ck_assert_msg(rc == FL_OK, "bind %s: %s", ep, fl_last_error());

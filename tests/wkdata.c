@@ -28,8 +28,8 @@ void fl_test_clusters(fl_dataset_t *d, size_t n, uint64_t seed)
         int c = (int)(i % CLASSES);
         d->y[i] = c;
         for (size_t j = 0; j < DIM; j++)
-            d->x[i * DIM + j] = (float)((j % CLASSES == (size_t)c ? 1.5 : -0.5) +
-                                        0.8 * fl_test_uniform(&s));
+            d->x[i * DIM + j] =
+                (float)((j % CLASSES == (size_t)c ? 1.5 : -0.5) + 0.8 * fl_test_uniform(&s));
     }
 }
 
@@ -87,7 +87,7 @@ static void *host_main(void *p)
 /* Trains on W "hosts" with the options o (replicas[r] devices on rank r when replicas is not
  * NULL); res[r] gets each rank's result. Returns the first error (its text in err). */
 int fl_test_run_hosts(int W, const fl_wk_train_opts_t *o, const int *replicas,
-                     const fl_dataset_t *d, fl_wk_train_result_t *res, char *err, size_t cap)
+                      const fl_dataset_t *d, fl_wk_train_result_t *res, char *err, size_t cap)
 {
     fl_coord_t *coord = fl_test_coord(W, 0);
     static host_arg_t args[FL_TEST_MAX_HOSTS];
@@ -120,4 +120,3 @@ int fl_test_run_hosts(int W, const fl_wk_train_opts_t *o, const int *replicas,
     }
     return rc;
 }
-

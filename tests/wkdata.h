@@ -20,7 +20,6 @@ void fl_test_params_close(const char *layers, const char *a, const char *b, cons
  * text in err. */
 #define FL_TEST_MAX_HOSTS 4
 int fl_test_run_hosts(int W, const fl_wk_train_opts_t *o, const int *replicas,
-                      const fl_dataset_t *d, fl_wk_train_result_t *res, char *err,
-                      size_t cap);
+                      const fl_dataset_t *d, fl_wk_train_result_t *res, char *err, size_t cap);
 
 #endif

@@ -26,30 +26,30 @@ typedef enum fl_tp_kind {
 } fl_tp_kind_t;
 
 typedef struct fl_tp_opts {
-    int sndhwm;           /* messages queued per peer before send waits (default 4096) */
-    int rcvhwm;           /* default 4096 */
-    int linger_ms;        /* how long close waits for queued messages (default 2000) */
-    int zmtp_hb_ivl_ms;   /* ZMTP ping interval on TCP connections (default 1000, 0 = off) */
+    int sndhwm;             /* messages queued per peer before send waits (default 4096) */
+    int rcvhwm;             /* default 4096 */
+    int linger_ms;          /* how long close waits for queued messages (default 2000) */
+    int zmtp_hb_ivl_ms;     /* ZMTP ping interval on TCP connections (default 1000, 0 = off) */
     int zmtp_hb_timeout_ms; /* drop the connection when no traffic for this (default 5000) */
-    int sndbuf;           /* kernel send buffer bytes (0 = OS default) */
-    int rcvbuf;           /* kernel receive buffer bytes (0 = OS default) */
-    size_t max_msg_bytes; /* largest accepted frame; 0 = the context's limit. Frames up to
-                             twice this (on a guarded socket, up to hold_max_bytes if more) are
-                             read, refused and counted; larger ones make ZeroMQ drop the
-                             connection, uncounted. */
-    bool immediate;       /* queue only on completed connections (ZMQ_IMMEDIATE) */
+    int sndbuf;             /* kernel send buffer bytes (0 = OS default) */
+    int rcvbuf;             /* kernel receive buffer bytes (0 = OS default) */
+    size_t max_msg_bytes;   /* largest accepted frame; 0 = the context's limit. Frames up to
+                               twice this (on a guarded socket, up to hold_max_bytes if more) are
+                               read, refused and counted; larger ones make ZeroMQ drop the
+                               connection, uncounted. */
+    bool immediate;         /* queue only on completed connections (ZMQ_IMMEDIATE) */
     const char *routing_id; /* DEALER: the identity a ROUTER sees, kept across reconnects
                                (1..255 bytes; NULL: ZeroMQ picks one per connection) */
-    bool router_handover; /* ROUTER: a new connection with a known identity takes over the
-                             old one (a peer that reconnected) instead of being refused */
+    bool router_handover;   /* ROUTER: a new connection with a known identity takes over the
+                               old one (a peer that reconnected) instead of being refused */
     /* A ROUTER bound on TCP is guarded (tp_guard.c): its connections must complete their
      * handshake within handshake_ivl_ms; those still in it beyond pending_per_addr from one
      * address or pending_max in all are closed (counted as conn_dropped); a connection that
      * makes the process hold more than hold_max_bytes of messages not yet taken is closed
      * (counted as oversized). 0 picks the default. */
-    int handshake_ivl_ms; /* default 10000 */
-    int pending_max;      /* default a quarter of the open-files limit, within 64..4096 */
-    int pending_per_addr; /* default 32 */
+    int handshake_ivl_ms;  /* default 10000 */
+    int pending_max;       /* default a quarter of the open-files limit, within 64..4096 */
+    int pending_per_addr;  /* default 32 */
     size_t hold_max_bytes; /* default (max frames + 1) x max_msg_bytes, none above 4 GiB */
 } fl_tp_opts_t;
 
@@ -59,8 +59,8 @@ typedef struct fl_tp_sock fl_tp_sock_t;
 
 /* Creates a socket with opts applied. name appears in logs and errors ("data", "coord").
  * FL_OK, FL_EINVAL, FL_ENOMEM, FL_EIO. */
-int fl_tp_sock_create(fl_ctx_t *ctx, fl_tp_kind_t kind, const fl_tp_opts_t *opts,
-                      const char *name, fl_tp_sock_t **out);
+int fl_tp_sock_create(fl_ctx_t *ctx, fl_tp_kind_t kind, const fl_tp_opts_t *opts, const char *name,
+                      fl_tp_sock_t **out);
 
 /* Closes (lingering up to linger_ms for queued messages) and frees. NULL-safe. */
 void fl_tp_sock_destroy(fl_tp_sock_t **sock);
@@ -242,9 +242,9 @@ typedef struct fl_tp_member_opts {
 
 /* What the control thread reports in every heartbeat; the owner writes it at any time. */
 typedef struct fl_tp_status {
-    _Atomic uint32_t op;       /* operation in flight (0: none) */
-    _Atomic uint64_t seq;      /* its sequence number */
-    _Atomic uint32_t step;     /* its progress */
+    _Atomic uint32_t op;        /* operation in flight (0: none) */
+    _Atomic uint64_t seq;       /* its sequence number */
+    _Atomic uint32_t step;      /* its progress */
     _Atomic int32_t waiting_on; /* the rank awaited, -1 when none */
     /* Events the control thread has posted so far (counted before each is sent): while it is
      * 0 the owner need not poll the events pipe before every operation. */
@@ -263,10 +263,11 @@ int fl_tp_member_create(fl_ctx_t *ctx, const fl_tp_member_opts_t *opts, fl_tp_me
 
 /* Registers reg (kept, with its tables, for reconnects) and waits for the welcome until the
  * rendezvous deadline (or fl_tp_member_cancel: FL_ECLOSED), heartbeating meanwhile and
- * registering again (backing off from 250 ms to 4 s) while the coordinator is silent. FL_OK: *welcome holds the decoded welcome (the caller deinits it) and
- * the member took its generation and heartbeat settings. Otherwise the coordinator's refusal
- * (its code, FL_EPEER when it gave none, with its text), FL_EPROTO (a welcome with impossible
- * heartbeat settings), FL_ETIMEDOUT (saying how far the rendezvous got), FL_EIO. */
+ * registering again (backing off from 250 ms to 4 s) while the coordinator is silent. FL_OK:
+ * *welcome holds the decoded welcome (the caller deinits it) and the member took its generation and
+ * heartbeat settings. Otherwise the coordinator's refusal (its code, FL_EPEER when it gave none,
+ * with its text), FL_EPROTO (a welcome with impossible heartbeat settings), FL_ETIMEDOUT (saying
+ * how far the rendezvous got), FL_EIO. */
 int fl_tp_member_join(fl_tp_member_t *m, const fl_msg_register_t *reg, fl_msg_hdr_t *welcome);
 
 /* Makes a join in progress in another thread return FL_ECLOSED at once (a stop during the

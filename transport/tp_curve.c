@@ -3,12 +3,11 @@
  * the server's public key, and a ZAP handler thread answers the servers' authentication
  * requests from an allowlist of client public keys. A client with an unknown key is refused
  * (and counted); one with no key or plain text fails ZeroMQ's handshake (counted by the guard of
- * the socket, tp_guard.c): neither gets a message through. Keys are Z85 text in files ZeroMQ's and czmq's tools also read:
- *     public-key = "<40 characters>"
- *     secret-key = "<40 characters>"
- * A key directory holds server.key (the job's server key pair), client.key (this process's),
- * and authorized/ (*.pub: the client keys allowed in). Secret key files must not be readable
- * by others nor writable by their group. inproc sockets (inside one process) are left as they are. */
+ * the socket, tp_guard.c): neither gets a message through. Keys are Z85 text in files ZeroMQ's and
+ * czmq's tools also read: public-key = "<40 characters>" secret-key = "<40 characters>" A key
+ * directory holds server.key (the job's server key pair), client.key (this process's), and
+ * authorized/ (*.pub: the client keys allowed in). Secret key files must not be readable by others
+ * nor writable by their group. inproc sockets (inside one process) are left as they are. */
 #include "tp_int.h"
 
 #include <dirent.h>
@@ -36,7 +35,7 @@ struct fl_tp_curve {
     size_t nallowed;
     /* the ZAP handler, once attached to a context */
     fl_ctx_t *ctx;
-    void *zap;  /* REP at ZAP_ENDPOINT, owned by the thread */
+    void *zap; /* REP at ZAP_ENDPOINT, owned by the thread */
     void *stop_tx, *stop_rx;
     pthread_t thread;
     bool running;
@@ -75,8 +74,9 @@ static int read_key_file(const char *path, bool secret, char *pub, char *sec)
         return fl_fail(FL_EINVAL, "CURVE: %s: %s", path, strerror(errno));
     /* Group read is allowed: Kubernetes adds it to Secret files when the pod sets fsGroup. */
     if (secret && (st.st_mode & 027) != 0)
-        return fl_fail(FL_EINVAL, "CURVE: %s holds a secret key and is readable by others or "
-                                  "writable by its group (mode %03o): chmod 600 it",
+        return fl_fail(FL_EINVAL,
+                       "CURVE: %s holds a secret key and is readable by others or "
+                       "writable by its group (mode %03o): chmod 600 it",
                        path, (unsigned)(st.st_mode & 0777));
     if (st.st_size > 8192)
         return fl_fail(FL_EINVAL, "CURVE: %s is too large for a key file", path);
@@ -88,8 +88,9 @@ static int read_key_file(const char *path, bool secret, char *pub, char *sec)
     fclose(f);
     text[n] = '\0';
     if (!find_key(text, "public-key", pub))
-        return fl_fail(FL_EINVAL, "CURVE: %s has no valid public-key = \"...\" (40 Z85 "
-                                  "characters)",
+        return fl_fail(FL_EINVAL,
+                       "CURVE: %s has no valid public-key = \"...\" (40 Z85 "
+                       "characters)",
                        path);
     if (secret && !find_key(text, "secret-key", sec))
         return fl_fail(FL_EINVAL, "CURVE: %s has no valid secret-key = \"...\"", path);
@@ -103,8 +104,9 @@ static int check_not_writable(const char *path)
     if (stat(path, &st) != 0)
         return fl_fail(FL_EINVAL, "CURVE: %s: %s", path, strerror(errno));
     if ((st.st_mode & 022) != 0)
-        return fl_fail(FL_EINVAL, "CURVE: %s decides who may connect and is writable by its group "
-                                  "or others (mode %03o): chmod go-w it",
+        return fl_fail(FL_EINVAL,
+                       "CURVE: %s decides who may connect and is writable by its group "
+                       "or others (mode %03o): chmod go-w it",
                        path, (unsigned)(st.st_mode & 0777));
     return FL_OK;
 }
@@ -119,8 +121,9 @@ static int read_allowlist(const char *dir, fl_tp_curve_t *c)
         return FL_EINVAL;
     }
     if (d == NULL)
-        return fl_fail(FL_EINVAL, "CURVE: no allowlist %s (the client public keys allowed in, "
-                                  "*.pub): %s",
+        return fl_fail(FL_EINVAL,
+                       "CURVE: no allowlist %s (the client public keys allowed in, "
+                       "*.pub): %s",
                        path, strerror(errno));
     c->allowed = calloc(MAX_ALLOWED, sizeof *c->allowed);
     if (c->allowed == NULL) {
@@ -146,8 +149,9 @@ static int read_allowlist(const char *dir, fl_tp_curve_t *c)
     }
     closedir(d);
     if (rc == FL_OK && c->nallowed == 0)
-        rc = fl_fail(FL_EINVAL, "CURVE: the allowlist %s holds no *.pub key: nobody could "
-                                "connect",
+        rc = fl_fail(FL_EINVAL,
+                     "CURVE: the allowlist %s holds no *.pub key: nobody could "
+                     "connect",
                      path);
     return rc;
 }
@@ -243,15 +247,16 @@ static void zap_serve(fl_tp_curve_t *c)
             if (curve)
                 zmq_z85_encode(key, zmq_msg_data(&f[6]), 32);
             fl_ctx_count(c->ctx, FL_STAT_AUTH_REFUSED, 1);
-            FL_WARN(c->ctx, "CURVE: refused a connection from %s: client key %s is not in the "
-                            "allowlist",
+            FL_WARN(c->ctx,
+                    "CURVE: refused a connection from %s: client key %s is not in the "
+                    "allowlist",
                     address[0] ? address : "an unknown address", key);
         }
         char user[KEY_TEXT] = "";
         if (ok)
             zmq_z85_encode(user, zmq_msg_data(&f[6]), 32);
-        zap_reply(c->zap, "1.0", &f[1], ok ? "200" : "400",
-                  ok ? "OK" : "client key not allowed", user);
+        zap_reply(c->zap, "1.0", &f[1], ok ? "200" : "400", ok ? "OK" : "client key not allowed",
+                  user);
     }
     for (int i = 0; i < n; i++)
         zmq_msg_close(&f[i]);
@@ -429,8 +434,8 @@ int fl_tp_curve_keygen(const char *base, const char *comment)
     if (rc != FL_OK)
         return rc;
     snprintf(text, sizeof text,
-             "#   flodl CURVE public key (%s)\nmetadata\ncurve\n    public-key = \"%s\"\n",
-             comment, pub);
+             "#   flodl CURVE public key (%s)\nmetadata\ncurve\n    public-key = \"%s\"\n", comment,
+             pub);
     snprintf(path, sizeof path, "%s.pub", base);
     return write_file(path, text, 0644);
 }

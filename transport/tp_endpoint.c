@@ -43,8 +43,9 @@ int fl_tp_endpoint_parse(const char *endpoint, fl_tp_endpoint_t *out)
         return FL_OK;
     }
     if (strncmp(endpoint, "tcp://", 6) != 0)
-        return fl_fail(FL_EINVAL, "endpoint '%s': expected tcp://host:port, ipc://path or "
-                                  "inproc://name",
+        return fl_fail(FL_EINVAL,
+                       "endpoint '%s': expected tcp://host:port, ipc://path or "
+                       "inproc://name",
                        endpoint);
     rest = endpoint + 6;
     const char *colon;

@@ -412,24 +412,16 @@ static void on_event(fl_tp_guard_t *g, const fl_tp_event_t *ev, int64_t now)
 {
     uint64_t quiet;
     switch (ev->type) {
-    case ZMQ_EVENT_LISTENING:
-        on_listening(g, (int)ev->value);
-        break;
-    case ZMQ_EVENT_ACCEPTED:
-        on_accepted(g, (int)ev->value, now);
-        break;
-    case ZMQ_EVENT_DISCONNECTED:
-        on_disconnected(g, (int)ev->value, now);
-        break;
+    case ZMQ_EVENT_LISTENING: on_listening(g, (int)ev->value); break;
+    case ZMQ_EVENT_ACCEPTED: on_accepted(g, (int)ev->value, now); break;
+    case ZMQ_EVENT_DISCONNECTED: on_disconnected(g, (int)ev->value, now); break;
     case ZMQ_EVENT_HANDSHAKE_SUCCEEDED:
         g->unresolved--;
         settle_one(g);
         break;
     case ZMQ_EVENT_HANDSHAKE_FAILED_NO_DETAIL:
     case ZMQ_EVENT_HANDSHAKE_FAILED_PROTOCOL:
-    case ZMQ_EVENT_HANDSHAKE_FAILED_AUTH:
-        on_failed(g, ev);
-        break;
+    case ZMQ_EVENT_HANDSHAKE_FAILED_AUTH: on_failed(g, ev); break;
     case ZMQ_EVENT_ACCEPT_FAILED:
         if ((ev->value == EMFILE || ev->value == ENFILE) &&
             ratelog_due(&g->log_accept, now, &quiet))
@@ -438,8 +430,7 @@ static void on_event(fl_tp_guard_t *g, const fl_tp_event_t *ev, int64_t now)
                     "open files %llu; raise it: ulimit -n, LimitNOFILE)",
                     g->name, (unsigned long long)g->fd_limit);
         break;
-    default:
-        break;
+    default: break;
     }
     if (g->unresolved <= 0 && g->npending > 0)
         settle_all(g);
@@ -472,9 +463,11 @@ static void hold_check(fl_tp_guard_t *g, int64_t now)
         uint64_t pulled;
         if (c->state == CLOSING || fl_tp_hold_pulled(fd, &pulled) != FL_OK)
             continue;
-        uint64_t held = fl_tp_hold_update(
-            &c->hold, pulled, atomic_load_explicit(&k->bytes[fd % CHUNK], memory_order_relaxed),
-            atomic_load_explicit(&k->frames[fd % CHUNK], memory_order_relaxed), now);
+        uint64_t held =
+            fl_tp_hold_update(&c->hold, pulled,
+                              atomic_load_explicit(&k->bytes[fd % CHUNK], memory_order_relaxed),
+                              atomic_load_explicit(&k->frames[fd % CHUNK], memory_order_relaxed),
+                              now);
         if (held <= g->hold_max || !reset_conn(g, fd, c))
             continue;
         if (c->state == PENDING)

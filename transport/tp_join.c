@@ -50,8 +50,8 @@ static int take_welcome(fl_tp_member_t *m, const fl_msg_hdr_t *h)
 {
     const fl_msg_welcome_t *w = &h->u.welcome;
     if (w->heartbeat_ms < 1 || w->heartbeat_timeout_ms <= w->heartbeat_ms)
-        return fl_fail(FL_EPROTO, "%s: coordinator %s sent heartbeat %u ms, timeout %u ms",
-                       m->name, m->coordinator, w->heartbeat_ms, w->heartbeat_timeout_ms);
+        return fl_fail(FL_EPROTO, "%s: coordinator %s sent heartbeat %u ms, timeout %u ms", m->name,
+                       m->coordinator, w->heartbeat_ms, w->heartbeat_timeout_ms);
     m->generation = h->generation;
     m->hb_ms = (int)w->heartbeat_ms;
     m->hb_timeout_ms = (int)w->heartbeat_timeout_ms;
@@ -102,8 +102,8 @@ static int join_take(fl_tp_member_t *m, join_t *j, fl_tp_msg_t *msg, fl_msg_hdr_
         break;
     }
     case FL_MSG_SHUTDOWN:
-        rc = fl_fail(FL_EPEER, "%s: coordinator %s is shutting down: %s", m->name,
-                     m->coordinator, msg->hdr.u.shutdown.text);
+        rc = fl_fail(FL_EPEER, "%s: coordinator %s is shutting down: %s", m->name, m->coordinator,
+                     msg->hdr.u.shutdown.text);
         break;
     case FL_MSG_HEARTBEAT:
         if (m->reg.u.reg.role == FL_ROLE_WORKER)
@@ -114,8 +114,7 @@ static int join_take(fl_tp_member_t *m, join_t *j, fl_tp_msg_t *msg, fl_msg_hdr_
             snprintf(j->progress, sizeof j->progress, "%u ranks registered, missing %s",
                      msg->hdr.u.heartbeat.registered, msg->hdr.u.heartbeat.missing);
         break;
-    default:
-        break;
+    default: break;
     }
     fl_tp_msg_close(msg);
     return rc;
@@ -145,8 +144,7 @@ static int join_poll(fl_tp_member_t *m, const join_t *j, fl_tp_sock_t **socks, b
 {
     int64_t now = fl_now_ms();
     int64_t wake = j->next_hb < j->deadline ? j->next_hb : j->deadline;
-    int n = fl_tp_poll(socks, socks[2] != NULL ? 3 : 2, (int)(wake > now ? wake - now : 0),
-                       ready);
+    int n = fl_tp_poll(socks, socks[2] != NULL ? 3 : 2, (int)(wake > now ? wake - now : 0), ready);
     if (n < 0)
         return fl_fail_ctx(n, "%s: rendezvous", m->name);
     int rc;
@@ -171,13 +169,15 @@ static void join_note(fl_tp_member_t *m, join_t *j, int64_t now)
     if (now < j->next_note || now >= j->deadline)
         return;
     if (!j->heard)
-        FL_WARN(m->ctx, "%s: no answer yet from the coordinator at %s after %lld s "
-                        "(waiting up to %d s: is flodl-ps running there?)",
+        FL_WARN(m->ctx,
+                "%s: no answer yet from the coordinator at %s after %lld s "
+                "(waiting up to %d s: is flodl-ps running there?)",
                 m->name, m->coordinator, (long long)((now - j->started) / 1000),
                 j->timeout_ms / 1000);
     else
-        FL_WARN(m->ctx, "%s: registered with the coordinator at %s, waiting for the "
-                        "others for %lld s: %s",
+        FL_WARN(m->ctx,
+                "%s: registered with the coordinator at %s, waiting for the "
+                "others for %lld s: %s",
                 m->name, m->coordinator, (long long)((now - j->started) / 1000),
                 j->progress[0] ? j->progress : "no word yet");
     j->next_note = now + JOIN_NOTE_MS;
@@ -186,12 +186,14 @@ static void join_note(fl_tp_member_t *m, join_t *j, int64_t now)
 static int join_timeout(fl_tp_member_t *m, const join_t *j)
 {
     if (j->heard)
-        return fl_fail(FL_ETIMEDOUT, "%s: rendezvous with coordinator %s timed out after %d ms: "
-                                     "%s",
+        return fl_fail(FL_ETIMEDOUT,
+                       "%s: rendezvous with coordinator %s timed out after %d ms: "
+                       "%s",
                        m->name, m->coordinator, j->timeout_ms, j->progress);
-    return fl_fail(FL_ETIMEDOUT, "%s: no answer from the coordinator at %s within %d "
-                                 "ms (is flodl-ps running and reachable, and does its "
-                                 "security match: this process uses %s?)",
+    return fl_fail(FL_ETIMEDOUT,
+                   "%s: no answer from the coordinator at %s within %d "
+                   "ms (is flodl-ps running and reachable, and does its "
+                   "security match: this process uses %s?)",
                    m->name, m->coordinator, j->timeout_ms,
                    fl_tp_curve_on(m->ctx) ? "CURVE keys whose client key must be in "
                                             "its allowlist"
@@ -217,8 +219,8 @@ static void join_keepalive(fl_tp_member_t *m, join_t *j, int64_t now)
 
 /* Registers and waits for the welcome until deadline. With cmd set, a stop command ends the
  * wait (FL_ECLOSED). Returns FL_OK with *welcome filled, or the refusal / timeout. */
-int fl_tp_member__join_loop(fl_tp_member_t *m, int64_t deadline, int timeout_ms,
-                            fl_tp_sock_t *cmd, fl_msg_hdr_t *welcome)
+int fl_tp_member__join_loop(fl_tp_member_t *m, int64_t deadline, int timeout_ms, fl_tp_sock_t *cmd,
+                            fl_msg_hdr_t *welcome)
 {
     int rc = open_coord(m);
     if (rc == FL_OK)

@@ -60,8 +60,9 @@ int fl_tp_member_create(fl_ctx_t *ctx, const fl_tp_member_opts_t *o, fl_tp_membe
     if (o->job_id == NULL || o->job_id[0] == '\0' || strlen(o->job_id) >= FL_JOB_MAX)
         return fl_fail(FL_EINVAL, "%s: job id must be 1..%d bytes", o->name, FL_JOB_MAX - 1);
     if (o->rendezvous_timeout_ms < 1 || o->reconnect_timeout_ms < 0)
-        return fl_fail(FL_EINVAL, "%s: rendezvous timeout must be positive and the reconnect "
-                                  "timeout not negative",
+        return fl_fail(FL_EINVAL,
+                       "%s: rendezvous timeout must be positive and the reconnect "
+                       "timeout not negative",
                        o->name);
     fl_tp_member_t *m = calloc(1, sizeof *m);
     if (m == NULL)
@@ -119,8 +120,8 @@ static void post(fl_tp_member_t *m, fl_msg_hdr_t *h)
 {
     atomic_fetch_add(&m->status.posted, 1);
     if (fl_tp_send(m->ev_tx, NULL, h, NULL, 0, fl_deadline_in(1000)) != FL_OK)
-        FL_ERROR(m->ctx, "%s: could not pass on a %s event: %s", m->name,
-                 fl_msg_type_name(h->type), fl_last_error());
+        FL_ERROR(m->ctx, "%s: could not pass on a %s event: %s", m->name, fl_msg_type_name(h->type),
+                 fl_last_error());
     if (!is_fatal(h))
         return;
     pthread_mutex_lock(&m->tap_lock);
@@ -143,8 +144,8 @@ int fl_tp_member_tap(fl_tp_member_t *m, fl_tp_sock_t **out)
         t++;
     if (t == FL_TP_MEMBER_MAX_TAPS) {
         pthread_mutex_unlock(&m->tap_lock);
-        return fl_fail(FL_EINVAL, "%s: more than %d taps on the control thread's events",
-                       m->name, FL_TP_MEMBER_MAX_TAPS);
+        return fl_fail(FL_EINVAL, "%s: more than %d taps on the control thread's events", m->name,
+                       FL_TP_MEMBER_MAX_TAPS);
     }
     char what[32];
     snprintf(what, sizeof what, "tap-%u", m->tap_serial++);
@@ -176,8 +177,7 @@ void fl_tp_member_untap(fl_tp_member_t *m, fl_tp_sock_t **tap)
     *tap = NULL;
 }
 
-static void post_error(fl_tp_member_t *m, int code, int about, const char *host,
-                       const char *text)
+static void post_error(fl_tp_member_t *m, int code, int about, const char *host, const char *text)
 {
     fl_msg_hdr_t h;
     fl_msg_hdr_init(&h, FL_MSG_ERROR, m->sender);
@@ -226,8 +226,8 @@ static bool coordinator_lost(fl_tp_member_t *m, const char *why, bool *stop)
     int rc = fl_tp_member__join_loop(m, fl_deadline_in(m->reconnect_timeout_ms),
                                      m->reconnect_timeout_ms, m->cmd_rx, &welcome);
     if (rc == FL_OK) {
-        FL_INFO(m->ctx, "%s: rejoined coordinator %s (generation %llx)", m->name,
-                m->coordinator, (unsigned long long)m->generation);
+        FL_INFO(m->ctx, "%s: rejoined coordinator %s (generation %llx)", m->name, m->coordinator,
+                (unsigned long long)m->generation);
         post(m, &welcome);
         fl_msg_hdr_deinit(&welcome);
         return true;
@@ -250,8 +250,9 @@ static bool coordinator_lost(fl_tp_member_t *m, const char *why, bool *stop)
 static void frozen(fl_tp_member_t *m, int64_t gap)
 {
     char text[FL_MSG_TEXT_MAX];
-    snprintf(text, sizeof text, "%s declared dead by the coordinator: this process was frozen "
-                                "for %lld ms, past the heartbeat timeout (%d ms)",
+    snprintf(text, sizeof text,
+             "%s declared dead by the coordinator: this process was frozen "
+             "for %lld ms, past the heartbeat timeout (%d ms)",
              m->name, (long long)gap, m->hb_timeout_ms);
     /* What arrived while frozen is still reaching the socket: read for a moment. */
     int64_t until = fl_deadline_in(300);
@@ -345,8 +346,7 @@ static void *member_main(void *arg)
         case FL_MSG_ERROR:
             if (!failed)
                 post_error(m, msg.hdr.u.error.code < 0 ? msg.hdr.u.error.code : FL_EPEER,
-                           msg.hdr.u.error.about_rank, msg.hdr.u.error.host,
-                           msg.hdr.u.error.text);
+                           msg.hdr.u.error.about_rank, msg.hdr.u.error.host, msg.hdr.u.error.text);
             failed = true;
             FL_ERROR(m->ctx, "coordinator: %s", msg.hdr.u.error.text);
             break;
@@ -364,8 +364,7 @@ static void *member_main(void *arg)
             failed = !coordinator_lost(m, why, &stop);
             last_coord = last_turn = fl_now_ms();
             continue;
-        default:
-            break; /* heartbeats: their arrival is what counts */
+        default: break; /* heartbeats: their arrival is what counts */
         }
         fl_tp_msg_close(&msg);
     }

@@ -48,7 +48,7 @@ void fl_tp_member__heartbeat(fl_tp_member_t *m);
 
 /* Registers and waits for the welcome until deadline. With cmd set, a stop command ends the
  * wait (FL_ECLOSED). Returns FL_OK with *welcome filled, or the refusal / timeout. */
-int fl_tp_member__join_loop(fl_tp_member_t *m, int64_t deadline, int timeout_ms,
-                            fl_tp_sock_t *cmd, fl_msg_hdr_t *welcome);
+int fl_tp_member__join_loop(fl_tp_member_t *m, int64_t deadline, int timeout_ms, fl_tp_sock_t *cmd,
+                            fl_msg_hdr_t *welcome);
 
 #endif

@@ -264,8 +264,7 @@ static int read_parts(fl_tp_sock_t *s, fl_tp_msg_t *m, tally_t *t, bool wait)
         m->route.len = (size_t)n > sizeof m->route.id ? sizeof m->route.id : (size_t)n;
         if (!has_more(s->zs))
             return refuse(s, m, FL_STAT_BAD_HEADER,
-                          fl_fail(FL_EPROTO, "%s socket: message without a header frame",
-                                  s->name));
+                          fl_fail(FL_EPROTO, "%s socket: message without a header frame", s->name));
     }
     zmq_msg_init(&hdr);
     if (zmq_msg_recv(&hdr, s->zs, s->kind == FL_TP_ROUTER || wait ? 0 : ZMQ_DONTWAIT) < 0) {
@@ -301,8 +300,7 @@ static int read_parts(fl_tp_sock_t *s, fl_tp_msg_t *m, tally_t *t, bool wait)
         if (zmq_msg_recv(f, s->zs, 0) < 0) {
             zmq_msg_close(f);
             refuse(s, m, FL_STAT_BAD_FRAMES, FL_EIO);
-            return fl_fail(FL_EIO, "%s socket: recv frame: %s", s->name,
-                           zmq_strerror(zmq_errno()));
+            return fl_fail(FL_EIO, "%s socket: recv frame: %s", s->name, zmq_strerror(zmq_errno()));
         }
         sizes[m->nframes] = zmq_msg_size(f);
         tally_add(t, f);
@@ -325,9 +323,9 @@ static int read_parts(fl_tp_sock_t *s, fl_tp_msg_t *m, tally_t *t, bool wait)
                       fl_fail(FL_EPROTO,
                               "%s socket: %s message from sender %d of job '%s' generation %llu; "
                               "this is job '%s' generation %llu",
-                              s->name, fl_msg_type_name(m->hdr.type), m->hdr.sender,
-                              m->hdr.job_id, (unsigned long long)m->hdr.generation,
-                              s->expect_job, (unsigned long long)s->expect_gen));
+                              s->name, fl_msg_type_name(m->hdr.type), m->hdr.sender, m->hdr.job_id,
+                              (unsigned long long)m->hdr.generation, s->expect_job,
+                              (unsigned long long)s->expect_gen));
     uint64_t bytes = 0;
     for (size_t i = 0; i < arrived; i++)
         bytes += sizes[i];

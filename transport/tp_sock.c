@@ -39,8 +39,7 @@ static int apply_opts(fl_tp_sock_t *s, const fl_tp_opts_t *o)
         (rc = setopt_int(s, ZMQ_LINGER, o->linger_ms, "LINGER")) != FL_OK)
         return rc;
     if (o->zmtp_hb_ivl_ms > 0 && s->kind != FL_TP_PAIR) {
-        if ((rc = setopt_int(s, ZMQ_HEARTBEAT_IVL, o->zmtp_hb_ivl_ms, "HEARTBEAT_IVL")) !=
-                FL_OK ||
+        if ((rc = setopt_int(s, ZMQ_HEARTBEAT_IVL, o->zmtp_hb_ivl_ms, "HEARTBEAT_IVL")) != FL_OK ||
             (rc = setopt_int(s, ZMQ_HEARTBEAT_TIMEOUT, o->zmtp_hb_timeout_ms,
                              "HEARTBEAT_TIMEOUT")) != FL_OK ||
             (rc = setopt_int(s, ZMQ_HEARTBEAT_TTL, o->zmtp_hb_timeout_ms, "HEARTBEAT_TTL")) !=
@@ -70,8 +69,8 @@ static int apply_opts(fl_tp_sock_t *s, const fl_tp_opts_t *o)
     return FL_OK;
 }
 
-int fl_tp_sock_create(fl_ctx_t *ctx, fl_tp_kind_t kind, const fl_tp_opts_t *opts,
-                      const char *name, fl_tp_sock_t **out)
+int fl_tp_sock_create(fl_ctx_t *ctx, fl_tp_kind_t kind, const fl_tp_opts_t *opts, const char *name,
+                      fl_tp_sock_t **out)
 {
     *out = NULL;
     if (opts->sndhwm < 0 || opts->rcvhwm < 0 || opts->linger_ms < -1)
@@ -147,13 +146,15 @@ int fl_tp_sock_bind(fl_tp_sock_t *s, const char *endpoint, char *bound, size_t c
         int e = zmq_errno();
         /* A bad address is the caller's configuration: say what a bind takes. */
         if (e == ENODEV || e == EADDRNOTAVAIL)
-            return fl_fail(FL_EINVAL, "%s socket: bind %s: '%s' is not an address or interface "
-                                      "of this host (%s; give one of its IP addresses, an "
-                                      "interface name such as eth0, or 0.0.0.0 for all)",
+            return fl_fail(FL_EINVAL,
+                           "%s socket: bind %s: '%s' is not an address or interface "
+                           "of this host (%s; give one of its IP addresses, an "
+                           "interface name such as eth0, or 0.0.0.0 for all)",
                            s->name, endpoint, ep.host, zmq_strerror(e));
         if (e == EADDRINUSE)
-            return fl_fail(FL_EIO, "%s socket: bind %s: the port is in use by another process "
-                                   "(%s)",
+            return fl_fail(FL_EIO,
+                           "%s socket: bind %s: the port is in use by another process "
+                           "(%s)",
                            s->name, endpoint, zmq_strerror(e));
         return fl_fail(FL_EIO, "%s socket: bind %s: %s", s->name, endpoint, zmq_strerror(e));
     }
@@ -180,8 +181,7 @@ int fl_tp_sock_connect(fl_tp_sock_t *s, const char *endpoint)
     return FL_OK;
 }
 
-void fl_tp_sock_set_stamp(fl_tp_sock_t *s, const char *job_id, uint64_t generation,
-                          int32_t sender)
+void fl_tp_sock_set_stamp(fl_tp_sock_t *s, const char *job_id, uint64_t generation, int32_t sender)
 {
     s->stamped = true;
     snprintf(s->job_id, sizeof s->job_id, "%s", job_id ? job_id : "");

@@ -95,9 +95,10 @@ int fl_tp_sock_watch(fl_tp_sock_t *s, fl_tp_sock_t **pipe)
         w->ctx = s->ctx;
         w->kind = FL_TP_PAIR;
         snprintf(w->name, sizeof w->name, "%.40s handshakes", s->name);
-        int rc = fl_tp_monitor_open(
-            fl_ctx_zmq(s->ctx), s->zs,
-            ZMQ_EVENT_HANDSHAKE_FAILED_AUTH | ZMQ_EVENT_HANDSHAKE_FAILED_PROTOCOL, &w->zs);
+        int rc = fl_tp_monitor_open(fl_ctx_zmq(s->ctx), s->zs,
+                                    ZMQ_EVENT_HANDSHAKE_FAILED_AUTH |
+                                        ZMQ_EVENT_HANDSHAKE_FAILED_PROTOCOL,
+                                    &w->zs);
         if (rc != FL_OK) {
             free(w);
             return fl_fail_ctx(rc, "%s socket", s->name);

@@ -91,12 +91,12 @@ typedef struct fl_wk_train_opts {
      * 0 or 1: none) */
     double throttle[FL_DEV_MAX_DEVICES];
     fl_mlp_shape_t shape;
-    size_t batch;          /* per device */
+    size_t batch; /* per device */
     int epochs;
     bool shuffle;
-    uint64_t seed;         /* initialisation and sampling */
-    int replicas;          /* devices of this process, each with a thread (default 1) */
-    fl_dev_kind_t device;  /* what they are: cpu (default), sim or cuda */
+    uint64_t seed;        /* initialisation and sampling */
+    int replicas;         /* devices of this process, each with a thread (default 1) */
+    fl_dev_kind_t device; /* what they are: cpu (default), sim or cuda */
     /* sim and cuda: device j's id (default j; --gpus 0,0 gives two logical devices on one GPU) */
     int gpus[FL_DEV_MAX_DEVICES];
     int sim_jitter_us;     /* sim: random delay before each device operation (tests) */
@@ -107,31 +107,31 @@ typedef struct fl_wk_train_opts {
                               of operation sim_fail_op fails (fl_dev_opts_t); -1: none */
     char sim_fail_op[48];
     long sim_fail_after;
-    int sim_stall_ms;      /* ... that run stalls this long instead of failing (a hung kernel) */
-    bool sim_late_done;    /* sim (tests): every poll slice times out as its event completes
-                              (fl_dev_opts_t) */
+    int sim_stall_ms;   /* ... that run stalls this long instead of failing (a hung kernel) */
+    bool sim_late_done; /* sim (tests): every poll slice times out as its event completes
+                           (fl_dev_opts_t) */
     fl_opt_opts_t opt;
     fl_lr_sched_t lr;
-    bool scale_lr;         /* linear scaling rule: lr * global batch / batch */
-    fl_wk_leg_t first_leg; /* several devices: where they reduce (default FL_WK_LEG_AUTO) */
-    bool overlap;          /* two levels: reduce (in host memory) and exchange bucket by bucket
-                              during the backward pass instead of after it (the same bits;
-                              off by default: docs/two-level.md, "Overlap with the backward
-                              pass") */
-    double max_norm;       /* gradient clipping by global L2 norm (0: off) */
-    double topk;           /* density of top-k with error feedback (0: dense) */
-    int topk_warmup;       /* epochs of DGC density warm-up (0: none) */
-    fl_dtype_t topk_values;/* values on the wire for top-k (float32/float16/bfloat16) */
-    size_t bucket_bytes;   /* gradient buckets exchanged as the backward pass fills them */
-    const char *init_path; /* parameters to start from (NULL: seeded init) */
-    const char *save_path; /* parameters written at the end (and every save_every steps) */
+    bool scale_lr;          /* linear scaling rule: lr * global batch / batch */
+    fl_wk_leg_t first_leg;  /* several devices: where they reduce (default FL_WK_LEG_AUTO) */
+    bool overlap;           /* two levels: reduce (in host memory) and exchange bucket by bucket
+                               during the backward pass instead of after it (the same bits;
+                               off by default: docs/two-level.md, "Overlap with the backward
+                               pass") */
+    double max_norm;        /* gradient clipping by global L2 norm (0: off) */
+    double topk;            /* density of top-k with error feedback (0: dense) */
+    int topk_warmup;        /* epochs of DGC density warm-up (0: none) */
+    fl_dtype_t topk_values; /* values on the wire for top-k (float32/float16/bfloat16) */
+    size_t bucket_bytes;    /* gradient buckets exchanged as the backward pass fills them */
+    const char *init_path;  /* parameters to start from (NULL: seeded init) */
+    const char *save_path;  /* parameters written at the end (and every save_every steps) */
     long save_every;
-    const char *checkpoint_dir; /* sharded training state written after every epoch */
-    const char *resume_dir;     /* ... and read back, into any hosts, devices and --shard */
-    const char *metrics_path; /* one JSON line per step */
-    struct fl_obs *obs;       /* Prometheus series updated every step (NULL: none) */
+    const char *checkpoint_dir;       /* sharded training state written after every epoch */
+    const char *resume_dir;           /* ... and read back, into any hosts, devices and --shard */
+    const char *metrics_path;         /* one JSON line per step */
+    struct fl_obs *obs;               /* Prometheus series updated every step (NULL: none) */
     struct fl_obs_timeline *timeline; /* phases of every device, exchange and step (NULL) */
-    double progress_s;     /* seconds between progress lines (rank 0) */
+    double progress_s;                /* seconds between progress lines (rank 0) */
     bool quiet;
 } fl_wk_train_opts_t;
 
@@ -144,21 +144,20 @@ void fl_wk_train_opts_init(fl_wk_train_opts_t *o);
 int fl_wk_device_select(const char *device, const char *gpus, bool replicas_given,
                         fl_wk_train_opts_t *o);
 
-
 typedef struct fl_wk_train_result {
     int epochs;
     long steps;
-    double train_loss;    /* mean over the last epoch */
+    double train_loss; /* mean over the last epoch */
     double test_loss;
-    double test_acc;      /* after the last epoch */
+    double test_acc; /* after the last epoch */
     double seconds;
-    double samples_per_s; /* of the whole job */
-    uint64_t bytes_sent;  /* gradient exchange, this rank (all its devices) */
+    double samples_per_s;  /* of the whole job */
+    uint64_t bytes_sent;   /* gradient exchange, this rank (all its devices) */
     uint64_t remote_bytes; /* of which to other hosts (another host address) */
-    uint64_t raw_bytes;   /* what dense exchange would have sent */
-    double comm_ms;       /* per step: time spent exchanging */
-    double exposed_ms;    /* per step: of which the compute did not hide */
-    double compute_ms;    /* per step */
+    uint64_t raw_bytes;    /* what dense exchange would have sent */
+    double comm_ms;        /* per step: time spent exchanging */
+    double exposed_ms;     /* per step: of which the compute did not hide */
+    double compute_ms;     /* per step */
     /* Memory per device, bytes (the largest device's): parameters it holds for compute, its
      * gradient buffer, its optimizer state, its error-feedback residuals. */
     uint64_t mem_params;
@@ -170,8 +169,8 @@ typedef struct fl_wk_train_result {
      * whole GPU's, the CUDA context and other processes included). 0 on cpu. */
     uint64_t mem_device_used;
     uint64_t mem_device_total;
-    double divergence;     /* --policy cadence: the last averaging's ||before - after|| /
-                              ||after|| (the device that strayed most) */
+    double divergence;      /* --policy cadence: the last averaging's ||before - after|| /
+                               ||after|| (the device that strayed most) */
     uint64_t gathers;       /* --shard full: layers the devices asked for */
     uint64_t gathers_ready; /* of which already gathered (the prefetch hid the gather) */
     double gather_wait_ms;  /* per step: the devices' wait for the others (summed) */
@@ -188,16 +187,15 @@ typedef struct fl_wk_train_result {
     bool params_gathered_on_devices; /* --shard hybrid|grad: the updated ranges went from
                                         device to device (the same leg), not each device's
                                         whole model from the host */
-    bool topk_on_devices; /* top-k with error feedback ran on the devices that hold the
-                             gradient (residuals there, only the pairs copied out) */
+    bool topk_on_devices;            /* top-k with error feedback ran on the devices that hold the
+                                        gradient (residuals there, only the pairs copied out) */
 } fl_wk_train_result_t;
 
 /* The settings every rank of the job must share (model, optimizer and schedule, batch per
  * device and device count, top-k, mode, hierarchy, shard, policy, El Che, epochs, seed, the
  * training data's sizes and a hash of its first samples), as the list fl_comm_opts_t.settings
  * takes (FL_SETTINGS_MAX bytes). FL_OK, or FL_EINVAL when it does not fit. */
-int fl_wk_settings(const fl_wk_train_opts_t *t, const fl_dataset_t *train, char *out,
-                   size_t cap);
+int fl_wk_settings(const fl_wk_train_opts_t *t, const fl_dataset_t *train, char *out, size_t cap);
 
 /* Trains on train and evaluates on test each epoch. comm is NULL for FL_WK_MODE_LOCAL.
  * Checks the model against the data (inputs, classes) and the init file first: FL_EINVAL with

@@ -2,7 +2,8 @@
  * collectives over ZeroMQ on TCP (or ipc://, inproc://) between the ranks of one job.
  * All ranks must call the same collectives in the same order with matching counts and types,
  * as with MPI or NCCL. A failed collective (dead peer, deadline, bad data) breaks the
- * communicator: later calls return FL_ECLOSED with the original cause, and the caller destroys it. */
+ * communicator: later calls return FL_ECLOSED with the original cause, and the caller destroys it.
+ */
 #ifndef FLODL_COMM_H
 #define FLODL_COMM_H
 
@@ -196,13 +197,13 @@ int fl_sparse_allreduce(fl_comm_t *comm, const uint32_t *idx, const float *val, 
                         fl_sparse_stats_t *stats);
 
 typedef struct fl_comm_stats {
-    uint64_t ops;        /* collectives completed */
-    uint64_t bytes_sent; /* payload bytes this rank sent */
+    uint64_t ops;               /* collectives completed */
+    uint64_t bytes_sent;        /* payload bytes this rank sent */
     uint64_t bytes_sent_remote; /* of which to ranks on another host (another host address:
                                    what crosses the network between hosts) */
-    uint64_t bytes_recv; /* payload bytes this rank received */
-    uint64_t bad_msgs;   /* messages refused (malformed, wrong job, out of place) */
-    fl_algo_t last_algo; /* algorithm of the last allreduce */
+    uint64_t bytes_recv;        /* payload bytes this rank received */
+    uint64_t bad_msgs;          /* messages refused (malformed, wrong job, out of place) */
+    fl_algo_t last_algo;        /* algorithm of the last allreduce */
 } fl_comm_stats_t;
 
 /* Counters since fl_comm_init. */

@@ -151,18 +151,17 @@ size_t fl_cmp_sparse_bound(size_t k, fl_dtype_t values);
 /* Encodes k pairs (indices strictly ascending, each < n) of a tensor of n entries into dst.
  * *len gets the block size. Values are rounded to the value type. FL_OK, FL_EINVAL (indices
  * not ascending or out of range, cap below the bound, bad value type), FL_ENOMEM. */
-int fl_cmp_sparse_encode(fl_cmp_ws_t *ws, const uint32_t *idx, const float *val, size_t k,
-                         size_t n, const fl_cmp_sparse_opts_t *opts, void *dst, size_t cap,
-                         size_t *len);
+int fl_cmp_sparse_encode(fl_cmp_ws_t *ws, const uint32_t *idx, const float *val, size_t k, size_t n,
+                         const fl_cmp_sparse_opts_t *opts, void *dst, size_t cap, size_t *len);
 
 typedef struct fl_cmp_sparse_info {
-    uint64_t n;           /* entries of the dense tensor */
-    uint64_t k;           /* pairs */
-    fl_dtype_t values;    /* value type */
-    bool lz4;             /* body compressed */
-    size_t index_bytes;   /* decoded index stream */
-    size_t value_bytes;   /* decoded values */
-    size_t body_bytes;    /* body as stored */
+    uint64_t n;         /* entries of the dense tensor */
+    uint64_t k;         /* pairs */
+    fl_dtype_t values;  /* value type */
+    bool lz4;           /* body compressed */
+    size_t index_bytes; /* decoded index stream */
+    size_t value_bytes; /* decoded values */
+    size_t body_bytes;  /* body as stored */
 } fl_cmp_sparse_info_t;
 
 /* Reads and checks the header of a block of len bytes. FL_OK or FL_EPROTO saying what is wrong
@@ -178,8 +177,8 @@ int fl_cmp_sparse_decode(fl_cmp_ws_t *ws, const void *src, size_t len, size_t n,
 
 /* Decodes a block and adds its pairs into dense[n] (dense[idx] += val). The whole block is
  * checked before dense is touched. Errors as fl_cmp_sparse_decode. */
-int fl_cmp_sparse_accumulate(fl_cmp_ws_t *ws, const void *src, size_t len, float *dense,
-                             size_t n, size_t *k_out);
+int fl_cmp_sparse_accumulate(fl_cmp_ws_t *ws, const void *src, size_t len, float *dense, size_t n,
+                             size_t *k_out);
 
 #ifdef __cplusplus
 }

@@ -50,8 +50,8 @@ const char *fl_coord_endpoint(const fl_coord_t *coord);
 int fl_coord_start(fl_coord_t *coord);
 
 /* Waits until the job ends or timeout_ms passes (-1: no limit). Returns FL_OK when every rank
- * left cleanly (parameter-server processes are then told the job is over), FL_EPEER when a rank died or the rendezvous failed (detail says which),
- * FL_ETIMEDOUT when the job is still running. */
+ * left cleanly (parameter-server processes are then told the job is over), FL_EPEER when a rank
+ * died or the rendezvous failed (detail says which), FL_ETIMEDOUT when the job is still running. */
 int fl_coord_wait(fl_coord_t *coord, int timeout_ms);
 
 /* What the coordinator knows of the job, for metrics and stall reports: refreshed by its
@@ -59,16 +59,16 @@ int fl_coord_wait(fl_coord_t *coord, int timeout_ms);
 typedef enum fl_coord_rank_state {
     FL_COORD_RANK_ABSENT = 0, /* not registered (yet) */
     FL_COORD_RANK_ALIVE = 1,
-    FL_COORD_RANK_DEAD = 2,   /* silent past the heartbeat timeout */
+    FL_COORD_RANK_DEAD = 2, /* silent past the heartbeat timeout */
     FL_COORD_RANK_LEFT = 3,
 } fl_coord_rank_state_t;
 
 typedef struct fl_coord_rank_info {
     fl_coord_rank_state_t state;
     char host[256];
-    double silent_s;   /* since its last message (alive ranks) */
-    uint64_t op_seq;   /* its collectives so far, as its heartbeats say */
-    uint32_t op;       /* the collective in flight (0: none) */
+    double silent_s; /* since its last message (alive ranks) */
+    uint64_t op_seq; /* its collectives so far, as its heartbeats say */
+    uint32_t op;     /* the collective in flight (0: none) */
 } fl_coord_rank_info_t;
 
 typedef struct fl_coord_info {
@@ -77,9 +77,9 @@ typedef struct fl_coord_info {
     int alive;
     int dead;
     int left;
-    bool started;       /* the rendezvous completed */
+    bool started; /* the rendezvous completed */
     uint64_t generation;
-    uint64_t bad_msgs;  /* messages refused (malformed, foreign job, out of place) */
+    uint64_t bad_msgs;     /* messages refused (malformed, foreign job, out of place) */
     uint64_t auth_refused; /* connections refused by CURVE (a client key not allowed) */
 } fl_coord_info_t;
 

@@ -117,9 +117,9 @@ int fl_ps_client_init(fl_ps_client_t *client, float *params);
  * error feedback), with the number of samples behind it (the weight of this rank in the
  * synchronous average; 0: this rank skips the step). */
 typedef struct fl_ps_grad {
-    const float *dense;   /* param_count floats, or NULL for a sparse gradient */
-    const uint32_t *idx;  /* sparse: k indices */
-    const float *val;     /* sparse: k values */
+    const float *dense;  /* param_count floats, or NULL for a sparse gradient */
+    const uint32_t *idx; /* sparse: k indices */
+    const float *val;    /* sparse: k values */
     size_t k;
     uint32_t batch;
 } fl_ps_grad_t;
@@ -164,8 +164,8 @@ int fl_ps_client_push_pull(fl_ps_client_t *client, const fl_ps_grad_t *grad, flo
  * which drops them): destroy the parts,
  * call fl_ps_client_pull on this client (it waits for the restarted server and joins it again:
  * FL_OK with its parameters and fl_ps_client_step restored) and split again. Destroy the
- * parts (fl_ps_client_destroy) before this client. FL_OK and *out; FL_EINVAL (parts outside 1..S, or a part split again);
- * FL_ECLOSED after a fatal error; FL_ENOMEM. */
+ * parts (fl_ps_client_destroy) before this client. FL_OK and *out; FL_EINVAL (parts outside 1..S,
+ * or a part split again); FL_ECLOSED after a fatal error; FL_ENOMEM. */
 int fl_ps_client_split(fl_ps_client_t *client, int part, int parts, fl_ps_client_t **out);
 
 /* Part 0, while the other parts' calls run (its own is done): listens to the coordinator for

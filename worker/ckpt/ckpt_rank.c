@@ -117,8 +117,7 @@ static bool same_layout(const fl_st_file_t *f, int world, const fl_wk_train_opts
     snprintf(l, sizeof l, "%d", o->replicas);
     snprintf(n, sizeof n, "%d", s->nopt);
     if (!meta_is(f, "flodl.hosts", w) || !meta_is(f, "flodl.devices", l) ||
-        !meta_is(f, "flodl.hierarchy", hier_name(o)) ||
-        !meta_is(f, "flodl.local_optimizers", n))
+        !meta_is(f, "flodl.hierarchy", hier_name(o)) || !meta_is(f, "flodl.local_optimizers", n))
         return false;
     for (int j = 0; j < s->nx && j < FL_DEV_MAX_DEVICES; j++) {
         fl_wk_xchg_t *x = s->xchg[j];
@@ -163,8 +162,9 @@ static int restore_opt(const fl_st_file_t *f, const char *path, int j, fl_opt_t 
     if (sv == NULL || (t0 == NULL) != (b1 == NULL) || (t1 == NULL) != (b2 == NULL) ||
         (t0 != NULL && t0->bytes != n * sizeof(float)) ||
         (t1 != NULL && t1->bytes != n * sizeof(float)))
-        return fl_fail(FL_EPROTO, "--resume: %s: device %d's optimizer state does not fit this "
-                                  "run's optimizer",
+        return fl_fail(FL_EPROTO,
+                       "--resume: %s: device %d's optimizer state does not fit this "
+                       "run's optimizer",
                        path, j);
     return fl_opt_restore(opt, t0 ? t0->data : NULL, t1 ? t1->data : NULL, n,
                           strtoull(sv, NULL, 10));
@@ -290,8 +290,7 @@ int fl_wk_ckpt_efs_load(const char *dir, int rank, long step, fl_cmp_ef_t *const
     char ne[16];
     snprintf(ne, sizeof ne, "%d", nef);
     bool same = meta_is(f, "flodl.mode", "ps") &&
-                (nef > 1 ? meta_is(f, "flodl.ps.devices", ne)
-                         : fl_st_find(f, "ef.1") == NULL);
+                (nef > 1 ? meta_is(f, "flodl.ps.devices", ne) : fl_st_find(f, "ef.1") == NULL);
     /* Every residual is checked before any is restored: a file of another split changes
      * nothing. */
     const fl_st_tensor_t *t[FL_DEV_MAX_DEVICES];

@@ -99,9 +99,12 @@ static int write_range(const char *dir, int rank, const fl_wk_range_t *r, long s
     snprintf(ss, sizeof ss, "%" PRIu64, steps);
     snprintf(st, sizeof st, "%ld", step);
     snprintf(se, sizeof se, "%d", epoch);
-    fl_st_meta_t meta[6] = {{"flodl.offset", so},   {"flodl.length", sl},
-                            {"flodl.opt_steps", ss}, {"flodl.step", st},
-                            {"flodl.epoch", se},     {"flodl.optimizer", fl_opt_kind_name(o->opt.kind)}};
+    fl_st_meta_t meta[6] = {{"flodl.offset", so},
+                            {"flodl.length", sl},
+                            {"flodl.opt_steps", ss},
+                            {"flodl.step", st},
+                            {"flodl.epoch", se},
+                            {"flodl.optimizer", fl_opt_kind_name(o->opt.kind)}};
     char name[128];
     char path[4096];
     shard_name(name, sizeof name, step, rank, r->id);
@@ -141,9 +144,12 @@ static int write_manifest(const char *dir, int world, const fl_wk_train_opts_t *
     snprintf(se, sizeof se, "%d", epoch);
     snprintf(sw, sizeof sw, "%d", world);
     snprintf(sl, sizeof sl, "%d", o->replicas);
-    fl_st_meta_t meta[9] = {{"flodl.model_signature", sig}, {"flodl.parameters", snp},
-                            {"flodl.step", st},             {"flodl.epoch", se},
-                            {"flodl.hosts", sw},            {"flodl.devices", sl},
+    fl_st_meta_t meta[9] = {{"flodl.model_signature", sig},
+                            {"flodl.parameters", snp},
+                            {"flodl.step", st},
+                            {"flodl.epoch", se},
+                            {"flodl.hosts", sw},
+                            {"flodl.devices", sl},
                             {"flodl.shard", fl_wk_shard_name(o->shard)},
                             {"flodl.optimizer", fl_opt_kind_name(o->opt.kind)},
                             {"flodl.samples", ss}};
@@ -160,8 +166,7 @@ static bool step_file(const char *name, long *s, int *r)
 {
     int t;
     int end = 0;
-    if (sscanf(name, "shard-s%ld-r%d-d%d.safetensors%n", s, r, &t, &end) == 3 &&
-        name[end] == '\0')
+    if (sscanf(name, "shard-s%ld-r%d-d%d.safetensors%n", s, r, &t, &end) == 3 && name[end] == '\0')
         return true;
     end = 0;
     return sscanf(name, "state-s%ld-r%d.safetensors%n", s, r, &end) == 2 && name[end] == '\0';
@@ -316,8 +321,7 @@ static int meta_long(const fl_st_file_t *f, const char *path, const char *key, l
 
 /* Copies what saved range [soff, soff + slen) of src holds of [off, off + len) into dst
  * (indexed from off). */
-static void overlap(size_t off, size_t len, size_t soff, size_t slen, const float *src,
-                    float *dst)
+static void overlap(size_t off, size_t len, size_t soff, size_t slen, const float *src, float *dst)
 {
     size_t a = off > soff ? off : soff;
     size_t b = off + len < soff + slen ? off + len : soff + slen;
@@ -357,8 +361,9 @@ static int take_file(const char *path, size_t np, float *params, uint8_t *pcov, 
     if (off < 0 || len < 0 || (size_t)off + (size_t)len > np || p == NULL ||
         p->dtype != FL_FLOAT32 || p->bytes != (size_t)len * 4 ||
         (o1 != NULL && o1->bytes != p->bytes) || (o2 != NULL && o2->bytes != p->bytes)) {
-        rc = fl_fail(FL_EPROTO, "--resume: %s: range %ld+%ld or its tensors do not fit %zu "
-                                "parameters",
+        rc = fl_fail(FL_EPROTO,
+                     "--resume: %s: range %ld+%ld or its tensors do not fit %zu "
+                     "parameters",
                      path, off, len, np);
         goto out;
     }
@@ -368,8 +373,9 @@ static int take_file(const char *path, size_t np, float *params, uint8_t *pcov, 
         ld->steps = (uint64_t)steps;
     } else if (ld->has1 != (o1 != NULL) || ld->has2 != (o2 != NULL) ||
                ld->steps != (uint64_t)steps) {
-        rc = fl_fail(FL_EPROTO, "--resume: %s holds other optimizer state than the other "
-                                "shards",
+        rc = fl_fail(FL_EPROTO,
+                     "--resume: %s holds other optimizer state than the other "
+                     "shards",
                      path);
         goto out;
     }
@@ -395,8 +401,9 @@ static int check_manifest(const fl_st_file_t *m, const char *path, const fl_wk_t
     snprintf(sig, sizeof sig, "%016" PRIx64, fl_mlp_signature(&o->shape));
     const char *msig = fl_st_meta_get(m, "flodl.model_signature");
     if (msig == NULL || strcmp(msig, sig) != 0)
-        return fl_fail(FL_EINVAL, "--resume: %s is of another model (signature %s, this model "
-                                  "%s with %zu parameters)",
+        return fl_fail(FL_EINVAL,
+                       "--resume: %s is of another model (signature %s, this model "
+                       "%s with %zu parameters)",
                        path, msig ? msig : "none", sig, np);
     const char *opt = fl_st_meta_get(m, "flodl.optimizer");
     if (opt == NULL || strcmp(opt, fl_opt_kind_name(o->opt.kind)) != 0)
@@ -406,8 +413,7 @@ static int check_manifest(const fl_st_file_t *m, const char *path, const fl_wk_t
 }
 
 int fl_wk_ckpt_load(const char *dir, const fl_wk_train_opts_t *o, int world, int rank,
-                    float *params, fl_opt_t *const *opts, long *step, int *epoch,
-                    double *samples)
+                    float *params, fl_opt_t *const *opts, long *step, int *epoch, double *samples)
 {
     size_t np = fl_mlp_nparams(&o->shape);
     char path[4096];

@@ -56,12 +56,12 @@ int fl_wk_ckpt_mkdirs(const char *dir);
  * them: under --shard none, grad and hybrid one per device; under full one per device and
  * layer (the padding left out). */
 typedef struct fl_wk_range {
-    int id;          /* its file in a checkpoint */
-    int dev;         /* the device whose optimizer holds its state */
-    size_t off;      /* [off, off + len) of the flat parameters */
+    int id;     /* its file in a checkpoint */
+    int dev;    /* the device whose optimizer holds its state */
+    size_t off; /* [off, off + len) of the flat parameters */
     size_t len;
-    size_t at;       /* where it starts in that optimizer's buffers */
-    size_t opt_len;  /* the optimizer's length */
+    size_t at;      /* where it starts in that optimizer's buffers */
+    size_t opt_len; /* the optimizer's length */
 } fl_wk_range_t;
 #define FL_WK_MAX_RANGES (FL_DEV_MAX_DEVICES * FL_MLP_MAX_LAYERS)
 
@@ -93,7 +93,6 @@ void fl_wk_ckpt_clean(const char *dir, int rank, bool quiet);
  * taken. FL_OK; FL_EINVAL (a model or optimizer that differs, naming both); FL_EPROTO (a missing
  * or corrupt file, ranges that do not cover the parameters); FL_EIO. */
 int fl_wk_ckpt_load(const char *dir, const fl_wk_train_opts_t *o, int world, int rank,
-                    float *params, fl_opt_t *const *opts, long *step, int *epoch,
-                    double *samples);
+                    float *params, fl_opt_t *const *opts, long *step, int *epoch, double *samples);
 
 #endif

@@ -10,8 +10,8 @@
 #include <math.h>
 #include <string.h>
 
-#define EMA_WEIGHT 0.3  /* of the newest observation */
-#define MIN_SHARE 0.05  /* of the host's batches, for any device */
+#define EMA_WEIGHT 0.3 /* of the newest observation */
+#define MIN_SHARE 0.05 /* of the host's batches, for any device */
 
 void fl_wk_cadence_init(fl_wk_cadence_t *c, int n, int max_anchor, double overhead,
                         const double *hint)
@@ -36,8 +36,8 @@ void fl_wk_cadence_observe(fl_wk_cadence_t *c, const double *batch_s)
     for (int j = 0; j < c->n; j++) {
         if (!(batch_s[j] > 0))
             continue; /* no batch this sync: nothing learnt */
-        c->ema_s[j] = c->ema_s[j] > 0 ? (1 - EMA_WEIGHT) * c->ema_s[j] + EMA_WEIGHT * batch_s[j]
-                                      : batch_s[j];
+        c->ema_s[j] =
+            c->ema_s[j] > 0 ? (1 - EMA_WEIGHT) * c->ema_s[j] + EMA_WEIGHT * batch_s[j] : batch_s[j];
     }
 }
 

@@ -21,8 +21,7 @@ static int parse_ids(const char *s, int *ids, int *n)
             return fl_fail(FL_EINVAL, "--gpus '%s': entry %d is not a device id in 0..1023", s,
                            *n + 1);
         if (*n == FL_DEV_MAX_DEVICES)
-            return fl_fail(FL_EINVAL, "--gpus '%s': more than %d devices", s,
-                           FL_DEV_MAX_DEVICES);
+            return fl_fail(FL_EINVAL, "--gpus '%s': more than %d devices", s, FL_DEV_MAX_DEVICES);
         ids[(*n)++] = (int)v;
         if (*end == '\0')
             return FL_OK;

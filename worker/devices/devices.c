@@ -152,7 +152,7 @@ static int replica_init(fl_wk_devices_t *d, const fl_wk_train_opts_t *o, int j, 
     r->throttle = o->throttle[j];
     int rc;
     if ((rc = fl_sampler_init(&r->smp, d->train->n, world * L, d->rank * L + j, o->batch,
-                                 o->shuffle, o->seed)) != FL_OK ||
+                              o->shuffle, o->seed)) != FL_OK ||
         (rc = fl_wk_rdev_create(o, j, d->train->dim, &r->rd)) != FL_OK)
         return rc;
     r->idx = malloc(o->batch * sizeof *r->idx);
@@ -161,8 +161,7 @@ static int replica_init(fl_wk_devices_t *d, const fl_wk_train_opts_t *o, int j, 
     if (r->idx == NULL || r->next_idx == NULL || r->grad == NULL)
         return fl_fail(FL_ENOMEM, "out of memory for device %d", j);
     /* Page-locked, so that the layers' copies out stay asynchronous on a GPU. */
-    if ((rc = fl_dev_host_register(fl_wk_rdev_dev(r->rd), r->grad, d->np * sizeof(float))) !=
-        FL_OK)
+    if ((rc = fl_dev_host_register(fl_wk_rdev_dev(r->rd), r->grad, d->np * sizeof(float))) != FL_OK)
         return rc;
     r->registered = true;
     return FL_OK;
@@ -198,8 +197,7 @@ int fl_wk_devices_create(const fl_mlp_shape_t *m, const fl_dataset_t *train,
     *out = NULL;
     int L = o->replicas;
     if (L < 1 || L > FL_DEV_MAX_DEVICES)
-        return fl_fail(FL_EINVAL, "--cpu-replicas: %d is outside 1..%d", L,
-                       FL_DEV_MAX_DEVICES);
+        return fl_fail(FL_EINVAL, "--cpu-replicas: %d is outside 1..%d", L, FL_DEV_MAX_DEVICES);
     fl_wk_devices_t *d = calloc(1, sizeof *d);
     if (d == NULL)
         return fl_fail(FL_ENOMEM, "out of memory for the devices");
@@ -231,8 +229,8 @@ int fl_wk_devices_create(const fl_mlp_shape_t *m, const fl_dataset_t *train,
     if (rc == FL_OK)
         rc = first_leg_create(d, o);
     if (rc == FL_OK && o->max_anchor > 0 &&
-        (rc = fl_sampler_init(&d->host, train->n, world, rank, o->batch, o->shuffle,
-                                 o->seed)) == FL_OK)
+        (rc = fl_sampler_init(&d->host, train->n, world, rank, o->batch, o->shuffle, o->seed)) ==
+            FL_OK)
         d->have_host = true;
     if (rc != FL_OK) {
         fl_wk_devices_destroy(&d);
@@ -402,8 +400,7 @@ static void replica_step(replica_t *r)
         r->rc = fl_event_record(d->computed[r->j], fl_wk_rdev_stream(r->rd));
     if (d->full != NULL)
         fl_wk_full_device_done(d->full, r->j);
-    fl_obs_timeline_span(d->tl, FL_WK_TRACK_DEVICE + r->j, "compute", "device", t0,
-                         fl_now_ns());
+    fl_obs_timeline_span(d->tl, FL_WK_TRACK_DEVICE + r->j, "compute", "device", t0, fl_now_ns());
     fl_wk_devices_throttle(r, t0);
     if (r->rc != FL_OK)
         snprintf(r->err, sizeof r->err, "%s", fl_last_error());

@@ -45,8 +45,8 @@ void fl_wk_devices_cadence_batches(fl_wk_devices_t *d, replica_t *r)
         float *g = b == 0 || d->local_sgd ? r->grad : r->one;
         double loss = 0.0;
         size_t correct = 0;
-        r->rc = fl_wk_rdev_grad(r->rd, d->local_sgd ? r->own : d->params, NULL, d->train,
-                                r->idx, FL_WK_NO_TAG, NULL, 0, g, NULL, NULL, &loss, &correct);
+        r->rc = fl_wk_rdev_grad(r->rd, d->local_sgd ? r->own : d->params, NULL, d->train, r->idx,
+                                FL_WK_NO_TAG, NULL, 0, g, NULL, NULL, &loss, &correct);
         fl_obs_timeline_span(d->tl, FL_WK_TRACK_DEVICE + r->j, "compute", "device", t0,
                              fl_now_ns());
         if (r->rc == FL_OK && d->local_sgd) {

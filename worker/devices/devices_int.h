@@ -14,7 +14,7 @@ typedef struct replica {
     fl_wk_rdev_t *rd;
     uint32_t *idx;
     uint32_t *next_idx; /* the batch after, staged while this one computes */
-    float *grad; /* device 0's gradient lands straight in the caller's */
+    float *grad;        /* device 0's gradient lands straight in the caller's */
     double loss;
     size_t correct;
     int rc;

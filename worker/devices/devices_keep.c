@@ -10,8 +10,7 @@ int fl_wk_devices_keep(fl_wk_devices_t *d, const fl_opt_opts_t *opt, float *para
                        const size_t *off, const size_t *len, bool keep_grad)
 {
     if (keep_grad && d->n > 1)
-        return fl_fail(FL_EINVAL, "a gradient kept on the device needs one device, not %d",
-                       d->n);
+        return fl_fail(FL_EINVAL, "a gradient kept on the device needs one device, not %d", d->n);
     d->shared = fl_dev_kind(fl_wk_rdev_dev(d->rep[0].rd)) == FL_DEV_CPU;
     for (int j = 0; j < d->n; j++) {
         replica_t *r = &d->rep[j];
@@ -112,8 +111,9 @@ bool fl_wk_devices_can_gather(const fl_wk_devices_t *d)
 int fl_wk_devices_gather_ranges(fl_wk_devices_t *d, const size_t *off, const size_t *len)
 {
     if (!fl_wk_devices_can_gather(d))
-        return fl_fail(FL_EINVAL, "rank %d: no all-gather on the devices (the first leg is in "
-                                  "host memory)",
+        return fl_fail(FL_EINVAL,
+                       "rank %d: no all-gather on the devices (the first leg is in "
+                       "host memory)",
                        d->rank);
     /* Each device's broadcast goes behind its update (on its compute stream), and no pass
      * reads the parameters until its compute stream has passed `gathered`. */
@@ -164,4 +164,3 @@ int fl_wk_devices_opt_load(fl_wk_devices_t *d, int only, const fl_opt_t *host)
     }
     return FL_OK;
 }
-

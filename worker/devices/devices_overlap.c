@@ -116,8 +116,9 @@ int fl_wk_devices_leg_end(const fl_wk_devices_t *d)
     /* Every device told every layer: each bucket was queued (else the exchange would wait
      * for a bucket nobody made ready). */
     if (d->leg_next != 0)
-        return fl_fail(FL_EIO, "the first leg inside the host: layers 0..%d were not reduced "
-                               "(a device did not tell them)",
+        return fl_fail(FL_EIO,
+                       "the first leg inside the host: layers 0..%d were not reduced "
+                       "(a device did not tell them)",
                        d->leg_next - 1);
     return FL_OK;
 }
@@ -172,8 +173,9 @@ static void leg_layers_done(fl_wk_devices_t *d, replica_t *r)
         int l = d->leg_next - 1;
         int rc = leg_queue(d, l);
         if (rc != FL_OK) {
-            d->leg_rc = fl_fail_ctx(rc, "the first leg inside the host (reduce-scatter on the "
-                                        "devices) of layer %d",
+            d->leg_rc = fl_fail_ctx(rc,
+                                    "the first leg inside the host (reduce-scatter on the "
+                                    "devices) of layer %d",
                                     l);
             snprintf(d->leg_err, sizeof d->leg_err, "%s", fl_last_error());
             break;
@@ -248,20 +250,21 @@ static int leg_wait_event(fl_wk_devices_t *d, fl_event_t *e, int layer)
         /* Its record ran and brought its stream's error: it names the device that failed (a
          * peer's fault reaches every stream that waited for it). */
         if (rc != FL_ETIMEDOUT)
-            return fl_fail_ctx(rc, "the first leg inside the host (reduce-scatter on the "
-                                   "devices) of layer %d",
+            return fl_fail_ctx(rc,
+                               "the first leg inside the host (reduce-scatter on the "
+                               "devices) of layer %d",
                                layer);
         pthread_mutex_lock(&d->leg_mu);
         rc = fl_intra_poll(d->intra);
         if (rc == FL_OK && fl_now_ms() >= deadline)
-            rc = fl_fail(FL_ETIMEDOUT, "not done in %d ms (the devices' deadline, --timeout)",
-                         ms);
+            rc = fl_fail(FL_ETIMEDOUT, "not done in %d ms (the devices' deadline, --timeout)", ms);
         if (rc != FL_OK)
             rc = fl_intra_abort(d->intra, rc);
         pthread_mutex_unlock(&d->leg_mu);
         if (rc != FL_OK)
-            return fl_fail_ctx(rc, "the first leg inside the host (reduce-scatter on the "
-                                   "devices) of layer %d",
+            return fl_fail_ctx(rc,
+                               "the first leg inside the host (reduce-scatter on the "
+                               "devices) of layer %d",
                                layer);
     }
 }

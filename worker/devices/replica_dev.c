@@ -55,10 +55,10 @@ struct fl_wk_rdev {
     bool compress; /* the exchange compresses on the device: layers are told when queued */
     bool intra;    /* the gradient stays in gbuf for the intra-host collectives */
     fl_dev_opt_t *opt;
-    size_t opt_off;  /* the range the optimizer steps: [opt_off, opt_off + opt_len) */
+    size_t opt_off; /* the range the optimizer steps: [opt_off, opt_off + opt_len) */
     size_t opt_len;
     float *host_params; /* the host's parameters (a sharded update writes its range back) */
-    fl_dptr_t scratch; /* the update's norm and non-finite index */
+    fl_dptr_t scratch;  /* the update's norm and non-finite index */
     double *hscratch;
 };
 
@@ -315,9 +315,9 @@ static void layer_queued(int l, void *ud)
 
 /* fl_wk_rdev_grad's body; on failure the caller drains the streams. */
 static int grad_pass(fl_wk_rdev_t *r, const float *params, const fl_mlp_src_t *src,
-                     const fl_dataset_t *data, const uint32_t *idx, long tag,
-                     const uint32_t *next, long next_tag, float *grad, fl_wk_rdev_layer_fn tell,
-                     void *ud, double *loss, size_t *correct)
+                     const fl_dataset_t *data, const uint32_t *idx, long tag, const uint32_t *next,
+                     long next_tag, float *grad, fl_wk_rdev_layer_fn tell, void *ud, double *loss,
+                     size_t *correct)
 {
     int rc = FL_OK;
     slot_t *sl = &r->slot[r->cur];
@@ -381,12 +381,12 @@ static int grad_pass(fl_wk_rdev_t *r, const float *params, const fl_mlp_src_t *s
 }
 
 int fl_wk_rdev_grad(fl_wk_rdev_t *r, const float *params, const fl_mlp_src_t *src,
-                    const fl_dataset_t *data, const uint32_t *idx, long tag,
-                    const uint32_t *next, long next_tag, float *grad, fl_wk_rdev_layer_fn tell,
-                    void *ud, double *loss, size_t *correct)
+                    const fl_dataset_t *data, const uint32_t *idx, long tag, const uint32_t *next,
+                    long next_tag, float *grad, fl_wk_rdev_layer_fn tell, void *ud, double *loss,
+                    size_t *correct)
 {
-    int rc = grad_pass(r, params, src, data, idx, tag, next, next_tag, grad, tell, ud, loss,
-                       correct);
+    int rc =
+        grad_pass(r, params, src, data, idx, tag, next, next_tag, grad, tell, ud, loss, correct);
     if (rc != FL_OK) {
         /* Nothing queued may go on reading the caller's parameters or samples, or writing its
          * gradient, after we return; the first error is the one to report. */
@@ -441,9 +441,9 @@ int fl_wk_rdev_put_range(fl_wk_rdev_t *r, const float *params, size_t off, size_
     if (off > r->np || len > r->np - off)
         return fl_fail(FL_EINVAL, "device %d: parameter range [%zu, +%zu) past %zu parameters",
                        r->j, off, len, r->np);
-    return len == 0 ? FL_OK
-                    : fl_dev_h2d(r->cs, fl_dptr_f32(r->dparams, off), params + off,
-                                 len * sizeof(float));
+    return len == 0
+               ? FL_OK
+               : fl_dev_h2d(r->cs, fl_dptr_f32(r->dparams, off), params + off, len * sizeof(float));
 }
 
 int fl_wk_rdev_get_params(fl_wk_rdev_t *r, float *params)
@@ -529,8 +529,7 @@ int fl_wk_rdev_update(fl_wk_rdev_t *r, const float *grad, double max_norm, doubl
             rc = fl_dev_scale(r->cs, g, r->np, (float)f);
     }
     if (rc == FL_OK)
-        rc = fl_dev_opt_step(r->opt, r->cs, fl_dptr_f32(r->dparams, off), fl_dptr_f32(g, off),
-                             lr);
+        rc = fl_dev_opt_step(r->opt, r->cs, fl_dptr_f32(r->dparams, off), fl_dptr_f32(g, off), lr);
     /* A range of the parameters: it goes back to the host, where the all-gather takes it (on
      * cpu it is the host's already). */
     if (rc == FL_OK && part && !cpu)

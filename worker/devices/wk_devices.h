@@ -36,17 +36,17 @@ int fl_wk_rdev_bind(fl_wk_rdev_t *r);
 typedef void (*fl_wk_rdev_layer_fn)(int layer, void *ud);
 
 /* The gradient of batch `tag` (samples idx of data; staged now unless the last call staged it
- * as its next) into the host buffer grad (every parameter written; on cpu computed there), on the host
- * parameters params (copied in; NULL with src: the layers from src). tell (may be NULL) hears
+ * as its next) into the host buffer grad (every parameter written; on cpu computed there), on the
+ * host parameters params (copied in; NULL with src: the layers from src). tell (may be NULL) hears
  * each layer as its copy lands, last layer first, during the backward pass where it can. When
  * this returns every layer has landed and nothing queued touches grad any more. FL_OK, a bad
  * label (FL_EINVAL), a non-finite loss (FL_ENONFINITE), a source's or the device's error.
  * next (may be NULL): the samples of batch next_tag, staged on the copy stream while this one
  * computes (the batch after, one ahead). */
 int fl_wk_rdev_grad(fl_wk_rdev_t *r, const float *params, const fl_mlp_src_t *src,
-                    const fl_dataset_t *data, const uint32_t *idx, long tag,
-                    const uint32_t *next, long next_tag, float *grad, fl_wk_rdev_layer_fn tell,
-                    void *ud, double *loss, size_t *correct);
+                    const fl_dataset_t *data, const uint32_t *idx, long tag, const uint32_t *next,
+                    long next_tag, float *grad, fl_wk_rdev_layer_fn tell, void *ud, double *loss,
+                    size_t *correct);
 
 /* Keeps the parameters on the device from now on (a copy of params; on cpu params itself),
  * with an optimizer of opt there over [off, off + len) (opt NULL: none, for cpu devices
@@ -177,12 +177,12 @@ const char *fl_wk_devices_first_leg(const fl_wk_devices_t *d, bool *overlapped);
 /* ---- El Che's cadence (cadence.c): batches per device between synchronisations ---- */
 
 typedef struct fl_wk_cadence {
-    int n;            /* devices of this host */
-    int max_anchor;   /* 0: off (one batch per device per sync) */
-    double overhead;  /* exchange time target, as a share of a sync's compute time */
-    int anchor;       /* batches of the job's slowest device per sync */
-    double slowest_s; /* the job's slowest seconds per batch at the last plan */
-    double hint[FL_DEV_MAX_DEVICES];  /* relative speeds seeding the first plan */
+    int n;                           /* devices of this host */
+    int max_anchor;                  /* 0: off (one batch per device per sync) */
+    double overhead;                 /* exchange time target, as a share of a sync's compute time */
+    int anchor;                      /* batches of the job's slowest device per sync */
+    double slowest_s;                /* the job's slowest seconds per batch at the last plan */
+    double hint[FL_DEV_MAX_DEVICES]; /* relative speeds seeding the first plan */
     double ema_s[FL_DEV_MAX_DEVICES]; /* seconds per batch, per device (0: not measured yet) */
     int counts[FL_DEV_MAX_DEVICES];   /* the plan: batches per device per sync */
 } fl_wk_cadence_t;

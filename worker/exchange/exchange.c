@@ -51,8 +51,8 @@ static int exchange(fl_wk_xchg_t *x, size_t b, fl_wk_xchg_stats_t *st)
     float *g = x->grad + x->start[b];
     size_t n = x->len[b];
     int world = fl_comm_size(x->comm);
-    st->raw_bytes = world > 1 ? (uint64_t)(2.0 * (world - 1) / world * (double)n * sizeof(float))
-                              : 0;
+    st->raw_bytes =
+        world > 1 ? (uint64_t)(2.0 * (world - 1) / world * (double)n * sizeof(float)) : 0;
     fl_comm_stats_t s0;
     fl_comm_stats_t s1;
     fl_comm_get_stats(x->comm, &s0);
@@ -81,8 +81,8 @@ static int exchange(fl_wk_xchg_t *x, size_t b, fl_wk_xchg_stats_t *st)
         } else {
             rc = fl_cmp_ef_step(x->ef[b], x->cws, g, &to, x->kidx, x->kval, &k, NULL);
         }
-        fl_obs_timeline_span(x->o->timeline, x->tid, "compress (top-k, error feedback)",
-                             "exchange", tc, fl_now_ns());
+        fl_obs_timeline_span(x->o->timeline, x->tid, "compress (top-k, error feedback)", "exchange",
+                             tc, fl_now_ns());
         if (rc == FL_OK) {
             fl_sparse_opts_t so;
             fl_sparse_opts_init(&so);

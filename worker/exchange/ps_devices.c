@@ -14,8 +14,8 @@ typedef struct psd_part {
     struct fl_wk_psdev *x;
     int j;
     fl_ps_client_t *cl;
-    size_t lo, n;        /* its keys */
-    fl_cmp_ef_t *ef;     /* top-k: the residual of its keys */
+    size_t lo, n;    /* its keys */
+    fl_cmp_ef_t *ef; /* top-k: the residual of its keys */
     fl_cmp_ws_t *ws;
     uint32_t *idx;
     float *val;
@@ -26,7 +26,7 @@ typedef struct psd_part {
 struct fl_wk_psdev {
     int parts;
     psd_part_t part[FL_DEV_MAX_DEVICES];
-    fl_fanout_t *fan; /* parts 1.. on their threads, part 0 the training thread's */
+    fl_fanout_t *fan;            /* parts 1.. on their threads, part 0 the training thread's */
     fl_ps_client_stats_t before; /* of the part clients replaced by rejoins */
     /* the step's inputs, set by the training thread before a run starts */
     const float *grad;
@@ -51,8 +51,7 @@ static void part_step(psd_part_t *p)
         k.density = x->density;
         size_t got = 0;
         bool skipped = false;
-        p->rc = fl_cmp_ef_step(p->ef, p->ws, x->grad + p->lo, &k, p->idx, p->val, &got,
-                               &skipped);
+        p->rc = fl_cmp_ef_step(p->ef, p->ws, x->grad + p->lo, &k, p->idx, p->val, &got, &skipped);
         /* The selection is over the part's keys; the push speaks of the whole vector. */
         for (size_t i = 0; p->rc == FL_OK && i < got; i++)
             p->idx[i] += (uint32_t)p->lo;
@@ -110,8 +109,7 @@ int fl_wk_psdev_create(fl_ps_client_t *cl, int parts, const fl_wk_train_opts_t *
         }
     }
     if (rc == FL_OK)
-        rc = fl_fanout_create(x->parts, 1, part_job, x, "--mode ps: the device clients",
-                              &x->fan);
+        rc = fl_fanout_create(x->parts, 1, part_job, x, "--mode ps: the device clients", &x->fan);
     if (rc != FL_OK) {
         fl_wk_psdev_destroy(&x);
         return rc;
@@ -195,8 +193,9 @@ int fl_wk_psdev_rejoin(fl_wk_psdev_t *x, fl_ps_client_t *cl, float *params)
             break;
         fl_ps_client_part_range(p->cl, &lo, &n);
         if (lo != p->lo || n != p->n)
-            rc = fl_fail(FL_EINVAL, "the restarted parameter server gives device %d keys "
-                                    "%zu+%zu, %zu+%zu before: restart it with the same shards",
+            rc = fl_fail(FL_EINVAL,
+                         "the restarted parameter server gives device %d keys "
+                         "%zu+%zu, %zu+%zu before: restart it with the same shards",
                          j, lo, n, p->lo, p->n);
     }
     return rc;

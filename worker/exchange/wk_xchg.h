@@ -61,10 +61,10 @@ void fl_wk_psdev_stats(const fl_wk_psdev_t *x, struct fl_ps_client_stats *sum);
 typedef struct fl_wk_xchg fl_wk_xchg_t;
 
 typedef struct fl_wk_xchg_stats {
-    uint64_t bytes_sent; /* this rank, all buckets, since creation */
+    uint64_t bytes_sent;   /* this rank, all buckets, since creation */
     uint64_t remote_bytes; /* of which to other hosts */
-    uint64_t raw_bytes;  /* what dense ring exchange would have sent */
-    double busy_ms;      /* time spent exchanging, since creation */
+    uint64_t raw_bytes;    /* what dense ring exchange would have sent */
+    double busy_ms;        /* time spent exchanging, since creation */
 } fl_wk_xchg_stats_t;
 
 /* Exchanges grad[from, from + n) (buckets planned over that range). comm NULL: no exchange

@@ -147,8 +147,9 @@ int fl_wk_dcmp_bucket(fl_wk_dcmp_t *c, size_t start, size_t len, size_t k, uint3
         (rc = read_out(c, 2 * sizeof(int64_t))) != FL_OK)
         return rc;
     if (c->hout[0] >= 0)
-        return fl_fail(FL_ENONFINITE, "device %s: top-k of the gradient: parameter %lld is not "
-                                      "finite",
+        return fl_fail(FL_ENONFINITE,
+                       "device %s: top-k of the gradient: parameter %lld is not "
+                       "finite",
                        fl_dev_name(c->dev), (long long)(start + (size_t)c->hout[0]));
     if (c->max_norm > 0.0) {
         double ss;
@@ -162,8 +163,9 @@ int fl_wk_dcmp_bucket(fl_wk_dcmp_t *c, size_t start, size_t len, size_t k, uint3
         (rc = read_out(c, 2 * sizeof(int64_t))) != FL_OK)
         return rc;
     if (c->hout[1] >= 0)
-        return fl_fail(FL_ENONFINITE, "device %s: top-k of the gradient: the residual of "
-                                      "parameter %lld overflowed",
+        return fl_fail(FL_ENONFINITE,
+                       "device %s: top-k of the gradient: the residual of "
+                       "parameter %lld overflowed",
                        fl_dev_name(c->dev), (long long)(start + (size_t)c->hout[1]));
     if ((rc = fl_dev_ef_sent(c->s, v, fl_dptr_null(), c->idx, c->val, k, len, c->wire)) != FL_OK ||
         (rc = fl_dev_d2h(c->s, c->hidx, c->idx, k * sizeof(uint32_t))) != FL_OK ||

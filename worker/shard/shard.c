@@ -14,7 +14,7 @@
 
 struct fl_wk_shards {
     fl_wk_shard_t mode;
-    int n;                /* owned ranges (devices) */
+    int n;                          /* owned ranges (devices) */
     size_t off[FL_DEV_MAX_DEVICES]; /* range t: [off, off + len) of the flat parameters */
     size_t len[FL_DEV_MAX_DEVICES];
     /* grad: device t's shard, which its column reduces and gathers */
@@ -44,8 +44,9 @@ int fl_wk_shards_create(const fl_wk_train_opts_t *o, size_t np, int rank, int wo
         s->shard_len[t] = fl_shard_count(np, L, t);
         fl_wk_shards_layout(o, np, cols != NULL ? world : 1, rank, t, &s->off[t], &s->len[t]);
         if (s->len[t] == 0)
-            rc = fl_fail(FL_EINVAL, "--shard %s: %zu parameters do not give each of %d x %d "
-                                    "devices a piece",
+            rc = fl_fail(FL_EINVAL,
+                         "--shard %s: %zu parameters do not give each of %d x %d "
+                         "devices a piece",
                          fl_wk_shard_name(o->shard), np, pieces, L);
         else
             rc = fl_opt_create(&o->opt, s->len[t], &s->opt[t]);
@@ -189,8 +190,8 @@ int fl_wk_shards_check(fl_wk_shards_t *s, const float *grad)
                 bad = 1.0;
                 where = s->off[t] + i;
             }
-    int rc = fl_wk_shards_others_finite(fl_wk_shards_across_hosts(s) ? s->cols[0] : NULL,
-                                        bad != 0.0);
+    int rc =
+        fl_wk_shards_others_finite(fl_wk_shards_across_hosts(s) ? s->cols[0] : NULL, bad != 0.0);
     if (rc != FL_OK)
         return rc;
     if (bad != 0.0)

@@ -50,8 +50,8 @@ struct fl_wk_full {
     size_t c[FL_MLP_MAX_LAYERS];    /* a piece of it */
     size_t at[FL_MLP_MAX_LAYERS];   /* its place in the flat parameters */
     size_t poff[FL_MLP_MAX_LAYERS]; /* its piece's place in a device's pieces */
-    size_t per_dev;                /* a device's pieces, all units */
-    size_t widest;                 /* the largest padded unit */
+    size_t per_dev;                 /* a device's pieces, all units */
+    size_t widest;                  /* the largest padded unit */
     float *piece[FL_DEV_MAX_DEVICES];
     float *gpiece[FL_DEV_MAX_DEVICES];
     float *stage[FL_DEV_MAX_DEVICES]; /* column t's shard of a unit, padded, for the
@@ -84,8 +84,8 @@ struct fl_wk_full {
 static int src_get(void *ud, int layer, const float **w);
 static void src_put(void *ud, int layer);
 
-void fl_wk_full_layout(const fl_mlp_shape_t *m, int world, int replicas, int unit,
-                       size_t *count, size_t *piece)
+void fl_wk_full_layout(const fl_mlp_shape_t *m, int world, int replicas, int unit, size_t *count,
+                       size_t *piece)
 {
     size_t n = fl_mlp_weight_at(m, unit + 1) - fl_mlp_weight_at(m, unit);
     size_t parts = (size_t)world * (size_t)replicas;
@@ -245,8 +245,7 @@ static int gather_shard(fl_wk_full_t *z, int t, int u, float *shard, uint64_t *s
     *sent += s1.bytes_sent - s0.bytes_sent;
     *remote += s1.bytes_sent_remote - s0.bytes_sent_remote;
     if (rc != FL_OK)
-        return fl_fail_ctx(rc, "--shard full: gathering layer %d on device %d's column", u,
-                           t);
+        return fl_fail_ctx(rc, "--shard full: gathering layer %d on device %d's column", u, t);
     return FL_OK;
 }
 
@@ -265,8 +264,9 @@ static void *column_main(void *p)
         while (!z->stop && z->rc == FL_OK && i > z->upto + z->depth && ok)
             ok = wait_until(z, &dl);
         if (!ok)
-            set_error(z, FL_ETIMEDOUT, "--shard full: the devices did not finish a layer within "
-                                       "600 s");
+            set_error(z, FL_ETIMEDOUT,
+                      "--shard full: the devices did not finish a layer within "
+                      "600 s");
         if (z->stop || z->rc != FL_OK) {
             pthread_mutex_unlock(&z->mu);
             break;
@@ -285,8 +285,7 @@ static void *column_main(void *p)
         pthread_mutex_unlock(&z->mu);
         uint64_t sent = 0;
         uint64_t remote = 0;
-        int rc = gather_shard(z, t, u, buf + (size_t)t * (size_t)z->W * z->c[u], &sent,
-                              &remote);
+        int rc = gather_shard(z, t, u, buf + (size_t)t * (size_t)z->W * z->c[u], &sent, &remote);
         pthread_mutex_lock(&z->mu);
         z->st.sent += sent;
         z->st.remote += remote;
@@ -356,8 +355,9 @@ static int src_get(void *ud, int layer, const float **w)
     int rc = FL_OK;
     *w = NULL;
     if (i >= z->nprog || z->prog[i].unit != layer) {
-        rc = fl_fail(FL_EINVAL, "--shard full: device %d asked for layer %d out of the gathers' "
-                                "order",
+        rc = fl_fail(FL_EINVAL,
+                     "--shard full: device %d asked for layer %d out of the gathers' "
+                     "order",
                      s->t, layer);
     } else {
         z->st.gets++;
@@ -462,15 +462,13 @@ static int reduce_column(fl_wk_full_t *z, int t, const float *grad, uint64_t *se
         *sent += s1.bytes_sent - s0.bytes_sent;
         *remote += s1.bytes_sent_remote - s0.bytes_sent_remote;
         if (rc != FL_OK)
-            return fl_fail_ctx(rc, "--shard full: reducing layer %d on device %d's column",
-                               u, t);
+            return fl_fail_ctx(rc, "--shard full: reducing layer %d on device %d's column", u, t);
     }
     return FL_OK;
 }
 
 /* Column t: every unit's shard t gathered into the flat parameters (evaluation, saving). */
-static int gather_column(fl_wk_full_t *z, int t, float *params, uint64_t *sent,
-                         uint64_t *remote)
+static int gather_column(fl_wk_full_t *z, int t, float *params, uint64_t *sent, uint64_t *remote)
 {
     for (int u = 0; u < z->nu; u++) {
         size_t span = (size_t)z->W * z->c[u];
@@ -551,8 +549,9 @@ int fl_wk_full_step(fl_wk_full_t *z, double lr)
     if (rc != FL_OK)
         return rc;
     if (bad != 0.0)
-        return fl_fail(FL_ENONFINITE, "device %d's gradient piece %zu is %g: no parameter "
-                                      "updated",
+        return fl_fail(FL_ENONFINITE,
+                       "device %d's gradient piece %zu is %g: no parameter "
+                       "updated",
                        where_t, where, (double)z->gpiece[where_t][where]);
     for (int t = 0; t < z->L && rc == FL_OK; t++)
         rc = fl_opt_step(z->opt[t], z->piece[t], z->gpiece[t], lr);

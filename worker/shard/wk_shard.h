@@ -76,8 +76,8 @@ typedef struct fl_wk_full_stats {
 } fl_wk_full_stats_t;
 
 /* Layer `unit`'s elements and the piece each of world x replicas devices owns (padded up). */
-void fl_wk_full_layout(const fl_mlp_shape_t *m, int world, int replicas, int unit,
-                       size_t *count, size_t *piece);
+void fl_wk_full_layout(const fl_mlp_shape_t *m, int world, int replicas, int unit, size_t *count,
+                       size_t *piece);
 
 /* o->replicas devices of rank (of world hosts) own their pieces of params (the same on every
  * rank); cols: device t's column across hosts (NULL on one host), borrowed until destroy. */

@@ -30,16 +30,16 @@
 typedef struct dev {
     struct fl_wk_async *a;
     int j;
-    float *p;                  /* its parameters */
-    float *start;              /* at its round's start */
+    float *p;     /* its parameters */
+    float *start; /* at its round's start */
     float *grad;
-    float *delta[MAX_SLOTS];   /* its delta of round r in slot r % slots */
-    double rloss[MAX_SLOTS];   /* and that round's loss sum, correct predictions, seconds */
+    float *delta[MAX_SLOTS]; /* its delta of round r in slot r % slots */
+    double rloss[MAX_SLOTS]; /* and that round's loss sum, correct predictions, seconds */
     size_t rcorrect[MAX_SLOTS];
     double rbusy[MAX_SLOTS];
     fl_opt_t *opt;
-    int applied;               /* averagings folded into p */
-    double loss;               /* this epoch: sum over its batches */
+    int applied; /* averagings folded into p */
+    double loss; /* this epoch: sum over its batches */
     size_t correct;
     size_t batches;
     double busy_s;
@@ -55,44 +55,43 @@ struct fl_wk_async {
     int bound;
     int slots;
     device_t dev[FL_DEV_MAX_DEVICES];
-    float *sum; /* the host's count-weighted deltas, its batch count, a failure flag (np + 2) */
+    float *sum;    /* the host's count-weighted deltas, its batch count, a failure flag (np + 2) */
     float *params; /* the job's parameters (the caller's), during an epoch */
-    double rloss;    /* the round's loss sum and correct predictions on this host */
+    double rloss;  /* the round's loss sum and correct predictions on this host */
     size_t rcorrect;
-    float *avg[MAX_SLOTS]; /* D_k in slot k % slots */
+    float *avg[MAX_SLOTS];        /* D_k in slot k % slots */
     double samples_at[MAX_SLOTS]; /* the job's samples after averaging k */
     int rank;
     fl_wk_cadence_t *cad; /* El Che's plan, re-planned by the training thread */
     double exch_ema_s;
-    long averaged;        /* averagings since creation (the re-plan period counts them) */
+    long averaged; /* averagings since creation (the re-plan period counts them) */
     /* the epoch in progress */
     pthread_mutex_t mu;
     pthread_cond_t cv;
-    int cap;          /* rounds the arrays hold */
-    int rounds;       /* the host's rounds planned so far this epoch */
-    size_t left;      /* the host's batches not in a planned round */
-    size_t *base;     /* round r's first batch of the host's sequence */
-    int *cnt;         /* round r's count of device j: cnt[r * L + j] */
-    int *handed;      /* devices that handed in round r */
-    int done;         /* averagings completed */
+    int cap;      /* rounds the arrays hold */
+    int rounds;   /* the host's rounds planned so far this epoch */
+    size_t left;  /* the host's batches not in a planned round */
+    size_t *base; /* round r's first batch of the host's sequence */
+    int *cnt;     /* round r's count of device j: cnt[r * L + j] */
+    int *handed;  /* devices that handed in round r */
+    int done;     /* averagings completed */
     int rc;
     char err[1024];
     const fl_lr_sched_t *sched;
-    double samples0;  /* the job's samples at the epoch's start */
-    double *samples;  /* the caller's: the job's samples so far */
+    double samples0;       /* the job's samples at the epoch's start */
+    double *samples;       /* the caller's: the job's samples so far */
     fl_wk_async_fn on_avg; /* told of each averaging (may be NULL) */
     void *ud;
     fl_fanout_t *fan; /* the devices' threads, during an epoch */
     fl_wk_async_stats_t st;
 };
 
-int fl_wk_async_create(fl_wk_devices_t *d, const fl_wk_train_opts_t *o, fl_comm_t *comm,
-                       size_t np, fl_wk_cadence_t *cad, fl_wk_async_t **out)
+int fl_wk_async_create(fl_wk_devices_t *d, const fl_wk_train_opts_t *o, fl_comm_t *comm, size_t np,
+                       fl_wk_cadence_t *cad, fl_wk_async_t **out)
 {
     *out = NULL;
     if (o->run_ahead < 0 || o->run_ahead > MAX_SLOTS - 1)
-        return fl_fail(FL_EINVAL, "--run-ahead %d is outside 0..%d", o->run_ahead,
-                       MAX_SLOTS - 1);
+        return fl_fail(FL_EINVAL, "--run-ahead %d is outside 0..%d", o->run_ahead, MAX_SLOTS - 1);
     fl_wk_async_t *a = calloc(1, sizeof *a);
     if (a == NULL)
         return fl_fail(FL_ENOMEM, "--policy async: out of memory");
@@ -255,8 +254,7 @@ static bool round_begin(fl_wk_async_t *a, device_t *v, int r, long *since, doubl
     int64_t t0 = fl_now_ns();
     struct timespec dl = deadline();
     while (a->rc == FL_OK && a->done < r - a->bound)
-        if (pthread_cond_timedwait(&a->cv, &a->mu, &dl) == ETIMEDOUT &&
-            a->done < r - a->bound) {
+        if (pthread_cond_timedwait(&a->cv, &a->mu, &dl) == ETIMEDOUT && a->done < r - a->bound) {
             set_error(a, FL_ETIMEDOUT, "--policy async: no averaging within 600 s");
             break;
         }
@@ -272,8 +270,8 @@ static bool round_begin(fl_wk_async_t *a, device_t *v, int r, long *since, doubl
             *since += a->cnt[(size_t)q * (size_t)a->L + (size_t)v->j];
         int lead = r - a->done;
         a->st.max_lead = lead > a->st.max_lead ? lead : a->st.max_lead;
-        *step0 = (v->applied > 0 ? a->samples_at[(v->applied - 1) % a->slots] : a->samples0) /
-                 per_sync;
+        *step0 =
+            (v->applied > 0 ? a->samples_at[(v->applied - 1) % a->slots] : a->samples0) / per_sync;
     }
     pthread_mutex_unlock(&a->mu);
     return go;
@@ -296,8 +294,8 @@ static int round_train(fl_wk_async_t *a, device_t *v, int r, long since, double 
     for (int b = 0; b < c && rc == FL_OK; b++) {
         double loss = 0.0;
         size_t correct = 0;
-        rc = fl_wk_devices_host_batch(a->d, v->j, v->p, first + (size_t)b, v->grad, &loss,
-                                      &correct);
+        rc =
+            fl_wk_devices_host_batch(a->d, v->j, v->p, first + (size_t)b, v->grad, &loss, &correct);
         if (rc == FL_OK)
             rc = fl_opt_step(v->opt, v->p, v->grad, fl_lr_at(a->sched, (long)(step0 + since)));
         since++;
@@ -361,8 +359,9 @@ static void host_sum(fl_wk_async_t *a, int k, double *wait_s, double *batch_s)
     bool mine = k < a->rounds;
     while (a->rc == FL_OK && mine && a->handed[k] < a->L)
         if (pthread_cond_timedwait(&a->cv, &a->mu, &dl) == ETIMEDOUT && a->handed[k] < a->L) {
-            set_error(a, FL_ETIMEDOUT, "--policy async: the devices did not finish a round "
-                                       "within 600 s");
+            set_error(a, FL_ETIMEDOUT,
+                      "--policy async: the devices did not finish a round "
+                      "within 600 s");
             break;
         }
     *wait_s = (double)(fl_now_ns() - t0) / 1e9;
@@ -560,8 +559,8 @@ static int epoch_end(fl_wk_async_t *a, int rc)
     return FL_OK;
 }
 
-int fl_wk_async_epoch(fl_wk_async_t *a, float *params, const fl_lr_sched_t *sched,
-                      double *samples, fl_wk_async_fn on_avg, void *ud)
+int fl_wk_async_epoch(fl_wk_async_t *a, float *params, const fl_lr_sched_t *sched, double *samples,
+                      fl_wk_async_fn on_avg, void *ud)
 {
     a->done = 0;
     a->rc = FL_OK;

@@ -74,8 +74,8 @@ static double load(const void *buf, size_t i, fl_dtype_t dtype)
     }
 }
 
-static int verify(const void *buf, size_t count, fl_dtype_t dtype, fl_op_t op, int nranks,
-                  int step, int rank)
+static int verify(const void *buf, size_t count, fl_dtype_t dtype, fl_op_t op, int nranks, int step,
+                  int rank)
 {
     /* The pattern repeats every 64 elements: compute the 64 expected values once. */
     double want[64];
@@ -84,8 +84,8 @@ static int verify(const void *buf, size_t count, fl_dtype_t dtype, fl_op_t op, i
     for (size_t i = 0; i < count; i++) {
         double got = load(buf, i, dtype);
         if (got != want[i % 64])
-            return fl_fail(FL_EPROTO, "rank %d: step %d element %zu is %.9g, expected %.9g",
-                           rank, step, i, got, want[i % 64]);
+            return fl_fail(FL_EPROTO, "rank %d: step %d element %zu is %.9g, expected %.9g", rank,
+                           step, i, got, want[i % 64]);
     }
     return FL_OK;
 }

@@ -83,14 +83,14 @@ static void progress_line(const fl_wk_report_t *r)
     case FL_WK_LOOP_SYNC:
         printf("epoch %d/%d step %ld%s (%s) loss %.4f acc %.1f%% %.0f samples/s compute "
                "%.1f ms exchange %.1f ms (exposed %.1f ms) %s\n",
-               r->epoch + 1, r->epochs, p->at, of, eta, p->loss, 100.0 * p->acc,
-               p->samples_per_s, p->compute_ms, p->exchange_ms, p->exposed_ms, sent);
+               r->epoch + 1, r->epochs, p->at, of, eta, p->loss, 100.0 * p->acc, p->samples_per_s,
+               p->compute_ms, p->exchange_ms, p->exposed_ms, sent);
         break;
     case FL_WK_LOOP_PS:
         printf("epoch %d/%d step %ld%s (%s) loss %.4f acc %.1f%% %.0f samples/s compute "
                "%.1f ms push+pull %.1f ms %s\n",
-               r->epoch + 1, r->epochs, p->at, of, eta, p->loss, 100.0 * p->acc,
-               p->samples_per_s, p->compute_ms, p->exchange_ms, sent);
+               r->epoch + 1, r->epochs, p->at, of, eta, p->loss, 100.0 * p->acc, p->samples_per_s,
+               p->compute_ms, p->exchange_ms, sent);
         break;
     case FL_WK_LOOP_ASYNC:
         printf("epoch %d/%d averaging %ld loss %.4f acc %.1f%% %.0f samples/s exchange %.1f ms "

@@ -46,8 +46,7 @@ static uint64_t data_hash(const fl_dataset_t *d)
     return h;
 }
 
-int fl_wk_settings(const fl_wk_train_opts_t *t, const fl_dataset_t *train, char *out,
-                   size_t cap)
+int fl_wk_settings(const fl_wk_train_opts_t *t, const fl_dataset_t *train, char *out, size_t cap)
 {
     out[0] = '\0';
     char layers[FL_MLP_MAX_LAYERS * 12 + 1] = "";
@@ -58,17 +57,17 @@ int fl_wk_settings(const fl_wk_train_opts_t *t, const fl_dataset_t *train, char 
         at += (size_t)snprintf(layers + at, sizeof layers - at, "%s%d", l ? "-" : "",
                                t->shape.sizes[l]);
     for (int l = 0; l < t->shape.nlayers; l++)
-        pt += (size_t)snprintf(params + pt, sizeof params - pt,
-                               "%slayers.%d.weight [%d x %d], layers.%d.bias [%d]", l ? ", " : "",
-                               l, t->shape.sizes[l + 1], t->shape.sizes[l], l,
-                               t->shape.sizes[l + 1]);
+        pt +=
+            (size_t)snprintf(params + pt, sizeof params - pt,
+                             "%slayers.%d.weight [%d x %d], layers.%d.bias [%d]", l ? ", " : "", l,
+                             t->shape.sizes[l + 1], t->shape.sizes[l], l, t->shape.sizes[l + 1]);
     const fl_opt_opts_t *o = &t->opt;
     const fl_lr_sched_t *s = &t->lr;
     int rc = FL_OK;
-#define ADD(name, ...)                                                                       \
-    do {                                                                                     \
-        if (rc == FL_OK)                                                                     \
-            rc = fl_settings_add(out, cap, name, __VA_ARGS__);                               \
+#define ADD(name, ...)                                                                             \
+    do {                                                                                           \
+        if (rc == FL_OK)                                                                           \
+            rc = fl_settings_add(out, cap, name, __VA_ARGS__);                                     \
     } while (0)
     ADD("mode", "%s", mode_name(t->mode));
     ADD("layers", "%s", layers);

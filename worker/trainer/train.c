@@ -13,7 +13,6 @@
 #include <stdlib.h>
 #include <string.h>
 
-
 /* One synchronous step: its clock (start, compute done, exchange done), what it computed, its
  * learning rate and the time of --shard's legs after the exchange. */
 typedef struct step {
@@ -45,7 +44,6 @@ typedef struct run {
     double ep_loss;
     size_t ep_correct, ep_batches, bi;
 } run_t;
-
 
 void fl_wk_train_opts_init(fl_wk_train_opts_t *o)
 {
@@ -79,19 +77,20 @@ static int check_labels(const fl_mlp_shape_t *m, const fl_dataset_t *d)
     int outputs = m->sizes[m->nlayers];
     for (size_t i = 0; i < d->n; i++)
         if (d->y[i] >= outputs)
-            return fl_fail(FL_EINVAL, "%s: label %d at index %zu is out of range 0..%d: the "
-                                      "model (--layers) has %d outputs, the data %d classes",
+            return fl_fail(FL_EINVAL,
+                           "%s: label %d at index %zu is out of range 0..%d: the "
+                           "model (--layers) has %d outputs, the data %d classes",
                            d->labels[0] ? d->labels : d->source, (int)d->y[i], i, outputs - 1,
                            outputs, d->classes);
     return FL_OK;
 }
 
-int fl_wk_check_model(const fl_mlp_shape_t *m, const fl_dataset_t *d,
-                      const fl_dataset_t *test)
+int fl_wk_check_model(const fl_mlp_shape_t *m, const fl_dataset_t *d, const fl_dataset_t *test)
 {
     if ((size_t)m->sizes[0] != d->dim)
-        return fl_fail(FL_EINVAL, "--layers: the model takes %d inputs, the data (%s) has %zu "
-                                  "features",
+        return fl_fail(FL_EINVAL,
+                       "--layers: the model takes %d inputs, the data (%s) has %zu "
+                       "features",
                        m->sizes[0], d->source, d->dim);
     int rc = check_labels(m, d);
     if (rc != FL_OK)
@@ -127,7 +126,9 @@ static void banner(const trainer_t *tr, const run_t *r)
            tr->train->source, tr->world, o->replicas,
            fl_dev_name(fl_wk_rdev_dev(fl_wk_devices_rdev(tr->dev, 0))),
            o->replicas > 1 ? ", ..." : "", o->batch, r->global_batch, tr->np,
-           o->mode == FL_WK_MODE_LOCAL ? "no" : o->topk > 0 ? "top-k" : "dense",
+           o->mode == FL_WK_MODE_LOCAL ? "no"
+           : o->topk > 0               ? "top-k"
+                                       : "dense",
            tr->nx <= 1                       ? ""
            : o->hierarchy == FL_WK_HIER_FLAT ? " (flat: every device a ring member)"
                                              : " (hybrid: device shards across hosts)",
@@ -145,8 +146,8 @@ static int resume(trainer_t *tr, run_t *r)
         return FL_OK;
     if (o->checkpoint_dir == NULL || strcmp(o->resume_dir, o->checkpoint_dir) != 0)
         fl_wk_ckpt_clean(o->resume_dir, tr->rank, o->quiet);
-    int rc = fl_wk_ckpt_load(o->resume_dir, o, fl_wk_tr_piece_world(tr), tr->rank, tr->params, r->opts,
-                             &r->step, &r->first_epoch, &tr->samples);
+    int rc = fl_wk_ckpt_load(o->resume_dir, o, fl_wk_tr_piece_world(tr), tr->rank, tr->params,
+                             r->opts, &r->step, &r->first_epoch, &tr->samples);
     if (rc == FL_OK && tr->full != NULL)
         fl_wk_full_scatter(tr->full, tr->params);
     return rc;
@@ -169,8 +170,8 @@ static int start(trainer_t *tr, run_t *r, fl_wk_train_result_t *res)
     fl_wk_tr_rank_state(tr, &r->own);
     if ((rc = fl_wk_trainer_keep(tr, r->opts)) != FL_OK)
         return rc;
-    if (o->resume_dir != NULL &&
-        (rc = fl_wk_ckpt_rank_resume(o, tr->rank, fl_wk_tr_piece_world(tr), r->step, &r->own)) != FL_OK)
+    if (o->resume_dir != NULL && (rc = fl_wk_ckpt_rank_resume(o, tr->rank, fl_wk_tr_piece_world(tr),
+                                                              r->step, &r->own)) != FL_OK)
         return rc;
     if (r->lead && o->resume_dir != NULL)
         printf("resumed from %s: step %ld, %d epoch(s) done\n", o->resume_dir, r->step,
@@ -202,9 +203,9 @@ static int apply(trainer_t *tr, const run_t *r, step_t *s, fl_wk_train_result_t 
     if (rc != FL_OK)
         return rc;
     s->legs_ms = (double)(fl_now_ns() - t_rs) / 1e6;
-    if (clips_here(tr) && (rc = tr->full != NULL ? fl_wk_full_clip(tr->full, o->max_norm)
-                                                 : fl_wk_shards_clip(tr->shards, tr->grad,
-                                                                     o->max_norm)) != FL_OK)
+    if (clips_here(tr) &&
+        (rc = tr->full != NULL ? fl_wk_full_clip(tr->full, o->max_norm)
+                               : fl_wk_shards_clip(tr->shards, tr->grad, o->max_norm)) != FL_OK)
         return rc;
     double before = tr->samples - s->so.job_batches * (double)o->batch;
     s->lr = o->max_anchor > 0 ? fl_wk_cadence_lr(tr, &r->sched, before, s->so.job_batches)
@@ -223,7 +224,8 @@ static int apply(trainer_t *tr, const run_t *r, step_t *s, fl_wk_train_result_t 
         return rc;
     /* Resident ranges: every device takes the gathered model (on cpu it is theirs),
      * all-gathered on the devices where the ranges are all this host's. */
-    if (tr->resident_ranges && o->device != FL_DEV_CPU && (rc = fl_wk_tr_gather_ranges(tr)) != FL_OK)
+    if (tr->resident_ranges && o->device != FL_DEV_CPU &&
+        (rc = fl_wk_tr_gather_ranges(tr)) != FL_OK)
         return rc;
     s->legs_ms += (double)(fl_now_ns() - t_ag) / 1e6;
     /* El Che's exchange time: the buckets' wait and --shard grad's legs. */
@@ -248,11 +250,19 @@ static void report(trainer_t *tr, run_t *r, const step_t *s, const fl_wk_xchg_st
 {
     const fl_wk_train_opts_t *o = tr->o;
     const step_out_t *so = &s->so;
-    fl_wk_report_t rp = {.loop = FL_WK_LOOP_SYNC, .metrics = tr->metrics, .rank = tr->rank,
-                         .epoch = r->ep, .epochs = o->epochs, .step = r->step,
-                         .loss = so->loss, .lr = s->lr, .density = r->density,
-                         .compute_ms = c_ms, .exchange_ms = x_ms,
-                         .divergence = res->divergence, .sent = xs->bytes_sent,
+    fl_wk_report_t rp = {.loop = FL_WK_LOOP_SYNC,
+                         .metrics = tr->metrics,
+                         .rank = tr->rank,
+                         .epoch = r->ep,
+                         .epochs = o->epochs,
+                         .step = r->step,
+                         .loss = so->loss,
+                         .lr = s->lr,
+                         .density = r->density,
+                         .compute_ms = c_ms,
+                         .exchange_ms = x_ms,
+                         .divergence = res->divergence,
+                         .sent = xs->bytes_sent,
                          .raw = xs->raw_bytes};
     rp.acc = so->host_batches ? (double)so->correct / (double)(o->batch * so->host_batches) : 0.0;
     int64_t now = fl_now_ns();
@@ -306,7 +316,9 @@ static int save_every(trainer_t *tr, const run_t *r)
     if (o->save_path == NULL || o->save_every <= 0 || (r->step + 1) % o->save_every != 0)
         return FL_OK;
     int rc = fl_wk_tr_materialize(tr);
-    return rc == FL_OK ? fl_wk_tr_agree(tr, tr->rank == 0 ? fl_wk_tr_save(tr, r->step + 1, r->ep) : FL_OK) : rc;
+    return rc == FL_OK
+               ? fl_wk_tr_agree(tr, tr->rank == 0 ? fl_wk_tr_save(tr, r->step + 1, r->ep) : FL_OK)
+               : rc;
 }
 
 /* One synchronous step: every device's batch (or El Che's sync) computed while the exchange
@@ -337,8 +349,12 @@ static int sync_step(trainer_t *tr, run_t *r, fl_wk_train_result_t *res, bool *m
 /* --policy async: the epoch's averagings, each reported as it lands (train_policy.c). */
 static int async_epoch(trainer_t *tr, run_t *r, fl_wk_train_result_t *res)
 {
-    async_ctx_t ac = {.tr = tr, .ep = r->ep, .step = &r->step, .first_step = r->first_step,
-                      .t_start = r->t_start, .t_last = r->t_last,
+    async_ctx_t ac = {.tr = tr,
+                      .ep = r->ep,
+                      .step = &r->step,
+                      .first_step = r->first_step,
+                      .t_start = r->t_start,
+                      .t_last = r->t_last,
                       .first_samples = r->first_samples};
     double mean = 0.0;
     int rc = fl_wk_async_epoch_run(tr, &ac, &mean, &r->ep_correct, &r->ep_batches);
@@ -377,19 +393,17 @@ static int evaluate(trainer_t *tr, const run_t *r, const fl_dataset_t *test,
         return rc;
     if (tr->rank == 0) {
         size_t ok = 0;
-        rc = fl_mlp_eval(tr->m, fl_wk_devices_ws(tr->dev), tr->params, test->x, test->y,
-                         test->n, &res->test_loss, &ok);
+        rc = fl_mlp_eval(tr->m, fl_wk_devices_ws(tr->dev), tr->params, test->x, test->y, test->n,
+                         &res->test_loss, &ok);
         res->test_acc = test->n ? (double)ok / (double)test->n : 0.0;
         if (r->lead)
-            fl_wk_report_epoch(r->ep, tr->o->epochs, res,
-                               (double)(fl_now_ns() - r->t_start) / 1e9);
+            fl_wk_report_epoch(r->ep, tr->o->epochs, res, (double)(fl_now_ns() - r->t_start) / 1e9);
     }
     return fl_wk_tr_agree(tr, rc);
 }
 
 /* The end of an epoch: its figures, the devices' memory, the evaluation and the checkpoint. */
-static int end_epoch(trainer_t *tr, run_t *r, const fl_dataset_t *test,
-                     fl_wk_train_result_t *res)
+static int end_epoch(trainer_t *tr, run_t *r, const fl_dataset_t *test, fl_wk_train_result_t *res)
 {
     const fl_wk_train_opts_t *o = tr->o;
     res->train_loss = r->ep_batches ? r->ep_loss / (double)r->ep_batches : 0.0;
@@ -407,7 +421,8 @@ static int end_epoch(trainer_t *tr, run_t *r, const fl_dataset_t *test,
     fl_wk_obs_epoch(&tr->obs, r->ep + 1);
     if (o->checkpoint_dir == NULL)
         return FL_OK;
-    if ((rc = fl_wk_tr_materialize(tr)) != FL_OK || (rc = fl_wk_tr_save_device_state(tr, r->opts)) != FL_OK)
+    if ((rc = fl_wk_tr_materialize(tr)) != FL_OK ||
+        (rc = fl_wk_tr_save_device_state(tr, r->opts)) != FL_OK)
         return rc;
     return fl_wk_ckpt_save(o->checkpoint_dir, tr->comm, tr->rank, fl_wk_tr_piece_world(tr), o,
                            tr->params, r->opts, &r->own, r->step, r->ep + 1, tr->samples);

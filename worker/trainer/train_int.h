@@ -13,8 +13,7 @@
 /* Checks the model against the data (inputs; every label, of both splits, below its outputs)
  * and the test split against the training data: FL_EINVAL saying what differs (a label: its
  * file, index and value). */
-int fl_wk_check_model(const fl_mlp_shape_t *m, const fl_dataset_t *train,
-                      const fl_dataset_t *test);
+int fl_wk_check_model(const fl_mlp_shape_t *m, const fl_dataset_t *train, const fl_dataset_t *test);
 
 /* ---- what a step reports (report.c): the metrics line and rank 0's progress line ---- */
 
@@ -27,22 +26,22 @@ typedef enum fl_wk_loop {
 
 /* The progress line's figures: the epoch's so far, and per step of this run. */
 typedef struct fl_wk_progress {
-    long at, of;       /* "step at/of" (of 0: not shown); async: the averaging */
-    double done;       /* the job's share done (0..1), for the ETA */
-    double start;      /* the share done when this run started (a resumed run) */
-    double elapsed_s;  /* this run's seconds */
-    double loss, acc;  /* the epoch's so far */
+    long at, of;      /* "step at/of" (of 0: not shown); async: the averaging */
+    double done;      /* the job's share done (0..1), for the ETA */
+    double start;     /* the share done when this run started (a resumed run) */
+    double elapsed_s; /* this run's seconds */
+    double loss, acc; /* the epoch's so far */
     double samples_per_s;
     double compute_ms, exchange_ms, exposed_ms; /* per step of this run */
 } fl_wk_progress_t;
 
 typedef struct fl_wk_report {
     fl_wk_loop_t loop;
-    FILE *metrics;    /* the metrics line goes there (NULL: none) */
-    bool progress;    /* the progress line is due (rank 0, not quiet, its interval passed) */
+    FILE *metrics;           /* the metrics line goes there (NULL: none) */
+    bool progress;           /* the progress line is due (rank 0, not quiet, its interval passed) */
     int rank, epoch, epochs; /* epoch from 0 */
-    long step;        /* the metrics line's step */
-    double loss, acc; /* the step's */
+    long step;               /* the metrics line's step */
+    double loss, acc;        /* the step's */
     double lr, density, compute_ms, exchange_ms, wait_ms, job_batches, divergence;
     uint64_t sent, raw; /* the exchange's bytes so far, and a dense ring's */
     fl_wk_progress_t p;
@@ -61,23 +60,23 @@ void fl_wk_report_epoch(int epoch, int epochs, const fl_wk_train_result_t *res, 
 typedef struct fl_wk_async fl_wk_async_t;
 
 typedef struct fl_wk_async_avg { /* one averaging */
-    long index;          /* in the epoch */
-    double job_batches;  /* the job's batches it averaged */
-    double host_batches; /* of which this host's */
-    double loss;         /* their mean loss (this host's) */
-    size_t correct;      /* their correct predictions (this host's) */
-    double exchange_s;   /* its allreduce */
-    double wait_s;       /* the training thread's wait for this host's devices */
-    double divergence;   /* ||before - after|| / ||after||, this host's device that strayed most */
+    long index;                  /* in the epoch */
+    double job_batches;          /* the job's batches it averaged */
+    double host_batches;         /* of which this host's */
+    double loss;                 /* their mean loss (this host's) */
+    size_t correct;              /* their correct predictions (this host's) */
+    double exchange_s;           /* its allreduce */
+    double wait_s;               /* the training thread's wait for this host's devices */
+    double divergence; /* ||before - after|| / ||after||, this host's device that strayed most */
 } fl_wk_async_avg_t;
 
 typedef struct fl_wk_async_stats {
     long averagings;
-    int max_lead;        /* most rounds a device started ahead of the last completed averaging */
-    long throttles;      /* round starts that waited at the run-ahead bound */
-    double throttled_s;  /* the devices' time waiting there, summed */
-    double busy_s;       /* the devices' time computing, summed */
-    double exchange_s;   /* the averagings' allreduces */
+    int max_lead;          /* most rounds a device started ahead of the last completed averaging */
+    long throttles;        /* round starts that waited at the run-ahead bound */
+    double throttled_s;    /* the devices' time waiting there, summed */
+    double busy_s;         /* the devices' time computing, summed */
+    double exchange_s;     /* the averagings' allreduces */
     uint64_t sent, remote; /* their bytes, and of them to other hosts */
 } fl_wk_async_stats_t;
 
@@ -86,16 +85,16 @@ typedef void (*fl_wk_async_fn)(const fl_wk_async_avg_t *avg, void *ud);
 /* The devices of d (made with o->max_anchor > 0), each with its own parameters and optimizer
  * (o->opt), averaging over comm (NULL: one host) with at most o->run_ahead rounds in flight,
  * in rounds of cad's counts (re-planned every o->replan_every averagings; borrowed). */
-int fl_wk_async_create(fl_wk_devices_t *d, const fl_wk_train_opts_t *o, fl_comm_t *comm,
-                       size_t np, fl_wk_cadence_t *cad, fl_wk_async_t **out);
+int fl_wk_async_create(fl_wk_devices_t *d, const fl_wk_train_opts_t *o, fl_comm_t *comm, size_t np,
+                       fl_wk_cadence_t *cad, fl_wk_async_t **out);
 void fl_wk_async_destroy(fl_wk_async_t **a);
 
 /* One epoch from params (the job's, the same on every rank); params end as the last averaging
  * left them and *samples counts the job's samples. on_avg hears every averaging (on the calling
  * thread). FL_OK, a device's error, a collective's error, FL_EPEER when another host failed
  * (every host stops at the same averaging). */
-int fl_wk_async_epoch(fl_wk_async_t *a, float *params, const fl_lr_sched_t *sched,
-                      double *samples, fl_wk_async_fn on_avg, void *ud);
+int fl_wk_async_epoch(fl_wk_async_t *a, float *params, const fl_lr_sched_t *sched, double *samples,
+                      fl_wk_async_fn on_avg, void *ud);
 
 /* The epoch's mean loss per batch, correct predictions and batches of this host. */
 void fl_wk_async_epoch_figures(const fl_wk_async_t *a, double *loss, size_t *correct,
@@ -113,18 +112,17 @@ fl_opt_t *fl_wk_async_opt(struct fl_wk_async *a, int j);
 
 /* ---- metrics and timeline of the training (wk_obs.c) ---- */
 
-
 typedef struct fl_wk_obs {
     fl_obs_t *obs; /* NULL: nothing is recorded */
     char labels[32];
     int steps, samples, sent, remote, recv, ratio, residual, loss, sps, compute, exposed, last,
         epoch, divergence, errors;
-    int step_h, wait_h; /* histograms of step and exchange-wait times */
+    int step_h, wait_h;     /* histograms of step and exchange-wait times */
     int bad[FL_STAT_COUNT]; /* refused messages by kind (the bad_* stats); -1 for the others */
 } fl_wk_obs_t;
 
 typedef struct fl_wk_obs_step {
-    double samples;       /* the job's, so far */
+    double samples; /* the job's, so far */
     uint64_t sent, remote, recv, raw;
     double residual;
     double loss;
@@ -152,25 +150,25 @@ typedef struct trainer {
     float *params;
     float *grad;
     fl_wk_devices_t *dev;
-    int nx;                    /* exchanges: one, or one per device (its own connection) */
+    int nx; /* exchanges: one, or one per device (its own connection) */
     int nsubs;
     fl_comm_t *subs[FL_DEV_MAX_DEVICES]; /* their sub-communicators, when nx > 1 */
     fl_wk_xchg_t *xchg[FL_DEV_MAX_DEVICES];
     fl_wk_shards_t *shards;
-    fl_wk_full_t *full;        /* --shard full: the parameters' pieces (NULL otherwise) */
-    fl_wk_async_t *async;      /* --policy async (NULL otherwise) */
-    bool resident;             /* parameters and optimizer on the devices (--policy sync) */
-    bool resident_ranges;      /* ... each device stepping its range (--shard hybrid, grad) */
-    bool keep_grad;            /* ... and the gradient too (one device, no exchange) */
-    bool gathered_on_devices;  /* ... the ranges all-gathered on the devices (train_ops.c) */
+    fl_wk_full_t *full;       /* --shard full: the parameters' pieces (NULL otherwise) */
+    fl_wk_async_t *async;     /* --policy async (NULL otherwise) */
+    bool resident;            /* parameters and optimizer on the devices (--policy sync) */
+    bool resident_ranges;     /* ... each device stepping its range (--shard hybrid, grad) */
+    bool keep_grad;           /* ... and the gradient too (one device, no exchange) */
+    bool gathered_on_devices; /* ... the ranges all-gathered on the devices (train_ops.c) */
     FILE *metrics;
     /* El Che (o->max_anchor > 0) */
     fl_wk_cadence_t cad;
-    size_t next;        /* the host's next batch this epoch */
-    double exch_ema_s;  /* exchange seconds per sync */
+    size_t next;       /* the host's next batch this epoch */
+    double exch_ema_s; /* exchange seconds per sync */
     long syncs;
     const fl_lr_sched_t *sched;
-    double samples;     /* the job's, trained on */
+    double samples; /* the job's, trained on */
     fl_wk_obs_t obs;
 } trainer_t;
 
@@ -235,8 +233,8 @@ int fl_wk_tr_compute(trainer_t *tr, size_t *bi, size_t nbatches, step_out_t *so,
 /* The memory per device of res, as --shard and the exchange split it. */
 void fl_wk_tr_memory(const trainer_t *tr, fl_wk_train_result_t *res);
 /* The step's figures into the metrics registry. */
-void fl_wk_tr_observe_step(trainer_t *tr, const fl_wk_xchg_stats_t *xs, double loss,
-                           double c_ms, double x_ms, double divergence, int64_t t_start);
+void fl_wk_tr_observe_step(trainer_t *tr, const fl_wk_xchg_stats_t *xs, double loss, double c_ms,
+                           double x_ms, double divergence, int64_t t_start);
 
 /* --policy async: what the averagings of an epoch report to. */
 typedef struct async_ctx {

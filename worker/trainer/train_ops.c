@@ -173,8 +173,9 @@ int fl_wk_tr_agree(trainer_t *tr, int rc)
     if (crc != FL_OK)
         return crc;
     if (failed > 0)
-        return fl_fail(FL_EPEER, "rank %d: another rank failed (its log says why); stopping with "
-                                 "it",
+        return fl_fail(FL_EPEER,
+                       "rank %d: another rank failed (its log says why); stopping with "
+                       "it",
                        tr->rank);
     return FL_OK;
 }
@@ -183,7 +184,7 @@ int fl_wk_tr_agree(trainer_t *tr, int rc)
  * batches; the job's total agreed with one small allreduce). *t1: when the compute ended.
  * *more false: the epoch is over (nothing computed). */
 int fl_wk_tr_compute(trainer_t *tr, size_t *bi, size_t nbatches, step_out_t *so, bool *more,
-                   int64_t *t1)
+                     int64_t *t1)
 {
     const fl_wk_train_opts_t *o = tr->o;
     memset(so, 0, sizeof *so);
@@ -219,8 +220,8 @@ int fl_wk_tr_compute(trainer_t *tr, size_t *bi, size_t nbatches, step_out_t *so,
         rc = fl_wk_devices_local_round(tr->dev, tr->params, counts, tr->next, tr->sched,
                                        tr->samples / per_sync, batch_s, &so->loss, &so->correct);
     } else {
-        rc = fl_wk_devices_cadence_step(tr->dev, tr->resident ? NULL : tr->params, counts,
-                                        tr->next, batch_s, &so->loss, &so->correct);
+        rc = fl_wk_devices_cadence_step(tr->dev, tr->resident ? NULL : tr->params, counts, tr->next,
+                                        batch_s, &so->loss, &so->correct);
     }
     if (rc != FL_OK)
         return rc;
@@ -265,7 +266,7 @@ void fl_wk_tr_memory(const trainer_t *tr, fl_wk_train_result_t *res)
 
 /* The step's figures into the metrics registry. */
 void fl_wk_tr_observe_step(trainer_t *tr, const fl_wk_xchg_stats_t *xs, double loss, double c_ms,
-                         double x_ms, double divergence, int64_t t_start)
+                           double x_ms, double divergence, int64_t t_start)
 {
     fl_wk_obs_step_t st;
     memset(&st, 0, sizeof st);

@@ -45,8 +45,8 @@ static void on_average(const fl_wk_async_avg_t *av, void *ud)
     long step = (*c->step)++;
     c->divergence = av->divergence;
     c->comm_ms += av->exchange_s * 1e3;
-    double acc = av->host_batches > 0 ? (double)av->correct / (av->host_batches * (double)o->batch)
-                                      : 0.0;
+    double acc =
+        av->host_batches > 0 ? (double)av->correct / (av->host_batches * (double)o->batch) : 0.0;
     int64_t now = fl_now_ns();
     double secs = (double)(now - c->t_start) / 1e9;
     double sps = secs > 0 ? (tr->samples - c->first_samples) / secs : 0.0;
@@ -61,10 +61,17 @@ static void on_average(const fl_wk_async_avg_t *av, void *ud)
         st.ctx = tr->comm != NULL ? fl_comm_ctx(tr->comm) : NULL;
         fl_wk_obs_step(&tr->obs, &st);
     }
-    fl_wk_report_t rp = {.loop = FL_WK_LOOP_ASYNC, .metrics = tr->metrics, .rank = tr->rank,
-                         .epoch = c->ep, .epochs = o->epochs, .step = step, .loss = av->loss,
-                         .acc = acc, .job_batches = av->job_batches,
-                         .exchange_ms = av->exchange_s * 1e3, .wait_ms = av->wait_s * 1e3,
+    fl_wk_report_t rp = {.loop = FL_WK_LOOP_ASYNC,
+                         .metrics = tr->metrics,
+                         .rank = tr->rank,
+                         .epoch = c->ep,
+                         .epochs = o->epochs,
+                         .step = step,
+                         .loss = av->loss,
+                         .acc = acc,
+                         .job_batches = av->job_batches,
+                         .exchange_ms = av->exchange_s * 1e3,
+                         .wait_ms = av->wait_s * 1e3,
                          .divergence = av->divergence};
     rp.progress = tr->rank == 0 && !o->quiet && (double)(now - c->t_last) / 1e9 >= o->progress_s;
     rp.p.at = step + 1;
@@ -77,11 +84,10 @@ static void on_average(const fl_wk_async_avg_t *av, void *ud)
 
 /* --policy async: one epoch (El Che re-plans inside it, as the averagings go). */
 int fl_wk_async_epoch_run(trainer_t *tr, async_ctx_t *c, double *loss, size_t *correct,
-                       size_t *batches)
+                          size_t *batches)
 {
     int rc = fl_wk_async_epoch(tr->async, tr->params, tr->sched, &tr->samples, on_average, c);
     if (rc == FL_OK)
         fl_wk_async_epoch_figures(tr->async, loss, correct, batches);
     return rc;
 }
-

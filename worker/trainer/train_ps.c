@@ -26,7 +26,7 @@ typedef struct ps_trainer {
     float *params;
     float *grad;
     fl_wk_devices_t *dev;
-    int parts;            /* device clients (0: one client for the host) */
+    int parts; /* device clients (0: one client for the host) */
     fl_wk_psdev_t *pd;
     fl_cmp_ef_t *ef;
     fl_cmp_ws_t *ws;
@@ -36,18 +36,18 @@ typedef struct ps_trainer {
     /* the run: the schedule, the steps (the server's), this run's clock and sums, the epoch in
      * progress */
     fl_cmp_schedule_t dgc;
-    size_t nb;          /* steps per epoch */
-    uint64_t total;     /* the job's steps */
+    size_t nb;      /* steps per epoch */
+    uint64_t total; /* the job's steps */
     long global_batch;
-    bool lead;          /* rank 0 prints */
-    uint64_t start;     /* the server's step when this run joined */
-    uint64_t step;      /* the server's step now */
-    long saved;         /* the step of this worker's last residual file */
+    bool lead;      /* rank 0 prints */
+    uint64_t start; /* the server's step when this run joined */
+    uint64_t step;  /* the server's step now */
+    long saved;     /* the step of this worker's last residual file */
     int64_t t_start, t_last;
     long cur_epoch;
     double compute_ms, comm_ms, ep_loss;
     size_t ep_correct, ep_steps;
-    long steps;         /* this run's */
+    long steps; /* this run's */
 } ps_trainer_t;
 
 /* One step's figures. */
@@ -81,8 +81,8 @@ static int setup(ps_trainer_t *t, const fl_dataset_t *train)
     int parts = o->replicas < shards ? o->replicas : shards;
     t->parts = o->replicas > 1 && !o->ps_host_client && parts > 1 ? parts : 0;
     if ((rc = fl_wk_devices_create(t->m, train, o, t->rank, t->world,
-                                     t->parts > 0 ? FL_WK_LOCAL_SHARDS : FL_WK_LOCAL_MEAN,
-                                     t->grad, &t->dev)) != FL_OK)
+                                   t->parts > 0 ? FL_WK_LOCAL_SHARDS : FL_WK_LOCAL_MEAN, t->grad,
+                                   &t->dev)) != FL_OK)
         return rc;
     if (o->topk > 0 && t->parts == 0) {
         fl_cmp_ef_opts_t eo;
@@ -261,10 +261,16 @@ static void report(ps_trainer_t *t, const ps_step_t *s)
 {
     const fl_wk_train_opts_t *o = t->o;
     double per_step = (double)(o->batch * (size_t)o->replicas);
-    fl_wk_report_t rp = {.loop = FL_WK_LOOP_PS, .metrics = t->metrics, .rank = t->rank,
-                         .epoch = (int)s->ep, .epochs = o->epochs, .step = (long)t->step - 1,
-                         .loss = s->loss, .acc = (double)s->correct / per_step,
-                         .density = s->density, .compute_ms = (double)(s->t1 - s->t0) / 1e6,
+    fl_wk_report_t rp = {.loop = FL_WK_LOOP_PS,
+                         .metrics = t->metrics,
+                         .rank = t->rank,
+                         .epoch = (int)s->ep,
+                         .epochs = o->epochs,
+                         .step = (long)t->step - 1,
+                         .loss = s->loss,
+                         .acc = (double)s->correct / per_step,
+                         .density = s->density,
+                         .compute_ms = (double)(s->t1 - s->t0) / 1e6,
                          .exchange_ms = (double)(s->t2 - s->t1) / 1e6};
     int64_t now = fl_now_ns();
     rp.progress = t->lead && (double)(now - t->t_last) / 1e9 >= o->progress_s;
@@ -360,8 +366,7 @@ static int save_residuals(ps_trainer_t *t)
 
 /* An epoch ended (these are the parameters after its last update): the residuals saved, and
  * rank 0 evaluates on the test split. */
-static int end_epoch(ps_trainer_t *t, long ep, const fl_dataset_t *test,
-                     fl_wk_train_result_t *res)
+static int end_epoch(ps_trainer_t *t, long ep, const fl_dataset_t *test, fl_wk_train_result_t *res)
 {
     res->epochs = (int)(t->step / t->nb);
     int rc = save_residuals(t);
@@ -376,8 +381,7 @@ static int end_epoch(ps_trainer_t *t, long ep, const fl_dataset_t *test,
         return rc;
     res->test_acc = test->n ? (double)ok / (double)test->n : 0.0;
     if (t->lead)
-        fl_wk_report_epoch((int)ep, t->o->epochs, res,
-                           (double)(fl_now_ns() - t->t_start) / 1e9);
+        fl_wk_report_epoch((int)ep, t->o->epochs, res, (double)(fl_now_ns() - t->t_start) / 1e9);
     return FL_OK;
 }
 
@@ -402,8 +406,7 @@ static void results(const ps_trainer_t *t, const fl_dataset_t *test, fl_wk_train
 }
 
 int fl_wk_train_ps(fl_ps_client_t *cl, int rank, int world, const fl_dataset_t *train,
-                   const fl_dataset_t *test, const fl_wk_train_opts_t *o,
-                   fl_wk_train_result_t *res)
+                   const fl_dataset_t *test, const fl_wk_train_opts_t *o, fl_wk_train_result_t *res)
 {
     ps_trainer_t t;
     memset(&t, 0, sizeof t);

@@ -62,13 +62,15 @@ static int check_shard(const trainer_t *tr, bool per_device)
         return fl_fail(FL_EINVAL, "--shard full gathers every layer in the same order on every "
                                   "device: it does not combine with --max-anchor (El Che)");
     if (per_device && o->hierarchy == FL_WK_HIER_FLAT)
-        return fl_fail(FL_EINVAL, "--shard %s needs --hierarchy hybrid: a device's shard is its "
-                                  "column's",
+        return fl_fail(FL_EINVAL,
+                       "--shard %s needs --hierarchy hybrid: a device's shard is its "
+                       "column's",
                        fl_wk_shard_name(o->shard));
     if ((o->shard == FL_WK_SHARD_GRAD || o->shard == FL_WK_SHARD_FULL) && o->topk > 0 &&
         tr->comm != NULL)
-        return fl_fail(FL_EINVAL, "--shard %s reduce-scatters dense gradients: it does not "
-                                  "combine with --topk (use --shard hybrid)",
+        return fl_fail(FL_EINVAL,
+                       "--shard %s reduce-scatters dense gradients: it does not "
+                       "combine with --topk (use --shard hybrid)",
                        fl_wk_shard_name(o->shard));
     return FL_OK;
 }
@@ -101,12 +103,14 @@ static int check_policy(const trainer_t *tr, bool per_device)
     bool local_sgd = o->policy == FL_WK_POLICY_CADENCE || o->policy == FL_WK_POLICY_ASYNC;
     const char *pname = o->policy == FL_WK_POLICY_ASYNC ? "async" : "cadence";
     if (local_sgd && o->max_anchor < 1)
-        return fl_fail(FL_EINVAL, "--policy %s needs --max-anchor N: the slowest device's "
-                                  "batches between averages",
+        return fl_fail(FL_EINVAL,
+                       "--policy %s needs --max-anchor N: the slowest device's "
+                       "batches between averages",
                        pname);
     if (local_sgd && o->shard != FL_WK_SHARD_NONE)
-        return fl_fail(FL_EINVAL, "--policy %s: every device keeps its own optimizer, "
-                                  "--shard must be none",
+        return fl_fail(FL_EINVAL,
+                       "--policy %s: every device keeps its own optimizer, "
+                       "--shard must be none",
                        pname);
     if (o->policy == FL_WK_POLICY_ASYNC && o->topk > 0)
         return fl_fail(FL_EINVAL, "--policy async averages dense deltas: it does not combine "
@@ -124,8 +128,8 @@ static int devices(trainer_t *tr, bool per_device, fl_wk_local_t local)
         tr->cad.anchor = o->max_anchor;
         fl_wk_cadence_plan(&tr->cad, 0.0, 0.0);
     }
-    int rc = fl_wk_devices_create(tr->m, tr->train, o, tr->rank, tr->world, local, tr->grad,
-                                  &tr->dev);
+    int rc =
+        fl_wk_devices_create(tr->m, tr->train, o, tr->rank, tr->world, local, tr->grad, &tr->dev);
     if (rc == FL_OK)
         rc = check_shard(tr, per_device);
     if (rc == FL_OK && o->policy == FL_WK_POLICY_CADENCE)
@@ -217,8 +221,8 @@ int fl_wk_trainer_setup(trainer_t *tr)
     fl_wk_local_t local = !per_device                       ? FL_WK_LOCAL_MEAN
                           : o->hierarchy == FL_WK_HIER_FLAT ? FL_WK_LOCAL_NONE
                                                             : FL_WK_LOCAL_SHARDS;
-    bool pieces = (o->shard == FL_WK_SHARD_GRAD || o->shard == FL_WK_SHARD_FULL) &&
-                  tr->comm != NULL;
+    bool pieces =
+        (o->shard == FL_WK_SHARD_GRAD || o->shard == FL_WK_SHARD_FULL) && tr->comm != NULL;
     int rc = params_init(tr);
     if (rc == FL_OK)
         rc = check_policy(tr, per_device);

@@ -23,42 +23,42 @@ void fl_wk_obs_init(fl_wk_obs_t *m, fl_obs_t *obs, int rank)
      * count the job once per rank in a sum. */
     m->samples = m->sps = -1;
     if (rank == 0) {
-        m->samples = fl_obs_add(obs, "flodl_job_samples_total",
-                                "Samples the whole job trained on (rank 0 says)", FL_OBS_COUNTER,
-                                NULL);
+        m->samples =
+            fl_obs_add(obs, "flodl_job_samples_total",
+                       "Samples the whole job trained on (rank 0 says)", FL_OBS_COUNTER, NULL);
         m->sps = fl_obs_add(obs, "flodl_job_samples_per_second",
                             "Samples per second of the whole job, so far (rank 0 says)",
                             FL_OBS_GAUGE, NULL);
     }
-    m->sent = add(m, "flodl_bytes_sent_total", "Gradient-exchange bytes this rank sent",
-                  FL_OBS_COUNTER);
+    m->sent =
+        add(m, "flodl_bytes_sent_total", "Gradient-exchange bytes this rank sent", FL_OBS_COUNTER);
     m->remote = add(m, "flodl_bytes_sent_remote_total",
                     "Of the bytes sent, those to ranks on other hosts", FL_OBS_COUNTER);
     m->recv = add(m, "flodl_bytes_received_total", "Bytes this rank received", FL_OBS_COUNTER);
-    m->ratio = add(m, "flodl_compression_ratio", "Dense bytes over bytes sent, so far",
-                   FL_OBS_GAUGE);
-    m->residual = add(m, "flodl_residual_norm", "L2 norm of the error-feedback residuals",
-                      FL_OBS_GAUGE);
+    m->ratio =
+        add(m, "flodl_compression_ratio", "Dense bytes over bytes sent, so far", FL_OBS_GAUGE);
+    m->residual =
+        add(m, "flodl_residual_norm", "L2 norm of the error-feedback residuals", FL_OBS_GAUGE);
     m->loss = add(m, "flodl_loss", "Training loss of the last step", FL_OBS_GAUGE);
-    m->compute = add(m, "flodl_step_compute_seconds", "Compute time of the last step",
+    m->compute =
+        add(m, "flodl_step_compute_seconds", "Compute time of the last step", FL_OBS_GAUGE);
+    m->exposed = add(m, "flodl_step_exposed_comm_seconds", "Exchange time the last step waited for",
                      FL_OBS_GAUGE);
-    m->exposed = add(m, "flodl_step_exposed_comm_seconds",
-                     "Exchange time the last step waited for", FL_OBS_GAUGE);
     /* Distributions over the run, not only the last value. */
     static const double bounds[] = {0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05,
                                     0.1,    0.25,  0.5,    1.0,   2.5,  5.0,   10.0};
     int nb = (int)(sizeof bounds / sizeof bounds[0]);
     m->step_h = fl_obs_add_histogram(obs, "flodl_step_seconds",
-                                     "Step time: compute and the exchange it waited for",
-                                     m->labels, bounds, nb);
+                                     "Step time: compute and the exchange it waited for", m->labels,
+                                     bounds, nb);
     m->wait_h = fl_obs_add_histogram(obs, "flodl_exchange_wait_seconds",
                                      "Exchange time a step waited for (not hidden by compute)",
                                      m->labels, bounds, nb);
-    m->last = add(m, "flodl_last_step_timestamp_seconds", "Unix time of the last step",
-                  FL_OBS_GAUGE);
+    m->last =
+        add(m, "flodl_last_step_timestamp_seconds", "Unix time of the last step", FL_OBS_GAUGE);
     m->epoch = add(m, "flodl_epoch", "Epochs done", FL_OBS_GAUGE);
-    m->divergence = add(m, "flodl_divergence", "Weight-space divergence of the last averaging",
-                        FL_OBS_GAUGE);
+    m->divergence =
+        add(m, "flodl_divergence", "Weight-space divergence of the last averaging", FL_OBS_GAUGE);
     for (int k = 0; k < FL_STAT_COUNT; k++) {
         m->bad[k] = -1;
         if (k < FL_STAT_BAD_HEADER || k == FL_STAT_ERRORS_SENT)

@@ -32,10 +32,10 @@ typedef struct wargs {
     const char *resume_if_any; /* --resume-if-any: resume_dir when it holds a manifest */
     bool insecure;             /* --insecure */
     const char *timeline_path;
-    const char *device;        /* --device (NULL: auto) */
-    const char *gpus;          /* --gpus */
-    bool replicas_given;       /* --cpu-replicas */
-    bool momentum_given;       /* --momentum (the default 0.9 is SGD's alone) */
+    const char *device;             /* --device (NULL: auto) */
+    const char *gpus;               /* --gpus */
+    bool replicas_given;            /* --cpu-replicas */
+    bool momentum_given;            /* --momentum (the default 0.9 is SGD's alone) */
     char settings[FL_SETTINGS_MAX]; /* what every rank must share, checked at rendezvous */
 } wargs_t;
 
@@ -85,20 +85,20 @@ typedef struct wflag_word {
 
 /* One flag: everything flodl-worker knows about it. */
 typedef struct wflag {
-    const char *name;  /* the long option, without "--" */
+    const char *name; /* the long option, without "--" */
     wflag_kind_t kind;
-    size_t off;        /* WF_INT .. WF_DTYPE: the field in wargs_t it sets */
-    size_t size;       /* ... and its size */
-    double lo, hi;     /* WF_INT, WF_BYTES, WF_REAL: the range */
+    size_t off;                /* WF_INT .. WF_DTYPE: the field in wargs_t it sets */
+    size_t size;               /* ... and its size */
+    double lo, hi;             /* WF_INT, WF_BYTES, WF_REAL: the range */
     const wflag_word_t *words; /* WF_WORDS, WF_DTYPE: the values taken, NULL-terminated, in
                                   the order the refusal lists them */
     int (*set)(wargs_t *a, const char *value); /* WF_CALL */
     wflag_only_t only;
-    const char *meta;  /* the value as --help shows it ("N", "DIR"); NULL for a flag that takes
-                          none (a WF_WORDS row without one shows its words) */
-    const char *help;  /* what --help says after it, or NULL */
+    const char *meta; /* the value as --help shows it ("N", "DIR"); NULL for a flag that takes
+                         none (a WF_WORDS row without one shows its words) */
+    const char *help; /* what --help says after it, or NULL */
     wflag_sec_t sec;
-    bool optional;     /* --help shows it in brackets: optional beside the flags before it */
+    bool optional; /* --help shows it in brackets: optional beside the flags before it */
 } wflag_t;
 
 /* The table, in --help's order; *n gets its length. */

@@ -13,39 +13,57 @@
 /* A field of wargs_t: its offset and size. TEXT_AT and REAL_AT refuse, at compile time, a
  * field that is not a string or a double. */
 #define AT(f) .off = offsetof(wargs_t, f), .size = sizeof(((wargs_t *)0)->f)
-#define TEXT_AT(f)                                                                             \
+#define TEXT_AT(f)                                                                                 \
     .off = _Generic(((wargs_t *)0)->f, const char *: offsetof(wargs_t, f)),                    \
     .size = sizeof(const char *)
-#define REAL_AT(f)                                                                             \
-    .off = _Generic(((wargs_t *)0)->f, double: offsetof(wargs_t, f)), .size = sizeof(double)
+#define REAL_AT(f)                                                                                 \
+    .off = _Generic(((wargs_t *)0)->f, double : offsetof(wargs_t, f)), .size = sizeof(double)
 
 static const wflag_word_t mode_words[] = {
-    {"local", FL_WK_MODE_LOCAL}, {"ring", FL_WK_MODE_RING}, {"ps", FL_WK_MODE_PS},
-    {"drill", FL_WK_MODE_DRILL}, {NULL, 0},
+    {"local", FL_WK_MODE_LOCAL},
+    {"ring", FL_WK_MODE_RING},
+    {"ps", FL_WK_MODE_PS},
+    {"drill", FL_WK_MODE_DRILL},
+    {NULL, 0},
 };
 static const wflag_word_t hier_words[] = {
-    {"hybrid", FL_WK_HIER_HYBRID}, {"flat", FL_WK_HIER_FLAT}, {NULL, 0},
+    {"hybrid", FL_WK_HIER_HYBRID},
+    {"flat", FL_WK_HIER_FLAT},
+    {NULL, 0},
 };
 static const wflag_word_t ps_client_words[] = {{"device", false}, {"host", true}, {NULL, 0}};
 static const wflag_word_t leg_words[] = {
-    {"auto", FL_WK_LEG_AUTO}, {"devices", FL_WK_LEG_DEVICES}, {"host", FL_WK_LEG_HOST},
+    {"auto", FL_WK_LEG_AUTO},
+    {"devices", FL_WK_LEG_DEVICES},
+    {"host", FL_WK_LEG_HOST},
     {NULL, 0},
 };
 /* The refusal lists them in this order; --help in the order of how much is sharded. */
 static const wflag_word_t shard_words[] = {
-    {"none", FL_WK_SHARD_NONE}, {"grad", FL_WK_SHARD_GRAD}, {"full", FL_WK_SHARD_FULL},
-    {"hybrid", FL_WK_SHARD_HYBRID}, {NULL, 0},
+    {"none", FL_WK_SHARD_NONE},
+    {"grad", FL_WK_SHARD_GRAD},
+    {"full", FL_WK_SHARD_FULL},
+    {"hybrid", FL_WK_SHARD_HYBRID},
+    {NULL, 0},
 };
 static const wflag_word_t policy_words[] = {
-    {"sync", FL_WK_POLICY_SYNC}, {"cadence", FL_WK_POLICY_CADENCE},
-    {"async", FL_WK_POLICY_ASYNC}, {NULL, 0},
+    {"sync", FL_WK_POLICY_SYNC},
+    {"cadence", FL_WK_POLICY_CADENCE},
+    {"async", FL_WK_POLICY_ASYNC},
+    {NULL, 0},
 };
 static const wflag_word_t topk_value_words[] = {
-    {"float32", FL_FLOAT32}, {"float16", FL_FLOAT16}, {"bfloat16", FL_BFLOAT16}, {NULL, 0},
+    {"float32", FL_FLOAT32},
+    {"float16", FL_FLOAT16},
+    {"bfloat16", FL_BFLOAT16},
+    {NULL, 0},
 };
 static const wflag_word_t drill_dtype_words[] = {
-    {"float32", FL_FLOAT32}, {"float16", FL_FLOAT16}, {"bfloat16", FL_BFLOAT16},
-    {"float64", FL_FLOAT64}, {NULL, 0},
+    {"float32", FL_FLOAT32},
+    {"float16", FL_FLOAT16},
+    {"bfloat16", FL_BFLOAT16},
+    {"float64", FL_FLOAT64},
+    {NULL, 0},
 };
 static const wflag_word_t op_words[] = {{"sum", FL_SUM}, {"avg", FL_AVG}, {NULL, 0}};
 
@@ -156,8 +174,7 @@ static const wflag_t flags[] = {
     {"min-lr", WF_OPTIM, .meta = "0",
      .help = "(in --mode ps the optimizer runs on flodl-ps: set it there)", .sec = WF_SEC_TRAIN},
     {"scale-lr", WF_ON, AT(to.scale_lr), .help = "(linear scaling rule)", .sec = WF_SEC_TRAIN},
-    {"max-grad-norm", WF_REAL, REAL_AT(to.max_norm), 0.0, 1e12, .meta = "X",
-     .sec = WF_SEC_TRAIN},
+    {"max-grad-norm", WF_REAL, REAL_AT(to.max_norm), 0.0, 1e12, .meta = "X", .sec = WF_SEC_TRAIN},
     {"device", WF_TEXT, TEXT_AT(device), .meta = "auto|cpu|sim|cuda",
      .help = "(auto: cuda when a GPU is usable, else cpu; sim: a simulated GPU for machines "
              "without one)",
@@ -204,8 +221,7 @@ static const wflag_t flags[] = {
              "the worker's top-k residual, the server checkpoints the rest)",
      .sec = WF_SEC_TRAIN},
     {"resume", WF_TEXT, TEXT_AT(to.resume_dir), .meta = "DIR",
-     .help = "(from such a checkpoint, into any hosts, devices and --shard)",
-     .sec = WF_SEC_TRAIN},
+     .help = "(from such a checkpoint, into any hosts, devices and --shard)", .sec = WF_SEC_TRAIN},
     {"resume-if-any", WF_TEXT, TEXT_AT(resume_if_any), .meta = "DIR",
      .help = "(--resume DIR when DIR holds a checkpoint, else a fresh start: a restarted "
              "container or pod picks up where the job left off)",
@@ -223,25 +239,21 @@ static const wflag_t flags[] = {
      .sec = WF_SEC_TRAIN},
     {"topk", WF_REAL, REAL_AT(to.topk), 0.0, 1.0, .meta = "DENSITY",
      .help = "(top-k with error feedback; 0: dense)", .sec = WF_SEC_TRAIN},
-    {"topk-warmup", WF_INT, AT(to.topk_warmup), 0, 1000, .meta = "EPOCHS",
-     .sec = WF_SEC_TRAIN},
-    {"topk-values", WF_DTYPE, AT(to.topk_values), .words = topk_value_words,
-     .sec = WF_SEC_TRAIN},
+    {"topk-warmup", WF_INT, AT(to.topk_warmup), 0, 1000, .meta = "EPOCHS", .sec = WF_SEC_TRAIN},
+    {"topk-values", WF_DTYPE, AT(to.topk_values), .words = topk_value_words, .sec = WF_SEC_TRAIN},
     {"bucket-mb", WF_CALL, .set = set_bucket, .meta = "1", .sec = WF_SEC_TRAIN},
     {"init", WF_TEXT, TEXT_AT(to.init_path), .meta = "FILE.safetensors", .sec = WF_SEC_TRAIN},
     {"save", WF_TEXT, TEXT_AT(to.save_path), .meta = "FILE.safetensors", .sec = WF_SEC_TRAIN},
-    {"save-every", WF_INT, AT(to.save_every), 1, 1L << 40, .meta = "STEPS",
-     .sec = WF_SEC_TRAIN},
+    {"save-every", WF_INT, AT(to.save_every), 1, 1L << 40, .meta = "STEPS", .sec = WF_SEC_TRAIN},
     {"metrics", WF_TEXT, TEXT_AT(to.metrics_path), .meta = "FILE", .help = "(JSON lines)",
      .sec = WF_SEC_TRAIN},
     {"progress", WF_REAL, REAL_AT(to.progress_s), 0.0, 86400.0, .meta = "SECONDS",
      .sec = WF_SEC_TRAIN},
     {"quiet", WF_CALL, .set = set_quiet, .sec = WF_SEC_TRAIN},
     {"metrics-port", WF_INT, AT(metrics_port), 0, 65535, .meta = "N",
-     .help = "(Prometheus /metrics and /healthz; 0: any free port, printed)",
+     .help = "(Prometheus /metrics and /healthz; 0: any free port, printed)", .sec = WF_SEC_TRAIN},
+    {"metrics-bind", WF_TEXT, TEXT_AT(metrics_bind), .meta = "ADDR", .help = "(default 0.0.0.0)",
      .sec = WF_SEC_TRAIN},
-    {"metrics-bind", WF_TEXT, TEXT_AT(metrics_bind), .meta = "ADDR",
-     .help = "(default 0.0.0.0)", .sec = WF_SEC_TRAIN},
     {"timeline", WF_TEXT, TEXT_AT(timeline_path), .meta = "FILE",
      .help = "(Chrome trace of every phase)", .sec = WF_SEC_TRAIN},
 
@@ -261,17 +273,16 @@ static const wflag_t flags[] = {
     {"segment", WF_COMM, .meta = "BYTES", .sec = WF_SEC_COMM},
     {"small", WF_COMM, .meta = "BYTES", .sec = WF_SEC_COMM},
     {"algo", WF_COMM, .meta = "auto|ring|rd|direct", .sec = WF_SEC_COMM},
-    {"log-level", WF_COMM, .meta = "debug|info|warn|error",
-     .help = "(default warn, or FLODL_LOG)", .sec = WF_SEC_COMM},
+    {"log-level", WF_COMM, .meta = "debug|info|warn|error", .help = "(default warn, or FLODL_LOG)",
+     .sec = WF_SEC_COMM},
     {"ipc", WF_COMM, .meta = "0|1",
      .help = "(peers on this host over ipc:// sockets; default 1, or FLODL_IPC)",
      .sec = WF_SEC_COMM},
 
     {"lz4", WF_ON, AT(lz4), .only = WF_PS_ONLY,
      .help = "(compress dense pushes and pulls when it pays)", .sec = WF_SEC_PS},
-    {"reconnect-timeout", WF_INT, AT(reconnect_ms), 0, 86400000, .only = WF_PS_ONLY,
-     .meta = "MS", .help = "(wait this long for a restarted flodl-ps; default 600000)",
-     .sec = WF_SEC_PS},
+    {"reconnect-timeout", WF_INT, AT(reconnect_ms), 0, 86400000, .only = WF_PS_ONLY, .meta = "MS",
+     .help = "(wait this long for a restarted flodl-ps; default 600000)", .sec = WF_SEC_PS},
 
     {"size", WF_BYTES, AT(d.bytes), 0, (double)((size_t)16 << 30), .only = WF_DRILL_ONLY,
      .meta = "BYTES", .sec = WF_SEC_DRILL},
@@ -433,12 +444,10 @@ int fl_wk_args_parse(wargs_t *a, int argc, char **argv, wargs_what_t *what)
 {
     struct option longopts[NFLAGS + 1];
     for (size_t i = 0; i < NFLAGS; i++)
-        longopts[i] = (struct option){flags[i].name,
-                                      fl_wk_flag_takes_value(&flags[i]) ? required_argument
-                                                                        : no_argument,
-                                      NULL,
-                                      flags[i].kind == WF_OPTIM ? CODE_OPTIM
-                                                                : CODE_FIRST + (int)i};
+        longopts[i] =
+            (struct option){flags[i].name,
+                            fl_wk_flag_takes_value(&flags[i]) ? required_argument : no_argument,
+                            NULL, flags[i].kind == WF_OPTIM ? CODE_OPTIM : CODE_FIRST + (int)i};
     longopts[NFLAGS] = (struct option){NULL, 0, NULL, 0};
     *what = WARGS_RUN;
     int ch;

@@ -69,8 +69,7 @@ static bool next_optional(const wflag_t *flags, size_t n, size_t i, wflag_sec_t 
 }
 
 /* "--name META help", with the brackets of a run of optional flags; *open: inside a run. */
-static void entry_text(const wflag_t *flags, size_t n, size_t i, bool *open, char *out,
-                       size_t cap)
+static void entry_text(const wflag_t *flags, size_t n, size_t i, bool *open, char *out, size_t cap)
 {
     const wflag_t *f = &flags[i];
     bool close = f->optional && (f->help != NULL || !next_optional(flags, n, i, f->sec));

@@ -158,8 +158,8 @@ static int sim_env(fl_wk_train_opts_t *t, int rank)
     int dev = -1;
     long n = 0;
     int at = 0;
-    if (sscanf(f, "%d:%d:%ld:%n", &r, &dev, &n, &at) != 3 || at == 0 || f[at] == '\0' ||
-        r < 0 || dev < 0 || n < 1 || strlen(f + at) >= sizeof t->sim_fail_op)
+    if (sscanf(f, "%d:%d:%ld:%n", &r, &dev, &n, &at) != 3 || at == 0 || f[at] == '\0' || r < 0 ||
+        dev < 0 || n < 1 || strlen(f + at) >= sizeof t->sim_fail_op)
         return fl_fail(FL_EINVAL, "FLODL_SIM_FAIL: '%s' is not RANK:DEVICE:N:OPERATION", f);
     if (r == rank) {
         t->sim_fail_device = dev;
@@ -177,8 +177,9 @@ static int check_modes(wargs_t *a)
     if (a->drill_flag != NULL && a->mode != FL_WK_MODE_DRILL)
         return fl_fail(FL_EINVAL, "--%s applies to --mode drill only", a->drill_flag);
     if (a->mode == FL_WK_MODE_PS && a->optim_flag != NULL)
-        return fl_fail(FL_EINVAL, "--%s: in --mode ps the optimizer runs on the parameter "
-                                  "server: give it to flodl-ps",
+        return fl_fail(FL_EINVAL,
+                       "--%s: in --mode ps the optimizer runs on the parameter "
+                       "server: give it to flodl-ps",
                        a->optim_flag);
     if (a->ps_flag != NULL && a->mode != FL_WK_MODE_PS)
         return fl_fail(FL_EINVAL, "--%s applies to --mode ps only", a->ps_flag);
@@ -235,9 +236,8 @@ static int check_network(wargs_t *a)
 {
     fl_comm_opts_t *co = &a->co;
     if (a->mode < 0)
-        a->mode = co->coordinator != NULL || co->world_size > 1 || co->rank > 0
-                      ? FL_WK_MODE_RING
-                      : FL_WK_MODE_LOCAL;
+        a->mode = co->coordinator != NULL || co->world_size > 1 || co->rank > 0 ? FL_WK_MODE_RING
+                                                                                : FL_WK_MODE_LOCAL;
     if (a->mode == FL_WK_MODE_LOCAL)
         return FL_OK;
     if (co->world_size < 1)
@@ -373,20 +373,21 @@ static void summary(int rank, const fl_wk_train_result_t *r, bool have_test)
     if (r->bytes_sent == 0)
         snprintf(sent, sizeof sent, "nothing exchanged");
     else
-        snprintf(sent, sizeof sent, "sent %.1f MiB (%.3f MiB to other hosts), dense would send "
-                                    "%.1f MiB (%.1fx less)",
+        snprintf(sent, sizeof sent,
+                 "sent %.1f MiB (%.3f MiB to other hosts), dense would send "
+                 "%.1f MiB (%.1fx less)",
                  (double)r->bytes_sent / 1048576.0, (double)r->remote_bytes / 1048576.0,
                  (double)r->raw_bytes / 1048576.0, (double)r->raw_bytes / (double)r->bytes_sent);
     printf("rank %d summary: %d epochs, %ld steps, %s, %.1f s, %.0f samples/s; per step compute "
            "%.2f ms, exchange %.2f ms (exposed %.2f ms, %.0f%% hidden); %s\n",
-           rank, r->epochs, r->steps, acc, r->seconds, r->samples_per_s, r->compute_ms,
-           r->comm_ms, r->exposed_ms, hidden < 0 ? 0 : hidden, sent);
+           rank, r->epochs, r->steps, acc, r->seconds, r->samples_per_s, r->compute_ms, r->comm_ms,
+           r->exposed_ms, hidden < 0 ? 0 : hidden, sent);
     char dev_mem[128] = "";
     if (r->mem_device_total > 0)
-        snprintf(dev_mem, sizeof dev_mem, "; in use on the device (its own count) %.2f MiB of "
-                                          "%.0f MiB",
-                 (double)r->mem_device_used / 1048576.0,
-                 (double)r->mem_device_total / 1048576.0);
+        snprintf(dev_mem, sizeof dev_mem,
+                 "; in use on the device (its own count) %.2f MiB of "
+                 "%.0f MiB",
+                 (double)r->mem_device_used / 1048576.0, (double)r->mem_device_total / 1048576.0);
     printf("rank %d memory per device: parameters %.2f MiB, gradients %.2f MiB, optimizer state "
            "%.2f MiB, residuals %.2f MiB%s\n",
            rank, (double)r->mem_params / 1048576.0, (double)r->mem_grads / 1048576.0,
@@ -433,8 +434,8 @@ static int run_ps(wargs_t *a, wjob_t *j)
     fl_model_shapes_deinit(&shapes);
     if (rc == FL_OK) {
         fl_wk_train_result_t res;
-        rc = fl_wk_train_ps(cl, po.rank, po.world_size, &j->train,
-                            j->have_test ? &j->test : NULL, &a->to, &res);
+        rc = fl_wk_train_ps(cl, po.rank, po.world_size, &j->train, j->have_test ? &j->test : NULL,
+                            &a->to, &res);
         if (rc == FL_OK && !a->to.quiet)
             summary(po.rank, &res, j->have_test);
     }
