@@ -93,12 +93,7 @@ static const bench_flag_t flags[] = {
      .kind = BENCH_SWITCH,
      .at = AT(algos),
      .help = "each algorithm forced, and the switch points"},
-    {.name = "bind",
-     .kind = BENCH_YESNO,
-     .at = AT(bind),
-     .words = "core|none",
-     .help = "rank k on CPU k mod ncpus, or unbound"},
-    {.name = "report", .kind = BENCH_SWITCH, .at = AT(report)},
+    BENCH_ROWS_RUN(ar_bench_t),
     {.name = NULL},
 };
 #undef AT

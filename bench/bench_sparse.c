@@ -106,16 +106,8 @@ static const bench_flag_t flags[] = {
      .arg = "N",
      .help = "timed calls after the warm-up",
      .given = AT(reps_s)},
-    {.name = "bind",
-     .kind = BENCH_YESNO,
-     .at = AT(bind),
-     .words = "core|none",
-     .help = "rank k on CPU k mod ncpus, or unbound"},
-    {.name = "report", .kind = BENCH_SWITCH, .at = AT(report)},
-    {.name = "rank", .kind = BENCH_INT, .at = AT(rank), .lo = 0, .hi = 255},
-    {.name = "world-size", .kind = BENCH_INT, .at = AT(world), .lo = 1, .hi = 256},
-    {.name = "coordinator", .kind = BENCH_TEXT, .at = AT(coordinator)},
-    {.name = "host", .kind = BENCH_TEXT, .at = AT(host)},
+    BENCH_ROWS_RUN(sp_bench_t),
+    BENCH_ROWS_RANK(sp_bench_t),
     {.name = NULL},
 };
 #undef AT

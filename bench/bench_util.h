@@ -93,6 +93,22 @@ typedef struct bench_flag {
     int (*set)(void *b, const char *value); /* CALL: FL_OK, or the fl_fail code */
 } bench_flag_t;
 
+/* The rows every multi-process benchmark shares, for a struct T with the fields they name:
+ * --bind (bool bind) and --report (bool report); and the ones a spawned rank is given
+ * (int rank, int world, const char *coordinator, const char *host). Laid out by hand: clang-format
+ * takes a macro's rows for one expression. */
+/* clang-format off */
+#define BENCH_ROWS_RUN(T)                                                                         \
+    {.name = "bind", .kind = BENCH_YESNO, .at = BENCH_AT(T, bind), .words = "core|none",          \
+     .help = "rank k on CPU k mod ncpus, or unbound"},                                            \
+    {.name = "report", .kind = BENCH_SWITCH, .at = BENCH_AT(T, report)}
+#define BENCH_ROWS_RANK(T)                                                                        \
+    {.name = "rank", .kind = BENCH_INT, .at = BENCH_AT(T, rank), .lo = 0, .hi = 255},             \
+    {.name = "world-size", .kind = BENCH_INT, .at = BENCH_AT(T, world), .lo = 1, .hi = 256},      \
+    {.name = "coordinator", .kind = BENCH_TEXT, .at = BENCH_AT(T, coordinator)},                  \
+    {.name = "host", .kind = BENCH_TEXT, .at = BENCH_AT(T, host)}
+/* clang-format on */
+
 /* Flags that some other table names (the communicator's fl_comm_opt_names), each taking a
  * value, offered to getopt before the benchmark's own. set() gets the name without the dashes,
  * the value and the one or two arguments that carried them (to pass on to the ranks); it
