@@ -19,6 +19,7 @@ void fl_ctx_opts_init(fl_ctx_opts_t *opts)
     opts->io_threads = 1;
     opts->max_msg_bytes = DEFAULT_MAX_MSG;
     opts->max_frames = DEFAULT_MAX_FRAMES;
+    opts->held_max_bytes = FL_CTX_HELD_MAX;
 }
 
 int fl_ctx_create(const fl_ctx_opts_t *opts, fl_ctx_t **out)
@@ -30,6 +31,8 @@ int fl_ctx_create(const fl_ctx_opts_t *opts, fl_ctx_t **out)
         return fl_fail(FL_EINVAL, "ctx: max_msg_bytes %zu below 1024", opts->max_msg_bytes);
     if (opts->max_frames < 1 || opts->max_frames > 1024)
         return fl_fail(FL_EINVAL, "ctx: max_frames %zu out of range 1..1024", opts->max_frames);
+    if (opts->held_max_bytes != SIZE_MAX && opts->held_max_bytes < ((size_t)1 << 20))
+        return fl_fail(FL_EINVAL, "ctx: held_max_bytes %zu below 1 MiB", opts->held_max_bytes);
     if (opts->log_level < FL_LOG_DEBUG || opts->log_level > FL_LOG_OFF)
         return fl_fail(FL_EINVAL, "ctx: log_level %d out of range", (int)opts->log_level);
 
@@ -45,6 +48,8 @@ int fl_ctx_create(const fl_ctx_opts_t *opts, fl_ctx_t **out)
     /* Block SIGPIPE-style surprises: ZeroMQ already uses MSG_NOSIGNAL; nothing else to do. */
     c->max_msg_bytes = opts->max_msg_bytes;
     c->max_frames = opts->max_frames;
+    c->held_max = opts->held_max_bytes == SIZE_MAX ? 0 : opts->held_max_bytes;
+    atomic_init(&c->held, 0);
     atomic_store(&c->log_level, (int)opts->log_level);
     pthread_mutex_init(&c->name_lock, NULL);
     snprintf(c->log_name, sizeof c->log_name, "%s", opts->log_name ? opts->log_name : "flodl");
@@ -103,6 +108,16 @@ size_t fl_ctx_max_frames(const fl_ctx_t *ctx)
     return ctx->max_frames;
 }
 
+uint64_t fl_ctx_held_max(const fl_ctx_t *ctx)
+{
+    return ctx->held_max;
+}
+
+uint64_t fl_ctx_held_add(fl_ctx_t *ctx, int64_t delta)
+{
+    return atomic_fetch_add(&ctx->held, (uint64_t)delta) + (uint64_t)delta;
+}
+
 void fl_ctx_set_log_name(fl_ctx_t *ctx, const char *name)
 {
     pthread_mutex_lock(&ctx->name_lock);
@@ -143,6 +158,7 @@ const char *fl_stat_name(fl_stat_t stat)
         [FL_STAT_BAD_FRAMES] = "bad_frames",     [FL_STAT_OVERSIZED] = "oversized",
         [FL_STAT_UNEXPECTED] = "unexpected",     [FL_STAT_ERRORS_SENT] = "errors_sent",
         [FL_STAT_AUTH_REFUSED] = "auth_refused", [FL_STAT_CONN_DROPPED] = "conn_dropped",
+        [FL_STAT_CONN_CUT] = "conn_cut",
     };
     if (stat < 0 || stat >= FL_STAT_COUNT)
         return "unknown";

@@ -73,6 +73,8 @@ typedef enum fl_stat {
     FL_STAT_ERRORS_SENT,  /* error replies sent to peers */
     FL_STAT_AUTH_REFUSED, /* connections refused by CURVE: an unknown key, or plain text */
     FL_STAT_CONN_DROPPED, /* connections closed in their handshake: over the caps on those */
+    FL_STAT_CONN_CUT,     /* connections reset for a burst of malformed messages, or for the
+                           * memory their incomplete messages held past the process bound */
     FL_STAT_COUNT
 } fl_stat_t;
 
@@ -84,7 +86,13 @@ typedef struct fl_ctx_opts {
     int io_threads;           /* ZeroMQ I/O threads (default 1) */
     size_t max_msg_bytes;     /* largest accepted payload frame (default 256 MiB) */
     size_t max_frames;        /* most payload frames per message (default 16) */
+    /* Most bytes of messages not yet complete that the process's guarded sockets may hold for
+     * their connections together (default FL_CTX_HELD_MAX; SIZE_MAX: none). Past it the
+     * connections holding most are closed first (transport/tp_guard.c). */
+    size_t held_max_bytes;
 } fl_ctx_opts_t;
+
+#define FL_CTX_HELD_MAX ((size_t)256 << 20)
 
 void fl_ctx_opts_init(fl_ctx_opts_t *opts);
 
@@ -104,6 +112,12 @@ void fl_ctx_set_security(fl_ctx_t *ctx, void *security, void (*free_fn)(void *))
 
 size_t fl_ctx_max_msg_bytes(const fl_ctx_t *ctx);
 size_t fl_ctx_max_frames(const fl_ctx_t *ctx);
+
+/* The process bound on bytes held for incomplete messages (0: none), and the bytes held now by
+ * all guarded sockets of the context: fl_ctx_held_add adds delta (a guard's change since its
+ * last report) and returns the new total. Thread-safe. */
+uint64_t fl_ctx_held_max(const fl_ctx_t *ctx);
+uint64_t fl_ctx_held_add(fl_ctx_t *ctx, int64_t delta);
 
 /* Replaces the log prefix ("rank 3 host-a"); thread-safe with respect to logging. */
 void fl_ctx_set_log_name(fl_ctx_t *ctx, const char *name);

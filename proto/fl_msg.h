@@ -27,6 +27,9 @@ extern "C" {
 #define FL_MSG_SETTINGS_MAX FL_SETTINGS_MAX /* Register.settings, terminator included */
 #define FL_MSG_MAX_SHARDS 4096              /* shards of one job */
 #define FL_MSG_MAX_CHECKPOINTS 16           /* checkpoint steps a server offers when resuming */
+/* The largest header frame a bound socket takes: a server's registration with a shard endpoint
+ * of FL_ENDPOINT_MAX bytes for each of FL_MSG_MAX_SHARDS shards, and 64 KiB for the rest. */
+#define FL_MSG_HDR_MAX_IN (FL_MSG_MAX_SHARDS * (FL_ENDPOINT_MAX + 3) + 65536)
 
 typedef enum fl_msg_type {
     FL_MSG_NONE = 0,

@@ -223,12 +223,15 @@ int fl_msg_decode(const void *data, size_t len, fl_msg_hdr_t *out, fl_msg_fault_
     memset(out, 0, sizeof *out);
     *fault = FL_FAULT_NONE;
 
+    /* Every count and length on the wire is checked before protobuf-c allocates for it. */
+    fl_msg_wire_t wire;
+    int rc = fl_msg_wire_scan(data, len, &wire, fault);
+    if (rc != FL_OK)
+        return rc;
     Flodl__Header *h = flodl__header__unpack(NULL, len, data);
     if (h == NULL)
         return bad(fault, FL_FAULT_HEADER, "header: %llu bytes do not parse as a header",
                    (unsigned long long)len);
-    int rc = FL_OK;
-    unsigned nbodies = 0;
     if (h->magic != FL_MSG_MAGIC) {
         rc = bad(fault, FL_FAULT_MAGIC, "header: bad magic 0x%08llx", (unsigned long long)h->magic);
         goto out;
@@ -247,12 +250,14 @@ int fl_msg_decode(const void *data, size_t len, fl_msg_hdr_t *out, fl_msg_fault_
     }
     /* Every string at its wire length, before any is copied: protobuf-c's copies stop at a
      * NUL inside and are not checked for UTF-8. */
-    if ((rc = fl_msg_wire_check(data, len, &nbodies, fault)) != FL_OK)
+    if (!wire.text_ok) {
+        rc = bad(fault, FL_FAULT_HEADER, "%s", wire.text_why);
         goto out;
+    }
     if ((rc = copy_id(out->job_id, FL_JOB_MAX, h->job_id, "job id", fault)) != FL_OK ||
         (rc = decode_frames(h, out, fault)) != FL_OK)
         goto out;
-    rc = decode_body(h, nbodies, out, fault);
+    rc = decode_body(h, wire.nbodies, out, fault);
 out:
     if (rc != FL_OK && rc != FL_EPROTO && *fault == FL_FAULT_NONE)
         *fault = FL_FAULT_HEADER;

@@ -244,3 +244,39 @@ const fl_msg_table_t *fl_msg_table(int type)
     default: return NULL;
     }
 }
+
+/* The list fields of table t and of its tables of messages, one level down (the schema's
+ * deepest). */
+static const fl_msg_field_t *list_in(const fl_msg_table_t *t, const ProtobufCMessageDescriptor *d,
+                                     size_t pb_off)
+{
+    for (size_t i = 0; i < t->nfields; i++) {
+        const fl_msg_field_t *f = &t->fields[i];
+        if (t->pb == d && f->kind >= FL_MSG_F_IDS && f->pb == pb_off)
+            return f;
+        if (f->kind == FL_MSG_F_TABLE && f->sub->pb == d) {
+            const fl_msg_field_t *g = list_in(f->sub, d, pb_off);
+            if (g != NULL)
+                return g;
+        }
+    }
+    return NULL;
+}
+
+uint32_t fl_msg_list_max(const ProtobufCMessageDescriptor *d, const ProtobufCFieldDescriptor *f,
+                         const char **name, bool *table)
+{
+    *name = f->name;
+    *table = false;
+    if (d == &flodl__header__descriptor)
+        return FL_MSG_MAX_FRAMES; /* Header.frames, its only list */
+    for (int type = FL_MSG_REGISTER; type <= FL_MSG_PULL_REPLY; type++) {
+        const fl_msg_field_t *g = list_in(fl_msg_table(type), d, f->offset);
+        if (g != NULL) {
+            *name = g->name;
+            *table = g->kind == FL_MSG_F_TABLE;
+            return g->max;
+        }
+    }
+    return UINT32_MAX;
+}

@@ -34,11 +34,25 @@ static inline int fl_msg_type_of_body(Flodl__Header__BodyCase body)
     return FL_MSG_NONE;
 }
 
-/* Checks what protobuf-c leaves unchecked in an unpacked header's bytes (msg_wire.c): every
- * string field at its wire length against the wire-text rule, and the number of body fields
- * on the wire (*nbodies). FL_OK, or FL_EPROTO with *fault FL_FAULT_HEADER and the detail naming
- * the field ("Register.host has a control character at byte 4 of 9"). */
-int fl_msg_wire_check(const void *data, size_t len, unsigned *nbodies, fl_msg_fault_t *fault);
+/* What the walk of a header's bytes found (msg_wire.c). */
+typedef struct fl_msg_wire {
+    unsigned nbodies;   /* body fields on the wire: protobuf-c keeps only the last */
+    bool text_ok;       /* every string field is wire text at its full length */
+    char text_why[160]; /* else the first that is not: "Register.host has a control ..." */
+} fl_msg_wire_t;
+
+/* Walks a header's bytes before protobuf-c unpacks them (msg_wire.c): refuses bytes that do not
+ * parse, a length past the end, and a list at its first entry past the bound of its field
+ * (fl_msg_list_max), so no count declared on the wire costs work or memory beyond the bound.
+ * FL_OK, or FL_EPROTO with *fault FL_FAULT_FRAMES (frames) or FL_FAULT_HEADER. Strings are
+ * checked against the wire-text rule but only reported in out, so that the caller can check
+ * the magic and version first. */
+int fl_msg_wire_scan(const void *data, size_t len, fl_msg_wire_t *out, fl_msg_fault_t *fault);
+
+/* The most entries repeated field f of message d may carry (msg_fields.c), with its name and
+ * whether it is a table of messages for the error text; UINT32_MAX for a list no table knows. */
+uint32_t fl_msg_list_max(const ProtobufCMessageDescriptor *d, const ProtobufCFieldDescriptor *f,
+                         const char **name, bool *table);
 
 /* ---- the field tables (msg_fields.c) ---- */
 

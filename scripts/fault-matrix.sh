@@ -411,6 +411,38 @@ flood_stats() {
     awk '{ printf "%d idle connections closed by flodl-ps, %d open at the end", $6, $8 }'
 }
 
+# CPU seconds (user + system, in clock ticks) a process has used so far.
+cpu_ticks() { awk '{ print $14 + $15 }' "/proc/${FM_PID[$1]}/stat" 2> /dev/null || echo 0; }
+
+# hdrflood_case: while a 2-worker job trains, one connection sends the coordinator heartbeat
+# headers declaring 200,000 frames each (800 KB) for 6 s, and another times the answer to a
+# header of another version every 100 ms. The job must finish, the slowest answer stay under
+# half the heartbeat timeout, and the flood be refused and its connection cut. Sets FLOOD_FIG,
+# and FLOOD_WHY when it fails.
+hdrflood_case() {
+  local t0 c0 c1 ms slow cut
+  fm_ps ps-hdr 120 2 --log-level info ||
+    { FLOOD_WHY="flodl-ps (header flood) did not start: $(fm_tail ps-hdr)"; return 1; }
+  fm_worker w0-hdr 90 0 2 --epochs 3 --quiet
+  fm_worker w1-hdr 90 1 2 --epochs 3 --quiet
+  fm_wait_log 30 ps-hdr err "job 'flodl' running" ||
+    { FLOOD_WHY="header flood: the job did not start: $(fm_tail ps-hdr)"; return 1; }
+  t0=$(fm_now_ms) c0=$(cpu_ticks ps-hdr)
+  "${TOOL[@]}" hdrflood "$FM_EP" 6 200000 > "$FM_RUN/hdrflood.out" 2>&1
+  ms=$(($(fm_now_ms) - t0)) c1=$(cpu_ticks ps-hdr)
+  slow=$(sed -n 's/.*the slowest in \([0-9]*\) ms.*/\1/p' "$FM_RUN/hdrflood.out")
+  cut=$(grep -c "malformed messages within" "$FM_RUN/ps-hdr.err")
+  FLOOD_FIG="header flood: $(sed -n 's/^sent \([0-9]*\) headers of \([0-9]*\) bytes (\([0-9]*\) MiB.*/\1 headers of \2 bytes at \3 MiB\/s/p' "$FM_RUN/hdrflood.out"), flodl-ps at $((100 * (c1 - c0) * 1000 / $(getconf CLK_TCK) / ms))% CPU, its slowest answer ${slow:-none} ms, sender cut (${cut} logged)"
+  fm_wait_ended 80 ps-hdr w0-hdr w1-hdr
+  for n in ps-hdr w0-hdr w1-hdr; do
+    [ "$(fm_code $n)" = 0 ] || { FLOOD_WHY="header flood: $n exited $(fm_code $n): $(fm_tail $n | cut -c 1-120)"; return 1; }
+  done
+  FLOOD_FIG+=", the job trained"
+  [ -n "$slow" ] && [ "$slow" -lt $((HB / 2)) ] ||
+    { FLOOD_WHY="header flood: the slowest answer took ${slow:-forever} ms (bound $((HB / 2)))"; return 1; }
+  [ "$cut" -ge 1 ] || { FLOOD_WHY="header flood: the sender was never cut: $(fm_tail ps-hdr)"; return 1; }
+}
+
 row_flood() {
   need_tool || return
   local figs=() whys=() m
@@ -420,15 +452,37 @@ row_flood() {
     [ -n "$FLOOD_FIG" ] && figs+=("$FLOOD_FIG")
     fm_stop_all
   done
+  FLOOD_WHY="" FLOOD_FIG=""
+  hdrflood_case || whys+=("$FLOOD_WHY")
+  [ -n "$FLOOD_FIG" ] && figs+=("$FLOOD_FIG")
+  fm_stop_all
   fm_figure "random bytes, then 2000 idle connections at a flodl-ps limited to 1024 files; $(join ';' "${figs[@]}")"
   need "$(join ';' "${whys[@]}")" [ ${#whys[@]} = 0 ] || return
   fm_pass
 }
 
+# takeover_partial: 40 connections each send 16 MiB of a message that never ends (under the
+# coordinator's 17 MiB bound for one connection, 640 MiB together): flodl-ps's peak must stay
+# within its 256 MiB process bound and a 192 MiB margin of where it was, cutting the largest
+# holders with a line. Sets PARTIAL_FIG, and PARTIAL_WHY when it fails.
+takeover_partial() {
+  local rss0 hwm out
+  PARTIAL_FIG="" PARTIAL_WHY=""
+  rss0=$(fm_status_kib ps VmRSS)
+  out=$("${TOOL[@]}" partial 127.0.0.1 "${FM_EP##*:}" 40 16 1 2>&1)
+  hwm=$(fm_status_kib ps VmHWM)
+  [ -n "$hwm" ] || { PARTIAL_WHY="flodl-ps is gone after 40 partial messages: $(fm_tail ps)"; return 1; }
+  PARTIAL_FIG="40 x 16 MiB partial messages: peak $((hwm / 1024)) MiB, +$(((hwm - rss0) / 1024)) MiB ($out)"
+  [ $((hwm - rss0)) -lt $((448 * 1024)) ] ||
+    { PARTIAL_WHY="flodl-ps peaked $(((hwm - rss0) / 1024)) MiB above $((rss0 / 1024)) MiB under 40 partial messages (bound 448)"; return 1; }
+  grep -q "over its bound of 256 MiB" "$FM_RUN/ps.err" ||
+    { PARTIAL_WHY="flodl-ps logged no connection cut for its process bound: $(fm_tail ps)"; return 1; }
+}
+
 # During the rendezvous of 3 ranks (0 and 1 registered): a raw client claims rank 1 from another
 # host and pid (refused, telling nothing about the holder), then sends one message of 512
-# frames of 1.9 MB: flodl-ps's RSS must come back within 8 MiB (peak under 160 MiB); then rank 2
-# registers and the job trains to the end.
+# frames of 1.9 MB: flodl-ps's RSS must come back within 8 MiB (peak under 160 MiB); then 40
+# partial messages (takeover_partial); then rank 2 registers and the job trains to the end.
 row_takeover() {
   need_tool || return
   need "flodl-ps did not start" fm_ps ps 120 3 --log-level info || return
@@ -445,10 +499,12 @@ row_takeover() {
   rss1=$(fm_status_kib ps VmRSS)
   hwm1=$(fm_status_kib ps VmHWM)
   need "flodl-ps is gone after the big message: $(fm_tail ps)" [ -n "$rss1" ] || return
+  takeover_partial
   fm_worker w2 90 2 3 --epochs 1 --quiet --rendezvous-timeout 60000
   need "the job did not finish after the attacks" fm_wait_ended 80 ps w0 w1 w2 || return
   local grow=$(((rss1 - rss0) / 1024)) peak=$(((hwm1 - rss0) / 1024))
-  fm_figure "claim refused; 512 x 1.9 MB: RSS $((rss0 / 1024)) -> $((rss1 / 1024)) MiB after, peak +$peak MiB; the job trained"
+  fm_figure "claim refused; 512 x 1.9 MB: RSS $((rss0 / 1024)) -> $((rss1 / 1024)) MiB after, peak +$peak MiB; ${PARTIAL_FIG:-no partial messages}; the job trained"
+  need "$PARTIAL_WHY" [ -z "$PARTIAL_WHY" ] || return
   for n in ps w0 w1 w2; do
     need "$n exited $(fm_code $n) after the attacks: $(fm_tail $n)" [ "$(fm_code $n)" = 0 ] || return
   done

@@ -12,6 +12,13 @@ encoded here, after proto/flodl.proto).
                                                     exit 0 when refused, 1 when not (prints why)
   fault_tool.py bigmsg ENDPOINT FRAMES BYTES HOLD_S one message of FRAMES frames of BYTES each
                                                     (zero-copy), the socket held HOLD_S seconds
+  fault_tool.py hdrflood ENDPOINT SECONDS FRAMES   heartbeat headers declaring FRAMES frames
+                                                    (4 bytes each) as fast as the socket takes
+                                                    them for SECONDS; prints what was sent
+  fault_tool.py partial HOST PORT CONNS MIB HOLD_S  CONNS raw ZMTP connections (NULL mechanism)
+                                                    each sending MIB MiB of a message whose last
+                                                    frame never comes, held HOLD_S seconds;
+                                                    prints how many took all their bytes
   fault_tool.py idx IMAGES LABELS N BAD_LABEL       IDX files of N 8x8 images; label 0 is BAD_LABEL
   fault_tool.py safetensors PATH LAYERS MODE        the MLP LAYERS (e.g. 64,256,128,10) as
                                                     --init: MODE ok, transposed or nan
@@ -30,6 +37,7 @@ ZMQ_SNDMORE = 2
 ZMQ_RCVMORE = 13
 ZMQ_LINGER = 17
 ZMQ_RCVTIMEO = 27
+ZMQ_DONTWAIT = 1
 
 
 def garbage(host, port, conns, nbytes):
@@ -212,6 +220,76 @@ def bigmsg(endpoint, frames, nbytes, hold):
     time.sleep(float(hold))  # the bytes leave while the socket lives
 
 
+def hdrflood(endpoint, seconds, frames):
+    """Headers the size of their frame list: each frame description costs protobuf-c an
+    allocation when unpacked, and a scan of the raw bytes refuses the list at its 17th entry.
+    A second connection sends a header of another protocol version every 100 ms, which the
+    coordinator answers (and does not count against the sender): the answer's delay is how long
+    its loop keeps a peer waiting."""
+    z = Zmq()
+    s = z.dealer(endpoint)
+    probe = z.dealer(endpoint)
+    magic = varint((1 << 3) | 5) + struct.pack("<I", 0x4C444C46)
+    frame = field(9, field(1, 1) + field(4, 1))
+    h = magic + field(2, 1) + field(3, "flodl") + field(5, 4) + frame * int(frames)
+    ph = magic + field(2, 2) + field(3, "flodl") + field(5, 4) + field(19, b"")
+    buf = ctypes.create_string_buffer(4096)
+    sent, answered, worst, asked = 0, 0, 0.0, None
+    start = time.monotonic()
+    until = start + float(seconds)
+    while time.monotonic() < until:
+        now = time.monotonic()
+        if asked is None and now >= start + 0.1 * (answered + 1):
+            z.lib.zmq_send(probe, ph, len(ph), ZMQ_DONTWAIT)
+            asked = now
+        if asked is not None and z.lib.zmq_recv(probe, buf, len(buf), ZMQ_DONTWAIT) >= 0:
+            worst = max(worst, time.monotonic() - asked)
+            answered += 1
+            asked = None
+        if z.lib.zmq_send(s, h, len(h), ZMQ_DONTWAIT) >= 0:
+            sent += 1
+        else:
+            time.sleep(0.0005)
+    if asked is not None:
+        worst = max(worst, time.monotonic() - asked)
+    print("sent %d headers of %d bytes (%.0f MiB/s); %d probes answered, the slowest in %d ms"
+          % (sent, len(h), sent * len(h) / float(seconds) / 2**20, answered, worst * 1000),
+          flush=True)
+
+
+def partial(host, port, conns, mib, hold):
+    """ZMTP 3.0 by hand (greeting, READY), so that a message can stop before its last frame,
+    which libzmq's own sockets never send."""
+    greet = b"\xff" + b"\0" * 7 + b"\x01\x7f\x03\x00" + b"NULL".ljust(20, b"\0") + b"\0" * 32
+    body = b"\x05READY\x0bSocket-Type" + struct.pack(">I", 6) + b"DEALER"
+    ready = bytes([0x04, len(body)]) + body
+    first = b"\x01\x0cnot a header"
+    frame = b"\x03" + struct.pack(">Q", 1 << 20) + b"\0" * (1 << 20)
+    socks, full = [], 0
+    for _ in range(int(conns)):
+        s = socket.create_connection((host, int(port)), timeout=10)
+        try:
+            # libzmq drops a peer whose first frame comes with its READY: wait for the server's.
+            s.sendall(greet + ready)
+            got = b""
+            while b"READY" not in got:
+                more = s.recv(256)
+                if not more:
+                    raise OSError("closed in the handshake")
+                got += more
+            s.sendall(first)
+            for _ in range(int(mib)):
+                s.sendall(frame)
+            full += 1
+        except OSError:
+            pass
+        socks.append(s)
+    print("%d of %s connections sent all %s MiB" % (full, conns, mib), flush=True)
+    time.sleep(float(hold))
+    for s in socks:
+        s.close()
+
+
 def idx(images, labels, n, bad):
     n = int(n)
     with open(images, "wb") as f:
@@ -247,7 +325,7 @@ def safetensors(path, layers, mode):
 
 def main():
     cmds = {"garbage": garbage, "flood": flood, "takeover": takeover, "bigmsg": bigmsg,
-            "idx": idx, "safetensors": safetensors}
+            "hdrflood": hdrflood, "partial": partial, "idx": idx, "safetensors": safetensors}
     if len(sys.argv) < 2 or sys.argv[1] not in cmds:
         sys.exit(__doc__)
     try:

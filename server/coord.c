@@ -213,8 +213,10 @@ static void *coord_main(void *arg)
         }
         if (ready[1])
             break;
-        /* Drain what is there, but come back to the tick regularly. */
-        for (int i = 0; ready[0] && i < 256; i++) {
+        /* Drain what is there, but back to the tick once it is due: heartbeats and liveness go
+         * first each turn, whatever one connection sends (a message costs at most a header
+         * scan before it is refused). */
+        for (int i = 0; ready[0] && i < 256 && (i == 0 || fl_now_ms() < next_tick); i++) {
             fl_tp_msg_t m;
             int rc = fl_tp_recv(c->sock, &m, fl_deadline_in(0));
             if (rc == FL_ETIMEDOUT)

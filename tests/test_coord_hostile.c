@@ -2,10 +2,14 @@
  * garbage, payload and oversized frames, strangers' heartbeats; and text from the wire (host
  * names, job ids, goodbyes) that must neither forge a log line nor break a welcome, with the
  * warnings for a flood rate-limited. */
+#include <errno.h>
+#include <pthread.h>
+#include <stdatomic.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <unistd.h>
+#include <zmq.h>
 
 #include "fl_msg.h"
 #include "fl_ps.h"
@@ -268,19 +272,29 @@ static int log_count(const char *path, const char *needle)
 }
 
 /* A flood of bad messages gives a few warnings, not one line each: the rest are counted (and
- * summed up once the window ends); the counters still see every one. */
+ * summed up once the window ends); the counters still see every one. From 40 connections of
+ * 25 each: one connection's 33rd within 10 s would reset it (test_header_flood_heartbeats). */
 START_TEST(test_bad_message_warnings_rate_limited)
 {
     char log[128];
     log_to(log, sizeof log);
     env_t e;
     env_start_log(&e, 2, 0, 0, 0, FL_LOG_WARN);
-    fl_tp_sock_t *x = fake_open(&e);
     static const uint8_t garbage[12] = {0xff, 0xff, 0xff, 0xff, 0xff, 0xff,
                                         0xff, 0xff, 0xff, 0xff, 0xff, 0xff};
-    for (int i = 0; i < 1000; i++)
-        send_bytes(x, garbage, sizeof garbage);
+    void *zs[40];
+    int zero = 0;
+    for (int c = 0; c < 40; c++) {
+        zs[c] = zmq_socket(fl_ctx_zmq(e.ctx), ZMQ_DEALER);
+        zmq_setsockopt(zs[c], ZMQ_LINGER, &zero, sizeof zero);
+        ck_assert_int_eq(zmq_connect(zs[c], fl_coord_endpoint(e.coord)), 0);
+        for (int i = 0; i < 25; i++)
+            ck_assert_int_eq(zmq_send(zs[c], garbage, sizeof garbage, 0), (int)sizeof garbage);
+    }
     ck_assert_uint_eq(wait_stat(e.coord, FL_STAT_BAD_HEADER, 1000, 10000), 1000);
+    ck_assert_uint_eq(fl_coord_stat(e.coord, FL_STAT_CONN_CUT), 0);
+    for (int c = 0; c < 40; c++)
+        zmq_close(zs[c]);
     assert_still_serves(&e, 2);
     int lines = log_count(log, "refused a message");
     ck_assert_msg(lines >= 1 && lines <= 10,
@@ -456,6 +470,98 @@ START_TEST(test_percent_in_error_text)
 }
 END_TEST
 
+/* ---- a flood of headers declaring huge frame counts ---- */
+
+typedef struct flood {
+    void *zs;
+    int64_t until_ms;
+    _Atomic uint64_t sent;
+} flood_t;
+
+/* Heartbeat headers of about 800 KB, each declaring 200,000 frames, as fast as the socket
+ * takes them (a reset connection is opened again by ZeroMQ, as a client's would be). */
+static void *flood_main(void *arg)
+{
+    flood_t *f = arg;
+    static const uint8_t head[] = {0x0d, 0x46, 0x4c, 0x44, 0x4c, 0x10, 0x01, 0x1a, 0x0a, 'c', 'o',
+                                   'o',  'r',  'd',  '-',  't',  'e',  's',  't',  0x28, 0x04};
+    static const uint8_t frame[] = {0x4a, 0x02, 0x08, 0x01};
+    size_t n = 200000;
+    size_t len = sizeof head + n * sizeof frame;
+    uint8_t *buf = malloc(len);
+    if (buf == NULL)
+        return NULL;
+    memcpy(buf, head, sizeof head);
+    for (size_t i = 0; i < n; i++)
+        memcpy(buf + sizeof head + i * sizeof frame, frame, sizeof frame);
+    while (fl_now_ms() < f->until_ms) {
+        if (zmq_send(f->zs, buf, len, ZMQ_DONTWAIT) >= 0)
+            atomic_fetch_add(&f->sent, 1);
+        else if (zmq_errno() == EAGAIN)
+            usleep(500);
+    }
+    free(buf);
+    return NULL;
+}
+
+/* While one connection floods the coordinator with such headers for 3 s, a registered rank
+ * heartbeating every 100 ms still hears the coordinator's heartbeats without a gap near the
+ * 1 s timeout, is not declared dead, and the flood is refused, counted, and its connection cut
+ * (the refusal costs a scan of the bytes, not an unpack). */
+START_TEST(test_header_flood_heartbeats)
+{
+    env_t e;
+    env_start(&e, 1, 100, 1000, 0);
+    fl_tp_sock_t *r0 = fake_open(&e);
+    send_reg(r0, 0, 1);
+    expect_welcome(r0, 1, NULL);
+    void *zs = zmq_socket(fl_ctx_zmq(e.ctx), ZMQ_DEALER);
+    int zero = 0;
+    zmq_setsockopt(zs, ZMQ_LINGER, &zero, sizeof zero);
+    ck_assert_int_eq(zmq_connect(zs, fl_coord_endpoint(e.coord)), 0);
+    flood_t f = {zs, fl_now_ms() + 3000, 0};
+    pthread_t t;
+    ck_assert_int_eq(pthread_create(&t, NULL, flood_main, &f), 0);
+    int64_t last = fl_now_ms();
+    int64_t next_beat = 0;
+    int64_t worst = 0;
+    int beats = 0;
+    while (fl_now_ms() < f.until_ms + 500) {
+        int64_t now = fl_now_ms();
+        if (now >= next_beat) {
+            send_ctl(r0, FL_MSG_HEARTBEAT, 0);
+            next_beat = now + 100;
+        }
+        fl_tp_msg_t m;
+        if (fl_tp_recv(r0, &m, fl_deadline_in(20)) != FL_OK)
+            continue;
+        ck_assert_msg(m.hdr.type == FL_MSG_HEARTBEAT, "rank 0 got a %s: %s",
+                      fl_msg_type_name(m.hdr.type),
+                      m.hdr.type == FL_MSG_ERROR ? m.hdr.u.error.text : "");
+        now = fl_now_ms();
+        worst = now - last > worst ? now - last : worst;
+        last = now;
+        beats++;
+        fl_tp_msg_close(&m);
+    }
+    pthread_join(t, NULL);
+    zmq_close(zs);
+    uint64_t refused = fl_coord_stat(e.coord, FL_STAT_BAD_FRAMES);
+    uint64_t cut = fl_coord_stat(e.coord, FL_STAT_CONN_CUT);
+    fprintf(stderr,
+            "header flood: %llu headers sent, %llu refused, %llu connections cut; %d coordinator "
+            "heartbeats, the longest gap %lld ms\n",
+            (unsigned long long)atomic_load(&f.sent), (unsigned long long)refused,
+            (unsigned long long)cut, beats, (long long)worst);
+    ck_assert_msg(worst < 700, "the coordinator was silent for %lld ms (timeout 1000)",
+                  (long long)worst);
+    ck_assert_int_eq(fl_coord_active(e.coord), 1);
+    ck_assert_msg(refused > 32, "only %llu headers refused", (unsigned long long)refused);
+    ck_assert_msg(cut >= 1, "the flood's connection was never cut");
+    env_end(&e);
+}
+END_TEST
+
 Suite *coord_hostile_suite(void);
 Suite *coord_hostile_suite(void)
 {
@@ -476,6 +582,7 @@ Suite *coord_hostile_suite(void)
     tcase_add_test(t, test_nul_in_job_id);
     tcase_add_test(t, test_percent_in_job_id);
     tcase_add_test(t, test_percent_in_error_text);
+    tcase_add_test(t, test_header_flood_heartbeats);
     suite_add_tcase(s, t);
     return s;
 }

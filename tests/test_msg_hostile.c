@@ -125,6 +125,102 @@ START_TEST(test_decode_mutations)
 }
 END_TEST
 
+/* A byte buffer grown by the wire writers below. */
+typedef struct wbuf {
+    uint8_t *p;
+    size_t len, cap;
+} wbuf_t;
+
+static void put(wbuf_t *b, const void *data, size_t n)
+{
+    if (b->len + n > b->cap) {
+        b->cap = (b->len + n) * 2;
+        b->p = realloc(b->p, b->cap);
+        ck_assert_ptr_nonnull(b->p);
+    }
+    memcpy(b->p + b->len, data, n);
+    b->len += n;
+}
+
+static void put_varint(wbuf_t *b, uint64_t v)
+{
+    uint8_t one[10];
+    size_t n = 0;
+    do {
+        one[n++] = (uint8_t)((v & 0x7f) | (v > 0x7f ? 0x80 : 0));
+        v >>= 7;
+    } while (v > 0);
+    put(b, one, n);
+}
+
+/* A heartbeat header's first fields (magic, version, job, type) and nframes frame
+ * descriptions of one byte each. */
+static void frame_flood(wbuf_t *b, size_t nframes)
+{
+    static const uint8_t head[] = {0x0d, 0x46, 0x4c, 0x44, 0x4c, 0x10, 0x01, 0x1a,
+                                   0x05, 'f',  'l',  'o',  'd',  'l',  0x28, 0x04};
+    static const uint8_t frame[] = {0x4a, 0x04, 0x08, 0x01, 0x20, 0x01}; /* bytes 1, raw 1 */
+    put(b, head, sizeof head);
+    for (size_t i = 0; i < nframes; i++)
+        put(b, frame, sizeof frame);
+}
+
+/* The frame count is refused on the raw bytes, at the 17th frame, before protobuf-c unpacks
+ * (and allocates for) the rest: a header with 17 frames and bytes that do not parse after
+ * them is refused for its frames, which only a walk ahead of unpacking can see; and one of
+ * 400,000 frames the same way. */
+START_TEST(test_decode_frame_count_before_unpack)
+{
+    wbuf_t b = {NULL, 0, 0};
+    frame_flood(&b, FL_MSG_MAX_FRAMES + 1);
+    static const uint8_t past_end[] = {0x62, 0x7f}; /* a body of 127 bytes, none there */
+    put(&b, past_end, sizeof past_end);
+    fl_msg_hdr_t out;
+    fl_msg_fault_t fault = FL_FAULT_NONE;
+    ck_assert_int_eq(fl_msg_decode(b.p, b.len, &out, &fault), FL_EPROTO);
+    ck_assert_msg(fault == FL_FAULT_FRAMES, "fault %d (%s): the frames were not counted first",
+                  (int)fault, fl_last_error());
+    ck_assert_msg(strstr(fl_last_error(), "17 frames or more") != NULL, "%s", fl_last_error());
+    fl_msg_hdr_deinit(&out);
+
+    b.len = 0;
+    frame_flood(&b, 400000);
+    ck_assert_int_eq(fl_msg_decode(b.p, b.len, &out, &fault), FL_EPROTO);
+    ck_assert_int_eq(fault, FL_FAULT_FRAMES);
+    fl_msg_hdr_deinit(&out);
+    free(b.p);
+}
+END_TEST
+
+/* Every other list the same way: a register with 17 checkpoint steps (a packed list) and
+ * bytes that do not parse after them is refused for the list. */
+START_TEST(test_decode_list_count_before_unpack)
+{
+    wbuf_t b = {NULL, 0, 0};
+    static const uint8_t head[] = {0x0d, 0x46, 0x4c, 0x44, 0x4c, 0x10, 0x01, 0x1a,
+                                   0x05, 'f',  'l',  'o',  'd',  'l',  0x28, 0x01};
+    put(&b, head, sizeof head);
+    wbuf_t reg = {NULL, 0, 0};
+    put_varint(&reg, (13 << 3) | 2); /* Register.checkpoints, packed */
+    put_varint(&reg, FL_MSG_MAX_CHECKPOINTS + 1);
+    for (int i = 0; i <= FL_MSG_MAX_CHECKPOINTS; i++)
+        put_varint(&reg, (uint64_t)i + 1);
+    put_varint(&b, (16 << 3) | 2); /* Header.reg */
+    put_varint(&b, reg.len);
+    put(&b, reg.p, reg.len);
+    static const uint8_t past_end[] = {0x1a, 0x7f}; /* a job id of 127 bytes, none there */
+    put(&b, past_end, sizeof past_end);
+    fl_msg_hdr_t out;
+    fl_msg_fault_t fault = FL_FAULT_NONE;
+    ck_assert_int_eq(fl_msg_decode(b.p, b.len, &out, &fault), FL_EPROTO);
+    ck_assert_msg(strstr(fl_last_error(), "checkpoint list of 17 entries or more") != NULL, "%s",
+                  fl_last_error());
+    fl_msg_hdr_deinit(&out);
+    free(reg.p);
+    free(b.p);
+}
+END_TEST
+
 Suite *msg_hostile_suite(void);
 Suite *msg_hostile_suite(void)
 {
@@ -134,6 +230,8 @@ Suite *msg_hostile_suite(void)
     tcase_add_test(t, test_decode_truncated_prefixes);
     tcase_add_test(t, test_decode_garbage);
     tcase_add_test(t, test_decode_mutations);
+    tcase_add_test(t, test_decode_frame_count_before_unpack);
+    tcase_add_test(t, test_decode_list_count_before_unpack);
     suite_add_tcase(s, t);
     return s;
 }

@@ -3,9 +3,11 @@
  * is closed) do not keep a 2-worker CURVE job from registering and training; the soft limit on open
  * files is raised to the hard one at start; a message of 512 frames of 1.9 MB leaves flodl-ps's
  * memory where it was; a frame over twice the coordinator's limit is counted, not dropped without a
- * word. Without the guard the idle connections take every descriptor until ZeroMQ's own handshake
- * interval (30 s) ends them: the workers' rendezvous deadline (15 s) is shorter. The test stops
- * only the processes it started, by PID, and uses loopback only (127.0.0.2 as the other address).
+ * word; 40 messages that never end, each under the bound of one connection, stay under the
+ * process's bound together. Without the guard the idle connections take every descriptor until
+ * ZeroMQ's own handshake interval (30 s) ends them: the workers' rendezvous deadline (15 s) is
+ * shorter. The test stops only the processes it started, by PID, and uses loopback only (127.0.0.2
+ * as the other address).
  */
 #include <arpa/inet.h>
 #include <check.h>
@@ -422,6 +424,106 @@ START_TEST(test_oversized_frame_counted)
 }
 END_TEST
 
+/* ---- many messages that never end, each under the bound of one connection ---- */
+
+#define PARTIAL_CONNS 40
+#define PARTIAL_MIB 16 /* per connection: under the coordinator's 17 MiB per connection */
+
+/* Reads until the server's READY command has come (its greeting and READY are under 200
+ * bytes): libzmq drops a peer whose first frame comes with its own READY. */
+static bool server_ready(int fd)
+{
+    char got[512];
+    size_t n = 0;
+    struct pollfd p = {fd, POLLIN, 0};
+    while (n + 1 < sizeof got && poll(&p, 1, 5000) == 1) {
+        ssize_t r = recv(fd, got + n, sizeof got - 1 - n, 0);
+        if (r <= 0)
+            return false;
+        n += (size_t)r;
+        if (memmem(got, n, "READY", 5) != NULL)
+            return true;
+    }
+    return false;
+}
+
+/* A ZMTP 3.0 NULL-mechanism DEALER on a raw TCP connection to port: the greeting and READY,
+ * then the first PARTIAL_MIB MiB of a message whose last frame never comes. Returns the
+ * descriptor (kept open), -1 when the server cut it first. */
+static int partial_open(int port)
+{
+    int fd = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+    struct sockaddr_in to = {.sin_family = AF_INET, .sin_port = htons((uint16_t)port)};
+    inet_pton(AF_INET, "127.0.0.1", &to.sin_addr);
+    struct timeval tv = {10, 0};
+    setsockopt(fd, SOL_SOCKET, SO_SNDTIMEO, &tv, sizeof tv);
+    if (fd < 0 || connect(fd, (struct sockaddr *)&to, sizeof to) != 0) {
+        if (fd >= 0)
+            close(fd);
+        return -1;
+    }
+    uint8_t greet[64] = {0xff, 0, 0, 0, 0, 0, 0, 0, 1, 0x7f, 3, 0, 'N', 'U', 'L', 'L'};
+    static const uint8_t ready[] = {0x04, 28,  5,   'R', 'E', 'A', 'D', 'Y', 11,  'S',
+                                    'o',  'c', 'k', 'e', 't', '-', 'T', 'y', 'p', 'e',
+                                    0,    0,   0,   6,   'D', 'E', 'A', 'L', 'E', 'R'};
+    static const uint8_t first[] = {0x01, 12,  'n', 'o', 't', ' ', 'a',
+                                    ' ',  'h', 'e', 'a', 'd', 'e', 'r'};
+    static uint8_t frame[9 + (1 << 20)] = {0x03, 0, 0, 0, 0, 0, 0x10, 0, 0}; /* 1 MiB, more */
+    bool ok = send(fd, greet, sizeof greet, MSG_NOSIGNAL) == (ssize_t)sizeof greet &&
+              send(fd, ready, sizeof ready, MSG_NOSIGNAL) == (ssize_t)sizeof ready &&
+              server_ready(fd) &&
+              send(fd, first, sizeof first, MSG_NOSIGNAL) == (ssize_t)sizeof first;
+    for (int i = 0; ok && i < PARTIAL_MIB; i++)
+        ok = send(fd, frame, sizeof frame, MSG_NOSIGNAL) == (ssize_t)sizeof frame;
+    if (!ok) {
+        close(fd);
+        return -1;
+    }
+    return fd;
+}
+
+/* 40 connections each send 16 MiB of a message that never ends, each under the coordinator's
+ * bound for one connection (17 MiB): 640 MiB in all. The process bound on what all of them
+ * hold (256 MiB by default) keeps flodl-ps's peak within 256 MiB and a margin of its start
+ * (the guard looks every 20 ms, and a cut connection's memory is freed as ZeroMQ closes it),
+ * cutting the largest holders, counted and logged. */
+START_TEST(test_partial_messages_bounded_per_process)
+{
+    proc_t p;
+    char ep[FL_ENDPOINT_MAX];
+    const char *flags[] = {"--world-size", "1", "--insecure", NULL};
+    ck_assert(start_ps_limited(&p, "true", flags, NULL, ep, sizeof ep));
+    struct timespec pause = {0, 500 * 1000000L};
+    nanosleep(&pause, NULL);
+    long rss0 = status_kib(p.pid, "VmRSS");
+    ck_assert(rss0 > 0);
+    int fds[PARTIAL_CONNS];
+    int kept = 0;
+    for (int i = 0; i < PARTIAL_CONNS; i++)
+        if ((fds[i] = partial_open(port_of(ep))) >= 0)
+            kept++;
+    nanosleep(&pause, NULL);
+    long hwm = status_kib(p.pid, "VmHWM");
+    for (int i = 0; i < PARTIAL_CONNS; i++)
+        if (fds[i] >= 0)
+            close(fds[i]);
+    procs_stop(&p, 1);
+    fprintf(stderr,
+            "40 partial messages: flodl-ps from %ld MiB to a peak of %ld MiB; %d of 40 "
+            "connections took all their bytes\n",
+            rss0 / 1024, hwm / 1024, kept);
+    ck_assert_msg(hwm > 0, "flodl-ps is gone: %s", p.buf[1]);
+    ck_assert_msg(hwm - rss0 < (256 + 192) * 1024,
+                  "expected flodl-ps's peak within 448 MiB of its start (the 256 MiB bound and "
+                  "a margin) under 40 x 16 MiB of messages not yet complete, it rose by %ld MiB",
+                  (hwm - rss0) / 1024);
+    ck_assert_msg(strstr(p.buf[1], "over its bound of 256 MiB"),
+                  "expected flodl-ps to log the connection it cut for the process bound: %s",
+                  p.buf[1]);
+    procs_free(&p, 1);
+}
+END_TEST
+
 static Suite *suite(void)
 {
     Suite *s = suite_create("tp_guard_proc");
@@ -432,6 +534,7 @@ static Suite *suite(void)
     tcase_add_test(t, test_soft_fd_limit_raised_at_start);
     tcase_add_test(t, test_big_message_leaves_memory_where_it_was);
     tcase_add_test(t, test_oversized_frame_counted);
+    tcase_add_test(t, test_partial_messages_bounded_per_process);
     suite_add_tcase(s, t);
     return s;
 }

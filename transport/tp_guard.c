@@ -99,12 +99,14 @@ struct fl_tp_guard {
     int blame;
 
     int statm;
+    uint64_t held; /* this guard's share of the context's bytes held (fl_ctx_held_add) */
     uint64_t scan_rss;
     int64_t scan_ms;
     int64_t trim_ms; /* give memory back at this time (0: no) */
     int trims;
 
     ratelog_t log_drop, log_security, log_near, log_accept, log_hold;
+    fl_tp_hold_log_t log_process;
 };
 
 static bool ratelog_due(ratelog_t *r, int64_t now, uint64_t *quiet)
@@ -447,6 +449,48 @@ static void expire(fl_tp_guard_t *g, int64_t now)
     }
 }
 
+/* The connection holding most of this guard's, or NULL when none holds anything. */
+static conn_t *largest(fl_tp_guard_t *g, int *fd)
+{
+    conn_t *pick = NULL;
+    for (size_t i = 0; i < g->nlive; i++) {
+        conn_t *c = conn_at(g, g->live[i]);
+        if (c->state != CLOSING && c->hold.held > (pick != NULL ? pick->hold.held : 0)) {
+            pick = c;
+            *fd = g->live[i];
+        }
+    }
+    return pick;
+}
+
+/* The process's bound, over the guards of one context together (tp_hold.c): past it this
+ * guard's largest holders go first, until the total is back under. */
+static void process_bound(fl_tp_guard_t *g, int64_t now)
+{
+    uint64_t mine = 0;
+    for (size_t i = 0; i < g->nlive; i++) {
+        conn_t *c = conn_at(g, g->live[i]);
+        mine += c->state != CLOSING ? c->hold.held : 0;
+    }
+    uint64_t total = fl_ctx_held_add(g->ctx, (int64_t)(mine - g->held));
+    g->held = mine;
+    int fd = -1;
+    conn_t *c;
+    while (fl_tp_hold_over(g->ctx, total) && (c = largest(g, &fd)) != NULL) {
+        uint64_t held = c->hold.held;
+        char ip[INET6_ADDRSTRLEN + 32];
+        addr_text(c, ip, sizeof ip);
+        if (reset_conn(g, fd, c)) {
+            c->state = CLOSING;
+            c->held_too_much = true;
+            fl_tp_hold_cut_said(g->ctx, g->name, ip, held, total, now, &g->log_process);
+        }
+        c->hold.held = 0; /* cut, or gone meanwhile: either way not this guard's any more */
+        total = fl_ctx_held_add(g->ctx, -(int64_t)held);
+        g->held -= held;
+    }
+}
+
 static void hold_check(fl_tp_guard_t *g, int64_t now)
 {
     uint64_t rss = fl_tp_hold_rss(g->statm);
@@ -488,6 +532,7 @@ static void hold_check(fl_tp_guard_t *g, int64_t now)
                     (unsigned long long)(g->hold_max >> 20), unsaid(quiet, more, sizeof more));
         }
     }
+    process_bound(g, now);
 }
 
 /* Reads the limit on open files (the binaries raise it once their sockets exist) and the cap
@@ -538,6 +583,7 @@ static void *guard_main(void *arg)
 
 static void guard_free(fl_tp_guard_t *g)
 {
+    fl_ctx_held_add(g->ctx, -(int64_t)g->held);
     if (g->stop_tx != NULL)
         zmq_close(g->stop_tx);
     if (g->stop_rx != NULL)

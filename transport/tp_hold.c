@@ -2,7 +2,9 @@
  * owner has not taken yet. ZeroMQ delivers a multipart message only once its last frame has
  * arrived and bounds frames, not frames per message, so a peer can make it assemble a message
  * of any size; the kernel's counters and the owner's (fl_tp_guard_taken) are how the guard
- * sees it. Counters and the arithmetic here; the guard decides. */
+ * sees it. Counters and the arithmetic here; the guard decides. Many connections, each under
+ * the bound of one, can still hold more than the process has: the guards of one context add
+ * up what theirs hold (fl_ctx_held_add) against a bound for the process. */
 #include "tp_int.h"
 
 #include <linux/sockios.h>
@@ -27,6 +29,7 @@ void fl_tp_hold_init(fl_tp_hold_t *h, uint64_t bytes, uint64_t frames, int64_t n
     h->frames0 = frames;
     h->base = HANDSHAKE;
     h->last_ms = now_ms;
+    h->held = 0;
 }
 
 uint64_t fl_tp_hold_update(fl_tp_hold_t *h, uint64_t pulled, uint64_t bytes, uint64_t frames,
@@ -42,11 +45,13 @@ uint64_t fl_tp_hold_update(fl_tp_hold_t *h, uint64_t pulled, uint64_t bytes, uin
     int64_t held = unexplained - h->base;
     if (held < 0) {
         h->base = unexplained;
+        h->held = 0;
         return 0;
     }
     int64_t allow = dt * PER_SECOND / 1000;
     h->base += held < allow ? held : allow;
-    return (uint64_t)(unexplained - h->base);
+    h->held = (uint64_t)(unexplained - h->base);
+    return h->held;
 }
 
 int fl_tp_hold_pulled(int fd, uint64_t *out)
@@ -85,4 +90,32 @@ uint64_t fl_tp_hold_rss(int statm_fd)
     if (sscanf(text, "%llu %llu", &size, &resident) != 2)
         return 0;
     return (uint64_t)resident * (uint64_t)sysconf(_SC_PAGESIZE);
+}
+
+bool fl_tp_hold_over(const fl_ctx_t *ctx, uint64_t total)
+{
+    uint64_t bound = fl_ctx_held_max(ctx);
+    return bound > 0 && total > bound;
+}
+
+void fl_tp_hold_cut_said(fl_ctx_t *ctx, const char *sock, const char *ip, uint64_t held,
+                         uint64_t total, int64_t now, fl_tp_hold_log_t *log)
+{
+    fl_ctx_count(ctx, FL_STAT_CONN_CUT, 1);
+    if (now < log->next_ms) {
+        log->quiet++;
+        return;
+    }
+    char more[64] = "";
+    if (log->quiet > 0)
+        snprintf(more, sizeof more, "; %llu more since the last report",
+                 (unsigned long long)log->quiet);
+    FL_WARN(ctx,
+            "%s socket: closed the connection from %s: it held %llu MiB of a message not yet "
+            "complete, the most while this process held %llu MiB of those, over its bound of "
+            "%llu MiB%s",
+            sock, ip, (unsigned long long)(held >> 20), (unsigned long long)(total >> 20),
+            (unsigned long long)(fl_ctx_held_max(ctx) >> 20), more);
+    log->quiet = 0;
+    log->next_ms = now + 10000;
 }

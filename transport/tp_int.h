@@ -25,6 +25,7 @@ struct fl_tp_sock {
     int pending_per_addr;
     size_t hold_max_bytes;
     struct fl_tp_guard *guard;
+    struct fl_tp_refusals *refusals; /* malformed messages per connection (tp_refuse.c) */
     /* handshake watch of a connecting socket (tp_watch.c) */
     fl_tp_sock_t *watch;
     /* ZMQ_RCVTIMEO as last set by fl_tp_recv_for (-1: ZeroMQ's default, none) */
@@ -52,6 +53,25 @@ void fl_tp_monitor_close(void *zs, void **pair);
 /* One event without waiting: 1 when *ev is set, 0 when none is waiting, FL_EIO. */
 int fl_tp_monitor_read(void *pair, fl_tp_event_t *ev);
 
+/* ---- senders of malformed messages (tp_refuse.c) ---- */
+
+/* A connection that sends more than FL_TP_REFUSE_BURST malformed messages within
+ * FL_TP_REFUSE_WINDOW_MS is reset: a member never sends one, and refusing costs the owner's
+ * loop a receive and a scan each. */
+#define FL_TP_REFUSE_BURST 32
+#define FL_TP_REFUSE_WINDOW_MS 10000
+
+typedef struct fl_tp_refusals fl_tp_refusals_t;
+
+/* Counts a refusal (why) of a message that came on descriptor fd from address addr (ZeroMQ's
+ * Peer-Address), and resets the connection past the burst: counted as conn_cut, logged at most
+ * every 10 s. Refusals of other kinds (another job, another version) are not counted. The
+ * socket's owner thread. */
+void fl_tp_refuse_note(fl_tp_sock_t *s, int fd, const char *addr, fl_stat_t why);
+
+/* Frees the counts (before the socket closes). */
+void fl_tp_refuse_forget(fl_tp_sock_t *s);
+
 /* ---- guard of accepting sockets (tp_guard.c) ---- */
 
 typedef struct fl_tp_guard fl_tp_guard_t;
@@ -74,9 +94,25 @@ typedef struct fl_tp_hold {
     uint64_t bytes0, frames0; /* the owner's counters of the descriptor when it was accepted */
     int64_t base;             /* bytes read but not taken that are allowed as overhead */
     int64_t last_ms;
+    uint64_t held; /* what the last update found */
 } fl_tp_hold_t;
 
 void fl_tp_hold_init(fl_tp_hold_t *h, uint64_t bytes, uint64_t frames, int64_t now_ms);
+
+/* True when total, the bytes the guards of ctx hold together, is over the process's bound
+ * (fl_ctx_held_max; none when 0). */
+bool fl_tp_hold_over(const fl_ctx_t *ctx, uint64_t total);
+
+/* When the process bound's last line was said, and the cuts since. */
+typedef struct fl_tp_hold_log {
+    int64_t next_ms;
+    uint64_t quiet;
+} fl_tp_hold_log_t;
+
+/* Counts a connection (from ip, to socket sock) cut for the process bound as conn_cut, and
+ * says so at most every 10 s. */
+void fl_tp_hold_cut_said(fl_ctx_t *ctx, const char *sock, const char *ip, uint64_t held,
+                         uint64_t total, int64_t now, fl_tp_hold_log_t *log);
 
 /* Bytes held for the connection now: read from the kernel (pulled) and not taken by the owner
  * (bytes, frames: the owner's counters), less the protocol's overhead (framing, encryption,

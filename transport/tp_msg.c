@@ -192,6 +192,8 @@ typedef struct tally {
     int fd; /* the connection it came from (ZMQ_SRCFD), -1 when unknown */
     uint64_t bytes;
     uint64_t frames;
+    char addr[48]; /* its address, for a cut (tp_refuse.c) */
+    fl_stat_t why; /* the refusal's kind, FL_STAT_COUNT when taken */
 } tally_t;
 
 static void tally_add(tally_t *t, const zmq_msg_t *part)
@@ -227,9 +229,10 @@ static bool has_more(void *zs)
     return more != 0;
 }
 
-static int refuse(fl_tp_sock_t *s, fl_tp_msg_t *m, fl_stat_t stat, int rc)
+static int refuse(fl_tp_sock_t *s, fl_tp_msg_t *m, tally_t *t, fl_stat_t stat, int rc)
 {
     fl_ctx_count(s->ctx, stat, 1);
+    t->why = stat;
     FL_DEBUG(s->ctx, "%s socket: refused a message (%s): %s", s->name, fl_stat_name(stat),
              fl_last_error());
     for (size_t i = 0; i < m->nframes; i++)
@@ -263,7 +266,7 @@ static int read_parts(fl_tp_sock_t *s, fl_tp_msg_t *m, tally_t *t, bool wait)
                            zmq_strerror(zmq_errno()));
         m->route.len = (size_t)n > sizeof m->route.id ? sizeof m->route.id : (size_t)n;
         if (!has_more(s->zs))
-            return refuse(s, m, FL_STAT_BAD_HEADER,
+            return refuse(s, m, t, FL_STAT_BAD_HEADER,
                           fl_fail(FL_EPROTO, "%s socket: message without a header frame", s->name));
     }
     zmq_msg_init(&hdr);
@@ -276,9 +279,20 @@ static int read_parts(fl_tp_sock_t *s, fl_tp_msg_t *m, tally_t *t, bool wait)
     }
     if (s->guard != NULL) {
         t->fd = zmq_msg_get(&hdr, ZMQ_SRCFD);
+        const char *addr = zmq_msg_gets(&hdr, "Peer-Address");
+        snprintf(t->addr, sizeof t->addr, "%s", addr != NULL ? addr : "");
         tally_add(t, &hdr);
     }
-    rc = fl_msg_decode(zmq_msg_data(&hdr), zmq_msg_size(&hdr), &m->hdr, &fault);
+    /* What strangers send a bound socket is bounded before it is parsed: no member's header
+     * (the largest, a server's registration) comes near FL_MSG_HDR_MAX_IN. */
+    if (s->kind == FL_TP_ROUTER && zmq_msg_size(&hdr) > FL_MSG_HDR_MAX_IN) {
+        rc = fl_fail(FL_EPROTO, "%s socket: a header frame of %zu bytes, at most %d", s->name,
+                     zmq_msg_size(&hdr), FL_MSG_HDR_MAX_IN);
+        fault = FL_FAULT_SIZE;
+        memset(&m->hdr, 0, sizeof m->hdr);
+    } else {
+        rc = fl_msg_decode(zmq_msg_data(&hdr), zmq_msg_size(&hdr), &m->hdr, &fault);
+    }
     /* The ZAP handler names an authenticated peer by its key (tp_curve.c). */
     const char *key = s->kind == FL_TP_ROUTER ? zmq_msg_gets(&hdr, "User-Id") : NULL;
     if (key != NULL)
@@ -299,7 +313,7 @@ static int read_parts(fl_tp_sock_t *s, fl_tp_msg_t *m, tally_t *t, bool wait)
         zmq_msg_init(f);
         if (zmq_msg_recv(f, s->zs, 0) < 0) {
             zmq_msg_close(f);
-            refuse(s, m, FL_STAT_BAD_FRAMES, FL_EIO);
+            refuse(s, m, t, FL_STAT_BAD_FRAMES, FL_EIO);
             return fl_fail(FL_EIO, "%s socket: recv frame: %s", s->name, zmq_strerror(zmq_errno()));
         }
         sizes[m->nframes] = zmq_msg_size(f);
@@ -308,18 +322,18 @@ static int read_parts(fl_tp_sock_t *s, fl_tp_msg_t *m, tally_t *t, bool wait)
         arrived++;
     }
     if (rc != FL_OK)
-        return refuse(s, m, fault_stat(fault), rc);
+        return refuse(s, m, t, fault_stat(fault), rc);
     if (too_many)
-        return refuse(s, m, FL_STAT_BAD_FRAMES,
+        return refuse(s, m, t, FL_STAT_BAD_FRAMES,
                       fl_fail(FL_EPROTO, "%s socket: %s message from %d has more than %zu frames",
                               s->name, fl_msg_type_name(m->hdr.type), m->hdr.sender,
                               fl_ctx_max_frames(s->ctx)));
     if ((rc = fl_msg_check_frames(&m->hdr, sizes, arrived, s->max_msg_bytes, &fault)) != FL_OK)
-        return refuse(s, m, fault_stat(fault),
+        return refuse(s, m, t, fault_stat(fault),
                       fl_fail_ctx(rc, "%s socket: from sender %d", s->name, m->hdr.sender));
     if (s->expect_set &&
         (strcmp(m->hdr.job_id, s->expect_job) != 0 || m->hdr.generation != s->expect_gen))
-        return refuse(s, m, FL_STAT_BAD_JOB,
+        return refuse(s, m, t, FL_STAT_BAD_JOB,
                       fl_fail(FL_EPROTO,
                               "%s socket: %s message from sender %d of job '%s' generation %llu; "
                               "this is job '%s' generation %llu",
@@ -336,10 +350,12 @@ static int read_parts(fl_tp_sock_t *s, fl_tp_msg_t *m, tally_t *t, bool wait)
 
 static int read_message(fl_tp_sock_t *s, fl_tp_msg_t *m, bool wait)
 {
-    tally_t t = {-1, 0, 0};
+    tally_t t = {.fd = -1, .bytes = 0, .frames = 0, .addr = "", .why = FL_STAT_COUNT};
     int rc = read_parts(s, m, &t, wait);
     if (s->guard != NULL && t.fd >= 0)
         fl_tp_guard_taken(s->guard, t.fd, t.bytes, t.frames);
+    if (s->guard != NULL && t.why != FL_STAT_COUNT)
+        fl_tp_refuse_note(s, t.fd, t.addr, t.why);
     return rc;
 }
 

@@ -112,6 +112,7 @@ static void tp_sock_destroy(fl_tp_sock_t **sock)
         return;
     fl_tp_sock_t *s = *sock;
     fl_tp_guard_stop(s);
+    fl_tp_refuse_forget(s);
     if (s->watch != NULL) {
         fl_tp_monitor_close(s->zs, &s->watch->zs);
         free(s->watch);
