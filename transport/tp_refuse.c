@@ -52,10 +52,10 @@ static bool still_from(int fd, const char *addr)
     char text[INET6_ADDRSTRLEN];
     if (addr == NULL || getpeername(fd, (struct sockaddr *)&peer, &len) != 0)
         return false;
-    const void *in = peer.ss_family == AF_INET ? (const void *)&((struct sockaddr_in *)&peer)->sin_addr
-                     : peer.ss_family == AF_INET6
-                         ? (const void *)&((struct sockaddr_in6 *)&peer)->sin6_addr
-                         : NULL;
+    const void *in =
+        peer.ss_family == AF_INET    ? (const void *)&((struct sockaddr_in *)&peer)->sin_addr
+        : peer.ss_family == AF_INET6 ? (const void *)&((struct sockaddr_in6 *)&peer)->sin6_addr
+                                     : NULL;
     return in != NULL && inet_ntop(peer.ss_family, in, text, sizeof text) != NULL &&
            strcmp(text, addr) == 0;
 }
