@@ -417,33 +417,37 @@ permille() { echo "$(($1 / 10)).$(($1 % 10))"; }
 # CPU seconds (user + system, in clock ticks) a process has used so far.
 cpu_ticks() { awk '{ print $14 + $15 }' "/proc/${FM_PID[$1]}/stat" 2> /dev/null || echo 0; }
 
-# hdrflood_case: while a 2-worker job trains, one connection sends the coordinator heartbeat
-# headers declaring 130,000 frames each (780 KB) for 6 s, and another times the answer to a
-# header of another version every 100 ms. The job must finish, the slowest answer stay under
-# half the heartbeat timeout, and the flood be refused and its connection cut. Sets FLOOD_FIG,
-# and FLOOD_WHY when it fails.
+# hdrflood_case insecure|curve: while a 2-worker job trains, one connection (under CURVE with
+# the job's client key, from flood_case's keys) sends the coordinator heartbeat headers
+# declaring 130,000 frames each (780 KB) for 4 s, and another times the answer to a header of
+# another version every 100 ms. The job must outlast the flood and finish, the slowest answer
+# stay under half the heartbeat timeout, and the flood be refused and its connection cut. Sets
+# FLOOD_FIG, and FLOOD_WHY when it fails.
 hdrflood_case() {
-  local t0 c0 c1 ms slow cut
-  fm_ps ps-hdr 120 2 --log-level info ||
-    { FLOOD_WHY="flodl-ps (header flood) did not start: $(fm_tail ps-hdr)"; return 1; }
-  fm_worker w0-hdr 90 0 2 --epochs 3 --quiet
-  fm_worker w1-hdr 90 1 2 --epochs 3 --quiet
-  fm_wait_log 30 ps-hdr err "job 'flodl' running" ||
-    { FLOOD_WHY="header flood: the job did not start: $(fm_tail ps-hdr)"; return 1; }
-  t0=$(fm_now_ms) c0=$(cpu_ticks ps-hdr)
-  "${TOOL[@]}" hdrflood "$FM_EP" 6 130000 > "$FM_RUN/hdrflood.out" 2>&1
-  ms=$(($(fm_now_ms) - t0)) c1=$(cpu_ticks ps-hdr)
-  slow=$(sed -n 's/.*the slowest in \([0-9]*\) ms.*/\1/p' "$FM_RUN/hdrflood.out")
-  cut=$(grep -c "malformed messages within" "$FM_RUN/ps-hdr.err")
-  FLOOD_FIG="header flood: $(sed -n 's/^sent \([0-9]*\) headers of \([0-9]*\) bytes (\([0-9]*\) MiB.*/\1 headers of \2 bytes at \3 MiB\/s/p' "$FM_RUN/hdrflood.out"), flodl-ps at $(permille $((1000 * (c1 - c0) * 1000 / $(getconf CLK_TCK) / ms)))% CPU, its slowest answer ${slow:-none} ms, sender cut (${cut} logged)"
-  fm_wait_ended 80 ps-hdr w0-hdr w1-hdr
-  for n in ps-hdr w0-hdr w1-hdr; do
-    [ "$(fm_code $n)" = 0 ] || { FLOOD_WHY="header flood: $n exited $(fm_code $n): $(fm_tail $n | cut -c 1-120)"; return 1; }
+  local mode=$1 sec=() keys=() t0 c0 c1 ms slow cut n=ps-hdr-$1
+  [ "$mode" = curve ] && sec=(--curve-dir "$FM_RUN/keys") keys=("$FM_RUN/keys")
+  fm_ps $n 120 2 --log-level info "${sec[@]}" ||
+    { FLOOD_WHY="flodl-ps (header flood, $mode) did not start: $(fm_tail $n)"; return 1; }
+  fm_worker w0-$n 90 0 2 --epochs 3 --quiet "${sec[@]}"
+  fm_worker w1-$n 90 1 2 --epochs 3 --quiet "${sec[@]}"
+  fm_wait_log 30 $n err "job 'flodl' running" ||
+    { FLOOD_WHY="header flood ($mode): the job did not start: $(fm_tail $n)"; return 1; }
+  t0=$(fm_now_ms) c0=$(cpu_ticks $n)
+  "${TOOL[@]}" hdrflood "$FM_EP" 4 130000 "${keys[@]}" > "$FM_RUN/hdrflood-$mode.out" 2>&1
+  ms=$(($(fm_now_ms) - t0)) c1=$(cpu_ticks $n)
+  ! fm_ended w0-$n || { FLOOD_WHY="header flood ($mode): the job ended before the flood did: $(fm_tail w0-$n)"; return 1; }
+  slow=$(sed -n 's/.*the slowest in \([0-9]*\) ms.*/\1/p' "$FM_RUN/hdrflood-$mode.out")
+  cut=$(grep -c "malformed messages within" "$FM_RUN/$n.err")
+  FLOOD_FIG="header flood ($mode): $(sed -n 's/^sent \([0-9]*\) headers of \([0-9]*\) bytes (\([0-9]*\) MiB.*/\1 headers of \2 bytes at \3 MiB\/s/p' "$FM_RUN/hdrflood-$mode.out"), flodl-ps at $(permille $((1000 * (c1 - c0) * 1000 / $(getconf CLK_TCK) / ms)))% CPU, its slowest answer ${slow:-none} ms, sender cut (${cut} logged)"
+  fm_wait_ended 80 $n w0-$n w1-$n
+  local p
+  for p in $n w0-$n w1-$n; do
+    [ "$(fm_code $p)" = 0 ] || { FLOOD_WHY="header flood ($mode): $p exited $(fm_code $p): $(fm_tail $p | cut -c 1-120)"; return 1; }
   done
   FLOOD_FIG+=", the job trained"
   [ -n "$slow" ] && [ "$slow" -lt $((HB / 2)) ] ||
-    { FLOOD_WHY="header flood: the slowest answer took ${slow:-forever} ms (bound $((HB / 2)))"; return 1; }
-  [ "$cut" -ge 1 ] || { FLOOD_WHY="header flood: the sender was never cut: $(fm_tail ps-hdr)"; return 1; }
+    { FLOOD_WHY="header flood ($mode): the slowest answer took ${slow:-forever} ms (bound $((HB / 2)))"; return 1; }
+  [ "$cut" -ge 1 ] || { FLOOD_WHY="header flood ($mode): the sender was never cut: $(fm_tail $n)"; return 1; }
 }
 
 row_flood() {
@@ -454,11 +458,11 @@ row_flood() {
     flood_case $m || whys+=("$FLOOD_WHY")
     [ -n "$FLOOD_FIG" ] && figs+=("$FLOOD_FIG")
     fm_stop_all
+    FLOOD_WHY="" FLOOD_FIG=""
+    hdrflood_case $m || whys+=("$FLOOD_WHY")
+    [ -n "$FLOOD_FIG" ] && figs+=("$FLOOD_FIG")
+    fm_stop_all
   done
-  FLOOD_WHY="" FLOOD_FIG=""
-  hdrflood_case || whys+=("$FLOOD_WHY")
-  [ -n "$FLOOD_FIG" ] && figs+=("$FLOOD_FIG")
-  fm_stop_all
   fm_figure "random bytes, then 2000 idle connections at a flodl-ps limited to 1024 files; $(join ';' "${figs[@]}")"
   need "$(join ';' "${whys[@]}")" [ ${#whys[@]} = 0 ] || return
   fm_pass

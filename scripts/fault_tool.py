@@ -12,9 +12,12 @@ encoded here, after proto/flodl.proto).
                                                     exit 0 when refused, 1 when not (prints why)
   fault_tool.py bigmsg ENDPOINT FRAMES BYTES HOLD_S one message of FRAMES frames of BYTES each
                                                     (zero-copy), the socket held HOLD_S seconds
-  fault_tool.py hdrflood ENDPOINT SECONDS FRAMES   heartbeat headers declaring FRAMES frames
-                                                    (4 bytes each) as fast as the socket takes
-                                                    them for SECONDS; prints what was sent
+  fault_tool.py hdrflood ENDPOINT SECONDS FRAMES [KEYDIR]
+                                                    heartbeat headers declaring FRAMES frames
+                                                    (6 bytes each) as fast as the socket takes
+                                                    them for SECONDS (with KEYDIR: under CURVE,
+                                                    with the job's client key); prints what
+                                                    was sent and the slowest answer to a probe
   fault_tool.py partial HOST PORT CONNS MIB HOLD_S  CONNS raw ZMTP connections (NULL mechanism)
                                                     each sending MIB MiB of a message whose last
                                                     frame never comes, held HOLD_S seconds;
@@ -26,6 +29,7 @@ encoded here, after proto/flodl.proto).
 import ctypes
 import json
 import os
+import re
 import selectors
 import socket
 import struct
@@ -38,6 +42,9 @@ ZMQ_RCVMORE = 13
 ZMQ_LINGER = 17
 ZMQ_RCVTIMEO = 27
 ZMQ_DONTWAIT = 1
+ZMQ_CURVE_PUBLICKEY = 48
+ZMQ_CURVE_SECRETKEY = 49
+ZMQ_CURVE_SERVERKEY = 50
 
 
 def garbage(host, port, conns, nbytes):
@@ -141,10 +148,19 @@ class Zmq:
         v = ctypes.c_int(value)
         self.lib.zmq_setsockopt(s, name, ctypes.byref(v), ctypes.sizeof(v))
 
-    def dealer(self, endpoint):
+    def dealer(self, endpoint, keydir=None):
         s = self.lib.zmq_socket(self.ctx, ZMQ_DEALER)
         self.opt(s, ZMQ_LINGER, 0)
         self.opt(s, ZMQ_RCVTIMEO, 100)
+        if keydir:
+            # The job's client key, as any rank holds it (flodl-keygen's files).
+            key = re.compile(r'(public|secret)-key = "(.{40})"')
+            mine = dict(key.findall(open(os.path.join(keydir, "client.key")).read()))
+            server = dict(key.findall(open(os.path.join(keydir, "server.pub")).read()))
+            for name, z85 in ((ZMQ_CURVE_SERVERKEY, server["public"]),
+                              (ZMQ_CURVE_PUBLICKEY, mine["public"]),
+                              (ZMQ_CURVE_SECRETKEY, mine["secret"])):
+                self.lib.zmq_setsockopt(s, name, z85.encode(), 40)
         if self.lib.zmq_connect(s, endpoint.encode()) != 0:
             sys.exit("zmq_connect %s failed" % endpoint)
         return s
@@ -220,15 +236,15 @@ def bigmsg(endpoint, frames, nbytes, hold):
     time.sleep(float(hold))  # the bytes leave while the socket lives
 
 
-def hdrflood(endpoint, seconds, frames):
+def hdrflood(endpoint, seconds, frames, keydir=None):
     """Headers the size of their frame list: each frame description costs protobuf-c an
     allocation when unpacked, and a scan of the raw bytes refuses the list at its 17th entry.
     A second connection sends a header of another protocol version every 100 ms, which the
     coordinator answers (and does not count against the sender): the answer's delay is how long
     its loop keeps a peer waiting."""
     z = Zmq()
-    s = z.dealer(endpoint)
-    probe = z.dealer(endpoint)
+    s = z.dealer(endpoint, keydir)
+    probe = z.dealer(endpoint, keydir)
     magic = varint((1 << 3) | 5) + struct.pack("<I", 0x4C444C46)
     frame = field(9, field(1, 1) + field(4, 1))
     h = magic + field(2, 1) + field(3, "flodl") + field(5, 4) + frame * int(frames)

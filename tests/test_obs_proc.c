@@ -404,6 +404,7 @@ START_TEST(test_bad_messages_by_kind)
         {"flodl_ps_bad_messages_total{kind=\"bad_frames\"}", 0},
         {"flodl_ps_bad_messages_total{kind=\"oversized\"}", 0},
         {"flodl_ps_bad_messages_total{kind=\"unexpected\"}", 0},
+        {"flodl_ps_bad_messages_total{kind=\"conn_cut\"}", 0},
     };
     char *c = scrape(ps_port);
     ck_assert_int_eq(count_lines(c, "flodl_ps_bad_messages_total "), 0); /* no unlabelled sum */
