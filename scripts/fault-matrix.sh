@@ -438,7 +438,7 @@ hdrflood_case() {
   ! fm_ended w0-$n || { FLOOD_WHY="header flood ($mode): the job ended before the flood did: $(fm_tail w0-$n)"; return 1; }
   slow=$(sed -n 's/.*the slowest in \([0-9]*\) ms.*/\1/p' "$FM_RUN/hdrflood-$mode.out")
   cut=$(grep -c "malformed messages within" "$FM_RUN/$n.err")
-  FLOOD_FIG="header flood ($mode): $(sed -n 's/^sent \([0-9]*\) headers of \([0-9]*\) bytes (\([0-9]*\) MiB.*/\1 headers of \2 bytes at \3 MiB\/s/p' "$FM_RUN/hdrflood-$mode.out"), flodl-ps at $(permille $((1000 * (c1 - c0) * 1000 / $(getconf CLK_TCK) / ms)))% CPU, its slowest answer ${slow:-none} ms, sender cut (${cut} logged)"
+  FLOOD_FIG="header flood ($mode): $(sed -n 's/^queued \([0-9]*\) headers of \([0-9]*\) bytes (\([0-9]*\) MiB\/s) on \([0-9]*\) connections.*/\1 headers of \2 bytes queued at \3 MiB\/s on \4 connections/p' "$FM_RUN/hdrflood-$mode.out"), flodl-ps at $(permille $((1000 * (c1 - c0) * 1000 / $(getconf CLK_TCK) / ms)))% CPU, its slowest answer ${slow:-none} ms, sender cut (${cut} logged)"
   fm_wait_ended 80 $n w0-$n w1-$n
   local p
   for p in $n w0-$n w1-$n; do

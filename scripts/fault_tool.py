@@ -250,7 +250,7 @@ def hdrflood(endpoint, seconds, frames, keydir=None):
     h = magic + field(2, 1) + field(3, "flodl") + field(5, 4) + frame * int(frames)
     ph = magic + field(2, 2) + field(3, "flodl") + field(5, 4) + field(19, b"")
     buf = ctypes.create_string_buffer(4096)
-    sent, answered, worst, asked = 0, 0, 0.0, None
+    sent, answered, worst, asked, conns, stuck = 0, 0, 0.0, None, 1, None
     start = time.monotonic()
     until = start + float(seconds)
     while time.monotonic() < until:
@@ -263,13 +263,20 @@ def hdrflood(endpoint, seconds, frames, keydir=None):
             answered += 1
             asked = None
         if z.lib.zmq_send(s, h, len(h), ZMQ_DONTWAIT) >= 0:
-            sent += 1
+            sent, stuck = sent + 1, None
+        elif stuck is None:
+            stuck = time.monotonic()
+        elif time.monotonic() - stuck > 0.2:
+            # Cut off (its queue no longer drains): a new connection, as an attacker would.
+            z.lib.zmq_close(s)
+            s, conns, stuck = z.dealer(endpoint, keydir), conns + 1, None
         else:
             time.sleep(0.0005)
     if asked is not None:
         worst = max(worst, time.monotonic() - asked)
-    print("sent %d headers of %d bytes (%.0f MiB/s); %d probes answered, the slowest in %d ms"
-          % (sent, len(h), sent * len(h) / float(seconds) / 2**20, answered, worst * 1000),
+    print("queued %d headers of %d bytes (%.0f MiB/s) on %d connections; %d probes answered, "
+          "the slowest in %d ms"
+          % (sent, len(h), sent * len(h) / float(seconds) / 2**20, conns, answered, worst * 1000),
           flush=True)
 
 
