@@ -120,12 +120,12 @@ static int walk(scan_t *sc, const ProtobufCMessageDescriptor *d, const uint8_t *
         uint64_t key;
         uint64_t v;
         int rc = FL_OK;
-        if (!read_varint(&p, end, &key))
+        /* Field 0 does not exist: bytes of zeros stop here, not after a walk through them. */
+        if (!read_varint(&p, end, &key) || key >> 3 == 0)
             return unparsable(sc, fault, d->short_name);
         uint64_t tag = key >> 3;
         const ProtobufCFieldDescriptor *f =
-            tag > 0 && tag <= 0x1fffffff ? protobuf_c_message_descriptor_get_field(d, (unsigned)tag)
-                                         : NULL;
+            tag <= 0x1fffffff ? protobuf_c_message_descriptor_get_field(d, (unsigned)tag) : NULL;
         switch (key & 7) {
         case PROTOBUF_C_WIRE_TYPE_VARINT:
             if (!read_varint(&p, end, &v))

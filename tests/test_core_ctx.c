@@ -289,6 +289,10 @@ START_TEST(test_ctx_validation)
     o.max_frames = 1025;
     expect_ctx_refused(&o, "max_frames");
     fl_ctx_opts_init(&o);
+    ck_assert_uint_eq(o.held_max_bytes, (size_t)256 << 20);
+    o.held_max_bytes = ((size_t)1 << 20) - 1;
+    expect_ctx_refused(&o, "held_max_bytes");
+    fl_ctx_opts_init(&o);
     o.log_level = (fl_log_level_t)5;
     expect_ctx_refused(&o, "log_level");
     o.log_level = (fl_log_level_t)-1;

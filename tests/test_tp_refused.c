@@ -462,6 +462,27 @@ START_TEST(test_refuse_job)
 END_TEST
 
 /* A ROUTER fills the route of a refused message, so the caller can answer it. */
+/* A bound socket refuses a header frame larger than any member sends before parsing it:
+ * counted as oversized (not as a header that does not parse), the route kept for an answer. */
+START_TEST(test_refuse_router_big_header)
+{
+    rig_t g;
+    rig_open(&g, XP_TCP, FL_TP_ROUTER, FL_TP_DEALER, 0);
+    size_t size = (size_t)FL_MSG_HDR_MAX_IN + 1;
+    uint8_t *big = calloc(1, size);
+    ck_assert_ptr_nonnull(big);
+    const void *parts[1] = {big};
+    send_raw_ok(g.tx, parts, &size, 1);
+    free(big);
+    fl_tp_msg_t m;
+    expect_refused(&g, &m, FL_STAT_OVERSIZED, "header frame of");
+    ck_assert_uint_gt(m.route.len, 0);
+    fl_tp_msg_close(&m);
+    good_after(&g, 32);
+    rig_close(&g);
+}
+END_TEST
+
 START_TEST(test_refuse_router_route)
 {
     rig_t g;
@@ -514,6 +535,7 @@ Suite *tp_refused_suite(void)
     tcase_add_test(t, test_oversized_drops_connection);
     tcase_add_test(t, test_refuse_job);
     tcase_add_test(t, test_refuse_router_route);
+    tcase_add_test(t, test_refuse_router_big_header);
     suite_add_tcase(s, t);
     return s;
 }
