@@ -419,7 +419,7 @@ cpu_ticks() { awk '{ print $14 + $15 }' "/proc/${FM_PID[$1]}/stat" 2> /dev/null 
 
 # hdrflood_case insecure|curve: while a 2-worker job trains, one connection (under CURVE with
 # the job's client key, from flood_case's keys) sends the coordinator heartbeat headers
-# declaring 130,000 frames each (780 KB) for 4 s, and another times the answer to a header of
+# declaring 130,000 frames each (780 KB) for 3 s, and another times the answer to a header of
 # another version every 100 ms. The job must outlast the flood and finish, the slowest answer
 # stay under half the heartbeat timeout, and the flood be refused and its connection cut. Sets
 # FLOOD_FIG, and FLOOD_WHY when it fails.
@@ -428,12 +428,12 @@ hdrflood_case() {
   [ "$mode" = curve ] && sec=(--curve-dir "$FM_RUN/keys") keys=("$FM_RUN/keys")
   fm_ps $n 120 2 --log-level info "${sec[@]}" ||
     { FLOOD_WHY="flodl-ps (header flood, $mode) did not start: $(fm_tail $n)"; return 1; }
-  fm_worker w0-$n 90 0 2 --epochs 3 --quiet "${sec[@]}"
-  fm_worker w1-$n 90 1 2 --epochs 3 --quiet "${sec[@]}"
+  fm_worker w0-$n 90 0 2 --epochs 6 --quiet "${sec[@]}"
+  fm_worker w1-$n 90 1 2 --epochs 6 --quiet "${sec[@]}"
   fm_wait_log 30 $n err "job 'flodl' running" ||
     { FLOOD_WHY="header flood ($mode): the job did not start: $(fm_tail $n)"; return 1; }
   t0=$(fm_now_ms) c0=$(cpu_ticks $n)
-  "${TOOL[@]}" hdrflood "$FM_EP" 4 130000 "${keys[@]}" > "$FM_RUN/hdrflood-$mode.out" 2>&1
+  "${TOOL[@]}" hdrflood "$FM_EP" 3 130000 "${keys[@]}" > "$FM_RUN/hdrflood-$mode.out" 2>&1
   ms=$(($(fm_now_ms) - t0)) c1=$(cpu_ticks $n)
   ! fm_ended w0-$n || { FLOOD_WHY="header flood ($mode): the job ended before the flood did: $(fm_tail w0-$n)"; return 1; }
   slow=$(sed -n 's/.*the slowest in \([0-9]*\) ms.*/\1/p' "$FM_RUN/hdrflood-$mode.out")
