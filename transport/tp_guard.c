@@ -274,11 +274,17 @@ static void settle_all(fl_tp_guard_t *g)
     g->unresolved = 0;
 }
 
+/* Less cannot be a whole CURVE or NULL handshake. */
+static uint64_t handshake_bytes(const fl_tp_guard_t *g)
+{
+    return g->curve ? 400 : 64;
+}
+
 /* A handshake succeeded, on a descriptor ZeroMQ does not name: the connection in its handshake
  * that has sent the most is taken (one that sent nothing, idle, cannot have completed it). */
 static void settle_one(fl_tp_guard_t *g)
 {
-    uint64_t best = g->curve ? 400 : 64; /* less cannot be a whole CURVE or NULL handshake */
+    uint64_t best = handshake_bytes(g);
     conn_t *pick = NULL;
     for (size_t i = 0; i < g->nlive && g->npending > 0; i++) {
         conn_t *c = conn_at(g, g->live[i]);
@@ -374,6 +380,12 @@ static void on_accepted(fl_tp_guard_t *g, int fd, int64_t now)
     live_add(g, fd, c);
     if (from_addr < g->per_addr && g->npending <= g->pending_max)
         return;
+    /* The event may be late: the descriptor can already hold a newer connection that finished
+     * its handshake (the one seen was closed, its number reused), a rank that registered. */
+    if (fl_tp_hold_received(fd) >= handshake_bytes(g)) {
+        settle(g, c);
+        return;
+    }
     /* Over a cap: an idle connection makes room rather than the newcomer, so that a flood of
      * idle connections from the ranks' own address cannot keep them out. */
     int victim = idle_victim(g, c, from_addr >= g->per_addr, now);
