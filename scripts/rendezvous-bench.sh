@@ -6,13 +6,13 @@
 # table on stdout, progress on stderr; exits 1 when a job did not run.
 #
 #   scripts/rendezvous-bench.sh [--ranks 64,256,512,1024] [--security insecure,curve]
-#                               [--flood N] [--build-dir DIR]
+#                               [--flood N] [--build-dir DIR] [--keep]
 #
 # --flood N: N idle connections from 127.0.0.1, the ranks' own address (scripts/fault_tool.py
 # flood, each opened again a second after flodl-ps closes it), from before the workers start.
 # flodl-ps runs with --heartbeat-timeout 20000: a 2-core host starting 1024 processes leaves
 # some of them without the CPU for seconds. Every process runs under `timeout -s KILL` and is
-# stopped by its PID.
+# stopped by its PID. --keep leaves the logs.
 set -uo pipefail
 root=$(cd "$(dirname "$0")/.." && pwd)
 . "$root/scripts/fault-lib.sh"
@@ -20,6 +20,7 @@ root=$(cd "$(dirname "$0")/.." && pwd)
 ranks=64,256,512,1024
 security=insecure,curve
 flood=0
+keep=0
 FM_BUILD=${FLODL_BUILD_DIR:-$root/build}
 while [ $# -gt 0 ]; do
   case "$1" in
@@ -27,6 +28,7 @@ while [ $# -gt 0 ]; do
     --security) security=$2; shift ;;
     --flood) flood=$2; shift ;;
     --build-dir) FM_BUILD=$2; shift ;;
+    --keep) keep=1 ;;
     -h | --help) sed -n '2,17p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
     *) echo "rendezvous-bench.sh: unknown argument '$1' (see --help)" >&2; exit 2 ;;
   esac
@@ -35,9 +37,18 @@ done
 FM_BUILD=$(cd "$FM_BUILD" 2> /dev/null && pwd) ||
   { echo "rendezvous-bench.sh: no build directory (--build-dir DIR)" >&2; exit 2; }
 fm_init
+FM_KEEP=$keep
 FM_RUN=$FM_TMP
 WPIDS=()
-trap 'for p in "${WPIDS[@]}"; do kill -KILL "$p" 2> /dev/null; done; fm_cleanup' EXIT
+# The workers' `timeout` passes TERM on to them; KILL would leave them running.
+stop_workers() {
+  [ ${#WPIDS[@]} = 0 ] && return
+  kill -TERM "${WPIDS[@]}" 2> /dev/null
+  sleep 1
+  kill -KILL "${WPIDS[@]}" 2> /dev/null
+  WPIDS=()
+}
+trap 'stop_workers; fm_cleanup' EXIT
 
 # spawn N SEC...: N drill workers against $FM_EP, each under `timeout -s KILL 300`, output in
 # $FM_RUN/w.K.{out,err}; their PIDs in WPIDS; LAST_MS when the last one started.
@@ -62,7 +73,8 @@ one() {
     [ -d "$FM_TMP/keys" ] || "$KEYGEN_BIN" "$FM_TMP/keys" > /dev/null || return 1
     sec=(--curve-dir "$FM_TMP/keys")
   fi
-  rm -f "$FM_RUN"/w.*
+  FM_RUN=$FM_TMP/$n-$mode
+  mkdir -p "$FM_RUN"
   fm_start_ep "$ps" 400 "$FM_RUN/$ps.ep" "$PS_BIN" --bind tcp://127.0.0.1:0 \
     --endpoint-file "$FM_RUN/$ps.ep" --world-size "$n" --heartbeat-timeout 20000 \
     --log-level info "${sec[@]}" || { echo "| $n | $mode | flodl-ps did not start | - | - |"; return 1; }
@@ -74,6 +86,7 @@ one() {
   echo "rendezvous-bench: $n ranks, $mode ..." >&2
   spawn "$n" "${sec[@]}"
   for p in "${WPIDS[@]}"; do wait "$p" || ok=1; done
+  WPIDS=() # reaped: their PIDs are no longer theirs
   fm_stop_all
   welcome=$(fm_log_ms "$ps" "job 'flodl' running")
   secs=$([ -n "$welcome" ] && awk -v d=$((welcome - LAST_MS)) 'BEGIN { printf "%.2f", d / 1000 }')
