@@ -328,6 +328,10 @@ void fl_hostname(char *out, size_t cap);
  * server call it unless their options say not to. */
 void fl_malloc_tune(void);
 
+/* This process's anonymous resident memory in bytes (RssAnon of /proc/self/status: heap,
+ * stacks, libraries' data, not the mapped files), 0 when unreadable. */
+uint64_t fl_rss_anon(void);
+
 /* ---- open files (fdlimit.c) ---- */
 
 typedef struct fl_fdlimit {

@@ -2,6 +2,7 @@
 #include "fl_core.h"
 
 #include <malloc.h>
+#include <stdint.h>
 #include <stdio.h>
 #include <string.h>
 #include <unistd.h>
@@ -27,4 +28,17 @@ void fl_malloc_tune(void)
      * own arena lives in 64 MiB heaps that are unmapped whenever they empty, so every message
      * would fault its pages in again. */
     mallopt(M_ARENA_MAX, 1);
+}
+
+uint64_t fl_rss_anon(void)
+{
+    FILE *f = fopen("/proc/self/status", "r");
+    char line[256];
+    unsigned long long kib = 0;
+    while (f != NULL && fgets(line, sizeof line, f) != NULL)
+        if (sscanf(line, "RssAnon: %llu kB", &kib) == 1)
+            break;
+    if (f != NULL)
+        fclose(f);
+    return (uint64_t)kib * 1024;
 }

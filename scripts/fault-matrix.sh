@@ -7,10 +7,11 @@
 #   scripts/fault-matrix.sh [--full] [--build-dir DIR] [--rows ID,ID...] [--keep]
 #
 # Default: the rows that take under a minute (a few minutes in all on 2 cores). --full adds the
-# soak (FM_SOAK_S seconds, default 600), 10 kills during checkpoint writes instead of 3, and
-# the PS-resume run's accuracy against a run without the kill. The build directory is
-# --build-dir, FLODL_BUILD_DIR or build/. Row ids: kill stop partition psresume ckptkill
-# mismatch ownerror duprank flood takeover badfiles soak. --keep leaves the logs.
+# soak (FM_SOAK_S seconds, default 600), 10 kills during checkpoint writes instead of 3, the
+# PS-resume run's accuracy against a run without the kill, and 512 ranks beside a flood. The
+# build directory is --build-dir, FLODL_BUILD_DIR or build/. Row ids: kill stop partition
+# psresume ckptkill mismatch ownerror duprank flood scale takeover badfiles soak. --keep
+# leaves the logs.
 # Every process runs under a deadline and is stopped by its own PID on every path.
 set -uo pipefail
 root=$(cd "$(dirname "$0")/.." && pwd)
@@ -25,7 +26,7 @@ while [ $# -gt 0 ]; do
     --build-dir) FM_BUILD=$2; shift ;;
     --rows) only=$2; shift ;;
     --keep) FM_KEEP=1 ;;
-    -h | --help) sed -n '2,14p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
+    -h | --help) sed -n '2,15p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
     *) echo "fault-matrix.sh: unknown argument '$1' (see --help)" >&2; exit 2 ;;
   esac
   shift
@@ -486,6 +487,23 @@ takeover_partial() {
     { PARTIAL_WHY="flodl-ps logged no connection cut for its process bound: $(fm_tail ps)"; return 1; }
 }
 
+# 512 ranks of one host (drill, 4 KiB) rendezvous in plain text and under CurveZMQ while 2000
+# idle connections come from their own address, 127.0.0.1: every rank registers and verifies its
+# steps (scripts/rendezvous-bench.sh, which gives the time from the last start to the last
+# WELCOME). --full only: 1024 processes' start on 2 cores.
+row_scale() {
+  [ $FM_FULL = 1 ] || { fm_skip "--full only (about 2 minutes)"; return; }
+  need_tool || return
+  local out="$FM_RUN/bench.md" figs
+  "$root/scripts/rendezvous-bench.sh" --ranks 512 --flood 2000 --build-dir "$FM_BUILD" \
+    > "$out" 2> "$FM_RUN/bench.err"
+  local rc=$?
+  figs=$(awk -F' *[|] *' '/^[|] 512 /{ printf "%s %s: %s s, %s verified, anon %s", sep, $3, $4, $5, $6; sep=";" }' "$out")
+  fm_figure "512 ranks beside 2000 idle connections from 127.0.0.1, last start to last WELCOME:$figs"
+  need "$(grep -m1 ' verified; ' "$FM_RUN/bench.err" | cut -c 1-200)" [ $rc = 0 ] || return
+  fm_pass
+}
+
 # During the rendezvous of 3 ranks (0 and 1 registered): a raw client claims rank 1 from another
 # host and pid (refused, telling nothing about the holder), then sends one message of 512
 # frames of 1.9 MB: flodl-ps's RSS must come back within 8 MiB (peak under 160 MiB); then 40
@@ -641,6 +659,7 @@ rows=(
   "ownerror|a rank's own error"
   "duprank|duplicate rank"
   "flood|hostile bytes and idle-connection flood"
+  "scale|512 ranks from one address beside an idle flood"
   "takeover|rank takeover attempt, oversized multipart"
   "badfiles|bad files"
   "soak|a 10-minute soak"

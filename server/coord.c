@@ -121,6 +121,9 @@ int fl_coord_create(const fl_coord_opts_t *o, fl_coord_t **out)
     fl_tp_opts_t t;
     fl_tp_opts_init(&t);
     t.linger_ms = 1000;
+    /* Every member may be in its handshake at once, all from one address (one big host, pods
+     * behind SNAT): the cap per address is the job's size plus the default's margin. */
+    t.pending_per_addr = c->world + c->nshards + 32;
     char bound[FL_ENDPOINT_MAX];
     if ((rc = fl_tp_sock_create(c->ctx, FL_TP_ROUTER, &t, "coordinator", &c->sock)) != FL_OK ||
         (rc = fl_tp_sock_bind(c->sock, o->bind, bound, sizeof bound)) != FL_OK)

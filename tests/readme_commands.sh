@@ -91,6 +91,8 @@ plan() {
       echo "by hand: installs Open MPI and PyTorch, a large download, for the benchmarks" ;;
     "./build/bench/flodl-bench "*)
       echo "by hand: a benchmark: minutes, beside its peer; the figures are the docs'" ;;
+    "./scripts/rendezvous-bench.sh"*)
+      echo "by hand: a benchmark: up to 2048 processes, minutes; the fault matrix's --full scale row runs it at 512 ranks" ;;
     "sudo ./scripts/netns-bench.sh"*)
       echo "by hand: root and network namespaces over emulated links, minutes" ;;
   esac

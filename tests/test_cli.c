@@ -281,6 +281,41 @@ START_TEST(test_end_to_end)
 }
 END_TEST
 
+/* A drill worker's fixed memory: its summary line gives its anonymous resident memory, which
+ * for a 4 KiB allreduce must stay under 24 MiB (256 ranks on a 24 GiB host). A build with CUDA
+ * linked cuBLAS at start, whose initialisers alone took 90 MB in every rank. */
+START_TEST(test_drill_anonymous_memory)
+{
+    proc_t ps[3];
+    memset(ps, 0, sizeof ps);
+    char ep[256] = "";
+    bool up = start_ps(&ps[0], 2, NULL, NULL, ep, sizeof ep, 1);
+    static const char *const ranks[2] = {"0", "1"};
+    for (int r = 0; up && r < 2; r++) {
+        const char *args[] = {"--rank",  ranks[r], "--world-size", "2",      "--coordinator",
+                              "@EP",     "--mode", "drill",        "--size", "4K",
+                              "--steps", "3",      "--timeout",    "20000",  "--rendezvous-timeout",
+                              "20000",   NULL};
+        start_worker(&ps[1 + r], ep, args, NULL);
+    }
+    static const int want[] = {0, 1};
+    expect_clean_job(ps, 2, up, want);
+    char info[8192];
+    show(ps, 3, info, sizeof info);
+    for (int r = 0; r < 2; r++) {
+        const char *m = strstr(ps[1 + r].buf[0], "; anonymous memory ");
+        double mib = -1;
+        ck_assert_msg(m != NULL && sscanf(m, "; anonymous memory %lf MiB", &mib) == 1,
+                      "rank %d's summary line gives no anonymous memory: %s", r, info);
+        ck_assert_msg(mib > 0 && mib < 24,
+                      "expected a 4 KiB drill worker to hold under 24 MiB of anonymous memory, "
+                      "rank %d holds %.1f MiB: %s",
+                      r, mib, info);
+    }
+    procs_free(ps, 3);
+}
+END_TEST
+
 static const char *const small_drill[] = {"--mode",    "drill",   "--size",
                                           "64K",       "--steps", "2",
                                           "--timeout", "20000",   "--rendezvous-timeout",
@@ -546,6 +581,7 @@ Suite *cli_suite(void)
     t = tcase_create("jobs");
     tcase_set_timeout(t, 60);
     tcase_add_test(t, test_end_to_end);
+    tcase_add_test(t, test_drill_anonymous_memory);
     tcase_add_test(t, test_env_flodl);
     tcase_add_test(t, test_env_torchrun);
     tcase_add_test(t, test_env_job_index);

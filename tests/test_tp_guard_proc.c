@@ -270,6 +270,130 @@ START_TEST(test_idle_connections_do_not_starve_the_job)
 }
 END_TEST
 
+/* ---- many ranks from one address ---- */
+
+/* n connections from 127.0.0.1 to port, each sending the 10-byte ZMTP signature and nothing
+ * more: ranks in the middle of their handshake. */
+static void open_mid_handshake(int *fd, int n, int port)
+{
+    static const unsigned char sig[10] = {0xff, 0, 0, 0, 0, 0, 0, 0, 1, 0x7f};
+    struct sockaddr_in to = {.sin_family = AF_INET, .sin_port = htons((uint16_t)port)};
+    inet_pton(AF_INET, "127.0.0.1", &to.sin_addr);
+    for (int i = 0; i < n; i++) {
+        fd[i] = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+        ck_assert(fd[i] >= 0);
+        ck_assert(connect(fd[i], (struct sockaddr *)&to, sizeof to) == 0);
+        ck_assert(send(fd[i], sig, sizeof sig, MSG_NOSIGNAL) == (ssize_t)sizeof sig);
+        fcntl(fd[i], F_SETFL, O_NONBLOCK);
+    }
+}
+
+/* How many of the n connections the server closed, watching them for ms. */
+static int closed_within(int *fd, int n, int ms)
+{
+    int closed = 0;
+    bool gone[256] = {false};
+    for (int64_t until = fl_deadline_in(ms); fl_now_ms() < until;) {
+        for (int i = 0; i < n; i++) {
+            char buf[256];
+            ssize_t got = gone[i] ? 1 : recv(fd[i], buf, sizeof buf, 0);
+            if (!gone[i] && (got == 0 || (got < 0 && errno != EAGAIN && errno != EINTR))) {
+                gone[i] = true;
+                closed++;
+            }
+        }
+        struct timespec pause = {0, 20 * 1000000L};
+        nanosleep(&pause, NULL);
+    }
+    return closed;
+}
+
+/* 48 ranks of a 48-rank job in their handshake at once, all from 127.0.0.1, are more than the
+ * default cap per address (32): flodl-ps's cap follows its world size, and closes none. */
+START_TEST(test_a_job_from_one_address_is_not_capped)
+{
+    enum { N = 48 };
+    proc_t p;
+    char ep[FL_ENDPOINT_MAX];
+    const char *flags[] = {"--world-size", "48", "--insecure", NULL};
+    ck_assert(start_ps_limited(&p, "true", flags, NULL, ep, sizeof ep));
+    int fd[N];
+    open_mid_handshake(fd, N, port_of(ep));
+    int closed = closed_within(fd, N, 2000);
+    for (int i = 0; i < N; i++)
+        close(fd[i]);
+    procs_stop(&p, 1);
+    ck_assert_msg(closed == 0,
+                  "expected flodl-ps (world size %d) to keep %d connections from one address in "
+                  "their handshake, it closed %d: %s",
+                  N, N, closed, p.buf[1]);
+    procs_free(&p, 1);
+}
+END_TEST
+
+/* With the cap per address full of connections in their handshake, the ranks' own connections
+ * are closed in theirs: each rank says so once, tries again with backoff, and registers once
+ * the others are gone. */
+START_TEST(test_rank_closed_in_handshake_retries)
+{
+    enum { N = 34 }; /* world 2: the cap per address is 2 + 32 */
+    proc_t p[3];
+    memset(p, 0, sizeof p);
+    char ep[FL_ENDPOINT_MAX];
+    char out[16384];
+    const char *flags[] = {"--world-size", "2", "--insecure", NULL};
+    ck_assert(start_ps_limited(&p[0], "true", flags, NULL, ep, sizeof ep));
+    int fd[N];
+    open_mid_handshake(fd, N, port_of(ep));
+    static const char *const insecure_env[] = {"FLODL_INSECURE=1", NULL};
+    for (int r = 0; r < 2; r++) {
+        const char *argv[] = {WK_BIN,
+                              "--mode",
+                              "drill",
+                              "--size",
+                              "4K",
+                              "--steps",
+                              "2",
+                              "--rank",
+                              r ? "1" : "0",
+                              "--world-size",
+                              "2",
+                              "--coordinator",
+                              ep,
+                              "--host",
+                              "127.0.0.1",
+                              "--rendezvous-timeout",
+                              "20000",
+                              NULL};
+        proc_start(&p[1 + r], WK_BIN, argv, insecure_env);
+    }
+    /* Both ranks tried and were closed in their handshake, then the slots free up. */
+    for (int64_t until = fl_deadline_in(10000); fl_now_ms() < until;) {
+        procs_pump(p, 3, 50);
+        if (strstr(p[1].buf[1], "in its handshake") && strstr(p[2].buf[1], "in its handshake"))
+            break;
+    }
+    for (int i = 0; i < N; i++)
+        close(fd[i]);
+    bool done = procs_wait(p, 3, fl_deadline_in(30000));
+    procs_stop(p, 3);
+    show(p, 3, out, sizeof out);
+    for (int r = 0; r < 2; r++) {
+        ck_assert_msg(strstr(p[1 + r].buf[1], "closed this connection in its handshake") &&
+                          strstr(p[1 + r].buf[1], "trying again with backoff"),
+                      "expected rank %d to say its connection was closed in its handshake and "
+                      "that it tries again:%s",
+                      r, out);
+        ck_assert_msg(count_of(p[1 + r].buf[1], "in its handshake (busy") == 1,
+                      "expected rank %d to say so once:%s", r, out);
+    }
+    ck_assert_msg(done && proc_code(&p[1]) == 0 && proc_code(&p[2]) == 0 &&
+                      strstr(p[1].buf[0], "rank 0 summary:") != NULL,
+                  "expected both ranks to register once the slots were free, and finish:%s", out);
+    procs_free(p, 3);
+}
+END_TEST
+
 START_TEST(test_soft_fd_limit_raised_at_start)
 {
     proc_t p;
@@ -532,6 +656,8 @@ static Suite *suite(void)
     tcase_add_checked_fixture(t, setup, teardown);
     tcase_add_test(t, test_idle_connections_do_not_starve_the_job);
     tcase_add_test(t, test_soft_fd_limit_raised_at_start);
+    tcase_add_test(t, test_a_job_from_one_address_is_not_capped);
+    tcase_add_test(t, test_rank_closed_in_handshake_retries);
     tcase_add_test(t, test_big_message_leaves_memory_where_it_was);
     tcase_add_test(t, test_oversized_frame_counted);
     tcase_add_test(t, test_partial_messages_bounded_per_process);

@@ -49,7 +49,7 @@ typedef struct fl_tp_opts {
      * (counted as oversized). 0 picks the default. */
     int handshake_ivl_ms;  /* default 10000 */
     int pending_max;       /* default a quarter of the open-files limit, within 64..4096 */
-    int pending_per_addr;  /* default 32 */
+    int pending_per_addr;  /* default 32 (flodl-ps: the job's members + 32) */
     size_t hold_max_bytes; /* default (max frames + 1) x max_msg_bytes, none above 4 GiB */
 } fl_tp_opts_t;
 
@@ -159,8 +159,16 @@ int fl_tp_sock_watch(fl_tp_sock_t *sock, fl_tp_sock_t **pipe);
 /* Reads the events the watch heard. FL_OK when none is a refusal; FL_EPEER when the server at
  * endpoint refused this process's CURVE key ("refused by the server's allowlist") or speaks
  * another security (plain text against CURVE), the text naming what to change. A handshake
- * that merely failed (the server went away) is not a refusal: ZeroMQ tries again. */
+ * that merely failed (the server went away, or closed it: a busy or flooded server) is not a
+ * refusal: ZeroMQ tries again, and fl_tp_sock_handshakes_closed counts it. */
 int fl_tp_sock_handshake_check(fl_tp_sock_t *sock, const char *endpoint);
+
+/* How many of sock's connections the watch heard closed in their handshake, ever. */
+int fl_tp_sock_handshakes_closed(const fl_tp_sock_t *sock);
+
+/* How long ZeroMQ waits before it connects again after a connection ended (ZMQ_RECONNECT_IVL;
+ * ZeroMQ adds up to as much again at random). */
+void fl_tp_sock_set_reconnect_ivl(fl_tp_sock_t *sock, int ms);
 
 /* Sends raw frames without a flodl header: only for tests that play a broken or hostile peer.
  * FL_OK or FL_EIO. */

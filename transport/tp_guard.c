@@ -1,6 +1,7 @@
 /* The guard of a socket that accepts connections (a ROUTER bound on TCP): a thread reading the
  * socket's monitor (tp_watch.c) that
- *   - closes connections still in their handshake beyond a cap per source address and in all,
+ *   - closes connections still in their handshake beyond a cap per source address and in all
+ *     (the oldest one that has sent nothing for a second first, else the newcomer),
  *     so that idle or half-open connections from anyone cannot use up the descriptors the
  *     ranks need (ZMQ_HANDSHAKE_IVL ends each of them later anyway);
  *   - closes a connection that makes the process hold more than a bound of message bytes not
@@ -38,6 +39,7 @@
 #define MAX_LISTENERS 4
 #define DEFAULT_IVL_MS 10000
 #define DEFAULT_PER_ADDR 32
+#define IDLE_GRACE_MS 1000             /* a connection this old that sent nothing is idle */
 #define HOLD_LIMIT ((uint64_t)4 << 30) /* above, the default hold bound is none */
 #define TICK_MS 20                     /* with a hold bound: how often the memory is looked at */
 #define IDLE_TICK_MS 500
@@ -274,11 +276,17 @@ static void settle_all(fl_tp_guard_t *g)
     g->unresolved = 0;
 }
 
+/* Less cannot be a whole CURVE or NULL handshake. */
+static uint64_t handshake_bytes(const fl_tp_guard_t *g)
+{
+    return g->curve ? 400 : 64;
+}
+
 /* A handshake succeeded, on a descriptor ZeroMQ does not name: the connection in its handshake
  * that has sent the most is taken (one that sent nothing, idle, cannot have completed it). */
 static void settle_one(fl_tp_guard_t *g)
 {
-    uint64_t best = g->curve ? 400 : 64; /* less cannot be a whole CURVE or NULL handshake */
+    uint64_t best = handshake_bytes(g);
     conn_t *pick = NULL;
     for (size_t i = 0; i < g->nlive && g->npending > 0; i++) {
         conn_t *c = conn_at(g, g->live[i]);
@@ -329,6 +337,24 @@ static void near_limit(fl_tp_guard_t *g, int fd, int64_t now)
     (void)quiet;
 }
 
+/* The oldest connection in its handshake (from c's address when same_only) that has been open
+ * IDLE_GRACE_MS and has not sent even the 10-byte ZMTP signature, which every client sends at
+ * once: -1 when there is none. */
+static int idle_victim(fl_tp_guard_t *g, const conn_t *c, bool same_only, int64_t now)
+{
+    int oldest = -1;
+    int64_t since = now - IDLE_GRACE_MS;
+    for (size_t i = 0; i < g->nlive; i++) {
+        const conn_t *o = conn_at(g, g->live[i]);
+        if (o != c && o->state == PENDING && o->since_ms <= since &&
+            (!same_only || same_addr(o, c))) {
+            oldest = g->live[i];
+            since = o->since_ms;
+        }
+    }
+    return oldest >= 0 && fl_tp_hold_received(oldest) < 10 ? oldest : -1;
+}
+
 static void on_accepted(fl_tp_guard_t *g, int fd, int64_t now)
 {
     g->unresolved++;
@@ -354,7 +380,20 @@ static void on_accepted(fl_tp_guard_t *g, int fd, int64_t now)
     c->state = PENDING;
     g->npending++;
     live_add(g, fd, c);
-    if (from_addr >= g->per_addr || g->npending > g->pending_max)
+    if (from_addr < g->per_addr && g->npending <= g->pending_max)
+        return;
+    /* The event may be late: the descriptor can already hold a newer connection that finished
+     * its handshake (the one seen was closed, its number reused), a rank that registered. */
+    if (fl_tp_hold_received(fd) >= handshake_bytes(g)) {
+        settle(g, c);
+        return;
+    }
+    /* Over a cap: an idle connection makes room rather than the newcomer, so that a flood of
+     * idle connections from the ranks' own address cannot keep them out. */
+    int victim = idle_victim(g, c, from_addr >= g->per_addr, now);
+    if (victim >= 0)
+        drop(g, victim, conn_at(g, victim), from_addr, now);
+    else
         drop(g, fd, c, from_addr, now);
 }
 

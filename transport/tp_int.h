@@ -28,6 +28,7 @@ struct fl_tp_sock {
     struct fl_tp_refusals *refusals; /* malformed messages per connection (tp_refuse.c) */
     /* handshake watch of a connecting socket (tp_watch.c) */
     fl_tp_sock_t *watch;
+    int handshakes_closed; /* the watch heard the server close a connection in its handshake */
     /* ZMQ_RCVTIMEO as last set by fl_tp_recv_for (-1: ZeroMQ's default, none) */
     int rcvtimeo;
 };

@@ -18,6 +18,10 @@
 #define JOIN_RESEND_MIN_MS 250
 #define JOIN_RESEND_MAX_MS 4000
 #define COORD_MAX_MSG ((size_t)64 << 20)
+/* After the coordinator closed a connection in its handshake (its guard, while it is busy or
+ * flooded), ZeroMQ connects again after this, doubled at each closing up to the max. */
+#define JOIN_RECONNECT_MS 100
+#define JOIN_RECONNECT_MAX_MS 3200
 
 static int open_coord(fl_tp_member_t *m)
 {
@@ -56,6 +60,7 @@ static int take_welcome(fl_tp_member_t *m, const fl_msg_hdr_t *h)
     m->hb_ms = (int)w->heartbeat_ms;
     m->hb_timeout_ms = (int)w->heartbeat_timeout_ms;
     fl_tp_sock_set_stamp(m->coord, m->job_id, m->generation, m->sender);
+    fl_tp_sock_set_reconnect_ivl(m->coord, JOIN_RECONNECT_MS); /* joined: no backoff left */
     fl_tp_sock_set_expect(m->coord, m->job_id, m->generation);
     return FL_OK;
 }
@@ -72,6 +77,7 @@ typedef struct join {
     char progress[FL_MSG_MISSING_MAX + 64];
     int64_t started;
     int64_t next_note;
+    int closed; /* connections the coordinator closed in their handshake, so far */
 } join_t;
 
 /* join_take's and join_read's answer while the welcome is still to come. */
@@ -200,6 +206,27 @@ static int join_timeout(fl_tp_member_t *m, const join_t *j)
                                           : "plain text");
 }
 
+/* A connection closed in its handshake: ZeroMQ connects again by itself; the wait before it
+ * grows, so that many ranks do not press a busy coordinator in step. Said once. */
+static void join_backoff(fl_tp_member_t *m, join_t *j)
+{
+    int closed = fl_tp_sock_handshakes_closed(m->coord);
+    if (closed == j->closed)
+        return;
+    if (j->closed == 0)
+        FL_WARN(m->ctx,
+                "%s: the coordinator at %s closed this connection in its handshake (busy, or "
+                "flooded with connections); trying again with backoff until the rendezvous "
+                "deadline (%d s)",
+                m->name, m->coordinator, j->timeout_ms / 1000);
+    j->closed = closed;
+    int ivl = JOIN_RECONNECT_MS;
+    for (int i = 1; i < closed && ivl < JOIN_RECONNECT_MAX_MS; i++)
+        ivl *= 2;
+    fl_tp_sock_set_reconnect_ivl(m->coord,
+                                 ivl < JOIN_RECONNECT_MAX_MS ? ivl : JOIN_RECONNECT_MAX_MS);
+}
+
 /* Registers again after a silence, and beats while waiting. */
 static void join_keepalive(fl_tp_member_t *m, join_t *j, int64_t now)
 {
@@ -243,6 +270,7 @@ int fl_tp_member__join_loop(fl_tp_member_t *m, int64_t deadline, int timeout_ms,
         bool ready[3] = {false, false, false};
         if ((rc = join_poll(m, &j, socks, ready)) != FL_OK)
             return rc;
+        join_backoff(m, &j);
         if (ready[0] && (rc = join_read(m, &j, welcome)) != JOIN_WAITING)
             return rc;
         int64_t now = fl_now_ms();

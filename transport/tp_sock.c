@@ -134,6 +134,11 @@ void fl_tp_sock_set_linger(fl_tp_sock_t *s, int linger_ms)
     zmq_setsockopt(s->zs, ZMQ_LINGER, &linger_ms, sizeof linger_ms);
 }
 
+void fl_tp_sock_set_reconnect_ivl(fl_tp_sock_t *s, int ms)
+{
+    zmq_setsockopt(s->zs, ZMQ_RECONNECT_IVL, &ms, sizeof ms);
+}
+
 int fl_tp_sock_bind(fl_tp_sock_t *s, const char *endpoint, char *bound, size_t cap)
 {
     fl_tp_endpoint_t ep;

@@ -97,7 +97,8 @@ int fl_tp_sock_watch(fl_tp_sock_t *s, fl_tp_sock_t **pipe)
         snprintf(w->name, sizeof w->name, "%.40s handshakes", s->name);
         int rc = fl_tp_monitor_open(fl_ctx_zmq(s->ctx), s->zs,
                                     ZMQ_EVENT_HANDSHAKE_FAILED_AUTH |
-                                        ZMQ_EVENT_HANDSHAKE_FAILED_PROTOCOL,
+                                        ZMQ_EVENT_HANDSHAKE_FAILED_PROTOCOL |
+                                        ZMQ_EVENT_HANDSHAKE_FAILED_NO_DETAIL,
                                     &w->zs);
         if (rc != FL_OK) {
             free(w);
@@ -147,8 +148,16 @@ int fl_tp_sock_handshake_check(fl_tp_sock_t *s, const char *endpoint)
             return fl_fail_ctx(n, "%s socket", s->name);
         if (n == 0)
             return FL_OK;
+        /* A reset in the handshake: the server closed it (its guard), or went away. */
+        if (ev.type == ZMQ_EVENT_HANDSHAKE_FAILED_NO_DETAIL)
+            s->handshakes_closed++;
         int rc = refusal(s, endpoint, &ev);
         if (rc != FL_OK)
             return rc;
     }
+}
+
+int fl_tp_sock_handshakes_closed(const fl_tp_sock_t *s)
+{
+    return s->handshakes_closed;
 }

@@ -146,10 +146,12 @@ int fl_wk_drill_run(fl_comm_t *comm, const fl_wk_drill_opts_t *o)
                            : st.last_algo == FL_ALGO_DIRECT ? "one-shot"
                                                             : "ring";
         printf("rank %d summary: %d steps of %s verified; median %.3f ms (min %.3f), algbw "
-               "%.2f GB/s, busbw %.2f GB/s (%s); sent %.1f MiB, received %.1f MiB\n",
+               "%.2f GB/s, busbw %.2f GB/s (%s); sent %.1f MiB, received %.1f MiB; anonymous "
+               "memory %.1f MiB\n",
                rank, o->steps, size, med, ms[0], algbw, algbw * busfactor,
                n > 1 ? algo : "single rank", (double)(st.bytes_sent - st0.bytes_sent) / 1048576.0,
-               (double)(st.bytes_recv - st0.bytes_recv) / 1048576.0);
+               (double)(st.bytes_recv - st0.bytes_recv) / 1048576.0,
+               (double)fl_rss_anon() / 1048576.0);
         fflush(stdout);
     }
     free(buf);
