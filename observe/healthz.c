@@ -56,8 +56,8 @@ static void drop(conn_t *c)
 static bool headers_done(const conn_t *c)
 {
     for (size_t i = 1; i < c->len; i++)
-        if (c->req[i] == '\n' && (c->req[i - 1] == '\n' ||
-                                  (i >= 2 && c->req[i - 1] == '\r' && c->req[i - 2] == '\n')))
+        if (c->req[i] == '\n' &&
+            (c->req[i - 1] == '\n' || (i >= 2 && c->req[i - 1] == '\r' && c->req[i - 2] == '\n')))
             return true;
     return false;
 }

@@ -441,7 +441,7 @@ row_health() {
   local mport hport r n
   mport=$(sed -n 's|.*metrics on http://127.0.0.1:\([0-9]*\)/metrics.*|\1|p' "$FM_RUN/ps.err" | head -1)
   hport=$(sed -n 's|.*health on http://127.0.0.1:\([0-9]*\)/healthz.*|\1|p' "$FM_RUN/ps.err" | head -1)
-  for r in 0 1; do fm_worker w$r 90 $r 2 --epochs 6 --quiet; done
+  for r in 0 1; do fm_worker w$r 90 $r 2 --epochs 6; done
   need "the job did not start: $(fm_tail ps)" fm_wait_log 30 ps err "job 'flodl' running" || return
   fm_start holdm 60 "${TOOL[@]}" httphold 127.0.0.1 "$mport" 200 127.0.0.2
   fm_start holdh2 60 "${TOOL[@]}" httphold 127.0.0.1 "$hport" 100 127.0.0.2
@@ -457,10 +457,12 @@ row_health() {
   fm_signal KILL holdh2
   fm_signal KILL holdh1
   need "the job did not finish: $(fm_tail w0)" fm_wait_ended 60 ps w0 w1 || return
-  fm_figure "20 probes of each port beside 200 held connections: metrics port (clients from 127.0.0.2) $(probe_fig pm); health port (clients from 127.0.0.2 and the probe's own address) $(probe_fig ph); the job trained: $(final_acc w0)%"
-  need "the job ended while the probes ran: the row proves nothing" [ $running = 1 ] || return
+  local cut=0 f
+  for f in holdh1 holdh2; do cut=$((cut + $(tail -1 "$FM_RUN/$f.out" | awk '{ print $4 + 0 }'))); done
+  fm_figure "20 probes of each port beside 200 held connections: metrics port (clients from 127.0.0.2) $(probe_fig pm); health port (clients from 127.0.0.2 and the probe's own address, $cut of their connections closed by it) $(probe_fig ph); the job trained: $(final_acc w0)%"
   need "the metrics port: $(tail -1 "$FM_RUN/pm.out")" [ "$(fm_code pm)" = 0 ] || return
   need "the health port: $(tail -1 "$FM_RUN/ph.out")" [ "$(fm_code ph)" = 0 ] || return
+  need "the job ended while the probes ran: the row proves nothing" [ $running = 1 ] || return
   for n in ps w0 w1; do
     need "$n exited $(fm_code $n): $(fm_tail $n)" [ "$(fm_code $n)" = 0 ] || return
   done

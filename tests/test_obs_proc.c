@@ -22,24 +22,20 @@
 #define NELEM(a) (sizeof(a) / sizeof((a)[0]))
 #define WK_BIN FLODL_BIN_DIR "/worker/flodl-worker"
 
-static void start_worker(proc_t *p, const char *ep, int rank, int port, const char *timeline)
+static void start_worker(proc_t *p, const char *ep, int rank, int port, int hport,
+                         const char *timeline)
 {
-    char r[16], mp[16];
+    char r[16], mp[16], hp[16];
     snprintf(r, sizeof r, "%d", rank);
     snprintf(mp, sizeof mp, "%d", port);
-    const char *argv[MAX_ARGS] = {WK_BIN,      "--mode",
-                                  "ring",      "--rank",
-                                  r,           "--world-size",
-                                  "2",         "--coordinator",
-                                  ep,          "--host",
-                                  "127.0.0.1", "--epochs",
-                                  "40",        "--topk",
-                                  "0.01",      "--progress",
-                                  "1000",      "--metrics-port",
-                                  mp,          "--metrics-bind",
-                                  "127.0.0.1", "--timeline",
-                                  timeline,    "--timeout",
-                                  "20000",     NULL};
+    snprintf(hp, sizeof hp, "%d", hport);
+    const char *argv[MAX_ARGS] = {WK_BIN,      "--mode",         "ring",      "--rank",
+                                  r,           "--world-size",   "2",         "--coordinator",
+                                  ep,          "--host",         "127.0.0.1", "--epochs",
+                                  "40",        "--topk",         "0.01",      "--progress",
+                                  "1000",      "--metrics-port", mp,          "--metrics-bind",
+                                  "127.0.0.1", "--timeline",     timeline,    "--timeout",
+                                  "20000",     "--health-port",  hp,          NULL};
     proc_start(p, WK_BIN, argv, NULL);
 }
 
@@ -209,6 +205,7 @@ START_TEST(test_scraped_while_training)
     char ep[FL_ENDPOINT_MAX], out[8192];
     int ps_port = free_port();
     int wk_port[2] = {free_port(), free_port()};
+    int wk_hport[2] = {free_port(), free_port()};
     char ps_mp[16];
     snprintf(ps_mp, sizeof ps_mp, "%d", ps_port);
     const char *extra[] = {
@@ -218,7 +215,7 @@ START_TEST(test_scraped_while_training)
     char tl[2][64];
     for (int r = 0; r < 2; r++) {
         snprintf(tl[r], sizeof tl[r], "/tmp/flodl-tl-%d-%d.json", (int)getpid(), r);
-        start_worker(&p[1 + r], ep, r, wk_port[r], tl[r]);
+        start_worker(&p[1 + r], ep, r, wk_port[r], wk_hport[r], tl[r]);
     }
     /* Workers: steps counted and growing, compression above 1, everything rank-labelled. */
     /* The series appear once training starts (after the rendezvous and data loading). */
@@ -261,6 +258,8 @@ START_TEST(test_scraped_while_training)
     ck_assert_int_eq(fl_test_http_get(ps_port, "/healthz", &body), 200);
     free(body);
     ck_assert_int_eq(fl_test_http_get(wk_port[1], "/healthz", &body), 200);
+    free(body);
+    ck_assert_int_eq(fl_test_http_get(wk_hport[1], "/healthz", &body), 200); /* --health-port */
     free(body);
     body = NULL;
 
