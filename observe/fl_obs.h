@@ -93,7 +93,7 @@ typedef struct fl_obs_healthz fl_obs_healthz_t;
 
 /* Serves GET /healthz alone (health; NULL: always healthy) on bind_addr (NULL: 0.0.0.0) and
  * port (0: an ephemeral one), from a thread of its own that no client can starve: each
- * connection lives at most 2 s from its accept, and past 64 at once the oldest is closed for
+ * connection lives at most 2 s from its accept, and past 256 at once the oldest is closed for
  * the new one. health is called from that thread, possibly while the metrics endpoint calls
  * it too: it must be thread-safe. ud is borrowed until fl_obs_healthz_stop. FL_OK, FL_EINVAL
  * (bad address or port), FL_EIO (the port is taken: the detail names it). */

@@ -10,6 +10,7 @@
 #include <errno.h>
 #include <fcntl.h>
 #include <netinet/in.h>
+#include <netinet/tcp.h>
 #include <poll.h>
 #include <pthread.h>
 #include <stdio.h>
@@ -18,11 +19,17 @@
 #include <sys/socket.h>
 #include <unistd.h>
 
-#define SLOTS 64         /* connections held at once */
+/* Connections held at once. Past this many the oldest is closed for each new one, so clients
+ * that hold more shorten the time a new connection has to send its request: with 256, hundreds
+ * of them still leave a probe tens of milliseconds, and a kubelet sends at once. */
+#define SLOTS 256
 #define DEADLINE_MS 2000 /* a connection's whole life: a probe needs milliseconds */
-#define REQ_MAX 2048     /* request line and headers */
+#define REQ_MAX 1024     /* request line and headers: a probe's take 100-200 bytes */
 #define BACKLOG 1024     /* accepts queued while the thread works: a probe waits behind them */
-#define PAUSE_MS 100     /* the listener rests after an accept fails for want of descriptors */
+/* Accepts per turn of the loop, half the slots: a connection whose request has not arrived at
+ * its accept is still held at the next turn, whose reads come before its accepts. */
+#define ACCEPTS_PER_TURN (SLOTS / 2)
+#define PAUSE_MS 100 /* the listener rests after an accept fails for want of descriptors */
 
 typedef struct conn {
     int fd; /* -1: a free slot */
@@ -133,7 +140,8 @@ static void on_readable(fl_obs_healthz_t *h, conn_t *c)
     }
 }
 
-/* A slot for a new connection: a free one, or the oldest, closed. */
+/* A slot for a new connection: a free one, or the oldest's, after a last read (a probe whose
+ * request came in since the last poll is answered, not dropped). */
 static conn_t *slot_for_new(fl_obs_healthz_t *h)
 {
     conn_t *old = NULL;
@@ -143,14 +151,15 @@ static conn_t *slot_for_new(fl_obs_healthz_t *h)
         if (old == NULL || h->c[i].seq < old->seq)
             old = &h->c[i];
     }
+    on_readable(h, old);
     drop(old);
     return old;
 }
 
-/* Takes every connection queued (reading each at once: a probe's request is usually there). */
-static void accept_all(fl_obs_healthz_t *h)
+/* Takes the connections queued, reading each at once: a probe's request is usually there. */
+static void accept_some(fl_obs_healthz_t *h)
 {
-    for (int k = 0; k < BACKLOG; k++) {
+    for (int k = 0; k < ACCEPTS_PER_TURN; k++) {
         int fd = accept4(h->lfd, NULL, NULL, SOCK_NONBLOCK | SOCK_CLOEXEC);
         if (fd < 0) {
             if (errno == EINTR || errno == ECONNABORTED)
@@ -213,7 +222,7 @@ static void *serve(void *arg)
             if (p[k].revents != 0 && h->c[at[k]].fd == p[k].fd)
                 on_readable(h, &h->c[at[k]]);
         if (p[1].revents != 0)
-            accept_all(h);
+            accept_some(h);
     }
     return NULL;
 }
@@ -228,7 +237,12 @@ static int listen_on(const char *addr, int port, int *out)
         return fl_fail(FL_EINVAL, "health: '%s' is not an IPv4 address", addr);
     int fd = socket(AF_INET, SOCK_STREAM | SOCK_NONBLOCK | SOCK_CLOEXEC, 0);
     int one = 1;
+    /* The kernel hands over a connection once its first bytes are in (or after a second):
+     * a probe is accepted with its request, read and answered at once, before any newer
+     * connection could take its slot, and idle clients wait outside the slots. */
+    int defer_s = 1;
     if (fd < 0 || setsockopt(fd, SOL_SOCKET, SO_REUSEADDR, &one, sizeof one) != 0 ||
+        setsockopt(fd, IPPROTO_TCP, TCP_DEFER_ACCEPT, &defer_s, sizeof defer_s) != 0 ||
         bind(fd, (struct sockaddr *)&sa, sizeof sa) != 0 || listen(fd, BACKLOG) != 0) {
         int e = errno;
         if (fd >= 0)

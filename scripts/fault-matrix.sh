@@ -430,9 +430,9 @@ probe_fig() { tail -1 "$FM_RUN/$1.out" | sed -n 's/.*within [0-9]* ms, //p'; }
 
 # /healthz while a job trains beside hostile HTTP clients (half idle, half trickling a byte of
 # headers that never end every 0.5 s, each reconnecting 0.1 s after it is closed): 200 from
-# 127.0.0.2 on flodl-ps's metrics port, 200 on its health listener (--health-port), 100 from
-# 127.0.0.2 and 100 from the probe's own 127.0.0.1; 20 probes of each port from 127.0.0.1 must
-# answer 200 within 1 s, and the job must train to the end.
+# 127.0.0.2 on flodl-ps's metrics port, 300 on its health listener (--health-port; more than
+# its 256 slots), 150 from 127.0.0.2 and 150 from the probe's own 127.0.0.1; 20 probes of each
+# port from 127.0.0.1 must answer 200 within 1 s, and the job must train to the end.
 row_health() {
   need_tool || return
   need "flodl-ps did not start" fm_ps ps 90 2 --metrics-port 0 --health-port 0 \
@@ -444,8 +444,8 @@ row_health() {
   for r in 0 1; do fm_worker w$r 90 $r 2 --epochs 6; done
   need "the job did not start: $(fm_tail ps)" fm_wait_log 30 ps err "job 'flodl' running" || return
   fm_start holdm 60 "${TOOL[@]}" httphold 127.0.0.1 "$mport" 200 127.0.0.2
-  fm_start holdh2 60 "${TOOL[@]}" httphold 127.0.0.1 "$hport" 100 127.0.0.2
-  fm_start holdh1 60 "${TOOL[@]}" httphold 127.0.0.1 "$hport" 100 127.0.0.1
+  fm_start holdh2 60 "${TOOL[@]}" httphold 127.0.0.1 "$hport" 150 127.0.0.2
+  fm_start holdh1 60 "${TOOL[@]}" httphold 127.0.0.1 "$hport" 150 127.0.0.1
   need "the clients did not connect: $(fm_tail holdm)" fm_wait_log 10 holdm out "open-now" 2 || return
   fm_start pm 30 "${TOOL[@]}" probe 127.0.0.1 "$mport" 20 1000
   need "the metrics port's probes did not end" fm_wait_ended 30 pm || return
@@ -459,7 +459,7 @@ row_health() {
   need "the job did not finish: $(fm_tail w0)" fm_wait_ended 60 ps w0 w1 || return
   local cut=0 f
   for f in holdh1 holdh2; do cut=$((cut + $(tail -1 "$FM_RUN/$f.out" | awk '{ print $4 + 0 }'))); done
-  fm_figure "20 probes of each port beside 200 held connections: metrics port (clients from 127.0.0.2) $(probe_fig pm); health port (clients from 127.0.0.2 and the probe's own address, $cut of their connections closed by it) $(probe_fig ph); the job trained: $(final_acc w0)%"
+  fm_figure "20 probes of each port: metrics port beside 200 clients from 127.0.0.2: $(probe_fig pm); health port beside 300 from 127.0.0.2 and the probe's own address ($cut of their connections closed by it): $(probe_fig ph); the job trained: $(final_acc w0)%"
   need "the metrics port: $(tail -1 "$FM_RUN/pm.out")" [ "$(fm_code pm)" = 0 ] || return
   need "the health port: $(tail -1 "$FM_RUN/ph.out")" [ "$(fm_code ph)" = 0 ] || return
   need "the job ended while the probes ran: the row proves nothing" [ $running = 1 ] || return
