@@ -59,6 +59,17 @@ static void drop(conn_t *c)
     c->len = 0;
 }
 
+/* Closes a connection cut short (closed for a newer one, or past its deadline) with a reset:
+ * no TIME_WAIT is left behind, which a client reconnecting from the same address and port
+ * would run into (a probe from a busy address is refused there otherwise). */
+static void cut(conn_t *c)
+{
+    struct linger abort_now = {.l_onoff = 1, .l_linger = 0};
+    if (c->fd >= 0)
+        (void)setsockopt(c->fd, SOL_SOCKET, SO_LINGER, &abort_now, sizeof abort_now);
+    drop(c);
+}
+
 /* True once the headers have ended (a blank line). */
 static bool headers_done(const conn_t *c)
 {
@@ -152,7 +163,7 @@ static conn_t *slot_for_new(fl_obs_healthz_t *h)
             old = &h->c[i];
     }
     on_readable(h, old);
-    drop(old);
+    cut(old);
     return old;
 }
 
@@ -187,7 +198,7 @@ static int expire(fl_obs_healthz_t *h)
         if (c->fd < 0)
             continue;
         if (c->until_ms <= now)
-            drop(c);
+            cut(c);
         else if (c->until_ms - now < wait)
             wait = c->until_ms - now;
     }

@@ -203,8 +203,8 @@ START_TEST(test_http_endpoint)
 END_TEST
 
 /* The health listener: 200 ok, 503 with the reason, HEAD without a body, 404 and 405, a request
- * whose headers never end cut with 431; a connection that only trickles is closed by its
- * deadline; a second listener on the port refused naming it. */
+ * whose headers never end cut with 431; a silent connection is cut (reset) at its deadline; a
+ * second listener on the port refused naming it. */
 START_TEST(test_healthz_listener)
 {
     int healthy = 1;
@@ -259,7 +259,7 @@ START_TEST(test_healthz_listener)
         if (k == 0)
             ck_assert_msg(strstr(got, "\r\n\r\n")[4] == '\0', "HEAD with a body: '%s'", got);
         if (raw[k].req != NULL && raw[k].req[0] == '\0')
-            ck_assert_msg(n == 0 && took < 4500, "silence: %zd bytes, closed after %lld ms", n,
+            ck_assert_msg(n <= 0 && took < 4500, "silence: %zd bytes, closed after %lld ms", n,
                           (long long)took);
     }
     fl_obs_healthz_t *dup = NULL;
