@@ -12,6 +12,8 @@
 - every flag the manifests and the Compose file give flodl-ps or flodl-worker is one the
   binaries accept (their --help), every FLODL_ variable one they read;
 - the Secret's keys are the ones the pods mount, at the paths a key directory needs;
+- the pods' probes read the health listener's port (--health-port), and both HTTP ports bind
+  the pod's address (--metrics-bind $(VAR), VAR from the downward API's status.podIP);
 - the Dockerfiles build with the README's scripts (the image group only), the CPU one names no
   CUDA image, and .dockerignore keeps build directories out of the context.
   usage: deploy/check.py --bin-dir BUILD_DIR      exit 0 pass, 1 fail, 77 a tool is missing"""
@@ -92,6 +94,28 @@ def check_worker_pod(what, c, gpu):
     if ckpt is None or flag_value(args, "--resume-if-any") != ckpt:
         fail(f"{what}: a restarted worker must resume from its checkpoint: "
              f"--resume-if-any {ckpt} is missing")
+
+
+def check_probes(what, c):
+    """The probes read /healthz from the health listener (--health-port), which idle or slow
+    clients cannot starve, and both HTTP ports bind the pod's address (the downward API's
+    status.podIP), not every address."""
+    args = c.get("args", [])
+    ports = {p.get("name"): p.get("containerPort") for p in c.get("ports", [])}
+    health = flag_value(args, "--health-port")
+    if health is None:
+        fail(f"{what}: no --health-port: the probes would share the metrics port's connections")
+    for kind in ("readinessProbe", "livenessProbe"):
+        port = ((c.get(kind) or {}).get("httpGet") or {}).get("port")
+        number = ports.get(port, port)
+        if port is None or str(number) != str(health):
+            fail(f"{what}: the {kind} reads port {port} ({number}), not --health-port {health}")
+    bind = flag_value(args, "--metrics-bind") or ""
+    m = re.fullmatch(r"\$\((\w+)\)", bind)
+    src = {e["name"]: ((e.get("valueFrom") or {}).get("fieldRef") or {}).get("fieldPath")
+           for e in c.get("env", [])}
+    if m is None or src.get(m.group(1)) != "status.podIP":
+        fail(f"{what}: --metrics-bind '{bind}' is not $(VAR) of an env var from status.podIP")
 
 
 def check_args(where, argv, known):
@@ -231,6 +255,8 @@ def main():
             prog = (c.get("command") or [None])[0]
             if prog in known:
                 check_args(f"{what} {c['name']}", c.get("args", []), known[prog])
+            if prog in ("flodl-ps", "flodl-worker"):
+                check_probes(f"{what} {c['name']}", c)
             for e in c.get("env", []):
                 if e["name"].startswith("FLODL_") and e["name"] not in KNOWN_VARS:
                     fail(f"{what}: {e['name']} is not a variable flodl reads")

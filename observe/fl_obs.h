@@ -78,13 +78,29 @@ typedef struct fl_obs_http fl_obs_http_t;
 typedef bool (*fl_obs_health_fn)(void *ud, char *why, size_t cap);
 
 /* Serves GET /metrics (o's exposition) and /healthz (health; NULL: always healthy) on
- * bind_addr (an IPv4 literal; NULL: 0.0.0.0) and port (0: an ephemeral one, see fl_obs_port).
+ * bind_addr (an IPv4 literal; NULL: 0.0.0.0) and port (0: an ephemeral one, see fl_obs_port):
+ * at most 64 connections, 8 from one address, each closed after 5 s without traffic.
  * o and ud are borrowed until fl_obs_http_stop. FL_OK, FL_EINVAL (bad address), FL_EIO (the
  * port is taken: the detail names it). */
 int fl_obs_http_start(fl_obs_t *o, const char *bind_addr, int port, fl_obs_health_fn health,
                       void *ud, fl_obs_http_t **out);
 int fl_obs_http_port(const fl_obs_http_t *h);
 void fl_obs_http_stop(fl_obs_http_t **h);
+
+/* ---- the health listener (healthz.c) ---- */
+
+typedef struct fl_obs_healthz fl_obs_healthz_t;
+
+/* Serves GET /healthz alone (health; NULL: always healthy) on bind_addr (NULL: 0.0.0.0) and
+ * port (0: an ephemeral one), from a thread of its own that no client can starve: each
+ * connection lives at most 2 s from its accept, and past 256 at once the oldest is closed for
+ * the new one. health is called from that thread, possibly while the metrics endpoint calls
+ * it too: it must be thread-safe. ud is borrowed until fl_obs_healthz_stop. FL_OK, FL_EINVAL
+ * (bad address or port), FL_EIO (the port is taken: the detail names it). */
+int fl_obs_healthz_start(const char *bind_addr, int port, fl_obs_health_fn health, void *ud,
+                         fl_obs_healthz_t **out);
+int fl_obs_healthz_port(const fl_obs_healthz_t *h);
+void fl_obs_healthz_stop(fl_obs_healthz_t **h); /* NULL-safe */
 
 /* ---- the timeline (timeline.c) ---- */
 

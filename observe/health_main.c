@@ -2,7 +2,8 @@
  * (default http://127.0.0.1:9100/healthz) and exits 0 on a 200 answer, 1 on anything else
  * (another status, no answer, a timeout), 2 on bad arguments; one line on stderr says why.
  *   flodl-health [--timeout-ms N] [URL | PORT]
- * The endpoint itself is observe/http.c; this only reads its status line. */
+ * The endpoints are observe/http.c (the metrics port) and observe/healthz.c (--health-port,
+ * the one a probe should read); this only reads their status line. */
 #include <errno.h>
 #include <netdb.h>
 #include <stdio.h>
@@ -15,7 +16,9 @@
 static const char usage[] =
     "usage: flodl-health [--timeout-ms N] [URL | PORT]\n"
     "GETs URL (default http://127.0.0.1:9100/healthz; a bare PORT means\n"
-    "http://127.0.0.1:PORT/healthz) and exits 0 on HTTP 200, 1 otherwise, 2 on bad arguments.\n";
+    "http://127.0.0.1:PORT/healthz) and exits 0 on HTTP 200, 1 otherwise, 2 on bad arguments.\n"
+    "Point it at the --health-port of flodl-ps or flodl-worker: idle or slow clients\n"
+    "cannot starve that listener as they can the metrics port.\n";
 
 /* Splits http://HOST[:PORT][/PATH] into its parts (port 80 and / when absent). */
 static int parse_url(const char *url, char *host, size_t hcap, char *port, size_t pcap,

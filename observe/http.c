@@ -1,5 +1,6 @@
 /* The HTTP endpoint: libmicrohttpd with its own polling thread, GET only. /metrics answers the
- * registry's exposition text, /healthz 200 "ok" or 503 with the reason, anything else 404. */
+ * registry's exposition text, /healthz 200 "ok" or 503 with the reason, anything else 404. A
+ * /healthz that no client can starve is healthz.c's listener. */
 #include "fl_obs.h"
 
 #include <arpa/inet.h>
@@ -8,6 +9,13 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+
+/* One address holds at most PER_ADDR_LIMIT of the CONN_LIMIT connections (a scraper needs
+ * one), so idle clients from one address leave the rest to the others. Clients that spread
+ * over many addresses can still fill it: probes belong on healthz.c's listener. */
+#define CONN_LIMIT 64
+#define PER_ADDR_LIMIT 8
+#define IDLE_S 5 /* a connection without traffic this long is closed */
 
 struct fl_obs_http {
     struct MHD_Daemon *d;
@@ -97,7 +105,9 @@ int fl_obs_http_start(fl_obs_t *o, const char *bind_addr, int port, fl_obs_healt
     h->d =
         MHD_start_daemon(MHD_USE_INTERNAL_POLLING_THREAD | MHD_USE_AUTO, (uint16_t)port, NULL, NULL,
                          handle, h, MHD_OPTION_SOCK_ADDR, &sa, MHD_OPTION_CONNECTION_TIMEOUT,
-                         (unsigned)10, MHD_OPTION_CONNECTION_LIMIT, (unsigned)64, MHD_OPTION_END);
+                         (unsigned)IDLE_S, MHD_OPTION_CONNECTION_LIMIT, (unsigned)CONN_LIMIT,
+                         MHD_OPTION_PER_IP_CONNECTION_LIMIT, (unsigned)PER_ADDR_LIMIT,
+                         MHD_OPTION_END);
     if (h->d == NULL) {
         free(h);
         return fl_fail(FL_EIO, "metrics: cannot serve HTTP on %s:%d (port taken?)", addr, port);

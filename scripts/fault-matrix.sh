@@ -10,7 +10,7 @@
 # soak (FM_SOAK_S seconds, default 600), 10 kills during checkpoint writes instead of 3, the
 # PS-resume run's accuracy against a run without the kill, and 512 ranks beside a flood. The
 # build directory is --build-dir, FLODL_BUILD_DIR or build/. Row ids: kill stop partition
-# psresume ckptkill mismatch ownerror duprank flood scale takeover badfiles soak. --keep
+# psresume ckptkill mismatch ownerror duprank flood health scale takeover badfiles soak. --keep
 # leaves the logs.
 # Every process runs under a deadline and is stopped by its own PID on every path.
 set -uo pipefail
@@ -504,6 +504,50 @@ row_scale() {
   fm_pass
 }
 
+# probe_fig NAME: "median M ms, max X ms" of a fault_tool.py probe's last line.
+probe_fig() { tail -1 "$FM_RUN/$1.out" | sed -n 's/.*within [0-9]* ms, //p'; }
+
+# /healthz while a job trains beside hostile HTTP clients (half idle, half trickling a byte of
+# headers that never end every 0.5 s, each reconnecting 0.1 s after it is closed): 200 from
+# 127.0.0.2 on flodl-ps's metrics port, 300 on its health listener (--health-port; more than
+# its 256 slots), 150 from 127.0.0.2 and 150 from the probe's own 127.0.0.1; 20 probes of each
+# port from 127.0.0.1 must answer 200 within 1 s, and the job must train to the end.
+row_health() {
+  need_tool || return
+  need "flodl-ps did not start" fm_ps ps 90 2 --metrics-port 0 --health-port 0 \
+    --metrics-bind 127.0.0.1 --log-level info || return
+  need "flodl-ps printed no health port: $(fm_tail ps)" fm_wait_log 10 ps err "health on http" || return
+  local mport hport r n
+  mport=$(sed -n 's|.*metrics on http://127.0.0.1:\([0-9]*\)/metrics.*|\1|p' "$FM_RUN/ps.err" | head -1)
+  hport=$(sed -n 's|.*health on http://127.0.0.1:\([0-9]*\)/healthz.*|\1|p' "$FM_RUN/ps.err" | head -1)
+  for r in 0 1; do fm_worker w$r 90 $r 2 --epochs 6; done
+  need "the job did not start: $(fm_tail ps)" fm_wait_log 30 ps err "job 'flodl' running" || return
+  fm_start holdm 60 "${TOOL[@]}" httphold 127.0.0.1 "$mport" 200 127.0.0.2
+  fm_start holdh2 60 "${TOOL[@]}" httphold 127.0.0.1 "$hport" 150 127.0.0.2
+  fm_start holdh1 60 "${TOOL[@]}" httphold 127.0.0.1 "$hport" 150 127.0.0.1
+  need "the clients did not connect: $(fm_tail holdm)" fm_wait_log 10 holdm out "open-now" 2 || return
+  fm_start pm 30 "${TOOL[@]}" probe 127.0.0.1 "$mport" 20 1000
+  need "the metrics port's probes did not end" fm_wait_ended 30 pm || return
+  fm_start ph 30 "${TOOL[@]}" probe 127.0.0.1 "$hport" 20 1000
+  need "the health port's probes did not end" fm_wait_ended 30 ph || return
+  local running=0
+  fm_ended w0 || fm_ended w1 || running=1
+  fm_signal KILL holdm
+  fm_signal KILL holdh2
+  fm_signal KILL holdh1
+  need "the job did not finish: $(fm_tail w0)" fm_wait_ended 60 ps w0 w1 || return
+  local cut=0 f
+  for f in holdh1 holdh2; do cut=$((cut + $(tail -1 "$FM_RUN/$f.out" | awk '{ print $4 + 0 }'))); done
+  fm_figure "20 probes of each port: metrics port beside 200 clients from 127.0.0.2: $(probe_fig pm); health port beside 300 from 127.0.0.2 and the probe's own address ($cut of their connections closed by it): $(probe_fig ph); the job trained: $(final_acc w0)%"
+  need "the metrics port: $(tail -1 "$FM_RUN/pm.out")" [ "$(fm_code pm)" = 0 ] || return
+  need "the health port: $(tail -1 "$FM_RUN/ph.out")" [ "$(fm_code ph)" = 0 ] || return
+  need "the job ended while the probes ran: the row proves nothing" [ $running = 1 ] || return
+  for n in ps w0 w1; do
+    need "$n exited $(fm_code $n): $(fm_tail $n)" [ "$(fm_code $n)" = 0 ] || return
+  done
+  fm_pass
+}
+
 # During the rendezvous of 3 ranks (0 and 1 registered): a raw client claims rank 1 from another
 # host and pid (refused, telling nothing about the holder), then sends one message of 512
 # frames of 1.9 MB: flodl-ps's RSS must come back within 8 MiB (peak under 160 MiB); then 40
@@ -659,6 +703,7 @@ rows=(
   "ownerror|a rank's own error"
   "duprank|duplicate rank"
   "flood|hostile bytes and idle-connection flood"
+  "health|/healthz beside idle and slow HTTP clients"
   "scale|512 ranks from one address beside an idle flood"
   "takeover|rank takeover attempt, oversized multipart"
   "badfiles|bad files"

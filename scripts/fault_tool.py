@@ -7,6 +7,15 @@ encoded here, after proto/flodl.proto).
   fault_tool.py flood HOST PORT N SRC               N idle connections from address SRC, each
                                                     opened again a second after it is closed;
                                                     a status line a second; runs until killed
+  fault_tool.py httphold HOST PORT N SRC            N HTTP clients from address SRC: half idle,
+                                                    half sending a byte of a request whose
+                                                    headers never end every 0.5 s; each opened
+                                                    again 0.1 s after it is closed; a status
+                                                    line a second; runs until killed
+  fault_tool.py probe HOST PORT N TIMEOUT_MS        N GETs of /healthz, 50 ms apart: each
+                                                    one's latency, then "K of N answered 200
+                                                    ... median M ms, max X ms"; exit 1 unless
+                                                    all N did within TIMEOUT_MS
   fault_tool.py takeover ENDPOINT RANK WORLD
                                                     registers RANK from another host and pid;
                                                     exit 0 when refused, 1 when not (prints why)
@@ -121,6 +130,98 @@ def flood(host, port, n, src):
             print("opened %d established %d closed-by-server %d open-now %d"
                   % (opened, established, closed, live), flush=True)
             next_report = time.monotonic() + 1.0
+
+
+def httphold(host, port, n, src):
+    n = int(n)
+    line = b"GET /healthz HTTP/1.1\r\nX-Slow: "
+    sel = selectors.DefaultSelector()
+    socks = [None] * n  # (socket, state "c" connecting | "o" open, bytes sent)
+    again = [0.0] * n
+    opened = closed = 0
+    next_byte = next_report = 0.0
+    while True:
+        now = time.monotonic()
+        for i in range(n):
+            if socks[i] is None and now >= again[i]:
+                s = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+                s.setblocking(False)
+                try:
+                    s.bind((src, 0))
+                    s.connect((host, int(port)))
+                except BlockingIOError:
+                    pass
+                except OSError:
+                    s.close()
+                    again[i] = now + 0.1
+                    continue
+                socks[i] = [s, "c", 0]
+                sel.register(s, selectors.EVENT_WRITE, i)
+                opened += 1
+        for key, _ in sel.select(timeout=0.02):
+            i = key.data
+            s = socks[i][0]
+            if socks[i][1] == "c" and s.getsockopt(socket.SOL_SOCKET, socket.SO_ERROR) == 0:
+                socks[i][1] = "o"
+                sel.modify(s, selectors.EVENT_READ, i)
+                continue
+            try:
+                data = s.recv(512) if socks[i][1] == "o" else b""
+            except BlockingIOError:
+                continue
+            except OSError:
+                data = b""
+            if not data:
+                sel.unregister(s)
+                s.close()
+                socks[i] = None
+                closed += 1
+                again[i] = time.monotonic() + 0.1
+        if time.monotonic() >= next_byte:  # the slow half: one byte each
+            for i in range(n // 2, n):
+                if socks[i] is not None and socks[i][1] == "o":
+                    b = line[socks[i][2]:socks[i][2] + 1] or b"a"
+                    try:
+                        socks[i][2] += socks[i][0].send(b)
+                    except OSError:
+                        pass
+            next_byte = time.monotonic() + 0.5
+        if time.monotonic() >= next_report:
+            live = sum(1 for s in socks if s is not None and s[1] == "o")
+            print("opened %d closed-by-server %d open-now %d" % (opened, closed, live), flush=True)
+            next_report = time.monotonic() + 1.0
+
+
+def probe(host, port, n, timeout_ms):
+    n, limit = int(n), int(timeout_ms) / 1000.0
+    lat, good = [], 0
+    for _ in range(n):
+        t0 = time.monotonic()
+        status = None
+        try:
+            with socket.create_connection((host, int(port)), timeout=limit) as s:
+                s.settimeout(max(0.001, limit - (time.monotonic() - t0)))
+                s.sendall(b"GET /healthz HTTP/1.1\r\nHost: %s\r\nConnection: close\r\n\r\n"
+                          % host.encode())  # as the kubelet asks
+                data = b""
+                while time.monotonic() - t0 < limit:
+                    chunk = s.recv(4096)
+                    if not chunk:
+                        break
+                    data += chunk
+                status = data.split(b" ", 2)[1] if data.startswith(b"HTTP/1.") else None
+        except OSError:
+            pass
+        took = (time.monotonic() - t0) * 1000.0
+        ok = status == b"200" and took <= limit * 1000.0
+        good += ok
+        lat.append(took)
+        print("%.1f ms %s" % (took, status.decode() if status else "no answer"), flush=True)
+        time.sleep(0.05)
+    lat.sort()
+    print("%d of %d answered 200 within %s ms, median %.1f ms, max %.1f ms"
+          % (good, n, timeout_ms, lat[n // 2], lat[-1]))
+    sys.exit(0 if good == n else 1)
 
 
 class Zmq:
@@ -347,8 +448,9 @@ def safetensors(path, layers, mode):
 
 
 def main():
-    cmds = {"garbage": garbage, "flood": flood, "takeover": takeover, "bigmsg": bigmsg,
-            "hdrflood": hdrflood, "partial": partial, "idx": idx, "safetensors": safetensors}
+    cmds = {"garbage": garbage, "flood": flood, "httphold": httphold, "probe": probe,
+            "takeover": takeover, "bigmsg": bigmsg, "hdrflood": hdrflood, "partial": partial,
+            "idx": idx, "safetensors": safetensors}
     if len(sys.argv) < 2 or sys.argv[1] not in cmds:
         sys.exit(__doc__)
     try:

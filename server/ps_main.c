@@ -52,7 +52,10 @@ static const char usage[] =
     "observability:\n"
     "  --metrics-port N            serve Prometheus metrics (/metrics) and /healthz on port N\n"
     "                              (0: any free port, printed at start; default: off)\n"
-    "  --metrics-bind ADDR         IPv4 address to serve them on (default 0.0.0.0)\n"
+    "  --health-port N             serve /healthz alone on port N, a listener of its own that\n"
+    "                              idle or slow clients cannot starve: point probes at it\n"
+    "                              (0: any free port, printed at start; default: off)\n"
+    "  --metrics-bind ADDR         IPv4 address to serve both on (default 0.0.0.0)\n"
     "  --stall-report MS           log every rank's state when a collective makes no progress\n"
     "                              this long, and again every MS while it lasts (default\n"
     "                              60000; 0: never)\n";
@@ -85,6 +88,7 @@ enum {
     O_OPTIM,
     O_MPORT,
     O_MBIND,
+    O_HPORT,
     O_STALL,
     O_CURVE,
     O_INSECURE
@@ -98,6 +102,7 @@ typedef struct args {
     int shards, num_shards, shard_index; /* -1: not given */
     bool any_ps_flag;
     int metrics_port; /* -1: off */
+    int health_port;  /* -1: off */
     const char *metrics_bind;
     const char *curve_dir;
     bool insecure;
@@ -226,6 +231,12 @@ static int apply_job(args_t *a, int ch, const char *v)
         return rc;
     }
     case O_MBIND: a->metrics_bind = v; return FL_OK;
+    case O_HPORT: {
+        long n;
+        int rc = fl_cli_long("--health-port", v, 0, 65535, &n);
+        a->health_port = (int)n;
+        return rc;
+    }
     case O_CURVE: a->curve_dir = v; return FL_OK;
     case O_INSECURE: a->insecure = true; return FL_OK;
     case O_STALL: {
@@ -336,6 +347,7 @@ static int parse(args_t *a, int argc, char **argv)
         {"checkpoint-dir", 1, NULL, O_CKDIR},
         {"metrics-port", 1, NULL, O_MPORT},
         {"metrics-bind", 1, NULL, O_MBIND},
+        {"health-port", 1, NULL, O_HPORT},
         {"stall-report", 1, NULL, O_STALL},
         {"curve-dir", 1, NULL, O_CURVE},
         {"insecure", 0, NULL, O_INSECURE},
@@ -423,6 +435,7 @@ static void init_args(args_t *a)
     fl_ps_server_opts_init(&a->so);
     a->shards = a->num_shards = a->shard_index = -1;
     a->metrics_port = -1;
+    a->health_port = -1;
 }
 
 /* The launcher's environment (FLODL_*, torchrun's) as defaults the flags override; env and
@@ -485,14 +498,19 @@ static int start(args_t *a, run_t *r)
     fl_fdlimit_start("flodl-ps", a->co.log_level); /* a descriptor per connection */
     if (a->curve_dir == NULL)
         fl_cli_security_notice("flodl-ps"); /* once everything is valid: about to serve */
-    if (a->metrics_port >= 0) {
-        if ((rc = ps_metrics_start(a->metrics_bind, a->metrics_port, r->coord, r->srv,
-                                   a->co.world_size, &r->metrics)) != FL_OK) {
+    if (a->metrics_port >= 0 || a->health_port >= 0) {
+        const char *addr = a->metrics_bind ? a->metrics_bind : "0.0.0.0";
+        if ((rc = ps_metrics_start(a->metrics_bind, a->metrics_port, a->health_port, r->coord,
+                                   r->srv, a->co.world_size, &r->metrics)) != FL_OK) {
             fprintf(stderr, "flodl-ps: %s\n", fl_last_error());
             return rc == FL_EINVAL ? 2 : 1;
         }
-        fprintf(stderr, "flodl-ps: metrics on http://%s:%d/metrics\n",
-                a->metrics_bind ? a->metrics_bind : "0.0.0.0", ps_metrics_port(r->metrics));
+        if (a->metrics_port >= 0)
+            fprintf(stderr, "flodl-ps: metrics on http://%s:%d/metrics\n", addr,
+                    ps_metrics_port(r->metrics));
+        if (a->health_port >= 0)
+            fprintf(stderr, "flodl-ps: health on http://%s:%d/healthz\n", addr,
+                    ps_metrics_health_port(r->metrics));
     }
     if ((r->coord != NULL && (rc = fl_coord_start(r->coord)) != FL_OK) ||
         (r->srv != NULL && (rc = fl_ps_server_start(r->srv)) != FL_OK)) {

@@ -1,9 +1,10 @@
 /* flodl-ps's metrics endpoint (--metrics-port): the coordinator's view of every rank (state,
  * silence, collectives done, lag behind the furthest rank) and the parameter-server shards'
  * counters, refreshed from their snapshots at every scrape; /healthz fails while a rank is
- * dead. */
+ * dead, on the metrics port and on the health listener (--health-port). */
 #include "ps_metrics.h"
 
+#include <pthread.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -15,10 +16,14 @@
 struct ps_metrics {
     fl_obs_t *obs;
     fl_obs_http_t *http;
+    fl_obs_healthz_t *healthz;
     fl_coord_t *coord;
     fl_ps_server_t *srv;
     int world;
     fl_coord_rank_info_t *ranks;
+    /* /healthz runs on the metrics thread and on the health listener's: its own copy. */
+    pthread_mutex_t health_mu;
+    fl_coord_rank_info_t *hranks;
     bool failed; /* a series could not be registered */
     uint64_t auth_coord;
     int state_ids[4];
@@ -79,14 +84,17 @@ static bool healthy(void *ud, char *why, size_t cap)
     if (m->coord == NULL)
         return true;
     fl_coord_info_t in;
-    fl_coord_get_info(m->coord, &in, m->ranks, m->world);
-    for (int r = 0; r < m->world; r++) {
-        if (m->ranks[r].state == FL_COORD_RANK_DEAD) {
-            snprintf(why, cap, "rank %d (%s) is dead", r, m->ranks[r].host);
-            return false;
+    bool ok = true;
+    pthread_mutex_lock(&m->health_mu);
+    fl_coord_get_info(m->coord, &in, m->hranks, m->world);
+    for (int r = 0; r < m->world && ok; r++) {
+        if (m->hranks[r].state == FL_COORD_RANK_DEAD) {
+            snprintf(why, cap, "rank %d (%s) is dead", r, m->hranks[r].host);
+            ok = false;
         }
     }
-    return true;
+    pthread_mutex_unlock(&m->health_mu);
+    return ok;
 }
 
 static int add(ps_metrics_t *m, const char *name, const char *help, fl_obs_kind_t kind,
@@ -150,8 +158,8 @@ static void register_all(ps_metrics_t *m)
     }
 }
 
-int ps_metrics_start(const char *bind, int port, fl_coord_t *coord, fl_ps_server_t *srv, int world,
-                     ps_metrics_t **out)
+int ps_metrics_start(const char *bind, int port, int health_port, fl_coord_t *coord,
+                     fl_ps_server_t *srv, int world, ps_metrics_t **out)
 {
     *out = NULL;
     ps_metrics_t *m = calloc(1, sizeof *m);
@@ -160,8 +168,11 @@ int ps_metrics_start(const char *bind, int port, fl_coord_t *coord, fl_ps_server
     m->coord = coord;
     m->srv = srv;
     m->world = coord != NULL ? world : 0;
+    pthread_mutex_init(&m->health_mu, NULL);
     m->ranks = calloc((size_t)(m->world > 0 ? m->world : 1), sizeof *m->ranks);
-    int rc = m->ranks != NULL ? fl_obs_create(&m->obs) : fl_fail(FL_ENOMEM, "out of memory");
+    m->hranks = calloc((size_t)(m->world > 0 ? m->world : 1), sizeof *m->hranks);
+    int rc = m->ranks != NULL && m->hranks != NULL ? fl_obs_create(&m->obs)
+                                                   : fl_fail(FL_ENOMEM, "out of memory");
     if (rc == FL_OK)
         rc = fl_obs_add_process(m->obs);
     if (rc == FL_OK) {
@@ -172,8 +183,11 @@ int ps_metrics_start(const char *bind, int port, fl_coord_t *coord, fl_ps_server
     }
     if (rc == FL_OK) {
         fl_obs_on_render(m->obs, refresh, m);
-        rc = fl_obs_http_start(m->obs, bind, port, healthy, m, &m->http);
+        if (port >= 0)
+            rc = fl_obs_http_start(m->obs, bind, port, healthy, m, &m->http);
     }
+    if (rc == FL_OK && health_port >= 0)
+        rc = fl_obs_healthz_start(bind, health_port, healthy, m, &m->healthz);
     if (rc != FL_OK) {
         ps_metrics_stop(&m);
         return rc;
@@ -184,7 +198,12 @@ int ps_metrics_start(const char *bind, int port, fl_coord_t *coord, fl_ps_server
 
 int ps_metrics_port(const ps_metrics_t *m)
 {
-    return fl_obs_http_port(m->http);
+    return m->http != NULL ? fl_obs_http_port(m->http) : -1;
+}
+
+int ps_metrics_health_port(const ps_metrics_t *m)
+{
+    return m->healthz != NULL ? fl_obs_healthz_port(m->healthz) : -1;
 }
 
 void ps_metrics_stop(ps_metrics_t **pm)
@@ -192,8 +211,11 @@ void ps_metrics_stop(ps_metrics_t **pm)
     if (pm == NULL || *pm == NULL)
         return;
     ps_metrics_t *m = *pm;
+    fl_obs_healthz_stop(&m->healthz);
     fl_obs_http_stop(&m->http);
     fl_obs_destroy(&m->obs);
+    pthread_mutex_destroy(&m->health_mu);
+    free(m->hranks);
     free(m->ranks);
     free(m);
     *pm = NULL;

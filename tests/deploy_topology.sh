@@ -7,7 +7,8 @@
 # as the cluster would: first rank 1's pod dies after the first checkpoint (flodl-ps and rank 0
 # must fail, naming it), then every pod is restarted with the same args and environment
 # (restartPolicy OnFailure) and must resume from that checkpoint (--resume-if-any) and train to
-# the end while the ps answers its readiness probe (/healthz, read by flodl-health).
+# the end while the ps answers its readiness probe (/healthz on the probe's port and the pod's
+# address, read by flodl-health).
 #   tests/deploy_topology.sh BUILD_DIR       exit 0 pass, 1 fail, 77 skip (not root, no ip)
 set -euo pipefail
 root=$(cd "$(dirname "$0")/.." && pwd)
@@ -26,7 +27,10 @@ for doc in yaml.safe_load_all(open(f"{d}/{which}.yaml")):
     if not pod:
         continue
     c = pod["containers"][0]
-    if part == "args":
+    if part == "probe":  # the readiness probe's port, as a number
+        port = c["readinessProbe"]["httpGet"]["port"]
+        print({p["name"]: p["containerPort"] for p in c.get("ports", [])}.get(port, port))
+    elif part == "args":
         for a in c.get("args", []):
             print(a)
     else:
@@ -51,12 +55,16 @@ cp "$tmp/gen/server.key" "$tmp/gen/client.key" "$tmp/keys/"
 cp "$tmp/gen/authorized/client.pub" "$tmp/keys/authorized/"
 chmod 600 "$tmp/keys/"*.key
 
-# The ps pod: ps.yaml's args, its $(VAR) references expanded as the kubelet does.
+# The ps pod: ps.yaml's args, its $(VAR) references expanded as the kubelet does (POD_IP: the
+# switch namespace's address, where the ps runs).
+ps_ip=10.77.0.254
 mapfile -t ps_env < <(manifest ps env)
 mapfile -t ps_args < <(manifest ps args)
+ps_probe=$(manifest ps probe)
 for kv in "${ps_env[@]}"; do export "${kv?}"; done
 for i in "${!ps_args[@]}"; do
-  ps_args[$i]=$(echo "${ps_args[$i]}" | sed "s/\$(FLODL_WORLD_SIZE)/$FLODL_WORLD_SIZE/")
+  ps_args[$i]=$(echo "${ps_args[$i]}" | sed -e "s/\$(FLODL_WORLD_SIZE)/$FLODL_WORLD_SIZE/" \
+    -e "s/\$(POD_IP)/$ps_ip/")
 done
 [ "$FLODL_WORLD_SIZE" = "$workers" ] || { echo "FAIL: ps.yaml's world size $FLODL_WORLD_SIZE, this test runs $workers"; exit 1; }
 mapfile -t wk_args < <(manifest workers args)
@@ -80,7 +88,10 @@ start_pods() {
         *) env_k+=("$kv") ;;
       esac
     done
-    for a in "${wk_args[@]}"; do args_k+=("${a//\/checkpoints/$tmp/checkpoints}"); done
+    for a in "${wk_args[@]}"; do
+      a=${a//\/checkpoints/$tmp/checkpoints}
+      args_k+=("${a//\$(FLODL_HOST)/$(addr "$k")}")
+    done
     ip netns exec "$(ns_of "$k")" env -i PATH="$PATH" JOB_COMPLETION_INDEX="$k" \
       FLODL_HOST="$(addr "$k")" "${env_k[@]}" timeout 120 "$build/worker/flodl-worker" \
       "${args_k[@]}" > "$tmp/w$k.$run.log" 2>&1 &
@@ -115,7 +126,8 @@ done
 start_pods 2
 health=""
 for _ in $(seq 100); do
-  if ip netns exec "$(sw_ns)" "$build/observe/flodl-health" 9100 2>/dev/null; then health=200; break; fi
+  if ip netns exec "$(sw_ns)" "$build/observe/flodl-health" "http://$ps_ip:$ps_probe/healthz" \
+    2>/dev/null; then health=200; break; fi
   sleep 0.1
 done
 status=0
@@ -131,8 +143,8 @@ resumed=$(grep -m1 -o 'resumed from .*' "$tmp/w0.2.log" || true)
 case "$resumed" in
   *", 0 epoch(s) done" | "") echo "FAIL: rank 0 did not resume from the checkpoint ('$resumed')"; status=1 ;;
 esac
-[ "$health" = 200 ] || { echo "FAIL: the ps's /healthz did not answer 200 (flodl-health)"; status=1; }
+[ "$health" = 200 ] || { echo "FAIL: the ps's /healthz on $ps_ip:$ps_probe (its readiness probe's port) did not answer 200 (flodl-health)"; status=1; }
 [ $status -eq 0 ] || dump
 echo "deploy topology: ps + $workers workers as deploy/k8s runs them, CurveZMQ, in namespaces:" \
   "rank 1 killed, ps and rank 0 failed naming it; restarted: $resumed," \
-  "$(grep -o 'test accuracy [0-9.]*%' "$tmp/w0.2.log" | tail -1), /healthz 200"
+  "$(grep -o 'test accuracy [0-9.]*%' "$tmp/w0.2.log" | tail -1), /healthz 200 on the probe's port $ps_probe"

@@ -2,14 +2,27 @@
 #include "obsutil.h"
 
 #include <arpa/inet.h>
+#include <errno.h>
 #include <math.h>
 #include <netinet/in.h>
+#include <poll.h>
+#include <pthread.h>
+#include <stdatomic.h>
+#include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/socket.h>
 #include <sys/time.h>
+#include <time.h>
 #include <unistd.h>
+
+static int64_t fl_test_now_us(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (int64_t)ts.tv_sec * 1000000 + ts.tv_nsec / 1000;
+}
 
 int fl_test_http_get(int port, const char *path, char **body)
 {
@@ -157,4 +170,187 @@ int count_lines(const char *text, const char *prefix)
     for (const char *p = text; p && *p; p = strchr(p, '\n') ? strchr(p, '\n') + 1 : NULL)
         n += strncmp(p, prefix, pl) == 0;
     return n;
+}
+
+int fl_test_http_probe(int port, const char *path, int timeout_ms, double *ms)
+{
+    *ms = -1;
+    int64_t t0 = fl_test_now_us();
+    int fd = socket(AF_INET, SOCK_STREAM, 0);
+    if (fd < 0)
+        return -1;
+    struct timeval tv = {timeout_ms / 1000, (timeout_ms % 1000) * 1000};
+    setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof tv);
+    setsockopt(fd, SOL_SOCKET, SO_SNDTIMEO, &tv, sizeof tv); /* bounds connect() too */
+    struct sockaddr_in sa = {.sin_family = AF_INET, .sin_port = htons((uint16_t)port)};
+    sa.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+    char buf[2048];
+    int n = snprintf(buf, sizeof buf,
+                     "GET %s HTTP/1.1\r\nHost: 127.0.0.1\r\nConnection: close\r\n\r\n", path);
+    size_t len = 0;
+    if (connect(fd, (struct sockaddr *)&sa, sizeof sa) == 0 && write(fd, buf, (size_t)n) == n) {
+        ssize_t r;
+        while (len < sizeof buf - 1 && (fl_test_now_us() - t0) / 1000 < timeout_ms &&
+               (r = read(fd, buf + len, sizeof buf - 1 - len)) > 0)
+            len += (size_t)r;
+    }
+    close(fd);
+    buf[len] = '\0';
+    int code = -1;
+    double took = (double)(fl_test_now_us() - t0) / 1e3;
+    if (took <= timeout_ms && sscanf(buf, "HTTP/1.%*d %d", &code) != 1)
+        code = -1;
+    *ms = took;
+    return took <= timeout_ms ? code : -1;
+}
+
+#define HOLD_MAX 1024
+
+struct fl_test_hold {
+    pthread_t th;
+    atomic_bool stop;
+    atomic_int open;
+    long opened, closed;
+    int n, port;
+    struct in_addr src;
+    int fd[HOLD_MAX];
+    bool up[HOLD_MAX];
+    int64_t again_us[HOLD_MAX];
+    size_t sent[HOLD_MAX];
+    struct pollfd p[HOLD_MAX];
+    int at[HOLD_MAX];
+};
+
+static void hold_open(fl_test_hold_t *h, int i)
+{
+    int fd = socket(AF_INET, SOCK_STREAM | SOCK_NONBLOCK, 0);
+    struct sockaddr_in me = {.sin_family = AF_INET, .sin_addr = h->src};
+    struct sockaddr_in to = {.sin_family = AF_INET, .sin_port = htons((uint16_t)h->port)};
+    to.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+    if (fd < 0 || bind(fd, (struct sockaddr *)&me, sizeof me) != 0 ||
+        (connect(fd, (struct sockaddr *)&to, sizeof to) != 0 && errno != EINPROGRESS)) {
+        if (fd >= 0)
+            close(fd);
+        h->again_us[i] = fl_test_now_us() + 100000;
+        return;
+    }
+    h->fd[i] = fd;
+    h->up[i] = false;
+    h->sent[i] = 0;
+    h->opened++;
+}
+
+static void hold_closed(fl_test_hold_t *h, int i)
+{
+    close(h->fd[i]);
+    if (h->up[i])
+        atomic_fetch_sub(&h->open, 1);
+    h->fd[i] = -1;
+    h->up[i] = false;
+    h->closed++;
+    h->again_us[i] = fl_test_now_us() + 100000;
+}
+
+/* One turn for connection i after poll said something (revents). */
+static void hold_event(fl_test_hold_t *h, int i, short revents)
+{
+    if (!h->up[i]) {
+        int err = 0;
+        socklen_t el = sizeof err;
+        if (getsockopt(h->fd[i], SOL_SOCKET, SO_ERROR, &err, &el) != 0 || err != 0) {
+            hold_closed(h, i);
+            return;
+        }
+        h->up[i] = true;
+        atomic_fetch_add(&h->open, 1);
+        return;
+    }
+    if (revents & (POLLIN | POLLHUP | POLLERR)) {
+        char b[512];
+        ssize_t r = recv(h->fd[i], b, sizeof b, 0);
+        if (r == 0 || (r < 0 && errno != EAGAIN))
+            hold_closed(h, i);
+    }
+}
+
+/* The slow half: the next byte of "GET / HTTP/1.1\r\nX-Slow: aaaa..." every 500 ms. */
+static void hold_trickle(fl_test_hold_t *h, int64_t now, int64_t *next)
+{
+    if (now < *next)
+        return;
+    *next = now + 500000;
+    static const char line[] = "GET /healthz HTTP/1.1\r\nX-Slow: ";
+    for (int i = h->n / 2; i < h->n; i++) {
+        if (h->fd[i] < 0 || !h->up[i])
+            continue;
+        char c = h->sent[i] < sizeof line - 1 ? line[h->sent[i]] : 'a';
+        if (send(h->fd[i], &c, 1, MSG_NOSIGNAL | MSG_DONTWAIT) == 1)
+            h->sent[i]++;
+    }
+}
+
+static void *hold_run(void *arg)
+{
+    fl_test_hold_t *h = arg;
+    struct pollfd *p = h->p;
+    int *at = h->at;
+    int64_t next = 0;
+    while (!atomic_load(&h->stop)) {
+        int64_t now = fl_test_now_us();
+        int k = 0;
+        for (int i = 0; i < h->n; i++) {
+            if (h->fd[i] < 0 && now >= h->again_us[i])
+                hold_open(h, i);
+            if (h->fd[i] < 0)
+                continue;
+            at[k] = i;
+            p[k++] = (struct pollfd){.fd = h->fd[i], .events = h->up[i] ? POLLIN : POLLOUT};
+        }
+        hold_trickle(h, now, &next);
+        if (poll(p, (nfds_t)k, 20) <= 0)
+            continue;
+        for (int j = 0; j < k; j++)
+            if (p[j].revents != 0)
+                hold_event(h, at[j], p[j].revents);
+    }
+    return NULL;
+}
+
+fl_test_hold_t *fl_test_hold_start(const char *src, int port, int n)
+{
+    fl_test_hold_t *h = calloc(1, sizeof *h);
+    if (h == NULL || n > HOLD_MAX || inet_pton(AF_INET, src, &h->src) != 1) {
+        free(h);
+        return NULL;
+    }
+    h->n = n;
+    h->port = port;
+    for (int i = 0; i < n; i++)
+        h->fd[i] = -1;
+    if (pthread_create(&h->th, NULL, hold_run, h) != 0) {
+        free(h);
+        return NULL;
+    }
+    return h;
+}
+
+int fl_test_hold_open(fl_test_hold_t *h)
+{
+    return atomic_load(&h->open);
+}
+
+void fl_test_hold_stop(fl_test_hold_t *h, long *opened, long *closed)
+{
+    if (h == NULL)
+        return;
+    atomic_store(&h->stop, true);
+    pthread_join(h->th, NULL);
+    for (int i = 0; i < h->n; i++)
+        if (h->fd[i] >= 0)
+            close(h->fd[i]);
+    if (opened != NULL)
+        *opened = h->opened;
+    if (closed != NULL)
+        *closed = h->closed;
+    free(h);
 }

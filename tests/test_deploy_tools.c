@@ -38,7 +38,10 @@ START_TEST(test_health)
 
     proc_t ps;
     char ep[128];
-    const char *extra[] = {"--metrics-port", port, "--metrics-bind", "127.0.0.1", NULL};
+    char hport[16]; /* the health listener, what deploy/compose.yaml's checks read */
+    snprintf(hport, sizeof hport, "%d", free_port());
+    const char *extra[] = {"--metrics-port", port, "--health-port", hport, "--metrics-bind",
+                           "127.0.0.1",      NULL};
     ck_assert(start_ps(&ps, 2, extra, NULL, ep, sizeof ep, 1));
     /* The metrics endpoint starts with the coordinator; give it a moment to listen. */
     int code = 1;
@@ -50,6 +53,9 @@ START_TEST(test_health)
     char url[128];
     snprintf(url, sizeof url, "http://127.0.0.1:%s/metrics", port);
     int metrics = health(url, err, sizeof err);
+    int listener = health(hport, err, sizeof err);
+    ck_assert_msg(listener == 0, "flodl-health %s (--health-port): exit %d (%s)", hport, listener,
+                  err);
     snprintf(url, sizeof url, "http://127.0.0.1:%s/nope", port);
     int missing = health(url, err, sizeof err);
     procs_stop(&ps, 1);

@@ -202,6 +202,78 @@ START_TEST(test_http_endpoint)
 }
 END_TEST
 
+/* The health listener: 200 ok, 503 with the reason, HEAD without a body, 404 and 405, a request
+ * whose headers never end cut with 431; a silent connection is cut (reset) at its deadline; a
+ * second listener on the port refused naming it. */
+START_TEST(test_healthz_listener)
+{
+    int healthy = 1;
+    fl_obs_healthz_t *srv = NULL;
+    ck_assert_msg(fl_obs_healthz_start("127.0.0.1", 0, health_flag, &healthy, &srv) == FL_OK, "%s",
+                  fl_last_error());
+    int port = fl_obs_healthz_port(srv);
+    ck_assert(port > 0);
+    char *body = NULL;
+    ck_assert_int_eq(fl_test_http_get(port, "/healthz", &body), 200);
+    ck_assert_str_eq(body, "ok\n");
+    free(body);
+    ck_assert_int_eq(fl_test_http_get(port, "/healthz?verbose=1", &body), 200);
+    free(body);
+    healthy = 0;
+    ck_assert_int_eq(fl_test_http_get(port, "/healthz", &body), 503);
+    ck_assert_msg(strstr(body, "no step for 42 s") != NULL, "%s", body);
+    free(body);
+    ck_assert_int_eq(fl_test_http_get(port, "/metrics", &body), 404);
+    free(body);
+    /* Raw requests: HEAD, POST, endless headers, and silence. */
+    static const struct {
+        const char *req;
+        const char *want;
+    } raw[] = {
+        {"HEAD /healthz HTTP/1.1\r\n\r\n", "HTTP/1.1 503 "},
+        {"POST /healthz HTTP/1.1\r\nContent-Length: 0\r\n\r\n", "HTTP/1.1 405 "},
+        {NULL, "HTTP/1.1 431 "},
+        {"", ""},
+    };
+    for (size_t k = 0; k < sizeof raw / sizeof raw[0]; k++) {
+        int fd = socket(AF_INET, SOCK_STREAM, 0);
+        struct sockaddr_in sa = {.sin_family = AF_INET, .sin_port = htons((uint16_t)port)};
+        sa.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+        struct timeval tv = {5, 0};
+        setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof tv);
+        ck_assert(connect(fd, (struct sockaddr *)&sa, sizeof sa) == 0);
+        char big[4096];
+        memset(big, 'a', sizeof big);
+        memcpy(big, "GET /healthz HTTP/1.1\r\nX: ", 26);
+        const char *req = raw[k].req != NULL ? raw[k].req : big;
+        size_t len = raw[k].req != NULL ? strlen(req) : sizeof big;
+        ck_assert(send(fd, req, len, MSG_NOSIGNAL) == (ssize_t)len || raw[k].req == NULL);
+        char got[1024] = "";
+        int64_t t0 = fl_now_ms();
+        ssize_t n = recv(fd, got, sizeof got - 1, 0);
+        int64_t took = fl_now_ms() - t0;
+        close(fd);
+        got[n > 0 ? n : 0] = '\0';
+        ck_assert_msg(strncmp(got, raw[k].want, strlen(raw[k].want)) == 0, "case %zu: '%s'", k,
+                      got);
+        if (k == 0)
+            ck_assert_msg(strstr(got, "\r\n\r\n")[4] == '\0', "HEAD with a body: '%s'", got);
+        if (raw[k].req != NULL && raw[k].req[0] == '\0')
+            ck_assert_msg(n <= 0 && took < 4500, "silence: %zd bytes, closed after %lld ms", n,
+                          (long long)took);
+    }
+    fl_obs_healthz_t *dup = NULL;
+    ck_assert_int_eq(fl_obs_healthz_start("127.0.0.1", port, NULL, NULL, &dup), FL_EIO);
+    char want[32];
+    snprintf(want, sizeof want, "%d", port);
+    ck_assert_msg(strstr(fl_last_error(), want) != NULL, "%s", fl_last_error());
+    ck_assert_int_eq(fl_obs_healthz_start("localhost", 0, NULL, NULL, &dup), FL_EINVAL);
+    fl_obs_healthz_stop(&srv);
+    ck_assert(srv == NULL);
+    fl_obs_healthz_stop(&srv);
+}
+END_TEST
+
 /* ---- the timeline ---- */
 
 typedef struct span_arg {
@@ -280,6 +352,7 @@ static Suite *suite(void)
     tcase_add_test(t, test_process_series);
     tcase_add_test(t, test_bad_registrations_refused);
     tcase_add_test(t, test_http_endpoint);
+    tcase_add_test(t, test_healthz_listener);
     tcase_add_test(t, test_timeline_is_a_trace);
     suite_add_tcase(s, t);
     return s;

@@ -1,7 +1,8 @@
 /* The binaries' observability, end to end: flodl-ps and two flodl-worker ranks with
  * --metrics-port, scraped while they train (every line valid exposition format, counters that
  * increase, the coordinator's view of the ranks), the workers' --timeline files (JSON with the
- * phases), and /healthz turning 503 on flodl-ps when a rank is killed. */
+ * phases), /healthz turning 503 on flodl-ps when a rank is killed, and /healthz answering
+ * while hostile clients hold connections. */
 #include <check.h>
 #include <cjson/cJSON.h>
 #include <math.h>
@@ -21,24 +22,20 @@
 #define NELEM(a) (sizeof(a) / sizeof((a)[0]))
 #define WK_BIN FLODL_BIN_DIR "/worker/flodl-worker"
 
-static void start_worker(proc_t *p, const char *ep, int rank, int port, const char *timeline)
+static void start_worker(proc_t *p, const char *ep, int rank, int port, int hport,
+                         const char *timeline)
 {
-    char r[16], mp[16];
+    char r[16], mp[16], hp[16];
     snprintf(r, sizeof r, "%d", rank);
     snprintf(mp, sizeof mp, "%d", port);
-    const char *argv[MAX_ARGS] = {WK_BIN,      "--mode",
-                                  "ring",      "--rank",
-                                  r,           "--world-size",
-                                  "2",         "--coordinator",
-                                  ep,          "--host",
-                                  "127.0.0.1", "--epochs",
-                                  "40",        "--topk",
-                                  "0.01",      "--progress",
-                                  "1000",      "--metrics-port",
-                                  mp,          "--metrics-bind",
-                                  "127.0.0.1", "--timeline",
-                                  timeline,    "--timeout",
-                                  "20000",     NULL};
+    snprintf(hp, sizeof hp, "%d", hport);
+    const char *argv[MAX_ARGS] = {WK_BIN,      "--mode",         "ring",      "--rank",
+                                  r,           "--world-size",   "2",         "--coordinator",
+                                  ep,          "--host",         "127.0.0.1", "--epochs",
+                                  "40",        "--topk",         "0.01",      "--progress",
+                                  "1000",      "--metrics-port", mp,          "--metrics-bind",
+                                  "127.0.0.1", "--timeline",     timeline,    "--timeout",
+                                  "20000",     "--health-port",  hp,          NULL};
     proc_start(p, WK_BIN, argv, NULL);
 }
 
@@ -208,6 +205,7 @@ START_TEST(test_scraped_while_training)
     char ep[FL_ENDPOINT_MAX], out[8192];
     int ps_port = free_port();
     int wk_port[2] = {free_port(), free_port()};
+    int wk_hport[2] = {free_port(), free_port()};
     char ps_mp[16];
     snprintf(ps_mp, sizeof ps_mp, "%d", ps_port);
     const char *extra[] = {
@@ -217,7 +215,7 @@ START_TEST(test_scraped_while_training)
     char tl[2][64];
     for (int r = 0; r < 2; r++) {
         snprintf(tl[r], sizeof tl[r], "/tmp/flodl-tl-%d-%d.json", (int)getpid(), r);
-        start_worker(&p[1 + r], ep, r, wk_port[r], tl[r]);
+        start_worker(&p[1 + r], ep, r, wk_port[r], wk_hport[r], tl[r]);
     }
     /* Workers: steps counted and growing, compression above 1, everything rank-labelled. */
     /* The series appear once training starts (after the rendezvous and data loading). */
@@ -260,6 +258,8 @@ START_TEST(test_scraped_while_training)
     ck_assert_int_eq(fl_test_http_get(ps_port, "/healthz", &body), 200);
     free(body);
     ck_assert_int_eq(fl_test_http_get(wk_port[1], "/healthz", &body), 200);
+    free(body);
+    ck_assert_int_eq(fl_test_http_get(wk_hport[1], "/healthz", &body), 200); /* --health-port */
     free(body);
     body = NULL;
 
@@ -428,6 +428,77 @@ START_TEST(test_bad_messages_by_kind)
 }
 END_TEST
 
+static int cmp_double(const void *a, const void *b)
+{
+    double x = *(const double *)a, y = *(const double *)b;
+    return (x > y) - (x < y);
+}
+
+/* n probes of port's /healthz, 50 ms apart, each with a 1 s deadline: the answers that were
+ * 200 in time, their median and max latency (ms) in fig. */
+static int probe_many(int port, int n, char *fig, size_t cap)
+{
+    double ms[64];
+    int ok = 0;
+    for (int i = 0; i < n && i < 64; i++) {
+        ok += fl_test_http_probe(port, "/healthz", 1000, &ms[i]) == 200;
+        usleep(50000);
+    }
+    qsort(ms, (size_t)n, sizeof ms[0], cmp_double);
+    snprintf(fig, cap, "%d of %d answered 200 within 1 s, median %.1f ms, max %.1f ms", ok, n,
+             ms[n / 2], ms[n - 1]);
+    return ok;
+}
+
+/* /healthz kept answering beside idle and slow HTTP clients: 200 on the metrics port from
+ * another address (127.0.0.2: its per-address limit leaves room for the probe), and 300 on
+ * the health listener (--health-port; more than its 256 slots) from 127.0.0.2 and from the
+ * probe's own address, where no per-address limit could help. 20 of 20 probes from 127.0.0.1
+ * must answer 200 within 1 s on each port; the latencies are printed. */
+START_TEST(test_healthz_under_held_connections)
+{
+    proc_t p[1];
+    memset(p, 0, sizeof p);
+    char ep[FL_ENDPOINT_MAX], out[8192];
+    int mport = free_port(), hport = free_port();
+    char mp[16], hp[16];
+    snprintf(mp, sizeof mp, "%d", mport);
+    snprintf(hp, sizeof hp, "%d", hport);
+    const char *extra[] = {"--metrics-port", mp,  "--health-port", hp, "--metrics-bind",
+                           "127.0.0.1",      NULL};
+    ck_assert(start_ps(&p[0], 2, extra, NULL, ep, sizeof ep, 5));
+    free(scrape(mport)); /* serving */
+    fl_test_hold_t *hold[3] = {fl_test_hold_start("127.0.0.2", mport, 200),
+                               fl_test_hold_start("127.0.0.2", hport, 150),
+                               fl_test_hold_start("127.0.0.1", hport, 150)};
+    ck_assert(hold[0] != NULL && hold[1] != NULL && hold[2] != NULL);
+    int64_t until = fl_deadline_in(5000); /* until the clients have their connections */
+    while (fl_test_hold_open(hold[0]) < 100 && fl_deadline_left_ms(until) > 0)
+        usleep(20000);
+    usleep(1000000);
+    char mfig[160], hfig[160];
+    int mok = probe_many(mport, 20, mfig, sizeof mfig);
+    int hok = probe_many(hport, 20, hfig, sizeof hfig);
+    long opened[3], closed[3];
+    for (int i = 0; i < 3; i++)
+        fl_test_hold_stop(hold[i], &opened[i], &closed[i]);
+    procs_stop(p, 1);
+    show(p, 1, out, sizeof out);
+    fprintf(stderr,
+            "healthz beside held connections: metrics port (200): %s; health port (300): %s "
+            "(its clients opened %ld and %ld connections, it closed %ld and %ld)\n",
+            mfig, hfig, opened[1], opened[2], closed[1], closed[2]);
+    ck_assert_msg(mok == 20, "the metrics port's /healthz beside 200 clients of 127.0.0.2: %s%s",
+                  mfig, out);
+    ck_assert_msg(hok == 20, "the health port's /healthz beside 300 clients: %s%s", hfig, out);
+    /* The slow ones were cut too, not only the idle ones. */
+    ck_assert_msg(closed[1] >= 100 && closed[2] >= 100,
+                  "the health listener closed only %ld and %ld of its clients' connections",
+                  closed[1], closed[2]);
+    procs_free(p, 1);
+}
+END_TEST
+
 static Suite *suite(void)
 {
     Suite *s = suite_create("obs_proc");
@@ -437,6 +508,7 @@ static Suite *suite(void)
     tcase_add_test(t, test_scraped_while_training);
     tcase_add_test(t, test_stall_report_names_the_missing_rank);
     tcase_add_test(t, test_bad_messages_by_kind);
+    tcase_add_test(t, test_healthz_under_held_connections);
     suite_add_tcase(s, t);
     return s;
 }

@@ -28,6 +28,7 @@ typedef struct wargs {
     const char *train_csv, *test_csv;
     uint64_t data_seed;
     int metrics_port; /* -1: off */
+    int health_port;  /* -1: off */
     const char *metrics_bind;
     const char *resume_if_any; /* --resume-if-any: resume_dir when it holds a manifest */
     bool insecure;             /* --insecure */

@@ -252,8 +252,11 @@ static const wflag_t flags[] = {
     {"quiet", WF_CALL, .set = set_quiet, .sec = WF_SEC_TRAIN},
     {"metrics-port", WF_INT, AT(metrics_port), 0, 65535, .meta = "N",
      .help = "(Prometheus /metrics and /healthz; 0: any free port, printed)", .sec = WF_SEC_TRAIN},
-    {"metrics-bind", WF_TEXT, TEXT_AT(metrics_bind), .meta = "ADDR", .help = "(default 0.0.0.0)",
+    {"health-port", WF_INT, AT(health_port), 0, 65535, .meta = "N",
+     .help = "(/healthz alone, a listener idle or slow clients cannot starve: for probes)",
      .sec = WF_SEC_TRAIN},
+    {"metrics-bind", WF_TEXT, TEXT_AT(metrics_bind), .meta = "ADDR",
+     .help = "(both ports; default 0.0.0.0)", .sec = WF_SEC_TRAIN},
     {"timeline", WF_TEXT, TEXT_AT(timeline_path), .meta = "FILE",
      .help = "(Chrome trace of every phase)", .sec = WF_SEC_TRAIN},
 
@@ -315,6 +318,7 @@ void fl_wk_args_init(wargs_t *a)
     a->mode = -1;
     a->data_seed = 1;
     a->metrics_port = -1;
+    a->health_port = -1;
     a->reconnect_ms = 600000;
     fl_comm_opts_init(&a->co);
     fl_wk_train_opts_init(&a->to);

@@ -22,6 +22,7 @@
 typedef struct wobs {
     fl_obs_t *obs;
     fl_obs_http_t *http;
+    fl_obs_healthz_t *healthz;
     fl_obs_timeline_t *tl;
     int last_id;
     double deadline_s;
@@ -60,7 +61,7 @@ static int wobs_start(wargs_t *a, int rank, wobs_t *w)
             return rc;
         a->to.timeline = w->tl;
     }
-    if (a->metrics_port < 0)
+    if (a->metrics_port < 0 && a->health_port < 0)
         return FL_OK;
     if ((rc = fl_obs_create(&w->obs)) != FL_OK || (rc = fl_obs_add_process(w->obs)) != FL_OK)
         return rc;
@@ -69,18 +70,28 @@ static int wobs_start(wargs_t *a, int rank, wobs_t *w)
     w->last_id = fl_obs_add(w->obs, "flodl_last_step_timestamp_seconds",
                             "Unix time of the last step", FL_OBS_GAUGE, labels);
     w->deadline_s = a->co.timeout_ms / 1e3;
-    if ((rc = fl_obs_http_start(w->obs, a->metrics_bind, a->metrics_port, worker_healthy, w,
-                                &w->http)) != FL_OK)
-        return rc;
     a->to.obs = w->obs;
-    printf("rank %d: metrics on http://%s:%d/metrics\n", rank,
-           a->metrics_bind ? a->metrics_bind : "0.0.0.0", fl_obs_http_port(w->http));
+    const char *addr = a->metrics_bind ? a->metrics_bind : "0.0.0.0";
+    if (a->metrics_port >= 0) {
+        if ((rc = fl_obs_http_start(w->obs, a->metrics_bind, a->metrics_port, worker_healthy, w,
+                                    &w->http)) != FL_OK)
+            return rc;
+        printf("rank %d: metrics on http://%s:%d/metrics\n", rank, addr, fl_obs_http_port(w->http));
+    }
+    if (a->health_port >= 0) {
+        if ((rc = fl_obs_healthz_start(a->metrics_bind, a->health_port, worker_healthy, w,
+                                       &w->healthz)) != FL_OK)
+            return rc;
+        printf("rank %d: health on http://%s:%d/healthz\n", rank, addr,
+               fl_obs_healthz_port(w->healthz));
+    }
     fflush(stdout);
     return FL_OK;
 }
 
 static int wobs_stop(wobs_t *w)
 {
+    fl_obs_healthz_stop(&w->healthz);
     fl_obs_http_stop(&w->http);
     fl_obs_destroy(&w->obs);
     return fl_obs_timeline_close(&w->tl);
