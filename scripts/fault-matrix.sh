@@ -320,28 +320,50 @@ row_mismatch() {
   fm_pass
 }
 
-# Rank 2's --init file does not exist: it stops on its own error; every rank is out within 2 s
-# and flodl-ps exits 1 with an outcome line naming it.
-row_ownerror() {
+# A rank's own error names that rank, with its reason, in flodl-ps and in both others: at
+# the start (a missing --init file), and mid-job (a --checkpoint it cannot make, at the end of
+# epoch 1), where all three leave together from the same agreement and their goodbyes race to
+# flodl-ps. The mid-job case runs OWN_RUNS times (3; 20 with --full): the culprit every time.
+own_run() {
+  local tag=$1 flag=$2 good=$3 epochs=$4 r first last ok=()
+  [ -n "$good" ] && ok=("$flag" "$good")
   need "flodl-ps did not start" fm_ps ps 60 3 --log-level info || return
-  local r first last
-  fm_worker w0 60 0 3 --epochs 50 --quiet
-  fm_worker w1 60 1 3 --epochs 50 --quiet
-  fm_worker w2 60 2 3 --epochs 50 --quiet --init "$FM_RUN/no-such-init.safetensors"
-  need "still running 30 s on: $(fm_tail w0)" fm_wait_ended 30 ps w0 w1 w2 || return
+  fm_worker w0 60 0 3 --epochs "$epochs" --batch-size 1024 --quiet "${ok[@]}"
+  fm_worker w1 60 1 3 --epochs "$epochs" --batch-size 1024 --quiet "${ok[@]}"
+  fm_worker w2 60 2 3 --epochs "$epochs" --batch-size 1024 --quiet "$flag" "$FM_RUN/file/$tag"
+  need "still running 40 s on: $(fm_tail w0)" fm_wait_ended 40 ps w0 w1 w2 || return
   first=$(fm_end_ms w2)
   last=$(max "$(fm_end_ms ps)" "$(fm_end_ms w0)" "$(fm_end_ms w1)")
-  fm_figure "every process out $((last - first)) ms after rank 2 stopped"
+  OWN_MS+=($((last - first)))
   need "flodl-ps exited $(fm_code ps), want 1" [ "$(fm_code ps)" = 1 ] || return
-  need "no outcome line naming rank 2 and the missing file: $(fm_tail ps)" \
-    grep -q "outcome: .*rank 2 failed: .*no-such-init" "$FM_RUN/ps.err" || return
+  need "no outcome line naming rank 2 and its $tag: $(grep outcome "$FM_RUN/ps.err" | cut -c 1-200)" \
+    grep -q "outcome: .*rank 2 failed: .*file/$tag" "$FM_RUN/ps.err" || return
   for r in 0 1 2; do
     need "rank $r exited 0" [ "$(fm_code w$r)" != 0 ] || return
   done
   for r in 0 1; do
-    need "rank $r does not name rank 2: $(fm_tail w$r)" grep -q "rank 2" "$FM_RUN/w$r.err" || return
+    need "rank $r does not name rank 2 and its $tag: $(fm_tail w$r)" \
+      grep -q "rank 2 .*failed: .*file/$tag" "$FM_RUN/w$r.err" || return
   done
   need "the last process ended $((last - first)) ms after rank 2 (bound 2000 ms)" [ $((last - first)) -le 2000 ] || return
+}
+
+row_ownerror() {
+  local i runs=${OWN_RUNS:-3} top=$FM_RUN
+  [ $FM_FULL = 1 ] && runs=${OWN_RUNS:-20}
+  OWN_MS=()
+  for ((i = 0; i <= runs; i++)); do
+    FM_RUN=$top/run$i
+    mkdir -p "$FM_RUN"
+    touch "$FM_RUN/file" # a file where a directory should be: nothing can be made under it
+    if [ $i = 0 ]; then
+      own_run init --init "" 50 || return
+    else
+      own_run ckpt --checkpoint "$FM_RUN/ckpt" 3 || return
+    fi
+    fm_stop_all
+  done
+  fm_figure "rank 2 named with its reason at the start and in $runs of $runs mid-job checkpoint failures; every process out $(max "${OWN_MS[@]}") ms after it at most"
   fm_pass
 }
 
