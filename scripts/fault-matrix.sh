@@ -527,6 +527,19 @@ row_badfiles() {
   bad_file init-transposed "layers.0.weight" "${wk[@]}" --init "$d/transposed.safetensors" || return
   bad_file init-nan "layers.1.weight.*NaN" "${wk[@]}" --init "$d/nan.safetensors" || return
   bad_file ps-init-nan "layers.1.weight.*NaN" "${ps[@]}" --init "$d/nan.safetensors" || return
+  # CURVE keys: a key directory anyone may write; a secret key its group may read, where the
+  # group is not flodl-ps's (root alone can give it such a group).
+  need "flodl-keygen failed" "$KEYGEN_BIN" "$d/keys" > /dev/null || return
+  local kps=("$PS_BIN" --world-size 2 --bind tcp://127.0.0.1:0 --curve-dir "$d/keys")
+  chmod 777 "$d/keys"
+  bad_file key-dir-777 "keys holds the keys and is writable by its group or others \(mode 777\)" \
+    "${kps[@]}" || return
+  chmod 700 "$d/keys"
+  if [ "$(id -u)" = 0 ]; then
+    chmod 640 "$d/keys/server.key" && chgrp 54321 "$d/keys/server.key"
+    bad_file key-group-640 "server.key .*readable by group 54321, not this process's \(mode 640\)" \
+      "${kps[@]}" || return
+  fi
   # A worker's checkpoint (--checkpoint): a file truncated; in a copy, a bit flipped.
   fm_start ck 60 "${wk[@]}" --checkpoint "$d/wk-ckpt" --quiet
   need "the worker did not write its checkpoint: $(fm_tail ck)" fm_wait_ended 60 ck || return
