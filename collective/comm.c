@@ -194,15 +194,37 @@ fail:
     return rc;
 }
 
+/* How long a rank that stops over another's failure waits for the coordinator to name it: the
+ * culprit's own goodbye is on its way, and reaches the coordinator within milliseconds. */
+#define VERDICT_WAIT_MS 1000
+
+/* A rank that stops because another failed (FL_EPEER: an agreement said so, or the coordinator
+ * did) is no culprit: its goodbye says "after a failure" (code 1), or the coordinator would
+ * name whichever goodbye came first. It first gives the coordinator a moment to say who failed
+ * and why, so that this rank's log names the culprit too (the control thread logs it). */
+static int goodbye_code(fl_comm_t *c)
+{
+    if (!c->aborted)
+        return c->broken_rc != FL_OK ? 1 : 0;
+    if (c->abort_rc != FL_EPEER)
+        return c->abort_rc;
+    bool ready = false;
+    fl_tp_sock_t *ev = c->events;
+    if (c->await_verdict && ev != NULL)
+        fl_tp_poll(&ev, 1, VERDICT_WAIT_MS, &ready);
+    return 1;
+}
+
 /* The goodbye says how the rank ends: cleanly (code 0), on its own error (the error's code
  * and text, which the coordinator passes on to every other rank), or after another's failure.
  * Sent once: the member's control thread stops with it. */
 static void goodbye(fl_comm_t *c)
 {
-    if (c->member == NULL)
+    if (c->member == NULL || c->goodbye_sent)
         return;
+    c->goodbye_sent = true;
     char text[FL_MSG_TEXT_MAX];
-    int code = c->aborted ? c->abort_rc : c->broken_rc != FL_OK ? 1 : 0;
+    int code = goodbye_code(c);
     if (c->aborted)
         snprintf(text, sizeof text, "%.440s (after %llu collectives)", c->abort_text,
                  (unsigned long long)c->seq);
@@ -219,6 +241,7 @@ void fl_comm_abort(fl_comm_t *c, int code, const char *why)
     c->aborted = true;
     c->abort_rc = code < 0 ? code : FL_EIO; /* negative: the coordinator passes it on */
     snprintf(c->abort_text, sizeof c->abort_text, "%s", why != NULL ? why : "");
+    c->await_verdict = c->abort_rc == FL_EPEER && c->broken_rc == FL_OK;
     if (c->broken_rc == FL_OK) {
         c->broken_rc = FL_ECLOSED;
         snprintf(c->broken_text, sizeof c->broken_text, "rank %d stopped on its own error: %s",

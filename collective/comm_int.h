@@ -74,6 +74,10 @@ struct fl_comm {
     bool aborted;
     int abort_rc;
     char abort_text[768];
+    /* Aborted over another's failure before any collective heard of it: the goodbye waits
+     * for the coordinator's word on who failed. */
+    bool await_verdict;
+    bool goodbye_sent;
 
     /* Zero-copy sends not yet released by ZeroMQ, per region (ring chunk; index size is
      * "anything else"). The release hook runs in ZeroMQ's I/O thread. */

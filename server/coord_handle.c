@@ -445,6 +445,16 @@ static void check_all_gone(fl_coord_t *c)
         FL_INFO(c->ctx, "all %d ranks gone; job '%s' failed", c->world, c->job_id);
         return;
     }
+    int after = -1; /* a rank that left after a failure no rank reported as its own */
+    for (int r = 0; r < c->world && after < 0; r++)
+        after = c->ranks[r].leave_code != 0 ? r : -1;
+    if (c->ndead == 0 && after >= 0) {
+        char text[FL_MSG_TEXT_MAX];
+        snprintf(text, sizeof text, "all %d ranks left, rank %d after a failure: %.400s", c->world,
+                 after, c->ranks[after].leave_text);
+        job_failed(c, FL_EPEER, FL_EPEER, after, c->ranks[after].reg.host, text);
+        return;
+    }
     if (c->ndead == 0) {
         FL_INFO(c->ctx, "all %d ranks left; job '%s' done", c->world, c->job_id);
         if (c->nshards > 0) {

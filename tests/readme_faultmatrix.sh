@@ -2,7 +2,7 @@
 # Runs the command lines docs/reliability.md shows (the page tests/doc_lines.py gives this
 # runner), taken from the page itself (ctest fault_matrix, label faultmatrix):
 # scripts/fault-matrix.sh's default rows against this build. Every other line of the page runs
-# too, but the --full line (a 10-minute soak among its rows), left to be run by hand, saying
+# too, but the --full line (a long soak among its rows), left to be run by hand, saying
 # so. Rows that need root or network namespaces skip themselves; any failed row fails the test.
 #   tests/readme_faultmatrix.sh BUILD_DIR SOURCE_DIR
 set -uo pipefail

@@ -195,6 +195,50 @@ START_TEST(test_unsafe_or_incomplete_keys_refused)
 }
 END_TEST
 
+/* Loads root/keys: FL_OK expected. */
+static void expect_loaded(void)
+{
+    char dir[128];
+    snprintf(dir, sizeof dir, "%s/keys", root);
+    fl_tp_curve_t *c = NULL;
+    ck_assert_msg(fl_tp_curve_load(dir, &c) == FL_OK, "%s", fl_last_error());
+    fl_tp_curve_free(c);
+}
+
+/* A secret key: nothing for others, no group write, group read only for the process's own
+ * group (Kubernetes' fsGroup); the key directory not writable by group or others. Each
+ * refusal names the file and its mode. */
+START_TEST(test_key_modes)
+{
+    char key[160];
+    char dir[128];
+    snprintf(key, sizeof key, "%s/keys/server.key", root);
+    snprintf(dir, sizeof dir, "%s/keys", root);
+    ck_assert(chmod(key, 0604) == 0);
+    expect_refused("server.key holds a secret key and is readable by others (mode 604)");
+    ck_assert(chmod(key, 0620) == 0);
+    expect_refused("server.key holds a secret key and is writable by its group (mode 620)");
+    ck_assert(chmod(key, 0640) == 0);
+    ck_assert(chown(key, (uid_t)-1, getegid()) == 0);
+    expect_loaded(); /* its group is this process's own */
+    /* Another group: only root may give the file one this process is not in. */
+    gid_t other = 54321;
+    if (geteuid() == 0 && getegid() != other) {
+        ck_assert(chown(key, (uid_t)-1, other) == 0);
+        expect_refused("server.key holds a secret key and is readable by group 54321, not this "
+                       "process's (mode 640)");
+        ck_assert(chown(key, (uid_t)-1, getegid()) == 0);
+    }
+    ck_assert(chmod(key, 0600) == 0);
+    ck_assert(chmod(dir, 0777) == 0);
+    expect_refused("keys holds the keys and is writable by its group or others (mode 777)");
+    ck_assert(chmod(dir, 0770) == 0);
+    expect_refused("keys holds the keys and is writable by its group or others (mode 770)");
+    ck_assert(chmod(dir, 0750) == 0);
+    expect_loaded();
+}
+END_TEST
+
 static Suite *suite(void)
 {
     Suite *s = suite_create("tp_curve");
@@ -204,6 +248,7 @@ static Suite *suite(void)
     tcase_add_test(t, test_only_allowed_clients_get_through);
     tcase_add_test(t, test_curve_client_and_plain_server_do_not_talk);
     tcase_add_test(t, test_unsafe_or_incomplete_keys_refused);
+    tcase_add_test(t, test_key_modes);
     suite_add_tcase(s, t);
     return s;
 }

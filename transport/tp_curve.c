@@ -19,6 +19,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/stat.h>
+#include <sys/statvfs.h>
 #include <unistd.h>
 #include <zmq.h>
 
@@ -66,18 +67,51 @@ static bool find_key(const char *text, const char *name, char *out)
     return false;
 }
 
-/* Reads a key file; a secret key must not be readable by group or others. */
+/* Whether gid is the process's group, its own or a supplementary one. Kubernetes adds the pod's
+ * fsGroup to the supplementary groups, and gives Secret files that group with group read. */
+static bool own_group(gid_t gid)
+{
+    if (gid == getegid())
+        return true;
+    gid_t groups[256];
+    int n = getgroups(256, groups);
+    for (int i = 0; i < n; i++)
+        if (groups[i] == gid)
+            return true;
+    return false;
+}
+
+/* A secret key: nothing for others, no write for the group, group read only for a group this
+ * process is in (the fsGroup case: no other user can read it then). */
+static int check_secret_mode(const char *path, const struct stat *st)
+{
+    unsigned mode = (unsigned)(st->st_mode & 0777);
+    if ((mode & 007) != 0)
+        return fl_fail(FL_EINVAL,
+                       "CURVE: %s holds a secret key and is readable by others (mode %03o): "
+                       "chmod 600 it",
+                       path, mode);
+    if ((mode & 030) != 0)
+        return fl_fail(FL_EINVAL,
+                       "CURVE: %s holds a secret key and is writable by its group (mode %03o): "
+                       "chmod 600 it",
+                       path, mode);
+    if ((mode & 040) != 0 && !own_group(st->st_gid))
+        return fl_fail(FL_EINVAL,
+                       "CURVE: %s holds a secret key and is readable by group %u, not this "
+                       "process's (mode %03o): chmod 600 it",
+                       path, (unsigned)st->st_gid, mode);
+    return FL_OK;
+}
+
+/* Reads a key file; a secret key's mode is check_secret_mode's. */
 static int read_key_file(const char *path, bool secret, char *pub, char *sec)
 {
     struct stat st;
     if (stat(path, &st) != 0)
         return fl_fail(FL_EINVAL, "CURVE: %s: %s", path, strerror(errno));
-    /* Group read is allowed: Kubernetes adds it to Secret files when the pod sets fsGroup. */
-    if (secret && (st.st_mode & 027) != 0)
-        return fl_fail(FL_EINVAL,
-                       "CURVE: %s holds a secret key and is readable by others or "
-                       "writable by its group (mode %03o): chmod 600 it",
-                       path, (unsigned)(st.st_mode & 0777));
+    if (secret && check_secret_mode(path, &st) != FL_OK)
+        return FL_EINVAL;
     if (st.st_size > 8192)
         return fl_fail(FL_EINVAL, "CURVE: %s is too large for a key file", path);
     FILE *f = fopen(path, "r");
@@ -97,17 +131,20 @@ static int read_key_file(const char *path, bool secret, char *pub, char *sec)
     return FL_OK;
 }
 
-/* Who may change the allowlist decides who gets in: no write for group or others. */
-static int check_not_writable(const char *path)
+/* Who may change the key directory or the allowlist decides who gets in: no write for group or
+ * others, unless nobody may write there at all (a read-only mount: Kubernetes mounts a Secret
+ * volume's directory open to all, and the manifests mount it read-only). */
+static int check_not_writable(const char *path, const char *what)
 {
     struct stat st;
     if (stat(path, &st) != 0)
         return fl_fail(FL_EINVAL, "CURVE: %s: %s", path, strerror(errno));
-    if ((st.st_mode & 022) != 0)
+    struct statvfs fs;
+    if ((st.st_mode & 022) != 0 && !(statvfs(path, &fs) == 0 && (fs.f_flag & ST_RDONLY) != 0))
         return fl_fail(FL_EINVAL,
-                       "CURVE: %s decides who may connect and is writable by its group "
-                       "or others (mode %03o): chmod go-w it",
-                       path, (unsigned)(st.st_mode & 0777));
+                       "CURVE: %s %s and is writable by its group or others (mode %03o): "
+                       "chmod go-w it",
+                       path, what, (unsigned)(st.st_mode & 0777));
     return FL_OK;
 }
 
@@ -116,7 +153,7 @@ static int read_allowlist(const char *dir, fl_tp_curve_t *c)
     char path[4096];
     snprintf(path, sizeof path, "%s/authorized", dir);
     DIR *d = opendir(path);
-    if (d != NULL && check_not_writable(path) != FL_OK) {
+    if (d != NULL && check_not_writable(path, "decides who may connect") != FL_OK) {
         closedir(d);
         return FL_EINVAL;
     }
@@ -143,7 +180,7 @@ static int read_allowlist(const char *dir, fl_tp_curve_t *c)
         char file[4352];
         char pub[KEY_TEXT];
         snprintf(file, sizeof file, "%s/%s", path, e->d_name);
-        if ((rc = check_not_writable(file)) == FL_OK &&
+        if ((rc = check_not_writable(file, "decides who may connect")) == FL_OK &&
             (rc = read_key_file(file, false, pub, NULL)) == FL_OK)
             zmq_z85_decode(c->allowed[c->nallowed++], pub);
     }
@@ -166,7 +203,9 @@ int fl_tp_curve_load(const char *dir, fl_tp_curve_t **out)
         return fl_fail(FL_ENOMEM, "CURVE: out of memory");
     char path[4096];
     snprintf(path, sizeof path, "%s/server.key", dir);
-    int rc = read_key_file(path, true, c->server_public, c->server_secret);
+    int rc = check_not_writable(dir, "holds the keys");
+    if (rc == FL_OK)
+        rc = read_key_file(path, true, c->server_public, c->server_secret);
     if (rc == FL_OK) {
         snprintf(path, sizeof path, "%s/client.key", dir);
         rc = read_key_file(path, true, c->client_public, c->client_secret);

@@ -249,10 +249,14 @@ int fl_wk_ckpt_mkdirs(const char *dir)
 }
 
 /* Every rank hears whether any failed (comm NULL: one host): this rank's own failure comes back
- * with its code and text, another's as FL_EIO saying `other`, or the collective's error. */
+ * with its code and text; another's as FL_EPEER (not this rank's fault: fl_comm_abort), with
+ * `other` after the lowest failing rank, which the allreduce carries as size - rank under MAX;
+ * or the collective's error. */
 static int agree(fl_comm_t *comm, int rc, const char *other)
 {
-    double failed = rc != FL_OK;
+    int size = comm != NULL ? fl_comm_size(comm) : 1;
+    int rank = comm != NULL ? fl_comm_rank(comm) : 0;
+    double failed = rc != FL_OK ? (double)(size - rank) : 0.0;
     char detail[1024] = "";
     if (rc != FL_OK)
         snprintf(detail, sizeof detail, "%s", fl_last_error());
@@ -263,7 +267,7 @@ static int agree(fl_comm_t *comm, int rc, const char *other)
     if (rc != FL_OK)
         return fl_fail(rc, "%s", detail);
     if (failed > 0)
-        return fl_fail(FL_EIO, "%s", other);
+        return fl_fail(FL_EPEER, "rank %d %s", size - (int)failed, other);
     return FL_OK;
 }
 
@@ -276,7 +280,7 @@ int fl_wk_ckpt_save(const char *dir, fl_comm_t *comm, int rank, int world,
     int rc = FL_OK;
     if (fl_wk_ckpt_mkdirs(dir) != 0)
         rc = fl_fail(FL_EIO, "--checkpoint: cannot make %s: %s", dir, strerror(errno));
-    long previous = manifest_step(dir);
+    long previous = rc == FL_OK ? manifest_step(dir) : -1; /* keeps a failure's text */
     fl_wk_range_t *mine = malloc(FL_WK_MAX_RANGES * sizeof *mine);
     if (rc == FL_OK && mine == NULL)
         rc = fl_fail(FL_ENOMEM, "--checkpoint: out of memory");
@@ -291,14 +295,14 @@ int fl_wk_ckpt_save(const char *dir, fl_comm_t *comm, int rank, int world,
     /* Every rank says whether it wrote, so the manifest names only complete steps. */
     char other[4200];
     snprintf(other, sizeof other,
-             "--checkpoint: another rank could not write its shards of step %ld to %s", step, dir);
+             "could not write its shards of step %ld (--checkpoint; its log says why)", step);
     if ((rc = agree(comm, rc, other)) != FL_OK)
         return rc;
     if (rank == 0)
         rc = write_manifest(dir, world, o, fl_mlp_nparams(&o->shape), step, epoch, samples);
     /* Everyone hears how the manifest went before pruning, and the next checkpoint reads it. */
-    snprintf(other, sizeof other,
-             "--checkpoint: rank 0 could not write the manifest of step %ld in %s", step, dir);
+    snprintf(other, sizeof other, "could not write the manifest of step %ld in %s (--checkpoint)",
+             step, dir);
     if ((rc = agree(comm, rc, other)) != FL_OK)
         return rc;
     if (rank == 0)

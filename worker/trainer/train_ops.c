@@ -158,7 +158,9 @@ int fl_wk_tr_save(trainer_t *tr, long step, int epoch)
 
 /* Every rank learns whether any rank failed (one small allreduce), so a failure one rank meets
  * alone (its disk, its evaluation) ends the others now, not at their next collective's
- * deadline. Every rank calls it at the same point. */
+ * deadline. Every rank calls it at the same point. The allreduce carries the lowest failing
+ * rank (as size - rank, under MAX), so the others name it; they stop with FL_EPEER, which
+ * tells the coordinator that they are not the culprit (fl_comm_abort). */
 int fl_wk_tr_agree(trainer_t *tr, int rc)
 {
     if (tr->comm == NULL)
@@ -166,7 +168,8 @@ int fl_wk_tr_agree(trainer_t *tr, int rc)
     char detail[1024] = "";
     if (rc != FL_OK)
         snprintf(detail, sizeof detail, "%s", fl_last_error());
-    double failed = rc != FL_OK;
+    int size = fl_comm_size(tr->comm);
+    double failed = rc != FL_OK ? (double)(size - tr->rank) : 0.0;
     int crc = fl_allreduce(tr->comm, &failed, &failed, 1, FL_FLOAT64, FL_MAX);
     if (rc != FL_OK)
         return fl_fail(rc, "%s", detail);
@@ -174,9 +177,9 @@ int fl_wk_tr_agree(trainer_t *tr, int rc)
         return crc;
     if (failed > 0)
         return fl_fail(FL_EPEER,
-                       "rank %d: another rank failed (its log says why); stopping with "
+                       "rank %d: rank %d failed (its log says why); stopping with "
                        "it",
-                       tr->rank);
+                       tr->rank, size - (int)failed);
     return FL_OK;
 }
 
