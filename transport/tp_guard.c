@@ -5,7 +5,7 @@
  *     so that idle or half-open connections from anyone cannot use up the descriptors the
  *     ranks need (ZMQ_HANDSHAKE_IVL ends each of them later anyway);
  *   - closes a connection that makes the process hold more than a bound of message bytes not
- *     yet taken (tp_hold.c): ZeroMQ assembles a whole multipart message before the owner sees
+ *     yet taken (tp_hold.c; the checks in tp_guard_hold.c): ZeroMQ assembles a whole multipart message before the owner sees
  *     its first frame;
  *   - counts (conn_dropped, oversized, auth_refused) and logs, at most every 10 s per kind,
  *     what it closed, the plain-text clients CURVE refused, and a process near its limit on
@@ -18,7 +18,7 @@
  * connect(AF_UNSPEC) on ZeroMQ's descriptor (a reset: the kernel drops what it queued, ZeroMQ
  * reads an error and closes the descriptor itself); the descriptor is checked to still be one
  * of this listener's connections first. */
-#include "tp_int.h"
+#include "tp_guard_int.h"
 
 #include <arpa/inet.h>
 #include <errno.h>
@@ -34,84 +34,7 @@
 #include <sys/socket.h>
 #include <unistd.h>
 
-#define CHUNK 1024        /* descriptors per table chunk */
-#define MAX_FDS (1 << 22) /* descriptors beyond are not tracked */
-#define MAX_LISTENERS 4
-#define DEFAULT_IVL_MS 10000
-#define DEFAULT_PER_ADDR 32
-#define IDLE_GRACE_MS 1000             /* a connection this old that sent nothing is idle */
-#define HOLD_LIMIT ((uint64_t)4 << 30) /* above, the default hold bound is none */
-#define TICK_MS 20                     /* with a hold bound: how often the memory is looked at */
-#define IDLE_TICK_MS 500
-#define SCAN_EVERY_MS 1000 /* every connection's bytes at least this often */
-#define LOG_EVERY_MS 10000
-#define EVENTS_PER_ROUND 4096
-
-enum { FREE = 0, PENDING, OPEN, CLOSING };
-enum { BLAME_NONE = 0, BLAME_SECURITY };
-
-typedef struct conn {
-    uint8_t state;
-    bool held_too_much; /* closed by the hold bound: memory to give back after */
-    uint8_t addr[16];   /* IPv4 in the first four bytes */
-    sa_family_t family;
-    uint16_t port;
-    int64_t since_ms;
-    uint32_t live; /* index in g->live */
-    fl_tp_hold_t hold;
-} conn_t;
-
-typedef struct chunk {
-    conn_t conn[CHUNK];            /* the guard thread's */
-    _Atomic uint64_t bytes[CHUNK]; /* taken by the owner, per descriptor, ever */
-    _Atomic uint64_t frames[CHUNK];
-} chunk_t;
-
-typedef struct ratelog {
-    int64_t next_ms;
-    uint64_t quiet; /* occurrences not logged since the last line */
-} ratelog_t;
-
-struct fl_tp_guard {
-    fl_ctx_t *ctx;
-    char name[64];
-    void *mon;
-    void *stop_rx, *stop_tx;
-    pthread_t thread;
-    bool running;
-
-    int ivl_ms;
-    int pending_max;
-    bool pending_auto; /* pending_max follows the limit on open files */
-    int64_t limit_ms;  /* when the limit was read */
-    int per_addr;
-    uint64_t hold_max; /* 0: none */
-    uint64_t fd_limit;
-    bool curve;
-
-    uint16_t lport[MAX_LISTENERS];
-    int nlisteners;
-
-    size_t nchunks;
-    _Atomic(chunk_t *) *chunks;
-    int *live; /* descriptors with a connection */
-    size_t nlive, live_cap;
-    int npending;
-    int64_t unresolved; /* accepted minus handshakes that succeeded or failed */
-    int blame;
-
-    int statm;
-    uint64_t held; /* this guard's share of the context's bytes held (fl_ctx_held_add) */
-    uint64_t scan_rss;
-    int64_t scan_ms;
-    int64_t trim_ms; /* give memory back at this time (0: no) */
-    int trims;
-
-    ratelog_t log_drop, log_security, log_near, log_accept, log_hold;
-    fl_tp_hold_log_t log_process;
-};
-
-static bool ratelog_due(ratelog_t *r, int64_t now, uint64_t *quiet)
+bool fl_tp_guard_ratelog(ratelog_t *r, int64_t now, uint64_t *quiet)
 {
     if (now < r->next_ms) {
         r->quiet++;
@@ -124,7 +47,7 @@ static bool ratelog_due(ratelog_t *r, int64_t now, uint64_t *quiet)
 }
 
 /* "; N more since the last report" when some went unsaid. */
-static const char *unsaid(uint64_t quiet, char *buf, size_t cap)
+const char *fl_tp_guard_unsaid(uint64_t quiet, char *buf, size_t cap)
 {
     if (quiet == 0)
         return "";
@@ -132,7 +55,7 @@ static const char *unsaid(uint64_t quiet, char *buf, size_t cap)
     return buf;
 }
 
-static chunk_t *chunk_of(fl_tp_guard_t *g, int fd)
+chunk_t *fl_tp_guard_chunk(fl_tp_guard_t *g, int fd)
 {
     if (fd < 0 || (size_t)fd >= g->nchunks * CHUNK)
         return NULL;
@@ -154,14 +77,14 @@ static chunk_t *chunk_of(fl_tp_guard_t *g, int fd)
 
 void fl_tp_guard_taken(fl_tp_guard_t *g, int fd, uint64_t bytes, uint64_t frames)
 {
-    chunk_t *c = chunk_of(g, fd);
+    chunk_t *c = fl_tp_guard_chunk(g, fd);
     if (c == NULL)
         return;
     atomic_fetch_add_explicit(&c->bytes[fd % CHUNK], bytes, memory_order_relaxed);
     atomic_fetch_add_explicit(&c->frames[fd % CHUNK], frames, memory_order_relaxed);
 }
 
-static void addr_text(const conn_t *c, char *out, size_t cap)
+void fl_tp_guard_addr(const conn_t *c, char *out, size_t cap)
 {
     if (c->family == AF_INET || c->family == AF_INET6) {
         char ip[INET6_ADDRSTRLEN];
@@ -211,7 +134,7 @@ static bool read_peer(fl_tp_guard_t *g, int fd, conn_t *c)
 
 /* Resets a connection of this listener. False when the descriptor is no longer the one seen
  * (closed and reused meanwhile): nothing is done to it then. */
-static bool reset_conn(fl_tp_guard_t *g, int fd, const conn_t *c)
+bool fl_tp_guard_reset(fl_tp_guard_t *g, int fd, const conn_t *c)
 {
     conn_t now;
     if (!read_peer(g, fd, &now) || !same_addr(&now, c) || now.port != c->port)
@@ -238,9 +161,9 @@ static void live_add(fl_tp_guard_t *g, int fd, conn_t *c)
     g->live[g->nlive++] = fd;
 }
 
-static conn_t *conn_at(fl_tp_guard_t *g, int fd)
+conn_t *fl_tp_guard_conn(fl_tp_guard_t *g, int fd)
 {
-    chunk_t *k = chunk_of(g, fd);
+    chunk_t *k = fl_tp_guard_chunk(g, fd);
     return k != NULL ? &k->conn[fd % CHUNK] : NULL;
 }
 
@@ -251,7 +174,7 @@ static void forget(fl_tp_guard_t *g, int fd, conn_t *c)
     if (c->state != FREE && c->live < g->nlive && g->live[c->live] == fd) {
         int last = g->live[--g->nlive];
         if (last != fd) {
-            conn_t *m = conn_at(g, last);
+            conn_t *m = fl_tp_guard_conn(g, last);
             if (m != NULL)
                 m->live = c->live;
             g->live[c->live] = last;
@@ -272,7 +195,7 @@ static void settle(fl_tp_guard_t *g, conn_t *c)
 static void settle_all(fl_tp_guard_t *g)
 {
     for (size_t i = 0; i < g->nlive && g->npending > 0; i++)
-        settle(g, conn_at(g, g->live[i]));
+        settle(g, fl_tp_guard_conn(g, g->live[i]));
     g->unresolved = 0;
 }
 
@@ -289,7 +212,7 @@ static void settle_one(fl_tp_guard_t *g)
     uint64_t best = handshake_bytes(g);
     conn_t *pick = NULL;
     for (size_t i = 0; i < g->nlive && g->npending > 0; i++) {
-        conn_t *c = conn_at(g, g->live[i]);
+        conn_t *c = fl_tp_guard_conn(g, g->live[i]);
         if (c->state != PENDING)
             continue;
         uint64_t got = fl_tp_hold_received(g->live[i]);
@@ -304,23 +227,23 @@ static void settle_one(fl_tp_guard_t *g)
 
 static void drop(fl_tp_guard_t *g, int fd, conn_t *c, int from_addr, int64_t now)
 {
-    if (!reset_conn(g, fd, c))
+    if (!fl_tp_guard_reset(g, fd, c))
         return;
     if (c->state == PENDING)
         g->npending--;
     c->state = CLOSING;
     fl_ctx_count(g->ctx, FL_STAT_CONN_DROPPED, 1);
     uint64_t quiet;
-    if (ratelog_due(&g->log_drop, now, &quiet)) {
+    if (fl_tp_guard_ratelog(&g->log_drop, now, &quiet)) {
         char ip[INET6_ADDRSTRLEN + 32];
         char more[64];
-        addr_text(c, ip, sizeof ip);
+        fl_tp_guard_addr(c, ip, sizeof ip);
         FL_WARN(g->ctx,
                 "%s socket: closed a connection from %s in its handshake: %d from that address "
                 "and %d in all are in theirs (at most %d and %d; a handshake must end within "
                 "%d ms)%s",
                 g->name, ip, from_addr, g->npending, g->per_addr, g->pending_max, g->ivl_ms,
-                unsaid(quiet, more, sizeof more));
+                fl_tp_guard_unsaid(quiet, more, sizeof more));
     }
 }
 
@@ -328,7 +251,7 @@ static void near_limit(fl_tp_guard_t *g, int fd, int64_t now)
 {
     uint64_t quiet;
     if (g->fd_limit == UINT64_MAX || (uint64_t)fd + 1 < g->fd_limit - g->fd_limit / 10 ||
-        !ratelog_due(&g->log_near, now, &quiet))
+        !fl_tp_guard_ratelog(&g->log_near, now, &quiet))
         return;
     FL_WARN(g->ctx,
             "%s socket: at least %d of this process's %llu descriptors are open: near "
@@ -345,7 +268,7 @@ static int idle_victim(fl_tp_guard_t *g, const conn_t *c, bool same_only, int64_
     int oldest = -1;
     int64_t since = now - IDLE_GRACE_MS;
     for (size_t i = 0; i < g->nlive; i++) {
-        const conn_t *o = conn_at(g, g->live[i]);
+        const conn_t *o = fl_tp_guard_conn(g, g->live[i]);
         if (o != c && o->state == PENDING && o->since_ms <= since &&
             (!same_only || same_addr(o, c))) {
             oldest = g->live[i];
@@ -359,21 +282,21 @@ static void on_accepted(fl_tp_guard_t *g, int fd, int64_t now)
 {
     g->unresolved++;
     near_limit(g, fd, now);
-    conn_t *c = conn_at(g, fd);
+    conn_t *c = fl_tp_guard_conn(g, fd);
     if (c == NULL)
         return;
     if (c->state != FREE) /* its DISCONNECTED was not seen: the descriptor is a new one now */
         forget(g, fd, c);
     if (!read_peer(g, fd, c))
         return; /* gone already, and its number maybe reused by another socket */
-    chunk_t *k = chunk_of(g, fd);
+    chunk_t *k = fl_tp_guard_chunk(g, fd);
     fl_tp_hold_init(&c->hold, atomic_load_explicit(&k->bytes[fd % CHUNK], memory_order_relaxed),
                     atomic_load_explicit(&k->frames[fd % CHUNK], memory_order_relaxed), now);
     c->since_ms = now;
     c->held_too_much = false;
     int from_addr = 0;
     for (size_t i = 0; i < g->nlive; i++) {
-        const conn_t *o = conn_at(g, g->live[i]);
+        const conn_t *o = fl_tp_guard_conn(g, g->live[i]);
         if (o->state == PENDING && same_addr(o, c))
             from_addr++;
     }
@@ -392,29 +315,29 @@ static void on_accepted(fl_tp_guard_t *g, int fd, int64_t now)
      * idle connections from the ranks' own address cannot keep them out. */
     int victim = idle_victim(g, c, from_addr >= g->per_addr, now);
     if (victim >= 0)
-        drop(g, victim, conn_at(g, victim), from_addr, now);
+        drop(g, victim, fl_tp_guard_conn(g, victim), from_addr, now);
     else
         drop(g, fd, c, from_addr, now);
 }
 
 static void on_disconnected(fl_tp_guard_t *g, int fd, int64_t now)
 {
-    conn_t *c = conn_at(g, fd);
+    conn_t *c = fl_tp_guard_conn(g, fd);
     int blame = g->blame;
     g->blame = BLAME_NONE;
     bool known = c != NULL && c->state != FREE;
     uint64_t quiet;
-    if (blame == BLAME_SECURITY && ratelog_due(&g->log_security, now, &quiet)) {
+    if (blame == BLAME_SECURITY && fl_tp_guard_ratelog(&g->log_security, now, &quiet)) {
         char ip[INET6_ADDRSTRLEN + 32];
         char more[64];
         if (known) /* a quick refusal can be over before its address is read */
-            addr_text(c, ip, sizeof ip);
+            fl_tp_guard_addr(c, ip, sizeof ip);
         else
             snprintf(ip, sizeof ip, "an address gone before it was read");
         FL_WARN(g->ctx, "%s socket: refused a connection from %s: it speaks %s, this socket %s%s",
                 g->name, ip, g->curve ? "plain text" : "CURVE",
                 g->curve ? "CURVE (only allowed keys get in)" : "plain text",
-                unsaid(quiet, more, sizeof more));
+                fl_tp_guard_unsaid(quiet, more, sizeof more));
     }
     if (!known)
         return;
@@ -465,7 +388,7 @@ static void on_event(fl_tp_guard_t *g, const fl_tp_event_t *ev, int64_t now)
     case ZMQ_EVENT_HANDSHAKE_FAILED_AUTH: on_failed(g, ev); break;
     case ZMQ_EVENT_ACCEPT_FAILED:
         if ((ev->value == EMFILE || ev->value == ENFILE) &&
-            ratelog_due(&g->log_accept, now, &quiet))
+            fl_tp_guard_ratelog(&g->log_accept, now, &quiet))
             FL_WARN(g->ctx,
                     "%s socket: cannot accept connections: out of descriptors (limit on "
                     "open files %llu; raise it: ulimit -n, LimitNOFILE)",
@@ -482,96 +405,10 @@ static void on_event(fl_tp_guard_t *g, const fl_tp_event_t *ev, int64_t now)
 static void expire(fl_tp_guard_t *g, int64_t now)
 {
     for (size_t i = 0; i < g->nlive && g->npending > 0; i++) {
-        conn_t *c = conn_at(g, g->live[i]);
+        conn_t *c = fl_tp_guard_conn(g, g->live[i]);
         if (c->state == PENDING && now - c->since_ms > (int64_t)g->ivl_ms + 1000)
             settle(g, c);
     }
-}
-
-/* The connection holding most of this guard's, or NULL when none holds anything. */
-static conn_t *largest(fl_tp_guard_t *g, int *fd)
-{
-    conn_t *pick = NULL;
-    for (size_t i = 0; i < g->nlive; i++) {
-        conn_t *c = conn_at(g, g->live[i]);
-        if (c->state != CLOSING && c->hold.held > (pick != NULL ? pick->hold.held : 0)) {
-            pick = c;
-            *fd = g->live[i];
-        }
-    }
-    return pick;
-}
-
-/* The process's bound, over the guards of one context together (tp_hold.c): past it this
- * guard's largest holders go first, until the total is back under. */
-static void process_bound(fl_tp_guard_t *g, int64_t now)
-{
-    uint64_t mine = 0;
-    for (size_t i = 0; i < g->nlive; i++) {
-        conn_t *c = conn_at(g, g->live[i]);
-        mine += c->state != CLOSING ? c->hold.held : 0;
-    }
-    uint64_t total = fl_ctx_held_add(g->ctx, (int64_t)(mine - g->held));
-    g->held = mine;
-    int fd = -1;
-    conn_t *c;
-    while (fl_tp_hold_over(g->ctx, total) && (c = largest(g, &fd)) != NULL) {
-        uint64_t held = c->hold.held;
-        char ip[INET6_ADDRSTRLEN + 32];
-        addr_text(c, ip, sizeof ip);
-        if (reset_conn(g, fd, c)) {
-            c->state = CLOSING;
-            c->held_too_much = true;
-            fl_tp_hold_cut_said(g->ctx, g->name, ip, held, total, now, &g->log_process);
-        }
-        c->hold.held = 0; /* cut, or gone meanwhile: either way not this guard's any more */
-        total = fl_ctx_held_add(g->ctx, -(int64_t)held);
-        g->held -= held;
-    }
-}
-
-static void hold_check(fl_tp_guard_t *g, int64_t now)
-{
-    uint64_t rss = fl_tp_hold_rss(g->statm);
-    /* Every connection's counters cost two system calls: read them when the process grew by a
-     * quarter of the bound, and once a second. */
-    if (now - g->scan_ms < SCAN_EVERY_MS && rss < g->scan_rss + g->hold_max / 4)
-        return;
-    g->scan_ms = now;
-    g->scan_rss = rss;
-    for (size_t i = 0; i < g->nlive; i++) {
-        int fd = g->live[i];
-        conn_t *c = conn_at(g, fd);
-        chunk_t *k = chunk_of(g, fd);
-        uint64_t pulled;
-        if (c->state == CLOSING || fl_tp_hold_pulled(fd, &pulled) != FL_OK)
-            continue;
-        uint64_t held =
-            fl_tp_hold_update(&c->hold, pulled,
-                              atomic_load_explicit(&k->bytes[fd % CHUNK], memory_order_relaxed),
-                              atomic_load_explicit(&k->frames[fd % CHUNK], memory_order_relaxed),
-                              now);
-        if (held <= g->hold_max || !reset_conn(g, fd, c))
-            continue;
-        if (c->state == PENDING)
-            g->npending--;
-        c->state = CLOSING;
-        c->held_too_much = true;
-        fl_ctx_count(g->ctx, FL_STAT_OVERSIZED, 1);
-        uint64_t quiet;
-        if (ratelog_due(&g->log_hold, now, &quiet)) {
-            char ip[INET6_ADDRSTRLEN + 32];
-            char more[64];
-            addr_text(c, ip, sizeof ip);
-            FL_WARN(g->ctx,
-                    "%s socket: closed the connection from %s: it made this process hold "
-                    "%llu MiB of a message not yet complete, over the bound of %llu MiB "
-                    "(frames per message x largest frame)%s",
-                    g->name, ip, (unsigned long long)(held >> 20),
-                    (unsigned long long)(g->hold_max >> 20), unsaid(quiet, more, sizeof more));
-        }
-    }
-    process_bound(g, now);
 }
 
 /* Reads the limit on open files (the binaries raise it once their sockets exist) and the cap
@@ -607,7 +444,7 @@ static void *guard_main(void *arg)
         }
         expire(g, now);
         if (g->hold_max > 0)
-            hold_check(g, now);
+            fl_tp_guard_hold_check(g, now);
         if (g->trim_ms != 0 && now >= g->trim_ms) {
             /* A process tuned to keep freed memory (fl_malloc_tune) would hold it for good.
              * Once more a second later, for what ZeroMQ's I/O thread freed late. */
