@@ -27,6 +27,7 @@ extern "C" {
 #define FL_MSG_SETTINGS_MAX FL_SETTINGS_MAX /* Register.settings, terminator included */
 #define FL_MSG_MAX_SHARDS 4096              /* shards of one job */
 #define FL_MSG_MAX_CHECKPOINTS 16           /* checkpoint steps a server offers when resuming */
+#define FL_MSG_TOKEN_MAX 33 /* a member's token: 32 hex digits of 16 random bytes, terminated */
 
 typedef enum fl_msg_type {
     FL_MSG_NONE = 0,
@@ -98,6 +99,7 @@ typedef struct fl_msg_register {
     uint64_t ckpt_every_steps;
     uint64_t ckpt_every_ms;
     char model_shapes[FL_MODEL_SHAPES_MAX]; /* "" or as fl_model_shapes_cut writes it */
+    char token[FL_MSG_TOKEN_MAX];           /* "" or the token of the member's welcome */
 } fl_msg_register_t;
 
 typedef struct fl_msg_peer {
@@ -130,6 +132,7 @@ typedef struct fl_msg_welcome {
     uint64_t resume_step;
     uint64_t ckpt_every_steps;
     uint64_t ckpt_every_ms;
+    char token[FL_MSG_TOKEN_MAX]; /* the receiver's own token, proof for a later registration */
 } fl_msg_welcome_t;
 
 typedef struct fl_msg_barrier {
