@@ -428,22 +428,22 @@ row_flood() {
 # In a job with a parameter server (flodl-ps serving 2 shards, 2 ranks in --mode ps), while it
 # trains: a raw client claims the server role, from another host and pid and then with
 # flodl-ps's own; and rank 1 stalls (SIGSTOP) while a client claims it with its host and pid
-# after 0, 1 and 2 heartbeat periods of quiet (400 ms each at the 2 s timeout). Every claim
-# is refused, telling neither host, pid nor generation, and the job trains to the end.
+# after 0, 1, 2 and 3 heartbeat periods of quiet (400 ms each: a 1.2 s stall at the 2 s
+# timeout). Every claim is refused, telling neither host, pid nor generation, and the job
+# trains to the end.
 takeover_ps() {
   need "flodl-ps (2 shards) did not start: $(fm_tail ps2)" \
     fm_ps ps2 120 2 --shards 2 --host 127.0.0.1 --log-level info || return
   local r server stall
-  for r in 0 1; do fm_worker v$r 90 $r 2 --mode ps --epochs 2 --quiet --timeout 30000; done
+  for r in 0 1; do fm_worker v$r 90 $r 2 --mode ps --epochs 3 --quiet --timeout 30000; done
   need "the parameter-server job did not start: $(fm_tail ps2)" fm_wait_log 30 ps2 err "job 'flodl' running" || return
   sleep 0.3
   server=$("${TOOL[@]}" takeover-server "$FM_EP" 2 127.0.0.1 "${FM_PID[ps2]}" 2>&1) ||
     { fm_fail "server-role takeover: $server"; return 1; }
-  fm_signal STOP v1
-  stall=$("${TOOL[@]}" takeover-stalled "$FM_EP" 1 2 127.0.0.1 "${FM_PID[v1]}" 400 1000 2>&1)
-  local rc=$?
-  fm_signal CONT v1
-  [ $rc = 0 ] || { fm_fail "stalled-rank takeover: $stall"; return 1; }
+  need "rank 1 ended before its stall: $(fm_tail v1)" not fm_ended v1 || return 1
+  # The tool stops rank 1 itself once it is ready, and lets it go on after its claims.
+  stall=$("${TOOL[@]}" takeover-stalled "$FM_EP" 1 2 127.0.0.1 "${FM_PID[v1]}" 400 1201 2>&1) ||
+    { fm_signal CONT v1; fm_fail "stalled-rank takeover: $stall"; return 1; }
   TAKEOVER_FIG="server role refused twice; $stall"
   need "the parameter-server job did not finish after the claims" fm_wait_ended 80 ps2 v0 v1 || return
   for n in ps2 v0 v1; do
@@ -493,7 +493,7 @@ row_takeover() {
   TAKEOVER_FIG=""
   takeover_ps
   local ok=$?
-  fm_figure "$fig; ${TAKEOVER_FIG:-the parameter-server job's claims not all made}"
+  fm_figure "$fig; ${TAKEOVER_FIG:-not all claims of the parameter-server job made}"
   [ $ok = 0 ] || return
   fm_figure "$fig; $TAKEOVER_FIG; the PS job trained"
   fm_pass

@@ -16,10 +16,11 @@ encoded here, after proto/flodl.proto).
                                                     with the server's HOST and PID; exit 0 when
                                                     both are refused telling nothing, 1 when not
   fault_tool.py takeover-stalled ENDPOINT RANK WORLD HOST PID PERIOD_MS UNTIL_MS
-                                                    claims RANK with its HOST and PID on a new
-                                                    connection every PERIOD_MS until UNTIL_MS
-                                                    (the rank stalled meanwhile); exit 0 when
-                                                    every claim is refused telling nothing
+                                                    stops PID (SIGSTOP), claims RANK with its
+                                                    HOST and PID on a new connection every
+                                                    PERIOD_MS until UNTIL_MS, then SIGCONT;
+                                                    exit 0 when every claim is refused telling
+                                                    nothing
   fault_tool.py bigmsg ENDPOINT FRAMES BYTES HOLD_S one message of FRAMES frames of BYTES each
                                                     (zero-copy), the socket held HOLD_S seconds
   fault_tool.py idx IMAGES LABELS N BAD_LABEL       IDX files of N 8x8 images; label 0 is BAD_LABEL
@@ -30,6 +31,7 @@ import ctypes
 import json
 import os
 import selectors
+import signal
 import socket
 import struct
 import sys
@@ -291,22 +293,29 @@ def takeover_server(endpoint, shards, host, pid):
 
 def takeover_stalled(endpoint, rank, world, host, pid, period_ms, until_ms):
     z = Zmq()
+    header = register_header(int(rank), int(world), host, int(pid))
+    # The stall is this tool's: SIGSTOP once it is ready, so a slow start does not lengthen it.
+    os.kill(int(pid), signal.SIGSTOP)
     t0 = time.monotonic()
     at = []
-    k = 0
-    while k * int(period_ms) < int(until_ms):
-        wait = t0 + k * int(period_ms) / 1000.0 - time.monotonic()
-        if wait > 0:
-            time.sleep(wait)
-        ms = int((time.monotonic() - t0) * 1000)
-        answer = claim(z, endpoint, register_header(int(rank), int(world), host, int(pid)))
-        why = refused(answer, "already registered", [])
-        if why:
-            print("claim at %d ms of the stall: %s" % (ms, why))
-            sys.exit(1)
-        at.append(ms)
-        k += 1
-    print("%d claims refused at %s ms of the stall" % (len(at), "/".join(map(str, at))))
+    try:
+        k = 0
+        while k * int(period_ms) < int(until_ms):
+            wait = t0 + k * int(period_ms) / 1000.0 - time.monotonic()
+            if wait > 0:
+                time.sleep(wait)
+            ms = int((time.monotonic() - t0) * 1000)
+            why = refused(claim(z, endpoint, header), "already registered", [])
+            if why:
+                print("claim at %d ms of the stall: %s" % (ms, why))
+                sys.exit(1)
+            at.append(ms)
+            k += 1
+    finally:
+        os.kill(int(pid), signal.SIGCONT)
+    stall = int((time.monotonic() - t0) * 1000)
+    print("rank %s stalled %d ms, %d claims with its host and pid refused at %s ms"
+          % (rank, stall, len(at), "/".join(map(str, at))))
 
 
 def bigmsg(endpoint, frames, nbytes, hold):
