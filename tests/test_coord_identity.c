@@ -213,7 +213,6 @@ START_TEST(test_curve_rank_bound_to_its_key)
 }
 END_TEST
 
-
 static fl_coord_t *coord_start(int hb_ms, int timeout_ms, const char *curve_dir)
 {
     fl_coord_opts_t o;
