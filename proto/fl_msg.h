@@ -30,6 +30,7 @@ extern "C" {
 /* The largest header frame a bound socket takes: a server's registration with a shard endpoint
  * of FL_ENDPOINT_MAX bytes for each of FL_MSG_MAX_SHARDS shards, and 64 KiB for the rest. */
 #define FL_MSG_HDR_MAX_IN (FL_MSG_MAX_SHARDS * (FL_ENDPOINT_MAX + 3) + 65536)
+#define FL_MSG_TOKEN_MAX 33 /* a member's token: 32 hex digits of 16 random bytes, terminated */
 
 typedef enum fl_msg_type {
     FL_MSG_NONE = 0,
@@ -101,6 +102,7 @@ typedef struct fl_msg_register {
     uint64_t ckpt_every_steps;
     uint64_t ckpt_every_ms;
     char model_shapes[FL_MODEL_SHAPES_MAX]; /* "" or as fl_model_shapes_cut writes it */
+    char token[FL_MSG_TOKEN_MAX];           /* "" or the token of the member's welcome */
 } fl_msg_register_t;
 
 typedef struct fl_msg_peer {
@@ -133,6 +135,7 @@ typedef struct fl_msg_welcome {
     uint64_t resume_step;
     uint64_t ckpt_every_steps;
     uint64_t ckpt_every_ms;
+    char token[FL_MSG_TOKEN_MAX]; /* the receiver's own token, proof for a later registration */
 } fl_msg_welcome_t;
 
 typedef struct fl_msg_barrier {

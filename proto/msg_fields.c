@@ -111,6 +111,7 @@ static const fl_msg_field_t register_fields[] = {
     U64_AS(ckpt_every_ms, checkpoint_every_ms),
     U64S(checkpoints, ncheckpoints, "checkpoint"),
     ID_TABLE(shard_eps, nshard_eps, shard_endpoints, "shard endpoint", FL_MSG_MAX_SHARDS),
+    STR(FL_MSG_F_ID, token, "token"),
 };
 TABLE_OF(register_table, "register", flodl__register__descriptor, register_fields);
 #undef S
@@ -130,6 +131,7 @@ static const fl_msg_field_t welcome_fields[] = {
     U64(resume_step),
     U64_AS(ckpt_every_steps, checkpoint_every_steps),
     U64_AS(ckpt_every_ms, checkpoint_every_ms),
+    STR(FL_MSG_F_ID, token, "token"),
 };
 TABLE_OF(welcome_table, "welcome", flodl__welcome__descriptor, welcome_fields);
 #undef S

@@ -570,10 +570,41 @@ row_health() {
   fm_pass
 }
 
+# In a job with a parameter server (flodl-ps serving 2 shards, 2 ranks in --mode ps), while it
+# trains: a raw client claims the server role, from another host and pid and then with
+# flodl-ps's own; and rank 1 stalls (SIGSTOP) while a client claims it with its host and pid
+# after 0, 1, 2 and 3 heartbeat periods of quiet (400 ms each: a 1.2 s stall at the 2 s
+# timeout). Every claim is refused, telling neither host, pid nor generation, and the job
+# trains to the end.
+takeover_ps() {
+  need "flodl-ps (2 shards) did not start: $(fm_tail ps2)" \
+    fm_ps ps2 120 2 --shards 2 --host 127.0.0.1 --log-level info || return
+  local r server stall
+  for r in 0 1; do fm_worker v$r 90 $r 2 --mode ps --epochs 3 --quiet --timeout 30000; done
+  need "the parameter-server job did not start: $(fm_tail ps2)" fm_wait_log 30 ps2 err "job 'flodl' running" || return
+  sleep 0.3
+  server=$("${TOOL[@]}" takeover-server "$FM_EP" 2 127.0.0.1 "${FM_PID[ps2]}" 2>&1) ||
+    { fm_fail "server-role takeover: $server"; return 1; }
+  need "rank 1 ended before its stall: $(fm_tail v1)" not fm_ended v1 || return 1
+  # The tool stops rank 1 itself once it is ready, and lets it go on after its claims.
+  stall=$("${TOOL[@]}" takeover-stalled "$FM_EP" 1 2 127.0.0.1 "${FM_PID[v1]}" 400 1201 2>&1) ||
+    { fm_signal CONT v1; fm_fail "stalled-rank takeover: $stall"; return 1; }
+  TAKEOVER_FIG="server role refused twice; $stall"
+  need "the parameter-server job did not finish after the claims" fm_wait_ended 80 ps2 v0 v1 || return
+  for n in ps2 v0 v1; do
+    need "$n exited $(fm_code $n) after the claims: $(fm_tail $n)" [ "$(fm_code $n)" = 0 ] || return
+  done
+  need "flodl-ps did not log the refused server claim" \
+    grep -q "refused a registration for shards 0..1" "$FM_RUN/ps2.err" || return
+  need "flodl-ps did not log the refused claims of stalled rank 1" \
+    grep -q "refused a registration for rank 1" "$FM_RUN/ps2.err" || return
+}
+
 # During the rendezvous of 3 ranks (0 and 1 registered): a raw client claims rank 1 from another
 # host and pid (refused, telling nothing about the holder), then sends one message of 512
 # frames of 1.9 MB: flodl-ps's RSS must come back within 8 MiB (peak under 160 MiB); then 40
 # partial messages (takeover_partial); then rank 2 registers and the job trains to the end.
+# Then the server-role and stalled-rank claims of takeover_ps.
 row_takeover() {
   need_tool || return
   need "flodl-ps did not start" fm_ps ps 120 3 --log-level info || return
@@ -594,7 +625,8 @@ row_takeover() {
   fm_worker w2 90 2 3 --epochs 1 --quiet --rendezvous-timeout 60000
   need "the job did not finish after the attacks" fm_wait_ended 80 ps w0 w1 w2 || return
   local grow=$(((rss1 - rss0) / 1024)) peak=$(((hwm1 - rss0) / 1024))
-  fm_figure "claim refused; 512 x 1.9 MB: RSS $((rss0 / 1024)) -> $((rss1 / 1024)) MiB after, peak +$peak MiB; ${PARTIAL_FIG:-no partial messages}; the job trained"
+  local fig="claim refused; 512 x 1.9 MB: RSS $((rss0 / 1024)) -> $((rss1 / 1024)) MiB after, peak +$peak MiB; ${PARTIAL_FIG:-no partial messages}; the job trained"
+  fm_figure "$fig"
   need "$PARTIAL_WHY" [ -z "$PARTIAL_WHY" ] || return
   for n in ps w0 w1 w2; do
     need "$n exited $(fm_code $n) after the attacks: $(fm_tail $n)" [ "$(fm_code $n)" = 0 ] || return
@@ -604,6 +636,13 @@ row_takeover() {
     [ $((rss1 - rss0)) -lt $((8 * 1024)) ] || return
   need "flodl-ps's RSS peaked $peak MiB above its start during the 512-frame message (bound 160 MiB)" \
     [ $((hwm1 - rss0)) -lt $((160 * 1024)) ] || return
+  fm_stop_all
+  TAKEOVER_FIG=""
+  takeover_ps
+  local ok=$?
+  fm_figure "$fig; ${TAKEOVER_FIG:-not all claims of the parameter-server job made}"
+  [ $ok = 0 ] || return
+  fm_figure "$fig; $TAKEOVER_FIG; the PS job trained"
   fm_pass
 }
 
@@ -745,7 +784,7 @@ rows=(
   "flood|hostile bytes and idle-connection flood"
   "health|/healthz beside idle and slow HTTP clients"
   "scale|512 ranks from one address beside an idle flood"
-  "takeover|rank takeover attempt, oversized multipart"
+  "takeover|rank, stalled-rank and server-role takeover attempts, oversized multipart"
   "badfiles|bad files"
   "soak|a soak"
 )

@@ -19,6 +19,17 @@ encoded here, after proto/flodl.proto).
   fault_tool.py takeover ENDPOINT RANK WORLD
                                                     registers RANK from another host and pid;
                                                     exit 0 when refused, 1 when not (prints why)
+  fault_tool.py takeover-server ENDPOINT SHARDS HOST PID
+                                                    claims the server role for shards
+                                                    0..SHARDS-1, from another host and pid, then
+                                                    with the server's HOST and PID; exit 0 when
+                                                    both are refused telling nothing, 1 when not
+  fault_tool.py takeover-stalled ENDPOINT RANK WORLD HOST PID PERIOD_MS UNTIL_MS
+                                                    stops PID (SIGSTOP), claims RANK with its
+                                                    HOST and PID on a new connection every
+                                                    PERIOD_MS until UNTIL_MS, then SIGCONT;
+                                                    exit 0 when every claim is refused telling
+                                                    nothing
   fault_tool.py bigmsg ENDPOINT FRAMES BYTES HOLD_S one message of FRAMES frames of BYTES each
                                                     (zero-copy), the socket held HOLD_S seconds
   fault_tool.py hdrflood ENDPOINT SECONDS FRAMES [KEYDIR]
@@ -40,6 +51,7 @@ import json
 import os
 import re
 import selectors
+import signal
 import socket
 import struct
 import sys
@@ -303,24 +315,132 @@ def register_header(rank, world, host, pid, job="flodl"):
     return (magic + field(2, 1) + field(3, job) + field(5, 1) + field(6, rank) + field(16, reg))
 
 
+def fields(data):
+    """The top-level fields of a protobuf message: {number: value}, the last one of each."""
+    out, i = {}, 0
+    while i < len(data):
+        key, i = read_varint(data, i)
+        num, kind = key >> 3, key & 7
+        if kind == 0:
+            out[num], i = read_varint(data, i)
+        elif kind == 2:
+            n, i = read_varint(data, i)
+            out[num], i = data[i:i + n], i + n
+        elif kind == 5:
+            out[num], i = data[i:i + 4], i + 4
+        elif kind == 1:
+            out[num], i = data[i:i + 8], i + 8
+        else:
+            raise ValueError("wire type %d" % kind)
+    return out
+
+
+def read_varint(data, i):
+    v, shift = 0, 0
+    while True:
+        b = data[i]
+        i += 1
+        v |= (b & 0x7F) << shift
+        shift += 7
+        if not b & 0x80:
+            return v, i
+
+
+MSG_WELCOME, MSG_ERROR = 2, 5
+
+
+def claim(z, endpoint, header):
+    """Sends one registration on a new connection: (type, generation, text, host) of the
+    answer, or None without one within 5 s."""
+    s = z.dealer(endpoint)
+    try:
+        z.lib.zmq_send(s, header, len(header), 0)
+        reply = z.recv(s, time.monotonic() + 5.0)
+    finally:
+        z.lib.zmq_close(s)
+    if reply is None:
+        return None
+    h = fields(reply)
+    err = fields(h.get(20, b""))
+    return (h.get(5, 0), h.get(4, 0), err.get(4, b"").decode("utf-8", "replace"),
+            err.get(3, b"").decode("utf-8", "replace"))
+
+
+def refused(answer, want, secrets):
+    """None when answer is a refusal saying `want` that names none of secrets, nor the job's
+    generation; else why not."""
+    if answer is None:
+        return "no answer within 5 s"
+    kind, gen, text, _ = answer
+    if kind == MSG_WELCOME:
+        return "taken over: the claim got a WELCOME with the peer table"
+    if kind != MSG_ERROR or want not in text:
+        return "not refused as an identity already held (message type %d): %r" % (kind, text)
+    if gen != 0:
+        return "refused, but the reply carries the job's generation %d" % gen
+    for x in secrets:
+        if x in text:
+            return "refused, but the reply names the holder's %r: %r" % (x, text)
+    return None
+
+
 def takeover(endpoint, rank, world):
     z = Zmq()
-    s = z.dealer(endpoint)
-    h = register_header(int(rank), int(world), "intruder.example", 999999)
-    z.lib.zmq_send(s, h, len(h), 0)
-    reply = z.recv(s, time.monotonic() + 5.0)
-    if reply is None:
-        print("no answer within 5 s")
+    answer = claim(z, endpoint, register_header(int(rank), int(world), "intruder.example", 999999))
+    why = refused(answer, "already registered", ["127.0.0.1"])
+    if why:
+        print(why)
         sys.exit(1)
-    text = reply.decode("utf-8", "replace")
-    if "already registered" not in text:
-        print("not refused as a rank already held: %r" % text)
-        sys.exit(1)
-    # The refusal must tell a stranger nothing about the holder.
-    if "127.0.0.1" in text:
-        print("refused, but the reply names the holder's host: %r" % text)
-        sys.exit(1)
-    print("refused: %s" % text[text.find("rank"):].strip())
+    print("refused: %s" % answer[2][answer[2].find("rank"):].strip())
+
+
+def server_header(shards, host, pid, job="flodl"):
+    reg = (field(1, 0) + field(3, host) + field(5, pid) + field(8, 1) + field(10, shards) +
+           field(11, shards))
+    for i in range(shards):
+        reg += field(12, "tcp://127.0.0.1:%d" % (9 + i))
+    magic = varint((1 << 3) | 5) + struct.pack("<I", 0x4C444C46)
+    return magic + field(2, 1) + field(3, job) + field(5, 1) + field(6, -2) + field(16, reg)
+
+
+def takeover_server(endpoint, shards, host, pid):
+    z = Zmq()
+    tries = (("intruder.example", 999999), (host, int(pid)))
+    for n, (h, p) in enumerate(tries):
+        answer = claim(z, endpoint, server_header(int(shards), h, p))
+        why = refused(answer, "another parameter server serves",
+                      [host, str(pid)] if n == 0 else [])
+        if why:
+            print("claim %d (host %s, pid %d): %s" % (n + 1, h, p, why))
+            sys.exit(1)
+    print("server role claimed twice (a stranger, then the server's host and pid): both refused")
+
+
+def takeover_stalled(endpoint, rank, world, host, pid, period_ms, until_ms):
+    z = Zmq()
+    header = register_header(int(rank), int(world), host, int(pid))
+    # The stall is this tool's: SIGSTOP once it is ready, so a slow start does not lengthen it.
+    os.kill(int(pid), signal.SIGSTOP)
+    t0 = time.monotonic()
+    at = []
+    try:
+        k = 0
+        while k * int(period_ms) < int(until_ms):
+            wait = t0 + k * int(period_ms) / 1000.0 - time.monotonic()
+            if wait > 0:
+                time.sleep(wait)
+            ms = int((time.monotonic() - t0) * 1000)
+            why = refused(claim(z, endpoint, header), "already registered", [])
+            if why:
+                print("claim at %d ms of the stall: %s" % (ms, why))
+                sys.exit(1)
+            at.append(ms)
+            k += 1
+    finally:
+        os.kill(int(pid), signal.SIGCONT)
+    stall = int((time.monotonic() - t0) * 1000)
+    print("rank %s stalled %d ms, %d claims with its host and pid refused at %s ms"
+          % (rank, stall, len(at), "/".join(map(str, at))))
 
 
 def bigmsg(endpoint, frames, nbytes, hold):
@@ -450,6 +570,7 @@ def safetensors(path, layers, mode):
 def main():
     cmds = {"garbage": garbage, "flood": flood, "httphold": httphold, "probe": probe,
             "takeover": takeover, "bigmsg": bigmsg, "hdrflood": hdrflood, "partial": partial,
+            "takeover-server": takeover_server, "takeover-stalled": takeover_stalled,
             "idx": idx, "safetensors": safetensors}
     if len(sys.argv) < 2 or sys.argv[1] not in cmds:
         sys.exit(__doc__)

@@ -2,9 +2,11 @@
  * pipe, run the periodic tick), waiting for the job's end, and stopping. */
 #include "coord_int.h"
 
+#include <errno.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/random.h>
 #include <unistd.h>
 
 void fl_coord_opts_init(fl_coord_opts_t *o)
@@ -69,6 +71,35 @@ static uint64_t new_generation(void)
         fclose(f);
     }
     return g ? g : 1;
+}
+
+void fl_coord_token_new(fl_coord_t *c, char token[FL_MSG_TOKEN_MAX])
+{
+    uint8_t r[(FL_MSG_TOKEN_MAX - 1) / 2];
+    token[0] = '\0';
+    if (getrandom(r, sizeof r, 0) != (ssize_t)sizeof r) {
+        /* Without a token the member cannot move to a new connection; it still runs. */
+        FL_ERROR(c->ctx, "no random bytes for a member's token: %s", strerror(errno));
+        return;
+    }
+    static const char hex[] = "0123456789abcdef";
+    for (size_t i = 0; i < sizeof r; i++) {
+        token[2 * i] = hex[r[i] >> 4];
+        token[2 * i + 1] = hex[r[i] & 15];
+    }
+    token[2 * sizeof r] = '\0';
+}
+
+bool fl_coord_token_ok(const char *held, const char *given)
+{
+    size_t n = strlen(held);
+    if (n == 0 || strnlen(given, FL_MSG_TOKEN_MAX) != n)
+        return false;
+    /* Every byte looked at, whatever differs first: the time says nothing of the token. */
+    unsigned diff = 0;
+    for (size_t i = 0; i < n; i++)
+        diff |= (unsigned)(held[i] ^ given[i]);
+    return diff == 0;
 }
 
 int fl_coord_create(const fl_coord_opts_t *o, fl_coord_t **out)

@@ -14,22 +14,44 @@ bool fl_coord_same_route(const fl_tp_route_t *a, const fl_tp_route_t *b)
     return a->len == b->len && memcmp(a->id, b->id, a->len) == 0;
 }
 
-void fl_coord_send_error(fl_coord_t *c, const fl_tp_route_t *to, int code, int about,
-                         const char *host, const char *fmt, ...)
+/* An error to one route: with the job's generation for members, without it (0) for a peer
+ * not proven to be one. */
+static void send_error_v(fl_coord_t *c, const fl_tp_route_t *to, bool member, int code, int about,
+                         const char *host, const char *fmt, va_list ap)
 {
     fl_msg_hdr_t h;
     fl_msg_hdr_init(&h, FL_MSG_ERROR, -1);
     h.u.error.code = code;
     h.u.error.about_rank = about;
     snprintf(h.u.error.host, sizeof h.u.error.host, "%s", host ? host : "");
-    va_list ap;
-    va_start(ap, fmt);
     vsnprintf(h.u.error.text, sizeof h.u.error.text, fmt, ap);
-    va_end(ap);
-    if (fl_tp_send(c->sock, to, &h, NULL, 0, fl_deadline_in(0)) == FL_OK)
+    if (!member) /* the socket stamps what it holds: hold 0 for this one message */
+        fl_tp_sock_set_stamp(c->sock, c->job_id, 0, -1);
+    int rc = fl_tp_send(c->sock, to, &h, NULL, 0, fl_deadline_in(0));
+    if (!member)
+        fl_tp_sock_set_stamp(c->sock, c->job_id, c->generation, -1);
+    if (rc == FL_OK)
         fl_ctx_count(c->ctx, FL_STAT_ERRORS_SENT, 1);
     else
         FL_DEBUG(c->ctx, "could not send error '%s': %s", h.u.error.text, fl_last_error());
+}
+
+void fl_coord_send_error(fl_coord_t *c, const fl_tp_route_t *to, int code, int about,
+                         const char *host, const char *fmt, ...)
+{
+    va_list ap;
+    va_start(ap, fmt);
+    send_error_v(c, to, true, code, about, host, fmt, ap);
+    va_end(ap);
+}
+
+void fl_coord_send_refusal(fl_coord_t *c, const fl_tp_route_t *to, int code, int about,
+                           const char *host, const char *fmt, ...)
+{
+    va_list ap;
+    va_start(ap, fmt);
+    send_error_v(c, to, false, code, about, host, fmt, ap);
+    va_end(ap);
 }
 
 void fl_coord_send_all(fl_coord_t *c, fl_msg_hdr_t *h)
@@ -82,18 +104,6 @@ void fl_coord_warn_flush(fl_coord_t *c, int64_t now)
         warn_summary(c, held);
 }
 
-void fl_coord_on_refused(fl_coord_t *c, fl_tp_msg_t *m)
-{
-    char detail[1024];
-    snprintf(detail, sizeof detail, "%s", fl_last_error());
-    fl_coord_warn(c, "refused a message: %s", detail);
-    if (m->route.len == 0)
-        return;
-    fl_coord_send_error(c, &m->route, FL_EPROTO, m->hdr.sender, "",
-                        "coordinator %s (protocol version %u) refused your message: %s",
-                        c->endpoint, FL_MSG_VERSION, detail);
-}
-
 /* Who is already known by this route: the rank number or -1. */
 static int rank_of_route(const fl_coord_t *c, const fl_tp_route_t *route)
 {
@@ -102,6 +112,23 @@ static int rank_of_route(const fl_coord_t *c, const fl_tp_route_t *route)
             return r;
     }
     return -1;
+}
+
+void fl_coord_on_refused(fl_coord_t *c, fl_tp_msg_t *m)
+{
+    char detail[1024];
+    snprintf(detail, sizeof detail, "%s", fl_last_error());
+    fl_coord_warn(c, "refused a message: %s", detail);
+    if (m->route.len == 0)
+        return;
+    if (rank_of_route(c, &m->route) >= 0 || fl_coord_ps_slot_of_route(c, &m->route) >= 0)
+        fl_coord_send_error(c, &m->route, FL_EPROTO, m->hdr.sender, "",
+                            "coordinator %s (protocol version %u) refused your message: %s",
+                            c->endpoint, FL_MSG_VERSION, detail);
+    else
+        fl_coord_send_refusal(c, &m->route, FL_EPROTO, m->hdr.sender, "",
+                              "coordinator %s (protocol version %u) refused your message: %s",
+                              c->endpoint, FL_MSG_VERSION, detail);
 }
 
 /* The end of a failed job, once the ranks were told: the servers hear it too (an error with
@@ -126,7 +153,7 @@ void fl_coord_fail_rendezvous_all(fl_coord_t *c, int rc, int code, int about, co
                                   const char *text, const fl_tp_route_t *also)
 {
     if (also != NULL)
-        fl_coord_send_error(c, also, code, about, host, "%s", text);
+        fl_coord_send_refusal(c, also, code, about, host, "%s", text);
     for (int q = 0; q < c->world; q++) {
         coord_rank_t *k = &c->ranks[q];
         if (!k->registered || k->left)
@@ -134,6 +161,7 @@ void fl_coord_fail_rendezvous_all(fl_coord_t *c, int rc, int code, int about, co
         if (also == NULL || !fl_coord_same_route(&k->route, also))
             fl_coord_send_error(c, &k->route, code, about, host, "%s", text);
         k->left = true;
+        k->token[0] = '\0';
         atomic_fetch_sub(&c->nactive, 1);
         fl_tp_live_gone(c->live, q);
     }
@@ -168,10 +196,13 @@ static void send_welcome(fl_coord_t *c, const fl_tp_route_t *to)
         fl_coord_fail_rendezvous(c, why);
         return;
     }
+    /* Each member's welcome carries its own token, over its own connection (encrypted with
+     * CURVE): what proves it is that member if it must register again. */
     for (int r = 0; r < c->world; r++) {
         if (to != NULL && !fl_coord_same_route(to, &c->ranks[r].route))
             continue;
         char host[FL_HOST_MAX];
+        snprintf(h.u.welcome.token, sizeof h.u.welcome.token, "%s", c->ranks[r].token);
         if (fl_tp_send(c->sock, &c->ranks[r].route, &h, NULL, 0, fl_deadline_in(1000)) != FL_OK)
             FL_ERROR(c->ctx, "welcome to rank %d (%s): %s", r,
                      fl_text_escape(c->ranks[r].reg.host, host, sizeof host), fl_last_error());
@@ -181,6 +212,7 @@ static void send_welcome(fl_coord_t *c, const fl_tp_route_t *to)
         if (!v->registered || (to != NULL && !fl_coord_same_route(to, &v->route)))
             continue;
         char host[FL_HOST_MAX];
+        snprintf(h.u.welcome.token, sizeof h.u.welcome.token, "%s", v->token);
         if (fl_tp_send(c->sock, &v->route, &h, NULL, 0, fl_deadline_in(1000)) != FL_OK)
             FL_ERROR(c->ctx, "welcome to the server of shards %d.. (%s): %s", i,
                      fl_text_escape(v->reg.host, host, sizeof host), fl_last_error());
@@ -239,7 +271,7 @@ void fl_coord_refuse(fl_coord_t *c, const fl_tp_route_t *to, int about, const ch
     vsnprintf(text, sizeof text, fmt, ap);
     va_end(ap);
     fl_coord_warn(c, "refused a registration: %s", fl_text_escape(text, shown, sizeof shown));
-    fl_coord_send_error(c, to, FL_EINVAL, about, host, "%s", text);
+    fl_coord_send_refusal(c, to, FL_EINVAL, about, host, "%s", text);
 }
 
 /* The checks a registration must pass whatever the job's state: its job, world size, rank
@@ -259,10 +291,10 @@ static bool reg_fits_job(fl_coord_t *c, const fl_tp_msg_t *m, const char *host)
                       "refused a registration for rank %d from host %s (pid %d) of job '%s': "
                       "this is job '%s'",
                       r, host, reg->pid, fl_text_escape(m->hdr.job_id, job, sizeof job), c->job_id);
-        fl_coord_send_error(c, to, FL_EINVAL, r, reg->host,
-                            "rank %d (host %s) belongs to job '%s', this coordinator "
-                            "runs job '%s'",
-                            r, reg->host, m->hdr.job_id, c->job_id);
+        fl_coord_send_refusal(c, to, FL_EINVAL, r, reg->host,
+                              "rank %d (host %s) belongs to job '%s', this coordinator "
+                              "runs job '%s'",
+                              r, reg->host, m->hdr.job_id, c->job_id);
         return false;
     }
     if (reg->world_size != c->world)
@@ -291,7 +323,7 @@ static bool reg_fits_job(fl_coord_t *c, const fl_tp_msg_t *m, const char *host)
 }
 
 /* A registration for a rank already registered: a retry from its own connection, its own
- * process on a new connection, or another process, refused. */
+ * process on a new connection (proven by the token of its welcome), or anyone else, refused. */
 static void reg_again(fl_coord_t *c, const fl_tp_msg_t *m, const char *host)
 {
     const fl_msg_register_t *reg = &m->hdr.u.reg;
@@ -304,16 +336,15 @@ static void reg_again(fl_coord_t *c, const fl_tp_msg_t *m, const char *host)
         return;
     }
     /* A registered rank is bound to its connection and, with CURVE, to its client key. Only
-     * its own process, whose old connection has gone quiet (it lost us and opened a new one),
-     * may move it, with the same key; a second registration while the holder is heard from is
-     * refused, telling the asker nothing about the holder (a stranger would otherwise learn
-     * the host and pid to claim). */
+     * its own process may move it to a new connection (it lost us and opened another), and it
+     * proves that with the token its welcome carried, however long the rank was quiet: host
+     * and pid prove nothing, and a stall shorter than the heartbeat timeout is no reason to
+     * hand the rank over. A rank that left or was declared dead holds nothing any more. */
     int64_t quiet = fl_now_ms() - fl_tp_live_last(c->live, r);
-    if (!k->left && k->reg.pid == reg->pid && strcmp(k->reg.host, reg->host) == 0 &&
-        strcmp(k->key, m->peer_key) == 0 && fl_tp_live_state(c->live, r) != FL_PEER_DEAD &&
-        quiet >= 2 * (int64_t)c->hb_ms) {
+    if (!k->left && fl_tp_live_state(c->live, r) != FL_PEER_DEAD &&
+        strcmp(k->key, m->peer_key) == 0 && fl_coord_token_ok(k->token, reg->token)) {
         FL_WARN(c->ctx,
-                "rank %d (%s, pid %d) registered again on a new connection, its "
+                "rank %d (%s, pid %d) registered again on a new connection with its token, its "
                 "old one quiet for %lld ms",
                 r, host, reg->pid, (long long)quiet);
         k->route = *to;
@@ -325,14 +356,17 @@ static void reg_again(fl_coord_t *c, const fl_tp_msg_t *m, const char *host)
     fl_ctx_count(c->ctx, FL_STAT_UNEXPECTED, 1);
     char holder[FL_HOST_MAX];
     fl_coord_warn(c,
-                  "refused a registration for rank %d from host %s (pid %d): the rank is "
+                  "refused a registration for rank %d from host %s (pid %d): %s; the rank is "
                   "held by host %s (pid %d), heard from %lld ms ago",
-                  r, host, reg->pid, fl_text_escape(k->reg.host, holder, sizeof holder), k->reg.pid,
-                  (long long)quiet);
-    fl_coord_send_error(c, to, FL_EINVAL, r, reg->host,
-                        "rank %d is already registered by another process; this "
-                        "registration (host %s, pid %d) is refused",
-                        r, reg->host, reg->pid);
+                  r, host, reg->pid,
+                  reg->token[0] ? "its token is not the rank's" : "it gave no token",
+                  fl_text_escape(k->reg.host, holder, sizeof holder), k->reg.pid, (long long)quiet);
+    /* Nothing about the holder, nor the generation: only what was wrong with this message. */
+    fl_coord_send_refusal(c, to, FL_EINVAL, r, reg->host,
+                          "rank %d is already registered by another process; this registration "
+                          "(host %s, pid %d) is refused: only the holder may register it again, "
+                          "giving the token of its welcome",
+                          r, reg->host, reg->pid);
 }
 
 /* A new rank during the rendezvous must agree with the members already registered: the
@@ -348,7 +382,16 @@ static bool reg_agrees(fl_coord_t *c, const fl_tp_msg_t *m)
                         r, reg->host, c->job_id);
         return false;
     }
+    if (c->phase != PHASE_RENDEZVOUS && c->ran) {
+        /* Not why: a job that ran failed over a member (its host and pid, what it did), and a
+         * stranger learns nothing of members. */
+        fl_coord_refuse(c, to, r, reg->host,
+                        "rank %d (host %.64s) registered after job '%.64s' failed", r, reg->host,
+                        c->job_id);
+        return false;
+    }
     if (c->phase != PHASE_RENDEZVOUS) {
+        /* A rendezvous that failed: a rank late to it learns why, and the job never ran. */
         char failed[FL_SERVICE_TEXT_MAX];
         fl_service_text(&c->svc, failed, sizeof failed);
         fl_coord_refuse(c, to, r, reg->host,
@@ -390,6 +433,8 @@ static void take_reg(fl_coord_t *c, const fl_tp_msg_t *m, const char *host)
     k->reg = *reg;
     k->reg.shard_eps = NULL; /* checked empty (reg_fits_job); the message owns its tables */
     k->reg.nshard_eps = 0;
+    k->reg.token[0] = '\0'; /* a token of another coordinator proves nothing here */
+    fl_coord_token_new(c, k->token);
     k->waiting_on = -1;
     fl_tp_live_heard(c->live, r, fl_now_ms());
     atomic_fetch_add(&c->nactive, 1);
@@ -490,6 +535,7 @@ static void on_shutdown(fl_coord_t *c, fl_tp_msg_t *m, int r)
         return;
     fl_text_escape(k->reg.host, host, sizeof host);
     k->left = true;
+    k->token[0] = '\0'; /* gone: nobody is this rank any more */
     k->leave_code = m->hdr.u.shutdown.code;
     snprintf(k->leave_text, sizeof k->leave_text, "%s", m->hdr.u.shutdown.text);
     atomic_fetch_sub(&c->nactive, 1);
@@ -526,10 +572,10 @@ void fl_coord_on_message(fl_coord_t *c, fl_tp_msg_t *m)
 {
     if (m->nframes != 0) {
         fl_ctx_count(c->ctx, FL_STAT_UNEXPECTED, 1);
-        fl_coord_send_error(c, &m->route, FL_EPROTO, m->hdr.sender, "",
-                            "coordinator: %s message with %zu payload frames refused "
-                            "(control messages carry none)",
-                            fl_msg_type_name(m->hdr.type), m->nframes);
+        fl_coord_send_refusal(c, &m->route, FL_EPROTO, m->hdr.sender, "",
+                              "coordinator: %s message with %zu payload frames refused "
+                              "(control messages carry none)",
+                              fl_msg_type_name(m->hdr.type), m->nframes);
         return;
     }
     if (m->hdr.type == FL_MSG_REGISTER) {
@@ -556,10 +602,10 @@ void fl_coord_on_message(fl_coord_t *c, fl_tp_msg_t *m)
         fl_ctx_count(c->ctx, FL_STAT_UNEXPECTED, 1);
         if (m->hdr.type == FL_MSG_HEARTBEAT && r < 0)
             return; /* a rank dropped during the rendezvous, still beating: not worth a reply */
-        fl_coord_send_error(c, &m->route, FL_EPROTO, m->hdr.sender, "",
-                            "coordinator: %s message from an unregistered peer claiming "
-                            "rank %d",
-                            fl_msg_type_name(m->hdr.type), m->hdr.sender);
+        fl_coord_send_refusal(c, &m->route, FL_EPROTO, m->hdr.sender, "",
+                              "coordinator: %s message from an unregistered peer claiming "
+                              "rank %d",
+                              fl_msg_type_name(m->hdr.type), m->hdr.sender);
         return;
     }
     if (fl_tp_live_state(c->live, r) == FL_PEER_DEAD)

@@ -22,6 +22,7 @@ typedef struct coord_rank {
     bool left;
     fl_tp_route_t route;
     char key[48]; /* with CURVE: the client key it registered with (fl_tp_msg_t.peer_key) */
+    char token[FL_MSG_TOKEN_MAX]; /* its secret, sent in its welcome; "" once it is gone */
     fl_msg_register_t reg;
     /* last heartbeat's view of what the rank was doing */
     uint32_t op;
@@ -42,8 +43,9 @@ typedef struct coord_server {
     bool registered;
     bool left;
     fl_tp_route_t route;
-    char key[48];          /* with CURVE: the client key it registered with */
-    fl_msg_register_t reg; /* owns reg.shard_eps */
+    char key[48];                 /* with CURVE: the client key it registered with */
+    char token[FL_MSG_TOKEN_MAX]; /* its secret, sent in its welcome */
+    fl_msg_register_t reg;        /* owns reg.shard_eps */
 } coord_server_t;
 
 struct fl_coord {
@@ -129,6 +131,14 @@ void fl_coord_warn(fl_coord_t *c, const char *fmt, ...) FL_PRINTF(2, 3);
  * ended, if any. */
 void fl_coord_warn_flush(fl_coord_t *c, int64_t now);
 
+/* A member's new token: 16 random bytes in hex (coord.c). A member that registers again for an
+ * identity it holds proves it with this token; host and pid prove nothing (anyone on the host
+ * can read them). */
+void fl_coord_token_new(fl_coord_t *c, char token[FL_MSG_TOKEN_MAX]);
+
+/* True when `given` is the token `held` (compared in constant time); never for an empty one. */
+bool fl_coord_token_ok(const char *held, const char *given);
+
 /* Sends an error to a route and counts it. */
 void fl_coord_send_error(fl_coord_t *c, const fl_tp_route_t *to, int code, int about,
                          const char *host, const char *fmt, ...) FL_PRINTF(6, 7);
@@ -136,6 +146,12 @@ void fl_coord_send_error(fl_coord_t *c, const fl_tp_route_t *to, int code, int a
 /* Sends h to every member still there: the ranks registered, not gone and not declared dead,
  * and the servers (without waiting on any). */
 void fl_coord_send_all(fl_coord_t *c, fl_msg_hdr_t *h);
+
+/* Sends a refusal to a peer whose identity is not proven: an error like fl_coord_send_error,
+ * but without the job's generation, which only members learn (with their welcome). host is
+ * the asker's own, or "". */
+void fl_coord_send_refusal(fl_coord_t *c, const fl_tp_route_t *to, int code, int about,
+                           const char *host, const char *fmt, ...) FL_PRINTF(6, 7);
 
 /* Refuses a registration (of a rank, or of a server with about -1): the asker hears why, and
  * the coordinator's log says it too (at warn, rate-limited), with both sides' values as the

@@ -44,6 +44,13 @@ static const char *server_name(const coord_server_t *v, char *buf, size_t cap)
     return buf;
 }
 
+/* What a refusal may say of a server: its shards, never its host or pid. */
+static const char *server_label(const coord_server_t *v, char *buf, size_t cap)
+{
+    snprintf(buf, cap, "the server of shards %d..%d", v->reg.rank, last_shard(v));
+    return buf;
+}
+
 int fl_coord_ps_slot_of_route(const fl_coord_t *c, const fl_tp_route_t *route)
 {
     for (int i = 0; i < c->nshards; i++)
@@ -57,7 +64,8 @@ bool fl_coord_ps_complete(const fl_coord_t *c)
     return c->nshards == 0 || c->shards_covered == c->nshards;
 }
 
-/* The parameter count some member (or the options) declared, and who: 0 when none did. */
+/* The parameter count some member (or the options) declared, and who (without host or pid:
+ * it goes into refusals): 0 when none did. */
 static uint64_t known_params(const fl_coord_t *c, char *who, size_t cap)
 {
     if (c->init_params != 0) {
@@ -67,14 +75,14 @@ static uint64_t known_params(const fl_coord_t *c, char *who, size_t cap)
     for (int i = 0; i < c->nshards; i++) {
         const coord_server_t *v = &c->servers[i];
         if (v->registered && v->reg.param_count != 0) {
-            server_name(v, who, cap);
+            server_label(v, who, cap);
             return v->reg.param_count;
         }
     }
     for (int r = 0; r < c->world; r++) {
         const coord_rank_t *k = &c->ranks[r];
         if (k->registered && k->reg.param_count != 0) {
-            snprintf(who, cap, "rank %d (host %s)", r, k->reg.host);
+            snprintf(who, cap, "rank %d", r);
             return k->reg.param_count;
         }
     }
@@ -192,10 +200,10 @@ static bool server_fits_job(fl_coord_t *c, const fl_tp_msg_t *m)
                       "'%s'",
                       fl_text_escape(host, shown, sizeof shown), reg->pid,
                       fl_text_escape(m->hdr.job_id, job, sizeof job), c->job_id);
-        fl_coord_send_error(c, to, FL_EINVAL, -1, host,
-                            "parameter server on %s belongs to job '%s', this "
-                            "coordinator runs job '%s'",
-                            host, m->hdr.job_id, c->job_id);
+        fl_coord_send_refusal(c, to, FL_EINVAL, -1, host,
+                              "parameter server on %s belongs to job '%s', this "
+                              "coordinator runs job '%s'",
+                              host, m->hdr.job_id, c->job_id);
         return false;
     }
     if (c->nshards == 0)
@@ -224,7 +232,8 @@ static bool server_fits_job(fl_coord_t *c, const fl_tp_msg_t *m)
 }
 
 /* A registration for shards a server holds already: a retry from its connection, the same
- * process on a new connection, or another server, refused. False when no server holds any of
+ * process on a new connection (proven by the token of its welcome, never by host and pid), or
+ * anyone else, refused without a word about the holder. False when no server holds any of
  * them. */
 static bool server_again(fl_coord_t *c, const fl_tp_msg_t *m)
 {
@@ -241,9 +250,8 @@ static bool server_again(fl_coord_t *c, const fl_tp_msg_t *m)
         coord_server_t *v = &c->servers[i];
         if (!v->registered || first > last_shard(v) || first + count - 1 < v->reg.rank)
             continue;
-        if (i == first && !v->left && v->reg.pid == reg->pid &&
-            strcmp(v->reg.host, reg->host) == 0 && (int)v->reg.shard_count == count &&
-            strcmp(v->key, m->peer_key) == 0 &&
+        if (i == first && !v->left && (int)v->reg.shard_count == count &&
+            strcmp(v->key, m->peer_key) == 0 && fl_coord_token_ok(v->token, reg->token) &&
             fl_tp_live_state(c->live, c->world + i) != FL_PEER_DEAD) {
             /* The same process on a new connection. */
             v->route = *to;
@@ -253,11 +261,20 @@ static bool server_again(fl_coord_t *c, const fl_tp_msg_t *m)
             return true;
         }
         char name[FL_HOST_MAX + 96];
-        fl_coord_refuse(c, to, -1, reg->host,
-                        "parameter server on %s (pid %d) registered shards %d..%d, "
-                        "but %s serves some of them",
-                        reg->host, reg->pid, first, first + count - 1,
-                        server_name(v, name, sizeof name));
+        char shown[FL_HOST_MAX];
+        fl_ctx_count(c->ctx, FL_STAT_UNEXPECTED, 1);
+        fl_coord_warn(c,
+                      "refused a registration for shards %d..%d from host %s (pid %d): %s; %s "
+                      "serves some of them",
+                      first, first + count - 1, fl_text_escape(reg->host, shown, sizeof shown),
+                      reg->pid,
+                      reg->token[0] ? "its token is not the server's" : "it gave no token",
+                      server_name(v, name, sizeof name));
+        fl_coord_send_refusal(c, to, FL_EINVAL, -1, reg->host,
+                              "parameter server on %s registered shards %d..%d, which another "
+                              "parameter server serves; a registration for them from a new "
+                              "connection must give the token of its welcome",
+                              reg->host, first, first + count - 1);
         return true;
     }
     return false;
@@ -288,7 +305,7 @@ static bool server_agrees(fl_coord_t *c, const fl_tp_msg_t *m)
             fl_coord_refuse(c, to, -1, host,
                             "parameter server on %s uses '%s', %s uses '%s'; all "
                             "servers must agree",
-                            host, mine, server_name(v, name, sizeof name), theirs);
+                            host, mine, server_label(v, name, sizeof name), theirs);
             return false;
         }
     }
@@ -296,7 +313,7 @@ static bool server_agrees(fl_coord_t *c, const fl_tp_msg_t *m)
     char why[FL_MSG_TEXT_MAX];
     const fl_msg_register_t *other = NULL;
     if (fl_coord_check_model(c, reg, &other, why, sizeof why) != FL_OK) {
-        fl_coord_send_error(c, to, FL_EINVAL, -1, host, "%s", why);
+        fl_coord_send_refusal(c, to, FL_EINVAL, -1, host, "%s", why);
         /* Ranks hold another model than the --init file: the job cannot start until one side
          * is restarted, and everyone hears why now rather than at the rendezvous timeout.
          * Another server's --init only refuses this one, as other settings do. */
@@ -328,6 +345,8 @@ static void take_server(fl_coord_t *c, fl_tp_msg_t *m)
     v->route = m->route;
     snprintf(v->key, sizeof v->key, "%s", m->peer_key);
     v->reg = *reg;
+    v->reg.token[0] = '\0'; /* a token of another coordinator proves nothing here */
+    fl_coord_token_new(c, v->token);
     reg->shard_eps = NULL; /* the table moves to the coordinator's state */
     reg->nshard_eps = 0;
     c->shards_covered += count;
@@ -415,6 +434,7 @@ void fl_coord_ps_on_message(fl_coord_t *c, fl_tp_msg_t *m, int slot)
             return;
         }
         v->left = true;
+        v->token[0] = '\0';
         atomic_fetch_sub(&c->nservers_active, 1);
         fl_tp_live_gone(c->live, live);
         if (c->phase == PHASE_RUNNING && c->nleft + c->ndead < c->world &&
@@ -458,6 +478,7 @@ void fl_coord_ps_dead(fl_coord_t *c, int slot, int64_t silent_ms)
     }
     if (c->phase != PHASE_RUNNING)
         return;
+    v->token[0] = '\0';
     char text[FL_MSG_TEXT_MAX];
     snprintf(text, sizeof text, "%s declared dead: silent for %lld ms (timeout %d ms)", name,
              (long long)silent_ms, c->hb_timeout_ms);

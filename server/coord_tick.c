@@ -92,6 +92,7 @@ static void declare_dead(fl_coord_t *c, int dead, int64_t silent)
                         "(timeout %d ms); the job failed without it",
                         dead, at, (long long)silent, c->hb_timeout_ms);
     c->ndead++;
+    k->token[0] = '\0'; /* dead: its identity is nobody's, its own process's neither */
     atomic_fetch_sub(&c->nactive, 1);
     k->failed = c->phase == PHASE_RUNNING; /* the first to end the job */
     if (c->phase == PHASE_RUNNING)

@@ -63,7 +63,7 @@ fl_tp_sock_t *fake_open(env_t *e)
 
 reg_spec_t spec_of(int rank, int world)
 {
-    reg_spec_t r = {rank, world, JOB, NULL, 1000 + rank, TUNING, 1 + (rank & 1), SETTINGS};
+    reg_spec_t r = {rank, world, JOB, NULL, 1000 + rank, TUNING, 1 + (rank & 1), SETTINGS, NULL};
     return r;
 }
 
@@ -88,6 +88,8 @@ void build_register(fl_msg_hdr_t *h, const reg_spec_t *r)
     h->u.reg.nendpoints = (uint32_t)r->nendpoints;
     for (int k = 0; k < r->nendpoints; k++)
         endpoint_of(r->rank, k, h->u.reg.endpoints[k], sizeof h->u.reg.endpoints[k]);
+    if (r->token != NULL)
+        snprintf(h->u.reg.token, sizeof h->u.reg.token, "%s", r->token);
 }
 
 void send_spec(fl_tp_sock_t *s, const reg_spec_t *r)
@@ -153,6 +155,16 @@ void expect_welcome(fl_tp_sock_t *s, int world, uint64_t *generation)
     uint32_t n = m.hdr.u.welcome.npeers;
     if (generation != NULL)
         *generation = m.hdr.generation;
+    fl_tp_msg_close(&m);
+    ck_assert_int_eq(n, world);
+}
+
+void expect_welcome_token(fl_tp_sock_t *s, int world, char token[FL_MSG_TOKEN_MAX])
+{
+    fl_tp_msg_t m;
+    expect_msg(s, FL_MSG_WELCOME, 2000, &m);
+    uint32_t n = m.hdr.u.welcome.npeers;
+    snprintf(token, FL_MSG_TOKEN_MAX, "%s", m.hdr.u.welcome.token);
     fl_tp_msg_close(&m);
     ck_assert_int_eq(n, world);
 }

@@ -40,6 +40,7 @@ typedef struct reg_spec {
     const char *tuning;
     int nendpoints;
     const char *settings;
+    const char *token; /* NULL: none (a first registration) */
 } reg_spec_t;
 
 reg_spec_t spec_of(int rank, int world);
@@ -63,6 +64,10 @@ void expect_error(fl_tp_sock_t *s, int code, int timeout_ms, fl_msg_error_t *out
 void expect_quiet(fl_tp_sock_t *s, int ms);
 
 void expect_welcome(fl_tp_sock_t *s, int world, uint64_t *generation);
+
+/* The welcome on s; its token (the receiver's proof for a later registration) into token,
+ * unchecked: a test asserts it once its stranger's claims are made. */
+void expect_welcome_token(fl_tp_sock_t *s, int world, char token[FL_MSG_TOKEN_MAX]);
 
 /* Polls fn(coord) until it equals want or timeout_ms passes; returns the last value. */
 int wait_count(const fl_coord_t *c, int (*fn)(const fl_coord_t *), int want, int timeout_ms);

@@ -19,6 +19,8 @@
 #define ASSERT_HAS(text, needle)                                                                   \
     ck_assert_msg(strstr((text), (needle)) != NULL, "\"%s\" does not mention \"%s\"", (text),      \
                   (needle))
+#define ASSERT_HASNT(text, needle)                                                                 \
+    ck_assert_msg(strstr((text), (needle)) == NULL, "\"%s\" reveals \"%s\"", (text), (needle))
 
 typedef struct env {
     fl_coord_t *coord;
@@ -116,12 +118,14 @@ typedef struct server_spec {
     int pid;
     const char *job;    /* NULL: JOB */
     const char *shapes; /* its --init file's tensors (NULL: none), named init.safetensors */
+    const char *host;   /* NULL: "ps-<first>" */
+    const char *token;  /* NULL: none (a first registration) */
 } server_spec_t;
 
 static server_spec_t server_of(int first, int count, int num_shards)
 {
-    server_spec_t v = {first, count,       num_shards, 0,   "opt=sgd,lr=0.1", 0, 0, 0,
-                       {0},   900 + first, NULL,       NULL};
+    server_spec_t v = {first, count, num_shards, 0,   "opt=sgd,lr=0.1", 0, 0, 0, {0}, 900 + first,
+                       NULL,  NULL,  NULL,       NULL};
     return v;
 }
 
@@ -135,8 +139,13 @@ static void send_server(fl_tp_sock_t *s, const server_spec_t *v)
     r->rank = v->first;
     r->shard_count = (uint32_t)v->count;
     r->num_shards = (uint32_t)v->num_shards;
-    snprintf(r->host, sizeof r->host, "ps-%d", v->first);
+    if (v->host != NULL)
+        snprintf(r->host, sizeof r->host, "%s", v->host);
+    else
+        snprintf(r->host, sizeof r->host, "ps-%d", v->first);
     r->pid = v->pid;
+    if (v->token != NULL)
+        snprintf(r->token, sizeof r->token, "%s", v->token);
     snprintf(r->tuning, sizeof r->tuning, "%s", v->tuning);
     r->param_count = v->params;
     r->consistency = v->consistency;
@@ -280,11 +289,12 @@ START_TEST(test_server_refusals)
     ASSERT_HAS(err.text, "3..4");
     ASSERT_HAS(err.text, "0..3");
 
-    v = server_of(1, 2, 4); /* overlaps shards 0..1 */
+    v = server_of(1, 2, 4); /* overlaps shards 0..1: nothing said of their server */
     send_server(x, &v);
     expect_error(x, FL_EINVAL, &err);
     ASSERT_HAS(err.text, "1..2");
-    ASSERT_HAS(err.text, "ps-0");
+    ASSERT_HASNT(err.text, "ps-0");
+    ASSERT_HASNT(err.text, "900");
 
     v = server_of(2, 2, 4);
     v.tuning = "opt=adam,lr=0.1";
@@ -323,6 +333,8 @@ START_TEST(test_server_refusals)
     ASSERT_HAS(err.text, "4999");
     ASSERT_HAS(err.text, "5000");
     ASSERT_HAS(err.text, "different models");
+    ASSERT_HASNT(err.text, "ps-0"); /* the server it disagrees with, by its shards only */
+    ASSERT_HASNT(err.text, "900");
 
     /* The refused socket can still register correctly, and the job starts. */
     v = server_of(2, 2, 4);
@@ -340,6 +352,72 @@ START_TEST(test_server_refusals)
     send_server(late, &v);
     expect_error(late, FL_EINVAL, &err);
     ASSERT_HAS(err.text, "ps-0");
+    env_end(&e);
+}
+END_TEST
+
+/* The server role cannot be taken over. A stranger claiming the shards a live server holds
+ * is refused without a word about that server; repeating the server's host and pid proves
+ * nothing either: no welcome, no peer table, no generation, and the job goes on. The server
+ * itself, on a new connection, comes back with the token of its welcome. */
+START_TEST(test_server_role_takeover)
+{
+    env_t e;
+    env_start(&e, 1, 2, 0, 0);
+    fl_tp_sock_t *sa = fake_open(&e), *w = fake_open(&e), *x = fake_open(&e);
+    server_spec_t v = server_of(0, 2, 2);
+    v.params = 5000;
+    send_server(sa, &v);
+    send_worker(w, 0, 1, 5000);
+    fl_msg_hdr_t h;
+    expect_welcome(sa, &h);
+    char token[FL_MSG_TOKEN_MAX];
+    snprintf(token, sizeof token, "%s", h.u.welcome.token);
+    fl_msg_hdr_deinit(&h);
+    expect_welcome(w, &h);
+    char wtoken[FL_MSG_TOKEN_MAX];
+    snprintf(wtoken, sizeof wtoken, "%s", h.u.welcome.token);
+    fl_msg_hdr_deinit(&h);
+
+    server_spec_t claim = v;
+    claim.host = "stranger";
+    claim.pid = 4444;
+    server_spec_t again = v; /* the server's own host and pid, as the first refusal once told */
+    server_spec_t forged = v;
+    forged.token = "00000000000000000000000000000000";
+    const server_spec_t *tries[] = {&claim, &again, &forged};
+    for (int i = 0; i < 3; i++) {
+        send_server(x, tries[i]);
+        fl_tp_msg_t m;
+        fl_test_expect_msg(x, FL_MSG_ERROR, 3000, &m); /* a welcome fails here */
+        fl_msg_error_t err = m.hdr.u.error;
+        uint64_t gen = m.hdr.generation;
+        fl_tp_msg_close(&m);
+        ck_assert_int_eq(err.code, FL_EINVAL);
+        ck_assert_msg(gen == 0, "try %d: the refusal carries generation %llu", i,
+                      (unsigned long long)gen);
+        ASSERT_HAS(err.text, "0..1");
+        if (i == 0) {
+            ASSERT_HASNT(err.text, "ps-0");
+            ASSERT_HASNT(err.text, "900");
+        }
+    }
+    ck_assert_uint_eq(strlen(token), FL_MSG_TOKEN_MAX - 1);
+    ck_assert_str_ne(wtoken, token); /* each member its own */
+    send_ctl(sa, FL_MSG_HEARTBEAT, FL_MSG_SENDER_SERVER, 0);
+    send_ctl(w, FL_MSG_HEARTBEAT, 0, 0);
+    ck_assert_int_eq(fl_coord_servers_active(e.coord), 1);
+    ck_assert_int_eq(wait_finished(e.coord, 300), FL_ETIMEDOUT);
+
+    fl_tp_sock_t *back = fake_open(&e);
+    server_spec_t own = v;
+    own.token = token;
+    send_server(back, &own);
+    expect_welcome(back, &h);
+    ck_assert_str_eq(h.u.welcome.token, token);
+    fl_msg_hdr_deinit(&h);
+    ck_assert_int_eq(fl_coord_servers_active(e.coord), 1);
+    ck_assert_int_eq(wait_finished(e.coord, 50), FL_ETIMEDOUT);
     env_end(&e);
 }
 END_TEST
@@ -842,6 +920,7 @@ static Suite *suite(void)
     tcase_set_timeout(t, 30);
     tcase_add_test(t, test_shard_map_reaches_everyone);
     tcase_add_test(t, test_server_refusals);
+    tcase_add_test(t, test_server_role_takeover);
     tcase_add_test(t, test_no_parameter_server);
     tcase_add_test(t, test_missing_shards_in_progress);
     tcase_add_test(t, test_unknown_param_count_fails_the_job);

@@ -1,7 +1,7 @@
 /* The coordinator's rendezvous (server/coord*.c in-process on 127.0.0.1, ranks played by bare
  * DEALER sockets): registration and the peer table, every refusal (duplicate, range, world size,
- * job, tuning, late), a running rank that cannot be taken over (also under CURVE), ranks that
- * disagree on what they share, and drops and timeouts of the rendezvous. */
+ * job, tuning, late), ranks that disagree on what they share, and drops and timeouts of the
+ * rendezvous. Taking over a rank is test_coord_identity.c's. */
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -123,172 +123,6 @@ START_TEST(test_duplicate_rank)
     expect_welcome(c, 2, NULL);
     expect_quiet(b, 200);
     env_end(&e);
-}
-END_TEST
-
-/* A stranger who claims a running rank with the holder's host and pid, from a
- * connection of its own, is refused while the holder is heard from; the holder keeps its rank
- * and the job goes on. The holder itself, once its old connection went quiet, may move to a
- * new one (it lost the coordinator and reconnected). */
-START_TEST(test_running_rank_cannot_be_taken_over)
-{
-    enum { HB = 100, TIMEOUT = 1500 };
-    env_t e;
-    env_start(&e, 2, HB, TIMEOUT, 0);
-    fl_tp_sock_t *s[2];
-    for (int r = 0; r < 2; r++) {
-        s[r] = fake_open(&e);
-        send_reg(s[r], r, 2);
-    }
-    for (int r = 0; r < 2; r++)
-        expect_welcome(s[r], 2, NULL);
-    /* The stranger, knowing the holder's host and pid, tries twice. */
-    fl_tp_sock_t *x = fake_open(&e);
-    reg_spec_t claim = spec_of(0, 2);
-    int64_t until = fl_deadline_in(TIMEOUT + 1000);
-    int refused = 0;
-    while (fl_now_ms() < until) {
-        for (int r = 0; r < 2; r++)
-            send_ctl(s[r], FL_MSG_HEARTBEAT, r);
-        if (refused < 2) {
-            send_spec(x, &claim);
-            fl_msg_error_t err;
-            expect_error(x, FL_EINVAL, 2000, &err);
-            ASSERT_HAS(err.text, "already registered by another process");
-            refused++;
-        }
-        fl_tp_msg_t m;
-        for (int r = 0; r < 2; r++)
-            while (fl_tp_recv(s[r], &m, fl_deadline_in(10)) == FL_OK) {
-                ck_assert_msg(m.hdr.type != FL_MSG_ERROR, "rank %d got an error: %s", r,
-                              m.hdr.u.error.text);
-                fl_tp_msg_close(&m);
-            }
-        usleep(HB * 1000 / 2);
-    }
-    /* Past the heartbeat timeout: the holder was never displaced nor declared dead. */
-    ck_assert_int_eq(fl_coord_active(e.coord), 2);
-    /* From the holder's own connection, a goodbye of another job or generation is refused:
-     * the rank stays. */
-    for (int bad = 0; bad < 2; bad++) {
-        fl_msg_hdr_t h;
-        fl_msg_hdr_init(&h, FL_MSG_SHUTDOWN, 1);
-        snprintf(h.job_id, sizeof h.job_id, "%s", bad == 0 ? "other" : JOB);
-        h.generation = bad == 0 ? 0 : 99;
-        ck_assert_int_eq(fl_tp_send(s[1], NULL, &h, NULL, 0, fl_deadline_in(1000)), FL_OK);
-        fl_msg_error_t err;
-        expect_error(s[1], FL_EPROTO, 2000, &err);
-        ASSERT_HAS(err.text, bad == 0 ? "job 'other'" : "generation 99");
-    }
-    ck_assert_int_eq(fl_coord_active(e.coord), 2);
-    ck_assert_int_eq(fl_coord_wait(e.coord, 10), FL_ETIMEDOUT);
-    /* The holder goes quiet, then comes back on a new connection: it is let in. */
-    usleep(3 * HB * 1000);
-    send_ctl(s[1], FL_MSG_HEARTBEAT, 1);
-    fl_tp_sock_t *again = fake_open(&e);
-    send_reg(again, 0, 2);
-    expect_welcome(again, 2, NULL);
-    env_end(&e);
-}
-END_TEST
-
-/* A context whose sockets use the CURVE keys of dir. */
-static fl_ctx_t *curve_ctx(const char *dir)
-{
-    fl_ctx_opts_t co;
-    fl_ctx_opts_init(&co);
-    co.log_level = FL_LOG_OFF;
-    fl_ctx_t *ctx = NULL;
-    ck_assert(fl_ctx_create(&co, &ctx) == FL_OK);
-    ck_assert_msg(fl_tp_curve_use(ctx, dir) == FL_OK, "%s", fl_last_error());
-    return ctx;
-}
-
-static fl_tp_sock_t *curve_open(fl_ctx_t *ctx, const char *endpoint)
-{
-    fl_tp_opts_t t;
-    fl_tp_opts_init(&t);
-    t.linger_ms = 0;
-    fl_tp_sock_t *s = NULL;
-    ck_assert(fl_tp_sock_create(ctx, FL_TP_DEALER, &t, "fake", &s) == FL_OK);
-    ck_assert(fl_tp_sock_connect(s, endpoint) == FL_OK);
-    return s;
-}
-
-/* With CURVE a rank is bound to the client key it registered with, not only to its
- * connection: another allowed key cannot move it, even giving the holder's host and pid while
- * the holder's connection is quiet, and cannot speak for it by reusing its routing id. The
- * holder's own key on a new connection still can (a process that lost its connection). */
-START_TEST(test_curve_rank_bound_to_its_key)
-{
-    char root[] = "/tmp/flodl-coordkey-XXXXXX";
-    ck_assert(mkdtemp(root) != NULL);
-    char path[256], cmd[1024];
-    snprintf(cmd, sizeof cmd, "mkdir -p %s/keys/authorized %s/b/authorized", root, root);
-    ck_assert_int_eq(system(cmd), 0);
-    snprintf(path, sizeof path, "%s/keys/server", root);
-    ck_assert(fl_tp_curve_keygen(path, "job server") == FL_OK);
-    snprintf(path, sizeof path, "%s/keys/client", root);
-    ck_assert(fl_tp_curve_keygen(path, "host a") == FL_OK);
-    snprintf(path, sizeof path, "%s/b/client", root);
-    ck_assert(fl_tp_curve_keygen(path, "host b") == FL_OK);
-    snprintf(cmd, sizeof cmd,
-             "cp %s/keys/client.pub %s/keys/authorized/a.pub && cp "
-             "%s/b/client.pub %s/keys/authorized/b.pub && cp %s/b/client.pub "
-             "%s/b/authorized/ && cp %s/keys/server.key %s/b/",
-             root, root, root, root, root, root, root, root);
-    ck_assert_int_eq(system(cmd), 0);
-
-    char keys[128], bkeys[128];
-    snprintf(keys, sizeof keys, "%s/keys", root);
-    snprintf(bkeys, sizeof bkeys, "%s/b", root);
-    fl_coord_opts_t o;
-    fl_coord_opts_init(&o);
-    o.bind = "tcp://127.0.0.1:0";
-    o.world_size = 2;
-    o.job_id = JOB;
-    o.heartbeat_ms = 100;
-    o.heartbeat_timeout_ms = 5000;
-    o.curve_dir = keys;
-    o.log_level = FL_LOG_OFF;
-    fl_coord_t *coord = NULL;
-    ck_assert_msg(fl_coord_create(&o, &coord) == FL_OK, "%s", fl_last_error());
-    ck_assert(fl_coord_start(coord) == FL_OK);
-    fl_ctx_t *ca = curve_ctx(keys);
-    fl_ctx_t *cb = curve_ctx(bkeys);
-    const char *ep = fl_coord_endpoint(coord);
-    fl_tp_sock_t *a0 = curve_open(ca, ep), *a1 = curve_open(ca, ep);
-    send_reg(a0, 0, 2);
-    send_reg(a1, 1, 2);
-    expect_welcome(a0, 2, NULL);
-    expect_welcome(a1, 2, NULL);
-
-    /* Rank 0 goes quiet past two heartbeats; rank 1 keeps beating. */
-    for (int i = 0; i < 5; i++) {
-        send_ctl(a1, FL_MSG_HEARTBEAT, 1);
-        usleep(100 * 1000);
-    }
-    fl_tp_sock_t *b = curve_open(cb, ep);
-    send_reg(b, 0, 2); /* host-0, pid 1000: the holder's, but key b */
-    fl_msg_error_t err;
-    expect_error(b, FL_EINVAL, 2000, &err);
-    ASSERT_HAS(err.text, "already registered");
-    /* The holder's own key on a new connection may move it. */
-    fl_tp_sock_t *a0b = curve_open(ca, ep);
-    send_reg(a0b, 0, 2);
-    expect_welcome(a0b, 2, NULL);
-    ck_assert_int_eq(fl_coord_active(coord), 2);
-
-    fl_tp_sock_destroy(&a0);
-    fl_tp_sock_destroy(&a1);
-    fl_tp_sock_destroy(&a0b);
-    fl_tp_sock_destroy(&b);
-    fl_ctx_destroy(&ca);
-    fl_ctx_destroy(&cb);
-    fl_coord_stop(coord);
-    fl_coord_destroy(&coord);
-    snprintf(cmd, sizeof cmd, "rm -rf %s", root);
-    ck_assert_int_eq(system(cmd), 0);
 }
 END_TEST
 
@@ -564,8 +398,6 @@ Suite *coord_rendezvous_suite(void)
     tcase_set_timeout(t, 20);
     tcase_add_test(t, test_welcome_peer_table);
     tcase_add_test(t, test_duplicate_rank);
-    tcase_add_test(t, test_running_rank_cannot_be_taken_over);
-    tcase_add_test(t, test_curve_rank_bound_to_its_key);
     tcase_add_test(t, test_refusals_keep_serving);
     tcase_add_test(t, test_disagreement_fails_rendezvous);
     tcase_add_test(t, test_rendezvous_timeout);

@@ -1,6 +1,6 @@
 /* Joining the coordinator: register, heartbeat while the others arrive, take the welcome (or
- * the coordinator's refusal); the same again when a member that reconnects lost its
- * coordinator. What follows the join is tp_member.c's. */
+ * the coordinator's refusal); the same again, with the token of the welcome, when a member
+ * that reconnects lost its coordinator. What follows the join is tp_member.c's. */
 #include "tp_member_int.h"
 
 #include <stdio.h>
@@ -57,6 +57,9 @@ static int take_welcome(fl_tp_member_t *m, const fl_msg_hdr_t *h)
         return fl_fail(FL_EPROTO, "%s: coordinator %s sent heartbeat %u ms, timeout %u ms", m->name,
                        m->coordinator, w->heartbeat_ms, w->heartbeat_timeout_ms);
     m->generation = h->generation;
+    /* Kept in memory only: it proves this member, and no other process, should the connection
+     * be lost and the member register again (a restarted coordinator gives a new one). */
+    snprintf(m->reg.u.reg.token, sizeof m->reg.u.reg.token, "%s", w->token);
     m->hb_ms = (int)w->heartbeat_ms;
     m->hb_timeout_ms = (int)w->heartbeat_timeout_ms;
     fl_tp_sock_set_stamp(m->coord, m->job_id, m->generation, m->sender);
@@ -97,7 +100,8 @@ static int join_take(fl_tp_member_t *m, join_t *j, fl_tp_msg_t *msg, fl_msg_hdr_
     case FL_MSG_WELCOME:
         rc = take_welcome(m, &msg->hdr);
         if (rc == FL_OK) {
-            *welcome = msg->hdr; /* the tables move to the caller */
+            *welcome = msg->hdr; /* the tables move to the caller; the token stays here */
+            memset(welcome->u.welcome.token, 0, sizeof welcome->u.welcome.token);
             memset(&msg->hdr, 0, sizeof msg->hdr);
         }
         break;
