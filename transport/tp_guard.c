@@ -5,8 +5,8 @@
  *     so that idle or half-open connections from anyone cannot use up the descriptors the
  *     ranks need (ZMQ_HANDSHAKE_IVL ends each of them later anyway);
  *   - closes a connection that makes the process hold more than a bound of message bytes not
- *     yet taken (tp_hold.c; the checks in tp_guard_hold.c): ZeroMQ assembles a whole multipart message before the owner sees
- *     its first frame;
+ *     yet taken (tp_guard_hold.c): ZeroMQ assembles a whole multipart message before the
+ *     owner sees its first frame;
  *   - counts (conn_dropped, oversized, auth_refused) and logs, at most every 10 s per kind,
  *     what it closed, the plain-text clients CURVE refused, and a process near its limit on
  *     open files.

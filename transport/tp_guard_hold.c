@@ -87,7 +87,8 @@ void fl_tp_guard_hold_check(fl_tp_guard_t *g, int64_t now)
                     "%llu MiB of a message not yet complete, over the bound of %llu MiB "
                     "(frames per message x largest frame)%s",
                     g->name, ip, (unsigned long long)(held >> 20),
-                    (unsigned long long)(g->hold_max >> 20), fl_tp_guard_unsaid(quiet, more, sizeof more));
+                    (unsigned long long)(g->hold_max >> 20),
+                    fl_tp_guard_unsaid(quiet, more, sizeof more));
         }
     }
     process_bound(g, now);
