@@ -332,8 +332,9 @@ START_TEST(test_a_job_from_one_address_is_not_capped)
 END_TEST
 
 /* With the cap per address full of connections in their handshake, the ranks' own connections
- * are closed in theirs: each rank says so once, tries again with backoff, and registers once
- * the others are gone. */
+ * are closed in theirs: a rank closed says so once, tries again with backoff, and registers
+ * once the others are gone. Which ranks are closed depends on the guard's timing (one may find
+ * a slot a held connection left), so at least one must be. */
 START_TEST(test_rank_closed_in_handshake_retries)
 {
     enum { N = 34 }; /* world 2: the cap per address is 2 + 32 */
@@ -367,26 +368,39 @@ START_TEST(test_rank_closed_in_handshake_retries)
                               NULL};
         proc_start(&p[1 + r], WK_BIN, argv, insecure_env);
     }
-    /* Both ranks tried and were closed in their handshake, then the slots free up. */
-    for (int64_t until = fl_deadline_in(10000); fl_now_ms() < until;) {
+    /* A rank tried and was closed in its handshake (both, or one for a second), then the slots
+     * free up. */
+    int64_t until = fl_deadline_in(10000);
+    for (bool one = false; fl_now_ms() < until;) {
         procs_pump(p, 3, 50);
-        if (strstr(p[1].buf[1], "in its handshake") && strstr(p[2].buf[1], "in its handshake"))
+        bool a = strstr(p[1].buf[1], "in its handshake"),
+             b = strstr(p[2].buf[1], "in its handshake");
+        if (a && b)
             break;
+        if ((a || b) && !one) {
+            one = true;
+            until = fl_deadline_in(1000);
+        }
     }
     for (int i = 0; i < N; i++)
         close(fd[i]);
     bool done = procs_wait(p, 3, fl_deadline_in(30000));
     procs_stop(p, 3);
     show(p, 3, out, sizeof out);
+    int closed = 0;
     for (int r = 0; r < 2; r++) {
-        ck_assert_msg(strstr(p[1 + r].buf[1], "closed this connection in its handshake") &&
-                          strstr(p[1 + r].buf[1], "trying again with backoff"),
-                      "expected rank %d to say its connection was closed in its handshake and "
-                      "that it tries again:%s",
-                      r, out);
+        if (!strstr(p[1 + r].buf[1], "closed this connection in its handshake"))
+            continue;
+        closed++;
+        ck_assert_msg(strstr(p[1 + r].buf[1], "trying again with backoff"),
+                      "expected rank %d to say it tries again:%s", r, out);
         ck_assert_msg(count_of(p[1 + r].buf[1], "in its handshake (busy") == 1,
                       "expected rank %d to say so once:%s", r, out);
     }
+    ck_assert_msg(closed >= 1,
+                  "expected a rank to say its connection was closed in its handshake and that "
+                  "it tries again:%s",
+                  out);
     ck_assert_msg(done && proc_code(&p[1]) == 0 && proc_code(&p[2]) == 0 &&
                       strstr(p[1].buf[0], "rank 0 summary:") != NULL,
                   "expected both ranks to register once the slots were free, and finish:%s", out);
@@ -637,10 +651,14 @@ START_TEST(test_partial_messages_bounded_per_process)
             "connections took all their bytes\n",
             rss0 / 1024, hwm / 1024, kept);
     ck_assert_msg(hwm > 0, "flodl-ps is gone: %s", p.buf[1]);
+#ifndef __SANITIZE_ADDRESS__
+    /* AddressSanitizer keeps what the cut connections freed in its quarantine: there, only the
+     * cuts are checked. */
     ck_assert_msg(hwm - rss0 < (256 + 192) * 1024,
                   "expected flodl-ps's peak within 448 MiB of its start (the 256 MiB bound and "
                   "a margin) under 40 x 16 MiB of messages not yet complete, it rose by %ld MiB",
                   (hwm - rss0) / 1024);
+#endif
     ck_assert_msg(strstr(p.buf[1], "over its bound of 256 MiB"),
                   "expected flodl-ps to log the connection it cut for the process bound: %s",
                   p.buf[1]);
