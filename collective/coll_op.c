@@ -261,6 +261,16 @@ static int classify(coll_op_t *op, fl_tp_msg_t *m, bool *keep)
         fl_tp_msg_close(m);
         return FL_OK;
     }
+    /* With per-rank keys a rank speaks only for itself. A sub-communicator numbers its
+     * members its own way, so only a communicator of its own can tell. */
+    if (m->peer_bound != FL_TP_KEY_ANY && c->tapped == NULL && m->peer_bound != m->hdr.sender) {
+        fl_ctx_count(c->ctx, FL_STAT_AUTH_REFUSED, 1);
+        FL_WARN(c->ctx, "dropped a %s message claiming sender %d from a connection with %s key",
+                fl_msg_type_name(m->hdr.type), m->hdr.sender,
+                m->peer_bound >= 0 ? "another rank's" : "a parameter server's");
+        fl_tp_msg_close(m);
+        return FL_OK;
+    }
     if (m->hdr.seq < op->seq) {
         fl_ctx_count(c->ctx, FL_STAT_UNEXPECTED, 1);
         FL_WARN(c->ctx, "dropped a stale message of collective #%llu from rank %d during #%llu",

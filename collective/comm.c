@@ -148,8 +148,10 @@ int fl_comm_init(const fl_comm_opts_t *o, fl_comm_t **out)
     char name[FL_HOST_MAX + 32];
     snprintf(name, sizeof name, "rank %d", o->rank);
     co.log_name = name;
+    char self[32]; /* a key of this rank's own, where the job has per-rank keys */
+    snprintf(self, sizeof self, "rank-%d", o->rank);
     if ((rc = fl_ctx_create(&co, &c->ctx)) != FL_OK ||
-        (rc = fl_tp_curve_use(c->ctx, o->curve_dir)) != FL_OK)
+        (rc = fl_tp_curve_use(c->ctx, o->curve_dir, self)) != FL_OK)
         goto fail;
 
     if (o->host != NULL)

@@ -303,8 +303,10 @@ int fl_ps_client_create(const fl_ps_client_opts_t *o, fl_ps_client_t **out)
     char name[64];
     snprintf(name, sizeof name, "rank %d", o->rank);
     co.log_name = name;
+    char self[32]; /* a key of this rank's own, where the job has per-rank keys */
+    snprintf(self, sizeof self, "rank-%d", o->rank);
     if ((rc = fl_ctx_create(&co, &cl->ctx)) != FL_OK ||
-        (rc = fl_tp_curve_use(cl->ctx, o->curve_dir)) != FL_OK)
+        (rc = fl_tp_curve_use(cl->ctx, o->curve_dir, self)) != FL_OK)
         goto fail;
     if (o->host != NULL)
         snprintf(cl->host, sizeof cl->host, "%s", o->host);

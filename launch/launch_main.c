@@ -260,10 +260,10 @@ static int make_keys(const char *dir, char *keys, size_t cap)
         return fl_fail(FL_EIO, "cannot make %s: %s", path, strerror(errno));
     int rc;
     snprintf(path, sizeof path, "%s/server", keys);
-    if ((rc = fl_tp_curve_keygen(path, "flodl-launch, this job only")) != FL_OK)
+    if ((rc = fl_tp_curve_keygen(path, "flodl-launch, this job only", FL_TP_KEY_ANY)) != FL_OK)
         return rc;
     snprintf(path, sizeof path, "%s/authorized/client", keys);
-    if ((rc = fl_tp_curve_keygen(path, "flodl-launch, this job only")) != FL_OK)
+    if ((rc = fl_tp_curve_keygen(path, "flodl-launch, this job only", FL_TP_KEY_ANY)) != FL_OK)
         return rc;
     /* The client's key pair is client.key beside server.key; its public half stays allowed. */
     char from[PATH_MAX + 64];

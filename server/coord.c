@@ -102,6 +102,32 @@ bool fl_coord_token_ok(const char *held, const char *given)
     return diff == 0;
 }
 
+bool fl_coord_key_fits(fl_coord_t *c, const fl_tp_msg_t *m)
+{
+    const fl_msg_register_t *reg = &m->hdr.u.reg;
+    int b = m->peer_bound;
+    bool server = reg->role == FL_ROLE_SERVER;
+    if (b == FL_TP_KEY_ANY || (server ? b == FL_TP_KEY_SERVER : b == reg->rank))
+        return true;
+    char claim[64];
+    char owner[64];
+    if (server)
+        snprintf(claim, sizeof claim, "a parameter-server process");
+    else
+        snprintf(claim, sizeof claim, "rank %d", reg->rank);
+    if (b == FL_TP_KEY_SERVER)
+        snprintf(owner, sizeof owner, "the parameter-server processes");
+    else
+        snprintf(owner, sizeof owner, "rank %d", b);
+    fl_ctx_count(c->ctx, FL_STAT_AUTH_REFUSED, 1);
+    /* The key's own binding is all the asker learns: it holds that key already. */
+    fl_coord_refuse(c, &m->route, server ? -1 : reg->rank, reg->host,
+                    "a registration as %s (host %s) came with the client key of %s: with "
+                    "per-member keys each member registers with its own",
+                    claim, reg->host, owner);
+    return false;
+}
+
 int fl_coord_create(const fl_coord_opts_t *o, fl_coord_t **out)
 {
     *out = NULL;
@@ -133,7 +159,7 @@ int fl_coord_create(const fl_coord_opts_t *o, fl_coord_t **out)
     co.log_name = "coordinator";
     co.max_msg_bytes = FL_COORD_MAX_MSG;
     if ((rc = fl_ctx_create(&co, &c->ctx)) != FL_OK ||
-        (rc = fl_tp_curve_use(c->ctx, o->curve_dir)) != FL_OK)
+        (rc = fl_tp_curve_use(c->ctx, o->curve_dir, NULL)) != FL_OK)
         goto fail;
     c->ranks = calloc((size_t)c->world, sizeof *c->ranks);
     c->rank_info = calloc((size_t)c->world, sizeof *c->rank_info);

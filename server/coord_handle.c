@@ -448,6 +448,8 @@ static void take_reg(fl_coord_t *c, const fl_tp_msg_t *m, const char *host)
 
 static void on_register(fl_coord_t *c, fl_tp_msg_t *m)
 {
+    if (!fl_coord_key_fits(c, m))
+        return;
     if (m->hdr.u.reg.role == FL_ROLE_SERVER) {
         fl_coord_ps_on_register(c, m);
         return;

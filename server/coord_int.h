@@ -139,6 +139,11 @@ void fl_coord_token_new(fl_coord_t *c, char token[FL_MSG_TOKEN_MAX]);
 /* True when `given` is the token `held` (compared in constant time); never for an empty one. */
 bool fl_coord_token_ok(const char *held, const char *given);
 
+/* With per-member CURVE keys: whether m's key may register what m claims (a key bound to a
+ * rank registers that rank, one bound to the server role a parameter-server process, the
+ * job's shared key anything). False after refusing it, counted as auth_refused. */
+bool fl_coord_key_fits(fl_coord_t *c, const fl_tp_msg_t *m);
+
 /* Sends an error to a route and counts it. */
 void fl_coord_send_error(fl_coord_t *c, const fl_tp_route_t *to, int code, int about,
                          const char *host, const char *fmt, ...) FL_PRINTF(6, 7);

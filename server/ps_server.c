@@ -251,7 +251,7 @@ int fl_ps_server_create(const fl_ps_server_opts_t *o, fl_ps_server_t **out)
     co.io_threads = o->shard_count > 1 ? 2 : 1;
     co.max_msg_bytes = (size_t)1 << 40; /* a shard's pushes are as large as the shard */
     if ((rc = fl_ctx_create(&co, &s->ctx)) != FL_OK ||
-        (rc = fl_tp_curve_use(s->ctx, o->curve_dir)) != FL_OK)
+        (rc = fl_tp_curve_use(s->ctx, o->curve_dir, "ps")) != FL_OK)
         goto fail;
     if (o->host != NULL)
         snprintf(s->host, sizeof s->host, "%s", o->host);

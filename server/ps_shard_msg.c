@@ -362,6 +362,12 @@ void fl_ps__shard_on_message(ps_shard_t *sh)
         fl_ps__shard_error(sh, &m->route, FL_EINVAL, rank,
                            "%s from rank %d, which is not a rank of this job (0..%d)",
                            fl_msg_type_name(m->hdr.type), rank, world - 1);
+    } else if (m->peer_bound != FL_TP_KEY_ANY && m->peer_bound != rank) {
+        /* With per-rank keys a connection speaks for the rank of its key alone. */
+        fl_ctx_count(sh->ctx, FL_STAT_AUTH_REFUSED, 1);
+        fl_ps__shard_error(sh, &m->route, FL_EINVAL, rank,
+                           "%s claiming rank %d came with the client key of another member",
+                           fl_msg_type_name(m->hdr.type), rank);
     } else if (sh->route_known[rank] && !same_route(&sh->routes[rank], &m->route)) {
         fl_ctx_count(sh->ctx, FL_STAT_UNEXPECTED, 1);
         fl_ps__shard_error(sh, &m->route, FL_EINVAL, rank,

@@ -112,13 +112,22 @@ START_TEST(test_worker_bad_flags)
 }
 END_TEST
 
-/* flodl-keygen into a directory it cannot make says why (exit 2, one line). */
+/* flodl-keygen into a directory it cannot make, or with flags that do not hold, says why (exit
+ * 2, one line). */
 START_TEST(test_keygen_unmakeable_dir)
 {
     static const bad_case_t cases[] = {
         {{"/proc/flodl-no/keys", NULL},
          {NULL},
          {"cannot make /proc/flodl-no/keys", "No such file", NULL}},
+        {{"--ranks", "0", "/tmp/flodl-no-keys", NULL}, {NULL}, {"--ranks", "out of range", NULL}},
+        {{"--rank", "x", "/tmp/flodl-no-keys", NULL}, {NULL}, {"--rank", "'x'", NULL}},
+        {{"--rank", "1", "--client", "a", "/tmp/flodl-no-keys", NULL},
+         {NULL},
+         {"one of --client, --rank and --ranks", NULL}},
+        {{"--client", "rank-1", "/tmp/flodl-no-keys", NULL},
+         {NULL},
+         {"'rank-1'", "per-member", NULL}},
     };
     check_bad(FLODL_BIN_DIR "/server/flodl-keygen", cases, sizeof cases / sizeof cases[0]);
 }

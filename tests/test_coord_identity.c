@@ -4,11 +4,13 @@
  * under CURVE with the job's own client key; the holder that lost its connection comes back
  * with the token of its welcome; a rank that left frees its identity. The server role's
  * counterpart is in test_coord_ps.c. */
+#include <pthread.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <unistd.h>
 
+#include "fl_coll.h"
 #include "fl_msg.h"
 #include "fl_ps.h"
 #include "fl_tp.h"
@@ -110,7 +112,7 @@ static fl_ctx_t *curve_ctx(const char *dir)
     co.log_level = FL_LOG_OFF;
     fl_ctx_t *ctx = NULL;
     ck_assert(fl_ctx_create(&co, &ctx) == FL_OK);
-    ck_assert_msg(dir == NULL || fl_tp_curve_use(ctx, dir) == FL_OK, "%s", fl_last_error());
+    ck_assert_msg(dir == NULL || fl_tp_curve_use(ctx, dir, NULL) == FL_OK, "%s", fl_last_error());
     return ctx;
 }
 
@@ -133,11 +135,11 @@ static void make_keys(const char *root)
     snprintf(cmd, sizeof cmd, "mkdir -p %s/keys/authorized %s/b/authorized", root, root);
     ck_assert_int_eq(system(cmd), 0);
     snprintf(path, sizeof path, "%s/keys/server", root);
-    ck_assert(fl_tp_curve_keygen(path, "job server") == FL_OK);
+    ck_assert(fl_tp_curve_keygen(path, "job server", FL_TP_KEY_ANY) == FL_OK);
     snprintf(path, sizeof path, "%s/keys/client", root);
-    ck_assert(fl_tp_curve_keygen(path, "host a") == FL_OK);
+    ck_assert(fl_tp_curve_keygen(path, "host a", FL_TP_KEY_ANY) == FL_OK);
     snprintf(path, sizeof path, "%s/b/client", root);
-    ck_assert(fl_tp_curve_keygen(path, "host b") == FL_OK);
+    ck_assert(fl_tp_curve_keygen(path, "host b", FL_TP_KEY_ANY) == FL_OK);
     snprintf(cmd, sizeof cmd,
              "cp %s/keys/client.pub %s/keys/authorized/a.pub && cp "
              "%s/b/client.pub %s/keys/authorized/b.pub && cp %s/b/client.pub "
@@ -325,6 +327,182 @@ START_TEST(test_stalled_rank_curve)
 }
 END_TEST
 
+/* A context with the key of a member (self: "rank-0", "ps") from dir. */
+static fl_ctx_t *member_ctx(const char *dir, const char *self)
+{
+    fl_ctx_opts_t co;
+    fl_ctx_opts_init(&co);
+    co.log_level = FL_LOG_OFF;
+    fl_ctx_t *ctx = NULL;
+    ck_assert(fl_ctx_create(&co, &ctx) == FL_OK);
+    ck_assert_msg(fl_tp_curve_use(ctx, dir, self) == FL_OK, "%s", fl_last_error());
+    return ctx;
+}
+
+/* A parameter-server process's registration for shard 0 of 1. */
+static void send_server_reg(fl_tp_sock_t *s)
+{
+    fl_msg_hdr_t h;
+    fl_msg_hdr_init(&h, FL_MSG_REGISTER, FL_MSG_SENDER_SERVER);
+    snprintf(h.job_id, sizeof h.job_id, "%s", JOB);
+    fl_msg_register_t *r = &h.u.reg;
+    r->role = FL_ROLE_SERVER;
+    r->rank = 0;
+    r->shard_count = 1;
+    r->num_shards = 1;
+    snprintf(r->host, sizeof r->host, "ps-0");
+    r->pid = 2000;
+    r->param_count = 1000;
+    ck_assert(fl_msg_register_alloc_shards(r, 1) == FL_OK);
+    snprintf(r->shard_eps[0], FL_ENDPOINT_MAX, "tcp://10.9.0.1:7000");
+    ck_assert(fl_tp_send(s, NULL, &h, NULL, 0, fl_deadline_in(2000)) == FL_OK);
+    fl_msg_hdr_free_tables(&h);
+}
+
+/* The refusal a registration from ctx gets; rank < 0: as a parameter-server process. */
+static void key_refused(fl_ctx_t *ctx, const char *ep, int rank, const char *want)
+{
+    fl_tp_sock_t *x = curve_open(ctx, ep);
+    if (rank < 0)
+        send_server_reg(x);
+    else
+        send_reg(x, rank, 2);
+    fl_msg_error_t err;
+    expect_error(x, FL_EINVAL, 2000, &err);
+    ASSERT_HAS(err.text, want);
+    fl_tp_sock_destroy(&x);
+}
+
+/* Per-member keys (flodl-keygen --ranks): a key bound to a rank registers that rank only, the
+ * parameter servers' key a server only; the job's shared key, where the allowlist still has
+ * it, anything. */
+START_TEST(test_member_keys_hold_members_to_their_binding)
+{
+    char root[] = "/tmp/flodl-memberkey-XXXXXX";
+    ck_assert(mkdtemp(root) != NULL);
+    char keys[128], path[256], cmd[512];
+    snprintf(keys, sizeof keys, "%s/keys", root);
+    snprintf(cmd, sizeof cmd, "mkdir -p %s/authorized", keys);
+    ck_assert_int_eq(system(cmd), 0);
+    static const char *const names[] = {"server", "client", "rank-0", "rank-1", "ps"};
+    static const int bound[] = {FL_TP_KEY_ANY, FL_TP_KEY_ANY, 0, 1, FL_TP_KEY_SERVER};
+    for (int i = 0; i < 5; i++) {
+        snprintf(path, sizeof path, "%s/%s", keys, names[i]);
+        ck_assert(fl_tp_curve_keygen(path, names[i], bound[i]) == FL_OK);
+        snprintf(cmd, sizeof cmd, "cp %s.pub %s/authorized/", path, keys);
+        ck_assert_int_eq(i == 0 ? 0 : system(cmd), 0);
+    }
+    fl_coord_t *coord = coord_start(100, 5000, keys);
+    const char *ep = fl_coord_endpoint(coord);
+    fl_ctx_t *r0 = member_ctx(keys, "rank-0"), *r1 = member_ctx(keys, "rank-1");
+    fl_ctx_t *ps = member_ctx(keys, "ps"), *shared = member_ctx(keys, NULL);
+    key_refused(r1, ep, 0,
+                "a registration as rank 0 (host host-0) came with the client key of rank 1");
+    key_refused(ps, ep, 0, "with the client key of the parameter-server processes");
+    key_refused(r0, ep, -1,
+                "a registration as a parameter-server process (host ps-0) came with the client "
+                "key of rank 0");
+    /* Each with its own key, or the shared one, is let in. */
+    fl_tp_sock_t *a = curve_open(r0, ep), *b = curve_open(shared, ep);
+    send_reg(a, 0, 2);
+    send_reg(b, 1, 2);
+    expect_welcome(a, 2, NULL);
+    expect_welcome(b, 2, NULL);
+    ck_assert_int_eq(fl_coord_active(coord), 2);
+    fl_tp_sock_destroy(&a);
+    fl_tp_sock_destroy(&b);
+    fl_ctx_t *all[] = {r0, r1, ps, shared};
+    for (int i = 0; i < 4; i++)
+        fl_ctx_destroy(&all[i]);
+    fl_coord_stop(coord);
+    fl_coord_destroy(&coord);
+    snprintf(cmd, sizeof cmd, "rm -rf %s", root);
+    ck_assert_int_eq(system(cmd), 0);
+}
+END_TEST
+
+/* Makes a key pair at dir/name bound to `bound`. */
+static void key_at(const char *dir, const char *name, int bound)
+{
+    char path[256];
+    snprintf(path, sizeof path, "%s/%s", dir, name);
+    ck_assert(fl_tp_curve_keygen(path, name, bound) == FL_OK);
+}
+
+typedef struct forge_rank {
+    fl_comm_opts_t o;
+    int rc;
+    uint64_t refused;
+} forge_rank_t;
+
+static void *forge_rank_main(void *p)
+{
+    forge_rank_t *a = p;
+    fl_comm_t *comm = NULL;
+    a->rc = fl_comm_init(&a->o, &comm);
+    float x[64] = {1}, y[64];
+    if (a->rc == FL_OK)
+        a->rc = fl_allreduce(comm, x, y, 64, FL_FLOAT32, FL_SUM);
+    if (comm != NULL)
+        a->refused = fl_ctx_stat(fl_comm_ctx(comm), FL_STAT_AUTH_REFUSED);
+    fl_comm_destroy(&comm);
+    return NULL;
+}
+
+/* On the data sockets a rank's key speaks for that rank alone. Rank 1 holds a key rank 0's
+ * allowlist binds to rank 2 (the coordinator's allowlist binds it to nobody, so it registers):
+ * rank 0 drops its data, counted, and the allreduce fails instead of taking it as rank 1's. */
+START_TEST(test_data_from_another_ranks_key_dropped)
+{
+    char root[] = "/tmp/flodl-forge-XXXXXX";
+    ck_assert(mkdtemp(root) != NULL);
+    char cmd[2048], a[96], b[96], c[96];
+    snprintf(a, sizeof a, "%s/coord", root);
+    snprintf(b, sizeof b, "%s/r0", root);
+    snprintf(c, sizeof c, "%s/r1", root);
+    snprintf(cmd, sizeof cmd, "mkdir -p %s/authorized %s/authorized %s/authorized", a, b, c);
+    ck_assert_int_eq(system(cmd), 0);
+    key_at(a, "server", FL_TP_KEY_ANY);
+    key_at(b, "rank-0", 0);
+    key_at(c, "rank-1", 2);
+    /* The coordinator and rank 1 allow both keys unbound; rank 0 allows them bound. */
+    snprintf(cmd, sizeof cmd,
+             "A=%s B=%s C=%s; cp -p $A/server.key $B/ && cp -p $A/server.key $C/ && "
+             "cp $B/rank-0.pub $C/rank-1.pub $B/authorized/ && "
+             "for d in $A $C; do for k in $B/rank-0.pub $C/rank-1.pub; do "
+             "grep -v 'rank =' $k > $d/authorized/$(basename $k); done; done",
+             a, b, c);
+    ck_assert_int_eq(system(cmd), 0);
+    fl_coord_opts_t co;
+    fl_coord_opts_init(&co);
+    co.bind = "tcp://127.0.0.1:0";
+    co.world_size = 2;
+    co.curve_dir = a;
+    co.log_level = FL_LOG_OFF;
+    fl_coord_t *coord = NULL;
+    ck_assert_msg(fl_coord_create(&co, &coord) == FL_OK, "%s", fl_last_error());
+    ck_assert(fl_coord_start(coord) == FL_OK);
+    forge_rank_t r[2];
+    pthread_t t[2];
+    for (int k = 0; k < 2; k++) {
+        memset(&r[k], 0, sizeof r[k]);
+        fl_test_comm_opts(&r[k].o, coord, k, 2);
+        r[k].o.curve_dir = k == 0 ? b : c;
+        r[k].o.timeout_ms = 3000;
+        r[k].o.log_level = FL_LOG_OFF;
+        ck_assert(pthread_create(&t[k], NULL, forge_rank_main, &r[k]) == 0);
+    }
+    for (int k = 0; k < 2; k++)
+        pthread_join(t[k], NULL);
+    ck_assert_msg(r[0].rc != FL_OK, "rank 0 took rank 1's data sent with rank 2's key");
+    ck_assert_uint_ge(r[0].refused, 1);
+    fl_coord_stop(coord);
+    fl_coord_destroy(&coord);
+    snprintf(cmd, sizeof cmd, "rm -rf %s", root);
+    ck_assert_int_eq(system(cmd), 0);
+}
+END_TEST
+
 Suite *coord_identity_suite(void);
 Suite *coord_identity_suite(void)
 {
@@ -335,6 +513,8 @@ Suite *coord_identity_suite(void)
     tcase_add_test(t, test_curve_rank_bound_to_its_key);
     tcase_add_test(t, test_stalled_rank_plain);
     tcase_add_test(t, test_stalled_rank_curve);
+    tcase_add_test(t, test_member_keys_hold_members_to_their_binding);
+    tcase_add_test(t, test_data_from_another_ranks_key_dropped);
     suite_add_tcase(s, t);
     return s;
 }

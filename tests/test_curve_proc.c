@@ -1,7 +1,8 @@
 /* The binaries with CurveZMQ: a job whose flodl-ps and workers share keys trains; a worker with
  * a key nobody allowed and a plain-text worker get nothing through (they fail at once saying
  * why, well before their rendezvous deadline; flodl-ps logs and counts both) while the job goes
- * on with an allowed one; unsafe keys and a missing security choice are refused at start. */
+ * on with an allowed one; unsafe keys and a missing security choice are refused at start; with
+ * per-member keys each rank must hold its own. */
 #include <arpa/inet.h>
 #include <check.h>
 #include <netinet/in.h>
@@ -204,6 +205,39 @@ START_TEST(test_unsafe_keys_and_no_choice_refused)
 }
 END_TEST
 
+/* Per-member keys (flodl-keygen --ranks): the job trains with each rank on its own key, and a
+ * rank holding another rank's key is refused at once, saying whose key it holds. */
+START_TEST(test_member_keys_job)
+{
+    proc_t p[4];
+    memset(p, 0, sizeof p);
+    char pr[128], swap[128], cmd[1024], ep[FL_ENDPOINT_MAX], out[16384];
+    snprintf(pr, sizeof pr, "%s/members", root);
+    snprintf(swap, sizeof swap, "%s/swapped", root);
+    snprintf(cmd, sizeof cmd,
+             "%s --ranks 2 %s > /dev/null && test ! -e %s/client.key && cp -rp %s %s && "
+             "cp -p %s/rank-0.key %s/rank-1.key",
+             KEYGEN_BIN, pr, pr, pr, swap, pr, swap);
+    sys(cmd);
+    const char *extra[] = {"--curve-dir", pr, "--log-level", "warn", NULL};
+    ck_assert(start_ps(&p[0], 2, extra, secure_env, ep, sizeof ep, 3));
+    start_worker(&p[1], ep, "0", "--curve-dir", pr, "30000");
+    start_worker(&p[2], ep, "1", "--curve-dir", swap, "120000");
+    bool ended = procs_wait(&p[2], 1, fl_deadline_in(20000));
+    show(p, 3, out, sizeof out);
+    ck_assert_msg(ended && proc_code(&p[2]) != 0 &&
+                      strstr(p[2].buf[1], "came with the client key of rank 0"),
+                  "expected rank 1 with rank 0's key to be refused at once:%s", out);
+    start_worker(&p[3], ep, "1", "--curve-dir", pr, "30000");
+    bool done = procs_wait(p, 4, fl_deadline_in(90000));
+    procs_stop(p, 4);
+    show(p, 4, out, sizeof out);
+    ck_assert_msg(done && proc_code(&p[0]) == 0 && proc_code(&p[1]) == 0 && proc_code(&p[3]) == 0,
+                  "the job on per-member keys did not finish:%s", out);
+    procs_free(p, 4);
+}
+END_TEST
+
 static Suite *suite(void)
 {
     Suite *s = suite_create("curve_proc");
@@ -212,6 +246,7 @@ static Suite *suite(void)
     tcase_add_checked_fixture(t, setup, teardown);
     tcase_add_test(t, test_strangers_get_nothing_through);
     tcase_add_test(t, test_unsafe_keys_and_no_choice_refused);
+    tcase_add_test(t, test_member_keys_job);
     suite_add_tcase(s, t);
     return s;
 }

@@ -1,7 +1,8 @@
 /* CurveZMQ in transport/: an allowed client's messages arrive (over TCP, encrypted); a client
  * with an unknown key, with no key, or in plain text gets nothing through, is counted, and the
  * server keeps serving the allowed one; key directories that are unsafe or incomplete are
- * refused naming the file. */
+ * refused naming the file; per-member keys are picked by each member and their bindings reach
+ * the server with every message. */
 #include <check.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -31,13 +32,13 @@ static void setup(void)
     SH("mkdir -p %s/keys/authorized %s/strange/authorized", root, root);
     char base[128];
     snprintf(base, sizeof base, "%s/keys/server", root);
-    ck_assert(fl_tp_curve_keygen(base, "job server") == FL_OK);
+    ck_assert(fl_tp_curve_keygen(base, "job server", FL_TP_KEY_ANY) == FL_OK);
     snprintf(base, sizeof base, "%s/keys/client", root);
-    ck_assert(fl_tp_curve_keygen(base, "rank 0") == FL_OK);
+    ck_assert(fl_tp_curve_keygen(base, "rank 0", FL_TP_KEY_ANY) == FL_OK);
     SH("cp %s/keys/client.pub %s/keys/authorized/", root, root);
     /* The stranger knows the server's public key but holds a key nobody allowed. */
     snprintf(base, sizeof base, "%s/strange/client", root);
-    ck_assert(fl_tp_curve_keygen(base, "stranger") == FL_OK);
+    ck_assert(fl_tp_curve_keygen(base, "stranger", FL_TP_KEY_ANY) == FL_OK);
     SH("cp %s/keys/server.key %s/strange/ && cp %s/strange/client.pub %s/strange/authorized/", root,
        root, root, root);
 }
@@ -58,7 +59,7 @@ static fl_ctx_t *ctx_with(const char *keys)
         char dir[128];
         snprintf(dir, sizeof dir, "%s/%s", root, keys);
         fl_tp_curve_t *c = NULL;
-        ck_assert_msg(fl_tp_curve_load(dir, &c) == FL_OK, "%s", fl_last_error());
+        ck_assert_msg(fl_tp_curve_load(dir, NULL, &c) == FL_OK, "%s", fl_last_error());
         ck_assert(fl_tp_curve_attach(ctx, c) == FL_OK);
         ck_assert(fl_tp_curve_on(ctx));
     }
@@ -160,7 +161,7 @@ static void expect_refused(const char *want)
     char dir[128];
     snprintf(dir, sizeof dir, "%s/keys", root);
     fl_tp_curve_t *c = NULL;
-    ck_assert_int_eq(fl_tp_curve_load(dir, &c), FL_EINVAL);
+    ck_assert_int_eq(fl_tp_curve_load(dir, NULL, &c), FL_EINVAL);
     ck_assert(c == NULL);
     ck_assert_msg(strstr(fl_last_error(), want) != NULL, "'%s' does not say '%s'", fl_last_error(),
                   want);
@@ -201,7 +202,7 @@ static void expect_loaded(void)
     char dir[128];
     snprintf(dir, sizeof dir, "%s/keys", root);
     fl_tp_curve_t *c = NULL;
-    ck_assert_msg(fl_tp_curve_load(dir, &c) == FL_OK, "%s", fl_last_error());
+    ck_assert_msg(fl_tp_curve_load(dir, NULL, &c) == FL_OK, "%s", fl_last_error());
     fl_tp_curve_free(c);
 }
 
@@ -239,6 +240,115 @@ START_TEST(test_key_modes)
 }
 END_TEST
 
+/* Like ctx_with, with the client key of a member (self: "rank-3", "ps") where it has one. */
+static fl_ctx_t *ctx_as(const char *self)
+{
+    fl_ctx_opts_t o;
+    fl_ctx_opts_init(&o);
+    o.log_level = FL_LOG_OFF;
+    fl_ctx_t *ctx = NULL;
+    ck_assert(fl_ctx_create(&o, &ctx) == FL_OK);
+    char dir[128];
+    snprintf(dir, sizeof dir, "%s/keys", root);
+    ck_assert_msg(fl_tp_curve_use(ctx, dir, self) == FL_OK, "%s", fl_last_error());
+    return ctx;
+}
+
+/* Adds root/keys/NAME.key bound to `bound`, allowed in. */
+static void member_key(const char *name, int bound)
+{
+    char base[128];
+    snprintf(base, sizeof base, "%s/keys/%s", root, name);
+    ck_assert(fl_tp_curve_keygen(base, name, bound) == FL_OK);
+    SH("cp %s/keys/%s.pub %s/keys/authorized/", root, name, root);
+}
+
+/* What a barrier from a client of cctx arrives with at server: its key's binding, and whether
+ * the key is the one in root/keys/NAME.pub. */
+static int bound_at_server(fl_tp_sock_t *server, const char *ep, fl_ctx_t *cctx, const char *name)
+{
+    fl_tp_sock_t *c = sock(cctx, FL_TP_DEALER, "member");
+    ck_assert(fl_tp_sock_connect(c, ep) == FL_OK);
+    send_barrier(c, 1);
+    fl_tp_msg_t m;
+    ck_assert(fl_tp_recv(server, &m, fl_deadline_in(5000)) == FL_OK);
+    int bound = m.peer_bound;
+    char path[160], text[512];
+    snprintf(path, sizeof path, "%s/keys/%s.pub", root, name);
+    FILE *f = fopen(path, "r");
+    ck_assert(f != NULL);
+    size_t n = fread(text, 1, sizeof text - 1, f);
+    fclose(f);
+    text[n] = '\0';
+    ck_assert_uint_eq(strlen(m.peer_key), 40);
+    ck_assert_msg(strstr(text, m.peer_key) != NULL, "%s is not %s's key", m.peer_key, name);
+    fl_tp_msg_close(&m);
+    fl_tp_sock_destroy(&c);
+    return bound;
+}
+
+/* Per-member keys: each process picks its own (rank-K.key, ps.key) over the shared client.key,
+ * and a server learns the member each message's key is bound to. */
+START_TEST(test_member_keys_and_bindings)
+{
+    member_key("rank-3", 3);
+    member_key("ps", FL_TP_KEY_SERVER);
+    fl_ctx_t *sctx = ctx_with("keys");
+    fl_tp_sock_t *server = sock(sctx, FL_TP_ROUTER, "server");
+    char ep[FL_ENDPOINT_MAX];
+    ck_assert(fl_tp_sock_bind(server, "tcp://127.0.0.1:0", ep, sizeof ep) == FL_OK);
+    fl_ctx_t *ctx[3] = {ctx_as("rank-3"), ctx_as("ps"), ctx_as("rank-4")};
+    ck_assert_int_eq(bound_at_server(server, ep, ctx[0], "rank-3"), 3);
+    ck_assert_int_eq(bound_at_server(server, ep, ctx[1], "ps"), FL_TP_KEY_SERVER);
+    ck_assert_int_eq(bound_at_server(server, ep, ctx[2], "client"), FL_TP_KEY_ANY);
+    for (int i = 0; i < 3; i++)
+        fl_ctx_destroy(&ctx[i]);
+    fl_tp_sock_destroy(&server);
+    fl_ctx_destroy(&sctx);
+
+    /* Without the shared key, a member needs its own; a process that only binds needs none,
+     * and says so if it connects after all. */
+    SH("rm %s/keys/client.key %s/keys/authorized/client.pub", root, root);
+    char dir[128];
+    snprintf(dir, sizeof dir, "%s/keys", root);
+    fl_tp_curve_t *c = NULL;
+    ck_assert_int_eq(fl_tp_curve_load(dir, "rank-4", &c), FL_EINVAL);
+    ck_assert_msg(strstr(fl_last_error(), "neither rank-4.key") != NULL, "%s", fl_last_error());
+    fl_ctx_t *bind_only = ctx_as(NULL);
+    fl_tp_sock_t *s = sock(bind_only, FL_TP_DEALER, "dealer");
+    ck_assert_int_eq(fl_tp_sock_connect(s, ep), FL_EINVAL);
+    ck_assert_msg(strstr(fl_last_error(), "no client key") != NULL, "%s", fl_last_error());
+    fl_tp_sock_destroy(&s);
+    fl_ctx_destroy(&bind_only);
+}
+END_TEST
+
+/* A binding that cannot be read, or a key listed twice, is refused naming the file: read as no
+ * binding, it would let the key be any member. */
+START_TEST(test_bad_bindings_refused)
+{
+    static const char *const bad[][2] = {
+        {"    rank = 3", "the binding is not rank"},
+        {"    rank = \"x\"", "the binding is not rank"},
+        {"    rank = \"65536\"", "the binding is not rank"},
+        {"    role = \"admin\"", "the binding is not role"},
+        {"    rank = \"1\"\n    role = \"server\"", "the binding is not role"},
+    };
+    for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
+        SH("(echo metadata; echo '%s'; grep public-key %s/keys/client.pub) > "
+           "%s/keys/authorized/m.pub",
+           bad[i][0], root, root);
+        char want[160];
+        snprintf(want, sizeof want, "m.pub: %s", bad[i][1]);
+        expect_refused(want);
+    }
+    SH("cp %s/keys/client.pub %s/keys/authorized/m.pub", root, root);
+    expect_refused("is in the allowlist twice");
+    SH("rm %s/keys/authorized/m.pub", root);
+    expect_loaded();
+}
+END_TEST
+
 static Suite *suite(void)
 {
     Suite *s = suite_create("tp_curve");
@@ -249,6 +359,8 @@ static Suite *suite(void)
     tcase_add_test(t, test_curve_client_and_plain_server_do_not_talk);
     tcase_add_test(t, test_unsafe_or_incomplete_keys_refused);
     tcase_add_test(t, test_key_modes);
+    tcase_add_test(t, test_member_keys_and_bindings);
+    tcase_add_test(t, test_bad_bindings_refused);
     suite_add_tcase(s, t);
     return s;
 }

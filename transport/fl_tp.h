@@ -98,6 +98,8 @@ typedef struct fl_tp_msg {
     fl_tp_route_t route; /* ROUTER sockets: the sender's identity */
     char peer_key[48];   /* with CURVE: the client key the sender authenticated with (Z85,
                             40 characters); "" in plain text */
+    int peer_bound;      /* with CURVE: the member that key is bound to (FL_TP_KEY_*, or a
+                            rank); FL_TP_KEY_ANY for the job's shared key and in plain text */
     size_t nframes;
     zmq_msg_t frames[FL_MSG_MAX_FRAMES];
 } fl_tp_msg_t;
@@ -321,14 +323,21 @@ void fl_tp_member_destroy(fl_tp_member_t **m);
 
 typedef struct fl_tp_curve fl_tp_curve_t;
 
+/* What a client key in the allowlist is bound to: a rank (0 or more), the parameter-server
+ * processes, or any member (the job's shared key). From the key file's metadata: `rank = "K"`,
+ * `role = "server"`, or neither. */
+#define FL_TP_KEY_ANY (-1)
+#define FL_TP_KEY_SERVER (-2)
+
 /* Loads a key directory: server.key (the job's server key pair: every bound socket of the job
- * uses it; clients trust its public half), client.key (this process's key pair), authorized/
- * (*.pub: the client public keys allowed in; at least one). Key files hold Z85 lines
- * `public-key = "..."` / `secret-key = "..."` (czmq's certificates work). FL_OK, or FL_EINVAL
- * naming the file: missing, malformed, a secret key readable by others or writable by its
- * group, an empty
- * allowlist, a libzmq without CURVE. */
-int fl_tp_curve_load(const char *dir, fl_tp_curve_t **out);
+ * uses it; clients trust its public half), this process's client key pair, authorized/ (*.pub:
+ * the client public keys allowed in, each maybe bound to a member; at least one). The client
+ * key is DIR/<self>.key when self is given and that file exists (a per-rank key: "rank-3",
+ * "ps"), else DIR/client.key; self NULL: a process that only binds, which may have none. Key
+ * files hold Z85 lines `public-key = "..."` / `secret-key = "..."` (czmq's certificates work).
+ * FL_OK, or FL_EINVAL naming the file: missing, malformed, a secret key readable by others or
+ * writable by its group, a bad binding, an empty allowlist, a libzmq without CURVE. */
+int fl_tp_curve_load(const char *dir, const char *self, fl_tp_curve_t **out);
 void fl_tp_curve_free(fl_tp_curve_t *c);
 
 /* Every TCP and IPC socket of ctx made after this uses CURVE: bound ones as servers checked by
@@ -337,14 +346,15 @@ void fl_tp_curve_free(fl_tp_curve_t *c);
 int fl_tp_curve_attach(fl_ctx_t *ctx, fl_tp_curve_t *c);
 
 /* fl_tp_curve_load then fl_tp_curve_attach; dir NULL: nothing (plain text). */
-int fl_tp_curve_use(fl_ctx_t *ctx, const char *dir);
+int fl_tp_curve_use(fl_ctx_t *ctx, const char *dir, const char *self);
 
 /* True when ctx's sockets use CURVE. */
 bool fl_tp_curve_on(const fl_ctx_t *ctx);
 
 /* Writes base.key (a new key pair, mode 600) and base.pub (its public key, mode 644), each
- * atomically; comment goes into the files' first line. FL_OK or FL_EIO naming the path. */
-int fl_tp_curve_keygen(const char *base, const char *comment);
+ * atomically; comment goes into the files' first line, bound (a rank, FL_TP_KEY_SERVER or
+ * FL_TP_KEY_ANY) into their metadata. FL_OK or FL_EIO naming the path. */
+int fl_tp_curve_keygen(const char *base, const char *comment, int bound);
 
 #ifdef __cplusplus
 }

@@ -5,9 +5,12 @@
  * (and counted); one with no key or plain text fails ZeroMQ's handshake (counted by the guard of
  * the socket, tp_guard.c): neither gets a message through. Keys are Z85 text in files ZeroMQ's and
  * czmq's tools also read: public-key = "<40 characters>" secret-key = "<40 characters>" A key
- * directory holds server.key (the job's server key pair), client.key (this process's), and
- * authorized/ (*.pub: the client keys allowed in). Secret key files must not be readable by others
- * nor writable by their group. inproc sockets (inside one process) are left as they are. */
+ * directory holds server.key (the job's server key pair), client.key (a client key every member
+ * may use) or per-member keys (rank-K.key, ps.key), and authorized/ (*.pub: the client keys
+ * allowed in, each maybe bound to one member by `rank = "K"` or `role = "server"`). The ZAP
+ * handler names a peer by its key and binding ("User-Id"), and the coordinator holds each
+ * member to its binding. Secret key files must not be readable by others nor writable by their
+ * group. inproc sockets (inside one process) are left as they are. */
 #include "tp_int.h"
 
 #include <dirent.h>
@@ -32,7 +35,10 @@ struct fl_tp_curve {
     char server_secret[KEY_TEXT];
     char client_public[KEY_TEXT];
     char client_secret[KEY_TEXT];
+    bool has_client; /* a process that only binds may have no client key */
+    char client_path[4096];
     uint8_t (*allowed)[32];
+    int *bound; /* per allowed key: a rank, FL_TP_KEY_SERVER or FL_TP_KEY_ANY */
     size_t nallowed;
     /* the ZAP handler, once attached to a context */
     fl_ctx_t *ctx;
@@ -65,6 +71,56 @@ static bool find_key(const char *text, const char *name, char *out)
         p += nl;
     }
     return false;
+}
+
+/* Finds a line `name = "value"` (blanks before it allowed) in text: 1 and the value in out, 0
+ * when no line sets name, -1 when one does but not as a quoted value that fits in cap. */
+static int find_value(const char *text, const char *name, char *out, size_t cap)
+{
+    size_t nl = strlen(name);
+    for (const char *p = text; p != NULL; p = strchr(p, '\n'), p = p != NULL ? p + 1 : NULL) {
+        const char *q = p + strspn(p, " \t");
+        if (strncmp(q, name, nl) != 0)
+            continue;
+        q += nl;
+        q += strspn(q, " \t");
+        if (*q++ != '=')
+            continue;
+        q += strspn(q, " \t");
+        const char *end = *q == '"' ? strpbrk(q + 1, "\"\n") : NULL;
+        if (end == NULL || *end != '"' || (size_t)(end - q - 1) >= cap)
+            return -1;
+        memcpy(out, q + 1, (size_t)(end - q - 1));
+        out[end - q - 1] = '\0';
+        return 1;
+    }
+    return 0;
+}
+
+/* The member a listed key is bound to, from its metadata (fl_tp.h's FL_TP_KEY_*). A binding
+ * that cannot be read is refused: taken as none, it would let the key be any member. */
+static int read_binding(const char *path, const char *text, int *bound)
+{
+    char v[32];
+    *bound = FL_TP_KEY_ANY;
+    int has = find_value(text, "rank", v, sizeof v);
+    char *end = NULL;
+    long r = has == 1 ? strtol(v, &end, 10) : -1;
+    if (has < 0 ||
+        (has == 1 && (v[0] < '0' || v[0] > '9' || *end != '\0' || r >= FL_MSG_MAX_PEERS)))
+        return fl_fail(FL_EINVAL, "CURVE: %s: the binding is not rank = \"K\" (K from 0 to %d)",
+                       path, FL_MSG_MAX_PEERS - 1);
+    if (has == 1)
+        *bound = (int)r;
+    has = find_value(text, "role", v, sizeof v);
+    if (has < 0 || (has == 1 && (strcmp(v, "server") != 0 || *bound != FL_TP_KEY_ANY)))
+        return fl_fail(FL_EINVAL,
+                       "CURVE: %s: the binding is not role = \"server\" (a key's one role, and "
+                       "not with a rank)",
+                       path);
+    if (has == 1)
+        *bound = FL_TP_KEY_SERVER;
+    return FL_OK;
 }
 
 /* Whether gid is the process's group, its own or a supplementary one. Kubernetes adds the pod's
@@ -104,8 +160,9 @@ static int check_secret_mode(const char *path, const struct stat *st)
     return FL_OK;
 }
 
-/* Reads a key file; a secret key's mode is check_secret_mode's. */
-static int read_key_file(const char *path, bool secret, char *pub, char *sec)
+/* Reads a key file; a secret key's mode is check_secret_mode's. bound: NULL, or where the
+ * key's binding goes (read_binding). */
+static int read_key_file(const char *path, bool secret, char *pub, char *sec, int *bound)
 {
     struct stat st;
     if (stat(path, &st) != 0)
@@ -128,7 +185,7 @@ static int read_key_file(const char *path, bool secret, char *pub, char *sec)
                        path);
     if (secret && !find_key(text, "secret-key", sec))
         return fl_fail(FL_EINVAL, "CURVE: %s has no valid secret-key = \"...\"", path);
-    return FL_OK;
+    return bound != NULL ? read_binding(path, text, bound) : FL_OK;
 }
 
 /* Who may change the key directory or the allowlist decides who gets in: no write for group or
@@ -148,6 +205,40 @@ static int check_not_writable(const char *path, const char *what)
     return FL_OK;
 }
 
+/* One more allowed key; the same key twice would make its binding ambiguous. */
+static int add_allowed(fl_tp_curve_t *c, const char *file, const char *pub)
+{
+    uint8_t *key = c->allowed[c->nallowed];
+    zmq_z85_decode(key, pub);
+    for (size_t i = 0; i < c->nallowed; i++)
+        if (memcmp(c->allowed[i], key, 32) == 0)
+            return fl_fail(FL_EINVAL, "CURVE: %s: key %s is in the allowlist twice", file, pub);
+    c->nallowed++;
+    return FL_OK;
+}
+
+/* This process's client key: DIR/<self>.key when self names one that exists, else
+ * DIR/client.key, which only a process that binds alone (self NULL) may lack. */
+static int read_client_key(const char *dir, const char *self, fl_tp_curve_t *c)
+{
+    if (self != NULL) {
+        snprintf(c->client_path, sizeof c->client_path, "%s/%s.key", dir, self);
+        if (access(c->client_path, F_OK) != 0)
+            snprintf(c->client_path, sizeof c->client_path, "%s/client.key", dir);
+    } else {
+        snprintf(c->client_path, sizeof c->client_path, "%s/client.key", dir);
+        if (access(c->client_path, F_OK) != 0)
+            return FL_OK;
+    }
+    if (access(c->client_path, F_OK) != 0)
+        return fl_fail(FL_EINVAL,
+                       "CURVE: %s has neither %s.key (this process's own key) nor client.key "
+                       "(the job's shared one)",
+                       dir, self);
+    c->has_client = true;
+    return read_key_file(c->client_path, true, c->client_public, c->client_secret, NULL);
+}
+
 static int read_allowlist(const char *dir, fl_tp_curve_t *c)
 {
     char path[4096];
@@ -163,7 +254,8 @@ static int read_allowlist(const char *dir, fl_tp_curve_t *c)
                        "*.pub): %s",
                        path, strerror(errno));
     c->allowed = calloc(MAX_ALLOWED, sizeof *c->allowed);
-    if (c->allowed == NULL) {
+    c->bound = calloc(MAX_ALLOWED, sizeof *c->bound);
+    if (c->allowed == NULL || c->bound == NULL) {
         closedir(d);
         return fl_fail(FL_ENOMEM, "CURVE: out of memory");
     }
@@ -181,8 +273,8 @@ static int read_allowlist(const char *dir, fl_tp_curve_t *c)
         char pub[KEY_TEXT];
         snprintf(file, sizeof file, "%s/%s", path, e->d_name);
         if ((rc = check_not_writable(file, "decides who may connect")) == FL_OK &&
-            (rc = read_key_file(file, false, pub, NULL)) == FL_OK)
-            zmq_z85_decode(c->allowed[c->nallowed++], pub);
+            (rc = read_key_file(file, false, pub, NULL, &c->bound[c->nallowed])) == FL_OK)
+            rc = add_allowed(c, file, pub);
     }
     closedir(d);
     if (rc == FL_OK && c->nallowed == 0)
@@ -193,7 +285,7 @@ static int read_allowlist(const char *dir, fl_tp_curve_t *c)
     return rc;
 }
 
-int fl_tp_curve_load(const char *dir, fl_tp_curve_t **out)
+int fl_tp_curve_load(const char *dir, const char *self, fl_tp_curve_t **out)
 {
     *out = NULL;
     if (!zmq_has("curve"))
@@ -205,11 +297,9 @@ int fl_tp_curve_load(const char *dir, fl_tp_curve_t **out)
     snprintf(path, sizeof path, "%s/server.key", dir);
     int rc = check_not_writable(dir, "holds the keys");
     if (rc == FL_OK)
-        rc = read_key_file(path, true, c->server_public, c->server_secret);
-    if (rc == FL_OK) {
-        snprintf(path, sizeof path, "%s/client.key", dir);
-        rc = read_key_file(path, true, c->client_public, c->client_secret);
-    }
+        rc = read_key_file(path, true, c->server_public, c->server_secret, NULL);
+    if (rc == FL_OK)
+        rc = read_client_key(dir, self, c);
     if (rc == FL_OK)
         rc = read_allowlist(dir, c);
     if (rc != FL_OK) {
@@ -222,15 +312,17 @@ int fl_tp_curve_load(const char *dir, fl_tp_curve_t **out)
 
 /* ---- the ZAP handler ---- */
 
-static bool allowed(const fl_tp_curve_t *c, const uint8_t *key)
+/* The key's place in the allowlist, or -1. */
+static long allowed(const fl_tp_curve_t *c, const uint8_t *key)
 {
     for (size_t i = 0; i < c->nallowed; i++)
         if (memcmp(c->allowed[i], key, 32) == 0)
-            return true;
-    return false;
+            return (long)i;
+    return -1;
 }
 
-/* user: the id ZeroMQ then attaches to the peer's messages ("User-Id"): its key, Z85. */
+/* user: the id ZeroMQ then attaches to the peer's messages ("User-Id"): its key, Z85, and its
+ * binding, " rank=K" or " server" (fl_tp_user_bound reads it back). */
 static void zap_reply(void *s, const char *version, zmq_msg_t *id, const char *code,
                       const char *text, const char *user)
 {
@@ -280,7 +372,8 @@ static void zap_serve(fl_tp_curve_t *c)
                      (const char *)zmq_msg_data(&f[3]));
         bool curve = n >= 7 && zmq_msg_size(&f[5]) == 5 &&
                      memcmp(zmq_msg_data(&f[5]), "CURVE", 5) == 0 && zmq_msg_size(&f[6]) == 32;
-        bool ok = curve && allowed(c, zmq_msg_data(&f[6]));
+        long at = curve ? allowed(c, zmq_msg_data(&f[6])) : -1;
+        bool ok = at >= 0;
         if (!ok) {
             char key[KEY_TEXT] = "none";
             if (curve)
@@ -291,14 +384,30 @@ static void zap_serve(fl_tp_curve_t *c)
                     "allowlist",
                     address[0] ? address : "an unknown address", key);
         }
-        char user[KEY_TEXT] = "";
-        if (ok)
+        char user[KEY_TEXT + 24] = "";
+        if (ok) {
             zmq_z85_encode(user, zmq_msg_data(&f[6]), 32);
+            if (c->bound[at] >= 0)
+                snprintf(user + 40, sizeof user - 40, " rank=%d", c->bound[at]);
+            else if (c->bound[at] == FL_TP_KEY_SERVER)
+                snprintf(user + 40, sizeof user - 40, " server");
+        }
         zap_reply(c->zap, "1.0", &f[1], ok ? "200" : "400", ok ? "OK" : "client key not allowed",
                   user);
     }
     for (int i = 0; i < n; i++)
         zmq_msg_close(&f[i]);
+}
+
+int fl_tp_user_bound(const char *user, char *key, size_t cap)
+{
+    size_t n = strcspn(user, " ");
+    snprintf(key, cap, "%.*s", (int)n, user);
+    if (strcmp(user + n, " server") == 0)
+        return FL_TP_KEY_SERVER;
+    if (strncmp(user + n, " rank=", 6) == 0)
+        return atoi(user + n + 6); /* written by zap_serve: digits of a rank in range */
+    return FL_TP_KEY_ANY;
 }
 
 static void *zap_main(void *arg)
@@ -385,6 +494,7 @@ void fl_tp_curve_free(fl_tp_curve_t *c)
     explicit_bzero(c->server_secret, sizeof c->server_secret);
     explicit_bzero(c->client_secret, sizeof c->client_secret);
     free(c->allowed);
+    free(c->bound);
     free(c);
 }
 
@@ -413,6 +523,9 @@ int fl_tp_curve_client(void *zs, const fl_ctx_t *ctx, const char *endpoint)
     const fl_tp_curve_t *c = fl_ctx_security(ctx);
     if (c == NULL || !secured(endpoint))
         return FL_OK;
+    if (!c->has_client)
+        return fl_fail(FL_EINVAL, "CURVE: this process has no client key (%s) to connect to %s",
+                       c->client_path, endpoint);
     if (zmq_setsockopt(zs, ZMQ_CURVE_SERVERKEY, c->server_public, 40) != 0 ||
         zmq_setsockopt(zs, ZMQ_CURVE_PUBLICKEY, c->client_public, 40) != 0 ||
         zmq_setsockopt(zs, ZMQ_CURVE_SECRETKEY, c->client_secret, 40) != 0)
@@ -454,7 +567,7 @@ static int write_file(const char *path, const char *text, mode_t mode)
     return FL_OK;
 }
 
-int fl_tp_curve_keygen(const char *base, const char *comment)
+int fl_tp_curve_keygen(const char *base, const char *comment, int bound)
 {
     char pub[KEY_TEXT];
     char sec[KEY_TEXT];
@@ -462,10 +575,15 @@ int fl_tp_curve_keygen(const char *base, const char *comment)
         return fl_fail(FL_EIO, "flodl-keygen: zmq_curve_keypair: %s", zmq_strerror(zmq_errno()));
     char text[512];
     char path[4096];
+    char meta[64] = "";
+    if (bound >= 0)
+        snprintf(meta, sizeof meta, "    rank = \"%d\"\n", bound);
+    else if (bound == FL_TP_KEY_SERVER)
+        snprintf(meta, sizeof meta, "    role = \"server\"\n");
     snprintf(text, sizeof text,
              "#   flodl CURVE key pair (%s): keep this file secret (mode 600)\n"
-             "metadata\ncurve\n    public-key = \"%s\"\n    secret-key = \"%s\"\n",
-             comment, pub, sec);
+             "metadata\n%scurve\n    public-key = \"%s\"\n    secret-key = \"%s\"\n",
+             comment, meta, pub, sec);
     snprintf(path, sizeof path, "%s.key", base);
     int rc = write_file(path, text, 0600);
     explicit_bzero(sec, sizeof sec);
@@ -473,18 +591,18 @@ int fl_tp_curve_keygen(const char *base, const char *comment)
     if (rc != FL_OK)
         return rc;
     snprintf(text, sizeof text,
-             "#   flodl CURVE public key (%s)\nmetadata\ncurve\n    public-key = \"%s\"\n", comment,
-             pub);
+             "#   flodl CURVE public key (%s)\nmetadata\n%scurve\n    public-key = \"%s\"\n",
+             comment, meta, pub);
     snprintf(path, sizeof path, "%s.pub", base);
     return write_file(path, text, 0644);
 }
 
-int fl_tp_curve_use(fl_ctx_t *ctx, const char *dir)
+int fl_tp_curve_use(fl_ctx_t *ctx, const char *dir, const char *self)
 {
     if (dir == NULL)
         return FL_OK;
     fl_tp_curve_t *c = NULL;
-    int rc = fl_tp_curve_load(dir, &c);
+    int rc = fl_tp_curve_load(dir, self, &c);
     return rc == FL_OK ? fl_tp_curve_attach(ctx, c) : rc;
 }
 

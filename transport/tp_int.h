@@ -140,4 +140,8 @@ int fl_tp_curve_client(void *zs, const fl_ctx_t *ctx, const char *endpoint);
 /* This process's CURVE client public key (Z85), "" without keys. */
 const char *fl_tp_curve_client_key(const fl_ctx_t *ctx);
 
+/* Splits a User-Id of the ZAP handler (tp_curve.c) into the key (into key, cap bytes) and its
+ * binding, which it returns (a rank, FL_TP_KEY_SERVER or FL_TP_KEY_ANY). */
+int fl_tp_user_bound(const char *user, char *key, size_t cap);
+
 #endif

@@ -245,6 +245,17 @@ static int refuse(fl_tp_sock_t *s, fl_tp_msg_t *m, tally_t *t, fl_stat_t stat, i
 /* Status of read_message when no message is waiting (not an error, and no detail text). */
 #define NOT_READY 1
 
+/* The ZAP handler names an authenticated peer by its key and binding (tp_curve.c), on the
+ * sockets that bind: a router's and a data socket's. */
+static void peer_of(const fl_tp_sock_t *s, zmq_msg_t *hdr, fl_tp_msg_t *m)
+{
+    if ((s->kind != FL_TP_ROUTER && s->kind != FL_TP_PULL) || fl_ctx_security(s->ctx) == NULL)
+        return;
+    const char *user = zmq_msg_gets(hdr, "User-Id");
+    if (user != NULL)
+        m->peer_bound = fl_tp_user_bound(user, m->peer_key, sizeof m->peer_key);
+}
+
 /* Reads one message if one is waiting (the first part without blocking, or with wait up to the
  * socket's RCVTIMEO; the rest of a message is always there once its first part is, ZeroMQ
  * delivers messages whole). */
@@ -256,6 +267,7 @@ static int read_parts(fl_tp_sock_t *s, fl_tp_msg_t *m, tally_t *t, bool wait)
 
     memset(&m->route, 0, sizeof m->route);
     m->peer_key[0] = '\0';
+    m->peer_bound = FL_TP_KEY_ANY;
     m->nframes = 0;
     if (s->kind == FL_TP_ROUTER) {
         int n = zmq_recv(s->zs, m->route.id, sizeof m->route.id, ZMQ_DONTWAIT);
@@ -293,10 +305,7 @@ static int read_parts(fl_tp_sock_t *s, fl_tp_msg_t *m, tally_t *t, bool wait)
     } else {
         rc = fl_msg_decode(zmq_msg_data(&hdr), zmq_msg_size(&hdr), &m->hdr, &fault);
     }
-    /* The ZAP handler names an authenticated peer by its key (tp_curve.c). */
-    const char *key = s->kind == FL_TP_ROUTER ? zmq_msg_gets(&hdr, "User-Id") : NULL;
-    if (key != NULL)
-        snprintf(m->peer_key, sizeof m->peer_key, "%s", key);
+    peer_of(s, &hdr, m);
     zmq_msg_close(&hdr);
 
     /* Take the payload frames even when the header was bad, up to the limit, then drain. */
