@@ -181,6 +181,11 @@ int fl_coord_create(const fl_coord_opts_t *o, fl_coord_t **out)
     /* Every member may be in its handshake at once, all from one address (one big host, pods
      * behind SNAT): the cap per address is the job's size plus the default's margin. */
     t.pending_per_addr = c->world + c->nshards + 32;
+    /* A member's DEALER keeps its routing id across ZeroMQ's reconnects (tp_join.c): its new
+     * connection takes over the old one, which may not have been seen to end yet (a path that
+     * died silently). Whoever presents a member's id takes its route, so flodl's are 16
+     * random bytes, sent only in the member's own handshake (encrypted under CURVE). */
+    t.router_handover = true;
     char bound[FL_ENDPOINT_MAX];
     if ((rc = fl_tp_sock_create(c->ctx, FL_TP_ROUTER, &t, "coordinator", &c->sock)) != FL_OK ||
         (rc = fl_tp_sock_bind(c->sock, o->bind, bound, sizeof bound)) != FL_OK)

@@ -1,11 +1,17 @@
 /* transport/tp_member.c: joining a coordinator, the events of the control thread (a dead peer,
- * a coordinator that goes away), and reconnecting to a restarted coordinator on the same
- * endpoint within the reconnect deadline, or failing with a clear error after it. */
+ * a coordinator that goes away), reconnecting to a restarted coordinator on the same endpoint
+ * within the reconnect deadline, or failing with a clear error after it, and a connection
+ * that drops under a member, which ZeroMQ opens again as the same member. */
+#include <arpa/inet.h>
 #include <check.h>
+#include <netinet/in.h>
+#include <poll.h>
+#include <pthread.h>
 #include <stdatomic.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/socket.h>
 #include <unistd.h>
 
 #include "fl_ps.h"
@@ -301,6 +307,268 @@ START_TEST(test_reconnect_gives_up_at_its_deadline)
 }
 END_TEST
 
+/* The port of a tcp:// endpoint. */
+static int port_of(const char *endpoint)
+{
+    const char *colon = strrchr(endpoint, ':');
+    ck_assert_ptr_nonnull(colon);
+    return atoi(colon + 1);
+}
+
+/* Resets the connections this process accepted on `port` (the coordinator's side of its
+ * members' connections), as a server's guard closes one or as a ZMTP heartbeat that timed out
+ * on a host short of CPU ends one; ZeroMQ on the member's side connects again by itself.
+ * Returns how many. */
+static int reset_accepted(int port)
+{
+    int n = 0;
+    for (int fd = 3; fd < 1024; fd++) {
+        struct sockaddr_in self, peer;
+        socklen_t slen = sizeof self, plen = sizeof peer;
+        if (getsockname(fd, (struct sockaddr *)&self, &slen) != 0 || self.sin_family != AF_INET ||
+            ntohs(self.sin_port) != port || getpeername(fd, (struct sockaddr *)&peer, &plen) != 0)
+            continue;
+        struct sockaddr unspec;
+        memset(&unspec, 0, sizeof unspec);
+        unspec.sa_family = AF_UNSPEC;
+        if (connect(fd, &unspec, sizeof unspec) == 0)
+            n++;
+    }
+    return n;
+}
+
+/* A running member whose connection drops: ZeroMQ connects again, and the coordinator must
+ * hear it as the same rank on the new connection. Before the member kept its routing id, the
+ * coordinator ignored its heartbeats there and sent to the route that was gone, and both sides
+ * declared the other silent at the heartbeat timeout. */
+START_TEST(test_dropped_connection_keeps_the_member)
+{
+    fl_coord_t *c = coord_at("tcp://127.0.0.1:0", 1, 1000);
+    fl_ctx_t *ctx = quiet_ctx();
+    fl_tp_member_t *m = member(ctx, fl_coord_endpoint(c), 0, 0);
+    fl_msg_register_t r;
+    worker_reg(&r, 0, 1);
+    fl_msg_hdr_t w;
+    ck_assert_msg(fl_tp_member_join(m, &r, &w) == FL_OK, "%s", fl_last_error());
+    fl_msg_hdr_deinit(&w);
+    ck_assert(fl_tp_member_start(m) == FL_OK);
+    usleep(200 * 1000);
+    ck_assert_int_eq(reset_accepted(port_of(fl_coord_endpoint(c))), 1);
+    fl_tp_msg_t ev;
+    int rc = next_event(m, 2500, &ev); /* 2.5 heartbeat timeouts */
+    ck_assert_msg(rc == FL_ETIMEDOUT, "after its connection dropped: %s",
+                  rc == FL_OK ? ev.hdr.u.error.text : fl_last_error());
+    ck_assert_int_eq(fl_coord_active(c), 1);
+    fl_tp_member_stop(m, 0, "done");
+    ck_assert_int_eq(fl_coord_wait(c, 5000), FL_OK); /* its goodbye counted as rank 0's */
+    fl_tp_member_destroy(&m);
+    fl_ctx_destroy(&ctx);
+    fl_coord_destroy(&c);
+}
+END_TEST
+
+/* A TCP relay between members and the coordinator, as a NAT or a load balancer is. `cut` closes
+ * the members' side of every connection and leaves the coordinator's side open and unread: a
+ * path that died without the coordinator seeing it end. */
+#define RELAY_MAX 8
+typedef struct relay {
+    int lfd;
+    int port; /* where members connect */
+    struct sockaddr_in to;
+    int down[RELAY_MAX], up[RELAY_MAX], stale[RELAY_MAX];
+    _Atomic bool cut, stop;
+    pthread_t thread;
+} relay_t;
+
+/* Copies what fd `from` has to `to`; false when either end is done. */
+static bool relay_copy(int from, int to)
+{
+    char buf[65536];
+    ssize_t n = read(from, buf, sizeof buf);
+    for (ssize_t off = 0; n > 0 && off < n;) {
+        ssize_t w = write(to, buf + off, (size_t)(n - off));
+        if (w <= 0)
+            return false;
+        off += w;
+    }
+    return n > 0;
+}
+
+static void relay_accept(relay_t *r)
+{
+    int d = accept(r->lfd, NULL, NULL);
+    int u = socket(AF_INET, SOCK_STREAM, 0);
+    int i = 0;
+    while (i < RELAY_MAX && r->down[i] >= 0)
+        i++;
+    if (d < 0 || u < 0 || i == RELAY_MAX || connect(u, (struct sockaddr *)&r->to, sizeof r->to)) {
+        if (d >= 0)
+            close(d);
+        if (u >= 0)
+            close(u);
+        return;
+    }
+    r->down[i] = d;
+    r->up[i] = u;
+}
+
+static void *relay_main(void *arg)
+{
+    relay_t *r = arg;
+    while (!atomic_load(&r->stop)) {
+        bool cut = atomic_exchange(&r->cut, false);
+        struct pollfd p[1 + 2 * RELAY_MAX] = {{.fd = r->lfd, .events = POLLIN}};
+        for (int i = 0; i < RELAY_MAX; i++) {
+            if (cut && r->down[i] >= 0) {
+                close(r->down[i]);
+                r->stale[i] = r->up[i];
+                r->down[i] = r->up[i] = -1;
+            }
+            p[1 + 2 * i] = (struct pollfd){.fd = r->down[i], .events = POLLIN};
+            p[2 + 2 * i] = (struct pollfd){.fd = r->up[i], .events = POLLIN};
+        }
+        if (poll(p, 1 + 2 * RELAY_MAX, 20) <= 0)
+            continue;
+        if (p[0].revents & POLLIN)
+            relay_accept(r);
+        for (int i = 0; i < RELAY_MAX; i++) {
+            bool ok = true;
+            if (p[1 + 2 * i].revents != 0)
+                ok = relay_copy(r->down[i], r->up[i]);
+            if (ok && p[2 + 2 * i].revents != 0)
+                ok = relay_copy(r->up[i], r->down[i]);
+            if (!ok && r->down[i] >= 0) {
+                close(r->down[i]);
+                close(r->up[i]);
+                r->down[i] = r->up[i] = -1;
+            }
+        }
+    }
+    return NULL;
+}
+
+static void relay_start(relay_t *r, int upstream_port)
+{
+    memset(r, 0, sizeof *r);
+    for (int i = 0; i < RELAY_MAX; i++)
+        r->down[i] = r->up[i] = r->stale[i] = -1;
+    struct sockaddr_in a = {.sin_family = AF_INET, .sin_addr.s_addr = htonl(INADDR_LOOPBACK)};
+    socklen_t alen = sizeof a;
+    r->to = a;
+    r->to.sin_port = htons((uint16_t)upstream_port);
+    r->lfd = socket(AF_INET, SOCK_STREAM, 0);
+    ck_assert(r->lfd >= 0 && bind(r->lfd, (struct sockaddr *)&a, sizeof a) == 0 &&
+              listen(r->lfd, 8) == 0 && getsockname(r->lfd, (struct sockaddr *)&a, &alen) == 0);
+    r->port = ntohs(a.sin_port);
+    ck_assert(pthread_create(&r->thread, NULL, relay_main, r) == 0);
+}
+
+static void relay_stop(relay_t *r)
+{
+    atomic_store(&r->stop, true);
+    pthread_join(r->thread, NULL);
+    for (int i = 0; i < RELAY_MAX; i++) {
+        int fds[3] = {r->down[i], r->up[i], r->stale[i]};
+        for (int k = 0; k < 3; k++)
+            if (fds[k] >= 0)
+                close(fds[k]);
+    }
+    close(r->lfd);
+}
+
+/* The path under a running member dies where the coordinator cannot see it: the member's new
+ * connection comes while the old one still looks open there, and must take its place (the
+ * coordinator's ROUTER hands the route over). Refused as a duplicate, the member would be
+ * unheard until the heartbeat timeout. */
+START_TEST(test_silently_dead_path_keeps_the_member)
+{
+    fl_coord_t *c = coord_at("tcp://127.0.0.1:0", 1, 1000);
+    relay_t r;
+    relay_start(&r, port_of(fl_coord_endpoint(c)));
+    char ep[64];
+    snprintf(ep, sizeof ep, "tcp://127.0.0.1:%d", r.port);
+    fl_ctx_t *ctx = quiet_ctx();
+    fl_tp_member_t *m = member(ctx, ep, 0, 0);
+    fl_msg_register_t reg;
+    worker_reg(&reg, 0, 1);
+    fl_msg_hdr_t w;
+    ck_assert_msg(fl_tp_member_join(m, &reg, &w) == FL_OK, "%s", fl_last_error());
+    fl_msg_hdr_deinit(&w);
+    ck_assert(fl_tp_member_start(m) == FL_OK);
+    usleep(200 * 1000);
+    atomic_store(&r.cut, true);
+    fl_tp_msg_t ev;
+    int rc = next_event(m, 2500, &ev); /* 2.5 heartbeat timeouts */
+    ck_assert_msg(rc == FL_ETIMEDOUT, "after its path died: %s",
+                  rc == FL_OK ? ev.hdr.u.error.text : fl_last_error());
+    ck_assert_int_eq(fl_coord_active(c), 1);
+    fl_tp_member_stop(m, 0, "done");
+    ck_assert_int_eq(fl_coord_wait(c, 5000), FL_OK);
+    fl_tp_member_destroy(&m);
+    fl_ctx_destroy(&ctx);
+    relay_stop(&r);
+    fl_coord_destroy(&c);
+}
+END_TEST
+
+typedef struct joiner {
+    fl_tp_member_t *m;
+    fl_msg_register_t reg;
+    int rc;
+    char why[512]; /* its error, from its thread's */
+    _Atomic bool done;
+} joiner_t;
+
+static void *join_main(void *arg)
+{
+    joiner_t *j = arg;
+    fl_msg_hdr_t w;
+    j->rc = fl_tp_member_join(j->m, &j->reg, &w);
+    snprintf(j->why, sizeof j->why, "%s", j->rc == FL_OK ? "" : fl_last_error());
+    fl_msg_hdr_deinit(&w);
+    atomic_store(&j->done, true);
+    return NULL;
+}
+
+/* A registered member whose connection drops while it waits for the others still gets its
+ * welcome. Before, the welcome went to the route that was gone, and the member, registering
+ * again on its new connection without a token, was refused. */
+START_TEST(test_dropped_connection_in_the_rendezvous)
+{
+    fl_coord_t *c = coord_at("tcp://127.0.0.1:0", 2, 2000);
+    fl_ctx_t *ctx = quiet_ctx();
+    joiner_t a = {.m = member(ctx, fl_coord_endpoint(c), 0, 0)};
+    worker_reg(&a.reg, 0, 2);
+    pthread_t t;
+    ck_assert(pthread_create(&t, NULL, join_main, &a) == 0);
+    int64_t until = fl_deadline_in(5000);
+    while (fl_coord_registered(c) < 1 && fl_now_ms() < until)
+        usleep(10 * 1000);
+    ck_assert_int_eq(fl_coord_registered(c), 1);
+    ck_assert_int_eq(reset_accepted(port_of(fl_coord_endpoint(c))), 1);
+    usleep(300 * 1000);
+    fl_tp_member_t *b = member(ctx, fl_coord_endpoint(c), 1, 0);
+    fl_msg_register_t rb;
+    worker_reg(&rb, 1, 2);
+    fl_msg_hdr_t w;
+    ck_assert_msg(fl_tp_member_join(b, &rb, &w) == FL_OK, "%s", fl_last_error());
+    fl_msg_hdr_deinit(&w);
+    until = fl_deadline_in(3000);
+    while (!atomic_load(&a.done) && fl_now_ms() < until)
+        usleep(10 * 1000);
+    bool done = atomic_load(&a.done);
+    if (!done)
+        fl_tp_member_cancel(a.m);
+    pthread_join(t, NULL);
+    ck_assert_msg(done && a.rc == FL_OK, "rank 0 after its connection dropped: %s",
+                  done ? a.why : "no welcome within 3 s of rank 1's");
+    fl_tp_member_destroy(&a.m);
+    fl_tp_member_destroy(&b);
+    fl_ctx_destroy(&ctx);
+    fl_coord_destroy(&c);
+}
+END_TEST
+
 static Suite *suite(void)
 {
     Suite *s = suite_create("member");
@@ -314,6 +582,9 @@ static Suite *suite(void)
     tcase_add_test(t, test_coordinator_gone_without_reconnect);
     tcase_add_test(t, test_reconnect_to_restarted_coordinator);
     tcase_add_test(t, test_reconnect_gives_up_at_its_deadline);
+    tcase_add_test(t, test_dropped_connection_keeps_the_member);
+    tcase_add_test(t, test_silently_dead_path_keeps_the_member);
+    tcase_add_test(t, test_dropped_connection_in_the_rendezvous);
     suite_add_tcase(s, t);
     return s;
 }

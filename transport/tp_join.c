@@ -3,9 +3,13 @@
  * that reconnects lost its coordinator. What follows the join is tp_member.c's. */
 #include "tp_member_int.h"
 
+#include <errno.h>
+#include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/random.h>
+#include <sys/types.h>
 
 /* Often enough for any coordinator heartbeat timeout above ~0.5 s, which members cannot know
  * before the welcome. */
@@ -23,12 +27,42 @@
 #define JOIN_RECONNECT_MS 100
 #define JOIN_RECONNECT_MAX_MS 3200
 
+/* 16 random bytes in hex, or "" when the system gives none. */
+static void random_id(char out[33])
+{
+    uint8_t r[16];
+    out[0] = '\0';
+    if (getrandom(r, sizeof r, 0) != (ssize_t)sizeof r)
+        return;
+    static const char hex[] = "0123456789abcdef";
+    for (size_t i = 0; i < sizeof r; i++) {
+        out[2 * i] = hex[r[i] >> 4];
+        out[2 * i + 1] = hex[r[i] & 15];
+    }
+    out[2 * sizeof r] = '\0';
+}
+
 static int open_coord(fl_tp_member_t *m)
 {
     fl_tp_opts_t t;
     fl_tp_opts_init(&t);
     t.max_msg_bytes = COORD_MAX_MSG;
     t.linger_ms = 1000;
+    /* The coordinator knows a member by its routing id. ZeroMQ gives each connection a new one
+     * unless the socket sets its own, so when a connection drops (ZMTP's heartbeat timing out
+     * on a host short of CPU, a path that died) and ZeroMQ connects again by itself, the
+     * coordinator would ignore the member's heartbeats and send to a route that is gone until
+     * both sides time out. A random id, known to nobody else, keeps the route across the
+     * socket's reconnects; a new socket gets a new one. Without random bytes, ZeroMQ's. */
+    char id[33];
+    random_id(id);
+    if (id[0] != '\0')
+        t.routing_id = id;
+    else
+        FL_WARN(m->ctx,
+                "%s: no random bytes for a routing id (%s): a dropped connection to "
+                "the coordinator will not keep this member's identity",
+                m->name, strerror(errno));
     if (m->coord != NULL) {
         fl_tp_sock_set_linger(m->coord, 0);
         fl_tp_sock_destroy(&m->coord);
