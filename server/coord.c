@@ -186,6 +186,9 @@ int fl_coord_create(const fl_coord_opts_t *o, fl_coord_t **out)
      * died silently). Whoever presents a member's id takes its route, so flodl's are 16
      * random bytes, sent only in the member's own handshake (encrypted under CURVE). */
     t.router_handover = true;
+    /* Every member may connect at once: past the kernel's queue of connections not yet
+     * accepted (ZeroMQ's 100), the rest wait for TCP to send their SYN again, up to 31 s. */
+    t.backlog = t.pending_per_addr;
     char bound[FL_ENDPOINT_MAX];
     if ((rc = fl_tp_sock_create(c->ctx, FL_TP_ROUTER, &t, "coordinator", &c->sock)) != FL_OK ||
         (rc = fl_tp_sock_bind(c->sock, o->bind, bound, sizeof bound)) != FL_OK)

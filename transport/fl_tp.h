@@ -42,6 +42,8 @@ typedef struct fl_tp_opts {
                                (1..255 bytes; NULL: ZeroMQ picks one per connection) */
     bool router_handover;   /* ROUTER: a new connection with a known identity takes over the
                                old one (a peer that reconnected) instead of being refused */
+    int backlog;            /* bound sockets: connections the kernel queues before they are
+                               accepted (0: ZeroMQ's 100; the kernel caps it at somaxconn) */
     /* A ROUTER bound on TCP is guarded (tp_guard.c): its connections must complete their
      * handshake within handshake_ivl_ms; those still in it beyond pending_per_addr from one
      * address or pending_max in all are closed (counted as conn_dropped); a connection that

@@ -52,6 +52,8 @@ static int apply_opts(fl_tp_sock_t *s, const fl_tp_opts_t *o)
         return rc;
     if (o->immediate && (rc = setopt_int(s, ZMQ_IMMEDIATE, 1, "IMMEDIATE")) != FL_OK)
         return rc;
+    if (o->backlog > 0 && (rc = setopt_int(s, ZMQ_BACKLOG, o->backlog, "BACKLOG")) != FL_OK)
+        return rc;
     if (s->kind == FL_TP_ROUTER &&
         (rc = setopt_int(s, ZMQ_ROUTER_MANDATORY, 1, "ROUTER_MANDATORY")) != FL_OK)
         return rc;
