@@ -409,6 +409,18 @@ bool fl_ratelimit_allow(fl_ratelimit_t *r, int64_t now_ms, uint64_t *held);
  * summary is written even when nothing more comes; 0 when there is none to write. */
 uint64_t fl_ratelimit_flush(fl_ratelimit_t *r, int64_t now_ms);
 
+/* A line said at most once per period; those held back in between are counted and named by
+ * the next line said. All zero is ready for use (the first line is said). */
+typedef struct fl_ratelog {
+    int64_t next_ms; /* no line before this time */
+    uint64_t quiet;  /* lines held back since the last one said */
+} fl_ratelog_t;
+
+/* True when a line may be said at now_ms (then none for every_ms); more (cap bytes) then holds
+ * its suffix: "; N more since the last report", or "" when none was held back. False: the line
+ * is held back and counted, more is left alone. One thread at a time per fl_ratelog_t. */
+bool fl_ratelog_say(fl_ratelog_t *r, int64_t now_ms, int every_ms, char *more, size_t cap);
+
 /* ---- fan-out over threads (fanout.c) ----
  * n jobs run at once, job j always on thread j, each run: a device's thread per device. A job
  * returns FL_OK or a code with its text set (fl_fail); a run hands back the lowest failed job's

@@ -77,18 +77,16 @@ void fl_tp_guard_hold_check(fl_tp_guard_t *g, int64_t now)
         c->state = CLOSING;
         c->held_too_much = true;
         fl_ctx_count(g->ctx, FL_STAT_OVERSIZED, 1);
-        uint64_t quiet;
-        if (fl_tp_guard_ratelog(&g->log_hold, now, &quiet)) {
+        char more[64];
+        if (fl_ratelog_say(&g->log_hold, now, FL_TP_LOG_EVERY_MS, more, sizeof more)) {
             char ip[INET6_ADDRSTRLEN + 32];
-            char more[64];
             fl_tp_guard_addr(c, ip, sizeof ip);
             FL_WARN(g->ctx,
                     "%s socket: closed the connection from %s: it made this process hold "
                     "%llu MiB of a message not yet complete, over the bound of %llu MiB "
                     "(frames per message x largest frame)%s",
                     g->name, ip, (unsigned long long)(held >> 20),
-                    (unsigned long long)(g->hold_max >> 20),
-                    fl_tp_guard_unsaid(quiet, more, sizeof more));
+                    (unsigned long long)(g->hold_max >> 20), more);
         }
     }
     process_bound(g, now);
