@@ -398,12 +398,26 @@ static void read_limit(fl_tp_guard_t *g, int64_t now)
     g->pending_max = quarter < 64 ? 64 : quarter > 4096 ? 4096 : (int)quarter;
 }
 
+/* How long the guard may sleep: its memory checks and handshakes need a look every tick while
+ * there is a connection. With none, and its share of the process's bytes held given back (the
+ * next scan after the last one closed), nothing can be held or be in its handshake until the
+ * monitor says a connection was accepted, which wakes the poll. */
+static int next_wait(const fl_tp_guard_t *g, int64_t now)
+{
+    int wait = g->nlive == 0 && g->held == 0 ? IDLE_WAIT_MS
+               : g->hold_max > 0             ? TICK_MS
+                                             : IDLE_TICK_MS;
+    if (g->trim_ms != 0 && g->trim_ms - now < wait)
+        wait = g->trim_ms > now ? (int)(g->trim_ms - now) : 0;
+    return wait;
+}
+
 static void *guard_main(void *arg)
 {
     fl_tp_guard_t *g = arg;
     for (;;) {
         zmq_pollitem_t items[2] = {{g->mon, 0, ZMQ_POLLIN, 0}, {g->stop_rx, 0, ZMQ_POLLIN, 0}};
-        int rc = zmq_poll(items, 2, g->hold_max > 0 ? TICK_MS : IDLE_TICK_MS);
+        int rc = zmq_poll(items, 2, next_wait(g, fl_now_ms()));
         if (rc < 0 && zmq_errno() != EINTR)
             break;
         if (rc > 0 && (items[1].revents & ZMQ_POLLIN))

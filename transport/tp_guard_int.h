@@ -19,6 +19,9 @@
 #define HOLD_LIMIT ((uint64_t)4 << 30) /* above, the default hold bound is none */
 #define TICK_MS 20                     /* with a hold bound: how often the memory is looked at */
 #define IDLE_TICK_MS 500
+/* With no connection at all and nothing to give back, the guard sleeps until its monitor wakes
+ * it (a connection accepted) or this long. */
+#define IDLE_WAIT_MS 10000
 #define SCAN_EVERY_MS 1000 /* every connection's bytes at least this often */
 #define EVENTS_PER_ROUND 4096
 
