@@ -118,6 +118,10 @@ size_t fl_ctx_max_frames(const fl_ctx_t *ctx);
  * last report) and returns the new total. Thread-safe. */
 uint64_t fl_ctx_held_max(const fl_ctx_t *ctx);
 uint64_t fl_ctx_held_add(fl_ctx_t *ctx, int64_t delta);
+/* Replaces the bound (bytes as held_max_bytes: SIZE_MAX none, else at least 1 MiB), for an
+ * owner whose context a component made (the coordinator's); the guards apply it at their next
+ * look. FL_OK or FL_EINVAL. Thread-safe. */
+int fl_ctx_set_held_max(fl_ctx_t *ctx, size_t bytes);
 
 /* Replaces the log prefix ("rank 3 host-a"); thread-safe with respect to logging. */
 void fl_ctx_set_log_name(fl_ctx_t *ctx, const char *name);

@@ -250,6 +250,8 @@ int fl_ps_server_create(const fl_ps_server_opts_t *o, fl_ps_server_t **out)
     co.log_name = name;
     co.io_threads = o->shard_count > 1 ? 2 : 1;
     co.max_msg_bytes = (size_t)1 << 40; /* a shard's pushes are as large as the shard */
+    if (o->held_max_bytes != 0)
+        co.held_max_bytes = o->held_max_bytes;
     if ((rc = fl_ctx_create(&co, &s->ctx)) != FL_OK ||
         (rc = fl_tp_curve_use(s->ctx, o->curve_dir)) != FL_OK)
         goto fail;
