@@ -405,7 +405,7 @@ static void read_limit(fl_tp_guard_t *g, int64_t now)
 static int next_wait(const fl_tp_guard_t *g, int64_t now)
 {
     int wait = g->nlive == 0 && g->held == 0 ? IDLE_WAIT_MS
-               : g->hold_max > 0             ? TICK_MS
+               : fl_tp_guard_holds(g)        ? TICK_MS
                                              : IDLE_TICK_MS;
     if (g->trim_ms != 0 && g->trim_ms - now < wait)
         wait = g->trim_ms > now ? (int)(g->trim_ms - now) : 0;
@@ -432,7 +432,7 @@ static void *guard_main(void *arg)
             on_event(g, &ev, now);
         }
         expire(g, now);
-        if (g->hold_max > 0)
+        if (fl_tp_guard_holds(g))
             fl_tp_guard_hold_check(g, now);
         if (g->trim_ms != 0 && now >= g->trim_ms) {
             /* A process tuned to keep freed memory (fl_malloc_tune) would hold it for good.
@@ -503,8 +503,8 @@ int fl_tp_guard_start(fl_tp_sock_t *s, const char *endpoint)
         guard_free(g);
         return fl_fail(FL_ENOMEM, "%s socket: out of memory for its guard", s->name);
     }
-    if (g->hold_max > 0)
-        g->statm = open("/proc/self/statm", O_RDONLY | O_CLOEXEC);
+    /* Always: the context's bound may be set after the socket is bound (fl_ctx_set_held_max). */
+    g->statm = open("/proc/self/statm", O_RDONLY | O_CLOEXEC);
     void *z = fl_ctx_zmq(s->ctx);
     char stop_ep[96];
     snprintf(stop_ep, sizeof stop_ep, "inproc://flodl-guard-stop-%p", (void *)g);

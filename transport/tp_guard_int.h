@@ -89,6 +89,11 @@ conn_t *fl_tp_guard_conn(fl_tp_guard_t *g, int fd);
 void fl_tp_guard_addr(const conn_t *c, char *out, size_t cap);
 bool fl_tp_guard_reset(fl_tp_guard_t *g, int fd, const conn_t *c);
 
+/* True when a bound applies to this guard's connections: its own for one connection, or the
+ * process's (fl_ctx_held_max) over the guards of its context. A socket whose messages may be
+ * as large as a shard has no bound of one connection, and still counts towards the process's. */
+bool fl_tp_guard_holds(const fl_tp_guard_t *g);
+
 /* Reads every connection's bytes held when due and closes those over the bounds. */
 void fl_tp_guard_hold_check(fl_tp_guard_t *g, int64_t now);
 
