@@ -22,6 +22,11 @@ void fl_ctx_opts_init(fl_ctx_opts_t *opts)
     opts->held_max_bytes = FL_CTX_HELD_MAX;
 }
 
+static bool held_max_bad(size_t bytes)
+{
+    return bytes != SIZE_MAX && bytes < ((size_t)1 << 20);
+}
+
 int fl_ctx_create(const fl_ctx_opts_t *opts, fl_ctx_t **out)
 {
     *out = NULL;
@@ -31,7 +36,7 @@ int fl_ctx_create(const fl_ctx_opts_t *opts, fl_ctx_t **out)
         return fl_fail(FL_EINVAL, "ctx: max_msg_bytes %zu below 1024", opts->max_msg_bytes);
     if (opts->max_frames < 1 || opts->max_frames > 1024)
         return fl_fail(FL_EINVAL, "ctx: max_frames %zu out of range 1..1024", opts->max_frames);
-    if (opts->held_max_bytes != SIZE_MAX && opts->held_max_bytes < ((size_t)1 << 20))
+    if (held_max_bad(opts->held_max_bytes))
         return fl_fail(FL_EINVAL, "ctx: held_max_bytes %zu below 1 MiB", opts->held_max_bytes);
     if (opts->log_level < FL_LOG_DEBUG || opts->log_level > FL_LOG_OFF)
         return fl_fail(FL_EINVAL, "ctx: log_level %d out of range", (int)opts->log_level);
@@ -48,7 +53,7 @@ int fl_ctx_create(const fl_ctx_opts_t *opts, fl_ctx_t **out)
     /* Block SIGPIPE-style surprises: ZeroMQ already uses MSG_NOSIGNAL; nothing else to do. */
     c->max_msg_bytes = opts->max_msg_bytes;
     c->max_frames = opts->max_frames;
-    c->held_max = opts->held_max_bytes == SIZE_MAX ? 0 : opts->held_max_bytes;
+    atomic_init(&c->held_max, opts->held_max_bytes == SIZE_MAX ? 0 : opts->held_max_bytes);
     atomic_init(&c->held, 0);
     atomic_store(&c->log_level, (int)opts->log_level);
     pthread_mutex_init(&c->name_lock, NULL);
@@ -110,7 +115,15 @@ size_t fl_ctx_max_frames(const fl_ctx_t *ctx)
 
 uint64_t fl_ctx_held_max(const fl_ctx_t *ctx)
 {
-    return ctx->held_max;
+    return atomic_load_explicit(&ctx->held_max, memory_order_relaxed);
+}
+
+int fl_ctx_set_held_max(fl_ctx_t *ctx, size_t bytes)
+{
+    if (held_max_bad(bytes))
+        return fl_fail(FL_EINVAL, "ctx: held_max_bytes %zu below 1 MiB", bytes);
+    atomic_store_explicit(&ctx->held_max, bytes == SIZE_MAX ? 0 : bytes, memory_order_relaxed);
+    return FL_OK;
 }
 
 uint64_t fl_ctx_held_add(fl_ctx_t *ctx, int64_t delta)

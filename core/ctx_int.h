@@ -13,8 +13,8 @@ struct fl_ctx {
     void *zmq;
     size_t max_msg_bytes;
     size_t max_frames;
-    uint64_t held_max;     /* 0: none */
-    _Atomic uint64_t held; /* bytes the guards hold for incomplete messages, together */
+    _Atomic uint64_t held_max; /* 0: none; the guards read it on each look */
+    _Atomic uint64_t held;     /* bytes the guards hold for incomplete messages, together */
     _Atomic int log_level;
     pthread_mutex_t name_lock; /* guards log_name, which another thread may rename */
     char log_name[LOG_NAME_MAX];

@@ -118,6 +118,10 @@ size_t fl_ctx_max_frames(const fl_ctx_t *ctx);
  * last report) and returns the new total. Thread-safe. */
 uint64_t fl_ctx_held_max(const fl_ctx_t *ctx);
 uint64_t fl_ctx_held_add(fl_ctx_t *ctx, int64_t delta);
+/* Replaces the bound (bytes as held_max_bytes: SIZE_MAX none, else at least 1 MiB), for an
+ * owner whose context a component made (the coordinator's); the guards apply it at their next
+ * look. FL_OK or FL_EINVAL. Thread-safe. */
+int fl_ctx_set_held_max(fl_ctx_t *ctx, size_t bytes);
 
 /* Replaces the log prefix ("rank 3 host-a"); thread-safe with respect to logging. */
 void fl_ctx_set_log_name(fl_ctx_t *ctx, const char *name);
@@ -408,6 +412,18 @@ bool fl_ratelimit_allow(fl_ratelimit_t *r, int64_t now_ms, uint64_t *held);
 /* For a periodic tick: the lines held back in a window that has ended (and closes it), so the
  * summary is written even when nothing more comes; 0 when there is none to write. */
 uint64_t fl_ratelimit_flush(fl_ratelimit_t *r, int64_t now_ms);
+
+/* A line said at most once per period; those held back in between are counted and named by
+ * the next line said. All zero is ready for use (the first line is said). */
+typedef struct fl_ratelog {
+    int64_t next_ms; /* no line before this time */
+    uint64_t quiet;  /* lines held back since the last one said */
+} fl_ratelog_t;
+
+/* True when a line may be said at now_ms (then none for every_ms); more (cap bytes) then holds
+ * its suffix: "; N more since the last report", or "" when none was held back. False: the line
+ * is held back and counted, more is left alone. One thread at a time per fl_ratelog_t. */
+bool fl_ratelog_say(fl_ratelog_t *r, int64_t now_ms, int every_ms, char *more, size_t cap);
 
 /* ---- fan-out over threads (fanout.c) ----
  * n jobs run at once, job j always on thread j, each run: a device's thread per device. A job

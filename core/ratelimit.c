@@ -1,9 +1,11 @@
 /* Rate-limited warnings: the first `burst` lines of a window pass, the rest are counted and
  * summed up in one line when the window ends, so a peer sending a thousand bad messages gives
- * a few lines and a count rather than a thousand lines. Owned by one thread (the caller locks
+ * a few lines and a count rather than a thousand lines. A ratelog says one line per period and
+ * names the count in the next line said instead. Owned by one thread (the caller locks
  * otherwise). */
 #include "fl_core.h"
 
+#include <stdio.h>
 #include <string.h>
 
 void fl_ratelimit_init(fl_ratelimit_t *r, int burst, int window_ms)
@@ -35,4 +37,19 @@ bool fl_ratelimit_allow(fl_ratelimit_t *r, int64_t now_ms, uint64_t *held)
     }
     r->held++;
     return false;
+}
+
+bool fl_ratelog_say(fl_ratelog_t *r, int64_t now_ms, int every_ms, char *more, size_t cap)
+{
+    if (now_ms < r->next_ms) {
+        r->quiet++;
+        return false;
+    }
+    if (cap > 0)
+        more[0] = '\0';
+    if (r->quiet > 0)
+        snprintf(more, cap, "; %llu more since the last report", (unsigned long long)r->quiet);
+    r->quiet = 0;
+    r->next_ms = now_ms + every_ms;
+    return true;
 }

@@ -221,6 +221,11 @@ uint64_t fl_coord_stat(const fl_coord_t *c, fl_stat_t stat)
     return fl_ctx_stat(c->ctx, stat);
 }
 
+int fl_coord_set_held_max(fl_coord_t *c, size_t bytes)
+{
+    return fl_ctx_set_held_max(c->ctx, bytes);
+}
+
 int fl_coord_registered(const fl_coord_t *c)
 {
     return atomic_load(&((fl_coord_t *)c)->nregistered);

@@ -30,6 +30,10 @@ int fl_coord_unheard(const fl_coord_t *coord);
 /* Parameter-server processes registered that have neither left nor been declared dead. */
 int fl_coord_servers_active(const fl_coord_t *coord);
 
+/* The bound on bytes held for messages not yet complete over the coordinator's sockets
+ * (fl_ctx_set_held_max; flodl-ps's --held-max). FL_OK or FL_EINVAL. Thread-safe. */
+int fl_coord_set_held_max(fl_coord_t *coord, size_t bytes);
+
 /* Largest control message accepted, in bytes (frames up to twice this are refused with an
  * answer; larger ones make ZeroMQ drop the connection). */
 #define FL_COORD_MAX_MSG ((size_t)1 << 20)
@@ -81,6 +85,9 @@ typedef struct fl_ps_server_opts {
     int rendezvous_timeout_ms;       /* default 300000 */
     fl_log_level_t log_level;        /* default info */
     bool tune_malloc;                /* default true: fl_malloc_tune() for the pushes' buffers */
+    size_t held_max_bytes;           /* bound on bytes held for messages not yet complete over
+                                        the shards' sockets (fl_ctx_opts_t.held_max_bytes; 0:
+                                        its default) */
 } fl_ps_server_opts_t;
 
 /* A server's Register.model_shapes starts with an entry naming its --init file: this tag, the

@@ -26,6 +26,10 @@ static const char usage[] =
     "  --rendezvous-timeout MS     all ranks must register within this (default 300000)\n"
     "  --endpoint-file PATH        write the bound endpoint there (useful with port 0)\n"
     "  --log-level LEVEL           debug|info|warn|error (default info, or FLODL_LOG)\n"
+    "  --held-max BYTES            most bytes of messages not yet complete that connections\n"
+    "                              may make the coordinator hold, and the shards (each their\n"
+    "                              own), K/M/G (default 256M); past it the largest are closed;\n"
+    "                              the shards' is raised to twice the ranks' pushes if more\n"
     "parameter server (none unless --shards or --num-shards is given):\n"
     "  --shards K                  shards this process serves, a thread each (default: all)\n"
     "  --num-shards S              shards of the job (default: --shards)\n"
@@ -91,7 +95,8 @@ enum {
     O_HPORT,
     O_STALL,
     O_CURVE,
-    O_INSECURE
+    O_INSECURE,
+    O_HELDMAX
 };
 
 typedef struct args {
@@ -106,6 +111,7 @@ typedef struct args {
     const char *metrics_bind;
     const char *curve_dir;
     bool insecure;
+    size_t held_max; /* 0: the default */
 } args_t;
 
 static const char *env_get(const char *name, void *ud)
@@ -239,6 +245,11 @@ static int apply_job(args_t *a, int ch, const char *v)
     }
     case O_CURVE: a->curve_dir = v; return FL_OK;
     case O_INSECURE: a->insecure = true; return FL_OK;
+    case O_HELDMAX:
+        if (fl_cli_size("--held-max", v, (size_t)1 << 20, (size_t)1 << 40, &a->held_max) != FL_OK)
+            return FL_EINVAL;
+        so->held_max_bytes = a->held_max;
+        return FL_OK;
     case O_STALL: {
         long n;
         int rc = fl_cli_long("--stall-report", v, 0, 86400000, &n);
@@ -355,6 +366,7 @@ static int parse(args_t *a, int argc, char **argv)
         {"keep", 1, NULL, O_KEEP},
         {"resume", 0, NULL, O_RESUME},
         {"max-wait", 1, NULL, O_MAXWAIT},
+        {"held-max", 1, NULL, O_HELDMAX},
     };
     static struct option longopts[64];
     int n = 0;
@@ -472,6 +484,8 @@ static int make_coordinator(const args_t *a, run_t *r)
         fprintf(stderr, "flodl-ps: %s\n", fl_last_error());
         return rc == FL_EINVAL ? 2 : 1;
     }
+    if (a->held_max != 0)
+        fl_coord_set_held_max(r->coord, a->held_max); /* in range: checked as a flag */
     local_endpoint(fl_coord_endpoint(r->coord), r->coord_ep, sizeof r->coord_ep);
     if (a->epfile != NULL) {
         FILE *f = fopen(a->epfile, "w");

@@ -250,6 +250,8 @@ int fl_ps_server_create(const fl_ps_server_opts_t *o, fl_ps_server_t **out)
     co.log_name = name;
     co.io_threads = o->shard_count > 1 ? 2 : 1;
     co.max_msg_bytes = (size_t)1 << 40; /* a shard's pushes are as large as the shard */
+    if (o->held_max_bytes != 0)
+        co.held_max_bytes = o->held_max_bytes;
     if ((rc = fl_ctx_create(&co, &s->ctx)) != FL_OK ||
         (rc = fl_tp_curve_use(s->ctx, o->curve_dir, "ps")) != FL_OK)
         goto fail;
@@ -359,6 +361,28 @@ static void init_range(const fl_st_file_t *f, uint64_t off, uint64_t count, floa
     }
 }
 
+/* The shards' pushes are as large as the shards, and the bytes of a push still arriving count
+ * towards the bound on bytes held for messages not yet complete (fl_ctx_held_max): the bound
+ * must let every rank's push to every shard of this process be in flight at once, twice over,
+ * or the job's own pushes would be cut. A push is at most 8 bytes an element (a sparse block's
+ * index and value) and 64 KiB of headers. */
+static void fit_held_max(fl_ps_server_t *s, const fl_msg_welcome_t *w)
+{
+    uint64_t push = 0;
+    for (int k = 0; k < s->o.shard_count; k++)
+        push += 8 * w->shards[s->o.shard_first + k].count + ((uint64_t)64 << 10);
+    uint64_t need = 2 * (uint64_t)s->world * push;
+    uint64_t bound = fl_ctx_held_max(s->ctx);
+    if (bound == 0 || need <= bound || need > SIZE_MAX)
+        return;
+    fl_ctx_set_held_max(s->ctx, (size_t)need);
+    FL_INFO(s->ctx,
+            "the bound on bytes held for messages not yet complete is raised from %llu to %llu "
+            "MiB: twice %d ranks' pushes to shards %d..%d",
+            (unsigned long long)(bound >> 20), (unsigned long long)(need >> 20), s->world,
+            s->o.shard_first, s->o.shard_first + s->o.shard_count - 1);
+}
+
 static int setup_shards(fl_ps_server_t *s, fl_msg_hdr_t *h)
 {
     const fl_ps_server_opts_t *o = &s->o;
@@ -432,6 +456,7 @@ static int setup_shards(fl_ps_server_t *s, fl_msg_hdr_t *h)
                                   : "");
     }
     fl_st_close(&s->init);
+    fit_held_max(s, w);
     return FL_OK;
 }
 

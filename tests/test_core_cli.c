@@ -231,6 +231,28 @@ START_TEST(test_ratelimit)
 }
 END_TEST
 
+/* One line per period; the next line said counts those held back, in the text that tests and
+ * operators grep for. */
+START_TEST(test_ratelog)
+{
+    fl_ratelog_t r = {0};
+    char more[64] = "untouched";
+    ck_assert(fl_ratelog_say(&r, 5000, 10000, more, sizeof more));
+    ck_assert_str_eq(more, "");
+    for (int i = 0; i < 7; i++)
+        ck_assert(!fl_ratelog_say(&r, 5001 + i, 10000, more, sizeof more));
+    ck_assert(!fl_ratelog_say(&r, 14999, 10000, more, sizeof more));
+    ck_assert(fl_ratelog_say(&r, 15000, 10000, more, sizeof more));
+    ck_assert_str_eq(more, "; 8 more since the last report");
+    ck_assert(fl_ratelog_say(&r, 25000, 10000, more, sizeof more));
+    ck_assert_str_eq(more, ""); /* nothing held back since */
+    char tiny[8];
+    ck_assert(!fl_ratelog_say(&r, 25001, 10000, tiny, sizeof tiny));
+    ck_assert(fl_ratelog_say(&r, 35001, 10000, tiny, sizeof tiny));
+    ck_assert_str_eq(tiny, "; 1 mor"); /* cut to its buffer, never past it */
+}
+END_TEST
+
 Suite *core_cli_suite(void);
 Suite *core_cli_suite(void)
 {
@@ -243,6 +265,7 @@ Suite *core_cli_suite(void)
     tcase_add_test(t, test_settings_build_and_compare);
     tcase_add_test(t, test_settings_refusals);
     tcase_add_test(t, test_ratelimit);
+    tcase_add_test(t, test_ratelog);
     suite_add_tcase(s, t);
     return s;
 }

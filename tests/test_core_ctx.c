@@ -292,6 +292,18 @@ START_TEST(test_ctx_validation)
     ck_assert_uint_eq(o.held_max_bytes, (size_t)256 << 20);
     o.held_max_bytes = ((size_t)1 << 20) - 1;
     expect_ctx_refused(&o, "held_max_bytes");
+    /* Set after creation (flodl-ps --held-max for the coordinator's context): the same rule. */
+    fl_ctx_opts_init(&o);
+    fl_ctx_t *held = NULL;
+    ck_assert_int_eq(fl_ctx_create(&o, &held), FL_OK);
+    ck_assert_int_eq(fl_ctx_set_held_max(held, ((size_t)1 << 20) - 1), FL_EINVAL);
+    ck_assert_msg(strstr(fl_last_error(), "held_max_bytes"), "detail '%s'", fl_last_error());
+    ck_assert_uint_eq(fl_ctx_held_max(held), (uint64_t)256 << 20);
+    ck_assert_int_eq(fl_ctx_set_held_max(held, (size_t)64 << 20), FL_OK);
+    ck_assert_uint_eq(fl_ctx_held_max(held), (uint64_t)64 << 20);
+    ck_assert_int_eq(fl_ctx_set_held_max(held, SIZE_MAX), FL_OK);
+    ck_assert_uint_eq(fl_ctx_held_max(held), 0); /* none */
+    fl_ctx_destroy(&held);
     fl_ctx_opts_init(&o);
     o.log_level = (fl_log_level_t)5;
     expect_ctx_refused(&o, "log_level");

@@ -102,11 +102,10 @@ START_TEST(test_train_through_the_ps)
     proc_t ps[3];
     memset(ps, 0, sizeof ps);
     char ep[FL_ENDPOINT_MAX], out[8192];
-    static const char *const extra[] = {"--shards",   "2",           "--host",
-                                        "127.0.0.1",  "--lr",        "0.05",
-                                        "--momentum", "0.9",         "--consistency",
-                                        "ssp",        "--staleness", "2",
-                                        NULL};
+    static const char *const extra[] = {"--shards",      "2",    "--host",      "127.0.0.1",
+                                        "--lr",          "0.05", "--momentum",  "0.9",
+                                        "--consistency", "ssp",  "--staleness", "2",
+                                        "--held-max",    "1M",   NULL};
     ck_assert(start_ps(&ps[0], 2, extra, NULL, ep, sizeof ep, 1));
     start_worker(&ps[1], ep, 0, 2, "1", NULL);
     static const char *const topk[] = {"--topk", "0.05", NULL};
@@ -118,6 +117,9 @@ START_TEST(test_train_through_the_ps)
     for (int i = 0; i < 3; i++)
         ck_assert_msg(proc_code(&ps[i]) == 0, "process %d:%s", i, out);
     ASSERT_HAS(ps[1].buf[0], "parameter server (2 shards, ssp)");
+    /* A bound below what the pushes need (2 ranks x 2 shards of 25,413 parameters) is raised to
+     * it, or the job's own pushes would be cut. */
+    ASSERT_HAS(ps[0].buf[1], "raised from 1 to 2 MiB: twice 2 ranks' pushes to shards 0..1");
     double acc = final_accuracy(&ps[1]);
     ck_assert_msg(acc > 80.0, "accuracy %.2f%% after one epoch:%s", acc, out);
     procs_free(ps, 3);

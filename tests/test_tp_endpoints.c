@@ -1,8 +1,10 @@
 /* Transport poll and endpoints (tp_sock.c, tp_endpoint.c): poll; endpoint parsing, advertising
  * and the local-address lookup; bind and create errors. */
+#include <dirent.h>
 #include <stdint.h>
 #include <stdio.h>
 #include <string.h>
+#include <unistd.h>
 
 #include "fl_tp.h"
 #include "tputil.h"
@@ -239,6 +241,54 @@ START_TEST(test_create_errors)
 }
 END_TEST
 
+/* Voluntary context switches of this process's threads other than the caller's, in all. */
+static long others_switches(void)
+{
+    char self[64];
+    snprintf(self, sizeof self, "%ld", (long)gettid());
+    DIR *d = opendir("/proc/self/task");
+    ck_assert_ptr_nonnull(d);
+    long sum = 0;
+    for (struct dirent *e; (e = readdir(d)) != NULL;) {
+        if (e->d_name[0] == '.' || strcmp(e->d_name, self) == 0)
+            continue;
+        char path[300];
+        char line[128];
+        snprintf(path, sizeof path, "/proc/self/task/%s/status", e->d_name);
+        FILE *f = fopen(path, "r");
+        long n = 0;
+        while (f != NULL && fgets(line, sizeof line, f) != NULL)
+            if (sscanf(line, "voluntary_ctxt_switches: %ld", &n) == 1)
+                break;
+        if (f != NULL)
+            fclose(f);
+        sum += n;
+    }
+    closedir(d);
+    return sum;
+}
+
+/* A bound ROUTER on TCP with a hold bound and no connection: its guard sleeps until one comes
+ * (it used to look at the memory every 20 ms, 50 wakeups a second in every idle process). */
+START_TEST(test_idle_guard_sleeps)
+{
+    fl_ctx_t *ctx = ctx_new();
+    fl_tp_opts_t o;
+    opts_test(&o);
+    o.hold_max_bytes = (size_t)64 << 20;
+    fl_tp_sock_t *r = sock_new(ctx, FL_TP_ROUTER, "idle", &o);
+    char bound[FL_ENDPOINT_MAX];
+    ck_assert_int_eq(fl_tp_sock_bind(r, "tcp://127.0.0.1:0", bound, sizeof bound), FL_OK);
+    usleep(300 * 1000); /* the bind's events are read */
+    long before = others_switches();
+    usleep(2000 * 1000);
+    long woke = others_switches() - before;
+    ck_assert_msg(woke < 20, "the idle socket's threads woke %ld times in 2 s (want < 20)", woke);
+    fl_tp_sock_destroy(&r);
+    fl_ctx_destroy(&ctx);
+}
+END_TEST
+
 Suite *tp_endpoints_suite(void);
 Suite *tp_endpoints_suite(void)
 {
@@ -257,6 +307,7 @@ Suite *tp_endpoints_suite(void)
     tcase_add_test(t, test_is_ip_literal);
     tcase_add_test(t, test_bind_errors);
     tcase_add_test(t, test_create_errors);
+    tcase_add_test(t, test_idle_guard_sleeps);
     suite_add_tcase(s, t);
     return s;
 }

@@ -622,15 +622,17 @@ static int partial_open(int port)
 
 /* 40 connections each send 16 MiB of a message that never ends, each under the coordinator's
  * bound for one connection (17 MiB): 640 MiB in all. The process bound on what all of them
- * hold (256 MiB by default) keeps flodl-ps's peak within 256 MiB and a margin of its start
+ * hold (here 128 MiB, set by --held-max) keeps flodl-ps's peak within it and a margin of its start
  * (the guard looks every 20 ms, and a cut connection's memory is freed as ZeroMQ closes it),
  * cutting the largest holders, counted and logged. */
 START_TEST(test_partial_messages_bounded_per_process)
 {
     proc_t p;
     char ep[FL_ENDPOINT_MAX];
-    const char *flags[] = {"--world-size", "1", "--insecure", NULL};
-    ck_assert(start_ps_limited(&p, "true", flags, NULL, ep, sizeof ep));
+    /* A bound set by flag (--held-max), below the default of 256 MiB. */
+    const char *flags[] = {"--world-size", "1", "--insecure", "--held-max", "128M", NULL};
+    ck_assert_msg(start_ps_limited(&p, "true", flags, NULL, ep, sizeof ep),
+                  "flodl-ps did not start: %s", p.buf[1]);
     struct timespec pause = {0, 500 * 1000000L};
     nanosleep(&pause, NULL);
     long rss0 = status_kib(p.pid, "VmRSS");
@@ -654,12 +656,12 @@ START_TEST(test_partial_messages_bounded_per_process)
 #ifndef __SANITIZE_ADDRESS__
     /* AddressSanitizer keeps what the cut connections freed in its quarantine: there, only the
      * cuts are checked. */
-    ck_assert_msg(hwm - rss0 < (256 + 192) * 1024,
-                  "expected flodl-ps's peak within 448 MiB of its start (the 256 MiB bound and "
+    ck_assert_msg(hwm - rss0 < (128 + 192) * 1024,
+                  "expected flodl-ps's peak within 320 MiB of its start (the 128 MiB bound and "
                   "a margin) under 40 x 16 MiB of messages not yet complete, it rose by %ld MiB",
                   (hwm - rss0) / 1024);
 #endif
-    ck_assert_msg(strstr(p.buf[1], "over its bound of 256 MiB"),
+    ck_assert_msg(strstr(p.buf[1], "over its bound of 128 MiB"),
                   "expected flodl-ps to log the connection it cut for the process bound: %s",
                   p.buf[1]);
     procs_free(&p, 1);

@@ -1,6 +1,8 @@
 /* The guard's count of the bytes a connection makes the process hold (transport/tp_hold.c):
  * what was read and not taken, less generous protocol overheads that only grow as used. */
 #include <check.h>
+#include <stdlib.h>
+#include <unistd.h>
 
 #include "testutil.h"
 #include "tp_int.h"
@@ -40,13 +42,59 @@ START_TEST(test_a_message_that_never_ends_is_held)
 }
 END_TEST
 
+/* A socket whose messages may be as large as a shard's (none over 4 GiB) has no bound of one
+ * connection, and its connections still count towards the process's: messages sent to it and
+ * left untaken past the context's bound get the sender's connection cut. */
+START_TEST(test_unbounded_socket_meets_the_process_bound)
+{
+    fl_ctx_opts_t co;
+    fl_ctx_opts_init(&co);
+    co.max_msg_bytes = (size_t)1 << 40;
+    co.held_max_bytes = (size_t)8 << 20;
+    fl_ctx_t *ctx = NULL;
+    ck_assert_int_eq(fl_ctx_create(&co, &ctx), FL_OK);
+    fl_tp_opts_t o;
+    fl_tp_opts_init(&o);
+    o.linger_ms = 0;
+    fl_tp_sock_t *shard = NULL;
+    fl_tp_sock_t *rank = NULL;
+    char ep[FL_ENDPOINT_MAX];
+    ck_assert_int_eq(fl_tp_sock_create(ctx, FL_TP_ROUTER, &o, "shard", &shard), FL_OK);
+    ck_assert_int_eq(fl_tp_sock_bind(shard, "tcp://127.0.0.1:0", ep, sizeof ep), FL_OK);
+    ck_assert_int_eq(fl_tp_sock_create(ctx, FL_TP_DEALER, &o, "rank", &rank), FL_OK);
+    ck_assert_int_eq(fl_tp_sock_connect(rank, ep), FL_OK);
+    enum { PUSHES = 6, PUSH = 4 << 20 }; /* 24 MiB, three times the bound */
+    uint8_t *push = calloc(1, PUSH);
+    ck_assert_ptr_nonnull(push);
+    for (int i = 0; i < PUSHES; i++) {
+        fl_msg_hdr_t h;
+        fl_msg_hdr_init(&h, FL_MSG_CHUNK, 0);
+        fl_buf_t f = {.data = push, .len = PUSH};
+        ck_assert_int_eq(fl_tp_send(rank, NULL, &h, &f, 1, fl_deadline_in(5000)), FL_OK);
+    }
+    int64_t until = fl_deadline_in(10000);
+    while (fl_ctx_stat(ctx, FL_STAT_CONN_CUT) == 0 && fl_now_ms() < until)
+        usleep(20 * 1000);
+    ck_assert_msg(fl_ctx_stat(ctx, FL_STAT_CONN_CUT) >= 1,
+                  "expected the connection holding %d MiB untaken, over the process bound of "
+                  "8 MiB, to be cut",
+                  (PUSHES * PUSH) >> 20);
+    fl_tp_sock_destroy(&rank);
+    fl_tp_sock_destroy(&shard);
+    fl_ctx_destroy(&ctx);
+    free(push);
+}
+END_TEST
+
 static Suite *suite(void)
 {
     Suite *s = suite_create("tp_hold");
     TCase *t = tcase_create("tp_hold");
+    tcase_set_timeout(t, 30);
     tcase_add_test(t, test_handshake_and_heartbeats_are_not_held);
     tcase_add_test(t, test_messages_taken_are_not_held);
     tcase_add_test(t, test_a_message_that_never_ends_is_held);
+    tcase_add_test(t, test_unbounded_socket_meets_the_process_bound);
     suite_add_tcase(s, t);
     return s;
 }

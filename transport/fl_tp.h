@@ -48,7 +48,8 @@ typedef struct fl_tp_opts {
      * handshake within handshake_ivl_ms; those still in it beyond pending_per_addr from one
      * address or pending_max in all are closed (counted as conn_dropped); a connection that
      * makes the process hold more than hold_max_bytes of messages not yet taken is closed
-     * (counted as oversized). 0 picks the default. */
+     * (counted as oversized). Without that bound (none above 4 GiB), its connections still
+     * count towards the process's (fl_ctx_held_max). 0 picks the default. */
     int handshake_ivl_ms;  /* default 10000 */
     int pending_max;       /* default a quarter of the open-files limit, within 64..4096 */
     int pending_per_addr;  /* default 32 (flodl-ps: the job's members + 32) */

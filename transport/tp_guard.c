@@ -34,27 +34,6 @@
 #include <sys/socket.h>
 #include <unistd.h>
 
-bool fl_tp_guard_ratelog(ratelog_t *r, int64_t now, uint64_t *quiet)
-{
-    if (now < r->next_ms) {
-        r->quiet++;
-        return false;
-    }
-    *quiet = r->quiet;
-    r->quiet = 0;
-    r->next_ms = now + LOG_EVERY_MS;
-    return true;
-}
-
-/* "; N more since the last report" when some went unsaid. */
-const char *fl_tp_guard_unsaid(uint64_t quiet, char *buf, size_t cap)
-{
-    if (quiet == 0)
-        return "";
-    snprintf(buf, cap, "; %llu more since the last report", (unsigned long long)quiet);
-    return buf;
-}
-
 chunk_t *fl_tp_guard_chunk(fl_tp_guard_t *g, int fd)
 {
     if (fd < 0 || (size_t)fd >= g->nchunks * CHUNK)
@@ -233,31 +212,28 @@ static void drop(fl_tp_guard_t *g, int fd, conn_t *c, int from_addr, int64_t now
         g->npending--;
     c->state = CLOSING;
     fl_ctx_count(g->ctx, FL_STAT_CONN_DROPPED, 1);
-    uint64_t quiet;
-    if (fl_tp_guard_ratelog(&g->log_drop, now, &quiet)) {
+    char more[64];
+    if (fl_ratelog_say(&g->log_drop, now, FL_TP_LOG_EVERY_MS, more, sizeof more)) {
         char ip[INET6_ADDRSTRLEN + 32];
-        char more[64];
         fl_tp_guard_addr(c, ip, sizeof ip);
         FL_WARN(g->ctx,
                 "%s socket: closed a connection from %s in its handshake: %d from that address "
                 "and %d in all are in theirs (at most %d and %d; a handshake must end within "
                 "%d ms)%s",
-                g->name, ip, from_addr, g->npending, g->per_addr, g->pending_max, g->ivl_ms,
-                fl_tp_guard_unsaid(quiet, more, sizeof more));
+                g->name, ip, from_addr, g->npending, g->per_addr, g->pending_max, g->ivl_ms, more);
     }
 }
 
 static void near_limit(fl_tp_guard_t *g, int fd, int64_t now)
 {
-    uint64_t quiet;
+    char more[64];
     if (g->fd_limit == UINT64_MAX || (uint64_t)fd + 1 < g->fd_limit - g->fd_limit / 10 ||
-        !fl_tp_guard_ratelog(&g->log_near, now, &quiet))
+        !fl_ratelog_say(&g->log_near, now, FL_TP_LOG_EVERY_MS, more, sizeof more))
         return;
     FL_WARN(g->ctx,
             "%s socket: at least %d of this process's %llu descriptors are open: near "
             "its limit on open files (raise it: ulimit -n, LimitNOFILE)",
             g->name, fd + 1, (unsigned long long)g->fd_limit);
-    (void)quiet;
 }
 
 /* The oldest connection in its handshake (from c's address when same_only) that has been open
@@ -326,18 +302,17 @@ static void on_disconnected(fl_tp_guard_t *g, int fd, int64_t now)
     int blame = g->blame;
     g->blame = BLAME_NONE;
     bool known = c != NULL && c->state != FREE;
-    uint64_t quiet;
-    if (blame == BLAME_SECURITY && fl_tp_guard_ratelog(&g->log_security, now, &quiet)) {
+    char more[64];
+    if (blame == BLAME_SECURITY &&
+        fl_ratelog_say(&g->log_security, now, FL_TP_LOG_EVERY_MS, more, sizeof more)) {
         char ip[INET6_ADDRSTRLEN + 32];
-        char more[64];
         if (known) /* a quick refusal can be over before its address is read */
             fl_tp_guard_addr(c, ip, sizeof ip);
         else
             snprintf(ip, sizeof ip, "an address gone before it was read");
         FL_WARN(g->ctx, "%s socket: refused a connection from %s: it speaks %s, this socket %s%s",
                 g->name, ip, g->curve ? "plain text" : "CURVE",
-                g->curve ? "CURVE (only allowed keys get in)" : "plain text",
-                fl_tp_guard_unsaid(quiet, more, sizeof more));
+                g->curve ? "CURVE (only allowed keys get in)" : "plain text", more);
     }
     if (!known)
         return;
@@ -374,7 +349,7 @@ static void on_listening(fl_tp_guard_t *g, int fd)
 
 static void on_event(fl_tp_guard_t *g, const fl_tp_event_t *ev, int64_t now)
 {
-    uint64_t quiet;
+    char more[64];
     switch (ev->type) {
     case ZMQ_EVENT_LISTENING: on_listening(g, (int)ev->value); break;
     case ZMQ_EVENT_ACCEPTED: on_accepted(g, (int)ev->value, now); break;
@@ -388,7 +363,7 @@ static void on_event(fl_tp_guard_t *g, const fl_tp_event_t *ev, int64_t now)
     case ZMQ_EVENT_HANDSHAKE_FAILED_AUTH: on_failed(g, ev); break;
     case ZMQ_EVENT_ACCEPT_FAILED:
         if ((ev->value == EMFILE || ev->value == ENFILE) &&
-            fl_tp_guard_ratelog(&g->log_accept, now, &quiet))
+            fl_ratelog_say(&g->log_accept, now, FL_TP_LOG_EVERY_MS, more, sizeof more))
             FL_WARN(g->ctx,
                     "%s socket: cannot accept connections: out of descriptors (limit on "
                     "open files %llu; raise it: ulimit -n, LimitNOFILE)",
@@ -423,12 +398,26 @@ static void read_limit(fl_tp_guard_t *g, int64_t now)
     g->pending_max = quarter < 64 ? 64 : quarter > 4096 ? 4096 : (int)quarter;
 }
 
+/* How long the guard may sleep: its memory checks and handshakes need a look every tick while
+ * there is a connection. With none, and its share of the process's bytes held given back (the
+ * next scan after the last one closed), nothing can be held or be in its handshake until the
+ * monitor says a connection was accepted, which wakes the poll. */
+static int next_wait(const fl_tp_guard_t *g, int64_t now)
+{
+    int wait = g->nlive == 0 && g->held == 0 ? IDLE_WAIT_MS
+               : fl_tp_guard_holds(g)        ? TICK_MS
+                                             : IDLE_TICK_MS;
+    if (g->trim_ms != 0 && g->trim_ms - now < wait)
+        wait = g->trim_ms > now ? (int)(g->trim_ms - now) : 0;
+    return wait;
+}
+
 static void *guard_main(void *arg)
 {
     fl_tp_guard_t *g = arg;
     for (;;) {
         zmq_pollitem_t items[2] = {{g->mon, 0, ZMQ_POLLIN, 0}, {g->stop_rx, 0, ZMQ_POLLIN, 0}};
-        int rc = zmq_poll(items, 2, g->hold_max > 0 ? TICK_MS : IDLE_TICK_MS);
+        int rc = zmq_poll(items, 2, next_wait(g, fl_now_ms()));
         if (rc < 0 && zmq_errno() != EINTR)
             break;
         if (rc > 0 && (items[1].revents & ZMQ_POLLIN))
@@ -443,7 +432,7 @@ static void *guard_main(void *arg)
             on_event(g, &ev, now);
         }
         expire(g, now);
-        if (g->hold_max > 0)
+        if (fl_tp_guard_holds(g))
             fl_tp_guard_hold_check(g, now);
         if (g->trim_ms != 0 && now >= g->trim_ms) {
             /* A process tuned to keep freed memory (fl_malloc_tune) would hold it for good.
@@ -514,8 +503,8 @@ int fl_tp_guard_start(fl_tp_sock_t *s, const char *endpoint)
         guard_free(g);
         return fl_fail(FL_ENOMEM, "%s socket: out of memory for its guard", s->name);
     }
-    if (g->hold_max > 0)
-        g->statm = open("/proc/self/statm", O_RDONLY | O_CLOEXEC);
+    /* Always: the context's bound may be set after the socket is bound (fl_ctx_set_held_max). */
+    g->statm = open("/proc/self/statm", O_RDONLY | O_CLOEXEC);
     void *z = fl_ctx_zmq(s->ctx);
     char stop_ep[96];
     snprintf(stop_ep, sizeof stop_ep, "inproc://flodl-guard-stop-%p", (void *)g);

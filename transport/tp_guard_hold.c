@@ -49,12 +49,28 @@ static void process_bound(fl_tp_guard_t *g, int64_t now)
     }
 }
 
+bool fl_tp_guard_holds(const fl_tp_guard_t *g)
+{
+    return g->hold_max > 0 || fl_ctx_held_max(g->ctx) > 0;
+}
+
+/* Growth of the process that makes the guard read every connection's counters at once: a
+ * quarter of the smaller bound. */
+static uint64_t scan_step(const fl_tp_guard_t *g)
+{
+    uint64_t process = fl_ctx_held_max(g->ctx);
+    uint64_t bound = g->hold_max == 0                        ? process
+                     : process == 0 || g->hold_max < process ? g->hold_max
+                                                             : process;
+    return bound / 4;
+}
+
 void fl_tp_guard_hold_check(fl_tp_guard_t *g, int64_t now)
 {
     uint64_t rss = fl_tp_hold_rss(g->statm);
     /* Every connection's counters cost two system calls: read them when the process grew by a
-     * quarter of the bound, and once a second. */
-    if (now - g->scan_ms < SCAN_EVERY_MS && rss < g->scan_rss + g->hold_max / 4)
+     * quarter of a bound, and once a second. */
+    if (now - g->scan_ms < SCAN_EVERY_MS && rss < g->scan_rss + scan_step(g))
         return;
     g->scan_ms = now;
     g->scan_rss = rss;
@@ -70,25 +86,23 @@ void fl_tp_guard_hold_check(fl_tp_guard_t *g, int64_t now)
                               atomic_load_explicit(&k->bytes[fd % CHUNK], memory_order_relaxed),
                               atomic_load_explicit(&k->frames[fd % CHUNK], memory_order_relaxed),
                               now);
-        if (held <= g->hold_max || !fl_tp_guard_reset(g, fd, c))
+        if (g->hold_max == 0 || held <= g->hold_max || !fl_tp_guard_reset(g, fd, c))
             continue;
         if (c->state == PENDING)
             g->npending--;
         c->state = CLOSING;
         c->held_too_much = true;
         fl_ctx_count(g->ctx, FL_STAT_OVERSIZED, 1);
-        uint64_t quiet;
-        if (fl_tp_guard_ratelog(&g->log_hold, now, &quiet)) {
+        char more[64];
+        if (fl_ratelog_say(&g->log_hold, now, FL_TP_LOG_EVERY_MS, more, sizeof more)) {
             char ip[INET6_ADDRSTRLEN + 32];
-            char more[64];
             fl_tp_guard_addr(c, ip, sizeof ip);
             FL_WARN(g->ctx,
                     "%s socket: closed the connection from %s: it made this process hold "
                     "%llu MiB of a message not yet complete, over the bound of %llu MiB "
                     "(frames per message x largest frame)%s",
                     g->name, ip, (unsigned long long)(held >> 20),
-                    (unsigned long long)(g->hold_max >> 20),
-                    fl_tp_guard_unsaid(quiet, more, sizeof more));
+                    (unsigned long long)(g->hold_max >> 20), more);
         }
     }
     process_bound(g, now);

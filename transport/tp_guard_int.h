@@ -19,8 +19,10 @@
 #define HOLD_LIMIT ((uint64_t)4 << 30) /* above, the default hold bound is none */
 #define TICK_MS 20                     /* with a hold bound: how often the memory is looked at */
 #define IDLE_TICK_MS 500
+/* With no connection at all and nothing to give back, the guard sleeps until its monitor wakes
+ * it (a connection accepted) or this long. */
+#define IDLE_WAIT_MS 10000
 #define SCAN_EVERY_MS 1000 /* every connection's bytes at least this often */
-#define LOG_EVERY_MS 10000
 #define EVENTS_PER_ROUND 4096
 
 enum { FREE = 0, PENDING, OPEN, CLOSING };
@@ -42,11 +44,6 @@ typedef struct chunk {
     _Atomic uint64_t bytes[CHUNK]; /* taken by the owner, per descriptor, ever */
     _Atomic uint64_t frames[CHUNK];
 } chunk_t;
-
-typedef struct ratelog {
-    int64_t next_ms;
-    uint64_t quiet; /* occurrences not logged since the last line */
-} ratelog_t;
 
 struct fl_tp_guard {
     fl_ctx_t *ctx;
@@ -83,17 +80,19 @@ struct fl_tp_guard {
     int64_t trim_ms; /* give memory back at this time (0: no) */
     int trims;
 
-    ratelog_t log_drop, log_security, log_near, log_accept, log_hold;
-    fl_tp_hold_log_t log_process;
+    fl_ratelog_t log_drop, log_security, log_near, log_accept, log_hold, log_process;
 };
 
 /* Helpers of tp_guard.c that the memory checks use. */
-bool fl_tp_guard_ratelog(ratelog_t *r, int64_t now, uint64_t *quiet);
-const char *fl_tp_guard_unsaid(uint64_t quiet, char *buf, size_t cap);
 chunk_t *fl_tp_guard_chunk(fl_tp_guard_t *g, int fd);
 conn_t *fl_tp_guard_conn(fl_tp_guard_t *g, int fd);
 void fl_tp_guard_addr(const conn_t *c, char *out, size_t cap);
 bool fl_tp_guard_reset(fl_tp_guard_t *g, int fd, const conn_t *c);
+
+/* True when a bound applies to this guard's connections: its own for one connection, or the
+ * process's (fl_ctx_held_max) over the guards of its context. A socket whose messages may be
+ * as large as a shard has no bound of one connection, and still counts towards the process's. */
+bool fl_tp_guard_holds(const fl_tp_guard_t *g);
 
 /* Reads every connection's bytes held when due and closes those over the bounds. */
 void fl_tp_guard_hold_check(fl_tp_guard_t *g, int64_t now);

@@ -99,23 +99,16 @@ bool fl_tp_hold_over(const fl_ctx_t *ctx, uint64_t total)
 }
 
 void fl_tp_hold_cut_said(fl_ctx_t *ctx, const char *sock, const char *ip, uint64_t held,
-                         uint64_t total, int64_t now, fl_tp_hold_log_t *log)
+                         uint64_t total, int64_t now, fl_ratelog_t *log)
 {
     fl_ctx_count(ctx, FL_STAT_CONN_CUT, 1);
-    if (now < log->next_ms) {
-        log->quiet++;
+    char more[64];
+    if (!fl_ratelog_say(log, now, FL_TP_LOG_EVERY_MS, more, sizeof more))
         return;
-    }
-    char more[64] = "";
-    if (log->quiet > 0)
-        snprintf(more, sizeof more, "; %llu more since the last report",
-                 (unsigned long long)log->quiet);
     FL_WARN(ctx,
             "%s socket: closed the connection from %s: it held %llu MiB of a message not yet "
             "complete, the most while this process held %llu MiB of those, over its bound of "
             "%llu MiB%s",
             sock, ip, (unsigned long long)(held >> 20), (unsigned long long)(total >> 20),
             (unsigned long long)(fl_ctx_held_max(ctx) >> 20), more);
-    log->quiet = 0;
-    log->next_ms = now + 10000;
 }

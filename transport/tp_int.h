@@ -61,6 +61,9 @@ int fl_tp_monitor_read(void *pair, fl_tp_event_t *ev);
  * loop a receive and a scan each. */
 #define FL_TP_REFUSE_BURST 32
 #define FL_TP_REFUSE_WINDOW_MS 10000
+/* A kind of warning about peers (a connection closed, a client refused) is said at most this
+ * often; the next line counts those held back (fl_ratelog_say). */
+#define FL_TP_LOG_EVERY_MS 10000
 
 typedef struct fl_tp_refusals fl_tp_refusals_t;
 
@@ -104,16 +107,10 @@ void fl_tp_hold_init(fl_tp_hold_t *h, uint64_t bytes, uint64_t frames, int64_t n
  * (fl_ctx_held_max; none when 0). */
 bool fl_tp_hold_over(const fl_ctx_t *ctx, uint64_t total);
 
-/* When the process bound's last line was said, and the cuts since. */
-typedef struct fl_tp_hold_log {
-    int64_t next_ms;
-    uint64_t quiet;
-} fl_tp_hold_log_t;
-
 /* Counts a connection (from ip, to socket sock) cut for the process bound as conn_cut, and
- * says so at most every 10 s. */
+ * says so at most every FL_TP_LOG_EVERY_MS (log: when it was last said). */
 void fl_tp_hold_cut_said(fl_ctx_t *ctx, const char *sock, const char *ip, uint64_t held,
-                         uint64_t total, int64_t now, fl_tp_hold_log_t *log);
+                         uint64_t total, int64_t now, fl_ratelog_t *log);
 
 /* Bytes held for the connection now: read from the kernel (pulled) and not taken by the owner
  * (bytes, frames: the owner's counters), less the protocol's overhead (framing, encryption,

@@ -22,8 +22,7 @@ typedef struct slot {
 
 struct fl_tp_refusals {
     slot_t slot[SLOTS];
-    int64_t log_ms;
-    uint64_t quiet;
+    fl_ratelog_t log;
 };
 
 /* The connection's slot, or the one whose window is oldest (taken over, counted afresh). */
@@ -73,20 +72,13 @@ static void cut(fl_tp_sock_t *s, int fd, const char *addr, uint32_t n, int64_t n
     if (connect(fd, &unspec, sizeof unspec) != 0)
         shutdown(fd, SHUT_RDWR);
     fl_ctx_count(s->ctx, FL_STAT_CONN_CUT, 1);
-    if (now < r->log_ms) {
-        r->quiet++;
+    char more[64];
+    if (!fl_ratelog_say(&r->log, now, FL_TP_LOG_EVERY_MS, more, sizeof more))
         return;
-    }
-    char more[64] = "";
-    if (r->quiet > 0)
-        snprintf(more, sizeof more, "; %llu more since the last report",
-                 (unsigned long long)r->quiet);
     FL_WARN(s->ctx,
             "%s socket: closed the connection from %s: %u malformed messages within %d ms "
             "(at most %d; the last: %s)%s",
             s->name, addr, n, FL_TP_REFUSE_WINDOW_MS, FL_TP_REFUSE_BURST, fl_last_error(), more);
-    r->quiet = 0;
-    r->log_ms = now + 10000;
 }
 
 void fl_tp_refuse_note(fl_tp_sock_t *s, int fd, const char *addr, fl_stat_t why)
