@@ -1,5 +1,5 @@
-/* The coordinator's options: each field checked and refused by name, and a bind address
- * already in use. */
+/* The coordinator's options: each field checked and refused by name, a bind address already in
+ * use, and a listen queue that holds every member connecting at once. */
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -100,6 +100,44 @@ START_TEST(test_bind_in_use)
 }
 END_TEST
 
+/* The kernel's queue of connections not yet accepted on 127.0.0.1:port, as ss(8) shows it for
+ * a listening socket (its Send-Q column); -1 when ss cannot tell. */
+static int listen_backlog(int port)
+{
+    char cmd[128];
+    snprintf(cmd, sizeof cmd, "ss -Hltn 'sport = :%d' 2> /dev/null", port);
+    FILE *f = popen(cmd, "r");
+    ck_assert_ptr_nonnull(f);
+    char state[32];
+    int recvq = -1, sendq = -1;
+    int n = fscanf(f, "%31s %d %d", state, &recvq, &sendq);
+    pclose(f);
+    return n == 3 ? sendq : -1;
+}
+
+/* 512 ranks connect at once: beyond ZeroMQ's queue of 100, the rest waited for TCP to send
+ * their SYN again, up to 31 s. The queue holds the job's members and a margin. */
+START_TEST(test_listen_queue_fits_the_job)
+{
+    fl_coord_opts_t o;
+    base_opts(&o);
+    o.world_size = 512;
+    fl_coord_t *c = NULL;
+    ck_assert_int_eq(fl_coord_create(&o, &c), FL_OK);
+    const char *ep = fl_coord_endpoint(c);
+    int port = atoi(strrchr(ep, ':') + 1);
+    int backlog = listen_backlog(port);
+    FILE *f = fopen("/proc/sys/net/core/somaxconn", "r");
+    int somax = 0;
+    ck_assert(f != NULL && fscanf(f, "%d", &somax) == 1);
+    fclose(f);
+    int want = 512 + 32 < somax ? 512 + 32 : somax;
+    ck_assert_msg(backlog == want, "the coordinator's listen queue holds %d, expected %d", backlog,
+                  want);
+    fl_coord_destroy(&c);
+}
+END_TEST
+
 Suite *coord_opts_suite(void);
 Suite *coord_opts_suite(void)
 {
@@ -108,6 +146,7 @@ Suite *coord_opts_suite(void)
     tcase_set_timeout(t, 20);
     tcase_add_test(t, test_opts_validation);
     tcase_add_test(t, test_bind_in_use);
+    tcase_add_test(t, test_listen_queue_fits_the_job);
     suite_add_tcase(s, t);
     return s;
 }
