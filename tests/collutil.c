@@ -53,6 +53,8 @@ void (*before_ranks)(const char *coordinator, const char *job_id);
 
 int ipc_off_rank = -1;
 
+const char *const *rank_hosts;
+
 void run_world_at(int world, const fl_comm_opts_t *o, const char *ipc_tag, fl_test_rank_fn fn,
                   void *arg)
 {
@@ -70,6 +72,8 @@ void run_world_at(int world, const fl_comm_opts_t *o, const char *ipc_tag, fl_te
         slots[r].opts.world_size = world;
         if (r == ipc_off_rank)
             slots[r].opts.ipc = 0;
+        if (rank_hosts != NULL)
+            slots[r].opts.host = rank_hosts[r];
         if (ipc_tag != NULL) {
             snprintf(slots[r].bind, sizeof slots[r].bind, "ipc:///tmp/flodl-coll-%d-%s-%d",
                      (int)getpid(), ipc_tag, r);

@@ -20,6 +20,9 @@ void opts_base(fl_comm_opts_t *o);
  * forked process, so one variable is enough). */
 extern void (*before_ranks)(const char *coordinator, const char *job_id);
 
+/* Rank r's advertised host, when set (two loopback addresses act as two hosts). */
+extern const char *const *rank_hosts;
+
 /* A rank that runs with ipc turned off, when >= 0. */
 extern int ipc_off_rank;
 

@@ -108,6 +108,7 @@ typedef enum fl_log_level {
 #include <flodl/comm.h>
 #include <flodl/compress.h>
 #include <flodl/coordinator.h>
+#include <flodl/hier.h>
 #include <flodl/ps.h>
 
 #endif
