@@ -99,6 +99,10 @@ static int make_buckets(fl_hier_t *h, const fl_hier_opts_t *o)
     int part = h->hybrid ? h->topo.local_rank : 0;
     for (size_t i = 0; i < o->nbuckets; i++) {
         hier_bucket_t *b = &h->b[i];
+        if (o->bucket_name != NULL && o->bucket_name[i] != NULL)
+            snprintf(b->name, sizeof b->name, "%s", o->bucket_name[i]);
+        else
+            snprintf(b->name, sizeof b->name, "%s bucket %zu", h->name, i);
         b->len = o->bucket_len[i];
         b->type = o->bucket_type != NULL ? o->bucket_type[i] : FL_FLOAT32;
         b->shard_off = fl_shard_offset(b->len, parts, part);

@@ -67,18 +67,10 @@ static void record(const fl_hier_opts_t *o, int64_t *rec)
 static void describe(const int64_t *rec, int f, char *out, size_t cap)
 {
     switch (f) {
-    case F_MODE:
-        snprintf(out, cap, "hierarchy=%s", mode_name(rec[f]));
-        break;
-    case F_DENSITY:
-        snprintf(out, cap, "top-k density %g", double_of(rec[f]));
-        break;
-    case F_VALUES:
-        snprintf(out, cap, "top-k values %s", fl_dtype_name((fl_dtype_t)rec[f]));
-        break;
-    case F_NORM:
-        snprintf(out, cap, "max_norm %g", double_of(rec[f]));
-        break;
+    case F_MODE: snprintf(out, cap, "hierarchy=%s", mode_name(rec[f])); break;
+    case F_DENSITY: snprintf(out, cap, "top-k density %g", double_of(rec[f])); break;
+    case F_VALUES: snprintf(out, cap, "top-k values %s", fl_dtype_name((fl_dtype_t)rec[f])); break;
+    case F_NORM: snprintf(out, cap, "max_norm %g", double_of(rec[f])); break;
     default:
         snprintf(out, cap, "a bucket layout of %lld buckets, %lld elements (hash %016llx)",
                  (long long)rec[F_NBUCKETS], (long long)rec[F_ELEMS],

@@ -9,6 +9,7 @@
 
 /* One bucket: its layout, this rank's part of it under hybrid, and its top-k state. */
 typedef struct hier_bucket {
+    char name[128];
     size_t len;
     fl_dtype_t type;
     size_t shard_off, shard_len; /* this rank's shard inside its host; all of it when flat */

@@ -18,13 +18,13 @@ int fl_hier_topk_setup(fl_hier_t *h)
         fl_cmp_ef_opts_t eo;
         fl_cmp_ef_opts_init(&eo);
         eo.n = b->shard_len;
-        eo.name = h->name;
+        eo.name = b->name;
         eo.wire = h->values;
         eo.max_norm = h->max_norm;
         rc = fl_cmp_ef_create(&eo, &b->ef);
         fl_cmp_topk_opts_init(&b->topk);
         b->topk.density = h->density;
-        b->topk.name = h->name;
+        b->topk.name = b->name;
         if (rc == FL_OK)
             rc = fl_cmp_topk_count(b->shard_len, &b->topk, &b->k);
         if (rc == FL_OK) {
@@ -92,7 +92,8 @@ static void add_sent(const fl_hier_t *h, int sign, fl_hier_stats_t *acc)
 int fl_hier_allreduce(fl_hier_t *h, size_t b, void *buf)
 {
     if (h == NULL || buf == NULL)
-        return fl_fail(FL_EINVAL, "hier: allreduce with a NULL %s", h == NULL ? "engine" : "buffer");
+        return fl_fail(FL_EINVAL, "hier: allreduce with a NULL %s",
+                       h == NULL ? "engine" : "buffer");
     if (b >= h->nbuckets)
         return fl_fail(FL_EINVAL, "hier: bucket %zu of %zu", b, h->nbuckets);
     if (h->failed != FL_OK)

@@ -44,8 +44,8 @@ static int topo_rank(fl_comm_t *comm, void *arg)
         t.uniform != want->uniform)
         return bad("rank %d: local %d/%d cross %d/%d uniform %d; expected %d/%d %d/%d %d", r,
                    t.local_rank, t.local_size, t.cross_rank, t.cross_size, t.uniform,
-                   want->local_rank[r], want->local_size[r], want->cross_rank[r],
-                   want->cross_size, want->uniform);
+                   want->local_rank[r], want->local_size[r], want->cross_rank[r], want->cross_size,
+                   want->uniform);
     return FL_OK;
 }
 
@@ -217,25 +217,30 @@ START_TEST(test_hybrid_topk_on_the_shards)
 }
 END_TEST
 
-
 /* ---- refusals ---- */
 
 typedef struct refuse_case {
-    int odd;                 /* the rank whose options differ */
-    fl_hier_mode_t mode;     /* its hierarchy */
-    size_t len0;             /* its first bucket's length */
-    double density;          /* its density */
-    const char *odd_says;    /* in its own error */
-    const char *others_say;  /* in every other rank's error */
+    int odd;                /* the rank whose options differ */
+    fl_hier_mode_t mode;    /* its hierarchy */
+    size_t len0;            /* its first bucket's length */
+    double density;         /* its density */
+    const char *odd_says;   /* in its own error */
+    const char *others_say; /* in every other rank's error */
 } refuse_case_t;
 
 static const refuse_case_t refusals[] = {
-    {2, FL_HIER_FLAT, 1000, 0.01, "rank 2 (host 127.0.0.2) has hierarchy=flat, rank 0 (host "
-     "127.0.0.1) has hierarchy=auto", NULL},
-    {3, FL_HIER_AUTO, 999, 0.01, "rank 3 (host 127.0.0.2) has a bucket layout of 2 buckets, "
-     "1063 elements", NULL},
-    {1, FL_HIER_AUTO, 1000, 0.5, "rank 1 (host 127.0.0.1) has top-k density 0.5, rank 0 (host "
-     "127.0.0.1) has top-k density 0.01", NULL},
+    {2, FL_HIER_FLAT, 1000, 0.01,
+     "rank 2 (host 127.0.0.2) has hierarchy=flat, rank 0 (host "
+     "127.0.0.1) has hierarchy=auto",
+     NULL},
+    {3, FL_HIER_AUTO, 999, 0.01,
+     "rank 3 (host 127.0.0.2) has a bucket layout of 2 buckets, "
+     "1063 elements",
+     NULL},
+    {1, FL_HIER_AUTO, 1000, 0.5,
+     "rank 1 (host 127.0.0.1) has top-k density 0.5, rank 0 (host "
+     "127.0.0.1) has top-k density 0.01",
+     NULL},
     {1, FL_HIER_AUTO, 1000, 2.0, "top-k density 2 is outside [0, 1]",
      "rank 1 (host 127.0.0.1) has hierarchy=none: options it refused itself"},
 };

@@ -46,20 +46,22 @@ typedef enum fl_hier_mode {
 } fl_hier_mode_t;
 
 typedef struct fl_hier_opts {
-    size_t struct_size;            /* sizeof(fl_hier_opts_t), set by fl_hier_opts_init */
-    fl_hier_mode_t hierarchy;      /* default FL_HIER_AUTO */
-    size_t nbuckets;               /* buckets, exchanged in this order (required) */
-    const size_t *bucket_len;      /* elements of each bucket (required; copied) */
-    const fl_dtype_t *bucket_type; /* float32, float16 or bfloat16 per bucket; NULL (default):
-                                      all float32. Top-k needs float32. (copied) */
-    double density;                /* 0 (default): dense; in (0, 1]: top-k with error feedback,
-                                      this fraction of each bucket's entries (of this rank's
-                                      shard under hybrid) sent */
-    fl_dtype_t values;             /* type top-k values travel in (default float32) */
-    double max_norm;               /* top-k: clip each bucket's L2 norm to this before it joins
-                                      the residual; 0 (default): no clipping */
-    const char *name;              /* what the buckets are, in error texts (default
-                                      "gradient"); copied */
+    size_t struct_size;             /* sizeof(fl_hier_opts_t), set by fl_hier_opts_init */
+    fl_hier_mode_t hierarchy;       /* default FL_HIER_AUTO */
+    size_t nbuckets;                /* buckets, exchanged in this order (required) */
+    const size_t *bucket_len;       /* elements of each bucket (required; copied) */
+    const fl_dtype_t *bucket_type;  /* float32, float16 or bfloat16 per bucket; NULL (default):
+                                       all float32. Top-k needs float32. (copied) */
+    double density;                 /* 0 (default): dense; in (0, 1]: top-k with error feedback,
+                                       this fraction of each bucket's entries (of this rank's
+                                       shard under hybrid) sent */
+    fl_dtype_t values;              /* type top-k values travel in (default float32) */
+    double max_norm;                /* top-k: clip each bucket's L2 norm to this before it joins
+                                       the residual; 0 (default): no clipping */
+    const char *name;               /* what the buckets are, in error texts (default
+                                       "gradient"); copied */
+    const char *const *bucket_name; /* each bucket's name in error texts; NULL (default):
+                                       "<name> bucket <b>"; copied */
 } fl_hier_opts_t;
 
 void fl_hier_opts_init(fl_hier_opts_t *opts);

@@ -20,8 +20,9 @@ from . import _lib
 from ._lib import lib as _raw  # noqa: F401  (for callers that want the raw library)
 
 __version__ = "0.1.0"
-__all__ = ["FlodlError", "init", "shutdown", "is_initialized", "rank", "size", "allreduce",
-           "broadcast", "allgather", "barrier", "TopK", "library_path", "library_version"]
+__all__ = ["FlodlError", "init", "shutdown", "is_initialized", "rank", "size", "local_rank",
+           "local_size", "cross_rank", "cross_size", "stats", "allreduce", "broadcast",
+           "allgather", "barrier", "TopK", "library_path", "library_version"]
 
 
 class FlodlError(RuntimeError):
@@ -61,6 +62,7 @@ _rank = -1
 _size = 0
 _lock = threading.RLock()  # one thread at a time per communicator (comm.h)
 _keep = []                 # strings the options point at, alive as long as the communicator
+_engines = set()           # DistributedOptimizer exchanges open on _comm: closed before it
 _uncaught = None           # the exception that ends the program, if one does
 _prev_excepthook = None
 
@@ -184,6 +186,8 @@ def shutdown(error=None):
             _size = 0
         if _comm is None:
             return
+        for e in list(_engines):  # their sub-communicators go before the communicator
+            e.close()
         if error is not None:
             _lib.fl_comm_abort(_comm, -1, str(error).encode())
         _lib.fl_comm_destroy(ctypes.byref(_comm))
@@ -215,6 +219,44 @@ def size():
     if _psc is None:
         _need()
     return _size
+
+
+def _topology():
+    t = _lib.HierTopo()
+    with _lock:
+        _check(_lib.fl_hier_topology(_need(), ctypes.byref(t)), "topology")
+    return t
+
+
+def local_rank():
+    """This rank's place among the ranks of its host, as Horovod's: ranks registered with the
+    same host (FLODL_HOST, or the address they reach the coordinator from), ordered by rank."""
+    return _topology().local_rank
+
+
+def local_size():
+    """The number of ranks on this rank's host."""
+    return _topology().local_size
+
+
+def cross_rank():
+    """This rank's host's place among the job's hosts, ordered by their lowest rank."""
+    return _topology().cross_rank
+
+
+def cross_size():
+    """The number of hosts in the job."""
+    return _topology().cross_size
+
+
+def stats():
+    """This rank's communicator counters since init(): collectives, bytes sent and received,
+    the bytes sent to ranks on another host, and messages refused."""
+    s = _lib.CommStats()
+    with _lock:
+        _lib.fl_comm_get_stats(_need(), ctypes.byref(s))
+    return {"ops": s.ops, "bytes_sent": s.bytes_sent, "bytes_sent_remote": s.bytes_sent_remote,
+            "bytes_recv": s.bytes_recv, "bad_msgs": s.bad_msgs}
 
 
 from ._tensor import allreduce, broadcast, allgather, barrier  # noqa: E402,F401

@@ -64,6 +64,7 @@ FL_SUM, FL_AVG = 1, 2
 FL_ENONFINITE = -9
 FL_ERESYNC = -10
 FL_PS_SYNC, FL_PS_ASYNC, FL_PS_SSP = 0, 1, 2
+FL_HIER_AUTO, FL_HIER_FLAT, FL_HIER_HYBRID = 0, 1, 2
 
 _SPARE = 512  # bytes after the fields we know: room for fields a newer library appends
 
@@ -166,6 +167,53 @@ class PsClientOpts(ctypes.Structure):
     ]
 
 
+class HierOpts(ctypes.Structure):
+    _fields_ = [
+        ("struct_size", c_size),
+        ("hierarchy", c_int),
+        ("nbuckets", c_size),
+        ("bucket_len", ctypes.POINTER(c_size)),
+        ("bucket_type", ctypes.POINTER(c_int)),
+        ("density", ctypes.c_double),
+        ("values", c_int),
+        ("max_norm", ctypes.c_double),
+        ("name", c_char_p),
+        ("bucket_name", ctypes.POINTER(c_char_p)),
+        ("_spare", ctypes.c_char * _SPARE),
+    ]
+
+
+class HierTopo(ctypes.Structure):
+    _fields_ = [
+        ("local_rank", c_int),
+        ("local_size", c_int),
+        ("cross_rank", c_int),
+        ("cross_size", c_int),
+        ("uniform", c_int),
+    ]
+
+
+class HierStats(ctypes.Structure):
+    _fields_ = [
+        ("hybrid", c_int),
+        ("topo", HierTopo),
+        ("ops", ctypes.c_uint64),
+        ("bytes_sent", ctypes.c_uint64),
+        ("bytes_sent_remote", ctypes.c_uint64),
+    ]
+
+
+class CommStats(ctypes.Structure):
+    _fields_ = [
+        ("ops", ctypes.c_uint64),
+        ("bytes_sent", ctypes.c_uint64),
+        ("bytes_sent_remote", ctypes.c_uint64),
+        ("bytes_recv", ctypes.c_uint64),
+        ("bad_msgs", ctypes.c_uint64),
+        ("last_algo", c_int),
+    ]
+
+
 class PsGrad(ctypes.Structure):
     _fields_ = [
         ("dense", c_void_p),
@@ -198,6 +246,17 @@ fl_allreduce = _sig("fl_allreduce", c_int, c_void_p, c_void_p, c_void_p, c_size,
 fl_allgather = _sig("fl_allgather", c_int, c_void_p, c_void_p, c_void_p, c_size, c_int)
 fl_broadcast = _sig("fl_broadcast", c_int, c_void_p, c_void_p, c_size, c_int, c_int)
 fl_barrier = _sig("fl_barrier", c_int, c_void_p)
+fl_comm_peer_host = _sig("fl_comm_peer_host", c_char_p, c_void_p, c_int)
+fl_comm_get_stats = _sig("fl_comm_get_stats", None, c_void_p, P(CommStats))
+fl_hier_topology = _sig("fl_hier_topology", c_int, c_void_p, P(HierTopo))
+fl_hier_opts_init = _sig("fl_hier_opts_init", None, P(HierOpts))
+fl_hier_create = _sig("fl_hier_create", c_int, c_void_p, P(HierOpts), P(c_void_p))
+fl_hier_destroy = _sig("fl_hier_destroy", None, P(c_void_p))
+fl_hier_allreduce = _sig("fl_hier_allreduce", c_int, c_void_p, c_size, c_void_p)
+fl_hier_residual_len = _sig("fl_hier_residual_len", c_size, c_void_p, c_size)
+fl_hier_residual_get = _sig("fl_hier_residual_get", c_int, c_void_p, c_size, c_void_p, c_size)
+fl_hier_residual_put = _sig("fl_hier_residual_put", c_int, c_void_p, c_size, c_void_p, c_size)
+fl_hier_get_stats = _sig("fl_hier_get_stats", None, c_void_p, P(HierStats))
 fl_sparse_opts_init = _sig("fl_sparse_opts_init", None, P(SparseOpts))
 fl_sparse_allreduce = _sig("fl_sparse_allreduce", c_int, c_void_p, c_void_p, c_void_p, c_size,
                            c_void_p, c_size, c_int, P(SparseOpts), c_void_p)

@@ -15,7 +15,6 @@ exchanges it while backward goes on. Buckets go in the same order on every rank.
 for the exchange, writes the averaged gradients back into .grad, then steps the wrapped
 optimizer. backward_passes_per_step=K accumulates K backward passes locally and exchanges once,
 on the K-th (as Horovod's)."""
-import ctypes
 import io
 import queue
 import threading
@@ -24,6 +23,7 @@ import torch
 
 import flodl
 from . import _lib
+from ._engine import HIERARCHIES, Engine
 from ._ps import PsExchange
 from ._tensor import _dtypes, _host
 
@@ -38,8 +38,6 @@ class _Bucket:
         self.dtype = entries[0][1].dtype
         self.label = "gradient bucket %d (%s)" % (
             index, ", ".join(e[0] for e in entries[:3]) + (", ..." if len(entries) > 3 else ""))
-        self.ef = None   # top-k: error feedback state (residual), created on first use
-        self.ws = None
         self.buf = None  # the packed gradients, kept across steps (no allocation per step)
         self.reset()
 
@@ -70,22 +68,40 @@ class DistributedOptimizer:
     with error feedback over the whole model) and writes the parameters the server's optimizer
     made (flodl-ps --optimizer, --lr, ...) into the model: the wrapped optimizer never steps
     and its hyperparameters are not used. The server's --consistency (sync, async, ssp) says
-    whether step() waits for the other ranks. timeout_ms: the deadline of one exchange."""
+    whether step() waits for the other ranks. timeout_ms: the deadline of one exchange.
+
+    hierarchy (mode="ring"): "hybrid" runs the two-level exchange: the processes of one host
+    (the ranks registered with the same host: FLODL_HOST, or the address each reaches the
+    coordinator from) reduce-scatter each bucket, each sends only its shard across hosts (top-k
+    then selects on the host's average shard, whose residual this rank keeps) and the host
+    all-gathers it. "flat": one ring over all ranks. "auto" (default): hybrid when there are
+    several hosts with the same number of processes, more than one each; one host, or one
+    process per host, is flat. Every rank must give the same hierarchy, buckets and compression:
+    a rank that does not is refused on every rank, naming it."""
 
     def __init__(self, optimizer, named_parameters=None, compression=None, bucket_mb=25.0,
-                 backward_passes_per_step=1, mode="ring", timeout_ms=None):
+                 backward_passes_per_step=1, mode="ring", timeout_ms=None,
+                 hierarchy="auto"):
         if compression is not None and not isinstance(compression, flodl.TopK):
             raise TypeError("flodl.torch.DistributedOptimizer: compression must be None or "
                             "flodl.TopK, not %r" % (compression,))
         if mode not in ("ring", "ps"):
             raise ValueError("flodl.torch.DistributedOptimizer: mode %r is not 'ring' or 'ps'"
                              % (mode,))
+        if hierarchy not in HIERARCHIES:
+            raise ValueError("flodl.torch.DistributedOptimizer: hierarchy %r is not 'auto', "
+                             "'flat' or 'hybrid'" % (hierarchy,))
+        if mode == "ps" and hierarchy == "hybrid":
+            raise ValueError("flodl.torch.DistributedOptimizer: mode='ps' pushes each rank's "
+                             "whole gradient; hierarchy='hybrid' is for mode='ring'")
         if int(backward_passes_per_step) < 1:
             raise ValueError("flodl.torch.DistributedOptimizer: backward_passes_per_step %r is "
                              "not >= 1" % (backward_passes_per_step,))
         self.optimizer = optimizer
         self.compression = compression
         self.mode = mode
+        self.hierarchy = hierarchy
+        self._engine = None
         self.backward_passes_per_step = int(backward_passes_per_step)
         self._ps = None
         self._ps_restarts = 0
@@ -129,6 +145,11 @@ class DistributedOptimizer:
             size += nbytes
         if cur:
             self._buckets.append(_Bucket(len(self._buckets), cur))
+        wire = _lib.FL_FLOAT32 if compression is not None else None
+        self._engine = Engine([(b.numel, wire or _dtypes()[b.dtype], b.label)
+                               for b in self._buckets], hierarchy, compression)
+        if flodl._comm is not None:
+            self._engine.open()  # refuses ranks that disagree now, on every rank
         self._of = {}
         for b in self._buckets:
             for e in b.entries:
@@ -197,15 +218,9 @@ class DistributedOptimizer:
         if self.compression is not None:
             res = {}
             for b in self._buckets:
-                if b.ef is None:
-                    continue
-                r = ctypes.c_void_p()
-                v = ctypes.c_void_p()
-                n = ctypes.c_size_t()
-                _lib.fl_cmp_ef_state(b.ef, ctypes.byref(r), ctypes.byref(v), ctypes.byref(n))
-                arr = (ctypes.c_float * n.value).from_address(r.value)
-                res[b.index] = {"names": [e[0] for e in b.entries],
-                                "residual": torch.frombuffer(arr, dtype=torch.float32).clone()}
+                r = self._engine.residual(b.index)
+                if r is not None:
+                    res[b.index] = {"names": [e[0] for e in b.entries], "residual": r}
             sd["flodl_residuals"] = res
         return sd
 
@@ -227,10 +242,7 @@ class DistributedOptimizer:
                     raise ValueError("flodl.torch.DistributedOptimizer.load_state_dict: residual "
                                      "of bucket %d is for %s, this model's bucket holds %s"
                                      % (b.index, saved["names"], names))
-                self._topk_state(b)
-                r = saved["residual"].to(torch.float32).contiguous()
-                flodl._check(_lib.fl_cmp_ef_restore(b.ef, r.data_ptr(), None, r.numel()),
-                             "restoring the residual of %s" % b.label)
+                self._engine.restore(b.index, saved["residual"])
 
     # ---- the exchange ----
 
@@ -283,71 +295,26 @@ class DistributedOptimizer:
             if b is None:
                 return
             try:
-                if self.compression is None:
-                    self._dense(b)
-                else:
-                    self._topk(b)
+                self._exchange(b)
             except BaseException as e:  # raised again by step() on the caller's thread
                 b.error = e
             b.done.set()
 
-    def _dense(self, b):
-        h = _host(b.flat)
-        comm = flodl._need()
-        with flodl._lock:
-            flodl._check(_lib.fl_allreduce(comm, h.data_ptr(), h.data_ptr(), h.numel(),
-                                           _dtypes()[h.dtype], _lib.FL_AVG),
-                         "allreduce of %s" % b.label)
-        b.result = h
+    def _exchange(self, b):
+        if self.compression is None:
+            t = _host(b.flat)
+        else:  # top-k and its residuals work in float32 on the host
+            t = b.flat.to(device="cpu", dtype=torch.float32).contiguous()
+        self._engine.allreduce(b.index, t)
+        b.result = t
 
-    def _topk_state(self, b):
-        if b.ef is not None:
-            return
-        o = _lib.EfOpts()
-        _lib.fl_cmp_ef_opts_init(ctypes.byref(o))
-        o.n = b.numel
-        b.name_bytes = b.label.encode()
-        o.name = b.name_bytes
-        o.wire = flodl._WIRE[self.compression.values]
-        ef = ctypes.c_void_p()
-        flodl._check(_lib.fl_cmp_ef_create(ctypes.byref(o), ctypes.byref(ef)),
-                     "error feedback for %s" % b.label)
-        ws = ctypes.c_void_p()
-        flodl._check(_lib.fl_cmp_ws_create(ctypes.byref(ws)), "top-k workspace")
-        t = _lib.TopkOpts()
-        _lib.fl_cmp_topk_opts_init(ctypes.byref(t))
-        t.density = self.compression.density
-        t.name = b.name_bytes
-        k = ctypes.c_size_t()
-        flodl._check(_lib.fl_cmp_topk_count(b.numel, ctypes.byref(t), ctypes.byref(k)),
-                     "top-k of %s" % b.label)
-        s = _lib.SparseOpts()
-        _lib.fl_sparse_opts_init(ctypes.byref(s))
-        s.values = flodl._WIRE[self.compression.values]
-        s.k_max = k.value  # the same density on every rank: no round to gather the k's
-        b.ef, b.ws, b.topk, b.k, b.sparse = ef, ws, t, k.value, s
-        # Kept across steps, as the packed gradients are.
-        b.idx = torch.empty(b.k, dtype=torch.int32)
-        b.val = torch.empty(b.k, dtype=torch.float32)
-        b.out = torch.empty(b.numel, dtype=torch.float32)
-
-    def _topk(self, b):
-        self._topk_state(b)
-        g = b.flat.to(device="cpu", dtype=torch.float32).contiguous()
-        idx, val, out = b.idx, b.val, b.out
-        k = ctypes.c_size_t()
-        skipped = ctypes.c_bool()
-        flodl._check(_lib.fl_cmp_ef_step(b.ef, b.ws, g.data_ptr(), ctypes.byref(b.topk),
-                                         idx.data_ptr(), val.data_ptr(), ctypes.byref(k),
-                                         ctypes.byref(skipped)),
-                     "top-k of %s" % b.label)
-        comm = flodl._need()
-        with flodl._lock:
-            flodl._check(_lib.fl_sparse_allreduce(comm, idx.data_ptr(), val.data_ptr(), k.value,
-                                                  out.data_ptr(), b.numel, _lib.FL_AVG,
-                                                  ctypes.byref(b.sparse), None),
-                         "sparse allreduce of %s" % b.label)
-        b.result = out
+    def exchange_stats(self):
+        """What this optimizer's exchange did: "hybrid" (the two-level exchange ran), this
+        rank's "local_rank", "local_size", "cross_rank" and "cross_size", the "buckets"
+        exchanged, "bytes_sent" and, of those, "bytes_sent_remote" (to another host)."""
+        if self._engine is None:
+            return {}
+        return self._engine.stats()
 
     def synchronize(self):
         """Waits for every bucket's exchange and writes the averaged gradients into .grad.
@@ -407,11 +374,8 @@ class DistributedOptimizer:
         for h in self._hooks:
             h.remove()
         self._hooks = []
-        for b in self._buckets:
-            if b.ef is not None:
-                _lib.fl_cmp_ef_destroy(ctypes.byref(b.ef))
-                _lib.fl_cmp_ws_destroy(ctypes.byref(b.ws))
-                b.ef = None
+        if self._engine is not None:
+            self._engine.close()
 
     def __del__(self):
         try:

@@ -451,5 +451,130 @@ def state():
     result(ok=True, residuals=nres, worst_accumulate=worst)
 
 
+# ---- two hosts of two processes (FLODL_HOST 127.0.0.1 and 127.0.0.2) ----
+
+
+def accumulated(make, xs, ys, steps):
+    """The reference: one process accumulating every rank's batch of each step, each batch's
+    loss divided by the number of ranks (the average DistributedOptimizer makes)."""
+    ref = model()
+    opt = make(ref)
+    for s in range(steps):
+        opt.zero_grad()
+        for x, y in zip(xs, ys):
+            (torch.nn.functional.mse_loss(ref(x[s]), y[s]) / len(xs)).backward()
+        opt.step()
+    return ref
+
+
+def hier_parity(make, hierarchy):
+    """This rank's part of each step through DistributedOptimizer(hierarchy=...): the
+    parameters of one process accumulating the per-process batches, within 1e-5 relative."""
+    steps, per = 4, 8
+    r, n = flodl.rank(), flodl.size()
+    m = model()
+    gen = torch.Generator().manual_seed(11)
+    xs = [torch.randn(steps, per, 10, generator=gen) for _ in range(n)]
+    ys = [torch.randn(steps, per, 1, generator=gen) for _ in range(n)]
+    opt = flodl.torch.DistributedOptimizer(make(m), m.named_parameters(), bucket_mb=0.002,
+                                           hierarchy=hierarchy)
+    assert len(opt._buckets) >= 3, len(opt._buckets)
+    train(m, opt, xs[r], ys[r], steps)
+    st = opt.exchange_stats()
+    assert st["hybrid"] == (hierarchy == "hybrid"), st
+    opt.close()
+    ref = accumulated(make, xs, ys, steps)
+    worst = 0.0
+    for (name, p), q in zip(m.named_parameters(), ref.parameters()):
+        rel = ((p - q).abs().max() / q.abs().max()).item()
+        worst = max(worst, rel)
+        assert rel <= 1e-5, "%s %s: %s differs from one process accumulating by %g" % (
+            hierarchy, make.__name__, name, rel)
+    return worst, [p.detach().clone() for p in m.parameters()]
+
+
+def sgd(m):
+    return torch.optim.SGD(m.parameters(), lr=0.1, momentum=0.9)
+
+
+def adam(m):
+    return torch.optim.Adam(m.parameters(), lr=0.01)
+
+
+def cross_bytes(hierarchy, compression):
+    """Bytes this rank sent to the other host in 3 steps of a 200k-parameter model."""
+    torch.manual_seed(3)
+    m = torch.nn.Sequential(torch.nn.Linear(400, 500), torch.nn.Tanh(), torch.nn.Linear(500, 1))
+    opt = flodl.torch.DistributedOptimizer(torch.optim.SGD(m.parameters(), lr=0.01),
+                                           m.named_parameters(), compression=compression,
+                                           hierarchy=hierarchy)
+    gen = torch.Generator().manual_seed(20 + flodl.rank())
+    x = torch.randn(3, 16, 400, generator=gen)
+    for s in range(3):
+        opt.zero_grad()
+        m(x[s]).pow(2).mean().backward()
+        opt.step()
+    st = opt.exchange_stats()
+    opt.close()
+    return st["bytes_sent_remote"]
+
+
+def hybrid():
+    """2 hosts x 2 processes: where each rank sits, hybrid and flat against one process
+    accumulating (SGD with momentum, Adam), the bytes across hosts, and a rank asking for
+    another hierarchy refused on every rank."""
+    flodl.init(timeout_ms=20000)
+    r = flodl.rank()
+    where = (flodl.local_rank(), flodl.local_size(), flodl.cross_rank(), flodl.cross_size())
+    assert where == (r % 2, 2, r // 2, 2), "rank %d sits at %s" % (r, where)
+    worst = 0.0
+    for make in (sgd, adam):
+        w_flat, flat = hier_parity(make, "flat")
+        w_hyb, hyb = hier_parity(make, "hybrid")
+        worst = max(worst, w_flat, w_hyb)
+        for i, (a, b) in enumerate(zip(flat, hyb)):
+            rel = ((a - b).abs().max() / b.abs().max()).item()
+            assert rel <= 1e-5, "%s: parameter %d: hybrid and flat differ by %g" % (
+                make.__name__, i, rel)
+    sent = {"flat": cross_bytes("flat", None), "hybrid": cross_bytes("hybrid", None),
+            "hybrid top-k 1%": cross_bytes("hybrid", flodl.TopK(0.01))}
+    total = {}
+    for k, v in sent.items():
+        total[k] = flodl.allgather(torch.tensor([float(v)])).sum().item()
+    m = model()
+    text = expect(flodl.FlodlError, ["rank 3 (host 127.0.0.2) has hierarchy=flat",
+                                     "rank 0 (host 127.0.0.1) has hierarchy=hybrid"],
+                  lambda: flodl.torch.DistributedOptimizer(
+                      sgd(m), m.named_parameters(), hierarchy="flat" if r == 3 else "hybrid"))
+    flodl.shutdown()
+    result(ok=True, worst=worst, bytes=total, refused=text)
+
+
+def hybrid_kill():
+    """The last rank dies (SIGKILL) while the others exchange through the two-level engine:
+    each of them raises, naming it, within the heartbeat timeout plus 2 s."""
+    flodl.init(timeout_ms=60000)
+    r, n = flodl.rank(), flodl.size()
+    m = model()
+    opt = flodl.torch.DistributedOptimizer(sgd(m), m.named_parameters(), bucket_mb=0.002,
+                                           hierarchy="hybrid")
+    x, y = torch.randn(8, 10), torch.randn(8, 1)
+
+    def step():
+        opt.zero_grad()
+        torch.nn.functional.mse_loss(m(x), y).backward()
+        opt.step()
+
+    step()
+    if r == n - 1:
+        time.sleep(0.5)
+        os.kill(os.getpid(), signal.SIGKILL)
+    t0 = time.monotonic()
+    text = expect(flodl.FlodlError, ["rank %d" % (n - 1)], lambda: [step() for _ in range(10**6)])
+    elapsed = time.monotonic() - t0
+    flodl.shutdown()
+    result(ok=True, elapsed=elapsed, text=text)
+
+
 if __name__ == "__main__":
     globals()[sys.argv[1]]()

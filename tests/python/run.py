@@ -49,9 +49,9 @@ def results(outs):
     return got
 
 
-def with_coordinator(case, n, heartbeat_ms=5000, timeout_s=90, expect_dead=()):
+def with_coordinator(case, n, heartbeat_ms=5000, timeout_s=90, expect_dead=(), hosts=None):
     """Runs n ranks of case against a coordinator in this process; returns each rank's
-    (exit status, output)."""
+    (exit status, output). hosts: each rank's FLODL_HOST (loopback addresses act as hosts)."""
     o = _lib.CoordOpts()
     _lib.fl_coord_opts_init(ctypes.byref(o))
     o.bind = b"tcp://127.0.0.1:0"
@@ -67,6 +67,8 @@ def with_coordinator(case, n, heartbeat_ms=5000, timeout_s=90, expect_dead=()):
         env = dict(os.environ, FLODL_RANK=str(r), FLODL_WORLD_SIZE=str(n),
                    FLODL_COORDINATOR=ep, FLODL_INSECURE="1")
         env.pop("FLODL_CURVE_DIR", None)
+        if hosts:
+            env["FLODL_HOST"] = hosts[r]
         procs.append(subprocess.Popen([PY, CASES, case], env=env,
                                       stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
                                       text=True))
@@ -135,6 +137,43 @@ def t_uncaught():
             if g["elapsed"] > 5:
                 fail("uncaught: rank %d took %.1f s; the heartbeat timeout is 10 s, and the "
                      "coordinator should have said at once" % (r, g["elapsed"]))
+
+
+TWO_BY_TWO = ["127.0.0.1", "127.0.0.1", "127.0.0.2", "127.0.0.2"]
+
+
+def t_hybrid():
+    """2 hosts x 2 processes through the two-level exchange (cases.py hybrid)."""
+    got = check_all_ok("hybrid", with_coordinator("hybrid", 4, hosts=TWO_BY_TWO))
+    if not got[0]:
+        return
+    b = got[0]["bytes"]
+    print("  hybrid and flat against one process accumulating: within %.2e" % got[0]["worst"])
+    print("  bytes across hosts, 3 steps of a 200k-parameter model: flat %.2f MiB, hybrid "
+          "dense %.2f MiB (%.3f of flat), hybrid top-k 1%% %.3f MiB (%.4f of flat)" % (
+              b["flat"] / 2**20, b["hybrid"] / 2**20, b["hybrid"] / b["flat"],
+              b["hybrid top-k 1%"] / 2**20, b["hybrid top-k 1%"] / b["flat"]))
+    print("  refused: %s" % got[0]["refused"][:200])
+    if b["hybrid"] > b["flat"] * 2 / 3 * 1.01:
+        fail("hybrid: dense sent %d bytes across hosts, more than 2/3 of flat's %d"
+             % (b["hybrid"], b["flat"]))
+    if b["hybrid top-k 1%"] > b["flat"] / 2:
+        fail("hybrid: top-k sent %d bytes across hosts, more than 1/2 of flat's %d"
+             % (b["hybrid top-k 1%"], b["flat"]))
+
+
+def t_hybrid_kill():
+    n, hb = 4, 2000
+    outs = with_coordinator("hybrid_kill", n, heartbeat_ms=hb, expect_dead=(n - 1,),
+                            hosts=TWO_BY_TWO)
+    if outs[n - 1][0] != -9:
+        fail("hybrid_kill: rank %d was not killed: %s" % (n - 1, outs[n - 1]))
+    for r, g in enumerate(check_all_ok("hybrid_kill", outs, skip=(n - 1,))[:n - 1]):
+        if g:
+            print("  rank %d raised after %.2f s: %s" % (r, g["elapsed"], g["text"][:240]))
+            if g["elapsed"] > hb / 1000 + 2:
+                fail("hybrid_kill: rank %d took %.1f s (heartbeat timeout %d ms + 2 s)"
+                     % (r, g["elapsed"], hb))
 
 
 def optimizer_job(n):
@@ -448,8 +487,8 @@ def t_bench():
         fail("bench: status %d, %d rows:\n%s" % (p.returncode, len(rows), p.stdout[-3000:]))
 
 
-ALL = ["readme", "collectives", "bad", "kill", "uncaught", "launch", "install", "state", "ps",
-       "ps_async", "ps_restart", "ps_bad", "example", "example_ps", "bench"]
+ALL = ["readme", "collectives", "bad", "kill", "uncaught", "launch", "install", "state", "hybrid",
+       "hybrid_kill", "ps", "ps_async", "ps_restart", "ps_bad", "example", "example_ps", "bench"]
 for name in sys.argv[2:] or ALL:
     t0 = time.monotonic()
     print("== %s" % name, flush=True)
