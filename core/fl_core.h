@@ -14,6 +14,8 @@
 
 #include <flodl/flodl.h>
 
+#include "fl_launch_env.h"
+
 #ifdef __cplusplus
 extern "C" {
 #endif
@@ -355,42 +357,6 @@ uint64_t fl_fdlimit_soft(void);
  * limit B" (or both limits when nothing changed) when level is info or below; a limit below
  * 4096 is said at warn level too, with how to raise it. */
 void fl_fdlimit_start(const char *prog, fl_log_level_t level);
-
-/* ---- launcher environment (launch_env.c) ---- */
-
-/* Looks up one variable; returns NULL when unset. The binaries pass a wrapper of getenv, tests a
- * table: core itself never reads the environment. */
-typedef const char *(*fl_env_get_fn)(const char *name, void *ud);
-
-#define FL_ENDPOINT_MAX 256
-#define FL_HOST_MAX 256
-#define FL_JOB_MAX 64
-
-typedef struct fl_launch_info {
-    int rank;                          /* -1 when no variable sets it */
-    int world_size;                    /* -1 when no variable sets it */
-    char coordinator[FL_ENDPOINT_MAX]; /* "" when unset */
-    char host[FL_HOST_MAX];            /* "" when unset */
-    char job_id[FL_JOB_MAX];           /* "" when unset */
-    int log_level;                     /* -1 when unset, else an fl_log_level_t */
-    char curve_dir[1024];              /* FLODL_CURVE_DIR, "" when unset */
-    bool insecure;                     /* FLODL_INSECURE=1 */
-    int ipc;                           /* FLODL_IPC: 1 or 0, -1 when unset */
-    const char *rank_var;              /* the variable the rank came from, or NULL */
-    const char *world_var;             /* the variable the world size came from, or NULL */
-    int port;                          /* the coordinator's port, of FLODL_COORDINATOR or
-                                          MASTER_PORT; 0 when neither says */
-} fl_launch_info_t;
-
-/* Resolves rank, world size and coordinator from the variables launchers set, first match
- * wins: FLODL_RANK, RANK (torchrun), OMPI_COMM_WORLD_RANK (Open MPI), JOB_COMPLETION_INDEX
- * (Kubernetes Indexed Job); FLODL_WORLD_SIZE, WORLD_SIZE, OMPI_COMM_WORLD_SIZE;
- * FLODL_COORDINATOR, else tcp://MASTER_ADDR:MASTER_PORT (port 29500 when unset), and that
- * port alone (flodl-ps binds it when no --bind is given). Also
- * FLODL_HOST, FLODL_JOB_ID, FLODL_LOG, FLODL_CURVE_DIR, FLODL_INSECURE (1 or 0),
- * FLODL_IPC (1 or 0). Returns FL_OK
- * or FL_EINVAL naming the variable. */
-int fl_launch_from_env(fl_env_get_fn get, void *ud, fl_launch_info_t *out);
 
 /* ---- rate-limited warnings (ratelimit.c) ----
  * The first `burst` lines of each window pass; later ones are held back and counted, and the

@@ -10,13 +10,18 @@
 #include "fl_core.h"
 #include "launch_int.h"
 
-#define MAX_WORKERS 1024
+#define MAX_WORKERS 1024 /* processes one launcher starts */
+#define MAX_HOSTS 254    /* loopback identities 127.0.0.1..127.0.0.254 */
+#define MAX_WORLD 65536  /* flodl-ps's --world-size */
 #define HELP_WIDTH 90
 #define HELP_COLUMN 27 /* where a flag's text starts */
 
 static const char usage_head[] =
-    "usage: flodl-launch [--workers N] [launcher options] [--] [flodl-worker flags]\n"
-    "       flodl-launch [--workers N] [launcher options] -- PROGRAM [ARGS...]\n"
+    "usage: flodl-launch [--workers N | [--hosts H] --nproc-per-host N] [launcher options]\n"
+    "                    [--] [flodl-worker flags]\n"
+    "       flodl-launch [--workers N | ...] [launcher options] -- PROGRAM [ARGS...]\n"
+    "       flodl-launch --nnodes M --node-rank I --coordinator tcp://ADDR:PORT\n"
+    "                    --nproc-per-host N (--curve-dir DIR | --insecure) [--] ...\n"
     "Runs flodl-ps and N flodl-worker processes (or N copies of PROGRAM) on this machine,\n"
     "prefixes their output with \"[ps] \" or \"[rank K] \", and stops them all when one fails.\n"
     "The word after \"--\" decides: a flag (it starts with '-') or nothing means flodl-worker\n"
@@ -24,7 +29,13 @@ static const char usage_head[] =
     "they are and, in its environment, FLODL_RANK=K, FLODL_WORLD_SIZE=N,\n"
     "FLODL_COORDINATOR (flodl-ps's endpoint), LOCAL_RANK=K, LOCAL_WORLD_SIZE=N and\n"
     "FLODL_CURVE_DIR (the job's keys) or FLODL_INSECURE=1, as flodl.init() in Python reads:\n"
-    "  flodl-launch --workers 4 -- python3 train.py --lr 0.1\n";
+    "  flodl-launch --workers 4 -- python3 train.py --lr 0.1\n"
+    "With --hosts H, rank h*N+k is process k of host h: LOCAL_RANK=k, LOCAL_WORLD_SIZE=N,\n"
+    "FLODL_WORLD_SIZE=H*N and FLODL_HOST=127.0.0.(h+1) (a worker gets FLODL_HOST too):\n"
+    "  flodl-launch --hosts 2 --nproc-per-host 2 -- python3 train.py\n"
+    "With --nnodes, as torchrun, node I runs ranks I*N..I*N+N-1 of M*N, all dialing\n"
+    "--coordinator, which node 0's flodl-ps binds; FLODL_HOST is left as it is (unset, a rank\n"
+    "advertises its route to the coordinator).\n";
 
 static const char usage_tail[] =
     "Otherwise every other argument, and everything after \"--\", goes to each worker, which\n"
@@ -60,7 +71,21 @@ typedef struct lflag {
 /* In --help's order. */
 static const lflag_t flags[] = {
     {"workers", LF_COUNT, AT(workers), 1, MAX_WORKERS, .meta = "N",
-     .help = "worker processes (default 4)"},
+     .help = "worker processes, one host (default 4); the same as --nproc-per-host N alone"},
+    {"hosts", LF_COUNT, AT(hosts), 1, MAX_HOSTS, .meta = "H",
+     .help = "H hosts on this machine, host h on 127.0.0.(h+1), each with --nproc-per-host "
+             "processes (ranks h*N..h*N+N-1)"},
+    {"nproc-per-host", LF_COUNT, AT(nproc), 1, MAX_WORKERS, .meta = "N",
+     .help = "processes per host (LOCAL_WORLD_SIZE), as torchrun's --nproc-per-node"},
+    {"nnodes", LF_COUNT, AT(nnodes), 1, MAX_WORLD, .meta = "M",
+     .help = "machines in the job, one flodl-launch on each (with --node-rank, --coordinator "
+             "and --nproc-per-host); with more than one, --curve-dir (the same keys on every "
+             "node) or --insecure"},
+    {"node-rank", LF_COUNT, AT(node_rank), 0, MAX_WORLD - 1, .meta = "I",
+     .help = "this machine's index, 0..M-1; node 0 also runs flodl-ps"},
+    {"coordinator", LF_TEXT, AT(coordinator), .meta = "ENDPOINT",
+     .help = "with --nnodes: tcp://ADDR:PORT, an address of node 0 and a free port, which "
+             "every node's ranks dial and node 0's flodl-ps binds"},
     {"heartbeat-timeout", LF_MS, AT(heartbeat), 10, 3600000, .meta = "MS",
      .help = "passed to flodl-ps: a rank silent this long is dead"},
     {"no-pin", LF_OFF, AT(pin),
@@ -195,10 +220,94 @@ static int parse_flags(int argc, char **argv, fl_launch_opts_t *o)
     return FL_OK;
 }
 
+/* tcp://ADDR:PORT with a port other nodes can dial: not 0, which would bind a random one. */
+static int check_coordinator(const char *ep)
+{
+    const char *colon = strrchr(ep, ':');
+    long port = 0;
+    bool ok = strncmp(ep, "tcp://", 6) == 0 && colon != NULL && colon > ep + 6 && colon[1] >= '1' &&
+              colon[1] <= '9';
+    if (ok) {
+        char *end = NULL;
+        port = strtol(colon + 1, &end, 10);
+        ok = *end == '\0' && port <= 65535;
+    }
+    if (!ok)
+        return fl_fail(FL_EINVAL,
+                       "--coordinator '%s': want tcp://ADDR:PORT, an address of node 0 and a port "
+                       "in 1..65535",
+                       ep);
+    return FL_OK;
+}
+
+/* --nnodes: which ranks this node runs, and whether it runs flodl-ps. */
+static int nodes_layout(fl_launch_opts_t *o)
+{
+    if (o->hosts > 0)
+        return fl_fail(FL_EINVAL, "--hosts and --nnodes: choose one (--hosts makes hosts on one "
+                                  "machine, --nnodes spans machines)");
+    if (o->nproc == 0)
+        return fl_fail(FL_EINVAL, "--nnodes needs --nproc-per-host N (the processes of each node)");
+    if (o->node_rank < 0 || o->coordinator == NULL)
+        return fl_fail(FL_EINVAL, "--nnodes needs --node-rank I and --coordinator tcp://ADDR:PORT "
+                                  "(the same on every node)");
+    if (o->node_rank >= o->nnodes)
+        return fl_fail(FL_EINVAL, "--node-rank %ld is not below --nnodes %ld", o->node_rank,
+                       o->nnodes);
+    if (o->nnodes * o->nproc > MAX_WORLD)
+        return fl_fail(FL_EINVAL,
+                       "--nnodes %ld --nproc-per-host %ld: %ld ranks, above flodl-ps's %d",
+                       o->nnodes, o->nproc, o->nnodes * o->nproc, MAX_WORLD);
+    /* Throw-away keys are made on each node: the others would not hold node 0's. */
+    if (o->nnodes > 1 && o->curve_dir == NULL && !o->insecure)
+        return fl_fail(FL_EINVAL,
+                       "--nnodes %ld: give --curve-dir DIR (the same keys on every "
+                       "node) or --insecure; throw-away keys cannot be shared across "
+                       "nodes",
+                       o->nnodes);
+    int rc = check_coordinator(o->coordinator);
+    if (rc != FL_OK)
+        return rc;
+    o->nlocal = o->per_host = o->nproc;
+    o->first_rank = o->node_rank * o->nproc;
+    o->world = o->nnodes * o->nproc;
+    o->run_ps = o->node_rank == 0;
+    return FL_OK;
+}
+
+/* The processes to start and their ranks, from --workers, --hosts, --nproc-per-host and the
+ * --nnodes flags; refuses the combinations that say two different things. */
+static int layout(fl_launch_opts_t *o)
+{
+    if (o->workers > 0 && o->nproc > 0)
+        return fl_fail(FL_EINVAL, "--workers and --nproc-per-host: choose one (--nproc-per-host "
+                                  "N alone is --workers N)");
+    if (o->hosts > 0 && o->nproc == 0)
+        return fl_fail(FL_EINVAL, "--hosts needs --nproc-per-host N (the processes of each host)");
+    if (o->nnodes > 0)
+        return nodes_layout(o);
+    if (o->node_rank >= 0 || o->coordinator != NULL)
+        return fl_fail(FL_EINVAL,
+                       "%s needs --nnodes (a job across machines); on one machine "
+                       "flodl-launch runs flodl-ps itself",
+                       o->node_rank >= 0 ? "--node-rank" : "--coordinator");
+    long hosts = o->hosts > 0 ? o->hosts : 1;
+    long per_host = o->nproc > 0 ? o->nproc : o->workers > 0 ? o->workers : 4;
+    if (hosts * per_host > MAX_WORKERS)
+        return fl_fail(FL_EINVAL,
+                       "--hosts %ld --nproc-per-host %ld: %ld processes, above the limit of %d",
+                       hosts, per_host, hosts * per_host, MAX_WORKERS);
+    o->nlocal = o->world = hosts * per_host;
+    o->per_host = per_host;
+    o->first_rank = 0;
+    o->run_ps = true;
+    return FL_OK;
+}
+
 int fl_launch_opts_parse(int argc, char **argv, fl_launch_opts_t *o)
 {
     memset(o, 0, sizeof *o);
-    o->workers = 4;
+    o->node_rank = -1;
     o->pin = true;
     o->wargs = calloc((size_t)argc + 1, sizeof *o->wargs);
     o->pargs = calloc((size_t)argc + 1, sizeof *o->pargs);
@@ -218,7 +327,7 @@ int fl_launch_opts_parse(int argc, char **argv, fl_launch_opts_t *o)
     }
     if (o->curve_dir != NULL && o->insecure)
         return fl_fail(FL_EINVAL, "--curve-dir and --insecure: choose one");
-    return FL_OK;
+    return layout(o);
 }
 
 void fl_launch_opts_deinit(fl_launch_opts_t *o)

@@ -16,7 +16,18 @@ extern "C" {
 
 /* What the command line asks of flodl-launch. */
 typedef struct fl_launch_opts {
-    long workers;
+    long workers;            /* --workers; 0 when not given */
+    long hosts;              /* --hosts: loopback host identities; 0 when not given */
+    long nproc;              /* --nproc-per-host; 0 when not given */
+    long nnodes;             /* --nnodes; 0 when not given */
+    long node_rank;          /* --node-rank; -1 when not given */
+    const char *coordinator; /* --coordinator tcp://ADDR:PORT, or NULL */
+    /* The layout those flags make, set by fl_launch_opts_parse: */
+    long nlocal;             /* processes this launcher starts */
+    long per_host;           /* LOCAL_WORLD_SIZE */
+    long first_rank;         /* the rank of the first of them: a host's ranks are contiguous */
+    long world;              /* FLODL_WORLD_SIZE, and flodl-ps's --world-size */
+    bool run_ps;             /* false on a node other than 0: its ranks dial node 0's flodl-ps */
     const char *ps_path;     /* --ps, or NULL */
     const char *worker_path; /* --worker, or NULL */
     const char *heartbeat;   /* --heartbeat-timeout, validated, or NULL */
@@ -34,8 +45,9 @@ typedef struct fl_launch_opts {
 } fl_launch_opts_t;
 
 /* Reads argv (and FLODL_CURVE_DIR, FLODL_INSECURE, which the flags override) into o, every
- * field first at its default; the strings are argv's or the environment's. FL_OK, FL_EINVAL
- * naming the flag in one line, or FL_ENOMEM. fl_launch_opts_deinit frees o's lists, also after
+ * field first at its default, and works out the layout; the strings are argv's or the
+ * environment's. FL_OK, FL_EINVAL naming the flag (or the flags that conflict) in one line, or
+ * FL_ENOMEM. fl_launch_opts_deinit frees o's lists, also after
  * a failure. */
 int fl_launch_opts_parse(int argc, char **argv, fl_launch_opts_t *o);
 void fl_launch_opts_deinit(fl_launch_opts_t *o);

@@ -1,9 +1,10 @@
-/* flodl-launch: runs a whole job on this machine. Starts flodl-ps and N flodl-worker processes
- * (or N copies of any program, e.g. a Python script using the flodl package) on 127.0.0.1,
- * relays their output behind "[ps] " / "[rank K] ", forwards SIGINT/SIGTERM, and stops
- * everything when one process fails, naming it. The policy lives here; the flags in
- * launch_flags.c; fork/exec, the output relay and reaping in launch_proc.c. Exit 0 / 1 (a
- * process failed) / 2 (bad flags) / 128+signal. */
+/* flodl-launch: runs a whole job on this machine, or this machine's part of one (--nnodes).
+ * Starts flodl-ps and N flodl-worker processes (or N copies of any program, e.g. a Python
+ * script using the flodl package) on 127.0.0.1 (or 127.0.0.1..H as H hosts), relays their
+ * output behind "[ps] " / "[rank K] ", forwards SIGINT/SIGTERM, and stops everything when one
+ * process fails, naming it. The policy lives here; the flags and the layout in launch_flags.c;
+ * fork/exec, the output relay and reaping in launch_proc.c. Exit 0 / 1 (a process failed) / 2
+ * (bad flags) / 128+signal. */
 #include <errno.h>
 #include <limits.h>
 #include <sched.h>
@@ -23,10 +24,16 @@
 #define KILL_WAIT_MS 5000 /* for SIGKILLed processes to be reaped */
 #define ENDPOINT_MS 10000 /* for flodl-ps to write its endpoint */
 #define DRAIN_MS 2000     /* for the last output once every process is reaped */
+/* Node 0's flodl-ps also waits for the other nodes' ranks to leave once its own are done. */
+#define NODES_GRACE_MS 60000
 
-/* One job: flodl-ps is child 0, rank k is child k + 1. */
+/* One job: flodl-ps is child 0 and local process k child k + 1; without flodl-ps (a node but
+ * node 0), process k is child k. */
 typedef struct job {
     fl_launch_procs_t *procs;
+    bool has_ps;
+    size_t first;    /* the child index of the first worker */
+    int ps_grace_ms; /* how long flodl-ps may outlive this launcher's ranks */
     size_t nworkers;
     size_t started;
     size_t workers_ok;
@@ -102,9 +109,10 @@ static int find_program(const char *prog, char *out, size_t cap)
  * are not first told by the coordinator that the job is over, which would bury the cause. */
 static void stop_all(job_t *j, int sig)
 {
-    for (size_t i = 1; i < j->started; i++)
+    for (size_t i = j->first; i < j->started; i++)
         fl_launch_procs_kill(j->procs, i, sig);
-    fl_launch_procs_kill(j->procs, 0, sig);
+    if (j->has_ps)
+        fl_launch_procs_kill(j->procs, 0, sig);
     if (!j->stopping) {
         j->stopping = true;
         j->deadline = fl_deadline_in(GRACE_MS);
@@ -145,14 +153,17 @@ static void on_exit_status(job_t *j, size_t i, int status)
         return;
     }
     /* A clean exit: the rest of the job should follow soon; wait for it, bounded. */
-    if (i == 0)
+    if (j->has_ps && i == 0)
         j->ps_done = true;
     else
         j->workers_ok++;
-    if (j->ps_done && j->workers_ok == j->nworkers)
+    bool ps_over = j->ps_done || !j->has_ps;
+    if (ps_over && j->workers_ok == j->nworkers)
         j->deadline = INT64_MAX;
-    else if (j->ps_done || j->workers_ok == j->nworkers)
+    else if (j->ps_done)
         j->deadline = fl_deadline_in(GRACE_MS);
+    else if (j->workers_ok == j->nworkers)
+        j->deadline = fl_deadline_in(j->ps_grace_ms);
 }
 
 static void on_deadline(job_t *j)
@@ -176,9 +187,9 @@ static void on_deadline(job_t *j)
                     left, GRACE_MS / 1000);
         else
             fprintf(stderr,
-                    "flodl-launch: flodl-ps still running %d s after every rank finished; "
+                    "flodl-launch: flodl-ps still running %d s after every rank%s finished; "
                     "stopping it\n",
-                    GRACE_MS / 1000);
+                    j->ps_grace_ms / 1000, j->ps_grace_ms != GRACE_MS ? " of this node" : "");
         j->code = 1;
         stop_all(j, SIGTERM);
     }
@@ -291,7 +302,7 @@ static void remove_keys(const char *keys)
 static void start_ps(job_t *j, const fl_launch_opts_t *o, const char *path, const char *epfile)
 {
     char world[24];
-    snprintf(world, sizeof world, "%ld", o->workers);
+    snprintf(world, sizeof world, "%ld", o->world);
     const char **argv = calloc(o->npargs + 20, sizeof *argv);
     if (argv == NULL) {
         fprintf(stderr, "flodl-launch: no memory for flodl-ps's arguments\n");
@@ -301,7 +312,7 @@ static void start_ps(job_t *j, const fl_launch_opts_t *o, const char *path, cons
     size_t a = 0;
     argv[a++] = path;
     argv[a++] = "--bind";
-    argv[a++] = "tcp://127.0.0.1:0";
+    argv[a++] = o->coordinator != NULL ? o->coordinator : "tcp://127.0.0.1:0";
     argv[a++] = "--world-size";
     argv[a++] = world;
     argv[a++] = "--endpoint-file";
@@ -336,36 +347,51 @@ static void start_ps(job_t *j, const fl_launch_opts_t *o, const char *path, cons
     j->started = 1;
 }
 
-/* With more workers than CPUs, rank k stays on the (k mod ncpus)-th CPU we may use: the ranks
- * of a ring then take turns on each core instead of migrating (~10-15% faster measured with 4
- * ranks on 2 cores). */
-static int pin_cpu(const fl_launch_opts_t *o, long rank)
+/* With more local processes than CPUs, process p stays on the (p mod ncpus)-th CPU we may use:
+ * the ranks of a ring then take turns on each core instead of migrating (~10-15% faster
+ * measured with 4 ranks on 2 cores). */
+static int pin_cpu(const fl_launch_opts_t *o, long p)
 {
     cpu_set_t allowed;
     if (!o->pin || sched_getaffinity(0, sizeof allowed, &allowed) != 0)
         return -1;
     long n = CPU_COUNT(&allowed);
-    if (o->workers <= n || n <= 0)
+    if (o->nlocal <= n || n <= 0)
         return -1;
-    long want = rank % n;
+    long want = p % n;
     for (int c = 0, seen = 0; c < CPU_SETSIZE; c++)
         if (CPU_ISSET(c, &allowed) && seen++ == want)
             return c;
     return -1;
 }
 
-/* The variables a program's flodl.init() (or fl_comm_opts_from_env) reads, for rank k; the
- * launcher is single-threaded here, and each child takes its copy of the environment at fork. */
-static void program_env(const fl_launch_opts_t *o, long k, const char *ep)
+/* With --hosts, local process p is on host p / per_host, whose identity is 127.0.0.(h+1): what
+ * its ranks advertise, bind and group by. Otherwise FLODL_HOST stays the user's. */
+static void host_env(const fl_launch_opts_t *o, long p)
+{
+    if (o->hosts <= 0)
+        return;
+    char v[32];
+    snprintf(v, sizeof v, "127.0.0.%ld", p / o->per_host + 1);
+    setenv("FLODL_HOST", v, 1);
+}
+
+/* The variables a program's flodl.init() (or fl_comm_opts_from_env) reads, for local process p;
+ * the launcher is single-threaded here, and each child takes its copy of the environment at
+ * fork. */
+static void program_env(const fl_launch_opts_t *o, long p, const char *ep)
 {
     char v[24];
-    snprintf(v, sizeof v, "%ld", k);
+    snprintf(v, sizeof v, "%ld", o->first_rank + p);
     setenv("FLODL_RANK", v, 1);
+    snprintf(v, sizeof v, "%ld", p % o->per_host);
     setenv("LOCAL_RANK", v, 1);
-    snprintf(v, sizeof v, "%ld", o->workers);
+    snprintf(v, sizeof v, "%ld", o->world);
     setenv("FLODL_WORLD_SIZE", v, 1);
+    snprintf(v, sizeof v, "%ld", o->per_host);
     setenv("LOCAL_WORLD_SIZE", v, 1);
     setenv("FLODL_COORDINATOR", ep, 1);
+    host_env(o, p);
     if (o->insecure) {
         setenv("FLODL_INSECURE", "1", 1);
         unsetenv("FLODL_CURVE_DIR");
@@ -377,25 +403,34 @@ static void program_env(const fl_launch_opts_t *o, long k, const char *ep)
         setenv("FLODL_JOB_ID", o->job_id, 1);
 }
 
+/* Local process p, run as path with argv (its rank already in it); false after saying why. */
+static bool spawn_rank(job_t *j, const fl_launch_opts_t *o, long p, const char *path,
+                       char *const *argv)
+{
+    long rank = o->first_rank + p;
+    char name[32];
+    char prefix[32];
+    snprintf(name, sizeof name, "rank %ld", rank);
+    snprintf(prefix, sizeof prefix, "[rank %ld] ", rank);
+    size_t idx;
+    if (fl_launch_procs_spawn(j->procs, name, prefix, path, argv, pin_cpu(o, p), &idx) != FL_OK) {
+        fprintf(stderr, "flodl-launch: cannot start rank %ld: %s; stopping the others\n", rank,
+                fl_last_error());
+        j->code = 1;
+        stop_all(j, SIGTERM);
+        return false;
+    }
+    j->started++;
+    return true;
+}
+
 static void start_workers(job_t *j, const fl_launch_opts_t *o, const char *path, const char *ep)
 {
     if (o->prog != NULL) {
-        for (long k = 0; k < o->workers && !j->stopping; k++) {
-            char name[32];
-            char prefix[32];
-            snprintf(name, sizeof name, "rank %ld", k);
-            snprintf(prefix, sizeof prefix, "[rank %ld] ", k);
-            program_env(o, k, ep);
-            size_t idx;
-            if (fl_launch_procs_spawn(j->procs, name, prefix, path, o->prog, pin_cpu(o, k), &idx) !=
-                FL_OK) {
-                fprintf(stderr, "flodl-launch: cannot start rank %ld: %s; stopping the others\n", k,
-                        fl_last_error());
-                j->code = 1;
-                stop_all(j, SIGTERM);
+        for (long p = 0; p < o->nlocal && !j->stopping; p++) {
+            program_env(o, p, ep);
+            if (!spawn_rank(j, o, p, path, o->prog))
                 break;
-            }
-            j->started++;
         }
         return;
     }
@@ -408,7 +443,7 @@ static void start_workers(job_t *j, const fl_launch_opts_t *o, const char *path,
     }
     char rank[24];
     char world[24];
-    snprintf(world, sizeof world, "%ld", o->workers);
+    snprintf(world, sizeof world, "%ld", o->world);
     size_t a = 0;
     argv[a++] = path;
     argv[a++] = "--rank";
@@ -421,22 +456,11 @@ static void start_workers(job_t *j, const fl_launch_opts_t *o, const char *path,
     for (size_t i = 0; i < o->nwargs; i++)
         argv[a++] = o->wargs[i];
     argv[a] = NULL;
-    for (long k = 0; k < o->workers && !j->stopping; k++) {
-        char name[32];
-        char prefix[32];
-        snprintf(rank, sizeof rank, "%ld", k);
-        snprintf(name, sizeof name, "rank %ld", k);
-        snprintf(prefix, sizeof prefix, "[rank %ld] ", k);
-        size_t idx;
-        if (fl_launch_procs_spawn(j->procs, name, prefix, path, (char *const *)argv, pin_cpu(o, k),
-                                  &idx) != FL_OK) {
-            fprintf(stderr, "flodl-launch: cannot start rank %ld: %s; stopping the others\n", k,
-                    fl_last_error());
-            j->code = 1;
-            stop_all(j, SIGTERM);
+    for (long p = 0; p < o->nlocal && !j->stopping; p++) {
+        snprintf(rank, sizeof rank, "%ld", o->first_rank + p);
+        host_env(o, p);
+        if (!spawn_rank(j, o, p, path, (char *const *)argv))
             break;
-        }
-        j->started++;
     }
     free(argv);
 }
@@ -478,6 +502,23 @@ static int jobdir_make(const fl_launch_opts_t *o, jobdir_t *d)
     return 1;
 }
 
+/* Starts flodl-ps (unless this node leaves that to node 0) and the ranks; ep gets the endpoint
+ * the ranks dial. */
+static void start_job(job_t *j, const fl_launch_opts_t *o, const char *ps_path, const char *wk_path,
+                      const jobdir_t *d)
+{
+    char ep[512];
+    if (j->has_ps) {
+        start_ps(j, o, ps_path, d->epfile);
+        if (j->started != 1 || !wait_endpoint(j, d->epfile, ep, sizeof ep))
+            return;
+    }
+    /* Every node's ranks dial the endpoint as given, node 0's too: one address for the job. */
+    if (o->coordinator != NULL)
+        snprintf(ep, sizeof ep, "%s", o->coordinator);
+    start_workers(j, o, wk_path, ep);
+}
+
 static int run_job(const fl_launch_opts_t *given, const char *ps_path, const char *wk_path)
 {
     jobdir_t d;
@@ -486,16 +527,18 @@ static int run_job(const fl_launch_opts_t *given, const char *ps_path, const cha
     fl_launch_opts_t o = *given;
     if (d.keys[0] != '\0')
         o.curve_dir = d.keys;
-    job_t j = {.nworkers = (size_t)o.workers, .code = -1, .deadline = INT64_MAX};
-    if (fl_launch_procs_create((size_t)o.workers + 1, &j.procs) != FL_OK) {
+    job_t j = {.has_ps = o.run_ps,
+               .first = o.run_ps ? 1 : 0,
+               .ps_grace_ms = o.world > o.nlocal ? NODES_GRACE_MS : GRACE_MS,
+               .nworkers = (size_t)o.nlocal,
+               .code = -1,
+               .deadline = INT64_MAX};
+    if (fl_launch_procs_create((size_t)o.nlocal + j.first, &j.procs) != FL_OK) {
         fprintf(stderr, "flodl-launch: %s\n", fl_last_error());
         jobdir_remove(&d);
         return 1;
     }
-    start_ps(&j, &o, ps_path, d.epfile);
-    char ep[512];
-    if (j.started == 1 && wait_endpoint(&j, d.epfile, ep, sizeof ep))
-        start_workers(&j, &o, wk_path, ep);
+    start_job(&j, &o, ps_path, wk_path, &d);
     while (fl_launch_procs_running(j.procs) > 0 && !j.gave_up)
         step(&j, 1000);
     fl_launch_procs_drain(j.procs, fl_deadline_in(DRAIN_MS));

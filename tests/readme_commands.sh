@@ -63,6 +63,16 @@ run_workers() {
   return $rc
 }
 
+# Fails naming the line unless log holds the summary of each rank given.
+summaries() {
+  local what=$1 log=$2 r
+  shift 2
+  for r in "$@"; do
+    grep -q "^\[rank $r\] rank $r summary: " "$log" ||
+      fail "'$what': no summary of rank $r: $(tail -n 3 "$log")"
+  done
+}
+
 # What becomes of a line: "run" (run_line knows it) or "by hand: REASON"; nothing when no case
 # knows the line, which fails the test.
 plan() {
@@ -80,6 +90,8 @@ plan() {
       "flodl-ps --bind tcp://0.0.0.0:29500 --world-size 4 --shards 4 --host ps-0.example"* | \
       "flodl-worker --mode ps --rank k --world-size 4 --coordinator tcp://ps-0.example:29500"* | \
       "./build/launch/flodl-launch --workers 4 --ps-flag"* | \
+      "flodl-launch --hosts 2 --nproc-per-host 2 -- --epochs 1" | \
+      "flodl-launch --nnodes 2 --node-rank "[01]" --nproc-per-host 2 --coordinator tcp://10.0.0.1:29600 "* | \
       "./scripts/hybrid-check.sh --build build --device sim --gpus 0,1 --bound 0" | \
       "./scripts/two-level-bench.sh --build build")
       echo run ;;
@@ -110,6 +122,7 @@ run_line() {
     flodl-ps) words[0]=$build/server/flodl-ps ;;
     flodl-worker) words[0]=$build/worker/flodl-worker ;;
     flodl-keygen) words[0]=$build/server/flodl-keygen ;;
+    flodl-launch) words[0]=$build/launch/flodl-launch ;;
   esac
   words=("${words[@]//\/etc\/flodl\/keys/$tmp/keys}")
   words=("${words[@]//\/ckpt/$tmp/ckpt}")
@@ -179,6 +192,32 @@ run_line() {
       echo "run: $line"
       timeout 600 "${words[@]}" > "$tmp/launch.log" 2>&1 < /dev/null ||
         fail "'$line': $(tail -n 3 "$tmp/launch.log")" ;;
+    "flodl-launch --hosts 2 --nproc-per-host 2 -- --epochs 1")
+      echo "run: $line"
+      timeout 300 "${words[@]}" > "$tmp/hosts.log" 2>&1 < /dev/null ||
+        fail "'$line': $(tail -n 3 "$tmp/hosts.log")"
+      summaries "$line" "$tmp/hosts.log" 0 1 2 3 ;;
+    "flodl-launch --nnodes 2 --node-rank 0 "*)
+      # Node 0 in the background; node 1's line, next on the page, runs beside it.
+      echo "run: $line (node 0 on 127.0.0.1, in the background)"
+      node_port=$(free_port)
+      words=("${words[@]//10.0.0.1:29600/127.0.0.1:$node_port}")
+      timeout 300 "${words[@]}" > "$tmp/node0.log" 2>&1 < /dev/null &
+      node0_pid=$!
+      pids+=("$node0_pid") ;;
+    "flodl-launch --nnodes 2 --node-rank 1 "*)
+      echo "run: $line (node 1 on this machine, beside node 0)"
+      words=("${words[@]//10.0.0.1:29600/127.0.0.1:${node_port:-1}}")
+      timeout 300 "${words[@]}" > "$tmp/node1.log" 2>&1 < /dev/null ||
+        fail "'$line': $(tail -n 3 "$tmp/node1.log")"
+      if [ -z "${node0_pid:-}" ]; then
+        fail "'$line': node 0's line did not run first"
+      else
+        wait "$node0_pid" || fail "node 0 of '$line': $(tail -n 3 "$tmp/node0.log")"
+        summaries "node 0" "$tmp/node0.log" 0 1
+        summaries "$line" "$tmp/node1.log" 2 3
+        grep -q '^\[ps\] ' "$tmp/node1.log" && fail "'$line': node 1 ran a flodl-ps"
+      fi ;;
     "./scripts/hybrid-check.sh --build build --device sim --gpus 0,1 --bound 0")
       echo "run: $line"
       timeout 600 ./scripts/hybrid-check.sh --build "$build" --device sim --gpus 0,1 --bound 0 \

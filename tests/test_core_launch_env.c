@@ -1,6 +1,8 @@
 /* core's launcher-environment resolution, from a table standing for the environment: nothing
- * set, which variable wins, the coordinator and the rest, ipc endpoints, and bad values. */
+ * set, which variable wins, the coordinator and the rest, ipc endpoints, torchrun's local rank
+ * and size (also through fl_comm_opts_from_env), and bad values. */
 #include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
 
 #include "testutil.h"
@@ -39,6 +41,101 @@ START_TEST(test_launch_nothing_set)
     ck_assert_int_eq(li.ipc, -1);
     ck_assert_ptr_null(li.rank_var);
     ck_assert_ptr_null(li.world_var);
+    ck_assert_int_eq(li.local_rank, -1);
+    ck_assert_int_eq(li.local_size, -1);
+}
+END_TEST
+
+/* torchrun's LOCAL_RANK and LOCAL_WORLD_SIZE, which flodl-launch sets too; each alone, or
+ * empty (unset). */
+START_TEST(test_launch_local)
+{
+    static const struct {
+        const char *rank, *size;
+        int want_rank, want_size;
+    } cases[] = {
+        {"3", "4", 3, 4}, {"0", NULL, 0, -1}, {NULL, "2", -1, 2},
+        {"", "", -1, -1}, {"0", "1", 0, 1},
+    };
+    for (size_t i = 0; i < NELEM(cases); i++) {
+        env_var_t env[3] = {{NULL, NULL}, {NULL, NULL}, {NULL, NULL}};
+        size_t n = 0;
+        if (cases[i].rank != NULL)
+            env[n++] = (env_var_t){"LOCAL_RANK", cases[i].rank};
+        if (cases[i].size != NULL)
+            env[n++] = (env_var_t){"LOCAL_WORLD_SIZE", cases[i].size};
+        fl_launch_info_t li;
+        int rc = launch(env, &li);
+        if (rc != FL_OK || li.local_rank != cases[i].want_rank ||
+            li.local_size != cases[i].want_size)
+            ck_abort_msg("LOCAL_RANK=%s LOCAL_WORLD_SIZE=%s: rc %d (%s), local %d of %d, want %d "
+                         "of %d",
+                         cases[i].rank ? cases[i].rank : "(unset)",
+                         cases[i].size ? cases[i].size : "(unset)", rc, fl_last_error(),
+                         li.local_rank, li.local_size, cases[i].want_rank, cases[i].want_size);
+    }
+}
+END_TEST
+
+/* A local rank or size that is no integer in range, or a local rank not below the local size,
+ * is refused naming the variable (and, for the pair, both values). */
+START_TEST(test_launch_local_bad)
+{
+    static const struct {
+        const char *rank, *size;
+        const char *named[2];
+    } cases[] = {
+        {"x", "4", {"LOCAL_RANK='x'", NULL}},
+        {"-1", NULL, {"LOCAL_RANK='-1'", NULL}},
+        {"1.5", NULL, {"LOCAL_RANK='1.5'", NULL}},
+        {NULL, "0", {"LOCAL_WORLD_SIZE='0'", NULL}},
+        {"0", "two", {"LOCAL_WORLD_SIZE='two'", NULL}},
+        {"2", "2", {"LOCAL_RANK='2'", "LOCAL_WORLD_SIZE='2'"}},
+        {"7", "4", {"LOCAL_RANK='7'", "LOCAL_WORLD_SIZE='4'"}},
+    };
+    for (size_t i = 0; i < NELEM(cases); i++) {
+        env_var_t env[3] = {{NULL, NULL}, {NULL, NULL}, {NULL, NULL}};
+        size_t n = 0;
+        if (cases[i].rank != NULL)
+            env[n++] = (env_var_t){"LOCAL_RANK", cases[i].rank};
+        if (cases[i].size != NULL)
+            env[n++] = (env_var_t){"LOCAL_WORLD_SIZE", cases[i].size};
+        fl_launch_info_t li;
+        fl_error_clear();
+        int rc = launch(env, &li);
+        bool named = true;
+        for (size_t k = 0; k < 2 && cases[i].named[k] != NULL; k++)
+            named = named && strstr(fl_last_error(), cases[i].named[k]) != NULL;
+        if (rc != FL_EINVAL || !named)
+            ck_abort_msg("LOCAL_RANK=%s LOCAL_WORLD_SIZE=%s: rc %d, detail '%s'",
+                         cases[i].rank ? cases[i].rank : "(unset)",
+                         cases[i].size ? cases[i].size : "(unset)", rc, fl_last_error());
+    }
+}
+END_TEST
+
+/* fl_comm_opts_from_env reads the real environment through the same resolver: a bad local rank
+ * is refused there too, and a good one leaves the options' rank alone. Check forks each case,
+ * so setenv stays in this child. */
+START_TEST(test_comm_opts_local)
+{
+    fl_comm_opts_t o;
+    fl_comm_opts_init(&o);
+    ck_assert_int_eq(setenv("FLODL_RANK", "5", 1), 0);
+    ck_assert_int_eq(setenv("LOCAL_RANK", "1", 1), 0);
+    ck_assert_int_eq(setenv("LOCAL_WORLD_SIZE", "2", 1), 0);
+    int rc = fl_comm_opts_from_env(&o);
+    ck_assert_msg(rc == FL_OK && o.rank == 5, "rc %d (%s), rank %d", rc, fl_last_error(), o.rank);
+    ck_assert_int_eq(setenv("LOCAL_RANK", "one", 1), 0);
+    fl_error_clear();
+    rc = fl_comm_opts_from_env(&o);
+    ck_assert_msg(rc == FL_EINVAL && strstr(fl_last_error(), "LOCAL_RANK='one'") != NULL,
+                  "rc %d, detail '%s'", rc, fl_last_error());
+    ck_assert_int_eq(setenv("LOCAL_RANK", "2", 1), 0);
+    fl_error_clear();
+    rc = fl_comm_opts_from_env(&o);
+    ck_assert_msg(rc == FL_EINVAL && strstr(fl_last_error(), "LOCAL_WORLD_SIZE='2'") != NULL,
+                  "rc %d, detail '%s'", rc, fl_last_error());
 }
 END_TEST
 
@@ -231,6 +328,9 @@ Suite *core_launch_env_suite(void)
     tcase_add_test(t, test_launch_coordinator_and_more);
     tcase_add_test(t, test_launch_bad_values);
     tcase_add_test(t, test_launch_ipc);
+    tcase_add_test(t, test_launch_local);
+    tcase_add_test(t, test_launch_local_bad);
+    tcase_add_test(t, test_comm_opts_local);
     suite_add_tcase(s, t);
     return s;
 }

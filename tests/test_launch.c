@@ -1,8 +1,9 @@
 /* flodl-launch run as a child process with captured output: bad flags (exit 2, one line), a
- * real job (every line prefixed, every rank's summary), the relay itself against stand-in
- * scripts (long, partial and stderr lines, the arguments each child gets), and the failures: a
- * worker refusing its flags, a worker SIGKILLed mid-job, SIGTERM/SIGINT to the launcher,
- * flodl-ps failing or never starting. Each job carries a unique --job-id, which flodl-launch
+ * real job (every line prefixed, every rank's summary), hosts on loopback and two nodes (each
+ * rank's variables), the relay itself against stand-in scripts (long, partial and stderr
+ * lines, the arguments each child gets), and the failures: a worker refusing its flags, a
+ * worker SIGKILLed mid-job, SIGTERM/SIGINT to the launcher, flodl-ps failing or never
+ * starting. Each job carries a unique --job-id, which flodl-launch
  * also gives flodl-ps, so the test can see that no process of the job outlives the launcher. */
 #include <dirent.h>
 #include <errno.h>
@@ -13,7 +14,10 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <arpa/inet.h>
+#include <netinet/in.h>
 #include <sys/prctl.h>
+#include <sys/socket.h>
 #include <sys/stat.h>
 #include <sys/wait.h>
 #include <unistd.h>
@@ -329,8 +333,8 @@ static void marker_for(char *out, size_t cap, int n)
 START_TEST(test_bad_flags)
 {
     static const struct {
-        const char *argv[6];
-        const char *want[3];
+        const char *argv[12];
+        const char *want[4];
     } cases[] = {
         {{"--workers", "0", NULL}, {"--workers", "out of range", NULL}},
         {{"--workers", "x", NULL}, {"--workers", "'x' is not an integer", NULL}},
@@ -345,6 +349,33 @@ START_TEST(test_bad_flags)
         {{"--size", "1M", "--", "sh", NULL}, {"'--size'", "runs the program 'sh'", NULL}},
         {{"--", "/nonexistent/prog", NULL}, {"/nonexistent/prog", "not an executable", NULL}},
         {{"--", "no-such-program-x", NULL}, {"no-such-program-x", "not found in PATH", NULL}},
+        /* The layouts: one way to say how many per host, and the flags each needs. */
+        {{"--workers", "2", "--nproc-per-host", "2", NULL},
+         {"--workers and --nproc-per-host", "choose one", NULL}},
+        {{"--hosts", "2", NULL}, {"--hosts needs --nproc-per-host", NULL}},
+        {{"--hosts", "2", "--workers", "2", NULL}, {"--hosts needs --nproc-per-host", NULL}},
+        {{"--hosts", "255", "--nproc-per-host", "1", NULL}, {"--hosts", "out of range 1..254"}},
+        {{"--hosts", "3", "--nproc-per-host", "400", NULL},
+         {"1200 processes", "above the limit of 1024", NULL}},
+        {{"--nnodes", "2", "--node-rank", "0", "--coordinator", "tcp://127.0.0.1:29600",
+          "--nproc-per-host", "2", NULL},
+         {"--nnodes 2: give --curve-dir DIR", "--insecure", "throw-away keys cannot be shared"}},
+        {{"--nnodes", "2", "--node-rank", "2", "--coordinator", "tcp://127.0.0.1:29600",
+          "--nproc-per-host", "2", "--insecure", NULL},
+         {"--node-rank 2 is not below --nnodes 2", NULL}},
+        {{"--nnodes", "2", "--nproc-per-host", "2", "--insecure", NULL},
+         {"--nnodes needs --node-rank", "--coordinator", NULL}},
+        {{"--nnodes", "2", "--node-rank", "1", "--coordinator", "tcp://127.0.0.1:29600",
+          "--insecure", NULL},
+         {"--nnodes needs --nproc-per-host", NULL}},
+        {{"--nnodes", "2", "--node-rank", "1", "--coordinator", "tcp://127.0.0.1:0",
+          "--nproc-per-host", "2", "--insecure", NULL},
+         {"--coordinator 'tcp://127.0.0.1:0'", "tcp://ADDR:PORT", NULL}},
+        {{"--nnodes", "2", "--hosts", "2", "--nproc-per-host", "1", NULL},
+         {"--hosts and --nnodes", "choose one", NULL}},
+        {{"--node-rank", "1", NULL}, {"--node-rank needs --nnodes", NULL}},
+        {{"--workers", "2", "--coordinator", "tcp://127.0.0.1:29600", NULL},
+         {"--coordinator needs --nnodes", NULL}},
     };
     char failures[4096] = "";
     for (size_t c = 0; c < sizeof cases / sizeof cases[0]; c++) {
@@ -373,11 +404,26 @@ START_TEST(test_help)
     ck_assert_msg(proc_code(&p) == 0 && strncmp(p.buf[0], "usage: flodl-launch", 19) == 0 &&
                       p.len[1] == 0,
                   "exit %d, stdout '%s', stderr '%s'", proc_code(&p), p.buf[0], p.buf[1]);
+    static const char *const listed[] = {"\n  --hosts H ",     "\n  --nproc-per-host N ",
+                                         "\n  --nnodes M ",    "\n  --node-rank I ",
+                                         "\n  --coordinator ", "FLODL_HOST=127.0.0.(h+1)"};
+    for (size_t i = 0; i < NELEM(listed); i++)
+        ck_assert_msg(strstr(p.buf[0], listed[i]) != NULL, "--help does not show '%s': %s",
+                      listed[i] + (listed[i][0] == '\n'), p.buf[0]);
     proc_free(&p);
 }
 END_TEST
 
 /* ---- jobs ---- */
+
+static void write_script(const char *path, const char *body)
+{
+    FILE *f = fopen(path, "w");
+    ck_assert_msg(f != NULL, "cannot write %s", path);
+    fputs(body, f);
+    ck_assert(fclose(f) == 0);
+    ck_assert(chmod(path, 0755) == 0);
+}
 
 START_TEST(test_small_job)
 {
@@ -436,6 +482,194 @@ START_TEST(test_program)
 }
 END_TEST
 
+/* What each rank prints before it runs the drill as that rank: its variables, as a program's
+ * flodl.init() reads them. */
+#define ENV_SCRIPT                                                                                 \
+    "echo env $FLODL_RANK/$FLODL_WORLD_SIZE $LOCAL_RANK/$LOCAL_WORLD_SIZE ${FLODL_HOST:-nohost} "  \
+    "${FLODL_INSECURE:+insecure}${FLODL_CURVE_DIR:+curve}; "                                       \
+    "exec \"$0\" --mode drill --size 1M --steps 2"
+
+/* Whether out holds, for each rank of first..first+n-1, its env line and its drill summary;
+ * host: whether FLODL_HOST is 127.0.0.(h+1) for the rank's host h, or unset. */
+static bool ranks_saw(const char *out, int first, int n, int world, int per_host, bool host,
+                      const char *security, char *why, size_t cap)
+{
+    for (int r = first; r < first + n; r++) {
+        char line[160];
+        char where[32] = "nohost";
+        if (host)
+            snprintf(where, sizeof where, "127.0.0.%d", r / per_host + 1);
+        snprintf(line, sizeof line, "[rank %d] env %d/%d %d/%d %s %s\n", r, r, world, r % per_host,
+                 per_host, where, security);
+        if (count_of(out, line) != 1) {
+            snprintf(why, cap, "no line '%.*s'", (int)strlen(line) - 1, line);
+            return false;
+        }
+        snprintf(line, sizeof line, "[rank %d] rank %d summary: 2 steps of 1 MiB verified", r, r);
+        if (count_of(out, line) != 1) {
+            snprintf(why, cap, "no line '%s'", line);
+            return false;
+        }
+    }
+    return true;
+}
+
+/* --hosts 2 --nproc-per-host 2 (_i = 0): rank h*2+k is process k of host h, whose ranks say
+ * FLODL_HOST=127.0.0.(h+1); the drill then runs across those addresses. --nproc-per-host 3
+ * alone (_i = 1) is --workers 3: one host, FLODL_HOST left unset. */
+START_TEST(test_hosts_program)
+{
+    unsetenv("FLODL_HOST");
+    const char *args[12];
+    size_t a = 0;
+    if (_i == 0) {
+        args[a++] = "--hosts";
+        args[a++] = "2";
+    }
+    args[a++] = "--nproc-per-host";
+    args[a++] = _i == 0 ? "2" : "3";
+    args[a++] = "--";
+    args[a++] = "sh";
+    args[a++] = "-c";
+    args[a++] = ENV_SCRIPT;
+    args[a++] = FLODL_BIN_DIR "/worker/flodl-worker";
+    args[a] = NULL;
+    proc_t p;
+    run_launch(&p, args, 40000);
+    char info[6000];
+    show(&p, info, sizeof info);
+    ck_assert_msg(proc_code(&p) == 0, "%s", info);
+    char why[256] = "";
+    bool ok = _i == 0 ? ranks_saw(p.buf[0], 0, 4, 4, 2, true, "curve", why, sizeof why)
+                      : ranks_saw(p.buf[0], 0, 3, 3, 3, false, "curve", why, sizeof why);
+    ck_assert_msg(ok, "%s: %s", why, info);
+    proc_free(&p);
+}
+END_TEST
+
+/* flodl-worker ranks of --hosts get FLODL_HOST too (they read it as --host), and flodl-ps
+ * waits for every host's ranks. */
+START_TEST(test_hosts_workers)
+{
+    char dir[64];
+    snprintf(dir, sizeof dir, "/tmp/flodl-lt-%d", (int)getpid());
+    ck_assert(mkdir(dir, 0700) == 0 || errno == EEXIST);
+    char ps[96];
+    char wk[96];
+    snprintf(ps, sizeof ps, "%s/hosts-ps", dir);
+    snprintf(wk, sizeof wk, "%s/hosts-worker", dir);
+    write_script(ps, "#!/bin/sh\n"
+                     "echo \"args: $*\"\n"
+                     "while [ $# -gt 0 ]; do\n"
+                     "  [ \"$1\" = --endpoint-file ] && ep=$2\n"
+                     "  shift\n"
+                     "done\n"
+                     "printf 'tcp://127.0.0.1:1\\n' > \"$ep\"\n"
+                     "sleep 1\n");
+    write_script(wk, "#!/bin/sh\necho \"args: $* host ${FLODL_HOST:-nohost}\"\n");
+    const char *args[] = {"--ps", ps,           "--worker", wk, "--hosts", "3", "--nproc-per-host",
+                          "2",    "--insecure", NULL};
+    proc_t p;
+    run_launch(&p, args, 20000);
+    unlink(ps);
+    unlink(wk);
+    rmdir(dir);
+    char info[6000];
+    show(&p, info, sizeof info);
+    ck_assert_msg(proc_code(&p) == 0, "%s", info);
+    ck_assert_msg(count_of(p.buf[0], "[ps] args: --bind tcp://127.0.0.1:0 --world-size 6 ") == 1,
+                  "%s", info);
+    for (int r = 0; r < 6; r++) {
+        char line[160];
+        snprintf(line, sizeof line,
+                 "[rank %d] args: --rank %d --world-size 6 --coordinator tcp://127.0.0.1:1 "
+                 "--insecure host 127.0.0.%d\n",
+                 r, r, r / 2 + 1);
+        ck_assert_msg(count_of(p.buf[0], line) == 1, "no line '%s': %s", line, info);
+    }
+    proc_free(&p);
+}
+END_TEST
+
+/* A port nothing listens on now, on 127.0.0.1. */
+static int free_port(void)
+{
+    int fd = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+    struct sockaddr_in sa = {.sin_family = AF_INET, .sin_addr.s_addr = htonl(INADDR_LOOPBACK)};
+    socklen_t len = sizeof sa;
+    int port = -1;
+    if (fd >= 0 && bind(fd, (struct sockaddr *)&sa, sizeof sa) == 0 &&
+        getsockname(fd, (struct sockaddr *)&sa, &len) == 0)
+        port = ntohs(sa.sin_port);
+    if (fd >= 0)
+        close(fd);
+    return port;
+}
+
+/* Two nodes on this machine, as torchrun's --nnodes 2 would run on two: node 1 starts first
+ * (its ranks wait for the coordinator), node 0 runs flodl-ps on the given port for all 4
+ * ranks. Each node's ranks see their global rank, the local one, the whole world and the
+ * endpoint as given, and FLODL_HOST stays unset; only node 0 runs flodl-ps. */
+START_TEST(test_two_nodes)
+{
+    unsetenv("FLODL_HOST");
+    int port = free_port();
+    ck_assert_msg(port > 0, "no free port on 127.0.0.1");
+    char ep[64];
+    snprintf(ep, sizeof ep, "tcp://127.0.0.1:%d", port);
+    proc_t node[2];
+    for (int i = 1; i >= 0; i--) {
+        const char *argv[] = {LAUNCH_BIN,
+                              "--nnodes",
+                              "2",
+                              "--node-rank",
+                              i == 0 ? "0" : "1",
+                              "--nproc-per-host",
+                              "2",
+                              "--coordinator",
+                              ep,
+                              "--insecure",
+                              "--",
+                              "sh",
+                              "-c",
+                              "echo at $FLODL_COORDINATOR; " ENV_SCRIPT,
+                              FLODL_BIN_DIR "/worker/flodl-worker",
+                              NULL};
+        proc_start(&node[i], argv);
+    }
+    int64_t deadline = fl_deadline_in(40000);
+    while ((!proc_done(&node[0]) || !proc_done(&node[1])) && fl_deadline_left_ms(deadline) > 0) {
+        proc_pump(&node[0], 25);
+        proc_pump(&node[1], 25);
+    }
+    proc_stop(&node[0]);
+    proc_stop(&node[1]);
+    char info[2][6000];
+    show(&node[0], info[0], sizeof info[0]);
+    show(&node[1], info[1], sizeof info[1]);
+    for (int i = 0; i < 2; i++) {
+        char why[256] = "";
+        ck_assert_msg(proc_code(&node[i]) == 0, "node %d: %s\nthe other: %s", i, info[i],
+                      info[1 - i]);
+        ck_assert_msg(ranks_saw(node[i].buf[0], 2 * i, 2, 4, 2, false, "insecure", why, sizeof why),
+                      "node %d: %s: %s", i, why, info[i]);
+        char at[96];
+        snprintf(at, sizeof at, "] at %s\n", ep);
+        ck_assert_msg(count_of(node[i].buf[0], at) == 2, "node %d's ranks should dial %s: %s", i,
+                      ep, info[i]);
+    }
+    ck_assert_msg(strstr(node[0].buf[0], "[rank 0] flodl-worker: 4 ranks") != NULL, "%s", info[0]);
+    ck_assert_msg(strstr(node[0].buf[1], "[ps] ") != NULL ||
+                      strstr(node[0].buf[0], "[ps] ") != NULL,
+                  "node 0 should run flodl-ps: %s", info[0]);
+    ck_assert_msg(strstr(node[1].buf[0], "[ps] ") == NULL &&
+                      strstr(node[1].buf[1], "[ps] ") == NULL,
+                  "node 1 should run no flodl-ps: %s", info[1]);
+    proc_free(&node[0]);
+    proc_free(&node[1]);
+}
+END_TEST
+
 /* Launcher options anywhere before "--", in both spellings; the rest goes to the workers. */
 START_TEST(test_flags_anywhere)
 {
@@ -452,15 +686,6 @@ START_TEST(test_flags_anywhere)
     proc_free(&p);
 }
 END_TEST
-
-static void write_script(const char *path, const char *body)
-{
-    FILE *f = fopen(path, "w");
-    ck_assert_msg(f != NULL, "cannot write %s", path);
-    fputs(body, f);
-    ck_assert(fclose(f) == 0);
-    ck_assert(chmod(path, 0755) == 0);
-}
 
 /* A stand-in flodl-ps that writes an endpoint and lingers, and stand-in workers printing a
  * line far longer than the relay's buffer, a stderr line and a last line without newline. */
@@ -768,6 +993,9 @@ Suite *launch_suite(void)
     tcase_set_timeout(t, 60);
     tcase_add_test(t, test_small_job);
     tcase_add_test(t, test_program);
+    tcase_add_loop_test(t, test_hosts_program, 0, 2);
+    tcase_add_test(t, test_hosts_workers);
+    tcase_add_test(t, test_two_nodes);
     tcase_add_test(t, test_flags_anywhere);
     tcase_add_test(t, test_relay);
     suite_add_tcase(s, t);
