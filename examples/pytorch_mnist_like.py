@@ -1,7 +1,9 @@
 """A small CNN trained data-parallel with flodl on synthetic "MNIST-like" data it makes itself
 (28x28 images of 10 classes: a fixed random pattern per class plus noise), top-k 1% with error
 feedback. Every rank draws its own part of each batch; rank 0 prints the loss and accuracy.
-    flodl-launch --workers 4 -- /usr/bin/python3 examples/pytorch_mnist_like.py [--steps N]
+With several processes on each of several hosts the exchange is two-level (hierarchy "auto"):
+the processes of a host reduce-scatter each bucket and only their shards cross hosts.
+    flodl-launch --hosts 2 --nproc-per-host 2 -- /usr/bin/python3 examples/pytorch_mnist_like.py
 (from the source tree: PYTHONPATH=python and ./build/launch/flodl-launch)."""
 import argparse
 import time
@@ -40,6 +42,7 @@ def main():
     ap.add_argument("--batch", type=int, default=32, help="per rank")
     ap.add_argument("--lr", type=float, default=0.02)
     ap.add_argument("--density", type=float, default=0.01, help="top-k density; 1: dense")
+    ap.add_argument("--hierarchy", default="auto", choices=("auto", "flat", "hybrid"))
     args = ap.parse_args()
     torch.set_num_threads(1)
     flodl.init()
@@ -52,7 +55,8 @@ def main():
     compression = flodl.TopK(args.density) if args.density < 1 else None
     opt = flodl.torch.DistributedOptimizer(
         torch.optim.SGD(model.parameters(), lr=args.lr, momentum=0.9),
-        model.named_parameters(), compression=compression, bucket_mb=1)
+        model.named_parameters(), compression=compression, bucket_mb=1,
+        hierarchy=args.hierarchy)
     t0 = time.time()
     for step in range(1, args.steps + 1):
         x, y = batch(patterns, args.batch, gen)
@@ -66,10 +70,16 @@ def main():
     with torch.no_grad():
         correct = torch.tensor([(model(x).argmax(1) == y).sum().item()], dtype=torch.float32)
     flodl.allreduce(correct, op="avg", name="correct")  # the same weights everywhere: a check
+    st = opt.exchange_stats()
+    sent = torch.tensor([float(st["bytes_sent_remote"])])
+    flodl.allreduce(sent, op="sum", name="bytes across hosts")
     if rank == 0:
-        print("rank 0 summary: %d ranks, %d steps, %s, %.1f s, test accuracy %.1f%%"
-              % (size, args.steps, compression or "dense", time.time() - t0,
-                 100.0 * correct.item() / 512), flush=True)
+        how = "hybrid, %d hosts x %d" % (st["cross_size"], st["local_size"]) if st["hybrid"] \
+            else "flat"
+        print("rank 0 summary: %d ranks, %d steps, %s, %s, %.1f MiB across hosts, %.1f s, "
+              "test accuracy %.1f%%" % (size, args.steps, compression or "dense", how,
+                                        sent.item() / 2**20, time.time() - t0,
+                                        100.0 * correct.item() / 512), flush=True)
     opt.close()
     flodl.shutdown()
 
