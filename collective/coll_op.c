@@ -25,14 +25,19 @@ int fl_coll__fail(coll_op_t *op, int code, const char *fmt, ...)
     va_end(ap);
     fl_fmt_bytes(op_bytes(op), size, sizeof size);
     const fl_comm_t *c = op->c;
+    char who[FL_HOST_MAX + 96];
+    if (c->tapped != NULL) /* a sub-communicator: its rank alone would not name the process */
+        snprintf(who, sizeof who, "rank %d (%s; rank %d of %d of a sub-communicator)", c->job_rank,
+                 c->host, c->rank, c->size);
+    else
+        snprintf(who, sizeof who, "rank %d (%s)", c->rank, c->host);
     if (op->phase != 0)
-        return fl_fail(code, "rank %d (%s): %s #%llu (%zu x %s, %s) in %s step %u: %s", c->rank,
-                       c->host, fl_coll_kind_name(op->kind), (unsigned long long)op->seq, op->count,
+        return fl_fail(code, "%s: %s #%llu (%zu x %s, %s) in %s step %u: %s", who,
+                       fl_coll_kind_name(op->kind), (unsigned long long)op->seq, op->count,
                        fl_dtype_name(op->dtype), size, fl_coll_phase_name(op->phase), op->step,
                        cause);
-    return fl_fail(code, "rank %d (%s): %s #%llu (%zu x %s, %s): %s", c->rank, c->host,
-                   fl_coll_kind_name(op->kind), (unsigned long long)op->seq, op->count,
-                   fl_dtype_name(op->dtype), size, cause);
+    return fl_fail(code, "%s: %s #%llu (%zu x %s, %s): %s", who, fl_coll_kind_name(op->kind),
+                   (unsigned long long)op->seq, op->count, fl_dtype_name(op->dtype), size, cause);
 }
 
 /* Reads one failure event from the control thread and fails the op with it. */

@@ -129,6 +129,7 @@ int fl_comm_init(const fl_comm_opts_t *o, fl_comm_t **out)
     if (o->tune_malloc)
         fl_malloc_tune();
     c->rank = o->rank;
+    c->job_rank = o->rank;
     c->size = o->world_size;
     snprintf(c->job_id, sizeof c->job_id, "%s", o->job_id);
     snprintf(c->coordinator, sizeof c->coordinator, "%s", o->coordinator);
@@ -333,7 +334,10 @@ const char *fl_comm_peer_host(const fl_comm_t *c, int rank)
 const char *fl_comm_peer_name(const fl_comm_t *c, int rank, char *buf, size_t cap)
 {
     const char *host = fl_comm_peer_host(c, rank);
-    if (host != NULL)
+    if (host != NULL && c->tapped != NULL) /* a sub-communicator's peer: its rank in the job */
+        snprintf(buf, cap, "rank %d (%s; rank %d of a sub-communicator)", (int)c->peers[rank].rank,
+                 host, rank);
+    else if (host != NULL)
         snprintf(buf, cap, "rank %d (%s)", rank, host);
     else
         snprintf(buf, cap, "rank %d", rank);

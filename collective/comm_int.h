@@ -21,6 +21,7 @@ struct fl_comm {
     fl_ctx_t *ctx;
     int rank;
     int size;
+    int job_rank; /* the rank in the job: a sub-communicator's error texts name it too */
     char job_id[FL_JOB_MAX];
     char coordinator[FL_ENDPOINT_MAX];
     char host[FL_HOST_MAX];

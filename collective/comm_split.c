@@ -57,6 +57,7 @@ static int member_create(fl_comm_t *p, int t, fl_comm_t **out)
         return fl_fail(FL_ENOMEM, "rank %d: out of memory for sub-communicator %d", p->rank, t);
     c->ctx = p->ctx;
     c->rank = p->rank; /* until the group is known: for error texts */
+    c->job_rank = p->job_rank;
     snprintf(c->job_id, sizeof c->job_id, "%s", p->job_id);
     snprintf(c->coordinator, sizeof c->coordinator, "%s", p->coordinator);
     snprintf(c->host, sizeof c->host, "%s", p->host);
@@ -115,7 +116,7 @@ static int member_join(fl_comm_t *p, fl_comm_t *c, const ent_t *ents, int size, 
     for (int i = 0; i < size; i++) {
         fl_msg_peer_t *q = &c->peers[i];
         const rec_t *r = ents[i].r;
-        q->rank = i;
+        q->rank = p->peers[ents[i].parent_rank].rank; /* the job's rank, for error texts */
         snprintf(q->host, sizeof q->host, "%s", p->peers[ents[i].parent_rank].host);
         q->pid = p->peers[ents[i].parent_rank].pid;
         q->nendpoints = (uint32_t)r->nendpoints;

@@ -266,8 +266,9 @@ static void *fail_main(void *p)
     a->rc = fl_comm_init(&o, &comm);
     fl_comm_t *sub = NULL;
     int color = 0;
+    int key = -a->rank; /* reversed: error texts must still name the job's ranks */
     if (a->rc == FL_OK)
-        a->rc = fl_comm_split(comm, 1, &color, NULL, &sub);
+        a->rc = fl_comm_split(comm, 1, &color, &key, &sub);
     pthread_mutex_lock(a->mu);
     (*a->split_done)++;
     pthread_mutex_unlock(a->mu);
@@ -315,8 +316,12 @@ START_TEST(test_member_hears_the_parents_failure)
     ck_assert_msg(ranks[0].rc == FL_EPEER, "rank 0: %s: %s", fl_strerror(ranks[0].rc),
                   ranks[0].err);
     ck_assert_msg(strstr(ranks[0].err, "coordinator") != NULL, "%s", ranks[0].err);
-    ck_assert_msg(strstr(ranks[0].err, "waiting for rank 1 (127.0.0.1)") != NULL, "%s",
-                  ranks[0].err);
+    ck_assert_msg(strstr(ranks[0].err, "rank 0 (127.0.0.1; rank 1 of 2 of a sub-communicator)") !=
+                      NULL,
+                  "%s", ranks[0].err);
+    ck_assert_msg(strstr(ranks[0].err,
+                         "waiting for rank 1 (127.0.0.1; rank 0 of a sub-communicator)") != NULL,
+                  "%s", ranks[0].err);
     /* Well before the member's own 20 s deadline. */
     ck_assert_msg(ranks[0].waited_ms < 10000, "waited %lld ms", (long long)ranks[0].waited_ms);
 }
