@@ -333,9 +333,15 @@ typedef struct ipc_world {
     int stripes;
     bool two_hosts; /* the upper half of the ranks on "host" 127.0.0.2 */
     bool ipc;
+    int off_rank; /* a rank with ipc turned off, when > 0 */
     const char *curve_dir;
     char dir[128]; /* rank 0's socket directory */
 } ipc_world_t;
+
+static bool ipc_of(const ipc_world_t *w, int r)
+{
+    return w->ipc && (w->off_rank <= 0 || r != w->off_rank);
+}
 
 static const char *host_of(const ipc_world_t *w, int r)
 {
@@ -362,9 +368,10 @@ static int check_link(const ipc_world_t *w, fl_comm_t *sub, int r, int next_r, c
 {
     int me = fl_comm_rank(sub);
     int next = (me + 1) % fl_comm_size(sub);
-    if (fl_comm_peer_is_ipc(sub, next) != w->ipc)
+    bool ipc = ipc_of(w, r) && ipc_of(w, next_r);
+    if (fl_comm_peer_is_ipc(sub, next) != ipc)
         return bad(err, cap, "rank %d: member %d sends to member %d over %s", r, me, next,
-                   w->ipc ? "tcp, not ipc" : "ipc with ipc off");
+                   ipc ? "tcp, not ipc" : "ipc with ipc off on one side");
     fl_comm_stats_t st;
     fl_comm_get_stats(sub, &st);
     bool remote = strcmp(host_of(w, r), host_of(w, next_r)) != 0;
@@ -397,15 +404,15 @@ static int ipc_members_rank(fl_comm_t *comm, void *arg)
     int rc = fl_comm_split(comm, L, colors[0], keys[0], subs[0]);
     if (rc == FL_OK)
         rc = fl_comm_split(comm, L, colors[1], keys[1], subs[1]);
-    int want = w->ipc ? w->world * L * 2 * w->stripes : 0;
+    int want = ipc_of(w, r) ? (w->world - (w->off_rank > 0)) * L * 2 * w->stripes : 0;
     int have = member_sockets(dir);
     if (rc == FL_OK && have != want)
-        rc = bad(err, sizeof err, "rank %d: %d member sockets in '%s' with both splits alive, "
-                 "want %d", r, have, dir, want);
+        rc = bad(err, sizeof err, "rank %d: %d member sockets in '%s' with both splits up, want %d",
+                 r, have, dir, want);
     for (int s = 0; rc == FL_OK && s < 2; s++)
-        if (w->ipc != (fl_comm_ipc_dir(subs[s][0])[0] != '\0'))
+        if (ipc_of(w, r) != (fl_comm_ipc_dir(subs[s][0])[0] != '\0'))
             rc = bad(err, sizeof err, "rank %d: member socket directory '%s' with ipc %d", r,
-                     fl_comm_ipc_dir(subs[s][0]), w->ipc);
+                     fl_comm_ipc_dir(subs[s][0]), ipc_of(w, r));
     member_job_t jobs[2][L];
     pthread_t th[2][L];
     for (int s = 0; rc == FL_OK && s < 2; s++)
@@ -422,8 +429,8 @@ static int ipc_members_rank(fl_comm_t *comm, void *arg)
             if (jobs[s][t].rc != FL_OK)
                 rc = fl_fail(jobs[s][t].rc, "%s", jobs[s][t].err);
             else
-                rc = check_link(w, subs[s][t], r,
-                                s == 0 && t < L - 1 ? r : (r + 1) % w->world, err, sizeof err);
+                rc = check_link(w, subs[s][t], r, s == 0 && t < L - 1 ? r : (r + 1) % w->world, err,
+                                sizeof err);
         }
     int brc = fl_barrier(comm); /* every rank counted before any member goes */
     for (int s = 0; s < 2; s++)
@@ -478,7 +485,7 @@ static void run_ipc_world(ipc_world_t *w)
         slots[r] = (ipc_slot_t){.w = w};
         fl_test_comm_opts(&slots[r].o, coord, r, w->world);
         slots[r].o.host = host_of(w, r);
-        slots[r].o.ipc = w->ipc;
+        slots[r].o.ipc = ipc_of(w, r);
         slots[r].o.stripes = w->stripes;
         slots[r].o.algo = FL_ALGO_RING;
         slots[r].o.curve_dir = w->curve_dir;
@@ -498,16 +505,20 @@ static void run_ipc_world(ipc_world_t *w)
 /* One host of 3 ranks, one stripe; two loopback "hosts" of 2 ranks, two stripes. */
 START_TEST(test_members_over_ipc)
 {
-    ipc_world_t w = {.world = _i == 0 ? 3 : 4, .stripes = 1 + _i, .two_hosts = _i == 1,
+    ipc_world_t w = {.world = _i == 0 ? 3 : 4,
+                     .stripes = 1 + _i,
+                     .two_hosts = _i == 1,
                      .ipc = true};
     run_ipc_world(&w);
     ck_assert_msg(w.dir[0] != '\0', "rank 0 has no socket directory");
 }
 END_TEST
 
+/* ipc off everywhere: members on TCP; off on rank 1 only: its members' links go over TCP both
+ * ways, the others' over ipc. */
 START_TEST(test_members_ipc_off)
 {
-    ipc_world_t w = {.world = 2, .stripes = 1, .ipc = false};
+    ipc_world_t w = {.world = 2 + _i, .stripes = 1, .ipc = _i == 1, .off_rank = _i};
     run_ipc_world(&w);
 }
 END_TEST
@@ -526,8 +537,7 @@ START_TEST(test_members_over_ipc_with_curve)
     ck_assert(fl_tp_curve_keygen(path, "ranks", FL_TP_KEY_ANY) == FL_OK);
     snprintf(cmd, sizeof cmd, "cp %s/client.pub %s/authorized/", root, root);
     ck_assert_int_eq(system(cmd), 0);
-    ipc_world_t w = {.world = 2, .stripes = 1, .two_hosts = true, .ipc = true,
-                     .curve_dir = root};
+    ipc_world_t w = {.world = 2, .stripes = 1, .two_hosts = true, .ipc = true, .curve_dir = root};
     run_ipc_world(&w);
     snprintf(cmd, sizeof cmd, "rm -rf %s", root);
     ck_assert_int_eq(system(cmd), 0);
@@ -546,7 +556,7 @@ static Suite *suite(void)
     tcase_add_test(t, test_zero_members_refused);
     tcase_add_test(t, test_member_hears_the_parents_failure);
     tcase_add_loop_test(t, test_members_over_ipc, 0, 2);
-    tcase_add_test(t, test_members_ipc_off);
+    tcase_add_loop_test(t, test_members_ipc_off, 0, 2);
     tcase_add_test(t, test_members_over_ipc_with_curve);
     suite_add_tcase(s, t);
     return s;
