@@ -288,6 +288,7 @@ static void comm_destroy(fl_comm_t **pc)
     fl_comm_ipc_remove(c);       /* after the context: its sockets are closed by then */
     free(c->peers);
     free(c->peer_ipc);
+    free(c->peer_ipc_name);
     free(c->data_out);
     /* ZeroMQ's release hooks of zero-copy sends decrement inflight. A communicator of its own
      * ended its context above, which waits for every message; a sub-communicator's context lives

@@ -11,6 +11,9 @@
 #include "fl_tp.h"
 #include "release.h"
 
+/* Room for a communicator's ipc socket name, "r<rank>-p<pid>" or "r<rank>-p<pid>-m<n>". */
+#define FL_IPC_NAME_MAX 48
+
 /* A message that arrived for a later collective than the one running. */
 typedef struct stash_ent {
     struct stash_ent *next;
@@ -45,11 +48,22 @@ struct fl_comm {
     char endpoints[FL_MSG_MAX_STRIPES][FL_ENDPOINT_MAX];
     int nendpoints;
     /* Same-host peers over ipc:// (comm_ipc.c): the job's socket directory ("" when this rank
-     * binds no ipc), how many stripes are bound there, and which peers are dialled over it. */
+     * binds no ipc), the name of this communicator's sockets there (stripe k is
+     * <ipc_dir>/<ipc_name>.<k>), how many stripes are bound, and which peers are dialled over
+     * it. A communicator of its own is "r<rank>-p<pid>", so peers derive it from the peer
+     * table; a sub-communicator's names are unique per member and sent in the split's
+     * all-gather (peer_ipc_name, "" for a member without ipc; NULL on a communicator of its
+     * own). */
     bool ipc;
     char ipc_dir[96];
+    char ipc_name[FL_IPC_NAME_MAX];
     int ipc_bound;
     bool *peer_ipc;
+    char (*peer_ipc_name)[FL_IPC_NAME_MAX];
+    /* Members made by fl_comm_split under this communicator of its own, numbering their ipc
+     * names; splits of different sub-communicators run on their own threads. */
+    atomic_uint ipc_members;
+    struct fl_comm *root; /* the communicator of its own a sub-communicator descends from */
     stash_ent_t *stash;
     size_t stash_bytes;
 

@@ -1,10 +1,12 @@
 /* Same-host data over ipc://: a rank that binds TCP also binds one Unix socket per stripe in a
  * private directory of the job (/tmp/flodl-<uid>-<hash of job id and coordinator>, mode 0700,
  * owned by this user), and dials a peer on the same host (the same advertised address, or
- * loopback on both sides) over its socket instead of TCP. The path is derived from what the
- * peer table already says (rank, pid), so the wire protocol does not change; a peer whose
- * socket is not there (another filesystem, ipc turned off there, another coordinator string)
- * is dialled over TCP. CURVE and the size limits apply to ipc as to TCP (fl_tp_sock_bind). */
+ * loopback on both sides) over its socket instead of TCP. A communicator's path is derived
+ * from what the peer table already says (rank, pid), so the wire protocol does not change; a
+ * sub-communicator's member binds its own sockets there under a name unique in its process and
+ * sends it in the split's all-gather (comm_split.c). A peer whose socket is not there (another
+ * filesystem, ipc turned off there, another coordinator string) is dialled over TCP. CURVE and
+ * the size limits apply to ipc as to TCP (fl_tp_sock_bind). */
 #include "comm_int.h"
 
 #include <dirent.h>
@@ -43,9 +45,9 @@ static void ipc_dir(const fl_comm_t *c, char *out, size_t cap)
     fl_comm_ipc_dir_name(c->job_id, c->coordinator, out, cap);
 }
 
-static void ipc_path(const char *dir, int rank, int pid, int k, char *out, size_t cap)
+static void ipc_path(const char *dir, const char *name, int k, char *out, size_t cap)
 {
-    snprintf(out, cap, "%s/r%d-p%d.%d", dir, rank, pid, k);
+    snprintf(out, cap, "%s/%s.%d", dir, name, k);
 }
 
 /* True when dir is a directory of this user that nobody else may enter (not a link: lstat). */
@@ -143,10 +145,12 @@ int fl_comm_ipc_bind(fl_comm_t *c, int stripes)
         return FL_OK;
     }
     snprintf(c->ipc_dir, sizeof c->ipc_dir, "%s", dir);
+    if (c->ipc_name[0] == '\0') /* a sub-communicator's is set by fl_comm_split */
+        snprintf(c->ipc_name, sizeof c->ipc_name, "r%d-p%d", c->rank, (int)getpid());
     for (int k = 0; k < stripes; k++) {
-        char path[sizeof c->ipc_dir + 48];
+        char path[sizeof c->ipc_dir + FL_IPC_NAME_MAX + 16];
         char ep[sizeof path + 8];
-        ipc_path(dir, c->rank, (int)getpid(), k, path, sizeof path);
+        ipc_path(dir, c->ipc_name, k, path, sizeof path);
         snprintf(ep, sizeof ep, "ipc://%s", path);
         /* The directory may have gone since the check (the last rank of an earlier job with
          * the same id and coordinator leaving): TCP then, as peers find no socket. */
@@ -169,8 +173,8 @@ void fl_comm_ipc_remove(fl_comm_t *c)
     if (c->ipc_dir[0] == '\0')
         return;
     for (int k = 0; k < c->ipc_bound; k++) {
-        char path[sizeof c->ipc_dir + 48];
-        ipc_path(c->ipc_dir, c->rank, (int)getpid(), k, path, sizeof path);
+        char path[sizeof c->ipc_dir + FL_IPC_NAME_MAX + 16];
+        ipc_path(c->ipc_dir, c->ipc_name, k, path, sizeof path);
         unlink(path); /* ZeroMQ unlinks it when the socket closes; this covers the rest */
     }
     /* Fails while other ranks of the job on this host still have sockets in it: the last one
@@ -187,8 +191,15 @@ bool fl_comm_ipc_endpoint(const fl_comm_t *c, int peer, uint32_t k, char *out, s
     const fl_msg_peer_t *p = &c->peers[peer];
     if (strcmp(p->host, c->host) != 0 && !(is_loopback(p->host) && is_loopback(c->host)))
         return false;
-    char path[sizeof c->ipc_dir + 48];
-    ipc_path(c->ipc_dir, peer, (int)p->pid, (int)k, path, sizeof path);
+    char name[FL_IPC_NAME_MAX];
+    if (c->peer_ipc_name != NULL)
+        snprintf(name, sizeof name, "%s", c->peer_ipc_name[peer]);
+    else
+        snprintf(name, sizeof name, "r%d-p%d", peer, (int)p->pid);
+    if (name[0] == '\0') /* a member that bound no ipc */
+        return false;
+    char path[sizeof c->ipc_dir + FL_IPC_NAME_MAX + 16];
+    ipc_path(c->ipc_dir, name, (int)k, path, sizeof path);
     /* Bound before the peer registered, so it is there now if the peer shares this
      * filesystem; a socket of another user is not ours to dial. */
     struct stat st;

@@ -4,12 +4,15 @@
  * endpoints, and each group's table is built the same way on every rank. A member shares the
  * parent's context, job and deadlines, and hears the parent's failure events (a dead peer, a
  * lost coordinator) on its own tap of the parent's control thread, so a dead peer fails its
- * collectives at once rather than at their deadline. */
+ * collectives at once rather than at their deadline. Where the parent has same-host ipc://
+ * sockets, each member binds its own in the job's directory too, and names them in the
+ * all-gather, so members on one host exchange over ipc as ranks do (comm_ipc.c). */
 #include "comm_int.h"
 
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
 #define MAX_MEMBERS 64
 
@@ -19,6 +22,7 @@ typedef struct rec {
     int32_t key;
     int32_t nendpoints;
     char endpoints[FL_MSG_MAX_STRIPES][FL_ENDPOINT_MAX];
+    char ipc[FL_IPC_NAME_MAX]; /* the member's ipc socket name; "": none */
 } rec_t;
 
 typedef struct ent {
@@ -46,6 +50,21 @@ static void member_bind(const fl_comm_t *p, const fl_comm_t *c, char *out, size_
         out[0] = '\0'; /* tcp on this rank's host, ephemeral ports */
     else
         snprintf(out, cap, "%.*s-sub-%p", (int)(cap - 32), ep, (const void *)c);
+}
+
+/* Binds the member on ipc:// too when the parent has ipc sockets (a tcp data endpoint, ipc not
+ * turned off, a private directory), so the host's members exchange over ipc as ranks do. Its
+ * name counts the members made under the root communicator: unique in this process for the
+ * root's life, so a member never takes the path of one whose socket ZeroMQ is still closing. */
+static int member_ipc_bind(const fl_comm_t *p, fl_comm_t *c)
+{
+    c->root = p->root != NULL ? p->root : (fl_comm_t *)p;
+    c->ipc = p->ipc;
+    if (p->ipc_bound == 0)
+        return FL_OK;
+    unsigned n = atomic_fetch_add(&c->root->ipc_members, 1u);
+    snprintf(c->ipc_name, sizeof c->ipc_name, "r%d-p%d-m%u", c->root->rank, (int)getpid(), n);
+    return fl_comm_ipc_bind(c, c->stripes);
 }
 
 /* A member of this rank, bound but not yet in a group. */
@@ -91,6 +110,8 @@ static int member_create(fl_comm_t *p, int t, fl_comm_t **out)
     member_bind(p, c, bind, sizeof bind);
     if (rc == FL_OK)
         rc = fl_comm_bind_data(c, bind[0] ? bind : NULL, c->stripes);
+    if (rc == FL_OK)
+        rc = member_ipc_bind(p, c);
     if (rc != FL_OK) {
         if (c->tapped == NULL)
             c->ctx = NULL; /* never destroy the parent's context */
@@ -111,7 +132,10 @@ static int member_join(fl_comm_t *p, fl_comm_t *c, const ent_t *ents, int size, 
     c->peers = calloc((size_t)size, sizeof *c->peers);
     c->data_out = calloc((size_t)size, sizeof *c->data_out);
     c->inflight = calloc((size_t)size + 1, sizeof *c->inflight);
-    if (c->peers == NULL || c->data_out == NULL || c->inflight == NULL)
+    c->peer_ipc = calloc((size_t)size, sizeof *c->peer_ipc);
+    c->peer_ipc_name = calloc((size_t)size, sizeof *c->peer_ipc_name);
+    if (c->peers == NULL || c->data_out == NULL || c->inflight == NULL || c->peer_ipc == NULL ||
+        c->peer_ipc_name == NULL)
         return fl_fail(FL_ENOMEM, "rank %d: out of memory for a group of %d", p->rank, size);
     for (int i = 0; i < size; i++) {
         fl_msg_peer_t *q = &c->peers[i];
@@ -122,6 +146,7 @@ static int member_join(fl_comm_t *p, fl_comm_t *c, const ent_t *ents, int size, 
         q->nendpoints = (uint32_t)r->nendpoints;
         for (int k = 0; k < r->nendpoints; k++)
             snprintf(q->endpoints[k], sizeof q->endpoints[k], "%s", r->endpoints[k]);
+        snprintf(c->peer_ipc_name[i], sizeof c->peer_ipc_name[i], "%s", r->ipc);
     }
     fl_tp_sock_set_expect(c->data_in, c->job_id, c->generation);
     if (size > 1) {
@@ -143,6 +168,11 @@ static int check_rec(const fl_comm_t *p, const rec_t *r, int from)
         if (memchr(r->endpoints[k], '\0', FL_ENDPOINT_MAX) == NULL)
             return fl_fail(FL_EPROTO, "rank %d: split: rank %d sent an unterminated endpoint",
                            p->rank, from);
+    /* A file name in the job's directory: no '/' or "..", so nothing outside it is dialled. */
+    size_t len = strnlen(r->ipc, sizeof r->ipc);
+    if (len == sizeof r->ipc || strspn(r->ipc, "abcdefghijklmnopqrstuvwxyz0123456789-") != len)
+        return fl_fail(FL_EPROTO, "rank %d: split: rank %d sent a bad ipc socket name", p->rank,
+                       from);
     return FL_OK;
 }
 
@@ -214,6 +244,8 @@ int fl_comm_split(fl_comm_t *p, int n, const int *colors, const int *keys, fl_co
         if ((rc = member_create(p, t, &mine[t])) != FL_OK)
             break;
         own[t].nendpoints = mine[t]->nendpoints;
+        if (mine[t]->ipc_bound == mine[t]->nendpoints)
+            memcpy(own[t].ipc, mine[t]->ipc_name, sizeof own[t].ipc);
         for (int k = 0; k < mine[t]->nendpoints; k++)
             memcpy(own[t].endpoints[k], mine[t]->endpoints[k], FL_ENDPOINT_MAX);
     }

@@ -69,7 +69,9 @@ typedef struct fl_comm_opts {
                                   sockets in a private directory of the job (/tmp/flodl-<uid>-
                                   <hash>, mode 0700, removed when the last rank leaves),
                                   CURVE-secured like TCP; only with a tcp data endpoint.
-                                  0: TCP between all ranks (FLODL_IPC=0, --ipc 0). */
+                                  Members of its sub-communicators (fl_comm_split) bind and
+                                  dial ipc the same way. 0: TCP between all ranks and members
+                                  (FLODL_IPC=0, --ipc 0). */
 } fl_comm_opts_t;
 
 /* Fills every field with its default; rank, world_size and coordinator stay unset (-1/NULL). */
@@ -152,7 +154,8 @@ int fl_barrier(fl_comm_t *comm);
  * driven by its own thread; n = 1 is MPI's split). Member t of this rank joins group colors[t]
  * (negative: none, out[t] = NULL), ordered by keys[t] (NULL: all 0), ties broken by parent
  * rank then t. Collective over comm: every rank calls it with the same n. Each member has its
- * own data connections (so members move data in parallel), the parent's job, deadlines and
+ * own data connections (so members move data in parallel; over ipc:// to members on the same
+ * host when comm uses ipc, see fl_comm_opts_t.ipc), the parent's job, deadlines and
  * tuning, and fails at once with the parent's failure events (a dead peer, a lost
  * coordinator). A member is used by one thread at a time, independently of the others and of
  * comm, and is destroyed with fl_comm_destroy before comm. Hosts in its error texts are the
