@@ -28,10 +28,10 @@ typedef const char *(*last_error_fn)(ncclComm_t);
 typedef ncclResult_t (*group_fn)(void);
 typedef ncclResult_t (*all_gather_fn)(const void *, void *, size_t, ncclDataType_t, ncclComm_t,
                                       cudaStream_t);
-typedef ncclResult_t (*reduce_scatter_fn)(const void *, void *, size_t, ncclDataType_t,
-                                          ncclRedOp_t, ncclComm_t, cudaStream_t);
-typedef ncclResult_t (*broadcast_fn)(const void *, void *, size_t, ncclDataType_t, int,
-                                     ncclComm_t, cudaStream_t);
+typedef ncclResult_t (*reduce_scatter_fn)(const void *, void *, size_t, ncclDataType_t, ncclRedOp_t,
+                                          ncclComm_t, cudaStream_t);
+typedef ncclResult_t (*broadcast_fn)(const void *, void *, size_t, ncclDataType_t, int, ncclComm_t,
+                                     cudaStream_t);
 
 static struct {
     pthread_once_t once;
