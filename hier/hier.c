@@ -58,6 +58,8 @@ static int check_opts(const fl_comm_t *comm, const fl_hier_opts_t *o)
     if (!is_wire(o->values))
         return fl_fail(FL_EINVAL, "hier: top-k values %s (float32, float16, bfloat16)",
                        fl_dtype_name(o->values));
+    if (o->memory != FL_HIER_MEM_HOST && o->memory != FL_HIER_MEM_SIM)
+        return fl_fail(FL_EINVAL, "hier: memory %d is not host or sim", (int)o->memory);
     if (!(o->max_norm >= 0.0) || isinf(o->max_norm))
         return fl_fail(FL_EINVAL, "hier: max_norm %g must be finite and >= 0", o->max_norm);
     return check_buckets(o);
@@ -122,6 +124,8 @@ static int setup(fl_hier_t *h, const fl_hier_opts_t *o)
         rc = make_buckets(h, o);
     if (rc == FL_OK && h->density > 0)
         rc = fl_hier_topk_setup(h);
+    if (rc == FL_OK && h->density > 0 && h->memory == FL_HIER_MEM_SIM)
+        rc = fl_hier_dev_setup(h, FL_DEV_SIM, fl_comm_rank(h->comm));
     h->stats.hybrid = h->hybrid;
     h->stats.topo = h->topo;
     return rc;
@@ -151,6 +155,7 @@ int fl_hier_create(fl_comm_t *comm, const fl_hier_opts_t *o, fl_hier_t **out)
     h->density = o->density;
     h->values = o->values;
     h->max_norm = o->max_norm;
+    h->memory = o->memory;
     rc = setup(h, o);
     if (rc != FL_OK) {
         char why[512];
@@ -173,6 +178,7 @@ void fl_hier_destroy(fl_hier_t **hp)
         free(h->b[i].val);
     }
     free(h->b);
+    fl_hier_dev_destroy(&h->dev);
     fl_cmp_ws_destroy(&h->ws);
     fl_comm_destroy(&h->cross);
     fl_comm_destroy(&h->local);

@@ -6,7 +6,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-enum { F_MODE, F_NBUCKETS, F_ELEMS, F_LAYOUT, F_DENSITY, F_VALUES, F_NORM, NF };
+enum { F_MODE, F_NBUCKETS, F_ELEMS, F_LAYOUT, F_DENSITY, F_VALUES, F_NORM, F_MEMORY, NF };
 
 static const char *mode_name(int64_t m)
 {
@@ -61,6 +61,7 @@ static void record(const fl_hier_opts_t *o, int64_t *rec)
     rec[F_DENSITY] = bits_of(o->density);
     rec[F_VALUES] = o->values;
     rec[F_NORM] = bits_of(o->max_norm);
+    rec[F_MEMORY] = o->memory;
 }
 
 /* "hierarchy=hybrid" for field f of a record. */
@@ -71,6 +72,10 @@ static void describe(const int64_t *rec, int f, char *out, size_t cap)
     case F_DENSITY: snprintf(out, cap, "top-k density %g", double_of(rec[f])); break;
     case F_VALUES: snprintf(out, cap, "top-k values %s", fl_dtype_name((fl_dtype_t)rec[f])); break;
     case F_NORM: snprintf(out, cap, "max_norm %g", double_of(rec[f])); break;
+    case F_MEMORY:
+        snprintf(out, cap, "top-k on %s",
+                 rec[f] == FL_HIER_MEM_SIM ? "the sim device" : "the host");
+        break;
     default:
         snprintf(out, cap, "a bucket layout of %lld buckets, %lld elements (hash %016llx)",
                  (long long)rec[F_NBUCKETS], (long long)rec[F_ELEMS],

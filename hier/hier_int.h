@@ -6,6 +6,7 @@
 #include <flodl/hier.h>
 
 #include "fl_core.h"
+#include "fl_dev.h"
 
 /* One bucket: its layout, this rank's part of it under hybrid, and its top-k state. */
 typedef struct hier_bucket {
@@ -18,8 +19,21 @@ typedef struct hier_bucket {
     size_t k;
     uint32_t *idx;
     float *val;
-    float *out; /* the sparse sum of shard_len floats */
+    size_t res_off; /* on a device: where its residual starts in the residuals' buffer */
 } hier_bucket_t;
+
+/* Top-k on a device (hier_dev.c): every bucket's residual in one buffer there. */
+typedef struct hier_dev {
+    fl_dev_t *dev;
+    fl_stream_t *s;
+    fl_event_t *done;
+    fl_dev_topk_t *topk;
+    fl_dptr_t grad; /* the part being selected, staged */
+    fl_dptr_t residual;
+    fl_dptr_t idx, val, out;
+    int64_t *hout;
+    int wire;
+} hier_dev_t;
 
 struct fl_hier {
     fl_comm_t *comm;  /* borrowed */
@@ -38,6 +52,8 @@ struct fl_hier {
     size_t nbuckets;
     hier_bucket_t *b;
     fl_hier_stats_t stats;
+    fl_hier_mem_t memory;
+    hier_dev_t *dev; /* top-k on a device, or NULL */
 };
 
 /* Refuses options that differ between ranks, naming the rank, its host and both values.
@@ -46,5 +62,14 @@ int fl_hier_agree(fl_comm_t *comm, const fl_hier_opts_t *o);
 
 /* The top-k state of every bucket, sized to this rank's part of it. */
 int fl_hier_topk_setup(fl_hier_t *h);
+
+/* Top-k on a device: its residuals, workspace and stream; freed by fl_hier_dev_destroy. */
+int fl_hier_dev_setup(fl_hier_t *h, fl_dev_kind_t kind, int id);
+void fl_hier_dev_destroy(hier_dev_t **d);
+/* Error feedback and top-k of part (bucket b's shard_len floats, host memory) on the device:
+ * b->k pairs into b->idx and b->val. */
+int fl_hier_dev_topk(fl_hier_t *h, hier_bucket_t *b, const float *part, size_t *k);
+/* Copies bucket b's residual out (out != NULL) or in. */
+int fl_hier_dev_residual(fl_hier_t *h, size_t b, float *out, const float *in);
 
 #endif

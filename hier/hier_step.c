@@ -2,6 +2,7 @@
  * host, the shard across hosts, all-gather in the host), dense or top-k with error feedback. */
 #include "hier_int.h"
 
+#include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -21,7 +22,8 @@ int fl_hier_topk_setup(fl_hier_t *h)
         eo.name = b->name;
         eo.wire = h->values;
         eo.max_norm = h->max_norm;
-        rc = fl_cmp_ef_create(&eo, &b->ef);
+        if (h->memory == FL_HIER_MEM_HOST)
+            rc = fl_cmp_ef_create(&eo, &b->ef);
         fl_cmp_topk_opts_init(&b->topk);
         b->topk.density = h->density;
         b->topk.name = b->name;
@@ -43,7 +45,9 @@ static int topk(fl_hier_t *h, hier_bucket_t *b, fl_comm_t *comm, float *part)
 {
     size_t k = 0;
     bool skipped = false;
-    int rc = fl_cmp_ef_step(b->ef, h->ws, part, &b->topk, b->idx, b->val, &k, &skipped);
+    int rc = h->dev != NULL
+                 ? fl_hier_dev_topk(h, b, part, &k)
+                 : fl_cmp_ef_step(b->ef, h->ws, part, &b->topk, b->idx, b->val, &k, &skipped);
     if (rc != FL_OK)
         return rc;
     fl_sparse_opts_t so = h->sparse;
@@ -116,7 +120,7 @@ int fl_hier_allreduce(fl_hier_t *h, size_t b, void *buf)
 
 size_t fl_hier_residual_len(const fl_hier_t *h, size_t b)
 {
-    if (h == NULL || b >= h->nbuckets || h->b[b].ef == NULL)
+    if (h == NULL || b >= h->nbuckets || h->density <= 0)
         return 0;
     return h->b[b].shard_len;
 }
@@ -136,6 +140,8 @@ int fl_hier_residual_get(const fl_hier_t *h, size_t b, float *out, size_t n)
     int rc = residual_check(h, b, out, n);
     if (rc != FL_OK || n == 0)
         return rc;
+    if (h->dev != NULL)
+        return fl_hier_dev_residual((fl_hier_t *)h, b, out, NULL);
     const float *r = NULL, *v = NULL;
     size_t len = 0;
     fl_cmp_ef_state(h->b[b].ef, &r, &v, &len);
@@ -148,5 +154,11 @@ int fl_hier_residual_put(fl_hier_t *h, size_t b, const float *in, size_t n)
     int rc = residual_check(h, b, in, n);
     if (rc != FL_OK || n == 0)
         return rc;
+    for (size_t i = 0; i < n; i++)
+        if (!isfinite(in[i]))
+            return fl_fail(FL_ENONFINITE, "hier: residual of %s: entry %zu is not finite",
+                           h->b[b].name, i);
+    if (h->dev != NULL)
+        return fl_hier_dev_residual(h, b, NULL, in);
     return fl_cmp_ef_restore(h->b[b].ef, in, NULL, n);
 }

@@ -17,7 +17,7 @@ static const char *const two_by_two[] = {"127.0.0.1", "127.0.0.1", "127.0.0.2", 
 static float grad_of(int r, int step, size_t i)
 {
     return (float)((int)((i * 2654435761u + (unsigned)(r * 977 + step * 131)) % 2001) - 1000) /
-           256.0f;
+           300.0f;
 }
 
 static void fill(float *x, size_t n, int r, int step)
@@ -71,6 +71,8 @@ static const size_t lens[NB] = {200003, 3, 65536};
 
 typedef struct run_case {
     fl_hier_mode_t mode;
+    fl_hier_mem_t memory;
+    float *residual[MAX_WORLD][NB]; /* top-k: the last step's, when asked for */
     double density;
     int steps;
     fl_hier_stats_t stats[MAX_WORLD];
@@ -85,6 +87,7 @@ static int engine(fl_comm_t *comm, const run_case_t *c, fl_hier_t **h)
     o.nbuckets = NB;
     o.bucket_len = lens;
     o.density = c->density;
+    o.memory = c->memory;
     return fl_hier_create(comm, &o, h);
 }
 
@@ -102,32 +105,46 @@ static int run_rank(fl_comm_t *comm, void *arg)
             rc = fl_hier_allreduce(h, b, x);
         }
     fl_hier_get_stats(h, &c->stats[r]);
+    for (size_t b = 0; rc == FL_OK && b < NB && c->residual[r][b] != NULL; b++)
+        rc = fl_hier_residual_get(h, b, c->residual[r][b], fl_hier_residual_len(h, b));
     if (rc != FL_OK)
         rc = bad("rank %d: %s: %s", r, fl_strerror(rc), fl_last_error());
     fl_hier_destroy(&h);
     return rc;
 }
 
-static void run_case(run_case_t *c, fl_hier_mode_t mode, double density, int steps)
+static void run_on(run_case_t *c, fl_hier_mode_t mode, fl_hier_mem_t memory, double density,
+                   int steps)
 {
     memset(c, 0, sizeof *c);
     c->mode = mode;
+    c->memory = memory;
     c->density = density;
     c->steps = steps;
     for (int r = 0; r < 4; r++)
-        for (int b = 0; b < NB; b++)
+        for (int b = 0; b < NB; b++) {
             c->out[r][b] = malloc(lens[b] * sizeof(float));
+            if (density > 0)
+                c->residual[r][b] = calloc(lens[b], sizeof(float));
+        }
     fl_comm_opts_t o;
     opts_base(&o);
     rank_hosts = two_by_two;
     run_world(4, &o, run_rank, c);
 }
 
+static void run_case(run_case_t *c, fl_hier_mode_t mode, double density, int steps)
+{
+    run_on(c, mode, FL_HIER_MEM_HOST, density, steps);
+}
+
 static void free_case(run_case_t *c)
 {
     for (int r = 0; r < 4; r++)
-        for (int b = 0; b < NB; b++)
+        for (int b = 0; b < NB; b++) {
             free(c->out[r][b]);
+            free(c->residual[r][b]);
+        }
 }
 
 static uint64_t remote_sum(const run_case_t *c)
@@ -316,6 +333,84 @@ START_TEST(test_uneven_hosts_run_flat)
 }
 END_TEST
 
+/* ---- top-k on the simulated device ---- */
+
+/* The device's error feedback and top-k are compression/ef.c's arithmetic (fl_math.h), and
+ * the exchange around them is the same: the results and residuals are the host's bits. */
+START_TEST(test_sim_device_gives_the_host_bits)
+{
+    fl_hier_mode_t mode = _i == 0 ? FL_HIER_HYBRID : FL_HIER_FLAT;
+    run_case_t host, sim;
+    run_on(&host, mode, FL_HIER_MEM_HOST, 0.01, 3);
+    run_on(&sim, mode, FL_HIER_MEM_SIM, 0.01, 3);
+    for (int r = 0; r < 4; r++)
+        for (int b = 0; b < NB; b++) {
+            ck_assert_msg(memcmp(host.out[r][b], sim.out[r][b], lens[b] * sizeof(float)) == 0,
+                          "%s: rank %d bucket %d: sim's result differs from the host's",
+                          mode == FL_HIER_HYBRID ? "hybrid" : "flat", r, b);
+            ck_assert_msg(memcmp(host.residual[r][b], sim.residual[r][b],
+                                 lens[b] * sizeof(float)) == 0,
+                          "%s: rank %d bucket %d: sim's residual differs from the host's",
+                          mode == FL_HIER_HYBRID ? "hybrid" : "flat", r, b);
+        }
+    float norm = 0;
+    for (size_t i = 0; i < lens[0]; i++)
+        norm += fabsf(sim.residual[0][0][i]);
+    ck_assert_msg(norm > 0, "no residual kept");
+    free_case(&host);
+    free_case(&sim);
+}
+END_TEST
+
+static int sim_residual_rank(fl_comm_t *comm, void *arg)
+{
+    (void)arg;
+    size_t len[2] = {1000, 64};
+    fl_hier_opts_t o;
+    fl_hier_opts_init(&o);
+    o.nbuckets = 2;
+    o.bucket_len = len;
+    o.density = 0.05;
+    o.memory = FL_HIER_MEM_SIM;
+    o.hierarchy = FL_HIER_HYBRID;
+    fl_hier_t *h = NULL;
+    EXPECT_OK(fl_hier_create(comm, &o, &h));
+    size_t n = fl_hier_residual_len(h, 0);
+    float in[1000], out[1000];
+    for (size_t i = 0; i < n; i++)
+        in[i] = (float)i / 7.0f;
+    int rc = fl_hier_residual_put(h, 0, in, n);
+    if (rc == FL_OK)
+        rc = fl_hier_residual_get(h, 0, out, n);
+    if (rc == FL_OK && (n != 500 || memcmp(in, out, n * sizeof *in) != 0))
+        rc = bad("rank %d: residual of %zu floats did not come back", fl_comm_rank(comm), n);
+    in[3] = NAN;
+    if (rc == FL_OK && fl_hier_residual_put(h, 0, in, n) != FL_ENONFINITE)
+        rc = bad("rank %d: a NaN residual was taken", fl_comm_rank(comm));
+    if (rc == FL_OK && fl_hier_residual_put(h, 0, in, n - 1) != FL_EINVAL)
+        rc = bad("rank %d: a residual of the wrong length was taken", fl_comm_rank(comm));
+    /* A NaN in the gradient: refused before the residual is touched, naming the bucket. */
+    float g[1000];
+    fill(g, 1000, fl_comm_rank(comm), 0);
+    g[fl_comm_rank(comm) % 2 == 0 ? 17 : 517] = INFINITY; /* in this rank's own shard */
+    if (rc == FL_OK && (fl_hier_allreduce(h, 0, g) != FL_ENONFINITE ||
+                        strstr(fl_last_error(), "gradient bucket 0") == NULL))
+        rc = bad("rank %d: an Inf gradient: %s", fl_comm_rank(comm), fl_last_error());
+    fl_hier_destroy(&h);
+    return rc == TEST_EBAD ? rc
+           : rc == FL_OK   ? FL_OK
+                           : bad("rank %d: %s", fl_comm_rank(comm), fl_last_error());
+}
+
+START_TEST(test_sim_residuals_in_and_out)
+{
+    fl_comm_opts_t o;
+    opts_base(&o);
+    rank_hosts = two_by_two;
+    run_world(4, &o, sim_residual_rank, NULL);
+}
+END_TEST
+
 Suite *hier_suite(void);
 Suite *hier_suite(void)
 {
@@ -328,6 +423,8 @@ Suite *hier_suite(void)
     tcase_add_loop_test(tc, test_ranks_that_disagree_are_refused_on_every_rank, 0,
                         (int)(sizeof refusals / sizeof refusals[0]));
     tcase_add_test(tc, test_uneven_hosts_run_flat);
+    tcase_add_loop_test(tc, test_sim_device_gives_the_host_bits, 0, 2);
+    tcase_add_test(tc, test_sim_residuals_in_and_out);
     suite_add_tcase(s, tc);
     return s;
 }

@@ -45,6 +45,13 @@ typedef enum fl_hier_mode {
     FL_HIER_HYBRID = 2, /* reduce-scatter in the host, the shard across hosts, all-gather */
 } fl_hier_mode_t;
 
+/* Where top-k's residuals live and its selection runs. */
+typedef enum fl_hier_mem {
+    FL_HIER_MEM_HOST = 0, /* host memory, on the calling thread */
+    FL_HIER_MEM_SIM = 1,  /* the simulated device (CI: the device code paths on host buffers,
+                             which are staged into its arena) */
+} fl_hier_mem_t;
+
 typedef struct fl_hier_opts {
     size_t struct_size;             /* sizeof(fl_hier_opts_t), set by fl_hier_opts_init */
     fl_hier_mode_t hierarchy;       /* default FL_HIER_AUTO */
@@ -62,6 +69,8 @@ typedef struct fl_hier_opts {
                                        "gradient"); copied */
     const char *const *bucket_name; /* each bucket's name in error texts; NULL (default):
                                        "<name> bucket <b>"; copied */
+    fl_hier_mem_t memory;           /* top-k's device: FL_HIER_MEM_HOST (default) or
+                                       FL_HIER_MEM_SIM; every rank must give the same */
 } fl_hier_opts_t;
 
 void fl_hier_opts_init(fl_hier_opts_t *opts);

@@ -4,12 +4,23 @@ bucket, each sends its shard across hosts (dense, or top-k with error feedback o
 and the host all-gathers it. The processes of one host are the ranks that registered with the
 same host: FLODL_HOST, or the address each reaches the coordinator from."""
 import ctypes
+import os
 
 import flodl
 from . import _lib
 
 HIERARCHIES = {"auto": _lib.FL_HIER_AUTO, "flat": _lib.FL_HIER_FLAT,
                "hybrid": _lib.FL_HIER_HYBRID}
+MEMORY = {"": _lib.FL_HIER_MEM_HOST, "cpu": _lib.FL_HIER_MEM_HOST, "sim": _lib.FL_HIER_MEM_SIM}
+
+
+def _memory():
+    """FLODL_DEVICE=sim: top-k and its residuals on libflodl's simulated device (the device
+    code paths, checkable without a GPU); unset or cpu: on the host."""
+    v = os.environ.get("FLODL_DEVICE", "")
+    if v not in MEMORY:
+        raise ValueError("flodl: FLODL_DEVICE=%r is not 'cpu' or 'sim'" % v)
+    return MEMORY[v]
 
 
 class Engine:
@@ -44,6 +55,7 @@ class Engine:
             o.bucket_len = lens
             o.bucket_type = types
             o.bucket_name = names
+            o.memory = _memory()
             if self.compression is not None:
                 o.density = self.compression.density
                 o.values = flodl._WIRE[self.compression.values]

@@ -65,6 +65,7 @@ FL_ENONFINITE = -9
 FL_ERESYNC = -10
 FL_PS_SYNC, FL_PS_ASYNC, FL_PS_SSP = 0, 1, 2
 FL_HIER_AUTO, FL_HIER_FLAT, FL_HIER_HYBRID = 0, 1, 2
+FL_HIER_MEM_HOST, FL_HIER_MEM_SIM = 0, 1
 
 _SPARE = 512  # bytes after the fields we know: room for fields a newer library appends
 
@@ -179,6 +180,7 @@ class HierOpts(ctypes.Structure):
         ("max_norm", ctypes.c_double),
         ("name", c_char_p),
         ("bucket_name", ctypes.POINTER(c_char_p)),
+        ("memory", c_int),
         ("_spare", ctypes.c_char * _SPARE),
     ]
 

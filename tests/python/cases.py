@@ -519,10 +519,26 @@ def cross_bytes(hierarchy, compression):
     return st["bytes_sent_remote"]
 
 
+def topk_on(device, hierarchy):
+    """Top-k 5% through hierarchy with its selection on FLODL_DEVICE=device: the parameters
+    and residuals after 4 steps."""
+    os.environ["FLODL_DEVICE"] = device
+    m = model()
+    opt = flodl.torch.DistributedOptimizer(sgd(m), m.named_parameters(), bucket_mb=0.002,
+                                           compression=flodl.TopK(0.05), hierarchy=hierarchy)
+    gen = torch.Generator().manual_seed(30 + flodl.rank())
+    train(m, opt, torch.randn(4, 8, 10, generator=gen), torch.randn(4, 8, 1, generator=gen), 4)
+    res = [v["residual"] for _, v in sorted(opt.state_dict()["flodl_residuals"].items())]
+    opt.close()
+    del os.environ["FLODL_DEVICE"]
+    return [p.detach().clone() for p in m.parameters()] + res
+
+
 def hybrid():
     """2 hosts x 2 processes: where each rank sits, hybrid and flat against one process
-    accumulating (SGD with momentum, Adam), the bytes across hosts, and a rank asking for
-    another hierarchy refused on every rank."""
+    accumulating (SGD with momentum, Adam), top-k on the sim device against the host (the same
+    bits), the bytes across hosts, and a rank asking for another hierarchy refused on every
+    rank."""
     flodl.init(timeout_ms=20000)
     r = flodl.rank()
     where = (flodl.local_rank(), flodl.local_size(), flodl.cross_rank(), flodl.cross_size())
@@ -536,6 +552,11 @@ def hybrid():
             rel = ((a - b).abs().max() / b.abs().max()).item()
             assert rel <= 1e-5, "%s: parameter %d: hybrid and flat differ by %g" % (
                 make.__name__, i, rel)
+    for hierarchy in ("hybrid", "flat"):
+        host, sim = topk_on("cpu", hierarchy), topk_on("sim", hierarchy)
+        for i, (a, b) in enumerate(zip(host, sim)):
+            assert torch.equal(a, b), "%s top-k: tensor %d differs between cpu and sim by %g" % (
+                hierarchy, i, (a - b).abs().max().item())
     sent = {"flat": cross_bytes("flat", None), "hybrid": cross_bytes("hybrid", None),
             "hybrid top-k 1%": cross_bytes("hybrid", flodl.TopK(0.01))}
     total = {}

@@ -149,6 +149,7 @@ def t_hybrid():
         return
     b = got[0]["bytes"]
     print("  hybrid and flat against one process accumulating: within %.2e" % got[0]["worst"])
+    print("  top-k on the sim device (FLODL_DEVICE=sim): the host's bits, hybrid and flat")
     print("  bytes across hosts, 3 steps of a 200k-parameter model: flat %.2f MiB, hybrid "
           "dense %.2f MiB (%.3f of flat), hybrid top-k 1%% %.3f MiB (%.4f of flat)" % (
               b["flat"] / 2**20, b["hybrid"] / 2**20, b["hybrid"] / b["flat"],
