@@ -241,24 +241,29 @@ typedef struct refuse_case {
     fl_hier_mode_t mode;    /* its hierarchy */
     size_t len0;            /* its first bucket's length */
     double density;         /* its density */
+    fl_hier_mem_t memory;   /* where its top-k runs */
     const char *odd_says;   /* in its own error */
     const char *others_say; /* in every other rank's error */
 } refuse_case_t;
 
 static const refuse_case_t refusals[] = {
-    {2, FL_HIER_FLAT, 1000, 0.01,
+    {2, FL_HIER_FLAT, 1000, 0.01, FL_HIER_MEM_HOST,
      "rank 2 (host 127.0.0.2) has hierarchy=flat, rank 0 (host "
      "127.0.0.1) has hierarchy=auto",
      NULL},
-    {3, FL_HIER_AUTO, 999, 0.01,
+    {3, FL_HIER_AUTO, 999, 0.01, FL_HIER_MEM_HOST,
      "rank 3 (host 127.0.0.2) has a bucket layout of 2 buckets, "
      "1063 elements",
      NULL},
-    {1, FL_HIER_AUTO, 1000, 0.5,
+    {1, FL_HIER_AUTO, 1000, 0.5, FL_HIER_MEM_HOST,
      "rank 1 (host 127.0.0.1) has top-k density 0.5, rank 0 (host "
      "127.0.0.1) has top-k density 0.01",
      NULL},
-    {1, FL_HIER_AUTO, 1000, 2.0, "top-k density 2 is outside [0, 1]",
+    {2, FL_HIER_AUTO, 1000, 0.01, FL_HIER_MEM_SIM,
+     "rank 2 (host 127.0.0.2) has top-k on the sim device, rank 0 (host 127.0.0.1) has top-k "
+     "on the host",
+     NULL},
+    {1, FL_HIER_AUTO, 1000, 2.0, FL_HIER_MEM_HOST, "top-k density 2 is outside [0, 1]",
      "rank 1 (host 127.0.0.1) has hierarchy=none: options it refused itself"},
 };
 
@@ -273,6 +278,7 @@ static int refuse_rank(fl_comm_t *comm, void *arg)
     o.nbuckets = 2;
     o.bucket_len = len;
     o.density = r == c->odd ? c->density : 0.01;
+    o.memory = r == c->odd ? c->memory : FL_HIER_MEM_HOST;
     fl_hier_t *h = NULL;
     int rc = fl_hier_create(comm, &o, &h);
     const char *want = r == c->odd || c->others_say == NULL ? c->odd_says : c->others_say;
