@@ -13,14 +13,18 @@
 #define SCRIPT "pytorch_bench.py"
 
 static const char usage[] =
-    "usage: flodl-bench pytorch [--workers N] [--insecure] [--python PATH] [SCRIPT FLAGS]\n"
+    "usage: flodl-bench pytorch [--workers N | [--hosts H] --nproc-per-host N] [--insecure]\n"
+    "                           [--python PATH] [SCRIPT FLAGS]\n"
     "Runs flodl-launch --workers N (default 4) -- PYTHON pytorch_bench.py SCRIPT FLAGS: every\n"
     "rank times DistributedOptimizer dense, top-k 1% and PyTorch DDP (gloo) on one MLP of\n"
     "12.6 M parameters, and rank 0 prints the medians side by side (--steps, --warmup, --rounds,\n"
-    "--batch, --density: the script's --help). --insecure: flodl in plain text, as gloo is\n"
-    "(by default flodl-launch's throw-away CurveZMQ keys encrypt flodl's side). PYTHON: --python,\n"
-    "else /usr/bin/python3. The script is looked up beside flodl-bench, then in\n"
-    "../share/flodl; flodl-launch beside flodl-bench, then in ../launch.\n";
+    "--batch, --density, --hierarchy auto|flat|hybrid, --flat-dense: the script's --help).\n"
+    "--hosts H --nproc-per-host N go to flodl-launch instead of --workers: H hosts of N\n"
+    "processes on this machine (127.0.0.1, 127.0.0.2, ...), where --hierarchy hybrid runs.\n"
+    "--insecure: flodl in plain text, as gloo is (by default flodl-launch's throw-away\n"
+    "CurveZMQ keys encrypt flodl's side). PYTHON: --python, else /usr/bin/python3. The script\n"
+    "is looked up beside flodl-bench, then in ../share/flodl; flodl-launch beside flodl-bench,\n"
+    "then in ../launch.\n";
 
 static bool is_file(const char *path, int mode)
 {
@@ -39,13 +43,24 @@ static bool find_in(const char *dir, const char *const *subs, const char *name, 
     return false;
 }
 
+/* The launcher flags that take a value and go to flodl-launch as they are. */
+static const char *const launch_valued[] = {"--workers", "--hosts", "--nproc-per-host", NULL};
+
+static bool is_launch_valued(const char *a)
+{
+    for (size_t i = 0; launch_valued[i] != NULL; i++)
+        if (strcmp(a, launch_valued[i]) == 0)
+            return true;
+    return false;
+}
+
 int bench_pytorch_main(int argc, char **argv);
 int bench_pytorch_main(int argc, char **argv)
 {
-    const char *workers = "4";
     const char *python = "/usr/bin/python3";
     bool insecure = false;
-    int first = 1; /* the first argument for the script */
+    bool layout = false; /* --workers or --nproc-per-host given */
+    int first = 1;       /* the first argument for the script */
     for (; first < argc; first++) {
         const char *a = argv[first];
         if (strcmp(a, "--help") == 0 || strcmp(a, "-h") == 0) {
@@ -54,12 +69,11 @@ int bench_pytorch_main(int argc, char **argv)
         }
         if (strcmp(a, "--insecure") == 0) {
             insecure = true;
-        } else if ((strcmp(a, "--workers") == 0 || strcmp(a, "--python") == 0) &&
-                   first + 1 < argc) {
-            if (strcmp(a, "--workers") == 0)
-                workers = argv[++first];
-            else
-                python = argv[++first];
+        } else if (is_launch_valued(a) && first + 1 < argc) {
+            layout = layout || strcmp(a, "--hosts") != 0;
+            first++;
+        } else if (strcmp(a, "--python") == 0 && first + 1 < argc) {
+            python = argv[++first];
         } else {
             break;
         }
@@ -86,8 +100,19 @@ int bench_pytorch_main(int argc, char **argv)
     }
     size_t n = 0;
     args[n++] = launch;
-    args[n++] = "--workers";
-    args[n++] = (char *)workers;
+    if (!layout) {
+        args[n++] = "--workers";
+        args[n++] = "4";
+    }
+    /* flodl-launch judges the layout flags (and refuses --workers with --nproc-per-host). */
+    for (int i = 1; i < first; i++) {
+        if (is_launch_valued(argv[i])) {
+            args[n++] = argv[i];
+            args[n++] = argv[++i];
+        } else if (strcmp(argv[i], "--python") == 0) {
+            i++; /* its value is not a flag */
+        }
+    }
     if (insecure)
         args[n++] = "--insecure";
     args[n++] = "--";
