@@ -217,8 +217,8 @@ row_psresume() {
     # on through the restart without a gap (the python test's ps_restart case met this too).
     local gap
     gap=$(sed -n 's/.*"step":\([0-9]*\).*/\1/p' "$FM_RUN/m.jsonl.rank0" |
-      awk 'NR > 1 && $1 != prev + 1 { print prev; exit } { prev = $1 }')
-    need "rank 0's metrics neither go back to an earlier step nor run on without a gap (after step $gap)" \
+      awk 'NR > 1 && $1 != prev + 1 { print prev ", then step " $1; exit } { prev = $1 }')
+    need "rank 0's metrics neither go back to an earlier step nor run on without a gap (after step $gap; it went on from step $resumed)" \
       [ -z "$gap" ] || return
     step_at_kill=$((resumed - 1))
   fi
