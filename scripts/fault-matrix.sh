@@ -208,9 +208,11 @@ row_psresume() {
   done
   resumed=$(fm_out w0 | sed -n 's/.*going on from step \([0-9]*\).*/\1/p' | head -1)
   need "rank 0 never said where it went on from: $(fm_tail w0)" [ -n "$resumed" ] || return
-  # The last step done before the kill: where rank 0's steps go back.
+  # The last step done before the kill: where rank 0's steps go back. A step done again counts:
+  # killed after step N+1 reached the server but before it wrote checkpoint N+1, rank 0 goes
+  # on from N and its metrics read N, N.
   step_at_kill=$(sed -n 's/.*"step":\([0-9]*\).*/\1/p' "$FM_RUN/m.jsonl.rank0" |
-    awk 'NR > 1 && $1 < prev { print prev; exit } { prev = $1 }')
+    awk 'NR > 1 && $1 <= prev { print prev; exit } { prev = $1 }')
   if [ -z "$step_at_kill" ]; then
     # No step went back: flodl-ps died while rank 0 waited at the checkpoint's own step (its
     # next push unanswered), so it went on from there and lost nothing; its steps must then run
