@@ -80,7 +80,8 @@ static int hybrid(fl_hier_t *h, hier_bucket_t *b, void *buf)
     return rc;
 }
 
-static void add_sent(const fl_hier_t *h, int sign, fl_hier_stats_t *acc)
+/* The bytes the engine's communicators have sent so far, added to acc. */
+static void add_sent(const fl_hier_t *h, fl_hier_stats_t *acc)
 {
     fl_comm_t *comms[2] = {h->hybrid ? h->local : h->comm, h->hybrid ? h->cross : NULL};
     for (int i = 0; i < 2; i++) {
@@ -88,8 +89,8 @@ static void add_sent(const fl_hier_t *h, int sign, fl_hier_stats_t *acc)
             continue;
         fl_comm_stats_t s;
         fl_comm_get_stats(comms[i], &s);
-        acc->bytes_sent += (uint64_t)sign * s.bytes_sent;
-        acc->bytes_sent_remote += (uint64_t)sign * s.bytes_sent_remote;
+        acc->bytes_sent += s.bytes_sent;
+        acc->bytes_sent_remote += s.bytes_sent_remote;
     }
 }
 
@@ -103,11 +104,11 @@ int fl_hier_allreduce(fl_hier_t *h, size_t b, void *buf)
     if (h->failed != FL_OK)
         return fl_fail(FL_ECLOSED, "hier: the exchange failed earlier: %s", h->why);
     fl_hier_stats_t before = {0};
-    add_sent(h, 1, &before);
+    add_sent(h, &before);
     hier_bucket_t *bk = &h->b[b];
     int rc = h->hybrid ? hybrid(h, bk, buf) : flat(h, bk, buf);
     fl_hier_stats_t after = {0};
-    add_sent(h, 1, &after);
+    add_sent(h, &after);
     h->stats.ops++;
     h->stats.bytes_sent += after.bytes_sent - before.bytes_sent;
     h->stats.bytes_sent_remote += after.bytes_sent_remote - before.bytes_sent_remote;
